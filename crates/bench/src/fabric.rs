@@ -1,0 +1,335 @@
+//! `tierstack bench fabric`: the coherency paper's micro-benchmarks (its
+//! Fig. 8, latency and bandwidth) on our backends, plus the same operations
+//! with the owner under CPU load.
+//!
+//! The owner is a separate process pinned to CPU 0; this process is node 1,
+//! its measuring thread pinned to CPU 1, so the two act as separate nodes.
+//! With K busy threads in the owner, the `tcp` responder must compete for
+//! CPU 0 while `shm` operations never need it.
+
+use crate::owner::{spawn_owner, write_topology, ChildNode, NodeLine};
+use crate::report::{line_plot, us, write_json, Axes, Series, Table};
+use crate::stats::{summarize, Summary};
+use anyhow::{bail, Context, Result};
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tierstack_base::NodeId;
+use tierstack_cluster::{open_fabric, pin_to_cpu, Backend, Topology};
+use tierstack_fabric::{Fabric, Op, RemoteRegion};
+
+/// The region the owner registers: large enough for the 1 MiB transfers.
+const REGION_BYTES: u64 = 2 << 20;
+const OWNER: NodeId = NodeId(0);
+const READER: NodeId = NodeId(1);
+
+/// What to measure and for how long.
+pub struct FabricBenchConfig {
+    /// The `tierstack` executable, to start owner processes.
+    pub exe: PathBuf,
+    pub out_dir: PathBuf,
+    pub backends: Vec<Backend>,
+    /// Busy threads in the owner for the load runs.
+    pub loads: Vec<usize>,
+    /// Wall time spent on one measurement (after warm-up).
+    pub budget: Duration,
+    /// Transfer sizes of the latency/bandwidth curves.
+    pub sizes: Vec<usize>,
+}
+
+impl FabricBenchConfig {
+    pub fn new(exe: PathBuf, out_dir: PathBuf, quick: bool) -> Self {
+        let sizes = (0..=9).map(|i| 4usize << (2 * i)).collect(); // 4 B … 1 MiB by 4x
+        Self {
+            exe,
+            out_dir,
+            backends: vec![Backend::Shm, Backend::Tcp],
+            loads: vec![0, 16, 64, 200],
+            budget: if quick { Duration::from_millis(150) } else { Duration::from_millis(600) },
+            sizes,
+        }
+    }
+}
+
+/// Results for one backend.
+#[derive(Serialize, Default)]
+pub struct BackendResults {
+    /// Per named operation (8-byte read, 4 KiB read, …).
+    pub latency: BTreeMap<String, Summary>,
+    /// Per kind (read, write, message): (size, latency summary, MB/s).
+    pub curves: BTreeMap<String, Vec<SizePoint>>,
+    /// Per number of busy owner threads.
+    pub load: Vec<LoadPoint>,
+}
+
+#[derive(Serialize)]
+pub struct SizePoint {
+    pub bytes: usize,
+    pub latency: Summary,
+    pub megabytes_per_sec: f64,
+}
+
+#[derive(Serialize)]
+pub struct LoadPoint {
+    pub busy_threads: usize,
+    pub read_8b: Summary,
+    pub fetch_add: Summary,
+}
+
+#[derive(Serialize)]
+pub struct FabricReport {
+    pub cpus: usize,
+    pub backends: BTreeMap<String, BackendResults>,
+}
+
+/// Times `op` until `budget` has passed (and at least `MIN_SAMPLES` ran).
+fn measure(budget: Duration, mut op: impl FnMut() -> Result<()>) -> Result<Summary> {
+    const WARMUP: usize = 50;
+    const MIN_SAMPLES: usize = 20;
+    const MAX_SAMPLES: usize = 2_000_000;
+    let warmup_deadline = Instant::now() + budget / 4;
+    for _ in 0..WARMUP {
+        op()?;
+        if Instant::now() > warmup_deadline {
+            break;
+        }
+    }
+    let mut samples = Vec::with_capacity(4096);
+    let start = Instant::now();
+    while (start.elapsed() < budget || samples.len() < MIN_SAMPLES) && samples.len() < MAX_SAMPLES {
+        let t = Instant::now();
+        op()?;
+        samples.push(u64::try_from(t.elapsed().as_nanos()).unwrap_or(u64::MAX));
+    }
+    Ok(summarize(samples, u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX)))
+}
+
+struct Session {
+    _owner: ChildNode,
+    fabric: Arc<dyn Fabric>,
+    region: Arc<dyn RemoteRegion>,
+}
+
+fn start_session(config: &FabricBenchConfig, dir: &Path, backend: Backend, busy_threads: usize) -> Result<Session> {
+    let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let (owner_cpu, reader_cpu) = if cpus >= 2 { (Some(0), Some(1)) } else { (None, None) };
+    let name = format!("fabric-{}-{busy_threads}", backend.name());
+    let nodes = [NodeLine { id: 0, role: "app", cpu: owner_cpu }, NodeLine { id: 1, role: "proxy", cpu: None }];
+    let topology_path = write_topology(dir, &name, backend, 2000, &nodes)?;
+    let owner = spawn_owner(&config.exe, &topology_path, OWNER.0, &[("bench", REGION_BYTES)], busy_threads)?;
+    if let Some(cpu) = reader_cpu {
+        pin_to_cpu(cpu)?;
+    }
+    let topology = Topology::load(&topology_path)?;
+    let fabric = open_fabric(&topology, READER)?;
+    let region = fabric.connect(OWNER, "bench")?;
+    Ok(Session { _owner: owner, fabric, region })
+}
+
+fn latency_table(config: &FabricBenchConfig, s: &Session, results: &mut BackendResults) -> Result<()> {
+    let r = s.region.as_ref();
+    let budget = config.budget;
+    let mut buf8 = [0u8; 8];
+    let mut buf4k = vec![0u8; 4096];
+    let data8 = [7u8; 8];
+    let mut named = |name: &str, summary: Summary| {
+        results.latency.insert(name.to_string(), summary);
+    };
+    named("read 8 B", measure(budget, || Ok(r.read(64, &mut buf8)?))?);
+    named("read 4 KiB", measure(budget, || Ok(r.read(4096, &mut buf4k)?))?);
+    named("write 8 B", measure(budget, || Ok(r.write(64, &data8)?))?);
+    named("fetch_add", measure(budget, || r.fetch_add(0, 1).map(|_| ()).map_err(Into::into))?);
+    let mut expected = r.read_u64(8)?;
+    named(
+        "compare_swap",
+        measure(budget, || {
+            expected = r.compare_swap(8, expected, expected + 1)? + 1;
+            Ok(())
+        })?,
+    );
+    named(
+        "batch of 4 reads",
+        measure(budget, || {
+            let ops = (0..4).map(|i| Op::Read { offset: 128 + 8 * i, len: 8 }).collect();
+            r.post(ops).wait()?;
+            Ok(())
+        })?,
+    );
+    let fabric = &s.fabric;
+    named("message round trip", measure(budget, || message_round_trip(fabric.as_ref(), 1))?);
+    Ok(())
+}
+
+fn message_round_trip(fabric: &dyn Fabric, bytes: usize) -> Result<()> {
+    let mut payload = vec![0u8; bytes.max(1)];
+    payload[0] = 1; // ask the owner for an acknowledgement
+    fabric.send(OWNER, &payload)?;
+    let ack = fabric.inbox().recv_timeout(Duration::from_secs(10))?;
+    if ack.from != OWNER {
+        bail!("unexpected message from {}", ack.from);
+    }
+    Ok(())
+}
+
+/// Streams `burst` messages of `bytes` then waits for one acknowledgement.
+fn message_burst(fabric: &dyn Fabric, bytes: usize, burst: usize) -> Result<()> {
+    let quiet = vec![0u8; bytes.max(1)];
+    for _ in 1..burst {
+        fabric.send(OWNER, &quiet)?;
+    }
+    message_round_trip(fabric, bytes)
+}
+
+fn curves(config: &FabricBenchConfig, s: &Session, results: &mut BackendResults) -> Result<()> {
+    let r = s.region.as_ref();
+    let budget = config.budget / 2;
+    for &bytes in &config.sizes {
+        let mut buf = vec![0u8; bytes];
+        let read = measure(budget, || Ok(r.read(0, &mut buf)?))?;
+        let write = measure(budget, || Ok(r.write(0, &buf)?))?;
+        // Messages stream in bursts so the bandwidth is not one round trip per message.
+        let burst = (1 << 20) / bytes.max(64);
+        let burst = burst.clamp(1, 256);
+        let message = measure(budget, || message_burst(s.fabric.as_ref(), bytes, burst))?;
+        for (kind, summary, per_op_bytes) in
+            [("read", read, bytes), ("write", write, bytes), ("message", message, bytes * burst)]
+        {
+            let megabytes_per_sec = summary.ops_per_sec * per_op_bytes as f64 / 1e6;
+            results.curves.entry(kind.to_string()).or_default().push(SizePoint {
+                bytes,
+                latency: summary,
+                megabytes_per_sec,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Runs the whole experiment, prints the tables, writes JSON and plots.
+pub fn run(config: &FabricBenchConfig) -> Result<FabricReport> {
+    std::fs::create_dir_all(&config.out_dir).with_context(|| format!("creating {}", config.out_dir.display()))?;
+    let scratch = tempfile::Builder::new().prefix("tierstack-bench-").tempdir()?;
+    let mut report = FabricReport {
+        cpus: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+        backends: BTreeMap::new(),
+    };
+    for &backend in &config.backends {
+        let mut results = BackendResults::default();
+        for &busy_threads in &config.loads {
+            eprintln!("bench fabric: {} with {busy_threads} busy owner threads", backend.name());
+            let session = start_session(config, scratch.path(), backend, busy_threads)?;
+            if busy_threads == 0 {
+                latency_table(config, &session, &mut results)?;
+                curves(config, &session, &mut results)?;
+            }
+            let r = session.region.as_ref();
+            let mut buf8 = [0u8; 8];
+            let read_8b = measure(config.budget, || Ok(r.read(64, &mut buf8)?))?;
+            let fetch_add = measure(config.budget, || r.fetch_add(0, 1).map(|_| ()).map_err(Into::into))?;
+            results.load.push(LoadPoint { busy_threads, read_8b, fetch_add });
+        }
+        report.backends.insert(backend.name().to_string(), results);
+    }
+    print_and_plot(config, &report)?;
+    Ok(report)
+}
+
+fn print_and_plot(config: &FabricBenchConfig, report: &FabricReport) -> Result<()> {
+    let mut latency = Table::new("Fig. 8a: latency of one operation (µs)", &["operation", "backend", "p50", "p99", "ops/s"]);
+    for (backend, results) in &report.backends {
+        for (op, s) in &results.latency {
+            latency.row(vec![op.clone(), backend.clone(), us(s.p50_ns), us(s.p99_ns), format!("{:.0}", s.ops_per_sec)]);
+        }
+    }
+    println!("{}", latency.render());
+
+    let mut header = vec!["bytes".to_string()];
+    for backend in report.backends.keys() {
+        for kind in ["read", "write", "message"] {
+            header.push(format!("{backend} {kind}"));
+        }
+    }
+    let header_refs: Vec<&str> = header.iter().map(String::as_str).collect();
+    let mut lat_by_size = Table::new("Fig. 8a: p50 latency by size (µs)", &header_refs);
+    let mut bandwidth = Table::new("Fig. 8b: bandwidth by size (MB/s)", &header_refs);
+    for (i, bytes) in config.sizes.iter().enumerate() {
+        let mut lat_row = vec![bytes.to_string()];
+        let mut bw_row = vec![bytes.to_string()];
+        for results in report.backends.values() {
+            for kind in ["read", "write", "message"] {
+                let point = results.curves.get(kind).and_then(|c| c.get(i));
+                lat_row.push(point.map(|p| us(p.latency.p50_ns)).unwrap_or_default());
+                bw_row.push(point.map(|p| format!("{:.1}", p.megabytes_per_sec)).unwrap_or_default());
+            }
+        }
+        lat_by_size.row(lat_row);
+        bandwidth.row(bw_row);
+    }
+    println!("{}", lat_by_size.render());
+    println!("{}", bandwidth.render());
+
+    let mut load = Table::new(
+        "Owner under load: latency vs busy owner threads (µs)",
+        &["busy threads", "backend", "read p50", "read p99", "fetch_add p50", "fetch_add p99", "read p50 / unloaded"],
+    );
+    for (backend, results) in &report.backends {
+        let base = results.load.first().map(|p| p.read_8b.p50_ns.max(1)).unwrap_or(1);
+        for p in &results.load {
+            load.row(vec![
+                p.busy_threads.to_string(),
+                backend.clone(),
+                us(p.read_8b.p50_ns),
+                us(p.read_8b.p99_ns),
+                us(p.fetch_add.p50_ns),
+                us(p.fetch_add.p99_ns),
+                format!("{:.2}", p.read_8b.p50_ns as f64 / base as f64),
+            ]);
+        }
+    }
+    println!("{}", load.render());
+
+    write_json(&config.out_dir.join("fabric.json"), report)?;
+    let mut lat_series = Vec::new();
+    let mut bw_series = Vec::new();
+    for (backend, results) in &report.backends {
+        for (kind, points) in &results.curves {
+            lat_series.push(Series {
+                label: format!("{backend} {kind}"),
+                points: points.iter().map(|p| (p.bytes as f64, p.latency.p50_ns as f64 / 1000.0)).collect(),
+            });
+            bw_series.push(Series {
+                label: format!("{backend} {kind}"),
+                points: points.iter().map(|p| (p.bytes as f64, p.megabytes_per_sec)).collect(),
+            });
+        }
+    }
+    let log_log = |y: &'static str| Axes { x_label: "bytes", y_label: y, log_x: true, log_y: true };
+    line_plot(&config.out_dir.join("fabric-latency.svg"), "Latency by size (p50)", log_log("µs"), &lat_series)?;
+    line_plot(&config.out_dir.join("fabric-bandwidth.svg"), "Bandwidth by size", log_log("MB/s"), &bw_series)?;
+    let load_series: Vec<Series> = report
+        .backends
+        .iter()
+        .flat_map(|(backend, results)| {
+            [
+                Series {
+                    label: format!("{backend} read 8 B"),
+                    points: results.load.iter().map(|p| (p.busy_threads as f64, p.read_8b.p50_ns as f64 / 1000.0)).collect(),
+                },
+                Series {
+                    label: format!("{backend} fetch_add"),
+                    points: results.load.iter().map(|p| (p.busy_threads as f64, p.fetch_add.p50_ns as f64 / 1000.0)).collect(),
+                },
+            ]
+        })
+        .collect();
+    line_plot(
+        &config.out_dir.join("fabric-load.svg"),
+        "p50 latency vs busy owner threads",
+        Axes { x_label: "busy threads in the owner", y_label: "µs", log_x: false, log_y: true },
+        &load_series,
+    )?;
+    println!("wrote {}/fabric.json and fabric-{{latency,bandwidth,load}}.svg", config.out_dir.display());
+    Ok(())
+}

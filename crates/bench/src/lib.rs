@@ -1,0 +1,16 @@
+//! Experiments that reproduce the seed papers' figures on tierstack.
+//!
+//! Each experiment measures, prints a table with the rows and columns of
+//! its figure, writes the same numbers as JSON, and draws an SVG plot into
+//! an output folder. Numbers are always measured in the same run as their
+//! baseline and reported as ratios where the papers compare, because the
+//! machines are shared and noisy.
+//!
+//! Shared pieces: [`stats`] (latency summaries), [`report`] (tables, JSON,
+//! plots), [`owner`] (a fabric node in a separate process, pinned to its own
+//! CPU, optionally loaded with busy threads). Experiments: [`fabric`].
+
+pub mod fabric;
+pub mod owner;
+pub mod report;
+pub mod stats;

@@ -1,0 +1,155 @@
+//! A fabric node in its own process: the "remote owner" of the experiments.
+//!
+//! The owner runs `tierstack fabric serve`, registers its regions, prints
+//! `ready`, and serves until its standard input closes. It can be pinned to a
+//! CPU and loaded with busy threads, so that experiments show how each
+//! backend depends on the owner's CPU.
+
+use anyhow::{bail, Context, Result};
+use std::io::{BufRead, BufReader, Write};
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::time::{Duration, Instant};
+use tierstack_cluster::Backend;
+
+/// How long a child may take to print `ready`.
+pub const READY_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// One `[[node]]` of a generated topology.
+pub struct NodeLine {
+    pub id: u32,
+    pub role: &'static str,
+    pub cpu: Option<usize>,
+}
+
+/// Writes a topology file for `nodes` on `backend` into `dir` and returns
+/// its path. tcp nodes get free loopback ports.
+pub fn write_topology(dir: &Path, name: &str, backend: Backend, op_timeout_ms: u64, nodes: &[NodeLine]) -> Result<PathBuf> {
+    let mut text = format!(
+        "[cluster]\nname = \"{name}\"\nfabric = \"{}\"\nop_timeout_ms = {op_timeout_ms}\nshm_root = \"{}\"\n",
+        backend.name(),
+        dir.join("shm").display()
+    );
+    for node in nodes {
+        text.push_str(&format!("\n[[node]]\nid = {}\nrole = \"{}\"\n", node.id, node.role));
+        if backend == Backend::Tcp {
+            text.push_str(&format!("address = \"{}\"\n", free_loopback_port()?));
+        }
+        if let Some(cpu) = node.cpu {
+            text.push_str(&format!("cpu = {cpu}\n"));
+        }
+    }
+    let path = dir.join(format!("{name}.toml"));
+    std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
+    Ok(path)
+}
+
+/// A loopback address with a port that was free a moment ago.
+pub fn free_loopback_port() -> Result<SocketAddr> {
+    let listener = TcpListener::bind("127.0.0.1:0")?;
+    Ok(listener.local_addr()?)
+}
+
+/// A child `tierstack` process that has printed `ready`.
+pub struct ChildNode {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    stdout: Option<BufReader<std::process::ChildStdout>>,
+}
+
+impl ChildNode {
+    /// Starts `exe args…` and waits (bounded) for its `ready` line.
+    pub fn spawn(exe: &Path, args: &[String]) -> Result<ChildNode> {
+        let mut child = Command::new(exe)
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .with_context(|| format!("starting {}", exe.display()))?;
+        let stdin = child.stdin.take();
+        let stdout = child.stdout.take().context("child has no stdout")?;
+        // Read the ready line on a thread so a hung child cannot hang us.
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut reader = BufReader::new(stdout);
+            let mut line = String::new();
+            let result = reader.read_line(&mut line).map(|_| line);
+            let _ = tx.send((result, reader));
+        });
+        let mut node = ChildNode { child, stdin, stdout: None };
+        match rx.recv_timeout(READY_TIMEOUT) {
+            Ok((Ok(line), reader)) if line.trim() == "ready" => {
+                node.stdout = Some(reader);
+                Ok(node)
+            }
+            Ok((Ok(line), _)) => bail!("child {args:?} exited or printed {line:?} instead of ready"),
+            Ok((Err(e), _)) => bail!("reading from child {args:?}: {e}"),
+            Err(_) => bail!("child {args:?} did not become ready within {READY_TIMEOUT:?}"),
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Sends one line to the child's standard input.
+    pub fn send_line(&mut self, line: &str) -> Result<()> {
+        let stdin = self.stdin.as_mut().context("stdin already closed")?;
+        writeln!(stdin, "{line}")?;
+        stdin.flush()?;
+        Ok(())
+    }
+
+    /// Closes stdin and collects the rest of the child's output and exit status.
+    pub fn finish(mut self) -> Result<String> {
+        self.stdin.take();
+        let mut rest = String::new();
+        if let Some(mut reader) = self.stdout.take() {
+            std::io::Read::read_to_string(&mut reader, &mut rest)?;
+        }
+        let status = self.child.wait()?;
+        if !status.success() {
+            bail!("child exited with {status}; output: {rest}");
+        }
+        Ok(rest)
+    }
+}
+
+impl Drop for ChildNode {
+    fn drop(&mut self) {
+        self.stdin.take();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            match self.child.try_wait() {
+                Ok(Some(_)) => return,
+                Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(10)),
+                _ => {
+                    let _ = self.child.kill();
+                    let _ = self.child.wait();
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// Starts `tierstack fabric serve` for `node` with `regions` and `busy_threads`.
+pub fn spawn_owner(exe: &Path, topology: &Path, node: u32, regions: &[(&str, u64)], busy_threads: usize) -> Result<ChildNode> {
+    let mut args = vec![
+        "fabric".to_string(),
+        "serve".into(),
+        "--topology".into(),
+        topology.display().to_string(),
+        "--node".into(),
+        node.to_string(),
+        "--busy-threads".into(),
+        busy_threads.to_string(),
+    ];
+    for (name, bytes) in regions {
+        args.push("--region".into());
+        args.push(format!("{name}:{bytes}"));
+    }
+    ChildNode::spawn(exe, &args)
+}

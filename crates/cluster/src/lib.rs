@@ -1,0 +1,383 @@
+//! The cluster description and the one place that picks a fabric backend.
+//!
+//! A cluster is described by a TOML topology file:
+//!
+//! ```toml
+//! [cluster]
+//! name = "demo"            # names the shm directory
+//! fabric = "shm"           # shm | tcp: every node uses the same backend
+//! op_timeout_ms = 1000     # bound on a remote operation (tcp) or a message send
+//!
+//! [[node]]
+//! id = 0
+//! role = "app"             # proxy | app | db | passive
+//! address = "127.0.0.1:7400"   # tcp: where the node's responder listens
+//! cpu = 1                  # optional: pin the node's process to this CPU
+//! ```
+//!
+//! [`Topology::parse`] validates everything a node needs before it starts
+//! (duplicate ids or addresses, unknown roles, bad addresses, missing tcp
+//! addresses) and reports it with the offending node. [`open_fabric`] turns a
+//! validated topology into the node's `Arc<dyn Fabric>`; services above never
+//! see which backend they run on. [`local_cluster`] builds N nodes inside one
+//! process for tests and benchmarks.
+
+use serde::Deserialize;
+use std::collections::HashSet;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+use tierstack_base::limits::NODES_MAX;
+use tierstack_base::NodeId;
+use tierstack_fabric::{Fabric, FabricError};
+use tierstack_fabric_shm::{ShmConfig, ShmFabric};
+use tierstack_fabric_tcp::{TcpConfig, TcpFabric};
+
+/// Which fabric backend a cluster runs on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Backend {
+    /// Shared-memory files on one host: one-sided operations never need the owner's CPU.
+    Shm,
+    /// A responder thread on the owner answers every operation: the two-sided baseline.
+    Tcp,
+}
+
+impl Backend {
+    pub fn name(self) -> &'static str {
+        match self {
+            Backend::Shm => "shm",
+            Backend::Tcp => "tcp",
+        }
+    }
+}
+
+impl std::str::FromStr for Backend {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "shm" => Ok(Backend::Shm),
+            "tcp" => Ok(Backend::Tcp),
+            other => Err(format!("unknown fabric backend {other:?} (expected shm or tcp)")),
+        }
+    }
+}
+
+/// A node's job in the data-center.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    Proxy,
+    App,
+    Db,
+    Passive,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterSection {
+    pub name: String,
+    pub fabric: Backend,
+    #[serde(default = "default_op_timeout_ms")]
+    pub op_timeout_ms: u64,
+    /// Root directory of the shm backend; default `/dev/shm/tierstack/<name>`.
+    #[serde(default)]
+    pub shm_root: Option<PathBuf>,
+}
+
+fn default_op_timeout_ms() -> u64 {
+    1000
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NodeSpec {
+    pub id: NodeId,
+    pub role: Role,
+    #[serde(default)]
+    pub address: Option<SocketAddr>,
+    #[serde(default)]
+    pub cpu: Option<usize>,
+}
+
+/// A validated cluster description.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Topology {
+    pub cluster: ClusterSection,
+    #[serde(rename = "node")]
+    pub nodes: Vec<NodeSpec>,
+}
+
+/// What is wrong with a topology.
+#[derive(Debug, thiserror::Error)]
+pub enum TopologyError {
+    #[error("cannot read topology file {path}: {source}")]
+    Read { path: PathBuf, source: std::io::Error },
+    #[error("topology is not valid TOML for tierstack: {0}")]
+    Syntax(String),
+    #[error("the topology names no nodes")]
+    NoNodes,
+    #[error("node id {0} appears more than once")]
+    DuplicateId(NodeId),
+    #[error("node id {id} is too large (ids must be below {max})")]
+    IdTooLarge { id: NodeId, max: u32 },
+    #[error("{node} has no address, which the tcp fabric needs")]
+    MissingAddress { node: NodeId },
+    #[error("{node} and {other} share the address {address}")]
+    DuplicateAddress { node: NodeId, other: NodeId, address: SocketAddr },
+    #[error("op_timeout_ms must be between 1 and 600000, got {0}")]
+    BadTimeout(u64),
+    #[error("cluster name {0:?} must be 1-64 characters of letters, digits, '-' or '_'")]
+    BadName(String),
+    #[error("{node} is not in the topology")]
+    UnknownNode { node: NodeId },
+}
+
+impl Topology {
+    /// Parses and validates a topology from TOML text.
+    pub fn parse(text: &str) -> Result<Topology, TopologyError> {
+        let topology: Topology = toml::from_str(text).map_err(|e| TopologyError::Syntax(e.to_string()))?;
+        topology.validate()?;
+        Ok(topology)
+    }
+
+    /// Reads, parses and validates a topology file.
+    pub fn load(path: &Path) -> Result<Topology, TopologyError> {
+        let text =
+            std::fs::read_to_string(path).map_err(|source| TopologyError::Read { path: path.to_path_buf(), source })?;
+        Topology::parse(&text)
+    }
+
+    fn validate(&self) -> Result<(), TopologyError> {
+        let name = &self.cluster.name;
+        if name.is_empty() || name.len() > 64 || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+        {
+            return Err(TopologyError::BadName(name.clone()));
+        }
+        if self.cluster.op_timeout_ms == 0 || self.cluster.op_timeout_ms > 600_000 {
+            return Err(TopologyError::BadTimeout(self.cluster.op_timeout_ms));
+        }
+        if self.nodes.is_empty() {
+            return Err(TopologyError::NoNodes);
+        }
+        let mut ids = HashSet::new();
+        let mut addresses: Vec<(SocketAddr, NodeId)> = Vec::new();
+        for node in &self.nodes {
+            if node.id.0 >= NODES_MAX {
+                return Err(TopologyError::IdTooLarge { id: node.id, max: NODES_MAX });
+            }
+            if !ids.insert(node.id) {
+                return Err(TopologyError::DuplicateId(node.id));
+            }
+            match node.address {
+                Some(address) => {
+                    if let Some((_, other)) = addresses.iter().find(|(a, _)| *a == address) {
+                        return Err(TopologyError::DuplicateAddress { node: node.id, other: *other, address });
+                    }
+                    addresses.push((address, node.id));
+                }
+                None if self.cluster.fabric == Backend::Tcp => {
+                    return Err(TopologyError::MissingAddress { node: node.id })
+                }
+                None => {}
+            }
+        }
+        Ok(())
+    }
+
+    pub fn node(&self, id: NodeId) -> Result<&NodeSpec, TopologyError> {
+        self.nodes.iter().find(|n| n.id == id).ok_or(TopologyError::UnknownNode { node: id })
+    }
+
+    pub fn node_ids(&self) -> Vec<NodeId> {
+        self.nodes.iter().map(|n| n.id).collect()
+    }
+
+    /// The ids of nodes with `role`, in file order.
+    pub fn nodes_with_role(&self, role: Role) -> Vec<NodeId> {
+        self.nodes.iter().filter(|n| n.role == role).map(|n| n.id).collect()
+    }
+
+    pub fn op_timeout(&self) -> Duration {
+        Duration::from_millis(self.cluster.op_timeout_ms)
+    }
+
+    /// The shm root directory for this cluster.
+    pub fn shm_root(&self) -> PathBuf {
+        self.cluster.shm_root.clone().unwrap_or_else(|| default_shm_base().join(&self.cluster.name))
+    }
+}
+
+fn default_shm_base() -> PathBuf {
+    let dev_shm = Path::new("/dev/shm");
+    if dev_shm.is_dir() {
+        dev_shm.join("tierstack")
+    } else {
+        std::env::temp_dir().join("tierstack")
+    }
+}
+
+/// Opens `node`'s attachment to the fabric the topology names.
+pub fn open_fabric(topology: &Topology, node: NodeId) -> Result<Arc<dyn Fabric>, OpenError> {
+    let spec = topology.node(node)?;
+    match topology.cluster.fabric {
+        Backend::Shm => {
+            let config = ShmConfig::new(topology.shm_root(), node)
+                .with_nodes(topology.node_ids())
+                .with_send_timeout(topology.op_timeout());
+            Ok(ShmFabric::open(config)?)
+        }
+        Backend::Tcp => {
+            let listen = spec.address.ok_or(TopologyError::MissingAddress { node })?;
+            let mut config = TcpConfig::new(node, listen).with_op_timeout(topology.op_timeout());
+            for peer in &topology.nodes {
+                if let Some(address) = peer.address {
+                    config = config.with_peer(peer.id, address);
+                }
+            }
+            Ok(TcpFabric::open(config)?)
+        }
+    }
+}
+
+/// Why a node could not attach to its fabric.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    #[error(transparent)]
+    Topology(#[from] TopologyError),
+    #[error(transparent)]
+    Fabric(#[from] FabricError),
+}
+
+/// Pins the calling thread (and the threads it starts afterwards) to `cpu`.
+pub fn pin_to_cpu(cpu: usize) -> std::io::Result<()> {
+    let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    if cpu >= cpus || cpu >= libc::CPU_SETSIZE as usize {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!("cpu {cpu} does not exist (this machine has {cpus})"),
+        ));
+    }
+    // SAFETY: cpu_set_t is plain data; CPU_ZERO/CPU_SET write within it, and
+    // sched_setaffinity reads exactly size_of::<cpu_set_t>() bytes of it.
+    let rc = unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_ZERO(&mut set);
+        libc::CPU_SET(cpu, &mut set);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set)
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+/// N nodes of one backend inside this process, for tests and benchmarks.
+pub struct LocalCluster {
+    fabrics: Vec<Arc<dyn Fabric>>,
+    // Keeps the shm root alive for the cluster's lifetime.
+    _root: Option<tempfile::TempDir>,
+}
+
+impl LocalCluster {
+    pub fn fabrics(&self) -> &[Arc<dyn Fabric>] {
+        &self.fabrics
+    }
+
+    pub fn fabric(&self, index: usize) -> &Arc<dyn Fabric> {
+        &self.fabrics[index]
+    }
+}
+
+/// Starts `nodes` nodes (ids 0..nodes) on `backend` in this process.
+pub fn local_cluster(backend: Backend, nodes: u32) -> Result<LocalCluster, FabricError> {
+    local_cluster_with_timeout(backend, nodes, Duration::from_millis(1000))
+}
+
+/// As [`local_cluster`], with an explicit operation timeout.
+pub fn local_cluster_with_timeout(backend: Backend, nodes: u32, op_timeout: Duration) -> Result<LocalCluster, FabricError> {
+    match backend {
+        Backend::Shm => {
+            let root = tempfile::Builder::new().prefix("tierstack-").tempdir()?;
+            let ids: Vec<NodeId> = (0..nodes).map(NodeId).collect();
+            let fabrics = ids
+                .iter()
+                .map(|id| {
+                    let config = ShmConfig::new(root.path(), *id).with_nodes(ids.clone()).with_send_timeout(op_timeout);
+                    ShmFabric::open(config).map(|f| f as Arc<dyn Fabric>)
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            Ok(LocalCluster { fabrics, _root: Some(root) })
+        }
+        Backend::Tcp => {
+            let loopback: SocketAddr = SocketAddr::from(([127, 0, 0, 1], 0));
+            let tcp: Vec<Arc<TcpFabric>> = (0..nodes)
+                .map(|id| TcpFabric::open(TcpConfig::new(NodeId(id), loopback).with_op_timeout(op_timeout)))
+                .collect::<Result<_, _>>()?;
+            for fabric in &tcp {
+                for (peer, other) in tcp.iter().enumerate() {
+                    fabric.add_peer(NodeId(peer as u32), other.local_addr());
+                }
+            }
+            Ok(LocalCluster { fabrics: tcp.into_iter().map(|f| f as Arc<dyn Fabric>).collect(), _root: None })
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = r#"
+[cluster]
+name = "t1"
+fabric = "tcp"
+
+[[node]]
+id = 0
+role = "app"
+address = "127.0.0.1:7400"
+
+[[node]]
+id = 1
+role = "proxy"
+address = "127.0.0.1:7401"
+cpu = 0
+"#;
+
+    #[test]
+    fn parses_a_good_topology() {
+        let t = Topology::parse(GOOD).unwrap();
+        assert_eq!(t.nodes.len(), 2);
+        assert_eq!(t.nodes_with_role(Role::Proxy), vec![NodeId(1)]);
+        assert_eq!(t.op_timeout(), Duration::from_millis(1000));
+        assert_eq!(t.node(NodeId(1)).unwrap().cpu, Some(0));
+    }
+
+    fn err(text: &str) -> String {
+        Topology::parse(text).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn rejects_bad_topologies_with_clear_errors() {
+        assert!(err(&GOOD.replace("id = 1", "id = 0")).contains("appears more than once"));
+        assert!(err(&GOOD.replace("\"proxy\"", "\"bouncer\"")).contains("unknown variant `bouncer`"));
+        assert!(err(&GOOD.replace("127.0.0.1:7401", "127.0.0.1:99999")).contains("invalid socket address"));
+        assert!(err(&GOOD.replace("127.0.0.1:7401", "127.0.0.1:7400")).contains("share the address"));
+        assert!(err(&GOOD.replace("address = \"127.0.0.1:7401\"\n", "")).contains("has no address"));
+        assert!(err(&GOOD.replace("\"tcp\"", "\"carrier-pigeon\"")).contains("unknown variant"));
+        assert!(err(&GOOD.replace("name = \"t1\"", "name = \"../etc\"")).contains("cluster name"));
+        assert!(err(&GOOD.replace("id = 1", "id = 100000")).contains("too large"));
+        assert!(err("[cluster]\nname = \"x\"\nfabric = \"shm\"\nnode = []\n").contains("no nodes"));
+        assert!(err(&GOOD.replace("cpu = 0", "gpu = 0")).contains("unknown field"));
+    }
+
+    #[test]
+    fn shm_nodes_need_no_address() {
+        let t = Topology::parse("[cluster]\nname = \"s\"\nfabric = \"shm\"\n[[node]]\nid = 3\nrole = \"db\"\n").unwrap();
+        assert!(t.shm_root().ends_with("s"));
+    }
+}

@@ -1,0 +1,284 @@
+//! The `shm` fabric backend: the truthful stand-in for RDMA on one host.
+//!
+//! Every node keeps its regions as files in its own directory under a shared
+//! root (normally on `/dev/shm`):
+//!
+//! ```text
+//! <root>/node-<id>/owner.pid     the owning process id (liveness check)
+//! <root>/node-<id>/r.<name>      one file per registered region
+//! <root>/node-<id>/msg.sock      Unix socket for two-sided messages
+//! ```
+//!
+//! A peer that connects to a region maps its file into its own address space,
+//! and from then on `read`, `write`, `fetch_add` and `compare_swap` are plain
+//! loads, stores and atomics on that mapping, executed by the caller's thread.
+//! **The owner's threads never run for a one-sided operation**: the tests
+//! stop the owner with SIGSTOP and keep operating on its regions.
+//!
+//! Two-sided messages are genuinely two-sided here as in RDMA send/receive:
+//! they travel over the receiver's Unix socket in the frames of
+//! `tierstack-fabric-wire`, and a receiver thread delivers them to the inbox.
+//!
+//! Liveness: `connect` reads `owner.pid` and refuses a dead owner with
+//! `PeerDead`. A node directory left by a dead process is reclaimed when the
+//! node id is opened again.
+
+mod messages;
+
+use messages::{MessageLinks, MessageListener};
+use std::collections::HashMap;
+use std::fs::{self, OpenOptions};
+use std::path::{Path, PathBuf};
+use std::ptr::NonNull;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tierstack_base::limits::REGIONS_PER_NODE_MAX;
+use tierstack_base::NodeId;
+use tierstack_fabric::{
+    check_batch, execute_on_memory, validate_region_bytes, validate_region_name, Completion, Fabric, FabricError,
+    Inbox, LocalRegion, Op, RegionMemory, RemoteRegion, Result,
+};
+
+/// How a node attaches to the `shm` fabric.
+#[derive(Clone, Debug)]
+pub struct ShmConfig {
+    /// Directory shared by every node of the cluster (e.g. `/dev/shm/tierstack-demo`).
+    pub root: PathBuf,
+    /// This node.
+    pub node: NodeId,
+    /// The cluster's nodes; when set, other ids are refused with `UnknownNode`.
+    pub nodes: Option<Vec<NodeId>>,
+    /// Bound on blocking message sends to a receiver that does not drain.
+    pub send_timeout: Duration,
+}
+
+impl ShmConfig {
+    pub fn new(root: impl Into<PathBuf>, node: NodeId) -> Self {
+        Self { root: root.into(), node, nodes: None, send_timeout: Duration::from_millis(1000) }
+    }
+
+    pub fn with_nodes(mut self, nodes: Vec<NodeId>) -> Self {
+        self.nodes = Some(nodes);
+        self
+    }
+
+    pub fn with_send_timeout(mut self, timeout: Duration) -> Self {
+        self.send_timeout = timeout;
+        self
+    }
+}
+
+/// A node attached to the `shm` fabric.
+pub struct ShmFabric {
+    config: ShmConfig,
+    node_dir: PathBuf,
+    regions: Mutex<HashMap<String, Arc<LocalRegion>>>,
+    inbox: Arc<Inbox>,
+    links: MessageLinks,
+    listener: MessageListener,
+}
+
+fn node_dir(root: &Path, node: NodeId) -> PathBuf {
+    root.join(format!("node-{}", node.0))
+}
+
+fn region_path(node_dir: &Path, name: &str) -> PathBuf {
+    node_dir.join(format!("r.{name}"))
+}
+
+/// True if `pid` names a live (possibly stopped) process.
+fn process_alive(pid: u32) -> bool {
+    let Ok(pid_t) = libc::pid_t::try_from(pid) else { return false };
+    // SAFETY: kill with signal 0 only checks for existence and permission.
+    let exists = unsafe { libc::kill(pid_t, 0) } == 0
+        || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM);
+    if !exists {
+        return false;
+    }
+    // A zombie has exited; its pid still answers kill(0).
+    match fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => !matches!(stat.rsplit(')').next().and_then(|rest| rest.trim_start().chars().next()), Some('Z' | 'X')),
+        Err(_) => true,
+    }
+}
+
+fn read_owner_pid(node_dir: &Path) -> Option<u32> {
+    fs::read_to_string(node_dir.join("owner.pid")).ok()?.trim().parse().ok()
+}
+
+impl ShmFabric {
+    /// Attaches `config.node` to the fabric under `config.root`.
+    pub fn open(config: ShmConfig) -> Result<Arc<ShmFabric>> {
+        if let Some(nodes) = &config.nodes {
+            if !nodes.contains(&config.node) {
+                return Err(FabricError::UnknownNode { node: config.node });
+            }
+        }
+        fs::create_dir_all(&config.root)?;
+        let dir = node_dir(&config.root, config.node);
+        if dir.exists() {
+            match read_owner_pid(&dir) {
+                Some(pid) if process_alive(pid) => return Err(FabricError::NodeInUse { node: config.node, pid }),
+                _ => {
+                    tracing::info!(node = %config.node, "reclaiming the directory of a dead node");
+                    fs::remove_dir_all(&dir)?;
+                }
+            }
+        }
+        fs::create_dir(&dir)?;
+        fs::write(dir.join("owner.pid"), std::process::id().to_string())?;
+        let inbox = Arc::new(Inbox::new(config.node));
+        let listener = MessageListener::start(&dir.join("msg.sock"), config.node, inbox.clone())?;
+        let links = MessageLinks::new(config.node, config.send_timeout);
+        Ok(Arc::new(ShmFabric { config, node_dir: dir, regions: Mutex::new(HashMap::new()), inbox, links, listener }))
+    }
+
+    /// The node directory of `node`, after the cluster-membership check.
+    fn peer_dir(&self, node: NodeId) -> Result<PathBuf> {
+        if let Some(nodes) = &self.config.nodes {
+            if !nodes.contains(&node) {
+                return Err(FabricError::UnknownNode { node });
+            }
+        }
+        Ok(node_dir(&self.config.root, node))
+    }
+
+    /// Fails with `PeerDead` unless `node` runs now.
+    fn check_alive(&self, node: NodeId, dir: &Path) -> Result<()> {
+        match read_owner_pid(dir) {
+            None => Err(FabricError::PeerDead { node, reason: "not running (no node directory)".into() }),
+            Some(pid) if !process_alive(pid) => {
+                Err(FabricError::PeerDead { node, reason: format!("its process {pid} has exited") })
+            }
+            Some(_) => Ok(()),
+        }
+    }
+}
+
+fn map_file(name: &str, file: &fs::File, len: u64) -> Result<RegionMemory> {
+    let map = memmap2::MmapOptions::new().len(usize::try_from(len).map_err(|_| FabricError::RegionSize { bytes: len, max: len })?).map_raw(file)?;
+    let base = NonNull::new(map.as_mut_ptr()).ok_or(FabricError::Closed)?;
+    // SAFETY: the mapping is `len` bytes, page aligned, readable and writable,
+    // and lives as long as the returned memory (it is moved in as the owner).
+    // Every process accesses it only through RegionMemory's atomics.
+    unsafe { RegionMemory::from_raw(name, base, len, Box::new(map)) }
+}
+
+impl Fabric for ShmFabric {
+    fn local_node(&self) -> NodeId {
+        self.config.node
+    }
+
+    fn backend_name(&self) -> &'static str {
+        "shm"
+    }
+
+    fn register(&self, name: &str, bytes: u64) -> Result<Arc<LocalRegion>> {
+        validate_region_name(name)?;
+        let len = validate_region_bytes(bytes)?;
+        let mut regions = self.regions.lock().map_err(|_| FabricError::Closed)?;
+        if regions.contains_key(name) {
+            return Err(FabricError::RegionExists { name: name.to_string() });
+        }
+        if regions.len() >= REGIONS_PER_NODE_MAX {
+            return Err(FabricError::TooManyRegions { max: REGIONS_PER_NODE_MAX });
+        }
+        // Create under a temporary name and rename, so a peer never maps a
+        // file whose size is not yet set.
+        let staging = self.node_dir.join(format!(".staging.{name}"));
+        let file = OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&staging)?;
+        file.set_len(len)?;
+        let memory = map_file(name, &file, len)?;
+        fs::rename(&staging, region_path(&self.node_dir, name))?;
+        let region = Arc::new(LocalRegion::new(name, memory));
+        regions.insert(name.to_string(), region.clone());
+        Ok(region)
+    }
+
+    fn connect(&self, node: NodeId, name: &str) -> Result<Arc<dyn RemoteRegion>> {
+        validate_region_name(name)?;
+        let dir = self.peer_dir(node)?;
+        self.check_alive(node, &dir)?;
+        let file = match OpenOptions::new().read(true).write(true).open(region_path(&dir, name)) {
+            Ok(file) => file,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(FabricError::UnknownRegion { node, name: name.to_string() })
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let len = file.metadata()?.len();
+        if len == 0 || len % 8 != 0 {
+            return Err(FabricError::Protocol { node, reason: format!("region file {name:?} has bad length {len}") });
+        }
+        Ok(Arc::new(ShmRemote { node, name: name.to_string(), memory: map_file(name, &file, len)? }))
+    }
+
+    fn send(&self, to: NodeId, payload: &[u8]) -> Result<()> {
+        let dir = self.peer_dir(to)?;
+        self.links.send(to, &dir.join("msg.sock"), payload)
+    }
+
+    fn inbox(&self) -> &Inbox {
+        &self.inbox
+    }
+}
+
+impl Drop for ShmFabric {
+    fn drop(&mut self) {
+        self.listener.stop();
+        // Peers keep their mappings (as RDMA peers keep stale keys until they
+        // fail); new connects see the node as not running.
+        if let Err(e) = fs::remove_dir_all(&self.node_dir) {
+            tracing::warn!(dir = %self.node_dir.display(), error = %e, "could not remove node directory");
+        }
+    }
+}
+
+/// A mapped peer region. Every operation runs on the caller's thread.
+struct ShmRemote {
+    node: NodeId,
+    name: String,
+    memory: RegionMemory,
+}
+
+impl RemoteRegion for ShmRemote {
+    fn node(&self) -> NodeId {
+        self.node
+    }
+
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn len(&self) -> u64 {
+        self.memory.len()
+    }
+
+    fn post(&self, ops: Vec<Op>) -> Completion {
+        Completion::ready(
+            check_batch(&self.name, self.memory.len(), &ops).and_then(|()| execute_on_memory(&self.memory, &ops)),
+        )
+    }
+
+    // The single-operation forms skip the batch's allocations: this is the
+    // hot path of version checks and lock words.
+    fn read(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        self.memory.read(offset, buf)
+    }
+
+    fn read_u64(&self, offset: u64) -> Result<u64> {
+        self.memory.load_u64(offset)
+    }
+
+    fn write(&self, offset: u64, data: &[u8]) -> Result<()> {
+        self.memory.write(offset, data)
+    }
+
+    fn fetch_add(&self, offset: u64, delta: u64) -> Result<u64> {
+        self.memory.fetch_add(offset, delta)
+    }
+
+    fn compare_swap(&self, offset: u64, expected: u64, new: u64) -> Result<u64> {
+        self.memory.compare_swap(offset, expected, new)
+    }
+}

@@ -1,0 +1,687 @@
+//! The fabric's wire format: length-prefixed binary frames, and nothing else.
+//!
+//! Every byte stream between two tierstack nodes that is not shared memory —
+//! the `tcp` backend's request/response connections, the `shm` backend's
+//! two-sided messages over Unix sockets — carries a sequence of [`Frame`]s
+//! encoded here. This crate owns the codec ([`encode`], [`decode`]) and two
+//! blocking helpers over `std::io` ([`write_frame`], [`read_frame`]); it opens
+//! no sockets and starts no threads. The format is specified field by field
+//! in `docs/wire-format.md`.
+//!
+//! Layout: `len: u32` (the number of bytes that follow it) | `kind: u8` |
+//! body. All integers are little-endian; variable-length fields carry their
+//! own length in front. A frame is decoded completely or rejected: a decoder
+//! never reads past its body, rejects trailing bytes, and never panics on
+//! arbitrary input (a property test feeds it random bytes).
+//!
+//! Key choice: **bounded before allocated.** The length prefix is checked
+//! against [`FRAME_BYTES_MAX`] before any buffer is allocated, and counts
+//! inside a body (ops, results, bytes) only size allocations up to what the
+//! remaining body could actually hold, so a hostile peer cannot make a node
+//! allocate more than one maximal frame per connection.
+
+use std::io::{self, Read, Write};
+use tierstack_base::limits::{BATCH_OPS_MAX, TRANSFER_BYTES_MAX};
+use tierstack_base::NodeId;
+use tierstack_fabric::{FabricError, Op, OpResult};
+
+/// Bytes a frame may carry besides transferred data: the kind, request ids,
+/// counts, and the per-op headers of a maximal batch (at most 25 bytes each).
+pub const FRAME_HEADER_ROOM_BYTES: usize = 64 * 1024;
+
+/// The largest value of a frame's length prefix (the bytes after the prefix).
+/// A valid batch moves at most [`TRANSFER_BYTES_MAX`] bytes in total, so every
+/// frame a conforming peer sends fits.
+pub const FRAME_BYTES_MAX: usize = TRANSFER_BYTES_MAX + FRAME_HEADER_ROOM_BYTES;
+
+/// Bytes of the length prefix in front of every frame.
+pub const LENGTH_PREFIX_BYTES: usize = 4;
+
+/// `"TSWF"` in little-endian: the first field of a `Hello`, so a connection
+/// from something that does not speak this format is refused at once.
+pub const HELLO_MAGIC: u32 = u32::from_le_bytes(*b"TSWF");
+
+/// The format version carried in `Hello`. Bump on any incompatible change.
+pub const WIRE_VERSION: u16 = 1;
+
+// Compile-time check: the header room covers a maximal batch of the widest op
+// (compare-swap: kind 1 + offset 8 + expected 8 + new 8 = 25 bytes) plus the
+// Ops frame's own header (kind 1 + request 8 + region 4 + count 4).
+const _: () = assert!(FRAME_HEADER_ROOM_BYTES >= 17 + 25 * BATCH_OPS_MAX);
+const _: () = assert!(FRAME_BYTES_MAX <= u32::MAX as usize);
+
+/// One unit of the wire protocol.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Frame {
+    /// First frame on every connection: who is connecting.
+    Hello { node: NodeId },
+    /// A two-sided message; no reply.
+    Message { payload: Vec<u8> },
+    /// Asks for the region registered under `name`.
+    Lookup { request: u64, name: String },
+    /// Answers a `Lookup`: the region's index at its owner and its length.
+    LookupOk { request: u64, region: u32, len: u64 },
+    /// A batch of operations on region `region` (an index from `LookupOk`).
+    Ops { request: u64, region: u32, ops: Vec<Op> },
+    /// Answers `Ops`: one result per op, in order.
+    OpsOk { request: u64, results: Vec<OpResult> },
+    /// Answers a `Lookup` or `Ops` with an error.
+    Error { request: u64, error: FabricError },
+}
+
+/// Frame kind bytes (the byte after the length prefix).
+pub mod kind {
+    pub const HELLO: u8 = 1;
+    pub const MESSAGE: u8 = 2;
+    pub const LOOKUP: u8 = 3;
+    pub const LOOKUP_OK: u8 = 4;
+    pub const OPS: u8 = 5;
+    pub const OPS_OK: u8 = 6;
+    pub const ERROR: u8 = 7;
+}
+
+/// Op and result tags inside `Ops` and `OpsOk` bodies.
+mod op_tag {
+    pub const READ: u8 = 1;
+    pub const WRITE: u8 = 2;
+    pub const FETCH_ADD: u8 = 3;
+    pub const COMPARE_SWAP: u8 = 4;
+}
+
+/// `FabricError` variant codes inside `Error` bodies. Every variant has one,
+/// so any error a responder produces crosses the wire unchanged.
+mod error_code {
+    pub const OUT_OF_BOUNDS: u8 = 1;
+    pub const MISALIGNED: u8 = 2;
+    pub const UNKNOWN_REGION: u8 = 3;
+    pub const UNKNOWN_NODE: u8 = 4;
+    pub const REGION_EXISTS: u8 = 5;
+    pub const INVALID_NAME: u8 = 6;
+    pub const REGION_SIZE: u8 = 7;
+    pub const TOO_MANY_REGIONS: u8 = 8;
+    pub const TRANSFER_TOO_LARGE: u8 = 9;
+    pub const BATCH_SIZE: u8 = 10;
+    pub const TIMEOUT: u8 = 11;
+    pub const PEER_DEAD: u8 = 12;
+    pub const TORN_READ: u8 = 13;
+    pub const PROTOCOL: u8 = 14;
+    pub const RECV_TIMEOUT: u8 = 15;
+    pub const INBOX_FULL: u8 = 16;
+    pub const CLOSED: u8 = 17;
+    pub const IO: u8 = 18;
+    pub const NODE_IN_USE: u8 = 19;
+}
+
+/// Why a frame could not be read or decoded.
+#[derive(Debug, thiserror::Error)]
+pub enum WireError {
+    #[error("I/O error: {0}")]
+    Io(#[from] io::Error),
+    /// The stream or body ended inside a frame.
+    #[error("the frame ends before its last field")]
+    Truncated,
+    #[error("unknown frame kind {0}")]
+    UnknownKind(u8),
+    /// The length prefix exceeds [`FRAME_BYTES_MAX`]; nothing was allocated.
+    #[error("a frame of {len} bytes exceeds the limit of {FRAME_BYTES_MAX}")]
+    TooLarge { len: usize },
+    #[error("malformed frame: {0}")]
+    Malformed(String),
+}
+
+// ---------------------------------------------------------------------------
+// Encoding
+
+/// Encodes `frame`, length prefix included, ready for one `write_all`.
+///
+/// Encoding cannot fail; a frame whose body exceeds [`FRAME_BYTES_MAX`] (only
+/// possible for a batch or message beyond the fabric's limits) is encoded
+/// anyway and rejected by [`write_frame`], [`try_encode`] and every reader.
+pub fn encode(frame: &Frame) -> Vec<u8> {
+    let mut out = Vec::with_capacity(LENGTH_PREFIX_BYTES + body_capacity_hint(frame));
+    out.extend_from_slice(&[0u8; LENGTH_PREFIX_BYTES]);
+    encode_body(frame, &mut out);
+    let body_len = out.len() - LENGTH_PREFIX_BYTES;
+    let prefix = u32::try_from(body_len).unwrap_or(u32::MAX);
+    out[..LENGTH_PREFIX_BYTES].copy_from_slice(&prefix.to_le_bytes());
+    out
+}
+
+/// Like [`encode`], but refuses a frame larger than [`FRAME_BYTES_MAX`].
+pub fn try_encode(frame: &Frame) -> Result<Vec<u8>, WireError> {
+    let bytes = encode(frame);
+    let body_len = bytes.len() - LENGTH_PREFIX_BYTES;
+    if body_len > FRAME_BYTES_MAX {
+        return Err(WireError::TooLarge { len: body_len });
+    }
+    Ok(bytes)
+}
+
+fn body_capacity_hint(frame: &Frame) -> usize {
+    match frame {
+        Frame::Message { payload } => 5 + payload.len(),
+        Frame::Lookup { name, .. } => 11 + name.len(),
+        Frame::Ops { ops, .. } => {
+            17 + ops.iter().map(|op| 25 + if let Op::Write { data, .. } = op { data.len() } else { 0 }).sum::<usize>()
+        }
+        Frame::OpsOk { results, .. } => {
+            13 + results.iter().map(|r| 9 + if let OpResult::Read(data) = r { data.len() } else { 0 }).sum::<usize>()
+        }
+        _ => 64,
+    }
+}
+
+fn put_u8(out: &mut Vec<u8>, v: u8) {
+    out.push(v);
+}
+fn put_u16(out: &mut Vec<u8>, v: u16) {
+    out.extend_from_slice(&v.to_le_bytes());
+}
+fn put_u32(out: &mut Vec<u8>, v: u32) {
+    out.extend_from_slice(&v.to_le_bytes());
+}
+fn put_u64(out: &mut Vec<u8>, v: u64) {
+    out.extend_from_slice(&v.to_le_bytes());
+}
+/// A `u32` count or length; saturates (the frame is then over the limit anyway).
+fn put_len(out: &mut Vec<u8>, len: usize) {
+    put_u32(out, u32::try_from(len).unwrap_or(u32::MAX));
+}
+fn put_bytes(out: &mut Vec<u8>, data: &[u8]) {
+    put_len(out, data.len());
+    out.extend_from_slice(data);
+}
+fn put_str(out: &mut Vec<u8>, s: &str) {
+    put_bytes(out, s.as_bytes());
+}
+fn put_usize(out: &mut Vec<u8>, v: usize) {
+    put_u64(out, v as u64);
+}
+
+fn encode_body(frame: &Frame, out: &mut Vec<u8>) {
+    match frame {
+        Frame::Hello { node } => {
+            put_u8(out, kind::HELLO);
+            put_u32(out, HELLO_MAGIC);
+            put_u16(out, WIRE_VERSION);
+            put_u32(out, node.0);
+        }
+        Frame::Message { payload } => {
+            put_u8(out, kind::MESSAGE);
+            put_bytes(out, payload);
+        }
+        Frame::Lookup { request, name } => {
+            put_u8(out, kind::LOOKUP);
+            put_u64(out, *request);
+            // Region names are at most 64 bytes; a longer one is sent truncated
+            // to the u16 length field's reach and refused by the owner.
+            let name = &name.as_bytes()[..name.len().min(usize::from(u16::MAX))];
+            put_u16(out, u16::try_from(name.len()).unwrap_or(u16::MAX));
+            out.extend_from_slice(name);
+        }
+        Frame::LookupOk { request, region, len } => {
+            put_u8(out, kind::LOOKUP_OK);
+            put_u64(out, *request);
+            put_u32(out, *region);
+            put_u64(out, *len);
+        }
+        Frame::Ops { request, region, ops } => {
+            put_u8(out, kind::OPS);
+            put_u64(out, *request);
+            put_u32(out, *region);
+            put_len(out, ops.len());
+            for op in ops {
+                encode_op(op, out);
+            }
+        }
+        Frame::OpsOk { request, results } => {
+            put_u8(out, kind::OPS_OK);
+            put_u64(out, *request);
+            put_len(out, results.len());
+            for result in results {
+                encode_result(result, out);
+            }
+        }
+        Frame::Error { request, error } => {
+            put_u8(out, kind::ERROR);
+            put_u64(out, *request);
+            encode_error(error, out);
+        }
+    }
+}
+
+fn encode_op(op: &Op, out: &mut Vec<u8>) {
+    match op {
+        Op::Read { offset, len } => {
+            put_u8(out, op_tag::READ);
+            put_u64(out, *offset);
+            put_u32(out, *len);
+        }
+        Op::Write { offset, data } => {
+            put_u8(out, op_tag::WRITE);
+            put_u64(out, *offset);
+            put_bytes(out, data);
+        }
+        Op::FetchAdd { offset, delta } => {
+            put_u8(out, op_tag::FETCH_ADD);
+            put_u64(out, *offset);
+            put_u64(out, *delta);
+        }
+        Op::CompareSwap { offset, expected, new } => {
+            put_u8(out, op_tag::COMPARE_SWAP);
+            put_u64(out, *offset);
+            put_u64(out, *expected);
+            put_u64(out, *new);
+        }
+    }
+}
+
+fn encode_result(result: &OpResult, out: &mut Vec<u8>) {
+    match result {
+        OpResult::Read(data) => {
+            put_u8(out, op_tag::READ);
+            put_bytes(out, data);
+        }
+        OpResult::Written => put_u8(out, op_tag::WRITE),
+        OpResult::FetchAdd(previous) => {
+            put_u8(out, op_tag::FETCH_ADD);
+            put_u64(out, *previous);
+        }
+        OpResult::CompareSwap(previous) => {
+            put_u8(out, op_tag::COMPARE_SWAP);
+            put_u64(out, *previous);
+        }
+    }
+}
+
+fn encode_error(error: &FabricError, out: &mut Vec<u8>) {
+    use error_code as c;
+    match error {
+        FabricError::OutOfBounds { region, offset, len, region_len } => {
+            put_u8(out, c::OUT_OF_BOUNDS);
+            put_str(out, region);
+            put_u64(out, *offset);
+            put_u64(out, *len);
+            put_u64(out, *region_len);
+        }
+        FabricError::Misaligned { offset } => {
+            put_u8(out, c::MISALIGNED);
+            put_u64(out, *offset);
+        }
+        FabricError::UnknownRegion { node, name } => {
+            put_u8(out, c::UNKNOWN_REGION);
+            put_u32(out, node.0);
+            put_str(out, name);
+        }
+        FabricError::UnknownNode { node } => {
+            put_u8(out, c::UNKNOWN_NODE);
+            put_u32(out, node.0);
+        }
+        FabricError::RegionExists { name } => {
+            put_u8(out, c::REGION_EXISTS);
+            put_str(out, name);
+        }
+        FabricError::InvalidName { name, reason } => {
+            put_u8(out, c::INVALID_NAME);
+            put_str(out, name);
+            put_str(out, reason);
+        }
+        FabricError::RegionSize { bytes, max } => {
+            put_u8(out, c::REGION_SIZE);
+            put_u64(out, *bytes);
+            put_u64(out, *max);
+        }
+        FabricError::TooManyRegions { max } => {
+            put_u8(out, c::TOO_MANY_REGIONS);
+            put_usize(out, *max);
+        }
+        FabricError::TransferTooLarge { len } => {
+            put_u8(out, c::TRANSFER_TOO_LARGE);
+            put_usize(out, *len);
+        }
+        FabricError::BatchSize { ops, max } => {
+            put_u8(out, c::BATCH_SIZE);
+            put_usize(out, *ops);
+            put_usize(out, *max);
+        }
+        FabricError::Timeout { node, timeout_ms } => {
+            put_u8(out, c::TIMEOUT);
+            put_u32(out, node.0);
+            put_u64(out, *timeout_ms);
+        }
+        FabricError::PeerDead { node, reason } => {
+            put_u8(out, c::PEER_DEAD);
+            put_u32(out, node.0);
+            put_str(out, reason);
+        }
+        FabricError::TornRead { offset, retries } => {
+            put_u8(out, c::TORN_READ);
+            put_u64(out, *offset);
+            put_u32(out, *retries);
+        }
+        FabricError::Protocol { node, reason } => {
+            put_u8(out, c::PROTOCOL);
+            put_u32(out, node.0);
+            put_str(out, reason);
+        }
+        FabricError::RecvTimeout { timeout_ms } => {
+            put_u8(out, c::RECV_TIMEOUT);
+            put_u64(out, *timeout_ms);
+        }
+        FabricError::InboxFull { node } => {
+            put_u8(out, c::INBOX_FULL);
+            put_u32(out, node.0);
+        }
+        FabricError::Closed => put_u8(out, c::CLOSED),
+        FabricError::NodeInUse { node, pid } => {
+            put_u8(out, c::NODE_IN_USE);
+            put_u32(out, node.0);
+            put_u32(out, *pid);
+        }
+        FabricError::Io(message) => {
+            put_u8(out, c::IO);
+            put_str(out, message);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Decoding
+
+/// Decodes one frame from `body`: the bytes after the length prefix (kind
+/// byte first). The whole body must be consumed.
+pub fn decode(body: &[u8]) -> Result<Frame, WireError> {
+    if body.len() > FRAME_BYTES_MAX {
+        return Err(WireError::TooLarge { len: body.len() });
+    }
+    let mut cur = Cursor { buf: body };
+    let frame = match cur.u8()? {
+        kind::HELLO => {
+            let magic = cur.u32()?;
+            if magic != HELLO_MAGIC {
+                return Err(WireError::Malformed(format!("hello magic {magic:#010x}, expected {HELLO_MAGIC:#010x}")));
+            }
+            let version = cur.u16()?;
+            if version != WIRE_VERSION {
+                return Err(WireError::Malformed(format!("wire version {version}, expected {WIRE_VERSION}")));
+            }
+            Frame::Hello { node: NodeId(cur.u32()?) }
+        }
+        kind::MESSAGE => Frame::Message { payload: cur.bytes()? },
+        kind::LOOKUP => {
+            let request = cur.u64()?;
+            let len = usize::from(cur.u16()?);
+            let name = cur.take(len)?;
+            let name = std::str::from_utf8(name)
+                .map_err(|_| WireError::Malformed("region name is not UTF-8".to_string()))?
+                .to_string();
+            Frame::Lookup { request, name }
+        }
+        kind::LOOKUP_OK => Frame::LookupOk { request: cur.u64()?, region: cur.u32()?, len: cur.u64()? },
+        kind::OPS => {
+            let request = cur.u64()?;
+            let region = cur.u32()?;
+            let count = cur.count(MIN_OP_BYTES)?;
+            let mut ops = Vec::with_capacity(count);
+            for _ in 0..count {
+                ops.push(decode_op(&mut cur)?);
+            }
+            Frame::Ops { request, region, ops }
+        }
+        kind::OPS_OK => {
+            let request = cur.u64()?;
+            let count = cur.count(MIN_RESULT_BYTES)?;
+            let mut results = Vec::with_capacity(count);
+            for _ in 0..count {
+                results.push(decode_result(&mut cur)?);
+            }
+            Frame::OpsOk { request, results }
+        }
+        kind::ERROR => Frame::Error { request: cur.u64()?, error: decode_error(&mut cur)? },
+        other => return Err(WireError::UnknownKind(other)),
+    };
+    if !cur.buf.is_empty() {
+        return Err(WireError::Malformed(format!("{} trailing bytes after the frame", cur.buf.len())));
+    }
+    Ok(frame)
+}
+
+/// The smallest encoded op (a read: tag 1 + offset 8 + len 4).
+const MIN_OP_BYTES: usize = 13;
+/// The smallest encoded result (`Written`: the tag alone).
+const MIN_RESULT_BYTES: usize = 1;
+
+struct Cursor<'a> {
+    buf: &'a [u8],
+}
+
+impl<'a> Cursor<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], WireError> {
+        if self.buf.len() < n {
+            return Err(WireError::Truncated);
+        }
+        let (head, rest) = self.buf.split_at(n);
+        self.buf = rest;
+        Ok(head)
+    }
+
+    fn array<const N: usize>(&mut self) -> Result<[u8; N], WireError> {
+        let mut out = [0u8; N];
+        out.copy_from_slice(self.take(N)?);
+        Ok(out)
+    }
+
+    fn u8(&mut self) -> Result<u8, WireError> {
+        Ok(self.array::<1>()?[0])
+    }
+    fn u16(&mut self) -> Result<u16, WireError> {
+        Ok(u16::from_le_bytes(self.array()?))
+    }
+    fn u32(&mut self) -> Result<u32, WireError> {
+        Ok(u32::from_le_bytes(self.array()?))
+    }
+    fn u64(&mut self) -> Result<u64, WireError> {
+        Ok(u64::from_le_bytes(self.array()?))
+    }
+    fn usize(&mut self) -> Result<usize, WireError> {
+        let v = self.u64()?;
+        usize::try_from(v).map_err(|_| WireError::Malformed(format!("{v} does not fit this platform's usize")))
+    }
+    fn node(&mut self) -> Result<NodeId, WireError> {
+        Ok(NodeId(self.u32()?))
+    }
+
+    /// A `u32` element count; each element needs at least `min_bytes`, so a
+    /// count the remaining body cannot hold is `Truncated`, not an allocation.
+    fn count(&mut self, min_bytes: usize) -> Result<usize, WireError> {
+        let count = self.u32()? as usize;
+        if count.saturating_mul(min_bytes) > self.buf.len() {
+            return Err(WireError::Truncated);
+        }
+        Ok(count)
+    }
+
+    fn bytes(&mut self) -> Result<Vec<u8>, WireError> {
+        let len = self.u32()? as usize;
+        Ok(self.take(len)?.to_vec())
+    }
+
+    fn string(&mut self) -> Result<String, WireError> {
+        String::from_utf8(self.bytes()?).map_err(|_| WireError::Malformed("string is not UTF-8".to_string()))
+    }
+}
+
+fn decode_op(cur: &mut Cursor<'_>) -> Result<Op, WireError> {
+    Ok(match cur.u8()? {
+        op_tag::READ => Op::Read { offset: cur.u64()?, len: cur.u32()? },
+        op_tag::WRITE => Op::Write { offset: cur.u64()?, data: cur.bytes()? },
+        op_tag::FETCH_ADD => Op::FetchAdd { offset: cur.u64()?, delta: cur.u64()? },
+        op_tag::COMPARE_SWAP => Op::CompareSwap { offset: cur.u64()?, expected: cur.u64()?, new: cur.u64()? },
+        other => return Err(WireError::Malformed(format!("unknown op tag {other}"))),
+    })
+}
+
+fn decode_result(cur: &mut Cursor<'_>) -> Result<OpResult, WireError> {
+    Ok(match cur.u8()? {
+        op_tag::READ => OpResult::Read(cur.bytes()?),
+        op_tag::WRITE => OpResult::Written,
+        op_tag::FETCH_ADD => OpResult::FetchAdd(cur.u64()?),
+        op_tag::COMPARE_SWAP => OpResult::CompareSwap(cur.u64()?),
+        other => return Err(WireError::Malformed(format!("unknown result tag {other}"))),
+    })
+}
+
+fn decode_error(cur: &mut Cursor<'_>) -> Result<FabricError, WireError> {
+    use error_code as c;
+    Ok(match cur.u8()? {
+        c::OUT_OF_BOUNDS => FabricError::OutOfBounds {
+            region: cur.string()?,
+            offset: cur.u64()?,
+            len: cur.u64()?,
+            region_len: cur.u64()?,
+        },
+        c::MISALIGNED => FabricError::Misaligned { offset: cur.u64()? },
+        c::UNKNOWN_REGION => FabricError::UnknownRegion { node: cur.node()?, name: cur.string()? },
+        c::UNKNOWN_NODE => FabricError::UnknownNode { node: cur.node()? },
+        c::REGION_EXISTS => FabricError::RegionExists { name: cur.string()? },
+        c::INVALID_NAME => FabricError::InvalidName { name: cur.string()?, reason: cur.string()? },
+        c::REGION_SIZE => FabricError::RegionSize { bytes: cur.u64()?, max: cur.u64()? },
+        c::TOO_MANY_REGIONS => FabricError::TooManyRegions { max: cur.usize()? },
+        c::TRANSFER_TOO_LARGE => FabricError::TransferTooLarge { len: cur.usize()? },
+        c::BATCH_SIZE => FabricError::BatchSize { ops: cur.usize()?, max: cur.usize()? },
+        c::TIMEOUT => FabricError::Timeout { node: cur.node()?, timeout_ms: cur.u64()? },
+        c::PEER_DEAD => FabricError::PeerDead { node: cur.node()?, reason: cur.string()? },
+        c::TORN_READ => FabricError::TornRead { offset: cur.u64()?, retries: cur.u32()? },
+        c::PROTOCOL => FabricError::Protocol { node: cur.node()?, reason: cur.string()? },
+        c::RECV_TIMEOUT => FabricError::RecvTimeout { timeout_ms: cur.u64()? },
+        c::INBOX_FULL => FabricError::InboxFull { node: cur.node()? },
+        c::CLOSED => FabricError::Closed,
+        c::IO => FabricError::Io(cur.string()?),
+        c::NODE_IN_USE => FabricError::NodeInUse { node: cur.node()?, pid: cur.u32()? },
+        other => return Err(WireError::Malformed(format!("unknown error code {other}"))),
+    })
+}
+
+// ---------------------------------------------------------------------------
+// Blocking stream helpers
+
+/// Encodes `frame` and writes it with one `write_all` (one syscall on an
+/// unbuffered socket). A frame over [`FRAME_BYTES_MAX`] is refused with
+/// `InvalidInput` and nothing is written.
+pub fn write_frame(w: &mut impl Write, frame: &Frame) -> io::Result<()> {
+    let bytes = try_encode(frame).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
+    w.write_all(&bytes)
+}
+
+/// Reads one frame. Returns `Ok(None)` on a clean end of stream before the
+/// first byte of a frame, `Truncated` on an end of stream inside one, and
+/// `TooLarge` — before allocating — for a prefix over [`FRAME_BYTES_MAX`].
+/// Wrap sockets in a `BufReader` so a small frame costs one `read` syscall.
+pub fn read_frame(r: &mut impl Read) -> Result<Option<Frame>, WireError> {
+    let mut prefix = [0u8; LENGTH_PREFIX_BYTES];
+    let mut filled = 0;
+    while filled < prefix.len() {
+        match r.read(&mut prefix[filled..]) {
+            Ok(0) if filled == 0 => return Ok(None),
+            Ok(0) => return Err(WireError::Truncated),
+            Ok(n) => filled += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(WireError::Io(e)),
+        }
+    }
+    let len = u32::from_le_bytes(prefix) as usize;
+    if len > FRAME_BYTES_MAX {
+        return Err(WireError::TooLarge { len });
+    }
+    if len == 0 {
+        return Err(WireError::Malformed("empty frame (no kind byte)".to_string()));
+    }
+    let mut body = vec![0u8; len];
+    r.read_exact(&mut body).map_err(|e| match e.kind() {
+        io::ErrorKind::UnexpectedEof => WireError::Truncated,
+        _ => WireError::Io(e),
+    })?;
+    decode(&body).map(Some)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hello_layout_is_as_documented() {
+        let bytes = encode(&Frame::Hello { node: NodeId(0x0102_0304) });
+        assert_eq!(
+            bytes,
+            vec![11, 0, 0, 0, kind::HELLO, b'T', b'S', b'W', b'F', 1, 0, 4, 3, 2, 1],
+            "len | kind | magic | version | node, all little-endian"
+        );
+    }
+
+    #[test]
+    fn fetch_add_ops_layout_is_as_documented() {
+        let frame = Frame::Ops { request: 7, region: 2, ops: vec![Op::FetchAdd { offset: 8, delta: 1 }] };
+        let bytes = encode(&frame);
+        let mut expected = vec![];
+        expected.extend_from_slice(&(1u32 + 8 + 4 + 4 + 1 + 8 + 8).to_le_bytes());
+        expected.push(kind::OPS);
+        expected.extend_from_slice(&7u64.to_le_bytes());
+        expected.extend_from_slice(&2u32.to_le_bytes());
+        expected.extend_from_slice(&1u32.to_le_bytes());
+        expected.push(op_tag::FETCH_ADD);
+        expected.extend_from_slice(&8u64.to_le_bytes());
+        expected.extend_from_slice(&1u64.to_le_bytes());
+        assert_eq!(bytes, expected);
+    }
+
+    #[test]
+    fn oversized_prefix_is_rejected_before_reading_the_body() {
+        let len = (FRAME_BYTES_MAX + 1) as u32;
+        let mut stream: &[u8] = &len.to_le_bytes();
+        assert!(matches!(read_frame(&mut stream), Err(WireError::TooLarge { len: l }) if l == FRAME_BYTES_MAX + 1));
+    }
+
+    #[test]
+    fn huge_counts_do_not_allocate() {
+        // An Ops frame that claims u32::MAX ops in a 20-byte body.
+        let mut body = vec![kind::OPS];
+        body.extend_from_slice(&1u64.to_le_bytes());
+        body.extend_from_slice(&0u32.to_le_bytes());
+        body.extend_from_slice(&u32::MAX.to_le_bytes());
+        assert!(matches!(decode(&body), Err(WireError::Truncated)));
+    }
+
+    #[test]
+    fn eof_handling() {
+        let mut empty: &[u8] = &[];
+        assert!(matches!(read_frame(&mut empty), Ok(None)), "clean EOF before a frame");
+        let mut half_prefix: &[u8] = &[3, 0];
+        assert!(matches!(read_frame(&mut half_prefix), Err(WireError::Truncated)));
+        let full = encode(&Frame::Message { payload: vec![1, 2, 3] });
+        let mut cut: &[u8] = &full[..full.len() - 1];
+        assert!(matches!(read_frame(&mut cut), Err(WireError::Truncated)));
+        let mut zero: &[u8] = &[0, 0, 0, 0];
+        assert!(matches!(read_frame(&mut zero), Err(WireError::Malformed(_))));
+    }
+
+    #[test]
+    fn trailing_bytes_and_unknown_tags_are_rejected() {
+        let mut bytes = encode(&Frame::LookupOk { request: 1, region: 2, len: 3 });
+        bytes.push(0);
+        assert!(matches!(decode(&bytes[LENGTH_PREFIX_BYTES..]), Err(WireError::Malformed(_))));
+        assert!(matches!(decode(&[99]), Err(WireError::UnknownKind(99))));
+        assert!(matches!(decode(&[]), Err(WireError::Truncated)));
+        let mut bad_hello = encode(&Frame::Hello { node: NodeId(1) });
+        bad_hello[LENGTH_PREFIX_BYTES + 1] ^= 0xff;
+        assert!(matches!(decode(&bad_hello[LENGTH_PREFIX_BYTES..]), Err(WireError::Malformed(_))));
+    }
+
+    #[test]
+    fn write_frame_refuses_oversized_frames() {
+        let frame = Frame::Message { payload: vec![0u8; FRAME_BYTES_MAX] };
+        let mut sink = Vec::new();
+        let err = write_frame(&mut sink, &frame).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::InvalidInput);
+        assert!(sink.is_empty(), "nothing is written");
+    }
+}

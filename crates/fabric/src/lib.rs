@@ -1,0 +1,213 @@
+//! The fabric interface: what every tierstack service is written against.
+//!
+//! A node **registers** named regions of memory once, at start-up. Any node
+//! then **connects** to a region by `(node, name)` and operates on it with
+//! one-sided operations ([`Op`]): `read`, `write`, 64-bit `fetch_add` and
+//! `compare_swap` on 8-byte-aligned offsets, singly or as a posted batch that
+//! completes as a whole. Nodes also exchange two-sided [`Message`]s, ordered
+//! per pair of nodes, for control traffic.
+//!
+//! This crate holds the interface and the rules every backend shares, and no
+//! backend: the `shm` backend maps regions into every process on a host and
+//! executes operations as plain loads, stores and atomics (the owner's threads
+//! never run); the `tcp` backend sends each operation to a responder thread of
+//! the owner (the honest two-sided baseline). Nothing here names either one.
+//!
+//! Key choices:
+//! - **Post, then wait.** [`RemoteRegion::post`] returns a [`Completion`]
+//!   that can be waited on from a thread ([`Completion::wait`]) or from async
+//!   code ([`Completion::wait_async`]) without blocking a runtime thread. A
+//!   backend guarantees every completion ends: with results, or with a typed
+//!   error such as [`FabricError::Timeout`].
+//! - **Multi-word reads are not atomic**, as with RDMA. Small records that
+//!   must be read consistently use the [`seqlock`] helper.
+//! - **Memory is accessed only through atomics** ([`memory::RegionMemory`]),
+//!   because other processes read and write it concurrently.
+
+mod completion;
+mod error;
+pub mod memory;
+mod message;
+mod op;
+pub mod seqlock;
+pub mod sync;
+
+pub use completion::{Completion, CompletionSender};
+pub use error::FabricError;
+pub use memory::RegionMemory;
+pub use message::{Inbox, Message};
+pub use op::{check_batch, Op, OpResult};
+pub use tierstack_base::NodeId;
+
+use std::sync::Arc;
+
+/// Result of a fabric call.
+pub type Result<T, E = FabricError> = std::result::Result<T, E>;
+
+/// A node's attachment to the fabric: its registered regions, its handles to
+/// other nodes' regions, and its message endpoint.
+pub trait Fabric: Send + Sync {
+    /// This node's id.
+    fn local_node(&self) -> NodeId;
+
+    /// The backend's short name (`"shm"`, `"tcp"`), for reports.
+    fn backend_name(&self) -> &'static str;
+
+    /// Registers a region of `bytes` bytes (rounded up to a multiple of 8),
+    /// zero-filled, under `name`. Memory is allocated once, here.
+    fn register(&self, name: &str, bytes: u64) -> Result<Arc<LocalRegion>>;
+
+    /// Obtains a handle to the region `name` registered by `node`.
+    fn connect(&self, node: NodeId, name: &str) -> Result<Arc<dyn RemoteRegion>>;
+
+    /// Sends a two-sided message to `to`. Messages between one pair of nodes
+    /// arrive in the order they were sent.
+    fn send(&self, to: NodeId, payload: &[u8]) -> Result<()>;
+
+    /// This node's receive queue.
+    fn inbox(&self) -> &Inbox;
+}
+
+/// A region registered by this node: the owner's direct access to it.
+pub struct LocalRegion {
+    name: String,
+    memory: RegionMemory,
+}
+
+impl LocalRegion {
+    pub fn new(name: impl Into<String>, memory: RegionMemory) -> Self {
+        Self { name: name.into(), memory }
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The region's memory, for the owner's own loads, stores and atomics.
+    pub fn memory(&self) -> &RegionMemory {
+        &self.memory
+    }
+
+    pub fn len(&self) -> u64 {
+        self.memory.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.memory.is_empty()
+    }
+}
+
+impl std::fmt::Debug for LocalRegion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LocalRegion").field("name", &self.name).field("len", &self.len()).finish()
+    }
+}
+
+/// A handle to a region of another (or this) node. Operations on it are
+/// one-sided in intent; whether the owner's CPU takes part is the backend's
+/// property (`shm`: never; `tcp`: always).
+pub trait RemoteRegion: Send + Sync {
+    /// The owning node.
+    fn node(&self) -> NodeId;
+
+    /// The region's name at its owner.
+    fn name(&self) -> &str;
+
+    /// The region's length in bytes.
+    fn len(&self) -> u64;
+
+    /// Posts `ops` as one batch. The completion yields one result per op, in
+    /// order. Ops execute in order; the batch as a whole is not atomic.
+    /// Invalid ops (bounds, alignment, size) fail the whole batch before any
+    /// executes.
+    fn post(&self, ops: Vec<Op>) -> Completion;
+
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Reads `buf.len()` bytes at `offset` (not atomic across words).
+    fn read(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        let len = u32::try_from(buf.len()).map_err(|_| FabricError::TransferTooLarge { len: buf.len() })?;
+        let data = self.post(vec![Op::Read { offset, len }]).wait()?.remove(0).into_bytes()?;
+        buf.copy_from_slice(&data);
+        Ok(())
+    }
+
+    /// Reads the 64-bit word at `offset` (8-byte aligned) atomically.
+    fn read_u64(&self, offset: u64) -> Result<u64> {
+        if offset % 8 != 0 {
+            return Err(FabricError::Misaligned { offset });
+        }
+        let mut word = [0u8; 8];
+        self.read(offset, &mut word)?;
+        Ok(u64::from_ne_bytes(word))
+    }
+
+    /// Writes `data` at `offset` (not atomic across words).
+    fn write(&self, offset: u64, data: &[u8]) -> Result<()> {
+        self.post(vec![Op::Write { offset, data: data.to_vec() }]).wait()?;
+        Ok(())
+    }
+
+    /// Adds `delta` (wrapping) to the word at `offset`; returns the previous value.
+    fn fetch_add(&self, offset: u64, delta: u64) -> Result<u64> {
+        self.post(vec![Op::FetchAdd { offset, delta }]).wait()?.remove(0).into_u64()
+    }
+
+    /// Replaces the word at `offset` with `new` if it equals `expected`;
+    /// returns the previous value (the swap happened iff it equals `expected`).
+    fn compare_swap(&self, offset: u64, expected: u64, new: u64) -> Result<u64> {
+        self.post(vec![Op::CompareSwap { offset, expected, new }]).wait()?.remove(0).into_u64()
+    }
+}
+
+/// Executes a validated batch directly on `memory`: the shared semantics of
+/// every backend whose operations end up at the memory (`shm` in the caller's
+/// process, `tcp` in the owner's responder).
+pub fn execute_on_memory(memory: &RegionMemory, ops: &[Op]) -> Result<Vec<OpResult>> {
+    ops.iter()
+        .map(|op| match op {
+            Op::Read { offset, len } => {
+                let mut data = vec![0u8; *len as usize];
+                memory.read(*offset, &mut data)?;
+                Ok(OpResult::Read(data))
+            }
+            Op::Write { offset, data } => {
+                memory.write(*offset, data)?;
+                Ok(OpResult::Written)
+            }
+            Op::FetchAdd { offset, delta } => Ok(OpResult::FetchAdd(memory.fetch_add(*offset, *delta)?)),
+            Op::CompareSwap { offset, expected, new } => {
+                Ok(OpResult::CompareSwap(memory.compare_swap(*offset, *expected, *new)?))
+            }
+        })
+        .collect()
+}
+
+/// Checks a region name: 1 to 64 bytes of `[A-Za-z0-9._-]`, not starting
+/// with a dot (names become file names in the `shm` backend).
+pub fn validate_region_name(name: &str) -> Result<()> {
+    let bad = |reason: &str| FabricError::InvalidName { name: name.to_string(), reason: reason.to_string() };
+    if name.is_empty() {
+        return Err(bad("empty"));
+    }
+    if name.len() > tierstack_base::limits::REGION_NAME_BYTES_MAX {
+        return Err(bad("longer than 64 bytes"));
+    }
+    if name.starts_with('.') {
+        return Err(bad("starts with a dot"));
+    }
+    if !name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'_' || b == b'-') {
+        return Err(bad("only letters, digits, '.', '_' and '-' are allowed"));
+    }
+    Ok(())
+}
+
+/// Checks a requested region size and returns it rounded up to 8 bytes.
+pub fn validate_region_bytes(bytes: u64) -> Result<u64> {
+    if bytes == 0 || bytes > tierstack_base::limits::REGION_BYTES_MAX {
+        return Err(FabricError::RegionSize { bytes, max: tierstack_base::limits::REGION_BYTES_MAX });
+    }
+    Ok(bytes.div_ceil(8) * 8)
+}

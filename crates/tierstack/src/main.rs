@@ -1,0 +1,45 @@
+//! `tierstack`: the command-line entry point. Thin glue: parse arguments,
+//! open what the topology describes, call into the crates that do the work.
+
+mod cmd;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "tierstack", version, about = "Multi-tier data-center services on one-sided remote memory operations")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Experiments that reproduce the papers' figures.
+    #[command(subcommand)]
+    Bench(cmd::bench::BenchCommand),
+    /// Fabric node tools: serve regions, operate on them, stress them.
+    #[command(subcommand)]
+    Fabric(cmd::fabric::FabricCommand),
+}
+
+fn main() -> std::process::ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("TIERSTACK_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Bench(command) => cmd::bench::run(command),
+        Command::Fabric(command) => cmd::fabric::run(command),
+    };
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("tierstack: error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
