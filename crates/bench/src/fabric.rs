@@ -53,7 +53,8 @@ impl FabricBenchConfig {
     }
 }
 
-/// Results for one backend.
+/// Results for one backend. A message's latency is a round trip (send and
+/// acknowledgement); its bandwidth is measured by streaming bursts.
 #[derive(Serialize, Default)]
 pub struct BackendResults {
     /// Per named operation (8-byte read, 4 KiB read, …).
@@ -192,16 +193,16 @@ fn curves(config: &FabricBenchConfig, s: &Session, results: &mut BackendResults)
         // Messages stream in bursts so the bandwidth is not one round trip per message.
         let burst = (1 << 20) / bytes.max(64);
         let burst = burst.clamp(1, 256);
-        let message = measure(budget, || message_burst(s.fabric.as_ref(), bytes, burst))?;
-        for (kind, summary, per_op_bytes) in
-            [("read", read, bytes), ("write", write, bytes), ("message", message, bytes * burst)]
-        {
-            let megabytes_per_sec = summary.ops_per_sec * per_op_bytes as f64 / 1e6;
-            results.curves.entry(kind.to_string()).or_default().push(SizePoint {
-                bytes,
-                latency: summary,
-                megabytes_per_sec,
-            });
+        let stream = measure(budget, || message_burst(s.fabric.as_ref(), bytes, burst))?;
+        let round_trip = measure(budget, || message_round_trip(s.fabric.as_ref(), bytes))?;
+        let rate = |summary: &Summary, per_op_bytes: usize| summary.ops_per_sec * per_op_bytes as f64 / 1e6;
+        let points = [
+            ("read", rate(&read, bytes), read),
+            ("write", rate(&write, bytes), write),
+            ("message", rate(&stream, bytes * burst), round_trip),
+        ];
+        for (kind, megabytes_per_sec, latency) in points {
+            results.curves.entry(kind.to_string()).or_default().push(SizePoint { bytes, latency, megabytes_per_sec });
         }
     }
     Ok(())
@@ -237,7 +238,8 @@ pub fn run(config: &FabricBenchConfig) -> Result<FabricReport> {
 }
 
 fn print_and_plot(config: &FabricBenchConfig, report: &FabricReport) -> Result<()> {
-    let mut latency = Table::new("Fig. 8a: latency of one operation (µs)", &["operation", "backend", "p50", "p99", "ops/s"]);
+    let mut latency =
+        Table::new("Fig. 8a: latency of one operation (µs)", &["operation", "backend", "p50", "p99", "ops/s"]);
     for (backend, results) in &report.backends {
         for (op, s) in &results.latency {
             latency.row(vec![op.clone(), backend.clone(), us(s.p50_ns), us(s.p99_ns), format!("{:.0}", s.ops_per_sec)]);
@@ -315,11 +317,19 @@ fn print_and_plot(config: &FabricBenchConfig, report: &FabricReport) -> Result<(
             [
                 Series {
                     label: format!("{backend} read 8 B"),
-                    points: results.load.iter().map(|p| (p.busy_threads as f64, p.read_8b.p50_ns as f64 / 1000.0)).collect(),
+                    points: results
+                        .load
+                        .iter()
+                        .map(|p| (p.busy_threads as f64, p.read_8b.p50_ns as f64 / 1000.0))
+                        .collect(),
                 },
                 Series {
                     label: format!("{backend} fetch_add"),
-                    points: results.load.iter().map(|p| (p.busy_threads as f64, p.fetch_add.p50_ns as f64 / 1000.0)).collect(),
+                    points: results
+                        .load
+                        .iter()
+                        .map(|p| (p.busy_threads as f64, p.fetch_add.p50_ns as f64 / 1000.0))
+                        .collect(),
                 },
             ]
         })

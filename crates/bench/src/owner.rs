@@ -25,7 +25,13 @@ pub struct NodeLine {
 
 /// Writes a topology file for `nodes` on `backend` into `dir` and returns
 /// its path. tcp nodes get free loopback ports.
-pub fn write_topology(dir: &Path, name: &str, backend: Backend, op_timeout_ms: u64, nodes: &[NodeLine]) -> Result<PathBuf> {
+pub fn write_topology(
+    dir: &Path,
+    name: &str,
+    backend: Backend,
+    op_timeout_ms: u64,
+    nodes: &[NodeLine],
+) -> Result<PathBuf> {
     let mut text = format!(
         "[cluster]\nname = \"{name}\"\nfabric = \"{}\"\nop_timeout_ms = {op_timeout_ms}\nshm_root = \"{}\"\n",
         backend.name(),
@@ -136,7 +142,13 @@ impl Drop for ChildNode {
 }
 
 /// Starts `tierstack fabric serve` for `node` with `regions` and `busy_threads`.
-pub fn spawn_owner(exe: &Path, topology: &Path, node: u32, regions: &[(&str, u64)], busy_threads: usize) -> Result<ChildNode> {
+pub fn spawn_owner(
+    exe: &Path,
+    topology: &Path,
+    node: u32,
+    regions: &[(&str, u64)],
+    busy_threads: usize,
+) -> Result<ChildNode> {
     let mut args = vec![
         "fabric".to_string(),
         "serve".into(),

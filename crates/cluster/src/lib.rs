@@ -152,7 +152,9 @@ impl Topology {
 
     fn validate(&self) -> Result<(), TopologyError> {
         let name = &self.cluster.name;
-        if name.is_empty() || name.len() > 64 || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+        if name.is_empty()
+            || name.len() > 64
+            || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
         {
             return Err(TopologyError::BadName(name.clone()));
         }
@@ -298,7 +300,11 @@ pub fn local_cluster(backend: Backend, nodes: u32) -> Result<LocalCluster, Fabri
 }
 
 /// As [`local_cluster`], with an explicit operation timeout.
-pub fn local_cluster_with_timeout(backend: Backend, nodes: u32, op_timeout: Duration) -> Result<LocalCluster, FabricError> {
+pub fn local_cluster_with_timeout(
+    backend: Backend,
+    nodes: u32,
+    op_timeout: Duration,
+) -> Result<LocalCluster, FabricError> {
     match backend {
         Backend::Shm => {
             let root = tempfile::Builder::new().prefix("tierstack-").tempdir()?;
@@ -371,13 +377,14 @@ cpu = 0
         assert!(err(&GOOD.replace("\"tcp\"", "\"carrier-pigeon\"")).contains("unknown variant"));
         assert!(err(&GOOD.replace("name = \"t1\"", "name = \"../etc\"")).contains("cluster name"));
         assert!(err(&GOOD.replace("id = 1", "id = 100000")).contains("too large"));
-        assert!(err("[cluster]\nname = \"x\"\nfabric = \"shm\"\nnode = []\n").contains("no nodes"));
+        assert!(err("node = []\n[cluster]\nname = \"x\"\nfabric = \"shm\"\n").contains("no nodes"));
         assert!(err(&GOOD.replace("cpu = 0", "gpu = 0")).contains("unknown field"));
     }
 
     #[test]
     fn shm_nodes_need_no_address() {
-        let t = Topology::parse("[cluster]\nname = \"s\"\nfabric = \"shm\"\n[[node]]\nid = 3\nrole = \"db\"\n").unwrap();
+        let t =
+            Topology::parse("[cluster]\nname = \"s\"\nfabric = \"shm\"\n[[node]]\nid = 3\nrole = \"db\"\n").unwrap();
         assert!(t.shm_root().ends_with("s"));
     }
 }

@@ -5,7 +5,8 @@
 //!
 //! ```text
 //! <root>/node-<id>/owner.pid     the owning process id (liveness check)
-//! <root>/node-<id>/r.<name>      one file per registered region
+//! <root>/node-<id>/r.<name>      one file per registered region: a 64-byte
+//!                                header (magic, revoked word), then the data
 //! <root>/node-<id>/msg.sock      Unix socket for two-sided messages
 //! ```
 //!
@@ -22,6 +23,12 @@
 //! Liveness: `connect` reads `owner.pid` and refuses a dead owner with
 //! `PeerDead`. A node directory left by a dead process is reclaimed when the
 //! node id is opened again.
+//!
+//! Revocation: a mapping outlives its owner, so a peer could keep reading a
+//! dead owner's frozen memory. As RDMA invalidates a dead owner's keys, every
+//! region file starts with a `revoked` word, set when the owner closes its
+//! node and when a crashed owner's node id is reclaimed; every operation on a
+//! peer's handle checks it (one load) and fails with `PeerDead` once it is set.
 
 mod messages;
 
@@ -30,6 +37,7 @@ use std::collections::HashMap;
 use std::fs::{self, OpenOptions};
 use std::path::{Path, PathBuf};
 use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tierstack_base::limits::REGIONS_PER_NODE_MAX;
@@ -72,7 +80,7 @@ impl ShmConfig {
 pub struct ShmFabric {
     config: ShmConfig,
     node_dir: PathBuf,
-    regions: Mutex<HashMap<String, Arc<LocalRegion>>>,
+    regions: Mutex<HashMap<String, (Arc<LocalRegion>, RegionFile)>>,
     inbox: Arc<Inbox>,
     links: MessageLinks,
     listener: MessageListener,
@@ -90,14 +98,16 @@ fn region_path(node_dir: &Path, name: &str) -> PathBuf {
 fn process_alive(pid: u32) -> bool {
     let Ok(pid_t) = libc::pid_t::try_from(pid) else { return false };
     // SAFETY: kill with signal 0 only checks for existence and permission.
-    let exists = unsafe { libc::kill(pid_t, 0) } == 0
-        || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM);
+    let exists =
+        unsafe { libc::kill(pid_t, 0) } == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM);
     if !exists {
         return false;
     }
     // A zombie has exited; its pid still answers kill(0).
     match fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(stat) => !matches!(stat.rsplit(')').next().and_then(|rest| rest.trim_start().chars().next()), Some('Z' | 'X')),
+        Ok(stat) => {
+            !matches!(stat.rsplit(')').next().and_then(|rest| rest.trim_start().chars().next()), Some('Z' | 'X'))
+        }
         Err(_) => true,
     }
 }
@@ -121,6 +131,7 @@ impl ShmFabric {
                 Some(pid) if process_alive(pid) => return Err(FabricError::NodeInUse { node: config.node, pid }),
                 _ => {
                     tracing::info!(node = %config.node, "reclaiming the directory of a dead node");
+                    revoke_directory(&dir);
                     fs::remove_dir_all(&dir)?;
                 }
             }
@@ -155,13 +166,74 @@ impl ShmFabric {
     }
 }
 
-fn map_file(name: &str, file: &fs::File, len: u64) -> Result<RegionMemory> {
-    let map = memmap2::MmapOptions::new().len(usize::try_from(len).map_err(|_| FabricError::RegionSize { bytes: len, max: len })?).map_raw(file)?;
-    let base = NonNull::new(map.as_mut_ptr()).ok_or(FabricError::Closed)?;
-    // SAFETY: the mapping is `len` bytes, page aligned, readable and writable,
-    // and lives as long as the returned memory (it is moved in as the owner).
-    // Every process accesses it only through RegionMemory's atomics.
-    unsafe { RegionMemory::from_raw(name, base, len, Box::new(map)) }
+/// Bytes in front of a region's data: magic, revoked word, reserved.
+const FILE_HEADER_BYTES: u64 = 64;
+const FILE_MAGIC: u64 = u64::from_le_bytes(*b"TSSHMRG1");
+const REVOKED_OFFSET: usize = 8;
+
+/// A mapped region file: its header words and its data.
+struct RegionFile {
+    map: Arc<memmap2::MmapRaw>,
+}
+
+impl RegionFile {
+    /// Maps `file`, whose data part is `data_len` bytes.
+    fn map(file: &fs::File, data_len: u64) -> Result<RegionFile> {
+        let total = usize::try_from(FILE_HEADER_BYTES + data_len)
+            .map_err(|_| FabricError::RegionSize { bytes: data_len, max: data_len })?;
+        let map = memmap2::MmapOptions::new().len(total).map_raw(file)?;
+        Ok(RegionFile { map: Arc::new(map) })
+    }
+
+    fn header_word(&self, offset: usize) -> &AtomicU64 {
+        // SAFETY: the mapping is page aligned and at least FILE_HEADER_BYTES
+        // long, offsets are 8-aligned within the header, and the header is
+        // only accessed atomically by every process.
+        unsafe { &*self.map.as_mut_ptr().add(offset).cast::<AtomicU64>() }
+    }
+
+    fn magic(&self) -> &AtomicU64 {
+        self.header_word(0)
+    }
+
+    fn revoked(&self) -> &AtomicU64 {
+        self.header_word(REVOKED_OFFSET)
+    }
+
+    fn revoke(&self) {
+        self.revoked().store(1, Ordering::Release);
+    }
+
+    fn memory(&self, name: &str) -> Result<RegionMemory> {
+        let data_len = self.map.len() as u64 - FILE_HEADER_BYTES;
+        // SAFETY: FILE_HEADER_BYTES is within the mapping.
+        let data = unsafe { self.map.as_mut_ptr().add(FILE_HEADER_BYTES as usize) };
+        let base = NonNull::new(data).ok_or(FabricError::Closed)?;
+        // SAFETY: `base` points to `data_len` bytes of the mapping, 64-byte
+        // aligned, readable and writable; the Arc moved in as the owner keeps
+        // the mapping alive. Every process accesses it only through atomics.
+        unsafe { RegionMemory::from_raw(name, base, data_len, Box::new(self.map.clone())) }
+    }
+}
+
+/// Marks every region of a dead owner's directory revoked.
+fn revoke_directory(dir: &Path) {
+    let Ok(entries) = fs::read_dir(dir) else { return };
+    for entry in entries.flatten() {
+        if !entry.file_name().to_string_lossy().starts_with("r.") {
+            continue;
+        }
+        let Ok(file) = OpenOptions::new().read(true).write(true).open(entry.path()) else { continue };
+        let Ok(len) = file.metadata().map(|m| m.len()) else { continue };
+        if len <= FILE_HEADER_BYTES {
+            continue;
+        }
+        if let Ok(region) = RegionFile::map(&file, len - FILE_HEADER_BYTES) {
+            if region.magic().load(Ordering::Acquire) == FILE_MAGIC {
+                region.revoke();
+            }
+        }
+    }
 }
 
 impl Fabric for ShmFabric {
@@ -187,11 +259,12 @@ impl Fabric for ShmFabric {
         // file whose size is not yet set.
         let staging = self.node_dir.join(format!(".staging.{name}"));
         let file = OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&staging)?;
-        file.set_len(len)?;
-        let memory = map_file(name, &file, len)?;
+        file.set_len(FILE_HEADER_BYTES + len)?;
+        let region_file = RegionFile::map(&file, len)?;
+        region_file.magic().store(FILE_MAGIC, Ordering::Release);
+        let region = Arc::new(LocalRegion::new(name, region_file.memory(name)?));
         fs::rename(&staging, region_path(&self.node_dir, name))?;
-        let region = Arc::new(LocalRegion::new(name, memory));
-        regions.insert(name.to_string(), region.clone());
+        regions.insert(name.to_string(), (region.clone(), region_file));
         Ok(region)
     }
 
@@ -206,11 +279,22 @@ impl Fabric for ShmFabric {
             }
             Err(e) => return Err(e.into()),
         };
-        let len = file.metadata()?.len();
-        if len == 0 || len % 8 != 0 {
-            return Err(FabricError::Protocol { node, reason: format!("region file {name:?} has bad length {len}") });
+        let file_len = file.metadata()?.len();
+        if file_len <= FILE_HEADER_BYTES || !file_len.is_multiple_of(8) {
+            return Err(FabricError::Protocol {
+                node,
+                reason: format!("region file {name:?} has bad length {file_len}"),
+            });
         }
-        Ok(Arc::new(ShmRemote { node, name: name.to_string(), memory: map_file(name, &file, len)? }))
+        let region_file = RegionFile::map(&file, file_len - FILE_HEADER_BYTES)?;
+        if region_file.magic().load(Ordering::Acquire) != FILE_MAGIC {
+            return Err(FabricError::Protocol { node, reason: format!("region file {name:?} has no valid header") });
+        }
+        if region_file.revoked().load(Ordering::Acquire) != 0 {
+            return Err(FabricError::PeerDead { node, reason: format!("region {name:?} was revoked") });
+        }
+        let memory = region_file.memory(name)?;
+        Ok(Arc::new(ShmRemote { node, name: name.to_string(), memory, file: region_file }))
     }
 
     fn send(&self, to: NodeId, payload: &[u8]) -> Result<()> {
@@ -226,8 +310,13 @@ impl Fabric for ShmFabric {
 impl Drop for ShmFabric {
     fn drop(&mut self) {
         self.listener.stop();
-        // Peers keep their mappings (as RDMA peers keep stale keys until they
-        // fail); new connects see the node as not running.
+        if let Ok(regions) = self.regions.lock() {
+            for (_, file) in regions.values() {
+                file.revoke();
+            }
+        }
+        // Peers' handles now fail with PeerDead (revoked); new connects see
+        // the node as not running.
         if let Err(e) = fs::remove_dir_all(&self.node_dir) {
             tracing::warn!(dir = %self.node_dir.display(), error = %e, "could not remove node directory");
         }
@@ -239,6 +328,19 @@ struct ShmRemote {
     node: NodeId,
     name: String,
     memory: RegionMemory,
+    file: RegionFile,
+}
+
+impl ShmRemote {
+    /// Fails once the owner has revoked the region (exited).
+    #[inline]
+    fn check_live(&self) -> Result<()> {
+        if self.file.revoked().load(Ordering::Acquire) == 0 {
+            Ok(())
+        } else {
+            Err(FabricError::PeerDead { node: self.node, reason: format!("region {:?} was revoked", self.name) })
+        }
+    }
 }
 
 impl RemoteRegion for ShmRemote {
@@ -256,29 +358,36 @@ impl RemoteRegion for ShmRemote {
 
     fn post(&self, ops: Vec<Op>) -> Completion {
         Completion::ready(
-            check_batch(&self.name, self.memory.len(), &ops).and_then(|()| execute_on_memory(&self.memory, &ops)),
+            self.check_live()
+                .and_then(|()| check_batch(&self.name, self.memory.len(), &ops))
+                .and_then(|()| execute_on_memory(&self.memory, &ops)),
         )
     }
 
     // The single-operation forms skip the batch's allocations: this is the
     // hot path of version checks and lock words.
     fn read(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        self.check_live()?;
         self.memory.read(offset, buf)
     }
 
     fn read_u64(&self, offset: u64) -> Result<u64> {
+        self.check_live()?;
         self.memory.load_u64(offset)
     }
 
     fn write(&self, offset: u64, data: &[u8]) -> Result<()> {
+        self.check_live()?;
         self.memory.write(offset, data)
     }
 
     fn fetch_add(&self, offset: u64, delta: u64) -> Result<u64> {
+        self.check_live()?;
         self.memory.fetch_add(offset, delta)
     }
 
     fn compare_swap(&self, offset: u64, expected: u64, new: u64) -> Result<u64> {
+        self.check_live()?;
         self.memory.compare_swap(offset, expected, new)
     }
 }

@@ -2,8 +2,9 @@
 
 use std::collections::HashMap;
 use std::io::BufReader;
+use std::os::fd::AsRawFd;
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -14,7 +15,8 @@ use tierstack_fabric_wire::{read_frame, write_frame, Frame};
 
 /// Accepts connections on this node's socket; one reader thread per sender.
 pub(crate) struct MessageListener {
-    path: PathBuf,
+    // A second handle on the listening socket, used to shut it down.
+    control: UnixListener,
     stopping: Arc<AtomicBool>,
     accept_thread: Option<JoinHandle<()>>,
 }
@@ -22,36 +24,38 @@ pub(crate) struct MessageListener {
 impl MessageListener {
     pub(crate) fn start(path: &Path, node: NodeId, inbox: Arc<Inbox>) -> Result<Self> {
         let listener = UnixListener::bind(path)?;
+        let control = listener.try_clone()?;
         let stopping = Arc::new(AtomicBool::new(false));
         let stop_flag = stopping.clone();
-        let accept_thread = std::thread::Builder::new()
-            .name(format!("shm-accept-{}", node.0))
-            .spawn(move || {
-                for stream in listener.incoming() {
-                    if stop_flag.load(Ordering::Acquire) {
-                        break;
-                    }
-                    match stream {
-                        Ok(stream) => {
-                            let inbox = inbox.clone();
-                            let spawned = std::thread::Builder::new()
-                                .name(format!("shm-recv-{}", node.0))
-                                .spawn(move || receive_loop(stream, inbox));
-                            if let Err(e) = spawned {
-                                tracing::error!(error = %e, "cannot start a message receiver thread");
-                            }
-                        }
-                        Err(e) => tracing::warn!(error = %e, "accept failed on the message socket"),
-                    }
+        let accept_thread = std::thread::Builder::new().name(format!("shm-accept-{}", node.0)).spawn(move || {
+            for stream in listener.incoming() {
+                if stop_flag.load(Ordering::Acquire) {
+                    break;
                 }
-            })?;
-        Ok(Self { path: path.to_path_buf(), stopping, accept_thread: Some(accept_thread) })
+                match stream {
+                    Ok(stream) => {
+                        let inbox = inbox.clone();
+                        let spawned = std::thread::Builder::new()
+                            .name(format!("shm-recv-{}", node.0))
+                            .spawn(move || receive_loop(stream, inbox));
+                        if let Err(e) = spawned {
+                            tracing::error!(error = %e, "cannot start a message receiver thread");
+                        }
+                    }
+                    Err(e) => tracing::warn!(error = %e, "accept failed on the message socket"),
+                }
+            }
+        })?;
+        Ok(Self { control, stopping, accept_thread: Some(accept_thread) })
     }
 
     pub(crate) fn stop(&mut self) {
         self.stopping.store(true, Ordering::Release);
-        // Wake the accept loop so it sees the flag.
-        let _ = UnixStream::connect(&self.path);
+        // Wake the accept loop so it sees the flag. Shutting the listening
+        // socket down makes a blocked accept fail at once on Linux, even if
+        // the socket's file is already gone (connecting to it would not).
+        // SAFETY: shutdown on a descriptor we own; it does not close it.
+        unsafe { libc::shutdown(self.control.as_raw_fd(), libc::SHUT_RDWR) };
         if let Some(thread) = self.accept_thread.take() {
             let _ = thread.join();
         }
@@ -112,8 +116,10 @@ impl MessageLinks {
         if let Some(link) = links.get(&to) {
             return Ok(link.clone());
         }
-        let mut stream = UnixStream::connect(socket)
-            .map_err(|e| FabricError::PeerDead { node: to, reason: format!("cannot connect to its message socket: {e}") })?;
+        let mut stream = UnixStream::connect(socket).map_err(|e| FabricError::PeerDead {
+            node: to,
+            reason: format!("cannot connect to its message socket: {e}"),
+        })?;
         stream.set_write_timeout(Some(self.send_timeout))?;
         write_frame(&mut stream, &Frame::Hello { node: self.node })
             .map_err(|e| FabricError::PeerDead { node: to, reason: e.to_string() })?;

@@ -121,3 +121,19 @@ fn concurrent_fetch_add_from_many_threads_is_exact() {
     });
     assert_eq!(local.memory().load_u64(0).unwrap(), 40_000);
 }
+
+#[test]
+fn a_closed_owners_regions_are_revoked_for_peers_holding_handles() {
+    let (_dir, owner, peer) = pair();
+    owner.register("r", 64).unwrap();
+    let remote = peer.connect(NodeId(0), "r").unwrap();
+    assert_eq!(remote.fetch_add(0, 1).unwrap(), 0);
+    drop(owner);
+    for result in [
+        remote.read_u64(0).map(|_| ()),
+        remote.fetch_add(0, 1).map(|_| ()),
+        remote.post(vec![Op::Read { offset: 0, len: 8 }]).wait().map(|_| ()),
+    ] {
+        assert!(matches!(result, Err(FabricError::PeerDead { node: NodeId(0), .. })), "{result:?}");
+    }
+}

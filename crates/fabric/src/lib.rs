@@ -20,7 +20,10 @@
 //!   backend guarantees every completion ends: with results, or with a typed
 //!   error such as [`FabricError::Timeout`].
 //! - **Multi-word reads are not atomic**, as with RDMA. Small records that
-//!   must be read consistently use the [`seqlock`] helper.
+//!   must be read consistently use the [`seqlock`] helper. Every backend does
+//!   guarantee that each *aligned 8-byte word* inside a read or write is
+//!   transferred atomically (never torn), so a record whose other words never
+//!   change (such as a key fingerprint beside a version) needs no seqlock.
 //! - **Memory is accessed only through atomics** ([`memory::RegionMemory`]),
 //!   because other processes read and write it concurrently.
 
@@ -136,7 +139,7 @@ pub trait RemoteRegion: Send + Sync {
 
     /// Reads the 64-bit word at `offset` (8-byte aligned) atomically.
     fn read_u64(&self, offset: u64) -> Result<u64> {
-        if offset % 8 != 0 {
+        if !offset.is_multiple_of(8) {
             return Err(FabricError::Misaligned { offset });
         }
         let mut word = [0u8; 8];

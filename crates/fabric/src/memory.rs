@@ -46,7 +46,7 @@ impl RegionMemory {
     /// writes for as long as `owner` lives, and accessed by others only
     /// through atomic operations. `len` must be a multiple of 8.
     pub unsafe fn from_raw(name: &str, base: NonNull<u8>, len: u64, owner: Box<dyn Send + Sync>) -> Result<Self> {
-        if base.as_ptr() as usize % 8 != 0 || len % 8 != 0 {
+        if !(base.as_ptr() as usize).is_multiple_of(8) || !len.is_multiple_of(8) {
             return Err(FabricError::Misaligned { offset: base.as_ptr() as u64 });
         }
         Ok(Self { name: name.to_string(), base, len, _owner: owner })
@@ -72,14 +72,14 @@ impl RegionMemory {
     }
 
     fn check_word(&self, offset: u64) -> Result<()> {
-        if offset % 8 != 0 {
+        if !offset.is_multiple_of(8) {
             return Err(FabricError::Misaligned { offset });
         }
         self.check(offset, 8)
     }
 
     fn word(&self, offset: u64) -> &AtomicU64 {
-        debug_assert!(offset % 8 == 0 && offset + 8 <= self.len);
+        debug_assert!(offset.is_multiple_of(8) && offset + 8 <= self.len);
         // SAFETY: the caller checked bounds and alignment; the memory is valid
         // and 8-aligned (constructor contract) and only accessed atomically.
         unsafe { &*self.base.as_ptr().add(offset as usize).cast::<AtomicU64>() }
@@ -94,7 +94,7 @@ impl RegionMemory {
     /// `count` words starting at the 8-aligned `offset`, for protocols (such
     /// as the seqlock writer) that operate on words directly.
     pub fn words(&self, offset: u64, count: usize) -> Result<&[AtomicU64]> {
-        if offset % 8 != 0 {
+        if !offset.is_multiple_of(8) {
             return Err(FabricError::Misaligned { offset });
         }
         self.check(offset, count as u64 * 8)?;
@@ -108,7 +108,7 @@ impl RegionMemory {
         let mut pos = offset;
         let mut done = 0;
         while done < buf.len() {
-            if pos % 8 == 0 && buf.len() - done >= 8 {
+            if pos.is_multiple_of(8) && buf.len() - done >= 8 {
                 let word = self.word(pos).load(Ordering::Relaxed);
                 buf[done..done + 8].copy_from_slice(&word.to_ne_bytes());
                 pos += 8;
@@ -130,7 +130,7 @@ impl RegionMemory {
         let mut pos = offset;
         let mut done = 0;
         while done < data.len() {
-            if pos % 8 == 0 && data.len() - done >= 8 {
+            if pos.is_multiple_of(8) && data.len() - done >= 8 {
                 let mut word = [0u8; 8];
                 word.copy_from_slice(&data[done..done + 8]);
                 self.word(pos).store(u64::from_ne_bytes(word), Ordering::Relaxed);

@@ -72,7 +72,7 @@ pub fn check_batch(region: &str, region_len: u64, ops: &[Op]) -> Result<()> {
             return Err(FabricError::TransferTooLarge { len: len as usize });
         }
         transfer_total = transfer_total.saturating_add(len as usize);
-        if op.is_atomic() && offset % 8 != 0 {
+        if op.is_atomic() && !offset.is_multiple_of(8) {
             return Err(FabricError::Misaligned { offset });
         }
         if offset.checked_add(len).is_none_or(|end| end > region_len) {

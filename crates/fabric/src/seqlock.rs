@@ -62,7 +62,7 @@ impl Word for loom::sync::atomic::AtomicU64 {
 pub fn write_words<W: Word>(words: &[W], payload: &[u64]) {
     debug_assert_eq!(words.len(), payload.len() + 1);
     let sequence = words[0].load(Ordering::Relaxed);
-    debug_assert!(sequence % 2 == 0, "concurrent writers on one seqlock record");
+    debug_assert!(sequence.is_multiple_of(2), "concurrent writers on one seqlock record");
     words[0].store(sequence.wrapping_add(1), Ordering::Relaxed);
     W::fence(Ordering::Release);
     for (word, value) in words[1..].iter().zip(payload) {
@@ -80,7 +80,7 @@ pub fn read_words<W: Word>(words: &[W], out: &mut [u64]) -> Option<u64> {
     }
     W::fence(Ordering::Acquire);
     let after = words[0].load(Ordering::Relaxed);
-    (before == after && before % 2 == 0).then_some(before)
+    (before == after && before.is_multiple_of(2)).then_some(before)
 }
 
 /// A seqlock-protected record at a fixed place in a region.
@@ -93,7 +93,7 @@ pub struct SeqRecord {
 impl SeqRecord {
     /// A record at the 8-aligned `offset` with `payload_bytes` of payload.
     pub fn new(offset: u64, payload_bytes: u32) -> Result<Self> {
-        if offset % 8 != 0 {
+        if !offset.is_multiple_of(8) {
             return Err(FabricError::Misaligned { offset });
         }
         Ok(Self { offset, payload_bytes })
@@ -185,7 +185,7 @@ fn accept(results: &mut impl Iterator<Item = crate::OpResult>) -> Result<Option<
     let before = next()?.into_u64()?;
     let payload = next()?.into_bytes()?;
     let after = next()?.into_u64()?;
-    Ok((before == after && before % 2 == 0).then_some((before / 2, payload)))
+    Ok((before == after && before.is_multiple_of(2)).then_some((before / 2, payload)))
 }
 
 /// Reads several records of one region consistently: all in one batch, then

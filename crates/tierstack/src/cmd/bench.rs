@@ -23,6 +23,28 @@ pub enum BenchCommand {
         #[arg(long, value_delimiter = ',', default_value = "0,16,64,200")]
         loads: Vec<usize>,
     },
+    /// Distributed lock manager (services paper Fig. 5): lock cascading latency, uncontended
+    /// latency and contended throughput of N-CoShED, SRSL and DQNL; nodes are threads of this process.
+    Dlm {
+        /// Output folder for JSON and plots.
+        #[arg(long, default_value = "report/dlm")]
+        out: PathBuf,
+        /// Fewer rounds and waiter counts 1,4,16 (for smoke runs).
+        #[arg(long)]
+        quick: bool,
+        /// Backends to measure.
+        #[arg(long, value_delimiter = ',', default_value = "shm,tcp")]
+        backends: Vec<Backend>,
+        /// Lock schemes to compare.
+        #[arg(long, value_delimiter = ',', default_value = "ncoshed,srsl,dqnl")]
+        schemes: Vec<tierstack_bench::dlm::Scheme>,
+        /// Waiter counts of the cascade sweep (default 1,2,4,8,16; 1,4,16 with --quick).
+        #[arg(long, value_delimiter = ',')]
+        waiters: Option<Vec<usize>>,
+        /// Cascades per cell (default 30; 5 with --quick).
+        #[arg(long)]
+        rounds: Option<usize>,
+    },
 }
 
 pub fn run(command: BenchCommand) -> Result<()> {
@@ -32,6 +54,19 @@ pub fn run(command: BenchCommand) -> Result<()> {
             config.backends = backends;
             config.loads = loads;
             run_fabric(&config)?;
+            Ok(())
+        }
+        BenchCommand::Dlm { out, quick, backends, schemes, waiters, rounds } => {
+            let mut config = tierstack_bench::dlm::DlmBenchConfig::new(out, quick);
+            config.backends = backends;
+            config.schemes = schemes;
+            if let Some(waiters) = waiters {
+                config.waiters = waiters;
+            }
+            if let Some(rounds) = rounds {
+                config.rounds = rounds;
+            }
+            tierstack_bench::dlm::run(&config)?;
             Ok(())
         }
     }

@@ -95,7 +95,8 @@ pub enum FabricCommand {
         #[arg(long)]
         wait_go: bool,
     },
-    /// Read K seqlock records READS times, check each is untorn, print JSON.
+    /// Read K seqlock records READS times, check each is untorn, print JSON
+    /// (after a `ready` line).
     SeqRead {
         #[command(flatten)]
         node: NodeArgs,
@@ -124,7 +125,9 @@ fn seq_record(index: u32) -> Result<SeqRecord> {
 
 pub fn run(command: FabricCommand) -> Result<()> {
     match command {
-        FabricCommand::Serve { node, regions, busy_threads, seq_records } => serve(&node, &regions, busy_threads, seq_records),
+        FabricCommand::Serve { node, regions, busy_threads, seq_records } => {
+            serve(&node, &regions, busy_threads, seq_records)
+        }
         FabricCommand::Op { node, target, op, offset, value, expected } => {
             let (_, fabric) = node.open()?;
             let region = fabric.connect(NodeId(target.target), &target.region)?;
@@ -167,6 +170,8 @@ pub fn run(command: FabricCommand) -> Result<()> {
             let (_, fabric) = node.open()?;
             let region = fabric.connect(NodeId(target.target), &target.region)?;
             let records: Vec<SeqRecord> = (0..records).map(seq_record).collect::<Result<_>>()?;
+            println!("ready");
+            std::io::stdout().flush()?;
             let (mut torn, mut versions_seen_changing, mut last_version) = (0u64, 0u64, 0u64);
             for _ in 0..reads {
                 for (version, payload) in tierstack_fabric::seqlock::read_many(region.as_ref(), &records)? {
@@ -211,8 +216,7 @@ fn serve(node: &NodeArgs, regions: &[(String, u64)], busy_threads: usize, seq_re
             let mut counter: u64 = 0;
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                 counter += 1;
-                let payload: Vec<u8> =
-                    (0..SEQ_PAYLOAD_BYTES / 8).flat_map(|_| counter.to_ne_bytes()).collect();
+                let payload: Vec<u8> = (0..SEQ_PAYLOAD_BYTES / 8).flat_map(|_| counter.to_ne_bytes()).collect();
                 for record in &records {
                     if let Err(e) = record.write_local(region.memory(), &payload) {
                         tracing::error!(error = %e, "seqlock writer failed");

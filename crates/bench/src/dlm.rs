@@ -1,0 +1,424 @@
+//! `tierstack bench dlm`: the services paper's Fig. 5 (lock cascading
+//! latency) for N-CoShED, SRSL and DQNL on our backends, plus uncontended
+//! acquire+release latency and throughput under contention.
+//!
+//! The measurements themselves live in [`tierstack_dlm::bench`]; this module
+//! chooses the sweep, runs it on an in-process cluster
+//! ([`tierstack_cluster::local_cluster`]: every node is a thread of this
+//! process with its own fabric), and reports tables, JSON and plots.
+//!
+//! Node roles (those of the crate's bench functions): node 0 is the home of
+//! the lock, node 1 the first holder or the uncontended client, nodes 2.. the
+//! waiters; contenders are nodes 1..=K. Each backend gets one cluster sized
+//! for the largest sweep point. A warm-up pass runs every scheme once and is
+//! discarded (the first scheme measured in a process runs slower); then the
+//! measured pass starts fresh managers per scheme, under another region
+//! prefix, since regions cannot be unregistered.
+
+use crate::report::{line_plot, us, write_json, Axes, Series, Table};
+use crate::stats::{summarize, Summary};
+use anyhow::{bail, Context, Result};
+use serde::Serialize;
+use std::path::PathBuf;
+use std::sync::Arc;
+use tierstack_cluster::{local_cluster, Backend};
+use tierstack_dlm::bench::{contended_throughput, figure5, start_managers, uncontended_ns};
+use tierstack_dlm::LockMode;
+use tierstack_fabric::Fabric;
+
+pub use tierstack_dlm::Scheme;
+
+/// Region prefix of the discarded warm-up pass.
+const WARMUP_PREFIX: &str = "dlm-warmup";
+/// Region prefix of the measured pass.
+const MEASURED_PREFIX: &str = "dlm-bench";
+/// Uncontended pairs per mode in the warm-up pass.
+const WARMUP_UNCONTENDED: usize = 200;
+/// Seed of the contenders' shared/exclusive choices.
+const THROUGHPUT_SEED: u64 = 7;
+/// Most waiters a sweep may ask for (each is a node, i.e. a thread here).
+pub const WAITERS_MAX: usize = 64;
+
+const MODES: [LockMode; 2] = [LockMode::Shared, LockMode::Exclusive];
+
+fn mode_name(mode: LockMode) -> &'static str {
+    match mode {
+        LockMode::Shared => "shared",
+        LockMode::Exclusive => "exclusive",
+    }
+}
+
+/// What to measure.
+#[derive(Clone, Debug)]
+pub struct DlmBenchConfig {
+    pub out_dir: PathBuf,
+    pub backends: Vec<Backend>,
+    pub schemes: Vec<Scheme>,
+    /// Waiter counts of the cascade sweep (Fig. 5's x axis).
+    pub waiters: Vec<usize>,
+    /// Cascades per (scheme, mode, waiters) cell, after one warm-up cascade.
+    pub rounds: usize,
+    /// Uncontended acquire+release pairs per (scheme, mode).
+    pub uncontended_pairs: usize,
+    /// Numbers of contending nodes of the throughput sweep.
+    pub contenders: Vec<usize>,
+    /// Acquire+release pairs per contending node.
+    pub contended_pairs_per_node: usize,
+    /// Share of the contenders' requests that are shared, in percent, one run each.
+    pub shared_percents: Vec<u32>,
+}
+
+impl DlmBenchConfig {
+    pub fn new(out_dir: PathBuf, quick: bool) -> Self {
+        Self {
+            out_dir,
+            backends: vec![Backend::Shm, Backend::Tcp],
+            schemes: Scheme::ALL.to_vec(),
+            waiters: if quick { vec![1, 4, 16] } else { vec![1, 2, 4, 8, 16] },
+            rounds: if quick { 5 } else { 30 },
+            uncontended_pairs: if quick { 300 } else { 3000 },
+            contenders: vec![2, 4, 8],
+            contended_pairs_per_node: if quick { 200 } else { 1000 },
+            shared_percents: vec![0, 50],
+        }
+    }
+
+    /// Nodes a cluster needs for this sweep: home + holder + waiters, and home + contenders.
+    fn nodes(&self) -> usize {
+        let cascade = self.waiters.iter().max().map_or(0, |w| w + 2);
+        let contended = self.contenders.iter().max().map_or(0, |k| k + 1);
+        cascade.max(contended).max(2)
+    }
+
+    fn validate(&self) -> Result<()> {
+        if self.backends.is_empty() || self.schemes.is_empty() {
+            bail!("bench dlm needs at least one backend and one scheme");
+        }
+        if self.waiters.is_empty() || self.waiters.iter().any(|&w| w == 0 || w > WAITERS_MAX) {
+            bail!("waiter counts must be in 1..={WAITERS_MAX}, got {:?}", self.waiters);
+        }
+        if self.contenders.iter().any(|&k| k == 0 || k > WAITERS_MAX) {
+            bail!("contender counts must be in 1..={WAITERS_MAX}, got {:?}", self.contenders);
+        }
+        if self.shared_percents.iter().any(|&p| p > 100) {
+            bail!("shared percentages must be at most 100, got {:?}", self.shared_percents);
+        }
+        if self.rounds == 0 || self.uncontended_pairs == 0 || self.contended_pairs_per_node == 0 {
+            bail!("rounds and pair counts must be positive");
+        }
+        Ok(())
+    }
+}
+
+/// One cell of Fig. 5: latency from the first release until the last waiter is granted.
+#[derive(Clone, Debug, Serialize)]
+pub struct CascadeResult {
+    pub backend: String,
+    pub scheme: String,
+    pub mode: String,
+    pub waiters: usize,
+    /// One sample per round, nanoseconds.
+    pub samples_ns: Vec<u64>,
+    /// Over the rounds (`ops_per_sec` = cascades per second of cascade time).
+    pub summary: Summary,
+}
+
+/// Uncontended acquire+release by one node of a lock homed elsewhere.
+#[derive(Clone, Debug, Serialize)]
+pub struct UncontendedResult {
+    pub backend: String,
+    pub scheme: String,
+    pub mode: String,
+    pub summary: Summary,
+}
+
+/// Completed acquire+release pairs per second with K nodes competing for one lock.
+#[derive(Clone, Debug, Serialize)]
+pub struct ThroughputResult {
+    pub backend: String,
+    pub scheme: String,
+    pub contenders: usize,
+    pub shared_percent: u32,
+    pub pairs_per_sec: f64,
+}
+
+/// Cascade latency of a baseline over N-CoShED's (> 1: N-CoShED is faster).
+#[derive(Clone, Debug, Serialize)]
+pub struct CascadeRatio {
+    pub backend: String,
+    pub mode: String,
+    pub waiters: usize,
+    pub srsl_over_ncoshed: Option<f64>,
+    pub dqnl_over_ncoshed: Option<f64>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct DlmReport {
+    /// How nodes were run.
+    pub nodes_are: String,
+    pub nodes: usize,
+    pub cpus: usize,
+    pub rounds: usize,
+    pub waiters: Vec<usize>,
+    pub cascade: Vec<CascadeResult>,
+    pub ratios: Vec<CascadeRatio>,
+    pub uncontended: Vec<UncontendedResult>,
+    pub throughput: Vec<ThroughputResult>,
+}
+
+impl DlmReport {
+    fn cascade_p50(&self, backend: &str, scheme: Scheme, mode: LockMode, waiters: usize) -> Option<u64> {
+        self.cascade
+            .iter()
+            .find(|c| {
+                c.backend == backend && c.scheme == scheme.name() && c.mode == mode_name(mode) && c.waiters == waiters
+            })
+            .map(|c| c.summary.p50_ns)
+    }
+}
+
+fn summary_of(samples_ns: Vec<u64>) -> Summary {
+    let wall_ns = samples_ns.iter().sum();
+    summarize(samples_ns, wall_ns)
+}
+
+/// Runs the whole experiment, prints the tables, writes `dlm.json` and the plots.
+pub fn run(config: &DlmBenchConfig) -> Result<DlmReport> {
+    config.validate()?;
+    std::fs::create_dir_all(&config.out_dir).with_context(|| format!("creating {}", config.out_dir.display()))?;
+    let nodes = config.nodes();
+    let nodes_are = format!("threads of one process, each with its own fabric (local_cluster, {nodes} nodes)");
+    println!("bench dlm: nodes are {nodes_are}; node 0 is the lock's home, node 1 the first holder");
+    let mut report = DlmReport {
+        nodes_are,
+        nodes,
+        cpus: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+        rounds: config.rounds,
+        waiters: config.waiters.clone(),
+        cascade: Vec::new(),
+        ratios: Vec::new(),
+        uncontended: Vec::new(),
+        throughput: Vec::new(),
+    };
+    let node_count = u32::try_from(nodes).context("node count")?;
+    for &backend in &config.backends {
+        let cluster = local_cluster(backend, node_count)
+            .with_context(|| format!("starting a {nodes}-node {} cluster", backend.name()))?;
+        let fabrics = cluster.fabrics();
+        let max_waiters = config.waiters.iter().copied().max().unwrap_or(1);
+        for &scheme in &config.schemes {
+            eprintln!("bench dlm: {} {} warm-up", backend.name(), scheme.name());
+            let managers = start_managers(fabrics, scheme, WARMUP_PREFIX)?;
+            for mode in MODES {
+                uncontended_ns(&managers, mode, WARMUP_UNCONTENDED)?;
+            }
+            figure5(&managers, &[max_waiters], 1)?;
+        }
+        for &scheme in &config.schemes {
+            eprintln!("bench dlm: {} {} measuring", backend.name(), scheme.name());
+            measure_scheme(config, backend, scheme, fabrics, &mut report)?;
+        }
+    }
+    report.ratios = ratios(config, &report);
+    print_and_plot(config, &report)?;
+    Ok(report)
+}
+
+fn measure_scheme(
+    config: &DlmBenchConfig,
+    backend: Backend,
+    scheme: Scheme,
+    fabrics: &[Arc<dyn Fabric>],
+    report: &mut DlmReport,
+) -> Result<()> {
+    let managers = start_managers(fabrics, scheme, MEASURED_PREFIX)?;
+    let (b, s) = (backend.name().to_string(), scheme.name().to_string());
+    for mode in MODES {
+        let samples = uncontended_ns(&managers, mode, config.uncontended_pairs)?;
+        report.uncontended.push(UncontendedResult {
+            backend: b.clone(),
+            scheme: s.clone(),
+            mode: mode_name(mode).to_string(),
+            summary: summary_of(samples),
+        });
+    }
+    for &contenders in &config.contenders {
+        for &shared_percent in &config.shared_percents {
+            let pairs_per_sec = contended_throughput(
+                &managers,
+                contenders,
+                shared_percent,
+                config.contended_pairs_per_node,
+                THROUGHPUT_SEED,
+            )?;
+            report.throughput.push(ThroughputResult {
+                backend: b.clone(),
+                scheme: s.clone(),
+                contenders,
+                shared_percent,
+                pairs_per_sec,
+            });
+        }
+    }
+    for row in figure5(&managers, &config.waiters, config.rounds)? {
+        report.cascade.push(CascadeResult {
+            backend: b.clone(),
+            scheme: s.clone(),
+            mode: mode_name(row.mode).to_string(),
+            waiters: row.waiters,
+            summary: summary_of(row.samples_ns.clone()),
+            samples_ns: row.samples_ns,
+        });
+    }
+    Ok(())
+}
+
+fn ratios(config: &DlmBenchConfig, report: &DlmReport) -> Vec<CascadeRatio> {
+    let mut out = Vec::new();
+    for &backend in &config.backends {
+        for mode in MODES {
+            for &waiters in &config.waiters {
+                let p50 = |scheme| report.cascade_p50(backend.name(), scheme, mode, waiters);
+                let over = |scheme| match (p50(scheme), p50(Scheme::CoShed)) {
+                    (Some(baseline), Some(ours)) if ours > 0 => Some(baseline as f64 / ours as f64),
+                    _ => None,
+                };
+                out.push(CascadeRatio {
+                    backend: backend.name().to_string(),
+                    mode: mode_name(mode).to_string(),
+                    waiters,
+                    srsl_over_ncoshed: over(Scheme::Srsl),
+                    dqnl_over_ncoshed: over(Scheme::Dqnl),
+                });
+            }
+        }
+    }
+    out
+}
+
+fn ratio_cell(ratio: Option<f64>) -> String {
+    ratio.map(|r| format!("{r:.2}")).unwrap_or_else(|| "-".to_string())
+}
+
+fn print_and_plot(config: &DlmBenchConfig, report: &DlmReport) -> Result<()> {
+    let has = |scheme| config.schemes.contains(&scheme);
+    let show_srsl = has(Scheme::CoShed) && has(Scheme::Srsl);
+    let show_dqnl = has(Scheme::CoShed) && has(Scheme::Dqnl);
+    let mut header = vec!["waiters".to_string(), "mode".to_string()];
+    for backend in &config.backends {
+        for scheme in &config.schemes {
+            header.push(format!("{} {}", backend.name(), scheme.name()));
+        }
+        if show_srsl {
+            header.push(format!("{} srsl/ncoshed", backend.name()));
+        }
+        if show_dqnl {
+            header.push(format!("{} dqnl/ncoshed", backend.name()));
+        }
+    }
+    let header_refs: Vec<&str> = header.iter().map(String::as_str).collect();
+    let title =
+        format!("Fig. 5: lock cascading latency (µs), p50 over {} rounds; ratios > 1: N-CoShED faster", config.rounds);
+    let mut cascade = Table::new(&title, &header_refs);
+    for mode in MODES {
+        for &waiters in &config.waiters {
+            let mut row = vec![waiters.to_string(), mode_name(mode).to_string()];
+            for backend in &config.backends {
+                for &scheme in &config.schemes {
+                    row.push(report.cascade_p50(backend.name(), scheme, mode, waiters).map(us).unwrap_or_default());
+                }
+                let ratio = report
+                    .ratios
+                    .iter()
+                    .find(|r| r.backend == backend.name() && r.mode == mode_name(mode) && r.waiters == waiters);
+                if show_srsl {
+                    row.push(ratio_cell(ratio.and_then(|r| r.srsl_over_ncoshed)));
+                }
+                if show_dqnl {
+                    row.push(ratio_cell(ratio.and_then(|r| r.dqnl_over_ncoshed)));
+                }
+            }
+            cascade.row(row);
+        }
+    }
+    println!("{}", cascade.render());
+
+    let mut uncontended =
+        Table::new("Uncontended acquire+release latency (µs)", &["scheme", "mode", "backend", "p50", "p99", "mean"]);
+    for &scheme in &config.schemes {
+        for mode in MODES {
+            for backend in &config.backends {
+                let found = report
+                    .uncontended
+                    .iter()
+                    .find(|u| u.backend == backend.name() && u.scheme == scheme.name() && u.mode == mode_name(mode));
+                if let Some(u) = found {
+                    uncontended.row(vec![
+                        u.scheme.clone(),
+                        u.mode.clone(),
+                        u.backend.clone(),
+                        us(u.summary.p50_ns),
+                        us(u.summary.p99_ns),
+                        format!("{:.2}", u.summary.mean_ns / 1000.0),
+                    ]);
+                }
+            }
+        }
+    }
+    println!("{}", uncontended.render());
+
+    let mut header = vec!["contenders".to_string(), "% shared".to_string()];
+    for backend in &config.backends {
+        for scheme in &config.schemes {
+            header.push(format!("{} {}", backend.name(), scheme.name()));
+        }
+    }
+    let header_refs: Vec<&str> = header.iter().map(String::as_str).collect();
+    let mut throughput = Table::new("Throughput with K contending nodes (acquire+release pairs/s)", &header_refs);
+    for &contenders in &config.contenders {
+        for &shared_percent in &config.shared_percents {
+            let mut row = vec![contenders.to_string(), shared_percent.to_string()];
+            for backend in &config.backends {
+                for scheme in &config.schemes {
+                    let found = report.throughput.iter().find(|t| {
+                        t.backend == backend.name()
+                            && t.scheme == scheme.name()
+                            && t.contenders == contenders
+                            && t.shared_percent == shared_percent
+                    });
+                    row.push(found.map(|t| format!("{:.0}", t.pairs_per_sec)).unwrap_or_default());
+                }
+            }
+            throughput.row(row);
+        }
+    }
+    println!("{}", throughput.render());
+
+    write_json(&config.out_dir.join("dlm.json"), report)?;
+    for mode in MODES {
+        let series: Vec<Series> = config
+            .backends
+            .iter()
+            .flat_map(|backend| config.schemes.iter().map(move |scheme| (*backend, *scheme)))
+            .map(|(backend, scheme)| Series {
+                label: format!("{} {}", backend.name(), scheme.name()),
+                points: config
+                    .waiters
+                    .iter()
+                    .filter_map(|&w| {
+                        report.cascade_p50(backend.name(), scheme, mode, w).map(|ns| (w as f64, ns as f64 / 1000.0))
+                    })
+                    .collect(),
+            })
+            .collect();
+        let name = mode_name(mode);
+        line_plot(
+            &config.out_dir.join(format!("dlm-cascade-{name}.svg")),
+            &format!("Lock cascading latency, {name} lock queue (p50)"),
+            Axes { x_label: "waiters", y_label: "µs", log_x: false, log_y: true },
+            &series,
+        )?;
+    }
+    println!("wrote {}/dlm.json and dlm-cascade-{{shared,exclusive}}.svg", config.out_dir.display());
+    Ok(())
+}

@@ -1,0 +1,166 @@
+//! The owner side: a listener thread, and one responder thread per accepted
+//! connection that reads frames, executes operations on local regions and
+//! answers. This is where the owner's CPU is spent on every remote operation.
+
+use crate::client::frame_name;
+use crate::{lock, Shared};
+use std::io::{BufReader, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::sync::Arc;
+use std::time::Duration;
+use tierstack_base::limits::TRANSFER_BYTES_MAX;
+use tierstack_base::NodeId;
+use tierstack_fabric::{check_batch, execute_on_memory, FabricError, Message, Op};
+use tierstack_fabric_wire::{encode, read_frame, Frame};
+
+/// Pause after a failed `accept` (out of descriptors, for example), so the
+/// listener does not spin while the condition lasts.
+const ACCEPT_ERROR_BACKOFF: Duration = Duration::from_millis(10);
+
+/// The listener thread: accepts until the fabric closes.
+pub(crate) fn run_listener(shared: Arc<Shared>, listener: TcpListener) {
+    for accepted in listener.incoming() {
+        if shared.is_closed() {
+            break;
+        }
+        let stream = match accepted {
+            Ok(stream) => stream,
+            Err(e) => {
+                tracing::warn!(node = %shared.node, error = %e, "accept failed");
+                std::thread::sleep(ACCEPT_ERROR_BACKOFF);
+                continue;
+            }
+        };
+        if let Err(e) = admit(&shared, stream) {
+            tracing::warn!(node = %shared.node, error = %e, "refusing a connection");
+        }
+    }
+    tracing::debug!(node = %shared.node, "listener stopped");
+}
+
+fn admit(shared: &Arc<Shared>, stream: TcpStream) -> Result<(), String> {
+    let io = |e: std::io::Error| e.to_string();
+    stream.set_nodelay(true).map_err(io)?;
+    // A client that stops reading its answers must not pin the responder.
+    stream.set_write_timeout(Some(shared.op_timeout)).map_err(io)?;
+    let control = stream.try_clone().map_err(io)?;
+    let id = shared.next_id();
+    {
+        let mut accepted = lock(&shared.accepted);
+        if accepted.len() >= crate::ACCEPTED_CONNECTIONS_MAX {
+            let _ = stream.shutdown(Shutdown::Both);
+            return Err(format!("already serving {} connections", crate::ACCEPTED_CONNECTIONS_MAX));
+        }
+        accepted.insert(id, control);
+    }
+    let thread_shared = Arc::clone(shared);
+    let spawned = shared.spawn(format!("tcp-{}-resp{id}", shared.node.0), move || {
+        run_responder(&thread_shared, stream);
+        lock(&thread_shared.accepted).remove(&id);
+    });
+    if let Err(e) = spawned {
+        if let Some(control) = lock(&shared.accepted).remove(&id) {
+            let _ = control.shutdown(Shutdown::Both);
+        }
+        return Err(e.to_string());
+    }
+    Ok(())
+}
+
+/// Serves one connection until it ends or misbehaves. Errors are the
+/// connection's alone: they are logged and the connection is closed.
+fn run_responder(shared: &Shared, stream: TcpStream) {
+    let peer_addr = stream.peer_addr().map(|a| a.to_string()).unwrap_or_else(|_| "?".to_string());
+    let mut writer = match stream.try_clone() {
+        Ok(writer) => writer,
+        Err(e) => {
+            tracing::warn!(node = %shared.node, peer = %peer_addr, error = %e, "cannot serve connection");
+            return;
+        }
+    };
+    let mut reader = BufReader::with_capacity(crate::READ_BUFFER_BYTES, stream);
+    let from = match read_frame(&mut reader) {
+        Ok(Some(Frame::Hello { node })) => node,
+        Ok(None) => return,
+        Ok(Some(other)) => {
+            tracing::warn!(node = %shared.node, peer = %peer_addr, frame = frame_name(&other), "first frame is not Hello; closing");
+            let _ = writer.shutdown(Shutdown::Both);
+            return;
+        }
+        Err(e) => {
+            tracing::warn!(node = %shared.node, peer = %peer_addr, error = %e, "bad first frame; closing");
+            let _ = writer.shutdown(Shutdown::Both);
+            return;
+        }
+    };
+    loop {
+        let frame = match read_frame(&mut reader) {
+            Ok(Some(frame)) => frame,
+            Ok(None) => break,
+            Err(e) => {
+                if !shared.is_closed() {
+                    tracing::warn!(node = %shared.node, peer = %from, error = %e, "bad frame; closing the connection");
+                }
+                break;
+            }
+        };
+        let answer = match frame {
+            Frame::Message { payload } => {
+                deliver(shared, from, payload);
+                continue;
+            }
+            Frame::Lookup { request, name } => answer_lookup(shared, request, &name),
+            Frame::Ops { request, region, ops } => answer_ops(shared, request, region, &ops),
+            other => {
+                tracing::warn!(node = %shared.node, peer = %from, frame = frame_name(&other), "unexpected frame; closing the connection");
+                break;
+            }
+        };
+        if let Err(e) = writer.write_all(&encode(&answer)) {
+            tracing::debug!(node = %shared.node, peer = %from, error = %e, "cannot answer; closing the connection");
+            break;
+        }
+    }
+    let _ = writer.shutdown(Shutdown::Both);
+}
+
+fn deliver(shared: &Shared, from: NodeId, payload: Vec<u8>) {
+    if payload.len() > TRANSFER_BYTES_MAX {
+        tracing::warn!(node = %shared.node, peer = %from, bytes = payload.len(), "dropping an oversized message");
+        return;
+    }
+    if let Err(e) = shared.inbox.deliver(Message { from, payload }) {
+        // Messages carry no reply, so a refusal can only be logged here.
+        tracing::warn!(node = %shared.node, peer = %from, error = %e, "dropping a message");
+    }
+}
+
+fn answer_lookup(shared: &Shared, request: u64, name: &str) -> Frame {
+    let regions = shared.regions.read().unwrap_or_else(std::sync::PoisonError::into_inner);
+    match regions.by_name.get(name) {
+        Some(&region) => match regions.by_index.get(region as usize) {
+            Some(local) => Frame::LookupOk { request, region, len: local.len() },
+            None => Frame::Error { request, error: unknown_region(shared.node, name) },
+        },
+        None => Frame::Error { request, error: unknown_region(shared.node, name) },
+    }
+}
+
+fn answer_ops(shared: &Shared, request: u64, region: u32, ops: &[Op]) -> Frame {
+    let local = {
+        let regions = shared.regions.read().unwrap_or_else(std::sync::PoisonError::into_inner);
+        regions.by_index.get(region as usize).cloned()
+    };
+    let Some(local) = local else {
+        return Frame::Error { request, error: unknown_region(shared.node, &format!("#{region}")) };
+    };
+    let result = check_batch(local.name(), local.len(), ops).and_then(|()| execute_on_memory(local.memory(), ops));
+    match result {
+        Ok(results) => Frame::OpsOk { request, results },
+        Err(error) => Frame::Error { request, error },
+    }
+}
+
+fn unknown_region(node: NodeId, name: &str) -> FabricError {
+    FabricError::UnknownRegion { node, name: name.to_string() }
+}
