@@ -1,0 +1,196 @@
+//! The lock manager's two-sided messages on the wire.
+//!
+//! Every payload starts with the service tag [`SERVICE_TAG`] (`0x01`), so a
+//! node that runs several services over one fabric inbox can route it with
+//! one byte. The rest is a fixed 24-byte frame, little-endian:
+//!
+//! ```text
+//! byte 0      service tag 0x01
+//! byte 1      kind (see `Kind`)
+//! bytes 2..4  generation of the lock word (u16; 0 for SRSL)
+//! bytes 4..8  argument (u32): shared count, grant route, or SRSL mode bits
+//! bytes 8..16 lock id (u64)
+//! bytes 16..24 fencing token (u64; SRSL exclusive grants, else 0)
+//! ```
+
+use crate::proto::{LockMode, ProtoMsg, SharedVia};
+use crate::srsl::SrslMsg;
+use crate::LockId;
+
+/// First byte of every lock-manager payload.
+pub const SERVICE_TAG: u8 = 0x01;
+/// Length of every lock-manager payload.
+pub const MESSAGE_BYTES: usize = 24;
+
+/// A decoded lock-manager message.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DlmMessage {
+    /// N-CoShED / DQNL protocol traffic.
+    Proto { lock: LockId, generation: u16, msg: ProtoMsg },
+    /// `break_lock` moved `lock` to `generation` (N-CoShED / DQNL).
+    Broken { lock: LockId, generation: u16 },
+    /// SRSL traffic.
+    Srsl { lock: LockId, msg: SrslMsg },
+}
+
+/// A payload that is not a well-formed lock-manager message.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("malformed lock-manager message: {0}")]
+pub struct DecodeError(pub String);
+
+const K_SUCCESSOR: u8 = 1;
+const K_SHARED_REQUEST: u8 = 2;
+const K_GRANT_EXCLUSIVE: u8 = 3;
+const K_GRANT_SHARED: u8 = 4;
+const K_SHARED_RELEASE: u8 = 5;
+const K_DRAINED: u8 = 6;
+const K_BROKEN: u8 = 7;
+const K_SRSL_ACQUIRE: u8 = 16;
+const K_SRSL_GRANT: u8 = 17;
+const K_SRSL_WOULD_BLOCK: u8 = 18;
+const K_SRSL_RELEASE: u8 = 19;
+const K_SRSL_BREAK: u8 = 20;
+const K_SRSL_BROKEN: u8 = 21;
+
+const ARG_EXCLUSIVE: u32 = 1;
+const ARG_TRY: u32 = 2;
+
+fn mode_bits(mode: LockMode) -> u32 {
+    if mode == LockMode::Exclusive {
+        ARG_EXCLUSIVE
+    } else {
+        0
+    }
+}
+
+fn bits_mode(arg: u32) -> LockMode {
+    if arg & ARG_EXCLUSIVE != 0 {
+        LockMode::Exclusive
+    } else {
+        LockMode::Shared
+    }
+}
+
+impl DlmMessage {
+    pub fn encode(&self) -> [u8; MESSAGE_BYTES] {
+        let (kind, lock, generation, arg, token) = match *self {
+            DlmMessage::Proto { lock, generation, msg } => {
+                let (kind, arg) = match msg {
+                    ProtoMsg::Successor { shared } => (K_SUCCESSOR, shared),
+                    ProtoMsg::SharedRequest => (K_SHARED_REQUEST, 0),
+                    ProtoMsg::GrantExclusive => (K_GRANT_EXCLUSIVE, 0),
+                    ProtoMsg::GrantShared { via: SharedVia::Group0 } => (K_GRANT_SHARED, 0),
+                    ProtoMsg::GrantShared { via: SharedVia::Coordinator } => (K_GRANT_SHARED, 1),
+                    ProtoMsg::SharedRelease => (K_SHARED_RELEASE, 0),
+                    ProtoMsg::Drained => (K_DRAINED, 0),
+                };
+                (kind, lock, generation, arg, 0)
+            }
+            DlmMessage::Broken { lock, generation } => (K_BROKEN, lock, generation, 0, 0),
+            DlmMessage::Srsl { lock, msg } => {
+                let (kind, arg, token) = match msg {
+                    SrslMsg::Acquire { mode, try_only } => {
+                        (K_SRSL_ACQUIRE, mode_bits(mode) | if try_only { ARG_TRY } else { 0 }, 0)
+                    }
+                    SrslMsg::Grant { mode, token } => (K_SRSL_GRANT, mode_bits(mode), token),
+                    SrslMsg::WouldBlock => (K_SRSL_WOULD_BLOCK, 0, 0),
+                    SrslMsg::Release => (K_SRSL_RELEASE, 0, 0),
+                    SrslMsg::Break => (K_SRSL_BREAK, 0, 0),
+                    SrslMsg::Broken => (K_SRSL_BROKEN, 0, 0),
+                };
+                (kind, lock, 0, arg, token)
+            }
+        };
+        let mut out = [0u8; MESSAGE_BYTES];
+        out[0] = SERVICE_TAG;
+        out[1] = kind;
+        out[2..4].copy_from_slice(&generation.to_le_bytes());
+        out[4..8].copy_from_slice(&arg.to_le_bytes());
+        out[8..16].copy_from_slice(&lock.0.to_le_bytes());
+        out[16..24].copy_from_slice(&token.to_le_bytes());
+        out
+    }
+
+    pub fn decode(payload: &[u8]) -> Result<Self, DecodeError> {
+        let frame: &[u8; MESSAGE_BYTES] = payload
+            .try_into()
+            .map_err(|_| DecodeError(format!("{} bytes, expected {MESSAGE_BYTES}", payload.len())))?;
+        if frame[0] != SERVICE_TAG {
+            return Err(DecodeError(format!("service tag {:#04x}, expected {SERVICE_TAG:#04x}", frame[0])));
+        }
+        let word = |range: std::ops::Range<usize>| {
+            let mut b = [0u8; 8];
+            b[..range.len()].copy_from_slice(&frame[range]);
+            u64::from_le_bytes(b)
+        };
+        let generation = word(2..4) as u16;
+        let arg = word(4..8) as u32;
+        let lock = LockId(word(8..16));
+        let token = word(16..24);
+        let proto = |msg| Ok(DlmMessage::Proto { lock, generation, msg });
+        let srsl = |msg| Ok(DlmMessage::Srsl { lock, msg });
+        match frame[1] {
+            K_SUCCESSOR => proto(ProtoMsg::Successor { shared: arg }),
+            K_SHARED_REQUEST => proto(ProtoMsg::SharedRequest),
+            K_GRANT_EXCLUSIVE => proto(ProtoMsg::GrantExclusive),
+            K_GRANT_SHARED => match arg {
+                0 => proto(ProtoMsg::GrantShared { via: SharedVia::Group0 }),
+                1 => proto(ProtoMsg::GrantShared { via: SharedVia::Coordinator }),
+                other => Err(DecodeError(format!("grant route {other}"))),
+            },
+            K_SHARED_RELEASE => proto(ProtoMsg::SharedRelease),
+            K_DRAINED => proto(ProtoMsg::Drained),
+            K_BROKEN => Ok(DlmMessage::Broken { lock, generation }),
+            K_SRSL_ACQUIRE => srsl(SrslMsg::Acquire { mode: bits_mode(arg), try_only: arg & ARG_TRY != 0 }),
+            K_SRSL_GRANT => srsl(SrslMsg::Grant { mode: bits_mode(arg), token }),
+            K_SRSL_WOULD_BLOCK => srsl(SrslMsg::WouldBlock),
+            K_SRSL_RELEASE => srsl(SrslMsg::Release),
+            K_SRSL_BREAK => srsl(SrslMsg::Break),
+            K_SRSL_BROKEN => srsl(SrslMsg::Broken),
+            other => Err(DecodeError(format!("unknown kind {other}"))),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_message_round_trips() {
+        let lock = LockId(0x0102_0304_0506_0708);
+        let all = [
+            DlmMessage::Proto { lock, generation: 7, msg: ProtoMsg::Successor { shared: 42 } },
+            DlmMessage::Proto { lock, generation: 7, msg: ProtoMsg::SharedRequest },
+            DlmMessage::Proto { lock, generation: 0, msg: ProtoMsg::GrantExclusive },
+            DlmMessage::Proto { lock, generation: 1, msg: ProtoMsg::GrantShared { via: SharedVia::Group0 } },
+            DlmMessage::Proto { lock, generation: 1, msg: ProtoMsg::GrantShared { via: SharedVia::Coordinator } },
+            DlmMessage::Proto { lock, generation: 2, msg: ProtoMsg::SharedRelease },
+            DlmMessage::Proto { lock, generation: u16::MAX, msg: ProtoMsg::Drained },
+            DlmMessage::Broken { lock, generation: 3 },
+            DlmMessage::Srsl { lock, msg: SrslMsg::Acquire { mode: LockMode::Exclusive, try_only: true } },
+            DlmMessage::Srsl { lock, msg: SrslMsg::Acquire { mode: LockMode::Shared, try_only: false } },
+            DlmMessage::Srsl { lock, msg: SrslMsg::Grant { mode: LockMode::Exclusive, token: u64::MAX } },
+            DlmMessage::Srsl { lock, msg: SrslMsg::WouldBlock },
+            DlmMessage::Srsl { lock, msg: SrslMsg::Release },
+            DlmMessage::Srsl { lock, msg: SrslMsg::Break },
+            DlmMessage::Srsl { lock, msg: SrslMsg::Broken },
+        ];
+        for m in all {
+            let bytes = m.encode();
+            assert_eq!(bytes[0], SERVICE_TAG);
+            assert_eq!(DlmMessage::decode(&bytes), Ok(m));
+        }
+    }
+
+    #[test]
+    fn malformed_payloads_are_typed_errors() {
+        assert!(DlmMessage::decode(&[SERVICE_TAG; 3]).is_err());
+        let mut bytes = DlmMessage::Srsl { lock: LockId(1), msg: SrslMsg::Release }.encode();
+        bytes[0] = 0x02;
+        assert!(DlmMessage::decode(&bytes).is_err(), "another service's tag");
+        bytes[0] = SERVICE_TAG;
+        bytes[1] = 99;
+        assert!(DlmMessage::decode(&bytes).is_err(), "unknown kind");
+    }
+}

@@ -1,0 +1,290 @@
+//! SRSL, the send/receive server-lock baseline, as two pure state machines.
+//!
+//! The home's server thread owns a [`SrslQueue`] per lock: it grants
+//! compatible requests at once and queues the rest in FIFO order (a shared
+//! request behind a queued exclusive waits, as in N-CoShED). Clients run a
+//! [`SrslClient`]: send `Acquire` to the home, wait for `Grant`, send
+//! `Release`. Every acquire and release costs the home's CPU, which is what
+//! the baseline is for. Messages between one client and the home keep their
+//! order (the fabric guarantees it per pair), so SRSL needs no generations.
+
+use crate::proto::{LockMode, ProtocolViolation};
+use std::collections::VecDeque;
+use tierstack_base::NodeId;
+
+/// SRSL messages (carried with the lock id by [`crate::msg`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum SrslMsg {
+    /// Client → home.
+    Acquire { mode: LockMode, try_only: bool },
+    /// Home → client; `token` is the fencing token of an exclusive grant (0 for shared).
+    Grant { mode: LockMode, token: u64 },
+    /// Home → client: a try-acquire found the lock busy.
+    WouldBlock,
+    /// Client → home.
+    Release,
+    /// `break_lock` → home: forget every holder and waiter.
+    Break,
+    /// Home → every holder and waiter when the lock is broken.
+    Broken,
+}
+
+/// What the home's server does for one lock.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ServerAction {
+    /// Grant `mode` to `to` (the runtime attaches a fencing token to exclusive grants).
+    Grant {
+        to: NodeId,
+        mode: LockMode,
+    },
+    Refuse {
+        to: NodeId,
+    },
+    Broken {
+        to: NodeId,
+    },
+}
+
+/// The home's state for one lock: holders and a FIFO of waiters.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SrslQueue {
+    exclusive: Option<NodeId>,
+    shared: Vec<NodeId>,
+    waiting: VecDeque<(NodeId, LockMode)>,
+}
+
+impl SrslQueue {
+    fn compatible(&self, mode: LockMode) -> bool {
+        match mode {
+            LockMode::Exclusive => self.exclusive.is_none() && self.shared.is_empty(),
+            LockMode::Shared => self.exclusive.is_none(),
+        }
+    }
+
+    fn holds(&self, node: NodeId) -> bool {
+        self.exclusive == Some(node) || self.shared.contains(&node)
+    }
+
+    fn take(&mut self, to: NodeId, mode: LockMode, out: &mut Vec<ServerAction>) {
+        match mode {
+            LockMode::Exclusive => self.exclusive = Some(to),
+            LockMode::Shared => self.shared.push(to),
+        }
+        out.push(ServerAction::Grant { to, mode });
+    }
+
+    /// Nodes with a request here (holders and waiters): `break_lock` tells them.
+    pub fn participants(&self) -> Vec<NodeId> {
+        self.exclusive.iter().chain(&self.shared).copied().chain(self.waiting.iter().map(|(n, _)| *n)).collect()
+    }
+
+    pub fn is_idle(&self) -> bool {
+        self.exclusive.is_none() && self.shared.is_empty() && self.waiting.is_empty()
+    }
+
+    pub fn acquire(
+        &mut self,
+        from: NodeId,
+        mode: LockMode,
+        try_only: bool,
+        out: &mut Vec<ServerAction>,
+    ) -> Result<(), ProtocolViolation> {
+        if self.holds(from) || self.waiting.iter().any(|(n, _)| *n == from) {
+            return Err(ProtocolViolation {
+                node: from,
+                phase: "SrslServer",
+                what: "second request from one node".into(),
+            });
+        }
+        if self.waiting.is_empty() && self.compatible(mode) {
+            self.take(from, mode, out);
+        } else if try_only {
+            out.push(ServerAction::Refuse { to: from });
+        } else {
+            self.waiting.push_back((from, mode));
+        }
+        Ok(())
+    }
+
+    pub fn release(&mut self, from: NodeId, out: &mut Vec<ServerAction>) -> Result<(), ProtocolViolation> {
+        if self.exclusive == Some(from) {
+            self.exclusive = None;
+        } else if let Some(at) = self.shared.iter().position(|n| *n == from) {
+            self.shared.swap_remove(at);
+        } else {
+            return Err(ProtocolViolation { node: from, phase: "SrslServer", what: "release by a non-holder".into() });
+        }
+        while let Some(&(to, mode)) = self.waiting.front() {
+            if !self.compatible(mode) {
+                break;
+            }
+            self.waiting.pop_front();
+            self.take(to, mode, out);
+        }
+        Ok(())
+    }
+
+    /// Forgets everybody, telling each participant.
+    pub fn break_all(&mut self, out: &mut Vec<ServerAction>) {
+        out.extend(self.participants().into_iter().map(|to| ServerAction::Broken { to }));
+        *self = Self::default();
+    }
+}
+
+/// What an SRSL client does next.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ClientAction {
+    /// Send this message to the home.
+    Send(SrslMsg),
+    Granted {
+        mode: LockMode,
+        token: Option<u64>,
+        abandoned: bool,
+    },
+    WouldBlock,
+    Aborted,
+    Idle,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ClientState {
+    Idle,
+    Waiting { abandoned: bool },
+    Holding,
+}
+
+/// One node's SRSL state for one lock.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SrslClient {
+    node: NodeId,
+    state: ClientState,
+}
+
+impl SrslClient {
+    pub fn new(node: NodeId) -> Self {
+        Self { node, state: ClientState::Idle }
+    }
+
+    pub fn is_idle(&self) -> bool {
+        self.state == ClientState::Idle
+    }
+
+    pub fn is_holding(&self) -> bool {
+        self.state == ClientState::Holding
+    }
+
+    fn violation(&self, what: &str) -> ProtocolViolation {
+        ProtocolViolation { node: self.node, phase: "SrslClient", what: what.into() }
+    }
+
+    pub fn acquire(
+        &mut self,
+        mode: LockMode,
+        try_only: bool,
+        out: &mut Vec<ClientAction>,
+    ) -> Result<(), ProtocolViolation> {
+        if self.state != ClientState::Idle {
+            return Err(self.violation("acquire while a request is in progress"));
+        }
+        self.state = ClientState::Waiting { abandoned: false };
+        out.push(ClientAction::Send(SrslMsg::Acquire { mode, try_only }));
+        Ok(())
+    }
+
+    pub fn abandon(&mut self) {
+        if let ClientState::Waiting { .. } = self.state {
+            self.state = ClientState::Waiting { abandoned: true };
+        }
+    }
+
+    pub fn release(&mut self, out: &mut Vec<ClientAction>) -> Result<(), ProtocolViolation> {
+        if self.state != ClientState::Holding {
+            return Err(self.violation("release without a hold"));
+        }
+        self.state = ClientState::Idle;
+        out.push(ClientAction::Send(SrslMsg::Release));
+        out.push(ClientAction::Idle);
+        Ok(())
+    }
+
+    /// A message from the home.
+    pub fn message(&mut self, msg: SrslMsg, out: &mut Vec<ClientAction>) -> Result<(), ProtocolViolation> {
+        match (msg, self.state) {
+            (SrslMsg::Grant { mode, token }, ClientState::Waiting { abandoned }) => {
+                let token = (mode == LockMode::Exclusive).then_some(token);
+                out.push(ClientAction::Granted { mode, token, abandoned });
+                self.state = ClientState::Holding;
+                if abandoned {
+                    self.release(out)?;
+                }
+                Ok(())
+            }
+            (SrslMsg::WouldBlock, ClientState::Waiting { .. }) => {
+                self.state = ClientState::Idle;
+                out.push(ClientAction::WouldBlock);
+                out.push(ClientAction::Idle);
+                Ok(())
+            }
+            (SrslMsg::Broken, ClientState::Waiting { .. } | ClientState::Holding) => {
+                self.state = ClientState::Idle;
+                out.push(ClientAction::Aborted);
+                out.push(ClientAction::Idle);
+                Ok(())
+            }
+            // A break notice that crossed our release: nothing left to abort.
+            (SrslMsg::Broken, ClientState::Idle) => Ok(()),
+            _ => Err(self.violation("unexpected message")),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shared_requests_behind_a_queued_exclusive_wait_for_it() {
+        let mut q = SrslQueue::default();
+        let mut out = Vec::new();
+        q.acquire(NodeId(1), LockMode::Shared, false, &mut out).unwrap();
+        q.acquire(NodeId(2), LockMode::Exclusive, false, &mut out).unwrap();
+        q.acquire(NodeId(3), LockMode::Shared, false, &mut out).unwrap();
+        q.acquire(NodeId(4), LockMode::Shared, false, &mut out).unwrap();
+        assert_eq!(out, vec![ServerAction::Grant { to: NodeId(1), mode: LockMode::Shared }]);
+        out.clear();
+        q.acquire(NodeId(5), LockMode::Exclusive, true, &mut out).unwrap();
+        assert_eq!(out, vec![ServerAction::Refuse { to: NodeId(5) }]);
+        out.clear();
+        q.release(NodeId(1), &mut out).unwrap();
+        assert_eq!(out, vec![ServerAction::Grant { to: NodeId(2), mode: LockMode::Exclusive }]);
+        out.clear();
+        q.release(NodeId(2), &mut out).unwrap();
+        assert_eq!(
+            out,
+            vec![
+                ServerAction::Grant { to: NodeId(3), mode: LockMode::Shared },
+                ServerAction::Grant { to: NodeId(4), mode: LockMode::Shared }
+            ]
+        );
+        assert!(q.release(NodeId(2), &mut out).is_err(), "a non-holder cannot release");
+    }
+
+    #[test]
+    fn an_abandoned_client_releases_its_late_grant() {
+        let mut c = SrslClient::new(NodeId(1));
+        let mut out = Vec::new();
+        c.acquire(LockMode::Exclusive, false, &mut out).unwrap();
+        c.abandon();
+        out.clear();
+        c.message(SrslMsg::Grant { mode: LockMode::Exclusive, token: 9 }, &mut out).unwrap();
+        assert_eq!(
+            out,
+            vec![
+                ClientAction::Granted { mode: LockMode::Exclusive, token: Some(9), abandoned: true },
+                ClientAction::Send(SrslMsg::Release),
+                ClientAction::Idle
+            ]
+        );
+        assert!(c.is_idle());
+    }
+}

@@ -1,0 +1,83 @@
+//! Test clusters: N nodes in one process, each with its own fabric.
+
+#![allow(dead_code)]
+
+use std::sync::Arc;
+use tierstack_base::NodeId;
+use tierstack_dlm::{DlmConfig, LockManager, Scheme};
+use tierstack_fabric::Fabric;
+use tierstack_fabric_shm::{ShmConfig, ShmFabric};
+use tierstack_fabric_tcp::{TcpConfig, TcpFabric};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    Shm,
+    Tcp,
+}
+
+pub struct Cluster {
+    // Keeps the shm root alive; dropped after the fabrics.
+    pub fabrics: Vec<Option<Arc<dyn Fabric>>>,
+    _dir: Option<tempfile::TempDir>,
+}
+
+impl Cluster {
+    pub fn new(backend: Backend, n: u32) -> Cluster {
+        match backend {
+            Backend::Shm => {
+                let dir = tempfile::tempdir().unwrap();
+                let fabrics = (0..n)
+                    .map(|i| {
+                        let fabric: Arc<dyn Fabric> = ShmFabric::open(ShmConfig::new(dir.path(), NodeId(i))).unwrap();
+                        Some(fabric)
+                    })
+                    .collect();
+                Cluster { fabrics, _dir: Some(dir) }
+            }
+            Backend::Tcp => {
+                let nodes: Vec<Arc<TcpFabric>> = (0..n)
+                    .map(|i| TcpFabric::open(TcpConfig::new(NodeId(i), "127.0.0.1:0".parse().unwrap())).unwrap())
+                    .collect();
+                for a in &nodes {
+                    for b in &nodes {
+                        a.add_peer(b.local_node(), b.local_addr());
+                    }
+                }
+                let fabrics = nodes.into_iter().map(|f| Some(f as Arc<dyn Fabric>)).collect();
+                Cluster { fabrics, _dir: None }
+            }
+        }
+    }
+
+    pub fn fabric(&self, i: usize) -> Arc<dyn Fabric> {
+        self.fabrics[i].clone().expect("node is alive")
+    }
+
+    /// Starts a lock manager on every node; `servers` keep lock tables.
+    pub fn managers(&self, scheme: Scheme, servers: &[u32]) -> Vec<LockManager> {
+        self.managers_with(scheme, servers, |c| c)
+    }
+
+    pub fn managers_with(
+        &self,
+        scheme: Scheme,
+        servers: &[u32],
+        tweak: impl Fn(DlmConfig) -> DlmConfig,
+    ) -> Vec<LockManager> {
+        let nodes: Vec<NodeId> = (0..self.fabrics.len() as u32).map(NodeId).collect();
+        let servers: Vec<NodeId> = servers.iter().map(|&s| NodeId(s)).collect();
+        (0..self.fabrics.len())
+            .map(|i| {
+                LockManager::start(self.fabric(i), tweak(DlmConfig::new(scheme, servers.clone(), nodes.clone())))
+                    .unwrap()
+            })
+            .collect()
+    }
+
+    /// Kills node `i`: the caller must have dropped its lock manager.
+    pub fn kill(&mut self, i: usize) {
+        let fabric = self.fabrics[i].take().expect("node is alive");
+        assert_eq!(Arc::strong_count(&fabric), 1, "something still holds node {i}'s fabric");
+        drop(fabric);
+    }
+}
