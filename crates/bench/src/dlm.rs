@@ -11,29 +11,46 @@
 //! the lock, node 1 the first holder or the uncontended client, nodes 2.. the
 //! waiters; contenders are nodes 1..=K. Each backend gets one cluster sized
 //! for the largest sweep point. A warm-up pass runs every scheme once and is
-//! discarded (the first scheme measured in a process runs slower); then the
-//! measured pass starts fresh managers per scheme, under another region
-//! prefix, since regions cannot be unregistered.
+//! discarded (the first scheme measured in a process runs slower). Then the
+//! schemes take turns for `passes` measured passes, each turn with fresh
+//! managers under a region prefix of its own (regions cannot be
+//! unregistered, and a manager owns its fabric's inbox, so only one scheme
+//! runs at a time); samples of all passes are pooled.
+//!
+//! Threads as nodes: on a machine with fewer cores than nodes, a cascade's
+//! latency includes waking every waiter's receive and waiting threads, which
+//! separate machines would do in parallel; compare schemes within one run.
+//! N-CoShED and DQNL run the same code for exclusive requests, so their
+//! exclusive columns show the run's noise floor. Contender threads may also
+//! run one after another instead of meeting (1000 uncontended pairs on `shm`
+//! fit in a scheduler slice); the throughput table therefore shows lock
+//! messages per pair, which N-CoShED and DQNL only send when requests meet.
 
 use crate::report::{line_plot, us, write_json, Axes, Series, Table};
 use crate::stats::{summarize, Summary};
 use anyhow::{bail, Context, Result};
 use serde::Serialize;
+use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::time::{Duration, Instant};
 use tierstack_cluster::{local_cluster, Backend};
 use tierstack_dlm::bench::{contended_throughput, figure5, start_managers, uncontended_ns};
-use tierstack_dlm::LockMode;
-use tierstack_fabric::Fabric;
+use tierstack_dlm::{LockManager, LockMode};
 
 pub use tierstack_dlm::Scheme;
 
 /// Region prefix of the discarded warm-up pass.
 const WARMUP_PREFIX: &str = "dlm-warmup";
-/// Region prefix of the measured pass.
+/// Region prefix of the measured passes (the pass number follows).
 const MEASURED_PREFIX: &str = "dlm-bench";
 /// Uncontended pairs per mode in the warm-up pass.
 const WARMUP_UNCONTENDED: usize = 200;
+/// How long no lock message may arrive before [`settle`] calls the managers quiet.
+const SETTLE_QUIET: Duration = Duration::from_millis(30);
+/// Poll interval of [`settle`].
+const SETTLE_POLL: Duration = Duration::from_millis(1);
+/// Bound on one [`settle`].
+const SETTLE_MAX: Duration = Duration::from_secs(30);
 /// Seed of the contenders' shared/exclusive choices.
 const THROUGHPUT_SEED: u64 = 7;
 /// Most waiters a sweep may ask for (each is a node, i.e. a thread here).
@@ -56,13 +73,17 @@ pub struct DlmBenchConfig {
     pub schemes: Vec<Scheme>,
     /// Waiter counts of the cascade sweep (Fig. 5's x axis).
     pub waiters: Vec<usize>,
-    /// Cascades per (scheme, mode, waiters) cell, after one warm-up cascade.
+    /// Cascades per (scheme, mode, waiters) cell, split evenly over the passes.
     pub rounds: usize,
-    /// Uncontended acquire+release pairs per (scheme, mode).
+    /// The schemes take turns this many times, each turn with fresh managers,
+    /// so that a burst of load from elsewhere on the machine does not land
+    /// on one scheme only.
+    pub passes: usize,
+    /// Uncontended acquire+release pairs per (scheme, mode), split over the passes.
     pub uncontended_pairs: usize,
     /// Numbers of contending nodes of the throughput sweep.
     pub contenders: Vec<usize>,
-    /// Acquire+release pairs per contending node.
+    /// Acquire+release pairs per contending node, in every pass.
     pub contended_pairs_per_node: usize,
     /// Share of the contenders' requests that are shared, in percent, one run each.
     pub shared_percents: Vec<u32>,
@@ -75,7 +96,8 @@ impl DlmBenchConfig {
             backends: vec![Backend::Shm, Backend::Tcp],
             schemes: Scheme::ALL.to_vec(),
             waiters: if quick { vec![1, 4, 16] } else { vec![1, 2, 4, 8, 16] },
-            rounds: if quick { 5 } else { 30 },
+            rounds: if quick { 5 } else { 90 },
+            passes: if quick { 1 } else { 3 },
             uncontended_pairs: if quick { 300 } else { 3000 },
             contenders: vec![2, 4, 8],
             contended_pairs_per_node: if quick { 200 } else { 1000 },
@@ -103,8 +125,8 @@ impl DlmBenchConfig {
         if self.shared_percents.iter().any(|&p| p > 100) {
             bail!("shared percentages must be at most 100, got {:?}", self.shared_percents);
         }
-        if self.rounds == 0 || self.uncontended_pairs == 0 || self.contended_pairs_per_node == 0 {
-            bail!("rounds and pair counts must be positive");
+        if self.rounds == 0 || self.passes == 0 || self.uncontended_pairs == 0 || self.contended_pairs_per_node == 0 {
+            bail!("rounds, passes and pair counts must be positive");
         }
         Ok(())
     }
@@ -139,7 +161,20 @@ pub struct ThroughputResult {
     pub scheme: String,
     pub contenders: usize,
     pub shared_percent: u32,
+    /// Of the pass with the median rate.
     pub pairs_per_sec: f64,
+    /// Lock messages handled per pair in that pass. N-CoShED and DQNL send
+    /// none unless requests meet (SRSL always sends three), so this shows
+    /// how much the contenders actually contended.
+    pub messages_per_pair: f64,
+    /// Every pass, by ascending rate.
+    pub per_pass: Vec<ThroughputPass>,
+}
+
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct ThroughputPass {
+    pub pairs_per_sec: f64,
+    pub messages_per_pair: f64,
 }
 
 /// Cascade latency of a baseline over N-CoShED's (> 1: N-CoShED is faster).
@@ -158,12 +193,17 @@ pub struct DlmReport {
     pub nodes_are: String,
     pub nodes: usize,
     pub cpus: usize,
+    pub passes: usize,
+    /// Cascades per cell, over all passes.
     pub rounds: usize,
     pub waiters: Vec<usize>,
     pub cascade: Vec<CascadeResult>,
     pub ratios: Vec<CascadeRatio>,
     pub uncontended: Vec<UncontendedResult>,
     pub throughput: Vec<ThroughputResult>,
+    /// Per backend: lock messages whose handling failed in the measured
+    /// passes (a protocol violation; 0 in a sound run).
+    pub message_errors: BTreeMap<String, u64>,
 }
 
 impl DlmReport {
@@ -182,6 +222,19 @@ fn summary_of(samples_ns: Vec<u64>) -> Summary {
     summarize(samples_ns, wall_ns)
 }
 
+/// Raw samples of one backend, gathered over the passes.
+#[derive(Default)]
+struct Samples {
+    /// Per (scheme name, mode, waiters).
+    cascade: BTreeMap<(&'static str, LockMode, usize), Vec<u64>>,
+    /// Per (scheme, mode).
+    uncontended: BTreeMap<(&'static str, LockMode), Vec<u64>>,
+    /// Per (scheme, contenders, shared percent): one entry per pass.
+    throughput: BTreeMap<(&'static str, usize, u32), Vec<ThroughputPass>>,
+    /// Lock messages whose handling failed (a protocol violation).
+    message_errors: u64,
+}
+
 /// Runs the whole experiment, prints the tables, writes `dlm.json` and the plots.
 pub fn run(config: &DlmBenchConfig) -> Result<DlmReport> {
     config.validate()?;
@@ -189,88 +242,159 @@ pub fn run(config: &DlmBenchConfig) -> Result<DlmReport> {
     let nodes = config.nodes();
     let nodes_are = format!("threads of one process, each with its own fabric (local_cluster, {nodes} nodes)");
     println!("bench dlm: nodes are {nodes_are}; node 0 is the lock's home, node 1 the first holder");
+    let rounds_per_pass = config.rounds.div_ceil(config.passes);
     let mut report = DlmReport {
         nodes_are,
         nodes,
         cpus: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
-        rounds: config.rounds,
+        passes: config.passes,
+        rounds: rounds_per_pass * config.passes,
         waiters: config.waiters.clone(),
         cascade: Vec::new(),
         ratios: Vec::new(),
         uncontended: Vec::new(),
         throughput: Vec::new(),
+        message_errors: BTreeMap::new(),
     };
     let node_count = u32::try_from(nodes).context("node count")?;
+    let max_waiters = config.waiters.iter().copied().max().unwrap_or(1);
     for &backend in &config.backends {
         let cluster = local_cluster(backend, node_count)
             .with_context(|| format!("starting a {nodes}-node {} cluster", backend.name()))?;
         let fabrics = cluster.fabrics();
-        let max_waiters = config.waiters.iter().copied().max().unwrap_or(1);
         for &scheme in &config.schemes {
             eprintln!("bench dlm: {} {} warm-up", backend.name(), scheme.name());
             let managers = start_managers(fabrics, scheme, WARMUP_PREFIX)?;
+            figure5(&managers, &[max_waiters], 1)?;
             for mode in MODES {
                 uncontended_ns(&managers, mode, WARMUP_UNCONTENDED)?;
             }
-            figure5(&managers, &[max_waiters], 1)?;
+            settle(&managers)?;
         }
-        for &scheme in &config.schemes {
-            eprintln!("bench dlm: {} {} measuring", backend.name(), scheme.name());
-            measure_scheme(config, backend, scheme, fabrics, &mut report)?;
+        let mut samples = Samples::default();
+        for pass in 0..config.passes {
+            for &scheme in &config.schemes {
+                eprintln!("bench dlm: {} {} pass {}/{}", backend.name(), scheme.name(), pass + 1, config.passes);
+                let managers = start_managers(fabrics, scheme, &format!("{MEASURED_PREFIX}{pass}"))?;
+                measure_pass(config, &managers, scheme, rounds_per_pass, &mut samples)?;
+            }
         }
+        collect(backend, samples, &mut report);
     }
     report.ratios = ratios(config, &report);
     print_and_plot(config, &report)?;
     Ok(report)
 }
 
-fn measure_scheme(
+/// One pass of every measurement for the scheme of `managers` (freshly started).
+///
+/// The cascades go first: their accounting counts every lock message of a
+/// round, so they need managers with no message in flight. The other
+/// measurements end with messages that may still be on their way (an SRSL
+/// release, say), so they [`settle`] before they count and before the
+/// managers are dropped: a stale message must not reach the next managers.
+fn measure_pass(
     config: &DlmBenchConfig,
-    backend: Backend,
+    managers: &[LockManager],
     scheme: Scheme,
-    fabrics: &[Arc<dyn Fabric>],
-    report: &mut DlmReport,
+    rounds: usize,
+    samples: &mut Samples,
 ) -> Result<()> {
-    let managers = start_managers(fabrics, scheme, MEASURED_PREFIX)?;
-    let (b, s) = (backend.name().to_string(), scheme.name().to_string());
-    for mode in MODES {
-        let samples = uncontended_ns(&managers, mode, config.uncontended_pairs)?;
-        report.uncontended.push(UncontendedResult {
-            backend: b.clone(),
-            scheme: s.clone(),
-            mode: mode_name(mode).to_string(),
-            summary: summary_of(samples),
-        });
+    for row in figure5(managers, &config.waiters, rounds)? {
+        samples.cascade.entry((scheme.name(), row.mode, row.waiters)).or_default().extend(row.samples_ns);
     }
+    let pairs = config.uncontended_pairs.div_ceil(config.passes);
+    for mode in MODES {
+        samples.uncontended.entry((scheme.name(), mode)).or_default().extend(uncontended_ns(managers, mode, pairs)?);
+    }
+    let mut messages_before = settle(managers)?;
     for &contenders in &config.contenders {
         for &shared_percent in &config.shared_percents {
             let pairs_per_sec = contended_throughput(
-                &managers,
+                managers,
                 contenders,
                 shared_percent,
                 config.contended_pairs_per_node,
                 THROUGHPUT_SEED,
             )?;
-            report.throughput.push(ThroughputResult {
-                backend: b.clone(),
-                scheme: s.clone(),
-                contenders,
-                shared_percent,
-                pairs_per_sec,
-            });
+            let messages_after = settle(managers)?;
+            let pairs = (contenders * config.contended_pairs_per_node) as f64;
+            let messages_per_pair = messages_after.saturating_sub(messages_before) as f64 / pairs;
+            messages_before = messages_after;
+            samples
+                .throughput
+                .entry((scheme.name(), contenders, shared_percent))
+                .or_default()
+                .push(ThroughputPass { pairs_per_sec, messages_per_pair });
         }
     }
-    for row in figure5(&managers, &config.waiters, config.rounds)? {
+    samples.message_errors += managers.iter().map(|m| m.stats().message_errors).sum::<u64>();
+    Ok(())
+}
+
+fn messages_handled(managers: &[LockManager]) -> u64 {
+    managers.iter().map(|m| m.stats().messages_handled).sum()
+}
+
+/// Waits until no lock message has been handled for [`SETTLE_QUIET`]
+/// (bounded by [`SETTLE_MAX`]); returns the messages handled so far. Only
+/// for measurements without exact message accounting; a message delayed by
+/// more than the quiet time would still be missed, and shows up as a
+/// message error.
+fn settle(managers: &[LockManager]) -> Result<u64> {
+    let started = Instant::now();
+    let mut seen = messages_handled(managers);
+    let mut quiet_since = Instant::now();
+    loop {
+        std::thread::sleep(SETTLE_POLL);
+        let now = messages_handled(managers);
+        if now != seen {
+            seen = now;
+            quiet_since = Instant::now();
+        } else if quiet_since.elapsed() >= SETTLE_QUIET {
+            return Ok(seen);
+        }
+        if started.elapsed() > SETTLE_MAX {
+            bail!("lock messages were still being handled after {SETTLE_MAX:?}");
+        }
+    }
+}
+
+/// Turns one backend's samples into report entries.
+fn collect(backend: Backend, samples: Samples, report: &mut DlmReport) {
+    let b = backend.name().to_string();
+    for ((scheme, mode, waiters), samples_ns) in samples.cascade {
         report.cascade.push(CascadeResult {
             backend: b.clone(),
-            scheme: s.clone(),
-            mode: mode_name(row.mode).to_string(),
-            waiters: row.waiters,
-            summary: summary_of(row.samples_ns.clone()),
-            samples_ns: row.samples_ns,
+            scheme: scheme.to_string(),
+            mode: mode_name(mode).to_string(),
+            waiters,
+            summary: summary_of(samples_ns.clone()),
+            samples_ns,
         });
     }
-    Ok(())
+    for ((scheme, mode), samples_ns) in samples.uncontended {
+        report.uncontended.push(UncontendedResult {
+            backend: b.clone(),
+            scheme: scheme.to_string(),
+            mode: mode_name(mode).to_string(),
+            summary: summary_of(samples_ns),
+        });
+    }
+    for ((scheme, contenders, shared_percent), mut per_pass) in samples.throughput {
+        per_pass.sort_by(|a, b| a.pairs_per_sec.total_cmp(&b.pairs_per_sec));
+        let median = per_pass.get(per_pass.len().saturating_sub(1) / 2).copied();
+        report.throughput.push(ThroughputResult {
+            backend: b.clone(),
+            scheme: scheme.to_string(),
+            contenders,
+            shared_percent,
+            pairs_per_sec: median.map_or(0.0, |m| m.pairs_per_sec),
+            messages_per_pair: median.map_or(0.0, |m| m.messages_per_pair),
+            per_pass,
+        });
+    }
+    report.message_errors.insert(b, samples.message_errors);
 }
 
 fn ratios(config: &DlmBenchConfig, report: &DlmReport) -> Vec<CascadeRatio> {
@@ -318,7 +442,7 @@ fn print_and_plot(config: &DlmBenchConfig, report: &DlmReport) -> Result<()> {
     }
     let header_refs: Vec<&str> = header.iter().map(String::as_str).collect();
     let title =
-        format!("Fig. 5: lock cascading latency (µs), p50 over {} rounds; ratios > 1: N-CoShED faster", config.rounds);
+        format!("Fig. 5: lock cascading latency (µs), p50 over {} rounds; ratios > 1: N-CoShED faster", report.rounds);
     let mut cascade = Table::new(&title, &header_refs);
     for mode in MODES {
         for &waiters in &config.waiters {
@@ -374,7 +498,11 @@ fn print_and_plot(config: &DlmBenchConfig, report: &DlmReport) -> Result<()> {
         }
     }
     let header_refs: Vec<&str> = header.iter().map(String::as_str).collect();
-    let mut throughput = Table::new("Throughput with K contending nodes (acquire+release pairs/s)", &header_refs);
+    let mut throughput = Table::new(
+        "Throughput with K contending nodes: acquire+release pairs/s (lock messages per pair; \
+         N-CoShED/DQNL send none unless requests meet)",
+        &header_refs,
+    );
     for &contenders in &config.contenders {
         for &shared_percent in &config.shared_percents {
             let mut row = vec![contenders.to_string(), shared_percent.to_string()];
@@ -386,7 +514,11 @@ fn print_and_plot(config: &DlmBenchConfig, report: &DlmReport) -> Result<()> {
                             && t.contenders == contenders
                             && t.shared_percent == shared_percent
                     });
-                    row.push(found.map(|t| format!("{:.0}", t.pairs_per_sec)).unwrap_or_default());
+                    row.push(
+                        found
+                            .map(|t| format!("{:.0} ({:.2})", t.pairs_per_sec, t.messages_per_pair))
+                            .unwrap_or_default(),
+                    );
                 }
             }
             throughput.row(row);
@@ -394,6 +526,11 @@ fn print_and_plot(config: &DlmBenchConfig, report: &DlmReport) -> Result<()> {
     }
     println!("{}", throughput.render());
 
+    for (backend, &errors) in &report.message_errors {
+        if errors > 0 {
+            println!("WARNING: {errors} lock messages failed on {backend}: the numbers above are suspect");
+        }
+    }
     write_json(&config.out_dir.join("dlm.json"), report)?;
     for mode in MODES {
         let series: Vec<Series> = config
@@ -415,7 +552,7 @@ fn print_and_plot(config: &DlmBenchConfig, report: &DlmReport) -> Result<()> {
         line_plot(
             &config.out_dir.join(format!("dlm-cascade-{name}.svg")),
             &format!("Lock cascading latency, {name} lock queue (p50)"),
-            Axes { x_label: "waiters", y_label: "µs", log_x: false, log_y: true },
+            Axes { x_label: "waiters", y_label: "µs", log_x: true, log_y: true },
             &series,
         )?;
     }

@@ -39,6 +39,12 @@ fn tiny_dlm_bench_writes_json_and_plots_with_positive_latencies() {
     );
     assert_eq!(report.throughput.len(), 3 * config.shared_percents.len());
     assert!(report.throughput.iter().all(|t| t.pairs_per_sec > 0.0), "{:?}", report.throughput);
+    // SRSL costs exactly acquire, grant and release messages per pair: the
+    // counting around the throughput runs sees every message of its run.
+    for t in report.throughput.iter().filter(|t| t.scheme == "srsl") {
+        assert!((t.messages_per_pair - 3.0).abs() < 0.1, "{t:?}");
+    }
+    assert_eq!(report.message_errors.get("shm"), Some(&0), "a lock message failed");
     assert!(report
         .ratios
         .iter()

@@ -20,6 +20,8 @@ enum Command {
     /// Fabric node tools: serve regions, operate on them, stress them.
     #[command(subcommand)]
     Fabric(cmd::fabric::FabricCommand),
+    /// Load client: replay a trace over HTTP while an updater changes documents; checks staleness.
+    Load(cmd::load::LoadArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -34,6 +36,7 @@ fn main() -> std::process::ExitCode {
     let result = match cli.command {
         Command::Bench(command) => cmd::bench::run(command),
         Command::Fabric(command) => cmd::fabric::run(command),
+        Command::Load(args) => cmd::load::run(args),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -41,7 +41,7 @@ pub enum BenchCommand {
         /// Waiter counts of the cascade sweep (default 1,2,4,8,16; 1,4,16 with --quick).
         #[arg(long, value_delimiter = ',')]
         waiters: Option<Vec<usize>>,
-        /// Cascades per cell (default 30; 5 with --quick).
+        /// Cascades per cell, spread over 3 passes (default 90; 5 in one pass with --quick).
         #[arg(long)]
         rounds: Option<usize>,
     },

@@ -1,0 +1,695 @@
+//! [`Ddss`]: one node's handle on the substrate, executing the protocols of
+//! the crate docs with one-sided operations.
+
+use crate::alloc::{claim, release, Claim, RegionBitmap};
+use crate::coherence::{copy_is_fresh, keeps_copies, plan_get, GetPlan, LocalCopies, LocalCopy};
+use crate::error::{DdssError, Result};
+use crate::key::{Coherence, Key, Placement};
+use crate::layout::{
+    class_capacity, class_for, next_generation, record, Layout, SlotWord, HEADER_BYTES, MAGIC, SIZE_CLASSES, SLOT_BASE,
+    SLOT_CONTROL, SLOT_DATA, SLOT_HEADER, SLOT_SEQUENCE, VALUE_BYTES_MAX,
+};
+use rand::Rng;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+use tierstack_base::{seeded_rng, Clock, NodeId, SeededRng, SystemClock};
+use tierstack_fabric::{
+    check_batch, execute_on_memory, Completion, Fabric, FabricError, LocalRegion, Op, OpResult, RemoteRegion,
+};
+
+/// The region name every node registers for the substrate.
+pub const REGION_NAME: &str = "ddss";
+/// Lock attempts (each one compare_swap at the home) before `LockBusy`.
+pub const LOCK_ATTEMPTS_MAX: u32 = 20_000;
+/// compare_swaps on one bitmap word before an allocation reports contention.
+pub const ALLOC_ATTEMPTS_MAX: u32 = 256;
+
+/// How a node takes part in the substrate.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DdssConfig {
+    /// Name of the registered region (the same on every node).
+    pub region_name: String,
+    /// Slots of each size class in this node's region (class `c` holds up to `8 << c` bytes).
+    pub slots_per_class: [u32; SIZE_CLASSES],
+    /// Nodes that run the substrate: targets of `Placement::Node` and `Placement::Auto`.
+    /// Empty means only this node.
+    pub members: Vec<NodeId>,
+    pub lock_attempts_max: u32,
+    pub alloc_attempts_max: u32,
+    /// Seed of the RNG that spreads allocations over nodes and bitmap words.
+    pub seed: u64,
+}
+
+impl Default for DdssConfig {
+    /// About 7 MiB per node: 256 slots of each class up to 1 KiB, 64 up to
+    /// 8 KiB, 16 up to 64 KiB, 2 up to 1 MiB.
+    fn default() -> Self {
+        let mut slots = [0u32; SIZE_CLASSES];
+        for (c, s) in slots.iter_mut().enumerate() {
+            *s = match c {
+                0..=7 => 256,
+                8..=10 => 64,
+                11..=13 => 16,
+                _ => 2,
+            };
+        }
+        Self {
+            region_name: REGION_NAME.to_string(),
+            slots_per_class: slots,
+            members: Vec::new(),
+            lock_attempts_max: LOCK_ATTEMPTS_MAX,
+            alloc_attempts_max: ALLOC_ATTEMPTS_MAX,
+            seed: 0x0dd5_5eed,
+        }
+    }
+}
+
+impl DdssConfig {
+    /// A config with no slots at all; add classes with [`DdssConfig::with_slots`].
+    pub fn empty() -> Self {
+        Self { slots_per_class: [0; SIZE_CLASSES], ..Self::default() }
+    }
+
+    /// Sets the slot count of the class that holds `capacity_bytes`.
+    pub fn with_slots(mut self, capacity_bytes: u32, slots: u32) -> Self {
+        let class = class_for(u64::from(capacity_bytes)).unwrap_or(SIZE_CLASSES as u8 - 1);
+        self.slots_per_class[class as usize] = slots;
+        self
+    }
+
+    pub fn with_members(mut self, members: Vec<NodeId>) -> Self {
+        self.members = members;
+        self
+    }
+
+    pub fn with_seed(mut self, seed: u64) -> Self {
+        self.seed = seed;
+        self
+    }
+
+    pub fn with_region_name(mut self, name: impl Into<String>) -> Self {
+        self.region_name = name.into();
+        self
+    }
+}
+
+/// Counters of what a handle's operations did (for tests and reports).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DdssStats {
+    /// Gets answered from the local copy with no remote operation.
+    pub gets_from_copy: u64,
+    /// Gets answered from the local copy after a one-sided version read.
+    pub gets_validated: u64,
+    /// Gets that read the value from its home (seqlock read).
+    pub gets_fetched: u64,
+    /// Gets under the key's lock (strict).
+    pub gets_locked: u64,
+    pub puts: u64,
+    /// Failed lock attempts (contention).
+    pub lock_retries: u64,
+    pub allocations: u64,
+    pub frees: u64,
+}
+
+#[derive(Default)]
+struct Stats {
+    gets_from_copy: AtomicU64,
+    gets_validated: AtomicU64,
+    gets_fetched: AtomicU64,
+    gets_locked: AtomicU64,
+    puts: AtomicU64,
+    lock_retries: AtomicU64,
+    allocations: AtomicU64,
+    frees: AtomicU64,
+}
+
+fn bump(counter: &AtomicU64) {
+    counter.fetch_add(1, Ordering::Relaxed);
+}
+
+/// A member's region and its layout, learned once from its header.
+struct Home {
+    region: Arc<dyn RemoteRegion>,
+    layout: Layout,
+}
+
+/// One node's (or one attached process's) handle on the substrate.
+pub struct Ddss {
+    fabric: Arc<dyn Fabric>,
+    node: NodeId,
+    config: DdssConfig,
+    local: Option<Arc<LocalRegion>>,
+    homes: Mutex<HashMap<NodeId, Arc<Home>>>,
+    copies: Mutex<LocalCopies>,
+    clock: Arc<dyn Clock>,
+    rng: Mutex<SeededRng>,
+    /// Lock-holder token written into control words (diagnostic: node + 1).
+    token: u32,
+    stats: Stats,
+}
+
+fn locked<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic while holding these maps cannot leave them inconsistent in a
+    // way that matters (they are caches), so a poisoned lock is recovered.
+    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+fn word_at(bytes: &[u8], at: usize) -> u64 {
+    let mut w = [0u8; 8];
+    w.copy_from_slice(&bytes[at..at + 8]);
+    u64::from_ne_bytes(w)
+}
+
+fn backoff(attempt: u32) {
+    if attempt < 8 {
+        std::hint::spin_loop();
+    } else if attempt < 64 {
+        std::thread::yield_now();
+    } else {
+        std::thread::sleep(Duration::from_micros(20));
+    }
+}
+
+impl Ddss {
+    /// Starts the substrate on this node: registers its region (once; the
+    /// memory is never resized) and publishes the header. Uses the system clock.
+    pub fn start(fabric: Arc<dyn Fabric>, config: DdssConfig) -> Result<Self> {
+        Self::start_with_clock(fabric, config, Arc::new(SystemClock))
+    }
+
+    /// As [`Ddss::start`], with the clock that temporal coherence reads.
+    pub fn start_with_clock(fabric: Arc<dyn Fabric>, config: DdssConfig, clock: Arc<dyn Clock>) -> Result<Self> {
+        let layout = Layout::new(config.slots_per_class)?;
+        let region = fabric.register(&config.region_name, layout.region_bytes())?;
+        let memory = region.memory();
+        let header = layout.header_words();
+        // Everything but the magic first; the magic last, so a reader that
+        // sees it sees the whole header.
+        for (i, word) in header.iter().enumerate().skip(1) {
+            memory.store_u64(i as u64 * 8, *word)?;
+        }
+        memory.store_u64(0, MAGIC)?;
+        let mut ddss = Self::attach_with_clock(fabric, config, clock)?;
+        ddss.local = Some(region);
+        Ok(ddss)
+    }
+
+    /// Attaches without a region of its own: a process that gets and puts
+    /// one-sidedly on members' regions (the data path of a daemon's client).
+    pub fn attach(fabric: Arc<dyn Fabric>, config: DdssConfig) -> Result<Self> {
+        Self::attach_with_clock(fabric, config, Arc::new(SystemClock))
+    }
+
+    pub fn attach_with_clock(fabric: Arc<dyn Fabric>, config: DdssConfig, clock: Arc<dyn Clock>) -> Result<Self> {
+        let node = fabric.local_node();
+        Ok(Self {
+            node,
+            token: (node.0 & 0x3fff_ffff) + 1,
+            rng: Mutex::new(seeded_rng(config.seed ^ u64::from(node.0).wrapping_mul(0x9e37_79b9_7f4a_7c15))),
+            fabric,
+            config,
+            local: None,
+            homes: Mutex::new(HashMap::new()),
+            copies: Mutex::new(LocalCopies::default()),
+            clock,
+            stats: Stats::default(),
+        })
+    }
+
+    pub fn node(&self) -> NodeId {
+        self.node
+    }
+
+    pub fn config(&self) -> &DdssConfig {
+        &self.config
+    }
+
+    pub fn backend_name(&self) -> &'static str {
+        self.fabric.backend_name()
+    }
+
+    /// True if this handle has a region of its own (started, not attached).
+    pub fn has_region(&self) -> bool {
+        self.local.is_some()
+    }
+
+    /// The members allocation may place on.
+    pub fn members(&self) -> Vec<NodeId> {
+        if self.config.members.is_empty() {
+            vec![self.node]
+        } else {
+            self.config.members.clone()
+        }
+    }
+
+    pub fn stats(&self) -> DdssStats {
+        let s = &self.stats;
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        DdssStats {
+            gets_from_copy: get(&s.gets_from_copy),
+            gets_validated: get(&s.gets_validated),
+            gets_fetched: get(&s.gets_fetched),
+            gets_locked: get(&s.gets_locked),
+            puts: get(&s.puts),
+            lock_retries: get(&s.lock_retries),
+            allocations: get(&s.allocations),
+            frees: get(&s.frees),
+        }
+    }
+
+    /// The layout of `node`'s region (read from its header once).
+    pub fn layout(&self, node: NodeId) -> Result<Layout> {
+        Ok(self.home(node)?.layout.clone())
+    }
+
+    /// Per class of `node`: (capacity bytes, slots, used slots). The used
+    /// counts are the placement hints, read one-sidedly.
+    pub fn usage(&self, node: NodeId) -> Result<Vec<(u32, u32, u64)>> {
+        let home = self.home(node)?;
+        let mut counters = vec![0u8; SIZE_CLASSES * 8];
+        home.region.read(Layout::used_counter_offset(0), &mut counters)?;
+        Ok((0..SIZE_CLASSES as u8)
+            .map(|c| (class_capacity(c), home.layout.slots(c), word_at(&counters, c as usize * 8)))
+            .collect())
+    }
+
+    fn home(&self, node: NodeId) -> Result<Arc<Home>> {
+        if let Some(home) = locked(&self.homes).get(&node) {
+            return Ok(home.clone());
+        }
+        let region: Arc<dyn RemoteRegion> = match &self.local {
+            Some(local) if node == self.node => Arc::new(LocalHandle { node, region: local.clone() }),
+            _ => match self.fabric.connect(node, &self.config.region_name) {
+                Ok(region) => region,
+                Err(FabricError::UnknownRegion { .. }) => return Err(DdssError::NotStarted { node }),
+                Err(e) => return Err(e.into()),
+            },
+        };
+        if region.len() < HEADER_BYTES {
+            return Err(DdssError::NotStarted { node });
+        }
+        let mut header = vec![0u8; HEADER_BYTES as usize];
+        region.read(0, &mut header)?;
+        let layout = Layout::from_header(node, &header, region.len())?;
+        let home = Arc::new(Home { region, layout });
+        locked(&self.homes).insert(node, home.clone());
+        Ok(home)
+    }
+
+    /// The key's home and slot offset, after checking the key names a slot.
+    fn slot(&self, key: &Key) -> Result<(Arc<Home>, u64)> {
+        let home = self.home(key.home())?;
+        let offset = u64::from(key.offset());
+        if home.layout.slot_index(key.class(), offset).is_none() {
+            return Err(DdssError::UnknownKey {
+                key: key.to_string(),
+                reason: format!("{} has no slot of class {} at offset {offset}", key.home(), key.class()),
+            });
+        }
+        Ok((home, offset))
+    }
+
+    /// Classifies a slot word (control or header) that does not match `key`.
+    fn mismatch(key: Key, word: SlotWord) -> DdssError {
+        if word.generation < key.generation() {
+            // A generation the slot has not reached: not a key its home issued.
+            DdssError::UnknownKey { key: key.to_string(), reason: "generation never allocated at its home".into() }
+        } else {
+            DdssError::KeyFreed { key }
+        }
+    }
+
+    /// Takes the key's lock word at its home; returns the locked word.
+    fn lock(&self, region: &dyn RemoteRegion, slot: u64, key: Key) -> Result<u64> {
+        let unlocked = SlotWord::unlocked(key.generation());
+        let locked_word = SlotWord::locked(key.generation(), self.token);
+        for attempt in 0..self.config.lock_attempts_max {
+            let previous = region.compare_swap(slot + SLOT_CONTROL, unlocked, locked_word)?;
+            if previous == unlocked {
+                return Ok(locked_word);
+            }
+            let word = SlotWord::unpack(previous);
+            if word.generation != key.generation() || !word.live {
+                return Err(Self::mismatch(key, word));
+            }
+            bump(&self.stats.lock_retries);
+            backoff(attempt);
+        }
+        Err(DdssError::LockBusy { key, attempts: self.config.lock_attempts_max })
+    }
+
+    /// Allocates room for a value of up to `bytes` bytes with `coherence`,
+    /// in the smallest size class that fits and that the home has slots of
+    /// (a full class does not spill into larger ones: that is `RegionFull`).
+    /// The new key's value is empty, at version 0.
+    pub fn allocate(&self, bytes: u64, placement: Placement, coherence: Coherence) -> Result<Key> {
+        let class = class_for(bytes).ok_or(DdssError::AllocationTooLarge { bytes, max: VALUE_BYTES_MAX })?;
+        let candidates = match placement {
+            Placement::Local => {
+                if self.local.is_none() {
+                    return Err(DdssError::NoLocalRegion);
+                }
+                vec![self.node]
+            }
+            Placement::Node(node) => {
+                if !self.members().contains(&node) {
+                    return Err(DdssError::NotMember { node });
+                }
+                vec![node]
+            }
+            Placement::Auto => self.rank_by_free_slots(class)?,
+        };
+        let mut last_error = DdssError::RegionFull { node: self.node, class_bytes: class_capacity(class) };
+        for node in candidates {
+            match self.allocate_on(node, class, coherence) {
+                Ok(key) => {
+                    bump(&self.stats.allocations);
+                    return Ok(key);
+                }
+                // Auto placement routes around full and unreachable members.
+                Err(e) if placement == Placement::Auto => last_error = e,
+                Err(e) => return Err(e),
+            }
+        }
+        Err(last_error)
+    }
+
+    /// Members ordered by free slots of `class`, most first; ties in RNG order.
+    fn rank_by_free_slots(&self, class: u8) -> Result<Vec<NodeId>> {
+        let mut ranked = Vec::new();
+        let mut last_error = None;
+        for node in self.members() {
+            let free = self.home(node).and_then(|home| {
+                let Some(class) = home.layout.class_with_slots(class) else { return Ok(0) };
+                let used = home.region.read_u64(Layout::used_counter_offset(class))?;
+                Ok(u64::from(home.layout.slots(class)).saturating_sub(used))
+            });
+            match free {
+                Ok(free) => {
+                    let tie: u64 = locked(&self.rng).gen();
+                    ranked.push((std::cmp::Reverse(free), tie, node));
+                }
+                Err(e) => {
+                    tracing::debug!(%node, error = %e, "member skipped by automatic placement");
+                    last_error = Some(e);
+                }
+            }
+        }
+        if ranked.is_empty() {
+            return Err(last_error.unwrap_or(DdssError::NotStarted { node: self.node }));
+        }
+        ranked.sort();
+        Ok(ranked.into_iter().map(|(_, _, node)| node).collect())
+    }
+
+    /// Claims a slot on `node` one-sidedly and initializes it: of the
+    /// smallest class at least `min_class` that the node has slots of.
+    fn allocate_on(&self, node: NodeId, min_class: u8, coherence: Coherence) -> Result<Key> {
+        let home = self.home(node)?;
+        let class = home
+            .layout
+            .class_with_slots(min_class)
+            .ok_or(DdssError::RegionFull { node, class_bytes: class_capacity(min_class) })?;
+        let full = DdssError::RegionFull { node, class_bytes: class_capacity(class) };
+        let slots = home.layout.slots(class);
+        let (bitmap_offset, words) = home.layout.bitmap(class);
+        let bitmap = RegionBitmap { region: &*home.region, offset: bitmap_offset, words };
+        let start = locked(&self.rng).gen_range(0..slots);
+        let index = match claim(&bitmap, slots, start, self.config.alloc_attempts_max)? {
+            Claim::Claimed(index) => index,
+            Claim::Full => return Err(full),
+            Claim::Contended => {
+                return Err(DdssError::Contended { node, attempts: self.config.alloc_attempts_max });
+            }
+        };
+        let slot = home.layout.slot_offset(class, index);
+        // The set bit makes the slot ours alone: it is free (not live), so no
+        // lock can be taken on it and no one else initializes it.
+        let mut words = [0u8; 16];
+        home.region.read(slot + SLOT_CONTROL, &mut words)?;
+        let control = word_at(&words, 0);
+        let sequence = word_at(&words, 8);
+        let old = SlotWord::unpack(control);
+        if old.live || old.low != 0 || !sequence.is_multiple_of(2) {
+            return Err(DdssError::Corrupt {
+                node,
+                reason: format!("slot at {slot} was free in the bitmap but its words are {control:#x}/{sequence}"),
+            });
+        }
+        let generation = next_generation(old.generation);
+        let base = sequence / 2 + 1;
+        let header = SlotWord { generation, live: true, low: 0 }.pack();
+        let mut init = header.to_ne_bytes().to_vec();
+        init.extend_from_slice(&base.to_ne_bytes());
+        let results = home
+            .region
+            .post(vec![
+                Op::FetchAdd { offset: slot + SLOT_SEQUENCE, delta: 1 },
+                Op::Write { offset: slot + SLOT_HEADER, data: init },
+                Op::FetchAdd { offset: slot + SLOT_SEQUENCE, delta: 1 },
+                Op::CompareSwap { offset: slot + SLOT_CONTROL, expected: control, new: SlotWord::unlocked(generation) },
+                Op::FetchAdd { offset: Layout::used_counter_offset(class), delta: 1 },
+            ])
+            .wait()?;
+        let swapped = nth_u64(results, 3)?;
+        if swapped != control {
+            return Err(DdssError::Corrupt { node, reason: format!("control word of slot {slot} changed under us") });
+        }
+        let offset = u32::try_from(slot).map_err(|_| DdssError::Corrupt { node, reason: "slot offset".into() })?;
+        Ok(Key::new(node, offset, generation, class, coherence))
+    }
+
+    /// Frees the key's slot. Later gets and puts of the key, from any node,
+    /// fail with `KeyFreed` (a local copy under null or temporal coherence
+    /// elsewhere may still answer until it is refreshed).
+    pub fn free(&self, key: Key) -> Result<()> {
+        let (home, slot) = self.slot(&key)?;
+        let locked_word = self.lock(&*home.region, slot, key)?;
+        let dead = SlotWord { generation: key.generation(), live: false, low: 0 }.pack();
+        let results = home
+            .region
+            .post(vec![
+                Op::FetchAdd { offset: slot + SLOT_SEQUENCE, delta: 1 },
+                Op::Write { offset: slot + SLOT_HEADER, data: dead.to_ne_bytes().to_vec() },
+                Op::FetchAdd { offset: slot + SLOT_SEQUENCE, delta: 1 },
+                Op::CompareSwap { offset: slot + SLOT_CONTROL, expected: locked_word, new: dead },
+            ])
+            .wait()?;
+        if nth_u64(results, 3)? != locked_word {
+            return Err(DdssError::Corrupt { node: key.home(), reason: "lock word changed while held".into() });
+        }
+        locked(&self.copies).remove(&key);
+        let index = home.layout.slot_index(key.class(), slot).ok_or_else(|| DdssError::UnknownKey {
+            key: key.to_string(),
+            reason: "slot vanished from the layout".into(),
+        })?;
+        let (bitmap_offset, words) = home.layout.bitmap(key.class());
+        if !release(&RegionBitmap { region: &*home.region, offset: bitmap_offset, words }, index)? {
+            return Err(DdssError::Corrupt { node: key.home(), reason: format!("slot {index} was not allocated") });
+        }
+        home.region.fetch_add(Layout::used_counter_offset(key.class()), 1u64.wrapping_neg())?;
+        bump(&self.stats.frees);
+        Ok(())
+    }
+
+    /// Stores `value` as the key's new version and returns that version.
+    /// Under every model the put holds the key's lock word at the home, so
+    /// puts of one key never interleave and versions are consecutive.
+    pub fn put(&self, key: Key, value: &[u8]) -> Result<u64> {
+        let (home, slot) = self.slot(&key)?;
+        if value.len() > key.capacity_bytes() as usize {
+            return Err(DdssError::ValueTooLarge { len: value.len(), capacity: key.capacity_bytes() });
+        }
+        let started_ns = self.clock.now_ns();
+        let locked_word = self.lock(&*home.region, slot, key)?;
+        let header = SlotWord { generation: key.generation(), live: true, low: value.len() as u32 }.pack();
+        // The seqlock write of `SeqRecord::write_remote` (odd, payload, even)
+        // with the unlock in the same batch: one round trip after the lock.
+        let mut ops = vec![
+            Op::FetchAdd { offset: slot + SLOT_SEQUENCE, delta: 1 },
+            Op::Write { offset: slot + SLOT_HEADER, data: header.to_ne_bytes().to_vec() },
+        ];
+        if !value.is_empty() {
+            ops.push(Op::Write { offset: slot + SLOT_DATA, data: value.to_vec() });
+        }
+        ops.push(Op::FetchAdd { offset: slot + SLOT_SEQUENCE, delta: 1 });
+        ops.push(Op::Read { offset: slot + SLOT_BASE, len: 8 });
+        ops.push(Op::CompareSwap {
+            offset: slot + SLOT_CONTROL,
+            expected: locked_word,
+            new: SlotWord::unlocked(key.generation()),
+        });
+        // A fabric error here leaves the lock held: the key then fails closed
+        // with LockBusy rather than exposing a half-written value.
+        let mut results = home.region.post(ops).wait()?;
+        let unlocked_from = results.pop().ok_or(FabricError::Closed)?.into_u64()?;
+        let base = results.pop().ok_or(FabricError::Closed)?.into_u64()?;
+        let odd = results.pop().ok_or(FabricError::Closed)?.into_u64()?;
+        if unlocked_from != locked_word {
+            return Err(DdssError::Corrupt { node: key.home(), reason: "lock word changed while held".into() });
+        }
+        let raw_version = odd.wrapping_add(1) / 2;
+        bump(&self.stats.puts);
+        if keeps_copies(key.coherence()) {
+            let copy = LocalCopy { raw_version, base, bytes: Arc::from(value), fetched_at_ns: started_ns };
+            locked(&self.copies).offer(key, copy);
+        }
+        Ok(raw_version.saturating_sub(base))
+    }
+
+    /// Returns the key's (version, value) as its coherence model allows.
+    pub fn get(&self, key: Key) -> Result<(u64, Vec<u8>)> {
+        let (home, slot) = self.slot(&key)?;
+        let model = key.coherence();
+        let now_ns = self.clock.now_ns();
+        let copy = locked(&self.copies).get(&key).cloned();
+        match plan_get(model, copy.as_ref(), now_ns) {
+            GetPlan::UseCopy => {
+                if let Some(copy) = copy {
+                    bump(&self.stats.gets_from_copy);
+                    return Ok(user_value(&copy));
+                }
+            }
+            GetPlan::CheckVersion => {
+                if let Some(copy) = copy {
+                    let mut words = [0u8; 16];
+                    home.region.read(slot + SLOT_CONTROL, &mut words)?;
+                    let control = SlotWord::unpack(word_at(&words, 0));
+                    if control.generation != key.generation() || !control.live {
+                        locked(&self.copies).remove(&key);
+                        return Err(Self::mismatch(key, control));
+                    }
+                    if copy_is_fresh(model, copy.raw_version, word_at(&words, 8)) {
+                        locked(&self.copies).refresh(&key, copy.raw_version, now_ns);
+                        bump(&self.stats.gets_validated);
+                        return Ok(user_value(&copy));
+                    }
+                }
+            }
+            GetPlan::Fetch => {}
+            GetPlan::LockedFetch => return self.get_locked(&home, slot, key),
+        }
+        let (raw_version, payload) = record(slot, key.class())?.read(&*home.region)?;
+        let (base, data) = self.parse_value(key, payload)?;
+        bump(&self.stats.gets_fetched);
+        if keeps_copies(model) {
+            let copy = LocalCopy { raw_version, base, bytes: Arc::from(data), fetched_at_ns: now_ns };
+            let newest = locked(&self.copies).offer(key, copy);
+            return Ok(user_value(&newest));
+        }
+        Ok((raw_version.saturating_sub(base), data))
+    }
+
+    /// Strict get: lock, read, unlock. The lock excludes puts and frees, so
+    /// the sequence is even and the header matches throughout.
+    fn get_locked(&self, home: &Home, slot: u64, key: Key) -> Result<(u64, Vec<u8>)> {
+        let locked_word = self.lock(&*home.region, slot, key)?;
+        let mut results = home
+            .region
+            .post(vec![
+                Op::Read { offset: slot + SLOT_SEQUENCE, len: 8 },
+                Op::Read { offset: slot + SLOT_HEADER, len: (SLOT_DATA - SLOT_HEADER) as u32 + key.capacity_bytes() },
+                Op::CompareSwap {
+                    offset: slot + SLOT_CONTROL,
+                    expected: locked_word,
+                    new: SlotWord::unlocked(key.generation()),
+                },
+            ])
+            .wait()?
+            .into_iter();
+        let mut next = || results.next().ok_or(DdssError::Fabric(FabricError::Closed));
+        let sequence = next()?.into_u64()?;
+        let payload = next()?.into_bytes()?;
+        let unlocked_from = next()?.into_u64()?;
+        if sequence % 2 != 0 || unlocked_from != locked_word {
+            return Err(DdssError::Corrupt { node: key.home(), reason: "a write ran under the strict lock".into() });
+        }
+        let (base, data) = self.parse_value(key, payload)?;
+        bump(&self.stats.gets_locked);
+        Ok(((sequence / 2).saturating_sub(base), data))
+    }
+
+    /// Checks a record payload (header, base, data) against `key`; returns
+    /// the base version and the value, reusing the payload's buffer.
+    fn parse_value(&self, key: Key, mut payload: Vec<u8>) -> Result<(u64, Vec<u8>)> {
+        let header_bytes = (SLOT_DATA - SLOT_HEADER) as usize;
+        if payload.len() < header_bytes {
+            return Err(DdssError::Corrupt { node: key.home(), reason: "short record".into() });
+        }
+        let header = SlotWord::unpack(word_at(&payload, 0));
+        if header.generation != key.generation() || !header.live {
+            locked(&self.copies).remove(&key);
+            return Err(Self::mismatch(key, header));
+        }
+        let base = word_at(&payload, 8);
+        let len = header.low as usize;
+        if header_bytes + len > payload.len() {
+            return Err(DdssError::Corrupt {
+                node: key.home(),
+                reason: format!("value length {len} exceeds the slot"),
+            });
+        }
+        payload.truncate(header_bytes + len);
+        payload.drain(..header_bytes);
+        Ok((base, payload))
+    }
+
+    /// Forgets the cached region handle and layout of `node` (after it restarted).
+    pub fn forget_home(&self, node: NodeId) {
+        locked(&self.homes).remove(&node);
+    }
+}
+
+fn user_value(copy: &LocalCopy) -> (u64, Vec<u8>) {
+    (copy.raw_version.saturating_sub(copy.base), copy.bytes.to_vec())
+}
+
+fn nth_u64(results: Vec<OpResult>, n: usize) -> Result<u64> {
+    Ok(results.into_iter().nth(n).ok_or(FabricError::Closed)?.into_u64()?)
+}
+
+/// This node's own region seen through the [`RemoteRegion`] interface, so
+/// every protocol has one code path; operations run on the caller's thread.
+struct LocalHandle {
+    node: NodeId,
+    region: Arc<LocalRegion>,
+}
+
+impl RemoteRegion for LocalHandle {
+    fn node(&self) -> NodeId {
+        self.node
+    }
+
+    fn name(&self) -> &str {
+        self.region.name()
+    }
+
+    fn len(&self) -> u64 {
+        self.region.len()
+    }
+
+    fn post(&self, ops: Vec<Op>) -> Completion {
+        let memory = self.region.memory();
+        Completion::ready(
+            check_batch(self.region.name(), memory.len(), &ops).and_then(|()| execute_on_memory(memory, &ops)),
+        )
+    }
+
+    fn read(&self, offset: u64, buf: &mut [u8]) -> tierstack_fabric::Result<()> {
+        self.region.memory().read(offset, buf)
+    }
+
+    fn read_u64(&self, offset: u64) -> tierstack_fabric::Result<u64> {
+        self.region.memory().load_u64(offset)
+    }
+
+    fn fetch_add(&self, offset: u64, delta: u64) -> tierstack_fabric::Result<u64> {
+        self.region.memory().fetch_add(offset, delta)
+    }
+
+    fn compare_swap(&self, offset: u64, expected: u64, new: u64) -> tierstack_fabric::Result<u64> {
+        self.region.memory().compare_swap(offset, expected, new)
+    }
+}

@@ -1,0 +1,41 @@
+//! The benchmark functions run end to end with few iterations (numbers are
+//! not asserted: machines are shared; shapes and outcomes are).
+
+mod common;
+
+use common::{small_config, start};
+use tierstack_base::NodeId;
+use tierstack_cluster::Backend;
+use tierstack_ddss::bench::{measure, measure_redis, table, BenchOptions, RedisOutcome};
+use tierstack_ddss::Coherence;
+
+fn options() -> BenchOptions {
+    BenchOptions { iterations: 20, warmup: 2, sizes: vec![1, 1024, 64 * 1024], models: Coherence::examples().to_vec() }
+}
+
+#[test]
+fn ddss_rows_cover_every_model_and_size_on_both_backends() {
+    for backend in [Backend::Shm, Backend::Tcp] {
+        let nodes = start(backend, 2, small_config(2));
+        let rows = measure(&nodes.ddss[0], NodeId(1), &options()).unwrap();
+        assert_eq!(rows.len(), 6 * 2 + 3 * 2);
+        assert!(rows.iter().all(|r| r.samples_ns.len() == 20 && r.system == format!("ddss-{}", backend.name())));
+        let puts: Vec<_> =
+            rows.iter().filter(|r| r.op == "put" && r.value_bytes == 1).map(|r| r.model.as_str()).collect();
+        assert_eq!(puts, ["null", "temporal:10", "delta:2", "read", "write", "strict", "write"]);
+        let usage = nodes.ddss[0].usage(NodeId(1)).unwrap();
+        assert!(usage.iter().all(|(_, _, used)| *used == 0), "the benchmark frees what it allocates");
+        assert!(table(&rows).lines().count() == rows.len() + 1);
+    }
+}
+
+#[test]
+fn redis_comparison_measures_or_skips_with_a_reason() {
+    match measure_redis(&options()) {
+        RedisOutcome::Measured(rows) => {
+            assert_eq!(rows.len(), 3 * 2);
+            assert!(rows.iter().all(|r| r.system == "redis" && r.samples_ns.len() == 20));
+        }
+        RedisOutcome::Skipped(reason) => assert!(!reason.is_empty()),
+    }
+}

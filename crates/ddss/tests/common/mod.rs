@@ -1,0 +1,40 @@
+//! Test helpers: clusters of substrate nodes in one process, one fabric each.
+
+#![allow(dead_code)]
+
+use std::sync::Arc;
+use tierstack_base::{Clock, NodeId, SystemClock};
+use tierstack_cluster::{local_cluster, Backend, LocalCluster};
+use tierstack_ddss::{Ddss, DdssConfig};
+
+pub const BACKENDS: [Backend; 2] = [Backend::Shm, Backend::Tcp];
+
+/// A small region: 16 slots of 8 B, 8 of 64 B, 4 of 1 KiB, 2 of 64 KiB.
+pub fn small_config(nodes: u32) -> DdssConfig {
+    DdssConfig::empty()
+        .with_slots(8, 16)
+        .with_slots(64, 8)
+        .with_slots(1024, 4)
+        .with_slots(64 * 1024, 2)
+        .with_members((0..nodes).map(NodeId).collect())
+}
+
+/// `n` nodes on `backend`, each with its own fabric and started substrate.
+pub struct Nodes {
+    pub cluster: LocalCluster,
+    pub ddss: Vec<Arc<Ddss>>,
+}
+
+pub fn start(backend: Backend, n: u32, config: DdssConfig) -> Nodes {
+    start_with_clock(backend, n, config, Arc::new(SystemClock))
+}
+
+pub fn start_with_clock(backend: Backend, n: u32, config: DdssConfig, clock: Arc<dyn Clock>) -> Nodes {
+    let cluster = local_cluster(backend, n).expect("cluster");
+    let ddss = cluster
+        .fabrics()
+        .iter()
+        .map(|fabric| Arc::new(Ddss::start_with_clock(fabric.clone(), config.clone(), clock.clone()).expect("start")))
+        .collect();
+    Nodes { cluster, ddss }
+}

@@ -1,0 +1,241 @@
+//! Randomized multi-node histories of one key, one thread per node, each
+//! node with its own fabric endpoint, on `shm` and `tcp`, checked against
+//! each coherence model's definition by the independent checkers of
+//! `tierstack_ddss::check`.
+
+mod common;
+
+use common::{start_with_clock, BACKENDS};
+use rand::Rng;
+use std::sync::{Arc, Barrier};
+use tierstack_base::{seeded_rng, Clock, ManualClock, NodeId};
+use tierstack_cluster::Backend;
+use tierstack_ddss::check::{self, Event, History, Timeline};
+use tierstack_ddss::{Coherence, DdssConfig, DdssStats, Placement};
+
+struct Run {
+    backend: Backend,
+    model: Coherence,
+    clients: u32,
+    ops_per_client: usize,
+    value_bytes_max: usize,
+    put_percent: u32,
+    /// Each op advances the shared manual clock by up to this much.
+    advance_ns_max: u64,
+    /// Chance (percent) that a client yields its CPU after an op.
+    yield_percent: u32,
+    seed: u64,
+}
+
+/// The bytes a client writes in its `n`-th put: distinct per (client, n)
+/// and position, so a torn or misattributed value cannot pass `untorn`.
+fn pattern(client: u32, n: usize, len: usize) -> Vec<u8> {
+    (0..len).map(|i| (client as usize * 97 + n * 31 + i * 7) as u8).collect()
+}
+
+fn run(spec: &Run) -> (History, Vec<DdssStats>) {
+    let clock = Arc::new(ManualClock::new(1));
+    let config = DdssConfig::empty()
+        .with_slots(spec.value_bytes_max as u32, 4)
+        .with_members((0..spec.clients).map(NodeId).collect())
+        .with_seed(spec.seed);
+    let nodes = start_with_clock(spec.backend, spec.clients, config, clock.clone());
+    let home = NodeId((spec.seed % u64::from(spec.clients)) as u32);
+    let key = nodes.ddss[0].allocate(spec.value_bytes_max as u64, Placement::Node(home), spec.model).unwrap();
+    let timeline = Timeline::default();
+    let barrier = Barrier::new(spec.clients as usize);
+    let per_client: Vec<(Vec<Event>, Vec<Event>)> = std::thread::scope(|s| {
+        let handles: Vec<_> = nodes
+            .ddss
+            .iter()
+            .enumerate()
+            .map(|(client, ddss)| {
+                let (clock, timeline, barrier) = (&clock, &timeline, &barrier);
+                s.spawn(move || {
+                    let client = client as u32;
+                    let mut rng = seeded_rng(spec.seed.wrapping_mul(1000) + u64::from(client));
+                    let (mut puts, mut gets) = (Vec::new(), Vec::new());
+                    barrier.wait();
+                    for n in 0..spec.ops_per_client {
+                        let is_put = rng.gen_range(0..100) < spec.put_percent;
+                        let invoked_ns = clock.now_ns();
+                        let invoked = timeline.tick();
+                        let (version, bytes) = if is_put {
+                            let bytes = pattern(client, n, rng.gen_range(0..=spec.value_bytes_max));
+                            (ddss.put(key, &bytes).expect("put"), bytes)
+                        } else {
+                            ddss.get(key).expect("get")
+                        };
+                        let responded = timeline.tick();
+                        let responded_ns = clock.now_ns();
+                        let event = Event { client, version, bytes, invoked, responded, invoked_ns, responded_ns };
+                        if is_put {
+                            puts.push(event);
+                        } else {
+                            gets.push(event);
+                        }
+                        if spec.advance_ns_max > 0 {
+                            clock.advance_ns(rng.gen_range(0..=spec.advance_ns_max));
+                        }
+                        // On 2 cores a thread can finish its whole run in one
+                        // time slice; yielding makes the clients interleave.
+                        if rng.gen_range(0..100) < spec.yield_percent {
+                            std::thread::yield_now();
+                        }
+                    }
+                    (puts, gets)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().expect("client thread")).collect()
+    });
+    let mut history = History::default();
+    for (puts, gets) in per_client {
+        history.puts.extend(puts);
+        history.gets.extend(gets);
+    }
+    let stats = nodes.ddss.iter().map(|d| d.stats()).collect();
+    (history, stats)
+}
+
+/// The largest number of versions by which a get trailed the latest put
+/// completed before it began (0 = every get was fresh).
+fn max_lag(history: &History) -> u64 {
+    history
+        .gets
+        .iter()
+        .map(|g| {
+            let latest = history.puts.iter().filter(|p| p.responded < g.invoked).map(|p| p.version).max().unwrap_or(0);
+            latest.saturating_sub(g.version)
+        })
+        .max()
+        .unwrap_or(0)
+}
+
+/// What every model promises here: untorn values, monotonic versions per
+/// reader, and write-ordered puts (all puts take the key's lock).
+fn check_common(spec: &Run, history: &History) {
+    let label = format!("{:?} {} seed {}", spec.backend, spec.model, spec.seed);
+    check::untorn(history).unwrap_or_else(|v| panic!("{label}: untorn: {v}"));
+    check::monotonic(history).unwrap_or_else(|v| panic!("{label}: monotonic: {v}"));
+    check::write_ordered(history).unwrap_or_else(|v| panic!("{label}: write order: {v}"));
+    assert!(!history.puts.is_empty() && !history.gets.is_empty(), "{label}: both puts and gets ran");
+}
+
+fn ops(backend: Backend) -> usize {
+    match backend {
+        Backend::Shm => 400,
+        Backend::Tcp => 120,
+    }
+}
+
+fn spec(backend: Backend, model: Coherence, seed: u64) -> Run {
+    Run {
+        backend,
+        model,
+        clients: 3,
+        ops_per_client: ops(backend),
+        value_bytes_max: 64,
+        put_percent: 40,
+        advance_ns_max: 0,
+        yield_percent: 30,
+        seed,
+    }
+}
+
+#[test]
+fn null_histories_are_untorn_and_monotonic() {
+    for backend in BACKENDS {
+        for seed in 1..=2 {
+            let spec = spec(backend, Coherence::Null, seed);
+            let (history, stats) = run(&spec);
+            check_common(&spec, &history);
+            assert!(stats.iter().map(|s| s.gets_from_copy).sum::<u64>() > 0, "null serves local copies");
+            assert!(max_lag(&history) > 0, "{backend:?}: null gets did lag (the checker saw stale values)");
+        }
+    }
+}
+
+#[test]
+fn temporal_histories_are_never_older_than_t() {
+    const MAX_AGE_MS: u64 = 2;
+    for backend in BACKENDS {
+        for seed in 1..=2 {
+            let spec = Run {
+                advance_ns_max: MAX_AGE_MS * 1_000_000 / 3,
+                ..spec(backend, Coherence::Temporal { max_age_ms: MAX_AGE_MS }, seed)
+            };
+            let (history, stats) = run(&spec);
+            check_common(&spec, &history);
+            check::temporal(&history, MAX_AGE_MS * 1_000_000)
+                .unwrap_or_else(|v| panic!("{backend:?} seed {seed}: temporal: {v}"));
+            let from_copy: u64 = stats.iter().map(|s| s.gets_from_copy).sum();
+            let refreshed: u64 = stats.iter().map(|s| s.gets_validated + s.gets_fetched).sum();
+            assert!(from_copy > 0 && refreshed > 0, "both young copies and refreshes happened: {stats:?}");
+            assert!(max_lag(&history) > 0, "{backend:?}: temporal gets did serve stale values within T");
+        }
+    }
+}
+
+#[test]
+fn delta_histories_lag_at_most_delta_versions() {
+    for backend in BACKENDS {
+        for (seed, versions) in [(1, 1), (2, 3)] {
+            let spec = spec(backend, Coherence::Delta { versions }, seed);
+            let (history, stats) = run(&spec);
+            check_common(&spec, &history);
+            check::delta(&history, versions).unwrap_or_else(|v| panic!("{backend:?} delta {versions}: {v}"));
+            assert!(stats.iter().map(|s| s.gets_validated).sum::<u64>() > 0, "copies were validated by version");
+            assert!(max_lag(&history) > 0, "{backend:?}: delta({versions}) gets did lag");
+        }
+    }
+}
+
+#[test]
+fn read_write_and_strict_histories_return_the_latest_completed_put() {
+    for backend in BACKENDS {
+        for model in [Coherence::Read, Coherence::Write, Coherence::Strict] {
+            let spec = spec(backend, model, 7);
+            let (history, _) = run(&spec);
+            check_common(&spec, &history);
+            check::read(&history).unwrap_or_else(|v| panic!("{backend:?} {model}: read: {v}"));
+        }
+    }
+}
+
+/// Large values (many words per value), clients that never yield, and many
+/// operations: torn reads would be likely if the seqlock were wrong.
+#[test]
+fn large_values_are_never_torn() {
+    for backend in BACKENDS {
+        for model in [Coherence::Write, Coherence::Read] {
+            let spec = Run {
+                value_bytes_max: 16 * 1024,
+                put_percent: 50,
+                yield_percent: 0,
+                ops_per_client: ops(backend) * 4,
+                ..spec(backend, model, 3)
+            };
+            let (history, _) = run(&spec);
+            check_common(&spec, &history);
+        }
+    }
+}
+
+/// Strict: small histories, many seeds, each checked for linearizability.
+#[test]
+fn strict_histories_are_linearizable() {
+    for backend in BACKENDS {
+        let seeds = match backend {
+            Backend::Shm => 40,
+            Backend::Tcp => 12,
+        };
+        for seed in 0..seeds {
+            let spec = Run { ops_per_client: 10, put_percent: 50, ..spec(backend, Coherence::Strict, seed) };
+            let (history, stats) = run(&spec);
+            check_common(&spec, &history);
+            check::linearizable(&history).unwrap_or_else(|v| panic!("{backend:?} seed {seed}: {v}"));
+            assert_eq!(stats.iter().map(|s| s.gets_locked).sum::<u64>(), history.gets.len() as u64);
+        }
+    }
+}

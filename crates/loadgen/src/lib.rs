@@ -1,0 +1,63 @@
+//! The load client, the updater and the staleness checker.
+//!
+//! This crate owns the client side of strongly coherent caching's
+//! experiments (coherency paper §5.2): `C` closed-loop HTTP/1.1
+//! connections replaying a [`tierstack_workload::Trace`] against one or more
+//! targets (proxies, or the application server directly), an **updater**
+//! that changes a random document every `update_interval_ms` (one per
+//! second by default, as in the paper), and an **online staleness checker**
+//! that proves no response was older than an update that had completed
+//! before the request began.
+//!
+//! Main types: [`LoadConfig`] → [`run`] / [`run_with`] → [`LoadReport`]
+//! (throughput, latency p50/p99, hit rate, errors by kind, updates, stale
+//! responses, a per-second series, and optionally every record,
+//! [`record::RecordLog`], writable as JSON Lines). The pure parts —
+//! [`deps`] (the `X-Tierstack-Deps` header of docs/coherence-protocol.md),
+//! [`staleness`] (offline and online checkers), [`stats`] — do no I/O.
+//!
+//! Each connection is hyper's low-level `client::conn::http1` over its own
+//! `TcpStream`, persistent, re-opened after any error (with a bounded
+//! back-off after failed connects). Times are nanoseconds of one monotonic
+//! clock (`tierstack_base::SystemClock`) shared by the workers and the
+//! updater, so response start times and update completion times compare.
+//!
+//! Key design choice: staleness is checked **online**, as responses arrive,
+//! so a run of any length needs memory only for its updates (one per
+//! second) and the few responses deferred behind an update in flight; the
+//! full record log is optional and capped. Arrival order is not trusted:
+//! updates are registered before they are sent and responses that might be
+//! affected wait for the outcome (see [`staleness`]). When the full log is
+//! kept, the offline checker recounts it as a cross-check
+//! ([`LoadReport::stale_responses_offline`]).
+//!
+//! Bad input never panics: a 2xx without the header counts as
+//! `missing_deps`, a header that breaks the contract as `malformed_deps`,
+//! transport failures as `connect`/`io`/`timeout`, statuses by class.
+
+pub mod deps;
+mod http;
+pub mod record;
+mod report;
+mod run;
+pub mod staleness;
+pub mod stats;
+
+pub use http::Endpoint;
+pub use report::{ErrorCounts, LoadReport, SecondPoint, StaleExample, UpdateSummary};
+pub use run::{
+    run, run_with, LiveSnapshot, LiveStats, LoadConfig, CONNECTIONS_DEFAULT, CONNECTIONS_MAX, CONNECT_BACKOFF_MS_MAX,
+    CONNECT_BACKOFF_MS_MIN, RECORDS_MAX_DEFAULT, REQUEST_TIMEOUT_MS_DEFAULT, UPDATE_INTERVAL_MS_DEFAULT,
+};
+
+/// Errors that stop a run before or instead of a report. Failures of
+/// individual requests are counted in the report, not returned.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error("invalid load configuration: {0}")]
+    InvalidConfig(&'static str),
+    #[error("invalid URL {url:?}: {reason}")]
+    InvalidUrl { url: String, reason: &'static str },
+    #[error("the {0} task failed")]
+    TaskFailed(&'static str),
+}

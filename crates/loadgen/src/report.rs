@@ -1,0 +1,201 @@
+//! What a load run reports.
+
+use crate::record::RecordLog;
+use crate::stats::LatencySummary;
+use serde::Serialize;
+use tierstack_workload::TraceSummary;
+
+/// Failed requests and bad responses, by kind.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct ErrorCounts {
+    /// TCP connect or HTTP handshake failed.
+    pub connect: u64,
+    /// The connection failed while sending or receiving (the request is lost).
+    pub io: u64,
+    /// No complete response within the request timeout.
+    pub timeout: u64,
+    /// Responses with status 4xx.
+    pub status_4xx: u64,
+    /// Responses with status 5xx.
+    pub status_5xx: u64,
+    /// Responses with another non-2xx status.
+    pub status_other: u64,
+    /// 2xx responses without `X-Tierstack-Deps`.
+    pub missing_deps: u64,
+    /// 2xx responses whose `X-Tierstack-Deps` breaks the contract.
+    pub malformed_deps: u64,
+}
+
+impl ErrorCounts {
+    pub(crate) fn merge(&mut self, o: &ErrorCounts) {
+        self.connect += o.connect;
+        self.io += o.io;
+        self.timeout += o.timeout;
+        self.status_4xx += o.status_4xx;
+        self.status_5xx += o.status_5xx;
+        self.status_other += o.status_other;
+        self.missing_deps += o.missing_deps;
+        self.malformed_deps += o.malformed_deps;
+    }
+
+    /// Everything counted here.
+    pub fn total(&self) -> u64 {
+        self.connect
+            + self.io
+            + self.timeout
+            + self.status_4xx
+            + self.status_5xx
+            + self.status_other
+            + self.missing_deps
+            + self.malformed_deps
+    }
+}
+
+/// The updater's work.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct UpdateSummary {
+    /// Update target URL (`None` when updates were disabled).
+    pub target: Option<String>,
+    pub interval_ms: u64,
+    /// Updates sent (or attempted: a failed connect counts).
+    pub attempted: u64,
+    /// Updates answered 2xx with a valid header: these feed the checker.
+    pub done: u64,
+    /// The rest, by kind (`missing_deps`/`malformed_deps` on 2xx, statuses, transport).
+    pub errors: ErrorCounts,
+    /// Latency of completed updates (start to response).
+    pub p50_ns: u64,
+    pub p99_ns: u64,
+}
+
+/// One second of the run (by response completion time).
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct SecondPoint {
+    /// Seconds since the run started (this point covers `[second, second+1)`).
+    pub second: u32,
+    /// 2xx responses completed in this second.
+    pub ok: u64,
+    pub hits: u64,
+    pub misses: u64,
+    /// Errors of every kind recorded in this second.
+    pub errors: u64,
+    /// `ok` per second of this bucket's length (the last bucket may be partial).
+    pub throughput_rps: f64,
+    /// `hits / (hits + misses)`; `None` without `X-Cache` headers.
+    pub hit_rate: Option<f64>,
+}
+
+/// A stale response, resolved to names.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct StaleExample {
+    pub path: String,
+    pub key: String,
+    pub served_version: u64,
+    pub newer_version: u64,
+    pub response_start_ns: u64,
+    pub update_end_ns: u64,
+}
+
+/// The outcome of [`crate::run`].
+#[derive(Debug, Serialize)]
+pub struct LoadReport {
+    pub trace: TraceSummary,
+    pub targets: Vec<String>,
+    pub connections: usize,
+    pub seed: u64,
+    /// From the start of the run until every worker stopped.
+    pub elapsed_s: f64,
+    /// Responses received, any status.
+    pub requests: u64,
+    /// 2xx responses.
+    pub ok: u64,
+    /// 2xx responses per second of `elapsed_s`.
+    pub throughput_rps: f64,
+    /// Latency of 2xx responses (request handed to the connection → last body byte).
+    pub latency: LatencySummary,
+    /// Body bytes of all responses.
+    pub bytes: u64,
+    /// `X-Cache: HIT` / `MISS` responses.
+    pub cache_hits: u64,
+    pub cache_misses: u64,
+    /// `hits / (hits + misses)`; `None` if no response carried `X-Cache`.
+    pub hit_rate: Option<f64>,
+    pub errors: ErrorCounts,
+    pub updates: UpdateSummary,
+    /// Responses the online staleness checker examined (2xx with a valid header).
+    pub checked_responses: u64,
+    /// Stale responses found by the online checker: must be zero.
+    pub stale_responses: u64,
+    /// The offline checker's count over the kept records, when every
+    /// response was kept (a cross-check of the online count).
+    pub stale_responses_offline: Option<u64>,
+    /// The first stale responses.
+    pub stale_examples: Vec<StaleExample>,
+    /// Per-second throughput and hit rate.
+    pub series: Vec<SecondPoint>,
+    /// Responses kept in `records` and responses not kept (log full or disabled).
+    pub records_kept: u64,
+    pub records_dropped: u64,
+    /// The full record log, if `keep_records` was set.
+    #[serde(skip)]
+    pub records: Option<RecordLog>,
+}
+
+impl LoadReport {
+    /// A plain-text summary table.
+    pub fn summary_table(&self) -> String {
+        let ms = |ns: u64| ns as f64 / 1e6;
+        let hit = self.hit_rate.map_or_else(|| "n/a".to_string(), |h| format!("{:.1} %", h * 100.0));
+        let rows: Vec<(&str, String)> = vec![
+            ("trace", self.trace.label.clone()),
+            ("targets", self.targets.join(", ")),
+            ("connections", self.connections.to_string()),
+            ("elapsed", format!("{:.2} s", self.elapsed_s)),
+            ("requests", format!("{} ({} ok)", self.requests, self.ok)),
+            ("throughput", format!("{:.0} req/s", self.throughput_rps)),
+            ("latency p50", format!("{:.3} ms", ms(self.latency.p50_ns))),
+            ("latency p99", format!("{:.3} ms", ms(self.latency.p99_ns))),
+            ("hit rate", hit),
+            ("errors", format_errors(&self.errors)),
+            (
+                "updates",
+                format!(
+                    "{} done / {} attempted (p50 {:.3} ms){}",
+                    self.updates.done,
+                    self.updates.attempted,
+                    ms(self.updates.p50_ns),
+                    if self.updates.errors.total() > 0 {
+                        format!(", errors: {}", format_errors(&self.updates.errors))
+                    } else {
+                        String::new()
+                    }
+                ),
+            ),
+            ("checked responses", self.checked_responses.to_string()),
+            ("stale responses", self.stale_responses.to_string()),
+        ];
+        let width = rows.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
+        let mut out = String::new();
+        for (k, v) in rows {
+            out.push_str(&format!("{k:<width$}  {v}\n"));
+        }
+        out
+    }
+}
+
+fn format_errors(e: &ErrorCounts) -> String {
+    if e.total() == 0 {
+        return "0".to_string();
+    }
+    let parts = [
+        ("connect", e.connect),
+        ("io", e.io),
+        ("timeout", e.timeout),
+        ("4xx", e.status_4xx),
+        ("5xx", e.status_5xx),
+        ("other status", e.status_other),
+        ("missing deps", e.missing_deps),
+        ("malformed deps", e.malformed_deps),
+    ];
+    parts.iter().filter(|(_, n)| *n > 0).map(|(k, n)| format!("{k} {n}")).collect::<Vec<_>>().join(", ")
+}

@@ -1,0 +1,135 @@
+//! `tierstack load`: the load client with its updater and staleness checker
+//! (glue over `tierstack-loadgen`).
+
+use anyhow::{Context, Result};
+use clap::Args;
+use std::io::{IsTerminal, Write};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+use tierstack_loadgen::{LiveStats, LoadConfig};
+use tierstack_workload::{TraceSpec, ZIPF_ALPHA_DEFAULT, ZIPF_DOCS_DEFAULT};
+
+#[derive(Args)]
+pub struct LoadArgs {
+    /// Base URL to load, e.g. http://127.0.0.1:8080 (repeat or comma-separate
+    /// for several, e.g. the proxies; connections are spread round-robin).
+    #[arg(long, value_delimiter = ',', required = true)]
+    target: Vec<String>,
+    /// Where updates go: the application server's URL (default: the first target).
+    #[arg(long)]
+    update_target: Option<String>,
+    /// single | zipf | worldcup | clf:PATH
+    #[arg(long, default_value = "single")]
+    trace: String,
+    /// Zipf exponent (zipf trace).
+    #[arg(long, default_value_t = ZIPF_ALPHA_DEFAULT)]
+    alpha: f64,
+    /// Number of documents (zipf trace).
+    #[arg(long, default_value_t = ZIPF_DOCS_DEFAULT)]
+    docs: usize,
+    /// Concurrent connections, each with one request in flight.
+    #[arg(long, default_value_t = tierstack_loadgen::CONNECTIONS_DEFAULT)]
+    connections: usize,
+    /// Run length in seconds (default 20, unless --requests is given).
+    #[arg(long)]
+    duration_s: Option<f64>,
+    /// Stop after this many requests.
+    #[arg(long)]
+    requests: Option<u64>,
+    /// One update every this many milliseconds; 0 disables updates.
+    #[arg(long, default_value_t = tierstack_loadgen::UPDATE_INTERVAL_MS_DEFAULT)]
+    update_interval_ms: u64,
+    /// Per-request timeout.
+    #[arg(long, default_value_t = tierstack_loadgen::REQUEST_TIMEOUT_MS_DEFAULT)]
+    request_timeout_ms: u64,
+    /// Seed of the request streams, the updater and the worldcup synthesis.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Write every response and update here, one JSON object per line.
+    #[arg(long)]
+    records: Option<PathBuf>,
+    /// Write the report here as JSON.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Exit with failure if any response was stale.
+    #[arg(long)]
+    fail_on_stale: bool,
+}
+
+pub fn run(args: LoadArgs) -> Result<()> {
+    let spec = TraceSpec::parse(&args.trace, args.alpha, args.docs)?;
+    let trace = spec.build(args.seed).with_context(|| format!("building trace {}", args.trace))?;
+    let duration_s = args.duration_s.or(if args.requests.is_none() { Some(20.0) } else { None });
+    let mut config = LoadConfig::new(args.target[0].clone(), trace);
+    config.targets = args.target.clone();
+    config.update_target = args.update_target.clone();
+    config.connections = args.connections;
+    config.duration_ms = duration_s.map(|s| (s.max(0.0) * 1000.0) as u64);
+    config.requests_max = args.requests;
+    config.update_interval_ms = args.update_interval_ms;
+    config.request_timeout_ms = args.request_timeout_ms;
+    config.seed = args.seed;
+    config.keep_records = args.records.is_some();
+
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting tokio")?;
+    let live = Arc::new(LiveStats::default());
+    let report = runtime.block_on(async {
+        let progress = std::io::stderr().is_terminal().then(|| {
+            let live = live.clone();
+            tokio::spawn(async move {
+                let mut tick = tokio::time::interval(Duration::from_secs(1));
+                tick.tick().await;
+                let (mut last, mut seconds) = (live.snapshot(), 0u64);
+                loop {
+                    tick.tick().await;
+                    seconds += 1;
+                    let now = live.snapshot();
+                    let (hits, misses) = (now.hits - last.hits, now.misses - last.misses);
+                    let hit = if hits + misses > 0 {
+                        format!("{:.1} %", 100.0 * hits as f64 / (hits + misses) as f64)
+                    } else {
+                        "n/a".into()
+                    };
+                    eprint!(
+                        "\r{seconds:>4} s  {:>8} req/s  hit {hit:>7}  updates {:>5}  errors {:>6}  stale {}   ",
+                        now.ok - last.ok,
+                        now.updates,
+                        now.errors,
+                        now.stale
+                    );
+                    last = now;
+                }
+            })
+        });
+        let shutdown = async {
+            let _ = tokio::signal::ctrl_c().await;
+        };
+        let report = tierstack_loadgen::run_with(config, live.clone(), shutdown).await;
+        if let Some(p) = progress {
+            p.abort();
+            eprintln!();
+        }
+        report
+    })?;
+
+    if let Some(path) = &args.records {
+        if let Some(log) = &report.records {
+            let file = std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?;
+            log.write_jsonl(std::io::BufWriter::new(file)).with_context(|| format!("writing {}", path.display()))?;
+        }
+    }
+    if let Some(path) = &args.json {
+        let text = serde_json::to_string_pretty(&report)?;
+        std::fs::write(path, text + "\n").with_context(|| format!("writing {}", path.display()))?;
+    }
+    let mut out = std::io::stdout().lock();
+    write!(out, "{}", report.summary_table())?;
+    if report.records_dropped > 0 && args.records.is_some() {
+        writeln!(out, "note: {} responses were checked but not kept in the record log", report.records_dropped)?;
+    }
+    if args.fail_on_stale && report.stale_responses > 0 {
+        anyhow::bail!("{} stale responses", report.stale_responses);
+    }
+    Ok(())
+}
