@@ -10,6 +10,7 @@
 //! plots), [`owner`] (a fabric node in a separate process, pinned to its own
 //! CPU, optionally loaded with busy threads). Experiments: [`fabric`].
 
+pub mod deploy;
 pub mod dlm;
 pub mod fabric;
 pub mod owner;

@@ -22,6 +22,16 @@ enum Command {
     Fabric(cmd::fabric::FabricCommand),
     /// Load client: replay a trace over HTTP while an updater changes documents; checks staleness.
     Load(cmd::load::LoadArgs),
+    /// The application module: version table owner and Table 1 queues, on a local socket.
+    AppModule(cmd::tiers::ModuleArgs),
+    /// The reference application server (HTTP), using the application module.
+    AppServer(cmd::tiers::AppServerArgs),
+    /// The caching proxy (HTTP) with one-sided version checks.
+    Proxy(cmd::tiers::ProxyArgs),
+    /// DDSS node daemon: start the node's substrate and serve it to local processes on a socket.
+    DdssDaemon(cmd::ddss::DaemonArgs),
+    /// DDSS client process: run a randomized history through a node's daemon, print its events.
+    DdssClient(cmd::ddss::ClientArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -36,6 +46,11 @@ fn main() -> std::process::ExitCode {
     let result = match cli.command {
         Command::Bench(command) => cmd::bench::run(command),
         Command::Fabric(command) => cmd::fabric::run(command),
+        Command::AppModule(args) => cmd::tiers::app_module(args),
+        Command::AppServer(args) => cmd::tiers::app_server(args),
+        Command::Proxy(args) => cmd::tiers::proxy(args),
+        Command::DdssDaemon(args) => cmd::ddss::run_daemon(args),
+        Command::DdssClient(args) => cmd::ddss::run_client(args),
         Command::Load(args) => cmd::load::run(args),
     };
     match result {

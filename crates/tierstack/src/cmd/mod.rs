@@ -1,3 +1,5 @@
 pub mod bench;
+pub mod ddss;
 pub mod fabric;
 pub mod load;
+pub mod tiers;

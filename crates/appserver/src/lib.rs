@@ -1,0 +1,279 @@
+//! The reference application server (`tierstack app-server`).
+//!
+//! It serves dynamic documents `/doc/<name>`, each depending on the key
+//! `doc/<name>`, and works the way the coherency paper's application servers
+//! do with their module (§3.1): every GET is done under the module's read
+//! protocol (READ_REQUEST … READ_PROCEED, generate, READ_DONE) and every PUT
+//! or POST under its update protocol. The body is generated from the version
+//! the module granted, so body and `X-Tierstack-Deps` header always agree,
+//! and a checker can tell exactly which state a response reflects.
+//!
+//! `compute_threads` CPU-burning threads emulate CGI and application work
+//! (the paper's x-axis in Fig. 9–10), competing with the module on the node.
+//!
+//! `/_tierstack/stats` answers the server's counters as JSON (time waiting
+//! for the module, time generating), for the response-time breakdown.
+
+use bytes::Bytes;
+use hyper::body::Incoming;
+use hyper::header::{HeaderValue, CONTENT_TYPE};
+use hyper::{Method, Request, Response, StatusCode};
+use serde::Serialize;
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tierstack_coherent::module::ModuleClient;
+use tierstack_coherent::{DepsHeader, DEPS_HEADER};
+use tierstack_tier_http::{collect_limited, serve, text, Body, Stop};
+
+/// Largest update body accepted.
+pub const UPDATE_BODY_BYTES_MAX: usize = 1 << 20;
+/// Largest document the server will generate.
+pub const DOCUMENT_BYTES_MAX: usize = 64 << 20;
+/// How long to keep trying to reach the module at start-up.
+pub const MODULE_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+#[derive(Clone, Debug)]
+pub struct AppServerConfig {
+    pub listen: SocketAddr,
+    pub module_socket: PathBuf,
+    /// Document name → size in bytes.
+    pub documents: Vec<(String, usize)>,
+    pub compute_threads: usize,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum AppServerError {
+    #[error("document {name:?}: {reason}")]
+    BadDocument { name: String, reason: String },
+    #[error("cannot reach the application module at {path}: {reason}")]
+    Module { path: PathBuf, reason: String },
+    #[error("cannot listen on {addr}: {source}")]
+    Listen { addr: SocketAddr, source: std::io::Error },
+}
+
+/// Counters exported at `/_tierstack/stats`.
+#[derive(Default)]
+struct Counters {
+    reads: AtomicU64,
+    updates: AtomicU64,
+    not_found: AtomicU64,
+    module_errors: AtomicU64,
+    module_wait_ns: AtomicU64,
+    generate_ns: AtomicU64,
+}
+
+#[derive(Serialize)]
+pub struct StatsSnapshot {
+    pub reads: u64,
+    pub updates: u64,
+    pub not_found: u64,
+    pub module_errors: u64,
+    pub module_wait_ns: u64,
+    pub generate_ns: u64,
+}
+
+struct State {
+    module: ModuleClient,
+    documents: HashMap<String, usize>,
+    counters: Counters,
+}
+
+/// The document's dependency key.
+pub fn key_of(name: &str) -> String {
+    format!("doc/{name}")
+}
+
+/// The body of `name` at `version`: a first line naming both, then filler.
+pub fn generate_body(name: &str, version: u64, size: usize) -> Bytes {
+    const FILLER: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ\n";
+    let mut body = Vec::with_capacity(size);
+    body.extend_from_slice(format!("doc={name} version={version}\n").as_bytes());
+    while body.len() < size {
+        let take = (size - body.len()).min(FILLER.len());
+        body.extend_from_slice(&FILLER[..take]);
+    }
+    body.truncate(size.max(1));
+    Bytes::from(body)
+}
+
+fn with_deps(mut response: Response<Body>, deps: &str) -> Response<Body> {
+    match HeaderValue::from_str(deps) {
+        Ok(value) => {
+            response.headers_mut().insert(DEPS_HEADER, value);
+            response
+        }
+        Err(_) => text(StatusCode::INTERNAL_SERVER_ERROR, "module returned an unusable dependency header"),
+    }
+}
+
+fn elapsed_ns(since: Instant) -> u64 {
+    u64::try_from(since.elapsed().as_nanos()).unwrap_or(u64::MAX)
+}
+
+async fn handle(state: Arc<State>, request: Request<Incoming>) -> Response<Body> {
+    let path = request.uri().path().to_string();
+    if path == "/_tierstack/stats" {
+        return stats_response(&state.counters);
+    }
+    let Some(name) = path.strip_prefix("/doc/") else {
+        return text(StatusCode::NOT_FOUND, "no such document\n");
+    };
+    let Some(&size) = state.documents.get(name) else {
+        state.counters.not_found.fetch_add(1, Ordering::Relaxed);
+        return text(StatusCode::NOT_FOUND, "no such document\n");
+    };
+    let keys = [key_of(name)];
+    match *request.method() {
+        Method::GET | Method::HEAD => {
+            let head_only = request.method() == Method::HEAD;
+            let started = Instant::now();
+            let access = match state.module.read(&keys).await {
+                Ok(access) => access,
+                Err(e) => {
+                    state.counters.module_errors.fetch_add(1, Ordering::Relaxed);
+                    return text(StatusCode::SERVICE_UNAVAILABLE, format!("application module: {e}\n"));
+                }
+            };
+            state.counters.module_wait_ns.fetch_add(elapsed_ns(started), Ordering::Relaxed);
+            let generating = Instant::now();
+            let version = DepsHeader::parse(&access.deps).ok().and_then(|h| h.deps.first().map(|d| d.version));
+            let deps = access.deps.clone();
+            let body = generate_body(name, version.unwrap_or(0), size);
+            state.counters.generate_ns.fetch_add(elapsed_ns(generating), Ordering::Relaxed);
+            // READ_DONE needs no answer on the request's path.
+            let releasing = state.clone();
+            tokio::spawn(async move {
+                if let Err(e) = releasing.module.read_done(access).await {
+                    tracing::warn!(error = %e, "READ_DONE failed");
+                }
+            });
+            state.counters.reads.fetch_add(1, Ordering::Relaxed);
+            let mut response = Response::new(if head_only { Body::default() } else { Body::new(body) });
+            response.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("text/plain"));
+            with_deps(response, &deps)
+        }
+        Method::PUT | Method::POST => {
+            if let Err(e) = collect_limited(request.into_body(), UPDATE_BODY_BYTES_MAX).await {
+                return text(StatusCode::PAYLOAD_TOO_LARGE, format!("update body: {e}\n"));
+            }
+            let access = match state.module.update(&keys).await {
+                Ok(access) => access,
+                Err(e) => {
+                    state.counters.module_errors.fetch_add(1, Ordering::Relaxed);
+                    return text(StatusCode::SERVICE_UNAVAILABLE, format!("application module: {e}\n"));
+                }
+            };
+            // The embedded store's content is a function of the version the
+            // module just bumped; nothing else to write.
+            match state.module.update_done(access).await {
+                Ok(deps) => {
+                    state.counters.updates.fetch_add(1, Ordering::Relaxed);
+                    with_deps(text(StatusCode::OK, format!("updated {name}\n")), &deps)
+                }
+                Err(e) => {
+                    state.counters.module_errors.fetch_add(1, Ordering::Relaxed);
+                    text(StatusCode::SERVICE_UNAVAILABLE, format!("application module: {e}\n"))
+                }
+            }
+        }
+        _ => text(StatusCode::METHOD_NOT_ALLOWED, "use GET, HEAD, PUT or POST\n"),
+    }
+}
+
+fn stats_response(c: &Counters) -> Response<Body> {
+    let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+    let snapshot = StatsSnapshot {
+        reads: load(&c.reads),
+        updates: load(&c.updates),
+        not_found: load(&c.not_found),
+        module_errors: load(&c.module_errors),
+        module_wait_ns: load(&c.module_wait_ns),
+        generate_ns: load(&c.generate_ns),
+    };
+    let mut response = text(StatusCode::OK, serde_json::to_string(&snapshot).unwrap_or_default());
+    response.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    response
+}
+
+/// Connects to the module, retrying while it starts (bounded).
+async fn connect_module(config: &AppServerConfig) -> Result<ModuleClient, AppServerError> {
+    let deadline = Instant::now() + MODULE_CONNECT_TIMEOUT;
+    loop {
+        match ModuleClient::connect(&config.module_socket).await {
+            Ok(client) => return Ok(client),
+            Err(e) if Instant::now() >= deadline => {
+                return Err(AppServerError::Module { path: config.module_socket.clone(), reason: e.to_string() })
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+        }
+    }
+}
+
+/// Burns CPU until `stop` is set: the paper's compute threads.
+fn start_compute_threads(count: usize, stop: Arc<AtomicBool>) {
+    for i in 0..count {
+        let stop = stop.clone();
+        let spawned = std::thread::Builder::new().name(format!("compute-{i}")).spawn(move || {
+            let mut x: u64 = i as u64 + 1;
+            while !stop.load(Ordering::Relaxed) {
+                for _ in 0..1000 {
+                    x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+                }
+                std::hint::black_box(x);
+            }
+        });
+        if let Err(e) = spawned {
+            tracing::error!(error = %e, "cannot start a compute thread");
+        }
+    }
+}
+
+/// A bound, ready application server.
+pub struct AppServer {
+    listener: tokio::net::TcpListener,
+    state: Arc<State>,
+    compute_threads: usize,
+}
+
+impl AppServer {
+    /// Validates the configuration, reaches the module and binds the port.
+    pub async fn bind(config: AppServerConfig) -> Result<AppServer, AppServerError> {
+        let mut documents = HashMap::new();
+        for (name, size) in &config.documents {
+            tierstack_coherent::deps::validate_key(&key_of(name))
+                .map_err(|e| AppServerError::BadDocument { name: name.clone(), reason: e.to_string() })?;
+            if *size == 0 || *size > DOCUMENT_BYTES_MAX {
+                return Err(AppServerError::BadDocument {
+                    name: name.clone(),
+                    reason: format!("size {size} out of range"),
+                });
+            }
+            documents.insert(name.clone(), *size);
+        }
+        let module = connect_module(&config).await?;
+        let listener = tokio::net::TcpListener::bind(config.listen)
+            .await
+            .map_err(|source| AppServerError::Listen { addr: config.listen, source })?;
+        let state = Arc::new(State { module, documents, counters: Counters::default() });
+        Ok(AppServer { listener, state, compute_threads: config.compute_threads })
+    }
+
+    pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        self.listener.local_addr()
+    }
+
+    /// Serves until `stop` fires.
+    pub async fn run(self, stop: Stop) -> std::io::Result<()> {
+        let burning = Arc::new(AtomicBool::new(false));
+        start_compute_threads(self.compute_threads, burning.clone());
+        let state = self.state.clone();
+        let handler = Arc::new(move |request| handle(state.clone(), request));
+        let result = serve(self.listener, handler, stop).await;
+        burning.store(true, Ordering::Relaxed);
+        result
+    }
+}

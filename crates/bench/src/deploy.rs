@@ -1,0 +1,166 @@
+//! A 2-tier data-center on localhost, as processes: the application module
+//! (fabric node 0, owner of the version table), the application server, and
+//! P proxies (fabric nodes 1..=P). Used by `tierstack demo` and
+//! `tierstack bench coherence`.
+//!
+//! With two or more CPUs the application tier (module, server and its
+//! compute threads) is pinned to the last CPU and the proxies to CPU 0, so
+//! the tiers act as separate nodes, as in the paper's testbed.
+
+use crate::owner::{free_loopback_port, write_topology, ChildNode, NodeLine};
+use anyhow::{Context, Result};
+use serde::de::DeserializeOwned;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+use tierstack_cluster::Backend;
+
+/// What to start.
+#[derive(Clone, Debug)]
+pub struct DeploymentConfig {
+    /// The `tierstack` executable.
+    pub exe: PathBuf,
+    pub backend: Backend,
+    /// Proxy cache mode: `no-cache`, `poll` or `ttl`.
+    pub mode: String,
+    pub proxies: u32,
+    pub compute_threads: usize,
+    /// Document set, as `tierstack app-server --documents`.
+    pub documents: String,
+    pub docs: usize,
+    pub seed: u64,
+    pub pin: bool,
+}
+
+/// A running deployment; dropping it stops every process.
+pub struct Deployment {
+    pub proxy_urls: Vec<String>,
+    pub app_url: String,
+    proxy_addrs: Vec<SocketAddr>,
+    app_addr: SocketAddr,
+    // Stopped in reverse start order when dropped: proxies, server, module.
+    children: Vec<ChildNode>,
+    _scratch: tempfile::TempDir,
+}
+
+fn args(list: &[&str]) -> Vec<String> {
+    list.iter().map(|s| s.to_string()).collect()
+}
+
+impl Deployment {
+    pub fn start(config: &DeploymentConfig) -> Result<Deployment> {
+        let scratch = tempfile::Builder::new().prefix("tierstack-deploy-").tempdir()?;
+        let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+        let (front_cpu, app_cpu) = if config.pin && cpus >= 2 { (Some(0), Some(cpus - 1)) } else { (None, None) };
+        let mut nodes = vec![NodeLine { id: 0, role: "app", cpu: app_cpu }];
+        nodes.extend((1..=config.proxies).map(|id| NodeLine { id, role: "proxy", cpu: front_cpu }));
+        let topology = write_topology(scratch.path(), "dc", config.backend, 1000, &nodes)?;
+        let topology_arg = topology.display().to_string();
+        let socket = scratch.path().join("module.sock");
+        let socket_arg = socket.display().to_string();
+        let mut children = Vec::new();
+
+        let module = ChildNode::spawn(
+            &config.exe,
+            &args(&["app-module", "--topology", &topology_arg, "--node", "0", "--socket", &socket_arg]),
+        )
+        .context("starting the application module")?;
+        children.push(module);
+
+        let app_addr = free_loopback_port()?;
+        let mut app_args = args(&[
+            "app-server",
+            "--listen",
+            &app_addr.to_string(),
+            "--module-socket",
+            &socket_arg,
+            "--documents",
+            &config.documents,
+            "--docs",
+            &config.docs.to_string(),
+            "--seed",
+            &config.seed.to_string(),
+            "--compute-threads",
+            &config.compute_threads.to_string(),
+        ]);
+        if let Some(cpu) = app_cpu {
+            app_args.extend(args(&["--cpu", &cpu.to_string()]));
+        }
+        children.push(ChildNode::spawn(&config.exe, &app_args).context("starting the application server")?);
+        let app_url = format!("http://{app_addr}");
+
+        let mut proxy_addrs = Vec::new();
+        for node in 1..=config.proxies {
+            let addr = free_loopback_port()?;
+            let proxy_args = args(&[
+                "proxy",
+                "--listen",
+                &addr.to_string(),
+                "--upstream",
+                &app_url,
+                "--mode",
+                &config.mode,
+                "--topology",
+                &topology_arg,
+                "--node",
+                &node.to_string(),
+            ]);
+            children
+                .push(ChildNode::spawn(&config.exe, &proxy_args).with_context(|| format!("starting proxy {node}"))?);
+            proxy_addrs.push(addr);
+        }
+        Ok(Deployment {
+            proxy_urls: proxy_addrs.iter().map(|a| format!("http://{a}")).collect(),
+            app_url,
+            proxy_addrs,
+            app_addr,
+            children,
+            _scratch: scratch,
+        })
+    }
+
+    /// Each proxy's `/_tierstack/stats`.
+    pub fn proxy_stats<T: DeserializeOwned>(&self) -> Result<Vec<T>> {
+        self.proxy_addrs.iter().map(|a| get_json(*a, "/_tierstack/stats")).collect()
+    }
+
+    /// The application server's `/_tierstack/stats`.
+    pub fn app_stats<T: DeserializeOwned>(&self) -> Result<T> {
+        get_json(self.app_addr, "/_tierstack/stats")
+    }
+
+    /// Stops every process, proxies first.
+    pub fn stop(mut self) -> Result<()> {
+        while let Some(child) = self.children.pop() {
+            child.finish()?;
+        }
+        Ok(())
+    }
+
+    pub fn scratch(&self) -> &Path {
+        self._scratch.path()
+    }
+}
+
+impl Drop for Deployment {
+    fn drop(&mut self) {
+        while let Some(child) = self.children.pop() {
+            drop(child);
+        }
+    }
+}
+
+/// A minimal blocking HTTP/1.1 GET returning the body parsed as JSON: enough
+/// for the tiers' stats endpoints, without a runtime.
+pub fn get_json<T: DeserializeOwned>(addr: SocketAddr, path: &str) -> Result<T> {
+    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
+    stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+    write!(stream, "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n")?;
+    let mut response = Vec::new();
+    stream.read_to_end(&mut response)?;
+    let text = String::from_utf8_lossy(&response);
+    let (head, body) = text.split_once("\r\n\r\n").context("malformed HTTP response")?;
+    anyhow::ensure!(head.starts_with("HTTP/1.1 200"), "GET {path} from {addr}: {}", head.lines().next().unwrap_or(""));
+    serde_json::from_str(body).with_context(|| format!("parsing stats from {addr}"))
+}

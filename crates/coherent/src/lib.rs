@@ -1,0 +1,33 @@
+//! Strongly coherent caching of dynamic content by client polling
+//! (coherency paper §3), as a service on the fabric.
+//!
+//! The pieces, and who uses them:
+//! - [`table1`]: the application module's per-document read/update protocol,
+//!   Table 1 of the paper row for row, as a pure state machine.
+//! - [`module_core`]: the module's bookkeeping above Table 1: requests that
+//!   span several dependency keys, and updates waiting to be admitted. Pure.
+//! - [`version_table`]: dependency keys → 64-bit versions in a registered
+//!   region owned by the module. The owner assigns slots and bumps versions;
+//!   proxies validate a cached response's dependencies with **one batched
+//!   one-sided read** ([`version_table::VersionChecker`]).
+//! - [`deps`]: the `X-Tierstack-Deps` response header that carries a
+//!   response's versions from the application server through the proxy to
+//!   the client (`docs/coherence-protocol.md`).
+//! - [`module`]: the module process's local socket server (JSON lines, usable
+//!   from any language) and its async Rust client.
+//!
+//! Why it is coherent: an update bumps the versions of its keys when it is
+//! granted (UPDATE_PROCEED), before the new content exists; no read of those
+//! keys proceeds until the update is done; a proxy serves a cached copy only
+//! after reading, at request time, that every version it was generated at is
+//! still current. So a response can only be older than an update that had not
+//! yet completed when the request began.
+
+pub mod deps;
+pub mod module;
+pub mod module_core;
+pub mod table1;
+pub mod version_table;
+
+pub use deps::{Dep, DepsError, DepsHeader, DEPS_HEADER};
+pub use version_table::{Incarnation, VersionChecker, VersionTable, VersionTableError};

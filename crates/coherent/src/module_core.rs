@@ -1,0 +1,209 @@
+//! The application module's bookkeeping above Table 1. Pure: events in,
+//! grants out.
+//!
+//! Table 1 governs one document (here: one dependency key, named by its
+//! version-table slot). A request may cover several keys; it acquires them
+//! one at a time in ascending slot order, each through that key's Table 1
+//! machine, and is granted when it holds all of them. Ascending order makes
+//! the waits-for relation acyclic, so multi-key requests cannot deadlock.
+//!
+//! Table 1 declares a second UPDATE_REQUEST while an update is queued an
+//! erroneous state (the paper has one update thread). Several updaters are
+//! normal for us, so an update that finds another one queued on a key waits
+//! in that key's admission queue and is submitted when the earlier update is
+//! done (after the readers that queued behind it were granted, so neither
+//! side starves).
+//!
+//! A request whose client went away before its grant is *abandoned*: it
+//! stays queued and is released the moment it is granted, so nothing behind
+//! it waits forever.
+
+use crate::table1::{DocumentQueues, Ipc, Proceed, RequestId, Table1Error};
+use std::collections::{HashMap, VecDeque};
+
+/// What a request wants.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    Read,
+    Update,
+}
+
+/// A request now holds every key it asked for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Grant {
+    pub id: RequestId,
+    pub kind: Kind,
+    /// The request's keys, ascending.
+    pub slots: Vec<u32>,
+}
+
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum CoreError {
+    #[error("request {0} already exists")]
+    DuplicateRequest(RequestId),
+    #[error("request {0} names no keys")]
+    NoKeys(RequestId),
+    #[error("request {0} is not known")]
+    UnknownRequest(RequestId),
+    #[error("request {0} has not been granted yet")]
+    NotGranted(RequestId),
+    #[error("protocol violation: {0}")]
+    Table1(#[from] Table1Error),
+}
+
+#[derive(Default)]
+struct KeyState {
+    queues: DocumentQueues,
+    waiting_updates: VecDeque<RequestId>,
+}
+
+impl KeyState {
+    fn is_idle(&self) -> bool {
+        self.queues.is_idle() && self.waiting_updates.is_empty()
+    }
+}
+
+struct Pending {
+    kind: Kind,
+    slots: Vec<u32>,
+    acquired: usize,
+    granted: bool,
+    abandoned: bool,
+}
+
+/// All keys' queues and all requests of one module.
+#[derive(Default)]
+pub struct ModuleCore {
+    keys: HashMap<u32, KeyState>,
+    requests: HashMap<RequestId, Pending>,
+}
+
+impl ModuleCore {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Requests known (queued or holding).
+    pub fn requests(&self) -> usize {
+        self.requests.len()
+    }
+
+    /// Keys with queued or holding requests.
+    pub fn busy_keys(&self) -> usize {
+        self.keys.len()
+    }
+
+    /// READ_REQUEST or UPDATE_REQUEST for `slots`. Returns the grants that
+    /// follow (this request's, if it could proceed at once).
+    pub fn request(&mut self, id: RequestId, kind: Kind, slots: &[u32]) -> Result<Vec<Grant>, CoreError> {
+        if self.requests.contains_key(&id) {
+            return Err(CoreError::DuplicateRequest(id));
+        }
+        let mut slots = slots.to_vec();
+        slots.sort_unstable();
+        slots.dedup();
+        if slots.is_empty() {
+            return Err(CoreError::NoKeys(id));
+        }
+        self.requests.insert(id, Pending { kind, slots, acquired: 0, granted: false, abandoned: false });
+        let mut grants = Vec::new();
+        self.advance(id, &mut grants)?;
+        Ok(grants)
+    }
+
+    /// Acquires `id`'s keys from where it stopped until one must wait.
+    fn advance(&mut self, id: RequestId, grants: &mut Vec<Grant>) -> Result<(), CoreError> {
+        loop {
+            let pending = self.requests.get(&id).ok_or(CoreError::UnknownRequest(id))?;
+            if pending.acquired == pending.slots.len() {
+                let abandoned = pending.abandoned;
+                let grant = Grant { id, kind: pending.kind, slots: pending.slots.clone() };
+                if let Some(p) = self.requests.get_mut(&id) {
+                    p.granted = true;
+                }
+                if abandoned {
+                    // Nobody will use it: release at once.
+                    let mut released = self.release(id)?;
+                    grants.append(&mut released);
+                } else {
+                    grants.push(grant);
+                }
+                return Ok(());
+            }
+            let (kind, slot) = (pending.kind, pending.slots[pending.acquired]);
+            let key = self.keys.entry(slot).or_default();
+            let proceeded = match kind {
+                Kind::Read => key.queues.handle(Ipc::ReadRequest(id))?.contains(&Proceed::Read(id)),
+                Kind::Update if key.queues.update_pending() => {
+                    key.waiting_updates.push_back(id);
+                    false
+                }
+                Kind::Update => key.queues.handle(Ipc::UpdateRequest(id))?.contains(&Proceed::Update(id)),
+            };
+            if !proceeded {
+                return Ok(());
+            }
+            if let Some(p) = self.requests.get_mut(&id) {
+                p.acquired += 1;
+            }
+        }
+    }
+
+    /// A key granted a waiting request: count it and continue that request.
+    fn on_proceed(&mut self, proceed: Proceed, grants: &mut Vec<Grant>) -> Result<(), CoreError> {
+        let (Proceed::Read(id) | Proceed::Update(id)) = proceed;
+        if let Some(p) = self.requests.get_mut(&id) {
+            p.acquired += 1;
+        }
+        self.advance(id, grants)
+    }
+
+    /// READ_DONE or UPDATE_DONE for a granted request. Returns the grants
+    /// that follow.
+    pub fn done(&mut self, id: RequestId) -> Result<Vec<Grant>, CoreError> {
+        match self.requests.get(&id) {
+            None => Err(CoreError::UnknownRequest(id)),
+            Some(p) if !p.granted => Err(CoreError::NotGranted(id)),
+            Some(_) => self.release(id),
+        }
+    }
+
+    fn release(&mut self, id: RequestId) -> Result<Vec<Grant>, CoreError> {
+        let pending = self.requests.remove(&id).ok_or(CoreError::UnknownRequest(id))?;
+        let mut grants = Vec::new();
+        for slot in pending.slots {
+            let key = self.keys.entry(slot).or_default();
+            let proceeds = match pending.kind {
+                Kind::Read => key.queues.handle(Ipc::ReadDone(id))?,
+                Kind::Update => {
+                    let mut proceeds = key.queues.handle(Ipc::UpdateDone(id))?;
+                    // Admit the next waiting update behind the readers just granted.
+                    if let Some(next) = key.waiting_updates.pop_front() {
+                        proceeds.extend(key.queues.handle(Ipc::UpdateRequest(next))?);
+                    }
+                    proceeds
+                }
+            };
+            for proceed in proceeds {
+                self.on_proceed(proceed, &mut grants)?;
+            }
+            if self.keys.get(&slot).is_some_and(KeyState::is_idle) {
+                self.keys.remove(&slot);
+            }
+        }
+        Ok(grants)
+    }
+
+    /// The client of `id` went away: release it if granted, else release it
+    /// as soon as it is granted. Returns the grants that follow.
+    pub fn abandon(&mut self, id: RequestId) -> Result<Vec<Grant>, CoreError> {
+        match self.requests.get_mut(&id) {
+            None => Err(CoreError::UnknownRequest(id)),
+            Some(p) if p.granted => self.release(id),
+            Some(p) => {
+                p.abandoned = true;
+                Ok(Vec::new())
+            }
+        }
+    }
+}

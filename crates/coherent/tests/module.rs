@@ -1,0 +1,167 @@
+//! The application module over its socket, and proxies validating against
+//! its version table on both fabric backends.
+
+use std::sync::Arc;
+use std::time::Duration;
+use tierstack_cluster::{local_cluster, Backend};
+use tierstack_coherent::module::{ModuleClient, ModuleServer};
+use tierstack_coherent::version_table::{Incarnation, VersionChecker, VersionTable};
+use tierstack_coherent::DepsHeader;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+
+fn keys(list: &[&str]) -> Vec<String> {
+    list.iter().map(|s| s.to_string()).collect()
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap()
+}
+
+#[test]
+fn table1_over_the_socket_with_versions_checked_by_a_proxy_node() {
+    for backend in [Backend::Shm, Backend::Tcp] {
+        let cluster = local_cluster(backend, 2).unwrap();
+        let table = Arc::new(VersionTable::create(cluster.fabric(0).as_ref(), 64, Incarnation(0xabc)).unwrap());
+        let server = Arc::new(ModuleServer::new(table));
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("module.sock");
+        let checker = VersionChecker::new(cluster.fabric(1).clone());
+        runtime().block_on(async {
+            let serving = server.clone();
+            let path = socket.clone();
+            tokio::spawn(async move { serving.serve(&path).await });
+            let client = connect(&socket).await;
+
+            let read = client.read(&keys(&["doc/1"])).await.unwrap();
+            let at_read = DepsHeader::parse(&read.deps).unwrap();
+            assert_eq!(at_read.deps[0].version, 1);
+            assert!(checker.is_current(&at_read).await.unwrap(), "{}: fresh versions validate", backend.name());
+
+            // An update waits for the reader (Table 1) ...
+            let update = tokio::spawn({
+                let client = client.clone();
+                async move { client.update(&keys(&["doc/1"])).await.unwrap() }
+            });
+            let queued_read = tokio::spawn({
+                let client = client.clone();
+                async move { client.read(&keys(&["doc/1"])).await.unwrap() }
+            });
+            // The reader holds, the update and the second read are queued.
+            wait_for(|| server.requests_in_progress() == 3).await;
+            assert!(!update.is_finished(), "the update must wait for the reader");
+            assert!(checker.is_current(&at_read).await.unwrap());
+            client.read_done(read).await.unwrap();
+
+            // ... and bumps the version when it proceeds, before it is done.
+            let update = update.await.unwrap();
+            let at_update = DepsHeader::parse(&update.deps).unwrap();
+            assert_eq!(at_update.deps[0].version, 2);
+            assert!(
+                !checker.is_current(&at_read).await.unwrap(),
+                "{}: cached copy must stop validating",
+                backend.name()
+            );
+            assert!(!queued_read.is_finished(), "readers queued behind the update wait for it");
+            let done = client.update_done(update).await.unwrap();
+            assert_eq!(DepsHeader::parse(&done).unwrap().deps[0].version, 2);
+
+            let queued = queued_read.await.unwrap();
+            assert_eq!(
+                DepsHeader::parse(&queued.deps).unwrap().deps[0].version,
+                2,
+                "queued reader sees the new version"
+            );
+            client.read_done(queued).await.unwrap();
+        });
+    }
+}
+
+/// Waits (bounded) until `condition` holds.
+async fn wait_for(condition: impl Fn() -> bool) {
+    for _ in 0..2000 {
+        if condition() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    panic!("condition never became true");
+}
+
+async fn connect(path: &std::path::Path) -> Arc<ModuleClient> {
+    for _ in 0..200 {
+        if let Ok(client) = ModuleClient::connect(path).await {
+            return Arc::new(client);
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    panic!("module socket never came up");
+}
+
+#[test]
+fn bad_requests_get_clear_errors_and_a_full_table_is_reported() {
+    let cluster = local_cluster(Backend::Shm, 1).unwrap();
+    let table = Arc::new(VersionTable::create(cluster.fabric(0).as_ref(), 2, Incarnation(7)).unwrap());
+    let server = Arc::new(ModuleServer::new(table));
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("m.sock");
+    runtime().block_on(async {
+        let serving = server.clone();
+        let path = socket.clone();
+        tokio::spawn(async move { serving.serve(&path).await });
+        let client = connect(&socket).await;
+        let err =
+            |r: Result<_, tierstack_coherent::module::ModuleError>| r.err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(err(client.read(&keys(&["bad key"])).await).contains("invalid dependency key"));
+        assert!(err(client.read(&[]).await).contains("at least one key"));
+        let a = client.read(&keys(&["a"])).await.unwrap();
+        let b = client.read(&keys(&["b"])).await.unwrap();
+        assert!(err(client.read(&keys(&["c"])).await).contains("full"), "a third key does not fit");
+        client.read_done(a).await.unwrap();
+        client.read_done(b).await.unwrap();
+
+        // Raw protocol errors: malformed JSON, unknown op, done without request.
+        let stream = tokio::net::UnixStream::connect(&socket).await.unwrap();
+        let (r, mut w) = stream.into_split();
+        let mut lines = BufReader::new(r).lines();
+        for (line, expect) in [
+            ("not json\n", "malformed request"),
+            ("{\"id\":1,\"op\":\"teleport\"}\n", "unknown op"),
+            ("{\"id\":2,\"op\":\"read_done\"}\n", "unknown id"),
+        ] {
+            w.write_all(line.as_bytes()).await.unwrap();
+            let reply = lines.next_line().await.unwrap().unwrap();
+            assert!(reply.contains(expect), "{line:?} → {reply}");
+        }
+        // A read granted on this raw connection is released when it closes.
+        w.write_all(b"{\"id\":3,\"op\":\"read_request\",\"keys\":[\"a\"]}\n").await.unwrap();
+        assert!(lines.next_line().await.unwrap().unwrap().contains("read_proceed"));
+        drop(w);
+        drop(lines);
+        let update = tokio::time::timeout(Duration::from_secs(10), client.update(&keys(&["a"]))).await;
+        let update = update.expect("the closed connection's read must be released").unwrap();
+        client.update_done(update).await.unwrap();
+    });
+}
+
+#[test]
+fn a_restarted_module_invalidates_everything_cached_before() {
+    for backend in [Backend::Shm, Backend::Tcp] {
+        let cluster = local_cluster(backend, 2).unwrap();
+        let checker = VersionChecker::new(cluster.fabric(1).clone());
+        let table = VersionTable::create(cluster.fabric(0).as_ref(), 8, Incarnation(1)).unwrap();
+        let slot = table.slot_of("doc/x").unwrap();
+        let old = table.header(&[("doc/x".to_string(), slot)]).unwrap();
+        assert!(checker.is_current_blocking(&old).unwrap());
+        // Same versions, a different incarnation: as after a restart.
+        let mut other = old.clone();
+        other.incarnation = Incarnation(0x1234_5679);
+        assert!(!checker.is_current_blocking(&other).unwrap(), "{}", backend.name());
+        // A wrong slot or key never validates either.
+        let mut wrong_key = old.clone();
+        wrong_key.deps[0].key = "doc/y".into();
+        assert!(!checker.is_current_blocking(&wrong_key).unwrap());
+        let mut far_slot = old.clone();
+        far_slot.deps[0].slot = 1_000_000;
+        assert!(!checker.is_current_blocking(&far_slot).unwrap());
+    }
+}

@@ -1,0 +1,404 @@
+//! The proxy tier (`tierstack proxy`): a reverse proxy in front of
+//! application servers that caches dynamic content with strong coherence.
+//!
+//! A GET response is cached when it carries `X-Tierstack-Deps` (the versions
+//! it was generated at) and is not `no-store`/`private`. On every hit, in
+//! `poll` mode, the proxy reads those versions from the application module's
+//! version table with **one batched one-sided read** and serves the copy only
+//! if all are still current; otherwise it drops the entry and forwards. This
+//! is the coherency paper's client polling (§3) with the version check moved
+//! off the back end's CPU.
+//!
+//! **Fail closed**: if the versions cannot be read (module dead, timeout), the
+//! entry is dropped and the request forwarded; the proxy never serves a copy
+//! it could not validate. An unreachable origin is 502, a slow one 504.
+//!
+//! Modes: `no-cache` (forward everything: the paper's no-cache coherence),
+//! `poll` (the above), `ttl` (serve hits without any check: the non-coherent
+//! upper bound plain HTTP caches reach, kept only for comparison).
+
+mod cache;
+
+use bytes::Bytes;
+use cache::{Cache, Entry};
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::header::{HeaderMap, HeaderName, HeaderValue, CACHE_CONTROL, CONTENT_TYPE, HOST};
+use hyper::{Method, Request, Response, StatusCode, Uri};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use serde::Serialize;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tierstack_coherent::{DepsHeader, VersionChecker, DEPS_HEADER};
+use tierstack_fabric::Fabric;
+use tierstack_tier_http::{collect_limited, serve, text, Body, Stop};
+
+/// Largest request body forwarded.
+pub const REQUEST_BODY_BYTES_MAX: usize = 16 << 20;
+/// Largest response body relayed.
+pub const RESPONSE_BODY_BYTES_MAX: usize = 64 << 20;
+/// The response header telling clients whether the cache answered.
+pub const X_CACHE: &str = "x-cache";
+
+/// How the proxy treats cached copies.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum CacheMode {
+    NoCache,
+    Poll,
+    Ttl,
+}
+
+impl std::str::FromStr for CacheMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "no-cache" => Ok(CacheMode::NoCache),
+            "poll" => Ok(CacheMode::Poll),
+            "ttl" => Ok(CacheMode::Ttl),
+            other => Err(format!("unknown cache mode {other:?} (expected no-cache, poll or ttl)")),
+        }
+    }
+}
+
+#[derive(Clone)]
+pub struct ProxyConfig {
+    pub listen: SocketAddr,
+    /// Application servers, e.g. `http://127.0.0.1:8081`; a document goes to
+    /// the upstream its path hashes to.
+    pub upstreams: Vec<String>,
+    pub mode: CacheMode,
+    pub cache_bytes: usize,
+    pub upstream_timeout: Duration,
+    /// The proxy's fabric node; required in `poll` mode.
+    pub fabric: Option<Arc<dyn Fabric>>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ProxyError {
+    #[error("no upstream application server was given")]
+    NoUpstream,
+    #[error("bad upstream {0:?}: expected http://host:port")]
+    BadUpstream(String),
+    #[error("poll mode needs a fabric node (a topology and node id)")]
+    NoFabric,
+    #[error("cannot listen on {addr}: {source}")]
+    Listen { addr: SocketAddr, source: std::io::Error },
+}
+
+#[derive(Default)]
+struct Counters {
+    requests: AtomicU64,
+    hits: AtomicU64,
+    misses: AtomicU64,
+    checks: AtomicU64,
+    check_ns: AtomicU64,
+    stale_dropped: AtomicU64,
+    check_errors: AtomicU64,
+    upstream_ns: AtomicU64,
+    upstream_errors: AtomicU64,
+    uncacheable_deps: AtomicU64,
+}
+
+/// The proxy's counters, served at `/_tierstack/stats`.
+#[derive(Clone, Debug, Default, Serialize, serde::Deserialize)]
+pub struct ProxyStats {
+    pub requests: u64,
+    pub hits: u64,
+    pub misses: u64,
+    /// Version checks performed, and their total time.
+    pub checks: u64,
+    pub check_ns: u64,
+    /// Cached copies found out of date and dropped.
+    pub stale_dropped: u64,
+    /// Checks that could not be made (served from origin instead).
+    pub check_errors: u64,
+    pub upstream_ns: u64,
+    pub upstream_errors: u64,
+    /// Responses not cached because their dependency header was malformed.
+    pub uncacheable_deps: u64,
+    pub cached_entries: u64,
+    pub cached_bytes: u64,
+    pub evictions: u64,
+}
+
+struct State {
+    upstreams: Vec<Uri>,
+    mode: CacheMode,
+    cache: Mutex<Cache>,
+    checker: Option<VersionChecker>,
+    client: Client<HttpConnector, Full<Bytes>>,
+    upstream_timeout: Duration,
+    counters: Counters,
+}
+
+fn elapsed_ns(since: Instant) -> u64 {
+    u64::try_from(since.elapsed().as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// Hop-by-hop headers are not forwarded (RFC 9110 §7.6.1).
+fn is_hop_by_hop(name: &HeaderName) -> bool {
+    matches!(
+        name.as_str(),
+        "connection"
+            | "keep-alive"
+            | "proxy-authenticate"
+            | "proxy-authorization"
+            | "te"
+            | "trailer"
+            | "transfer-encoding"
+            | "upgrade"
+    )
+}
+
+fn copy_end_to_end(from: &HeaderMap, to: &mut HeaderMap) {
+    for (name, value) in from {
+        if !is_hop_by_hop(name) && name != HOST {
+            to.append(name.clone(), value.clone());
+        }
+    }
+}
+
+/// True if `headers` forbid a shared cache from storing the response.
+fn forbids_storing(headers: &HeaderMap) -> bool {
+    headers.get_all(CACHE_CONTROL).iter().any(|v| {
+        v.to_str()
+            .map(|s| s.split(',').any(|d| matches!(d.trim().to_ascii_lowercase().as_str(), "no-store" | "private")))
+            .unwrap_or(true)
+    })
+}
+
+impl State {
+    fn upstream_for(&self, path: &str) -> &Uri {
+        // FNV-1a: stable across runs, so a document keeps its upstream.
+        let hash = path.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3));
+        &self.upstreams[(hash % self.upstreams.len() as u64) as usize]
+    }
+
+    fn cache_lookup(&self, key: &str) -> Option<Arc<Entry>> {
+        self.cache.lock().ok()?.get(key)
+    }
+
+    fn cache_remove(&self, key: &str) {
+        if let Ok(mut cache) = self.cache.lock() {
+            cache.remove(key);
+        }
+    }
+
+    fn hit(&self, entry: &Entry, head_only: bool) -> Response<Body> {
+        self.counters.hits.fetch_add(1, Ordering::Relaxed);
+        let mut response = Response::new(if head_only { Body::default() } else { Full::new(entry.body.clone()) });
+        let headers = response.headers_mut();
+        if let Some(content_type) = &entry.content_type {
+            headers.insert(CONTENT_TYPE, content_type.clone());
+        }
+        headers.insert(DEPS_HEADER, entry.deps_raw.clone());
+        headers.insert(X_CACHE, HeaderValue::from_static("HIT"));
+        response
+    }
+
+    /// Is the cached copy still current? Counts and times the check.
+    async fn validate(&self, entry: &Entry) -> bool {
+        let Some(checker) = &self.checker else { return false };
+        let started = Instant::now();
+        let verdict = checker.is_current(&entry.deps).await;
+        self.counters.checks.fetch_add(1, Ordering::Relaxed);
+        self.counters.check_ns.fetch_add(elapsed_ns(started), Ordering::Relaxed);
+        match verdict {
+            Ok(true) => true,
+            Ok(false) => {
+                self.counters.stale_dropped.fetch_add(1, Ordering::Relaxed);
+                false
+            }
+            Err(e) => {
+                // Fail closed: a copy we cannot validate is never served.
+                self.counters.check_errors.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(error = %e, "version check failed; forwarding");
+                false
+            }
+        }
+    }
+
+    fn stats(&self) -> ProxyStats {
+        let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let c = &self.counters;
+        let (cached_entries, cached_bytes, evictions) = self
+            .cache
+            .lock()
+            .map(|cache| (cache.len() as u64, cache.bytes() as u64, cache.evictions()))
+            .unwrap_or_default();
+        ProxyStats {
+            requests: load(&c.requests),
+            hits: load(&c.hits),
+            misses: load(&c.misses),
+            checks: load(&c.checks),
+            check_ns: load(&c.check_ns),
+            stale_dropped: load(&c.stale_dropped),
+            check_errors: load(&c.check_errors),
+            upstream_ns: load(&c.upstream_ns),
+            upstream_errors: load(&c.upstream_errors),
+            uncacheable_deps: load(&c.uncacheable_deps),
+            cached_entries,
+            cached_bytes,
+            evictions,
+        }
+    }
+}
+
+async fn handle(state: Arc<State>, request: Request<Incoming>) -> Response<Body> {
+    let path = request.uri().path_and_query().map(|p| p.as_str().to_string()).unwrap_or_else(|| "/".into());
+    if path == "/_tierstack/stats" {
+        let mut response = text(StatusCode::OK, serde_json::to_string(&state.stats()).unwrap_or_default());
+        response.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        return response;
+    }
+    state.counters.requests.fetch_add(1, Ordering::Relaxed);
+    let method = request.method().clone();
+    let readable = method == Method::GET || method == Method::HEAD;
+    if readable && state.mode != CacheMode::NoCache {
+        if let Some(entry) = state.cache_lookup(&path) {
+            if state.mode == CacheMode::Ttl || state.validate(&entry).await {
+                return state.hit(&entry, method == Method::HEAD);
+            }
+            state.cache_remove(&path);
+        }
+    }
+    state.counters.misses.fetch_add(1, Ordering::Relaxed);
+    forward(&state, request, path, method).await
+}
+
+async fn forward(state: &State, request: Request<Incoming>, path: String, method: Method) -> Response<Body> {
+    let upstream = state.upstream_for(&path);
+    let uri = match format!("{}{}", upstream.to_string().trim_end_matches('/'), path).parse::<Uri>() {
+        Ok(uri) => uri,
+        Err(_) => return text(StatusCode::BAD_REQUEST, "unusable request target\n"),
+    };
+    let (parts, body) = request.into_parts();
+    let body = match collect_limited(body, REQUEST_BODY_BYTES_MAX).await {
+        Ok(body) => body,
+        Err(e) => return text(StatusCode::PAYLOAD_TOO_LARGE, format!("request body: {e}\n")),
+    };
+    let mut upstream_request = Request::new(Full::new(body));
+    *upstream_request.method_mut() = method.clone();
+    *upstream_request.uri_mut() = uri;
+    copy_end_to_end(&parts.headers, upstream_request.headers_mut());
+
+    let started = Instant::now();
+    let outcome = tokio::time::timeout(state.upstream_timeout, state.client.request(upstream_request)).await;
+    let response = match outcome {
+        Ok(Ok(response)) => response,
+        Ok(Err(e)) => {
+            state.counters.upstream_errors.fetch_add(1, Ordering::Relaxed);
+            return text(StatusCode::BAD_GATEWAY, format!("application server unreachable: {e}\n"));
+        }
+        Err(_) => {
+            state.counters.upstream_errors.fetch_add(1, Ordering::Relaxed);
+            return text(StatusCode::GATEWAY_TIMEOUT, "application server did not answer in time\n");
+        }
+    };
+    let (parts, body) = response.into_parts();
+    let body = match tokio::time::timeout(state.upstream_timeout, collect_limited(body, RESPONSE_BODY_BYTES_MAX)).await
+    {
+        Ok(Ok(body)) => body,
+        Ok(Err(e)) => {
+            state.counters.upstream_errors.fetch_add(1, Ordering::Relaxed);
+            return text(StatusCode::BAD_GATEWAY, format!("application server response: {e}\n"));
+        }
+        Err(_) => {
+            state.counters.upstream_errors.fetch_add(1, Ordering::Relaxed);
+            return text(StatusCode::GATEWAY_TIMEOUT, "application server response timed out\n");
+        }
+    };
+    state.counters.upstream_ns.fetch_add(elapsed_ns(started), Ordering::Relaxed);
+
+    if method == Method::GET && state.mode != CacheMode::NoCache && parts.status == StatusCode::OK {
+        maybe_store(state, &path, &parts.headers, &body);
+    } else if !(method == Method::GET || method == Method::HEAD) {
+        // A write through this proxy: our copy is certainly old.
+        state.cache_remove(&path);
+    }
+    let mut response = Response::new(Full::new(body));
+    *response.status_mut() = parts.status;
+    copy_end_to_end(&parts.headers, response.headers_mut());
+    response.headers_mut().insert(X_CACHE, HeaderValue::from_static("MISS"));
+    response
+}
+
+fn maybe_store(state: &State, path: &str, headers: &HeaderMap, body: &Bytes) {
+    let Some(raw) = headers.get(DEPS_HEADER) else { return };
+    if forbids_storing(headers) {
+        return;
+    }
+    let deps =
+        match raw.to_str().map_err(|e| e.to_string()).and_then(|s| DepsHeader::parse(s).map_err(|e| e.to_string())) {
+            Ok(deps) => deps,
+            Err(e) => {
+                state.counters.uncacheable_deps.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(path, error = %e, "not caching: malformed dependency header");
+                return;
+            }
+        };
+    let entry =
+        Entry { body: body.clone(), content_type: headers.get(CONTENT_TYPE).cloned(), deps_raw: raw.clone(), deps };
+    if let Ok(mut cache) = state.cache.lock() {
+        cache.insert(path.to_string(), Arc::new(entry));
+    }
+}
+
+/// A bound, ready proxy.
+pub struct Proxy {
+    listener: tokio::net::TcpListener,
+    state: Arc<State>,
+}
+
+impl Proxy {
+    pub async fn bind(config: ProxyConfig) -> Result<Proxy, ProxyError> {
+        if config.upstreams.is_empty() {
+            return Err(ProxyError::NoUpstream);
+        }
+        let upstreams = config
+            .upstreams
+            .iter()
+            .map(|u| match u.parse::<Uri>() {
+                Ok(uri) if uri.scheme_str() == Some("http") && uri.authority().is_some() => Ok(uri),
+                _ => Err(ProxyError::BadUpstream(u.clone())),
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let checker = match (config.mode, config.fabric) {
+            (CacheMode::Poll, None) => return Err(ProxyError::NoFabric),
+            (_, Some(fabric)) => Some(VersionChecker::new(fabric)),
+            (_, None) => None,
+        };
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        let client = Client::builder(TokioExecutor::new()).pool_max_idle_per_host(512).build(connector);
+        let listener = tokio::net::TcpListener::bind(config.listen)
+            .await
+            .map_err(|source| ProxyError::Listen { addr: config.listen, source })?;
+        let state = Arc::new(State {
+            upstreams,
+            mode: config.mode,
+            cache: Mutex::new(Cache::new(config.cache_bytes)),
+            checker,
+            client,
+            upstream_timeout: config.upstream_timeout,
+            counters: Counters::default(),
+        });
+        Ok(Proxy { listener, state })
+    }
+
+    pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        self.listener.local_addr()
+    }
+
+    /// Serves until `stop` fires.
+    pub async fn run(self, stop: Stop) -> std::io::Result<()> {
+        let state = self.state.clone();
+        let handler = Arc::new(move |request| handle(state.clone(), request));
+        serve(self.listener, handler, stop).await
+    }
+}

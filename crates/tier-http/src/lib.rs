@@ -1,0 +1,118 @@
+//! HTTP/1.1 plumbing shared by the tiers (application server, proxy): the
+//! accept loop with graceful stop, the response body type, and small
+//! responses. No tier logic lives here.
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::{Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use std::convert::Infallible;
+use std::future::Future;
+use std::sync::Arc;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+/// The body every tier answers with.
+pub type Body = Full<Bytes>;
+
+/// A response with a plain-text body.
+pub fn text(status: StatusCode, message: impl Into<String>) -> Response<Body> {
+    let mut response = Response::new(Full::new(Bytes::from(message.into())));
+    *response.status_mut() = status;
+    response.headers_mut().insert(hyper::header::CONTENT_TYPE, hyper::header::HeaderValue::from_static("text/plain"));
+    response
+}
+
+/// Reads a whole request or response body, refusing more than `max_bytes`.
+pub async fn collect_limited<B>(body: B, max_bytes: usize) -> Result<Bytes, String>
+where
+    B: hyper::body::Body,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    match Limited::new(body, max_bytes).collect().await {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// A stop signal for [`serve`].
+#[derive(Clone)]
+pub struct Stop(watch::Sender<bool>);
+
+impl Stop {
+    pub fn new() -> Self {
+        Stop(watch::channel(false).0)
+    }
+
+    pub fn stop(&self) {
+        let _ = self.0.send(true);
+    }
+
+    fn watcher(&self) -> watch::Receiver<bool> {
+        self.0.subscribe()
+    }
+}
+
+impl Default for Stop {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+async fn stopped(mut watcher: watch::Receiver<bool>) {
+    while !*watcher.borrow() {
+        if watcher.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
+/// Serves HTTP/1.1 on `listener` with `handler` until `stop` fires;
+/// connections in progress finish their current request.
+pub async fn serve<H, F>(listener: TcpListener, handler: Arc<H>, stop: Stop) -> std::io::Result<()>
+where
+    H: Fn(Request<Incoming>) -> F + Send + Sync + 'static,
+    F: Future<Output = Response<Body>> + Send + 'static,
+{
+    let mut watcher = stop.watcher();
+    loop {
+        let (stream, _) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(e) => {
+                    // Out of descriptors and the like: log and keep serving.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::task::yield_now().await;
+                    continue;
+                }
+            },
+            _ = stopped(watcher.clone()) => return Ok(()),
+        };
+        let _ = stream.set_nodelay(true);
+        let handler = handler.clone();
+        let conn_stop = watcher.clone();
+        tokio::spawn(async move {
+            let service = service_fn(move |request| {
+                let response = handler(request);
+                async move { Ok::<_, Infallible>(response.await) }
+            });
+            let connection = http1::Builder::new().keep_alive(true).serve_connection(TokioIo::new(stream), service);
+            tokio::pin!(connection);
+            tokio::select! {
+                result = connection.as_mut() => {
+                    if let Err(e) = result {
+                        tracing::debug!(error = %e, "connection ended with an error");
+                    }
+                }
+                _ = stopped(conn_stop) => {
+                    connection.as_mut().graceful_shutdown();
+                    let _ = connection.await;
+                }
+            }
+        });
+        let _ = watcher.borrow_and_update();
+    }
+}

@@ -1,0 +1,204 @@
+//! The tier processes: `app-module`, `app-server`, `proxy`. Each prints
+//! `ready` once it serves, and serves until its standard input closes or it
+//! is interrupted.
+
+use anyhow::{Context, Result};
+use clap::Args;
+use std::io::Write;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+use tierstack_appserver::{AppServer, AppServerConfig};
+use tierstack_base::NodeId;
+use tierstack_cluster::{open_fabric, pin_to_cpu, Topology};
+use tierstack_coherent::module::ModuleServer;
+use tierstack_coherent::version_table::{Incarnation, VersionTable};
+use tierstack_proxy::{CacheMode, Proxy, ProxyConfig};
+use tierstack_tier_http::Stop;
+
+fn runtime(worker_threads: usize) -> Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_multi_thread().worker_threads(worker_threads.max(1)).enable_all().build()?)
+}
+
+fn announce_ready() -> Result<()> {
+    println!("ready");
+    std::io::stdout().flush()?;
+    Ok(())
+}
+
+/// Resolves when standard input reaches its end or Ctrl-C arrives.
+async fn until_stopped() {
+    let stdin_closed = tokio::task::spawn_blocking(|| {
+        let mut sink = String::new();
+        while std::io::stdin().read_line(&mut sink).map(|n| n > 0).unwrap_or(false) {
+            sink.clear();
+        }
+    });
+    tokio::select! {
+        _ = stdin_closed => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+}
+
+#[derive(Args)]
+pub struct ModuleArgs {
+    #[arg(long)]
+    topology: PathBuf,
+    /// The module's node id (it owns the version table).
+    #[arg(long)]
+    node: u32,
+    /// Local socket for application servers.
+    #[arg(long)]
+    socket: PathBuf,
+    /// Version table capacity (dependency keys).
+    #[arg(long, default_value_t = 65_536)]
+    capacity: u32,
+}
+
+pub fn app_module(args: ModuleArgs) -> Result<()> {
+    let topology = Topology::load(&args.topology)?;
+    let node = NodeId(args.node);
+    if let Some(cpu) = topology.node(node)?.cpu {
+        pin_to_cpu(cpu)?;
+    }
+    let fabric = open_fabric(&topology, node)?;
+    let incarnation = Incarnation(rand::random::<u64>());
+    let table = Arc::new(VersionTable::create(fabric.as_ref(), args.capacity, incarnation)?);
+    let server = ModuleServer::new(table);
+    runtime(1)?.block_on(async {
+        let listener = ModuleServer::bind(&args.socket)?;
+        announce_ready()?;
+        tokio::select! {
+            result = server.serve_on(listener) => result.context("module server"),
+            _ = until_stopped() => Ok(()),
+        }
+    })?;
+    drop(fabric);
+    let _ = std::fs::remove_file(&args.socket);
+    Ok(())
+}
+
+#[derive(Args)]
+pub struct AppServerArgs {
+    #[arg(long)]
+    listen: SocketAddr,
+    /// The application module's socket.
+    #[arg(long)]
+    module_socket: PathBuf,
+    /// Documents: `single`, `zipf`, `worldcup` (as `tierstack load --trace`),
+    /// or `file:PATH` with one `name size_bytes` per line.
+    #[arg(long, default_value = "single")]
+    documents: String,
+    /// Number of Zipf documents.
+    #[arg(long, default_value_t = 20)]
+    docs: usize,
+    /// Seed of the document set (worldcup's set depends on it).
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// CPU-burning threads emulating CGI and application work.
+    #[arg(long, default_value_t = 0)]
+    compute_threads: usize,
+    #[arg(long)]
+    cpu: Option<usize>,
+}
+
+/// The document set named by `spec` (see `AppServerArgs::documents`).
+pub fn documents(spec: &str, docs: usize, seed: u64) -> Result<Vec<(String, usize)>> {
+    if let Some(path) = spec.strip_prefix("file:") {
+        let text = std::fs::read_to_string(path).with_context(|| format!("reading {path}"))?;
+        return text
+            .lines()
+            .filter(|l| !l.trim().is_empty() && !l.trim_start().starts_with('#'))
+            .map(|line| {
+                let mut words = line.split_whitespace();
+                let name = words.next().context("empty line")?.to_string();
+                let size = words.next().with_context(|| format!("no size for {name}"))?.parse()?;
+                Ok((name, size))
+            })
+            .collect();
+    }
+    let trace = tierstack_workload::TraceSpec::parse(spec, 0.75, docs)?.build(seed)?;
+    Ok(trace.documents().iter().map(|d| (d.name.clone(), d.size_bytes as usize)).collect())
+}
+
+pub fn app_server(args: AppServerArgs) -> Result<()> {
+    if let Some(cpu) = args.cpu {
+        pin_to_cpu(cpu)?;
+    }
+    let config = AppServerConfig {
+        listen: args.listen,
+        module_socket: args.module_socket,
+        documents: documents(&args.documents, args.docs, args.seed)?,
+        compute_threads: args.compute_threads,
+    };
+    runtime(2)?.block_on(async {
+        let server = AppServer::bind(config).await?;
+        let stop = Stop::new();
+        let serving = tokio::spawn(server.run(stop.clone()));
+        announce_ready()?;
+        until_stopped().await;
+        stop.stop();
+        serving.await??;
+        Ok(())
+    })
+}
+
+#[derive(Args)]
+pub struct ProxyArgs {
+    #[arg(long)]
+    listen: SocketAddr,
+    /// Application server base URL (repeatable).
+    #[arg(long = "upstream", required = true)]
+    upstreams: Vec<String>,
+    /// no-cache | poll | ttl
+    #[arg(long, default_value = "poll")]
+    mode: CacheMode,
+    /// Topology and node id of this proxy's fabric node (needed for poll).
+    #[arg(long)]
+    topology: Option<PathBuf>,
+    #[arg(long)]
+    node: Option<u32>,
+    #[arg(long, default_value_t = 256 << 20)]
+    cache_bytes: usize,
+    #[arg(long, default_value_t = 30_000)]
+    upstream_timeout_ms: u64,
+    #[arg(long)]
+    cpu: Option<usize>,
+}
+
+pub fn proxy(args: ProxyArgs) -> Result<()> {
+    let fabric = match (&args.topology, args.node) {
+        (Some(path), Some(node)) => {
+            let topology = Topology::load(path)?;
+            let node = NodeId(node);
+            if let Some(cpu) = topology.node(node)?.cpu {
+                pin_to_cpu(cpu)?;
+            }
+            Some(open_fabric(&topology, node)?)
+        }
+        (None, None) => None,
+        _ => anyhow::bail!("--topology and --node go together"),
+    };
+    if let Some(cpu) = args.cpu {
+        pin_to_cpu(cpu)?;
+    }
+    let config = ProxyConfig {
+        listen: args.listen,
+        upstreams: args.upstreams,
+        mode: args.mode,
+        cache_bytes: args.cache_bytes,
+        upstream_timeout: Duration::from_millis(args.upstream_timeout_ms),
+        fabric,
+    };
+    runtime(2)?.block_on(async {
+        let proxy = Proxy::bind(config).await?;
+        let stop = Stop::new();
+        let serving = tokio::spawn(proxy.run(stop.clone()));
+        announce_ready()?;
+        until_stopped().await;
+        stop.stop();
+        serving.await??;
+        Ok(())
+    })
+}
