@@ -10,6 +10,8 @@
 //! plots), [`owner`] (a fabric node in a separate process, pinned to its own
 //! CPU, optionally loaded with busy threads). Experiments: [`fabric`].
 
+pub mod coherence;
+pub mod ddss;
 pub mod deploy;
 pub mod dlm;
 pub mod fabric;

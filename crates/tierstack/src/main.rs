@@ -14,6 +14,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// The main job: a 2-tier data-center on localhost under load, with every response checked for staleness.
+    Demo(cmd::demo::DemoArgs),
     /// Experiments that reproduce the papers' figures.
     #[command(subcommand)]
     Bench(cmd::bench::BenchCommand),
@@ -44,6 +46,7 @@ fn main() -> std::process::ExitCode {
         .init();
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Demo(args) => cmd::demo::run(args),
         Command::Bench(command) => cmd::bench::run(command),
         Command::Fabric(command) => cmd::fabric::run(command),
         Command::AppModule(args) => cmd::tiers::app_module(args),

@@ -8,6 +8,22 @@ use tierstack_cluster::Backend;
 
 #[derive(Subcommand)]
 pub enum BenchCommand {
+    /// Strongly coherent caching (coherency paper Fig. 9-11): response time and throughput vs
+    /// compute threads, response-time breakdown, traces; no-cache, poll/tcp, poll/shm and ttl.
+    Coherence {
+        /// Output folder for JSON and plots.
+        #[arg(long, default_value = "report/coherence")]
+        out: PathBuf,
+        /// Compute threads 0 and 200 only, 3 s per run.
+        #[arg(long)]
+        quick: bool,
+        /// Compute-thread counts (default 0,25,50,100,200).
+        #[arg(long, value_delimiter = ',')]
+        compute_threads: Option<Vec<usize>>,
+        /// Seconds per run.
+        #[arg(long)]
+        duration_s: Option<u64>,
+    },
     /// Fabric micro-benchmarks (coherency paper Fig. 8) and owner-load sensitivity.
     Fabric {
         /// Output folder for JSON and plots.
@@ -45,10 +61,47 @@ pub enum BenchCommand {
         #[arg(long)]
         rounds: Option<usize>,
     },
+    /// Distributed data sharing substrate (services paper Fig. 3a): put latency by coherence model and value
+    /// size, get latency, and Redis on loopback for comparison; the home node is a `ddss-daemon` process.
+    Ddss {
+        /// Output folder for JSON and plots.
+        #[arg(long, default_value = "report/ddss")]
+        out: PathBuf,
+        /// Fewer operations per cell (200 instead of 2000).
+        #[arg(long)]
+        quick: bool,
+        /// Backends to measure.
+        #[arg(long, value_delimiter = ',', default_value = "shm,tcp")]
+        backends: Vec<Backend>,
+        /// Measured operations per cell (overrides the --quick choice).
+        #[arg(long)]
+        iterations: Option<usize>,
+        /// Value sizes in bytes.
+        #[arg(long, value_delimiter = ',', default_value = "1,64,1024,4096,16384,65536")]
+        sizes: Vec<usize>,
+        /// Run the home node inside this process instead of a separate `ddss-daemon` process.
+        #[arg(long)]
+        in_process: bool,
+        /// Skip the Redis comparison.
+        #[arg(long)]
+        no_redis: bool,
+    },
 }
 
 pub fn run(command: BenchCommand) -> Result<()> {
     match command {
+        BenchCommand::Coherence { out, quick, compute_threads, duration_s } => {
+            let mut config =
+                tierstack_bench::coherence::CoherenceBenchConfig::new(std::env::current_exe()?, out, quick);
+            if let Some(threads) = compute_threads {
+                config.compute_threads = threads;
+            }
+            if let Some(seconds) = duration_s {
+                config.duration = std::time::Duration::from_secs(seconds);
+            }
+            tierstack_bench::coherence::run(&config)?;
+            Ok(())
+        }
         BenchCommand::Fabric { out, quick, backends, loads } => {
             let mut config = FabricBenchConfig::new(std::env::current_exe()?, out, quick);
             config.backends = backends;
@@ -67,6 +120,20 @@ pub fn run(command: BenchCommand) -> Result<()> {
                 config.rounds = rounds;
             }
             tierstack_bench::dlm::run(&config)?;
+            Ok(())
+        }
+        BenchCommand::Ddss { out, quick, backends, iterations, sizes, in_process, no_redis } => {
+            use tierstack_bench::ddss::{DdssBenchConfig, Home};
+            let home = if in_process { Home::InProcess } else { Home::Process(std::env::current_exe()?) };
+            let mut config = DdssBenchConfig::new(out, home, quick);
+            config.backends = backends;
+            config.sizes = sizes;
+            if let Some(iterations) = iterations {
+                config.iterations = iterations;
+                config.warmup = iterations / 10;
+            }
+            config.redis = !no_redis;
+            tierstack_bench::ddss::run(&config)?;
             Ok(())
         }
     }

@@ -1,5 +1,6 @@
 pub mod bench;
 pub mod ddss;
+pub mod demo;
 pub mod fabric;
 pub mod load;
 pub mod tiers;
