@@ -25,6 +25,9 @@ use tierstack_loadgen::{run as run_load, LoadConfig, LoadReport};
 use tierstack_proxy::ProxyStats;
 use tierstack_workload::TraceSpec;
 
+/// Documents fetched through each proxy before a timed run (the most popular first).
+const WARM_DOCUMENTS_MAX: usize = 200;
+
 /// One way of serving: a proxy mode on a fabric backend.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Mode {
@@ -126,7 +129,10 @@ fn measure(config: &CoherenceBenchConfig, mode: Mode, trace: &str, compute_threa
         seed: 1,
         pin: true,
     })?;
-    let mut load = LoadConfig::new(deployment.proxy_urls[0].clone(), spec.build(1)?);
+    let documents = spec.build(1)?;
+    let warm: Vec<String> = documents.documents().iter().take(WARM_DOCUMENTS_MAX).map(|d| d.path()).collect();
+    deployment.warm_up(&warm)?;
+    let mut load = LoadConfig::new(deployment.proxy_urls[0].clone(), documents);
     load.targets = deployment.proxy_urls.clone();
     load.update_target = Some(deployment.app_url.clone());
     load.connections = config.connections;
@@ -180,7 +186,7 @@ fn measure(config: &CoherenceBenchConfig, mode: Mode, trace: &str, compute_threa
 pub fn run(config: &CoherenceBenchConfig) -> Result<CoherenceReport> {
     std::fs::create_dir_all(&config.out_dir)?;
     // The load client shares CPU 0 with the proxies; the app tier has the other.
-    let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let cpus = tierstack_cluster::online_cpus();
     if cpus >= 2 {
         pin_to_cpu(0)?;
     }

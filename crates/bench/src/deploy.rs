@@ -51,7 +51,7 @@ fn args(list: &[&str]) -> Vec<String> {
 impl Deployment {
     pub fn start(config: &DeploymentConfig) -> Result<Deployment> {
         let scratch = tempfile::Builder::new().prefix("tierstack-deploy-").tempdir()?;
-        let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+        let cpus = tierstack_cluster::online_cpus();
         let (front_cpu, app_cpu) = if config.pin && cpus >= 2 { (Some(0), Some(cpus - 1)) } else { (None, None) };
         let mut nodes = vec![NodeLine { id: 0, role: "app", cpu: app_cpu }];
         nodes.extend((1..=config.proxies).map(|id| NodeLine { id, role: "proxy", cpu: front_cpu }));
@@ -120,6 +120,18 @@ impl Deployment {
         })
     }
 
+    /// Fetches each of `paths` once through every proxy, so that a timed run
+    /// starts from warm caches (the paper measures steady state). Bounded by
+    /// the upstream's own timeout.
+    pub fn warm_up(&self, paths: &[String]) -> Result<()> {
+        for addr in &self.proxy_addrs {
+            for path in paths {
+                get_status(*addr, path).with_context(|| format!("warming {path} at {addr}"))?;
+            }
+        }
+        Ok(())
+    }
+
     /// Each proxy's `/_tierstack/stats`.
     pub fn proxy_stats<T: DeserializeOwned>(&self) -> Result<Vec<T>> {
         self.proxy_addrs.iter().map(|a| get_json(*a, "/_tierstack/stats")).collect()
@@ -151,16 +163,30 @@ impl Drop for Deployment {
     }
 }
 
-/// A minimal blocking HTTP/1.1 GET returning the body parsed as JSON: enough
-/// for the tiers' stats endpoints, without a runtime.
-pub fn get_json<T: DeserializeOwned>(addr: SocketAddr, path: &str) -> Result<T> {
+/// A minimal blocking HTTP/1.1 GET (`Connection: close`) returning the status
+/// line's code and the body: enough for stats endpoints and warm-up, without
+/// a runtime.
+fn get(addr: SocketAddr, path: &str) -> Result<(u16, String)> {
     let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
-    stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+    stream.set_read_timeout(Some(Duration::from_secs(60)))?;
     write!(stream, "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n")?;
     let mut response = Vec::new();
     stream.read_to_end(&mut response)?;
     let text = String::from_utf8_lossy(&response);
     let (head, body) = text.split_once("\r\n\r\n").context("malformed HTTP response")?;
-    anyhow::ensure!(head.starts_with("HTTP/1.1 200"), "GET {path} from {addr}: {}", head.lines().next().unwrap_or(""));
-    serde_json::from_str(body).with_context(|| format!("parsing stats from {addr}"))
+    let code = head.split_whitespace().nth(1).and_then(|c| c.parse().ok()).context("malformed status line")?;
+    Ok((code, body.to_string()))
+}
+
+fn get_status(addr: SocketAddr, path: &str) -> Result<()> {
+    let (code, _) = get(addr, path)?;
+    anyhow::ensure!(code == 200, "GET {path} from {addr}: status {code}");
+    Ok(())
+}
+
+/// GET `path` and parse the body as JSON.
+pub fn get_json<T: DeserializeOwned>(addr: SocketAddr, path: &str) -> Result<T> {
+    let (code, body) = get(addr, path)?;
+    anyhow::ensure!(code == 200, "GET {path} from {addr}: status {code}");
+    serde_json::from_str(&body).with_context(|| format!("parsing JSON from {addr}{path}"))
 }

@@ -246,7 +246,7 @@ pub fn run(config: &DlmBenchConfig) -> Result<DlmReport> {
     let mut report = DlmReport {
         nodes_are,
         nodes,
-        cpus: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+        cpus: tierstack_cluster::online_cpus(),
         passes: config.passes,
         rounds: rounds_per_pass * config.passes,
         waiters: config.waiters.clone(),

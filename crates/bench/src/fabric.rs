@@ -114,7 +114,7 @@ struct Session {
 }
 
 fn start_session(config: &FabricBenchConfig, dir: &Path, backend: Backend, busy_threads: usize) -> Result<Session> {
-    let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let cpus = tierstack_cluster::online_cpus();
     let (owner_cpu, reader_cpu) = if cpus >= 2 { (Some(0), Some(1)) } else { (None, None) };
     let name = format!("fabric-{}-{busy_threads}", backend.name());
     let nodes = [NodeLine { id: 0, role: "app", cpu: owner_cpu }, NodeLine { id: 1, role: "proxy", cpu: None }];
@@ -213,7 +213,7 @@ pub fn run(config: &FabricBenchConfig) -> Result<FabricReport> {
     std::fs::create_dir_all(&config.out_dir).with_context(|| format!("creating {}", config.out_dir.display()))?;
     let scratch = tempfile::Builder::new().prefix("tierstack-bench-").tempdir()?;
     let mut report = FabricReport {
-        cpus: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+        cpus: tierstack_cluster::online_cpus(),
         backends: BTreeMap::new(),
     };
     for &backend in &config.backends {

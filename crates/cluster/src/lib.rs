@@ -253,9 +253,18 @@ pub enum OpenError {
     Fabric(#[from] FabricError),
 }
 
+/// CPUs online on this machine, whatever this process's affinity mask says
+/// (`available_parallelism` shrinks once a process is pinned, which would
+/// make a pinned launcher think its children have only one CPU).
+pub fn online_cpus() -> usize {
+    // SAFETY: sysconf has no preconditions.
+    let n = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
+    usize::try_from(n).ok().filter(|n| *n > 0).unwrap_or(1)
+}
+
 /// Pins the calling thread (and the threads it starts afterwards) to `cpu`.
 pub fn pin_to_cpu(cpu: usize) -> std::io::Result<()> {
-    let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let cpus = online_cpus();
     if cpu >= cpus || cpu >= libc::CPU_SETSIZE as usize {
         return Err(std::io::Error::new(
             std::io::ErrorKind::InvalidInput,

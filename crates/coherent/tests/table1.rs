@@ -106,7 +106,7 @@ proptest! {
         let mut waiting: BTreeSet<u64> = BTreeSet::new();
         let mut abandoned: BTreeSet<u64> = BTreeSet::new();
         let mut all: Vec<u64> = Vec::new();
-        let mut apply = |grants: Vec<Grant>, holding: &mut HashMap<u64, (Kind, Vec<u32>)>, waiting: &mut BTreeSet<u64>| {
+        let apply = |grants: Vec<Grant>, holding: &mut HashMap<u64, (Kind, Vec<u32>)>, waiting: &mut BTreeSet<u64>| {
             for g in grants {
                 waiting.remove(&g.id);
                 holding.insert(g.id, (g.kind, g.slots));

@@ -67,7 +67,7 @@ pub enum BenchCommand {
         /// Output folder for JSON and plots.
         #[arg(long, default_value = "report/ddss")]
         out: PathBuf,
-        /// Fewer operations per cell (200 instead of 2000).
+        /// Fewer operations per cell (300 instead of 5000).
         #[arg(long)]
         quick: bool,
         /// Backends to measure.

@@ -71,7 +71,7 @@ pub fn run(args: DemoArgs) -> Result<()> {
         seed: 1,
         pin: true,
     })?;
-    if std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1) >= 2 {
+    if tierstack_cluster::online_cpus() >= 2 {
         pin_to_cpu(0)?;
     }
     let mut load = LoadConfig::new(deployment.proxy_urls[0].clone(), trace);

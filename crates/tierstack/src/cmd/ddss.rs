@@ -1,0 +1,274 @@
+//! `tierstack ddss-daemon` and `tierstack ddss-client`: the DDSS node daemon
+//! (the paper's Fig. 2 IPC management) and a client process that runs a
+//! randomized history through it, for the multi-process tests and benchmarks.
+//!
+//! A client process is a *passive* node of the topology: it has its own
+//! fabric endpoint (its data path, one-sided gets and puts on the members'
+//! regions) but no region of its own, and it reaches allocation and the
+//! member list through its node's daemon socket (the control path). Daemons
+//! therefore place data only on the topology's non-passive nodes.
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use rand::seq::SliceRandom;
+use rand::Rng;
+use serde_json::{json, Value};
+use std::io::{BufRead, Read, Write};
+use std::path::PathBuf;
+use std::sync::Arc;
+use tierstack_base::{seeded_rng, NodeId};
+use tierstack_cluster::{open_fabric, pin_to_cpu, Role, Topology};
+use tierstack_ddss::ipc::{DdssClient, DdssDaemon};
+use tierstack_ddss::{Ddss, DdssConfig, DdssStats, Key};
+use tierstack_fabric::Fabric;
+
+#[derive(Args)]
+pub struct DaemonArgs {
+    /// Cluster topology file (TOML).
+    #[arg(long)]
+    topology: PathBuf,
+    /// This node's id in the topology.
+    #[arg(long)]
+    node: u32,
+    /// The control socket to listen on (a stale one is replaced).
+    #[arg(long)]
+    socket: PathBuf,
+    /// Serve until SIGTERM or SIGINT only, ignoring standard input (for
+    /// supervisors that start the daemon without a pipe).
+    #[arg(long)]
+    ignore_stdin: bool,
+}
+
+#[derive(Args)]
+pub struct ClientArgs {
+    /// Cluster topology file (TOML).
+    #[arg(long)]
+    topology: PathBuf,
+    /// This process's own node id: a passive node of the topology, its data-path endpoint.
+    #[arg(long)]
+    node: u32,
+    /// The control socket of this node's daemon.
+    #[arg(long)]
+    socket: PathBuf,
+    /// A key to operate on and the number of operations to run on it, as KEY:OPS (repeatable).
+    /// Operations on all keys are shuffled together.
+    #[arg(long = "key", value_parser = parse_key_ops, required = true)]
+    keys: Vec<(Key, usize)>,
+    /// Client id in the printed events (default: the node id).
+    #[arg(long)]
+    client: Option<u32>,
+    /// Percent of operations that are puts.
+    #[arg(long, default_value_t = 40)]
+    put_percent: u32,
+    /// Longest value written (also bounded by each key's capacity).
+    #[arg(long, default_value_t = 64)]
+    value_bytes_max: usize,
+    /// Seed of the operation mix and value lengths.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// A random pause of up to this many microseconds after each operation,
+    /// which spreads the history over time (for temporal coherence).
+    #[arg(long, default_value_t = 0)]
+    think_us_max: u64,
+    /// Get and put through the daemon (the proxied fallback) instead of this
+    /// process's own one-sided data path.
+    #[arg(long)]
+    via_daemon: bool,
+    /// After `ready`, wait for a line on standard input before starting, so
+    /// that all clients start together.
+    #[arg(long)]
+    wait_go: bool,
+}
+
+fn parse_key_ops(text: &str) -> Result<(Key, usize), String> {
+    let (key, ops) = text.split_once(':').ok_or_else(|| format!("expected KEY:OPS, got {text:?}"))?;
+    let key = key.parse::<Key>().map_err(|e| format!("bad key in {text:?}: {e}"))?;
+    let ops = ops.parse::<usize>().map_err(|e| format!("bad operation count in {text:?}: {e}"))?;
+    Ok((key, ops))
+}
+
+/// Loads the topology, pins this process if its node names a CPU, and opens its fabric.
+fn open_node(topology_path: &std::path::Path, node: NodeId) -> Result<(Topology, Arc<dyn Fabric>)> {
+    let topology = Topology::load(topology_path)?;
+    if let Some(cpu) = topology.node(node)?.cpu {
+        pin_to_cpu(cpu).with_context(|| format!("pinning {node} to cpu {cpu}"))?;
+    }
+    let fabric = open_fabric(&topology, node).with_context(|| format!("attaching {node} to the fabric"))?;
+    Ok((topology, fabric))
+}
+
+/// The nodes that hold DDSS regions: every node of the topology but the passive ones.
+pub fn members(topology: &Topology) -> Vec<NodeId> {
+    topology.nodes.iter().filter(|n| n.role != Role::Passive).map(|n| n.id).collect()
+}
+
+pub fn stats_json(stats: &DdssStats) -> Value {
+    json!({
+        "gets_from_copy": stats.gets_from_copy,
+        "gets_validated": stats.gets_validated,
+        "gets_fetched": stats.gets_fetched,
+        "gets_locked": stats.gets_locked,
+        "puts": stats.puts,
+        "lock_retries": stats.lock_retries,
+        "allocations": stats.allocations,
+        "frees": stats.frees,
+    })
+}
+
+/// Why the daemon stops.
+enum StopReason {
+    StdinClosed,
+    Signal(&'static str),
+}
+
+/// Starts the node's substrate, serves it on the socket, prints `ready`,
+/// serves until standard input closes (unless `--ignore-stdin`) or
+/// SIGTERM/SIGINT arrives, then stops
+/// the daemon (closing its clients and removing the socket) and prints one
+/// JSON line with the daemon handle's own counters.
+pub fn run_daemon(args: DaemonArgs) -> Result<()> {
+    let node = NodeId(args.node);
+    let (topology, fabric) = open_node(&args.topology, node)?;
+    let members = members(&topology);
+    if !members.contains(&node) {
+        bail!("{node} is passive in the topology: a daemon runs on a node that holds a region");
+    }
+    let ddss = Arc::new(
+        Ddss::start(fabric, DdssConfig::default().with_members(members))
+            .with_context(|| format!("starting the substrate on {node}"))?,
+    );
+
+    // Both ways to stop report into one channel. The signal streams are
+    // registered before `ready`, so a signal sent right after it is not lost.
+    let (stop_tx, stop_rx) = std::sync::mpsc::channel::<StopReason>();
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let (mut terminate, mut interrupt) = {
+        use tokio::signal::unix::{signal, SignalKind};
+        let _entered = runtime.enter();
+        (signal(SignalKind::terminate())?, signal(SignalKind::interrupt())?)
+    };
+    {
+        let stop_tx = stop_tx.clone();
+        std::thread::Builder::new().name("ddss-signals".into()).spawn(move || {
+            let reason = runtime.block_on(async {
+                tokio::select! {
+                    _ = terminate.recv() => "SIGTERM",
+                    _ = interrupt.recv() => "SIGINT",
+                }
+            });
+            let _ = stop_tx.send(StopReason::Signal(reason));
+        })?;
+    }
+
+    let daemon = DdssDaemon::serve(ddss.clone(), &args.socket)
+        .with_context(|| format!("serving on {}", args.socket.display()))?;
+    println!("ready");
+    std::io::stdout().flush()?;
+
+    if !args.ignore_stdin {
+        std::thread::Builder::new().name("ddss-stdin".into()).spawn(move || {
+            // Read in fixed chunks (not lines), so endless input without
+            // newlines cannot grow a buffer.
+            let mut chunk = [0u8; 1024];
+            let mut stdin = std::io::stdin().lock();
+            while matches!(stdin.read(&mut chunk), Ok(n) if n > 0) {}
+            let _ = stop_tx.send(StopReason::StdinClosed);
+        })?;
+    }
+    let reason = match stop_rx.recv() {
+        Ok(StopReason::StdinClosed) | Err(_) => "stdin closed",
+        Ok(StopReason::Signal(name)) => name,
+    };
+    tracing::info!(%node, reason, "DDSS daemon stopping");
+    daemon.stop();
+    println!("{}", json!({ "stopped": reason, "node": node.0, "stats": stats_json(&ddss.stats()) }));
+    std::io::stdout().flush()?;
+    Ok(())
+}
+
+/// Nanoseconds of `CLOCK_MONOTONIC`: one clock for every process on the
+/// host, so events of different processes are ordered in real time.
+pub fn monotonic_ns() -> u64 {
+    let mut now = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `now` is a valid, writable timespec; CLOCK_MONOTONIC is always supported on Linux.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
+    if rc != 0 {
+        return 0;
+    }
+    u64::try_from(now.tv_sec).unwrap_or(0).saturating_mul(1_000_000_000).saturating_add(now.tv_nsec as u64)
+}
+
+/// Lower-case hex of `bytes`.
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The bytes a client writes in its `n`-th put: distinct per (client, n) and
+/// position, so a torn or misattributed value cannot pass the checkers.
+pub fn pattern(client: u32, n: usize, len: usize) -> Vec<u8> {
+    (0..len).map(|i| (client as usize * 97 + n * 31 + i * 7) as u8).collect()
+}
+
+/// Connects to the daemon, attaches the data path, prints `ready`, runs the
+/// shuffled operations, then prints one JSON line per event and a last line
+/// with the counters.
+pub fn run_client(args: ClientArgs) -> Result<()> {
+    let node = NodeId(args.node);
+    let client_id = args.client.unwrap_or(args.node);
+    let (_, fabric) = open_node(&args.topology, node)?;
+    let mut control = DdssClient::connect(&args.socket)?;
+    // This process's own one-sided data path, or none: the daemon performs the gets and puts.
+    let data_path =
+        if args.via_daemon { None } else { Some(control.attach_data_path(fabric).context("attaching the data path")?) };
+    let mut rng = seeded_rng(args.seed);
+    let mut schedule: Vec<usize> = args.keys.iter().enumerate().flat_map(|(i, (_, ops))| vec![i; *ops]).collect();
+    schedule.shuffle(&mut rng);
+    println!("ready");
+    std::io::stdout().flush()?;
+    if args.wait_go {
+        let mut line = String::new();
+        std::io::stdin().lock().read_line(&mut line)?;
+    }
+
+    let mut events = Vec::with_capacity(schedule.len());
+    for (n, index) in schedule.into_iter().enumerate() {
+        let key = args.keys[index].0;
+        let is_put = rng.gen_range(0..100) < args.put_percent;
+        let len_max = args.value_bytes_max.min(key.capacity_bytes() as usize);
+        let value = if is_put { pattern(client_id, n, rng.gen_range(0..=len_max)) } else { Vec::new() };
+        let start_ns = monotonic_ns();
+        let (version, bytes) = match (&data_path, is_put) {
+            (Some(ddss), true) => (ddss.put(key, &value)?, value),
+            (Some(ddss), false) => ddss.get(key)?,
+            (None, true) => (control.put(key, &value)?, value),
+            (None, false) => control.get(key)?,
+        };
+        // A reading after the operation; at least one tick after the start,
+        // which only widens the event (weakens what the checkers conclude).
+        let end_ns = monotonic_ns().max(start_ns + 1);
+        events.push(json!({
+            "client": client_id,
+            "key": key.to_string(),
+            "op": if is_put { "put" } else { "get" },
+            "version": version,
+            "value": hex(&bytes),
+            "start_ns": start_ns,
+            "end_ns": end_ns,
+        }));
+        if args.think_us_max > 0 {
+            std::thread::sleep(std::time::Duration::from_micros(rng.gen_range(0..=args.think_us_max)));
+        }
+    }
+    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+    for event in &events {
+        writeln!(out, "{event}")?;
+    }
+    let stats = data_path.as_ref().map_or(Value::Null, |ddss| stats_json(&ddss.stats()));
+    writeln!(
+        out,
+        "{}",
+        json!({ "done": client_id, "events": events.len(), "via_daemon": args.via_daemon, "stats": stats })
+    )?;
+    out.flush()?;
+    Ok(())
+}
