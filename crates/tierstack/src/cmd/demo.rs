@@ -60,6 +60,15 @@ pub fn run(args: DemoArgs) -> Result<()> {
         args.trace,
         args.duration_s
     );
+    // Ctrl-C is handled from the very start, so an interrupt during start-up
+    // still stops every process cleanly (registration is synchronous).
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let (interrupted_tx, interrupted) = tokio::sync::watch::channel(false);
+    let mut sigint = runtime.block_on(async { tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt()) })?;
+    runtime.spawn(async move {
+        sigint.recv().await;
+        let _ = interrupted_tx.send(true);
+    });
     let deployment = Deployment::start(&DeploymentConfig {
         exe: std::env::current_exe()?,
         backend: args.backend,
@@ -71,6 +80,11 @@ pub fn run(args: DemoArgs) -> Result<()> {
         seed: 1,
         pin: true,
     })?;
+    if *interrupted.borrow() {
+        deployment.stop()?;
+        eprintln!("tierstack demo: interrupted during start-up; every process stopped");
+        return Ok(());
+    }
     if tierstack_cluster::online_cpus() >= 2 {
         pin_to_cpu(0)?;
     }
@@ -84,7 +98,6 @@ pub fn run(args: DemoArgs) -> Result<()> {
     let live = Arc::new(LiveStats::default());
     let bar = ProgressBar::new(args.duration_s);
     bar.set_style(ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {msg}")?.progress_chars("=> "));
-    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     let report = runtime.block_on(async {
         let watcher = live.clone();
         let bar_task = bar.clone();
@@ -107,8 +120,9 @@ pub fn run(args: DemoArgs) -> Result<()> {
                 ));
             }
         });
-        let shutdown = async {
-            let _ = tokio::signal::ctrl_c().await;
+        let mut interrupted = interrupted.clone();
+        let shutdown = async move {
+            let _ = interrupted.wait_for(|stop| *stop).await;
         };
         let result = run_with(load, live.clone(), shutdown).await;
         progress.abort();
