@@ -34,6 +34,8 @@ enum Command {
     DdssDaemon(cmd::ddss::DaemonArgs),
     /// DDSS client process: run a randomized history through a node's daemon, print its events.
     DdssClient(cmd::ddss::ClientArgs),
+    /// Lock-manager node: run random shared/exclusive holds on a topology's locks, print each hold, serve until stdin closes.
+    DlmNode(cmd::dlm::NodeArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -54,6 +56,7 @@ fn main() -> std::process::ExitCode {
         Command::Proxy(args) => cmd::tiers::proxy(args),
         Command::DdssDaemon(args) => cmd::ddss::run_daemon(args),
         Command::DdssClient(args) => cmd::ddss::run_client(args),
+        Command::DlmNode(args) => cmd::dlm::run_node(args),
         Command::Load(args) => cmd::load::run(args),
     };
     match result {

@@ -26,11 +26,7 @@ fn alive(pid: u32) -> bool {
 #[test]
 fn the_demo_runs_checks_staleness_and_writes_its_report() {
     let out = tempfile::tempdir().unwrap();
-    let output = Command::new(exe())
-        .args(["demo", "--duration-s", "3", "--out"])
-        .arg(out.path())
-        .output()
-        .unwrap();
+    let output = Command::new(exe()).args(["demo", "--duration-s", "3", "--out"]).arg(out.path()).output().unwrap();
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(output.status.success(), "demo failed: {stdout}\n{}", String::from_utf8_lossy(&output.stderr));
     let stale_row = stdout.lines().find(|l| l.contains("stale responses")).expect("a stale-responses row");
@@ -40,7 +36,8 @@ fn the_demo_runs_checks_staleness_and_writes_its_report() {
     for file in ["demo.json", "throughput.svg", "hit-rate.svg"] {
         assert!(out.path().join(file).metadata().unwrap().len() > 0, "{file} written");
     }
-    let report: serde_json::Value = serde_json::from_slice(&std::fs::read(out.path().join("demo.json")).unwrap()).unwrap();
+    let report: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.path().join("demo.json")).unwrap()).unwrap();
     assert!(report["load"]["ok"].as_u64().unwrap() > 0);
     assert_eq!(report["proxies"].as_array().unwrap().len(), 3);
 }

@@ -8,6 +8,7 @@
 //! member list through its node's daemon socket (the control path). Daemons
 //! therefore place data only on the topology's non-passive nodes.
 
+use super::{monotonic_ns, open_node};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use rand::seq::SliceRandom;
@@ -17,10 +18,9 @@ use std::io::{BufRead, Read, Write};
 use std::path::PathBuf;
 use std::sync::Arc;
 use tierstack_base::{seeded_rng, NodeId};
-use tierstack_cluster::{open_fabric, pin_to_cpu, Role, Topology};
+use tierstack_cluster::{Role, Topology};
 use tierstack_ddss::ipc::{DdssClient, DdssDaemon};
 use tierstack_ddss::{Ddss, DdssConfig, DdssStats, Key};
-use tierstack_fabric::Fabric;
 
 #[derive(Args)]
 pub struct DaemonArgs {
@@ -85,16 +85,6 @@ fn parse_key_ops(text: &str) -> Result<(Key, usize), String> {
     let key = key.parse::<Key>().map_err(|e| format!("bad key in {text:?}: {e}"))?;
     let ops = ops.parse::<usize>().map_err(|e| format!("bad operation count in {text:?}: {e}"))?;
     Ok((key, ops))
-}
-
-/// Loads the topology, pins this process if its node names a CPU, and opens its fabric.
-fn open_node(topology_path: &std::path::Path, node: NodeId) -> Result<(Topology, Arc<dyn Fabric>)> {
-    let topology = Topology::load(topology_path)?;
-    if let Some(cpu) = topology.node(node)?.cpu {
-        pin_to_cpu(cpu).with_context(|| format!("pinning {node} to cpu {cpu}"))?;
-    }
-    let fabric = open_fabric(&topology, node).with_context(|| format!("attaching {node} to the fabric"))?;
-    Ok((topology, fabric))
 }
 
 /// The nodes that hold DDSS regions: every node of the topology but the passive ones.
@@ -184,18 +174,6 @@ pub fn run_daemon(args: DaemonArgs) -> Result<()> {
     println!("{}", json!({ "stopped": reason, "node": node.0, "stats": stats_json(&ddss.stats()) }));
     std::io::stdout().flush()?;
     Ok(())
-}
-
-/// Nanoseconds of `CLOCK_MONOTONIC`: one clock for every process on the
-/// host, so events of different processes are ordered in real time.
-pub fn monotonic_ns() -> u64 {
-    let mut now = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: `now` is a valid, writable timespec; CLOCK_MONOTONIC is always supported on Linux.
-    let rc = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
-    if rc != 0 {
-        return 0;
-    }
-    u64::try_from(now.tv_sec).unwrap_or(0).saturating_mul(1_000_000_000).saturating_add(now.tv_nsec as u64)
 }
 
 /// Lower-case hex of `bytes`.

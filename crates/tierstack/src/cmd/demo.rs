@@ -64,7 +64,8 @@ pub fn run(args: DemoArgs) -> Result<()> {
     // still stops every process cleanly (registration is synchronous).
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     let (interrupted_tx, interrupted) = tokio::sync::watch::channel(false);
-    let mut sigint = runtime.block_on(async { tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt()) })?;
+    let mut sigint =
+        runtime.block_on(async { tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt()) })?;
     runtime.spawn(async move {
         sigint.recv().await;
         let _ = interrupted_tx.send(true);

@@ -1,6 +1,35 @@
 pub mod bench;
 pub mod ddss;
 pub mod demo;
+pub mod dlm;
 pub mod fabric;
 pub mod load;
 pub mod tiers;
+
+use anyhow::{Context, Result};
+use std::sync::Arc;
+use tierstack_base::NodeId;
+use tierstack_cluster::{open_fabric, pin_to_cpu, Topology};
+use tierstack_fabric::Fabric;
+
+/// Loads the topology, pins this process if its node names a CPU, and opens its fabric.
+pub fn open_node(topology_path: &std::path::Path, node: NodeId) -> Result<(Topology, Arc<dyn Fabric>)> {
+    let topology = Topology::load(topology_path)?;
+    if let Some(cpu) = topology.node(node)?.cpu {
+        pin_to_cpu(cpu).with_context(|| format!("pinning {node} to cpu {cpu}"))?;
+    }
+    let fabric = open_fabric(&topology, node).with_context(|| format!("attaching {node} to the fabric"))?;
+    Ok((topology, fabric))
+}
+
+/// Nanoseconds of `CLOCK_MONOTONIC`: one clock for every process on the
+/// host, so events of different processes are ordered in real time.
+pub fn monotonic_ns() -> u64 {
+    let mut now = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `now` is a valid, writable timespec; CLOCK_MONOTONIC is always supported on Linux.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
+    if rc != 0 {
+        return 0;
+    }
+    u64::try_from(now.tv_sec).unwrap_or(0).saturating_mul(1_000_000_000).saturating_add(now.tv_nsec as u64)
+}
