@@ -13,6 +13,14 @@
 //!
 //! `/_tierstack/stats` answers the server's counters as JSON (time waiting
 //! for the module, time generating), for the response-time breakdown.
+//!
+//! **Push** ([`AppServer::bind_with_push`], coherency paper §4.3): with a
+//! fabric node of its own, a list of proxies and a push policy, the server
+//! reads the proxies' shared cache states after every completed update and
+//! pushes the new version to the proxies the policy picks ([`push`]), off
+//! the update's response path. Its counters appear in the stats as `push`.
+
+pub mod push;
 
 use bytes::Bytes;
 use hyper::body::Incoming;
@@ -28,6 +36,9 @@ use std::time::{Duration, Instant};
 use tierstack_coherent::module::ModuleClient;
 use tierstack_coherent::{DepsHeader, DEPS_HEADER};
 use tierstack_tier_http::{collect_limited, serve, text, Body, Stop};
+
+pub use push::{PushConfig, PushConfigError, PushStats, PushTarget, PUSH_TIMEOUT_DEFAULT};
+pub use tierstack_pushpull::PushPolicy;
 
 /// Largest update body accepted.
 pub const UPDATE_BODY_BYTES_MAX: usize = 1 << 20;
@@ -53,6 +64,8 @@ pub enum AppServerError {
     Module { path: PathBuf, reason: String },
     #[error("cannot listen on {addr}: {source}")]
     Listen { addr: SocketAddr, source: std::io::Error },
+    #[error(transparent)]
+    Push(#[from] PushConfigError),
 }
 
 /// Counters exported at `/_tierstack/stats`.
@@ -74,12 +87,16 @@ pub struct StatsSnapshot {
     pub module_errors: u64,
     pub module_wait_ns: u64,
     pub generate_ns: u64,
+    /// The push path's counters, when pushing is configured.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub push: Option<PushStats>,
 }
 
 struct State {
     module: ModuleClient,
     documents: HashMap<String, usize>,
     counters: Counters,
+    pusher: Option<Arc<push::Pusher>>,
 }
 
 /// The document's dependency key.
@@ -117,7 +134,7 @@ fn elapsed_ns(since: Instant) -> u64 {
 async fn handle(state: Arc<State>, request: Request<Incoming>) -> Response<Body> {
     let path = request.uri().path().to_string();
     if path == "/_tierstack/stats" {
-        return stats_response(&state.counters);
+        return stats_response(&state);
     }
     let Some(name) = path.strip_prefix("/doc/") else {
         return text(StatusCode::NOT_FOUND, "no such document\n");
@@ -172,6 +189,9 @@ async fn handle(state: Arc<State>, request: Request<Incoming>) -> Response<Body>
             match state.module.update_done(access).await {
                 Ok(deps) => {
                     state.counters.updates.fetch_add(1, Ordering::Relaxed);
+                    if let Some(pusher) = &state.pusher {
+                        pusher.spawn_after_update(name, size, deps.clone());
+                    }
                     with_deps(text(StatusCode::OK, format!("updated {name}\n")), &deps)
                 }
                 Err(e) => {
@@ -184,7 +204,8 @@ async fn handle(state: Arc<State>, request: Request<Incoming>) -> Response<Body>
     }
 }
 
-fn stats_response(c: &Counters) -> Response<Body> {
+fn stats_response(state: &State) -> Response<Body> {
+    let c = &state.counters;
     let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
     let snapshot = StatsSnapshot {
         reads: load(&c.reads),
@@ -193,6 +214,7 @@ fn stats_response(c: &Counters) -> Response<Body> {
         module_errors: load(&c.module_errors),
         module_wait_ns: load(&c.module_wait_ns),
         generate_ns: load(&c.generate_ns),
+        push: state.pusher.as_ref().map(|p| p.stats()),
     };
     let mut response = text(StatusCode::OK, serde_json::to_string(&snapshot).unwrap_or_default());
     response.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
@@ -242,6 +264,16 @@ pub struct AppServer {
 impl AppServer {
     /// Validates the configuration, reaches the module and binds the port.
     pub async fn bind(config: AppServerConfig) -> Result<AppServer, AppServerError> {
+        Self::bind_with_push(config, None).await
+    }
+
+    /// As [`AppServer::bind`], pushing completed updates to proxies as
+    /// `push` says (`None`: never push, which is `bind`).
+    pub async fn bind_with_push(
+        config: AppServerConfig,
+        push: Option<PushConfig>,
+    ) -> Result<AppServer, AppServerError> {
+        let pusher = push.map(push::Pusher::new).transpose()?.map(Arc::new);
         let mut documents = HashMap::new();
         for (name, size) in &config.documents {
             tierstack_coherent::deps::validate_key(&key_of(name))
@@ -258,7 +290,7 @@ impl AppServer {
         let listener = tokio::net::TcpListener::bind(config.listen)
             .await
             .map_err(|source| AppServerError::Listen { addr: config.listen, source })?;
-        let state = Arc::new(State { module, documents, counters: Counters::default() });
+        let state = Arc::new(State { module, documents, counters: Counters::default(), pusher });
         Ok(AppServer { listener, state, compute_threads: config.compute_threads })
     }
 

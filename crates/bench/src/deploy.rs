@@ -6,6 +6,11 @@
 //! With two or more CPUs the application tier (module, server and its
 //! compute threads) is pinned to the last CPU and the proxies to CPU 0, so
 //! the tiers act as separate nodes, as in the paper's testbed.
+//!
+//! [`Deployment::start_with`] adds what [`DeploymentOptions`] asks for: a push
+//! policy (the application server then becomes fabric node P+1, reads the
+//! proxies' cache states and pushes updates: `tierstack bench push-pull`),
+//! and the proxies' cache and cache-state sizes.
 
 use crate::owner::{free_loopback_port, write_topology, ChildNode, NodeLine};
 use anyhow::{Context, Result};
@@ -33,13 +38,28 @@ pub struct DeploymentConfig {
     pub pin: bool,
 }
 
+/// Optional parts of a deployment. `Default` starts what
+/// [`Deployment::start`] starts.
+#[derive(Clone, Debug, Default)]
+pub struct DeploymentOptions {
+    /// The application server's push policy (`pull`, `push`,
+    /// `hybrid:<fraction>`, `useful:<probability>`); `None`: no push path.
+    pub push_policy: Option<String>,
+    /// Each proxy's `--cache-bytes`; `None`: the proxy's default.
+    pub proxy_cache_bytes: Option<usize>,
+    /// Each proxy's `--state-slots`; `None`: the proxy's default.
+    pub state_slots: Option<u32>,
+}
+
 /// A running deployment; dropping it stops every process.
 pub struct Deployment {
     pub proxy_urls: Vec<String>,
     pub app_url: String,
     proxy_addrs: Vec<SocketAddr>,
     app_addr: SocketAddr,
-    // Stopped in reverse start order when dropped: proxies, server, module.
+    // Stopped first, by `stop`, `drop` or `stop_proxy`.
+    proxy_children: Vec<Option<ChildNode>>,
+    // Then in reverse start order: server, module.
     children: Vec<ChildNode>,
     _scratch: tempfile::TempDir,
 }
@@ -50,11 +70,20 @@ fn args(list: &[&str]) -> Vec<String> {
 
 impl Deployment {
     pub fn start(config: &DeploymentConfig) -> Result<Deployment> {
+        Self::start_with(config, &DeploymentOptions::default())
+    }
+
+    /// As [`Deployment::start`], with `options`.
+    pub fn start_with(config: &DeploymentConfig, options: &DeploymentOptions) -> Result<Deployment> {
         let scratch = tempfile::Builder::new().prefix("tierstack-deploy-").tempdir()?;
         let cpus = tierstack_cluster::online_cpus();
         let (front_cpu, app_cpu) = if config.pin && cpus >= 2 { (Some(0), Some(cpus - 1)) } else { (None, None) };
         let mut nodes = vec![NodeLine { id: 0, role: "app", cpu: app_cpu }];
         nodes.extend((1..=config.proxies).map(|id| NodeLine { id, role: "proxy", cpu: front_cpu }));
+        let app_node = config.proxies + 1;
+        if options.push_policy.is_some() {
+            nodes.push(NodeLine { id: app_node, role: "app", cpu: app_cpu });
+        }
         let topology = write_topology(scratch.path(), "dc", config.backend, 1000, &nodes)?;
         let topology_arg = topology.display().to_string();
         let socket = scratch.path().join("module.sock");
@@ -87,13 +116,33 @@ impl Deployment {
         if let Some(cpu) = app_cpu {
             app_args.extend(args(&["--cpu", &cpu.to_string()]));
         }
+        // With a push path the server must know the proxies' addresses, so
+        // they are chosen now; otherwise each just before its proxy starts,
+        // which leaves a free port less time to be taken by someone else.
+        let mut proxy_addrs = Vec::new();
+        if options.push_policy.is_some() {
+            for _ in 0..config.proxies {
+                proxy_addrs.push(free_loopback_port()?);
+            }
+        }
+        if let Some(policy) = &options.push_policy {
+            app_args.extend(args(&["--push-policy", policy, "--topology", &topology_arg]));
+            app_args.extend(args(&["--node", &app_node.to_string()]));
+            for (node, addr) in (1..=config.proxies).zip(&proxy_addrs) {
+                app_args.extend(args(&["--push-proxy", &format!("{node}=http://{addr}")]));
+            }
+        }
         children.push(ChildNode::spawn(&config.exe, &app_args).context("starting the application server")?);
         let app_url = format!("http://{app_addr}");
 
-        let mut proxy_addrs = Vec::new();
+        let mut proxy_children = Vec::new();
         for node in 1..=config.proxies {
-            let addr = free_loopback_port()?;
-            let proxy_args = args(&[
+            let index = (node - 1) as usize;
+            if proxy_addrs.len() <= index {
+                proxy_addrs.push(free_loopback_port()?);
+            }
+            let addr = proxy_addrs[index];
+            let mut proxy_args = args(&[
                 "proxy",
                 "--listen",
                 &addr.to_string(),
@@ -106,15 +155,21 @@ impl Deployment {
                 "--node",
                 &node.to_string(),
             ]);
-            children
-                .push(ChildNode::spawn(&config.exe, &proxy_args).with_context(|| format!("starting proxy {node}"))?);
-            proxy_addrs.push(addr);
+            if let Some(bytes) = options.proxy_cache_bytes {
+                proxy_args.extend(args(&["--cache-bytes", &bytes.to_string()]));
+            }
+            if let Some(slots) = options.state_slots {
+                proxy_args.extend(args(&["--state-slots", &slots.to_string()]));
+            }
+            let child = ChildNode::spawn(&config.exe, &proxy_args).with_context(|| format!("starting proxy {node}"))?;
+            proxy_children.push(Some(child));
         }
         Ok(Deployment {
             proxy_urls: proxy_addrs.iter().map(|a| format!("http://{a}")).collect(),
             app_url,
             proxy_addrs,
             app_addr,
+            proxy_children,
             children,
             _scratch: scratch,
         })
@@ -137,13 +192,30 @@ impl Deployment {
         self.proxy_addrs.iter().map(|a| get_json(*a, "/_tierstack/stats")).collect()
     }
 
+    /// The `/_tierstack/stats` of proxy `index` (0-based; fabric node `index + 1`).
+    pub fn proxy_stats_at<T: DeserializeOwned>(&self, index: usize) -> Result<T> {
+        let addr = self.proxy_addrs.get(index).with_context(|| format!("no proxy {index}"))?;
+        get_json(*addr, "/_tierstack/stats")
+    }
+
     /// The application server's `/_tierstack/stats`.
     pub fn app_stats<T: DeserializeOwned>(&self) -> Result<T> {
         get_json(self.app_addr, "/_tierstack/stats")
     }
 
+    /// Stops proxy `index` (0-based) while the rest keeps running, as a
+    /// proxy that dies would.
+    pub fn stop_proxy(&mut self, index: usize) -> Result<()> {
+        let child = self.proxy_children.get_mut(index).and_then(Option::take);
+        child.with_context(|| format!("proxy {index} is not running"))?.finish()?;
+        Ok(())
+    }
+
     /// Stops every process, proxies first.
     pub fn stop(mut self) -> Result<()> {
+        for child in self.proxy_children.drain(..).flatten() {
+            child.finish()?;
+        }
         while let Some(child) = self.children.pop() {
             child.finish()?;
         }
@@ -157,6 +229,7 @@ impl Deployment {
 
 impl Drop for Deployment {
     fn drop(&mut self) {
+        self.proxy_children.clear();
         while let Some(child) = self.children.pop() {
             drop(child);
         }

@@ -212,10 +212,7 @@ fn curves(config: &FabricBenchConfig, s: &Session, results: &mut BackendResults)
 pub fn run(config: &FabricBenchConfig) -> Result<FabricReport> {
     std::fs::create_dir_all(&config.out_dir).with_context(|| format!("creating {}", config.out_dir.display()))?;
     let scratch = tempfile::Builder::new().prefix("tierstack-bench-").tempdir()?;
-    let mut report = FabricReport {
-        cpus: tierstack_cluster::online_cpus(),
-        backends: BTreeMap::new(),
-    };
+    let mut report = FabricReport { cpus: tierstack_cluster::online_cpus(), backends: BTreeMap::new() };
     for &backend in &config.backends {
         let mut results = BackendResults::default();
         for &busy_threads in &config.loads {

@@ -16,5 +16,6 @@ pub mod deploy;
 pub mod dlm;
 pub mod fabric;
 pub mod owner;
+pub mod pushpull;
 pub mod report;
 pub mod stats;

@@ -16,8 +16,28 @@
 //! Modes: `no-cache` (forward everything: the paper's no-cache coherence),
 //! `poll` (the above), `ttl` (serve hits without any check: the non-coherent
 //! upper bound plain HTTP caches reach, kept only for comparison).
+//!
+//! **Adaptive push-pull** (paper §4.3, crate `tierstack-pushpull`): with a
+//! fabric node, the proxy keeps its *cache state* — its recently accessed
+//! documents with last access, count, weight and whether it holds a copy — in
+//! a registered region, updated on every request with a few atomics, which
+//! the application tier reads one-sidedly when an update completes. The
+//! application tier then pushes new versions it judges useful to
+//! `PUT /_tierstack/push/doc/<name>` ([`PUSH_PATH_PREFIX`]): the body is the
+//! document, `X-Tierstack-Deps` the versions it was generated at (required;
+//! a push whose header does not parse, or that names no single document, is
+//! refused with 400). In `poll` mode a push is installed only if its
+//! versions are current when it arrives, and like every entry it is
+//! validated again on each hit, so a push racing with a newer update is
+//! refused or dropped, never served. Answers: `204`
+//! installed, `200` a copy at least as new is already cached, `409` the
+//! versions are superseded or the proxy does not cache, `507` too large for
+//! the cache, `503` the versions could not be checked. The endpoint is for
+//! the application tier only; like `/_tierstack/stats` it must not be exposed
+//! to clients.
 
 mod cache;
+mod push;
 
 use bytes::Bytes;
 use cache::{Cache, Entry};
@@ -33,8 +53,12 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use tierstack_base::{Clock, SystemClock};
 use tierstack_coherent::{DepsHeader, VersionChecker, DEPS_HEADER};
 use tierstack_fabric::Fabric;
+pub use tierstack_pushpull::state::CacheStateConfig;
+pub use tierstack_pushpull::SLOTS_DEFAULT as CACHE_STATE_SLOTS_DEFAULT;
+use tierstack_pushpull::{fingerprint, CacheStateWriter};
 use tierstack_tier_http::{collect_limited, serve, text, Body, Stop};
 
 /// Largest request body forwarded.
@@ -43,6 +67,9 @@ pub const REQUEST_BODY_BYTES_MAX: usize = 16 << 20;
 pub const RESPONSE_BODY_BYTES_MAX: usize = 64 << 20;
 /// The response header telling clients whether the cache answered.
 pub const X_CACHE: &str = "x-cache";
+/// Where the application tier pushes documents: `PUT <prefix><name>`
+/// installs the body as the cached copy of `/doc/<name>`.
+pub use tierstack_pushpull::PUSH_PATH_PREFIX;
 
 /// How the proxy treats cached copies.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -78,6 +105,22 @@ pub struct ProxyConfig {
     pub fabric: Option<Arc<dyn Fabric>>,
 }
 
+/// Settings beyond [`ProxyConfig`], with defaults ([`Proxy::bind`] uses them).
+#[derive(Clone, Debug)]
+pub struct ProxyOptions {
+    /// The shared cache state to register on the proxy's fabric node, if it
+    /// has one; `None` registers none (the application tier then never
+    /// pushes to this proxy). A registration that fails is logged and the
+    /// proxy runs without one: the cache state is advisory.
+    pub cache_state: Option<CacheStateConfig>,
+}
+
+impl Default for ProxyOptions {
+    fn default() -> Self {
+        Self { cache_state: Some(CacheStateConfig::default()) }
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum ProxyError {
     #[error("no upstream application server was given")]
@@ -102,6 +145,13 @@ struct Counters {
     upstream_ns: AtomicU64,
     upstream_errors: AtomicU64,
     uncacheable_deps: AtomicU64,
+    pushes_received: AtomicU64,
+    pushes_installed: AtomicU64,
+    pushes_redundant: AtomicU64,
+    pushes_stale: AtomicU64,
+    pushes_refused: AtomicU64,
+    push_bytes: AtomicU64,
+    push_hits: AtomicU64,
 }
 
 /// The proxy's counters, served at `/_tierstack/stats`.
@@ -124,6 +174,37 @@ pub struct ProxyStats {
     pub cached_entries: u64,
     pub cached_bytes: u64,
     pub evictions: u64,
+    /// Well-formed pushes received (installed or not).
+    #[serde(default)]
+    pub pushes_received: u64,
+    /// Pushes installed in the cache, and their body bytes.
+    #[serde(default)]
+    pub pushes_installed: u64,
+    #[serde(default)]
+    pub push_bytes: u64,
+    /// Pushes not installed because a copy at least as new was cached.
+    #[serde(default)]
+    pub pushes_redundant: u64,
+    /// Pushes not installed because their versions were already superseded
+    /// (or could not be checked).
+    #[serde(default)]
+    pub pushes_stale: u64,
+    /// Pushes refused: malformed, too large, or caching is off.
+    #[serde(default)]
+    pub pushes_refused: u64,
+    /// Hits served from pushed entries.
+    #[serde(default)]
+    pub push_hits: u64,
+    /// Wasted updates (paper §5.3): pushes of a document followed by another
+    /// push of it with no request for it in between.
+    #[serde(default)]
+    pub wasted_updates: u64,
+    /// Slots of the shared cache state (0: none registered).
+    #[serde(default)]
+    pub cache_state_slots: u64,
+    /// Cache state updates dropped under writer contention.
+    #[serde(default)]
+    pub cache_state_dropped: u64,
 }
 
 struct State {
@@ -134,6 +215,8 @@ struct State {
     client: Client<HttpConnector, Full<Bytes>>,
     upstream_timeout: Duration,
     counters: Counters,
+    cache_state: Option<CacheStateWriter>,
+    clock: SystemClock,
 }
 
 fn elapsed_ns(since: Instant) -> u64 {
@@ -179,18 +262,53 @@ impl State {
         &self.upstreams[(hash % self.upstreams.len() as u64) as usize]
     }
 
-    fn cache_lookup(&self, key: &str) -> Option<Arc<Entry>> {
-        self.cache.lock().ok()?.get(key)
+    /// Looks `key` up, noting the request for the wasted-update metric.
+    fn cache_lookup(&self, key: &str, fingerprint: u64) -> Option<Arc<Entry>> {
+        let mut cache = self.cache.lock().ok()?;
+        cache.waste.on_request(fingerprint);
+        cache.get(key)
     }
 
     fn cache_remove(&self, key: &str) {
         if let Ok(mut cache) = self.cache.lock() {
-            cache.remove(key);
+            if cache.remove(key) {
+                self.set_resident(fingerprint(key), false);
+            }
+        }
+    }
+
+    /// Caches `entry` under `key`, keeping the cache state's residency
+    /// flags in step (under the cache's lock, so they follow its order).
+    fn cache_store(&self, key: &str, entry: Arc<Entry>) -> bool {
+        let Ok(mut cache) = self.cache.lock() else { return false };
+        let inserted = cache.insert(key.to_string(), entry);
+        for evicted in &inserted.evicted {
+            self.set_resident(fingerprint(evicted), false);
+        }
+        if inserted.stored {
+            self.set_resident(fingerprint(key), true);
+        }
+        inserted.stored
+    }
+
+    fn set_resident(&self, fingerprint: u64, resident: bool) {
+        if let Some(writer) = &self.cache_state {
+            writer.set_resident(fingerprint, resident);
+        }
+    }
+
+    /// Records a request in the shared cache state.
+    fn note_access(&self, fingerprint: u64, resident: bool) {
+        if let Some(writer) = &self.cache_state {
+            writer.record_access(fingerprint, resident, self.clock.now_ns());
         }
     }
 
     fn hit(&self, entry: &Entry, head_only: bool) -> Response<Body> {
         self.counters.hits.fetch_add(1, Ordering::Relaxed);
+        if entry.pushed {
+            self.counters.push_hits.fetch_add(1, Ordering::Relaxed);
+        }
         let mut response = Response::new(if head_only { Body::default() } else { Full::new(entry.body.clone()) });
         let headers = response.headers_mut();
         if let Some(content_type) = &entry.content_type {
@@ -226,10 +344,10 @@ impl State {
     fn stats(&self) -> ProxyStats {
         let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
         let c = &self.counters;
-        let (cached_entries, cached_bytes, evictions) = self
+        let (cached_entries, cached_bytes, evictions, wasted_updates) = self
             .cache
             .lock()
-            .map(|cache| (cache.len() as u64, cache.bytes() as u64, cache.evictions()))
+            .map(|cache| (cache.len() as u64, cache.bytes() as u64, cache.evictions(), cache.waste.wasted()))
             .unwrap_or_default();
         ProxyStats {
             requests: load(&c.requests),
@@ -245,6 +363,16 @@ impl State {
             cached_entries,
             cached_bytes,
             evictions,
+            pushes_received: load(&c.pushes_received),
+            pushes_installed: load(&c.pushes_installed),
+            push_bytes: load(&c.push_bytes),
+            pushes_redundant: load(&c.pushes_redundant),
+            pushes_stale: load(&c.pushes_stale),
+            pushes_refused: load(&c.pushes_refused),
+            push_hits: load(&c.push_hits),
+            wasted_updates,
+            cache_state_slots: self.cache_state.as_ref().map_or(0, |w| u64::from(w.slots())),
+            cache_state_dropped: self.cache_state.as_ref().map_or(0, |w| w.dropped()),
         }
     }
 }
@@ -256,16 +384,24 @@ async fn handle(state: Arc<State>, request: Request<Incoming>) -> Response<Body>
         response.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
         return response;
     }
+    if let Some(name) = request.uri().path().strip_prefix(PUSH_PATH_PREFIX) {
+        let key = format!("/doc/{name}");
+        return push::receive(&state, request, key).await;
+    }
     state.counters.requests.fetch_add(1, Ordering::Relaxed);
     let method = request.method().clone();
     let readable = method == Method::GET || method == Method::HEAD;
     if readable && state.mode != CacheMode::NoCache {
-        if let Some(entry) = state.cache_lookup(&path) {
+        let fingerprint = fingerprint(&path);
+        if let Some(entry) = state.cache_lookup(&path, fingerprint) {
             if state.mode == CacheMode::Ttl || state.validate(&entry).await {
+                state.note_access(fingerprint, true);
                 return state.hit(&entry, method == Method::HEAD);
             }
+            // Out of date: dropped here, fetched below (and cached again).
             state.cache_remove(&path);
         }
+        state.note_access(fingerprint, false);
     }
     state.counters.misses.fetch_add(1, Ordering::Relaxed);
     forward(&state, request, path, method).await
@@ -342,11 +478,14 @@ fn maybe_store(state: &State, path: &str, headers: &HeaderMap, body: &Bytes) {
                 return;
             }
         };
-    let entry =
-        Entry { body: body.clone(), content_type: headers.get(CONTENT_TYPE).cloned(), deps_raw: raw.clone(), deps };
-    if let Ok(mut cache) = state.cache.lock() {
-        cache.insert(path.to_string(), Arc::new(entry));
-    }
+    let entry = Entry {
+        body: body.clone(),
+        content_type: headers.get(CONTENT_TYPE).cloned(),
+        deps_raw: raw.clone(),
+        deps,
+        pushed: false,
+    };
+    state.cache_store(path, Arc::new(entry));
 }
 
 /// A bound, ready proxy.
@@ -356,7 +495,12 @@ pub struct Proxy {
 }
 
 impl Proxy {
+    /// Binds with default [`ProxyOptions`].
     pub async fn bind(config: ProxyConfig) -> Result<Proxy, ProxyError> {
+        Self::bind_with(config, ProxyOptions::default()).await
+    }
+
+    pub async fn bind_with(config: ProxyConfig, options: ProxyOptions) -> Result<Proxy, ProxyError> {
         if config.upstreams.is_empty() {
             return Err(ProxyError::NoUpstream);
         }
@@ -368,6 +512,18 @@ impl Proxy {
                 _ => Err(ProxyError::BadUpstream(u.clone())),
             })
             .collect::<Result<Vec<_>, _>>()?;
+        let cache_state = match (&config.fabric, options.cache_state) {
+            (Some(fabric), Some(state_config)) if config.mode != CacheMode::NoCache => {
+                match CacheStateWriter::create(fabric.as_ref(), state_config) {
+                    Ok(writer) => Some(writer),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "no shared cache state: the application tier will not push here");
+                        None
+                    }
+                }
+            }
+            _ => None,
+        };
         let checker = match (config.mode, config.fabric) {
             (CacheMode::Poll, None) => return Err(ProxyError::NoFabric),
             (_, Some(fabric)) => Some(VersionChecker::new(fabric)),
@@ -387,6 +543,8 @@ impl Proxy {
             client,
             upstream_timeout: config.upstream_timeout,
             counters: Counters::default(),
+            cache_state,
+            clock: SystemClock,
         });
         Ok(Proxy { listener, state })
     }

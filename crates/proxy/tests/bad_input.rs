@@ -145,7 +145,8 @@ async fn hits_are_validated_and_updates_invalidate() {
 #[tokio::test]
 async fn malformed_or_oversized_dependency_headers_are_not_cached() {
     let s = Setup::new(CacheMode::Poll, true).await;
-    let long = format!("n=0;i=000000000000000b;{}", (0..100).map(|i| format!("k{i}=1@{i}")).collect::<Vec<_>>().join(","));
+    let long =
+        format!("n=0;i=000000000000000b;{}", (0..100).map(|i| format!("k{i}=1@{i}")).collect::<Vec<_>>().join(","));
     for bad in ["garbage", "n=0;i=zz;doc/a=1@0", long.as_str()] {
         *s.origin.deps_override.lock().unwrap() = Some(bad.to_string());
         assert_eq!(s.get("/doc/a").await.1, "MISS");

@@ -86,6 +86,40 @@ pub enum BenchCommand {
         #[arg(long)]
         no_redis: bool,
     },
+    /// Adaptive push-pull (coherency paper Fig. 12-14): wasted updates, cache misses and response
+    /// time of pull, push and the shared-cache-state hybrid at several fractions, per backend.
+    PushPull {
+        /// Output folder for JSON and plots.
+        #[arg(long, default_value = "report/pushpull")]
+        out: PathBuf,
+        /// 3 s per run instead of 10.
+        #[arg(long)]
+        quick: bool,
+        /// Backends to measure.
+        #[arg(long, value_delimiter = ',', default_value = "shm,tcp")]
+        backends: Vec<Backend>,
+        /// Push policies (pull, push, hybrid:<fraction>, useful:<probability>).
+        #[arg(long, value_delimiter = ',')]
+        policies: Option<Vec<String>>,
+        /// Each proxy's cache size: small enough that pushes evict.
+        #[arg(long, default_value_t = tierstack_bench::pushpull::CACHE_BYTES_DEFAULT)]
+        cache_bytes: usize,
+        /// Zipf documents (sizes 200 B to 1 MiB).
+        #[arg(long, default_value_t = tierstack_bench::pushpull::DOCS_DEFAULT)]
+        docs: usize,
+        /// Zipf exponent of the requests.
+        #[arg(long, default_value_t = tierstack_bench::pushpull::ALPHA_DEFAULT)]
+        alpha: f64,
+        /// One update of a uniformly chosen document every this many ms.
+        #[arg(long, default_value_t = tierstack_bench::pushpull::UPDATE_INTERVAL_MS_DEFAULT)]
+        update_interval_ms: u64,
+        /// Seconds per run (overrides the --quick choice).
+        #[arg(long)]
+        duration_s: Option<u64>,
+        /// Load client connections.
+        #[arg(long, default_value_t = tierstack_bench::pushpull::CONNECTIONS_DEFAULT)]
+        connections: usize,
+    },
 }
 
 pub fn run(command: BenchCommand) -> Result<()> {
@@ -134,6 +168,35 @@ pub fn run(command: BenchCommand) -> Result<()> {
             }
             config.redis = !no_redis;
             tierstack_bench::ddss::run(&config)?;
+            Ok(())
+        }
+        BenchCommand::PushPull {
+            out,
+            quick,
+            backends,
+            policies,
+            cache_bytes,
+            docs,
+            alpha,
+            update_interval_ms,
+            duration_s,
+            connections,
+        } => {
+            use tierstack_bench::pushpull::{run, PushPullBenchConfig};
+            let mut config = PushPullBenchConfig::new(std::env::current_exe()?, out, quick);
+            config.backends = backends;
+            if let Some(policies) = policies {
+                config.policies = policies;
+            }
+            config.cache_bytes = cache_bytes;
+            config.docs = docs;
+            config.alpha = alpha;
+            config.update_interval_ms = update_interval_ms;
+            config.connections = connections;
+            if let Some(seconds) = duration_s {
+                config.duration = std::time::Duration::from_secs(seconds);
+            }
+            run(&config)?;
             Ok(())
         }
     }

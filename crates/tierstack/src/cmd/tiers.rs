@@ -9,12 +9,12 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
-use tierstack_appserver::{AppServer, AppServerConfig};
+use tierstack_appserver::{AppServer, AppServerConfig, PushConfig, PushPolicy, PushTarget};
 use tierstack_base::NodeId;
 use tierstack_cluster::{open_fabric, pin_to_cpu, Topology};
 use tierstack_coherent::module::ModuleServer;
 use tierstack_coherent::version_table::{Incarnation, VersionTable};
-use tierstack_proxy::{CacheMode, Proxy, ProxyConfig};
+use tierstack_proxy::{CacheMode, CacheStateConfig, Proxy, ProxyConfig, ProxyOptions};
 use tierstack_tier_http::Stop;
 
 fn runtime(worker_threads: usize) -> Result<tokio::runtime::Runtime> {
@@ -101,6 +101,27 @@ pub struct AppServerArgs {
     compute_threads: usize,
     #[arg(long)]
     cpu: Option<usize>,
+    /// Push completed updates to proxies: pull | push | hybrid:<fraction> |
+    /// useful:<probability>. Needs --topology, --node and --push-proxy.
+    #[arg(long)]
+    push_policy: Option<PushPolicy>,
+    /// A proxy to push to, as `<fabric node>=<base URL>` (repeatable).
+    #[arg(long = "push-proxy", value_parser = parse_push_target)]
+    push_proxies: Vec<PushTarget>,
+    /// Bound on each cache-state read and each push.
+    #[arg(long, default_value_t = 5_000)]
+    push_timeout_ms: u64,
+    /// Topology and fabric node id of this server (for reading the proxies' cache states).
+    #[arg(long)]
+    topology: Option<PathBuf>,
+    #[arg(long)]
+    node: Option<u32>,
+}
+
+fn parse_push_target(text: &str) -> Result<PushTarget, String> {
+    let (node, url) = text.split_once('=').ok_or_else(|| format!("{text:?}: expected <node>=<url>"))?;
+    let node = node.parse::<u32>().map_err(|_| format!("{text:?}: {node:?} is not a node id"))?;
+    Ok(PushTarget { node: NodeId(node), url: url.to_string() })
 }
 
 /// The document set named by `spec` (see `AppServerArgs::documents`).
@@ -126,6 +147,19 @@ pub fn app_server(args: AppServerArgs) -> Result<()> {
     if let Some(cpu) = args.cpu {
         pin_to_cpu(cpu)?;
     }
+    let push = match (args.push_policy, &args.topology, args.node) {
+        (None, None, None) if args.push_proxies.is_empty() => None,
+        (Some(policy), Some(path), Some(node)) if !args.push_proxies.is_empty() => {
+            let topology = Topology::load(path)?;
+            Some(PushConfig {
+                fabric: open_fabric(&topology, NodeId(node))?,
+                proxies: args.push_proxies.clone(),
+                policy,
+                timeout: Duration::from_millis(args.push_timeout_ms),
+            })
+        }
+        _ => anyhow::bail!("--push-policy, --push-proxy, --topology and --node go together"),
+    };
     let config = AppServerConfig {
         listen: args.listen,
         module_socket: args.module_socket,
@@ -133,7 +167,7 @@ pub fn app_server(args: AppServerArgs) -> Result<()> {
         compute_threads: args.compute_threads,
     };
     runtime(2)?.block_on(async {
-        let server = AppServer::bind(config).await?;
+        let server = AppServer::bind_with_push(config, push).await?;
         let stop = Stop::new();
         let serving = tokio::spawn(server.run(stop.clone()));
         announce_ready()?;
@@ -165,6 +199,10 @@ pub struct ProxyArgs {
     upstream_timeout_ms: u64,
     #[arg(long)]
     cpu: Option<usize>,
+    /// Documents tracked in the shared cache state the application tier
+    /// reads to decide pushes (a multiple of 8, at most 336; 0 = none).
+    #[arg(long, default_value_t = tierstack_proxy::CACHE_STATE_SLOTS_DEFAULT)]
+    state_slots: u32,
 }
 
 pub fn proxy(args: ProxyArgs) -> Result<()> {
@@ -192,7 +230,13 @@ pub fn proxy(args: ProxyArgs) -> Result<()> {
         fabric,
     };
     runtime(2)?.block_on(async {
-        let proxy = Proxy::bind(config).await?;
+        let cache_state =
+            (args.state_slots > 0).then(|| CacheStateConfig { slots: args.state_slots, ..CacheStateConfig::default() });
+        if let Some(state) = &cache_state {
+            state.validate().context("--state-slots")?;
+        }
+        let options = ProxyOptions { cache_state };
+        let proxy = Proxy::bind_with(config, options).await?;
         let stop = Stop::new();
         let serving = tokio::spawn(proxy.run(stop.clone()));
         announce_ready()?;

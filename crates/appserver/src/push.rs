@@ -1,0 +1,472 @@
+//! The push path (coherency paper §4.3): after an update completes, read
+//! each proxy's shared cache state, decide per proxy with the policy,
+//! generate the new document once, and install it in the chosen proxies'
+//! caches with the versions `update_done` returned.
+//!
+//! It runs in a task of its own, after the update's response is sent, so it
+//! never lengthens an update. Every failure is skipped and counted: a proxy
+//! whose cache state cannot be read (dead, restarting, no state) gets no
+//! push; a push that fails or is refused is only a lost optimization — the
+//! proxy still validates every hit, so nothing stale can result.
+
+use crate::{generate_body, key_of};
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::header::{HeaderValue, CONTENT_TYPE};
+use hyper::{Method, Request, Uri};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use serde::{Deserialize, Serialize};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tierstack_base::{Clock, NodeId, SystemClock};
+use tierstack_coherent::{DepsHeader, DEPS_HEADER};
+use tierstack_fabric::Fabric;
+use tierstack_pushpull::{decide, fingerprint, CacheStateReader, Decision, PushPolicy, UpdateContext, UpdateRates};
+use tokio::sync::Semaphore;
+use tokio::task::JoinSet;
+
+/// Updates whose push is in progress at once; later ones skip their push.
+pub const PUSHES_IN_FLIGHT_MAX: usize = 64;
+/// Default bound on one cache-state read plus one push.
+pub const PUSH_TIMEOUT_DEFAULT: Duration = Duration::from_secs(5);
+/// Most proxies one application server pushes to.
+pub const PUSH_PROXIES_MAX: usize = 256;
+
+/// One proxy the application server may push to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PushTarget {
+    /// The proxy's fabric node (its cache state lives there).
+    pub node: NodeId,
+    /// The proxy's base URL, `http://host:port`.
+    pub url: String,
+}
+
+/// What the application server needs to push.
+#[derive(Clone)]
+pub struct PushConfig {
+    /// The application server's own fabric node.
+    pub fabric: Arc<dyn Fabric>,
+    pub proxies: Vec<PushTarget>,
+    pub policy: PushPolicy,
+    /// Bound on each cache-state read and each push request.
+    pub timeout: Duration,
+}
+
+/// Counters of the push path, in the server's `/_tierstack/stats` as `push`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct PushStats {
+    pub policy: String,
+    /// Updates the push path considered.
+    pub updates: u64,
+    /// Cache-state reads, their total time, and the ones that failed
+    /// (that proxy was skipped for that update).
+    pub state_reads: u64,
+    pub state_read_ns: u64,
+    pub state_read_errors: u64,
+    /// Decisions, per (update, proxy).
+    pub decided_push: u64,
+    pub decided_never: u64,
+    pub decided_not_cached: u64,
+    pub decided_not_recent: u64,
+    pub decided_unlikely: u64,
+    /// Pushes sent, and their outcome: installed (2xx), declined by the
+    /// proxy (superseded, refused, too large), failed (unreachable, timeout).
+    pub pushes_sent: u64,
+    pub pushes_ok: u64,
+    pub pushes_declined: u64,
+    pub pushes_failed: u64,
+    /// Body bytes of the pushes sent.
+    pub push_bytes: u64,
+    /// Updates whose push was skipped because too many were in flight.
+    pub skipped_busy: u64,
+}
+
+#[derive(Default)]
+struct Counters {
+    updates: AtomicU64,
+    state_reads: AtomicU64,
+    state_read_ns: AtomicU64,
+    state_read_errors: AtomicU64,
+    decided_push: AtomicU64,
+    decided_never: AtomicU64,
+    decided_not_cached: AtomicU64,
+    decided_not_recent: AtomicU64,
+    decided_unlikely: AtomicU64,
+    pushes_sent: AtomicU64,
+    pushes_ok: AtomicU64,
+    pushes_declined: AtomicU64,
+    pushes_failed: AtomicU64,
+    push_bytes: AtomicU64,
+    skipped_busy: AtomicU64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum PushConfigError {
+    #[error("bad proxy URL {0:?}: expected http://host:port")]
+    BadUrl(String),
+    #[error("at most {PUSH_PROXIES_MAX} proxies")]
+    TooManyProxies,
+}
+
+pub(crate) struct Pusher {
+    policy: PushPolicy,
+    timeout: Duration,
+    proxies: Vec<(NodeId, Uri)>,
+    reader: CacheStateReader,
+    client: Client<HttpConnector, Full<Bytes>>,
+    rates: Mutex<UpdateRates>,
+    in_flight: Arc<Semaphore>,
+    counters: Counters,
+    clock: SystemClock,
+}
+
+fn elapsed_ns(since: Instant) -> u64 {
+    u64::try_from(since.elapsed().as_nanos()).unwrap_or(u64::MAX)
+}
+
+impl Pusher {
+    pub(crate) fn new(config: PushConfig) -> Result<Self, PushConfigError> {
+        if config.proxies.len() > PUSH_PROXIES_MAX {
+            return Err(PushConfigError::TooManyProxies);
+        }
+        let proxies = config
+            .proxies
+            .iter()
+            .map(|p| match p.url.trim_end_matches('/').parse::<Uri>() {
+                Ok(uri) if uri.scheme_str() == Some("http") && uri.authority().is_some() => Ok((p.node, uri)),
+                _ => Err(PushConfigError::BadUrl(p.url.clone())),
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        Ok(Self {
+            policy: config.policy,
+            timeout: config.timeout,
+            proxies,
+            reader: CacheStateReader::new(config.fabric),
+            client: Client::builder(TokioExecutor::new()).build(connector),
+            rates: Mutex::new(UpdateRates::new()),
+            in_flight: Arc::new(Semaphore::new(PUSHES_IN_FLIGHT_MAX)),
+            counters: Counters::default(),
+            clock: SystemClock,
+        })
+    }
+
+    pub(crate) fn stats(&self) -> PushStats {
+        let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let c = &self.counters;
+        PushStats {
+            policy: self.policy.to_string(),
+            updates: load(&c.updates),
+            state_reads: load(&c.state_reads),
+            state_read_ns: load(&c.state_read_ns),
+            state_read_errors: load(&c.state_read_errors),
+            decided_push: load(&c.decided_push),
+            decided_never: load(&c.decided_never),
+            decided_not_cached: load(&c.decided_not_cached),
+            decided_not_recent: load(&c.decided_not_recent),
+            decided_unlikely: load(&c.decided_unlikely),
+            pushes_sent: load(&c.pushes_sent),
+            pushes_ok: load(&c.pushes_ok),
+            pushes_declined: load(&c.pushes_declined),
+            pushes_failed: load(&c.pushes_failed),
+            push_bytes: load(&c.push_bytes),
+            skipped_busy: load(&c.skipped_busy),
+        }
+    }
+
+    fn count(&self, decision: Decision) {
+        let c = &self.counters;
+        let counter = match decision {
+            Decision::Push => &c.decided_push,
+            Decision::Never => &c.decided_never,
+            Decision::NotCached => &c.decided_not_cached,
+            Decision::NotRecent => &c.decided_not_recent,
+            Decision::Unlikely => &c.decided_unlikely,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Starts the push of an update that completed with `deps` (the header
+    /// `update_done` returned); returns at once.
+    pub(crate) fn spawn_after_update(self: &Arc<Self>, name: &str, size: usize, deps: String) {
+        let Ok(permit) = self.in_flight.clone().try_acquire_owned() else {
+            self.counters.skipped_busy.fetch_add(1, Ordering::Relaxed);
+            return;
+        };
+        let pusher = self.clone();
+        let name = name.to_string();
+        tokio::spawn(async move {
+            pusher.after_update(&name, size, &deps).await;
+            drop(permit);
+        });
+    }
+
+    async fn after_update(self: Arc<Self>, name: &str, size: usize, deps: &str) {
+        self.counters.updates.fetch_add(1, Ordering::Relaxed);
+        let key = key_of(name);
+        let Some(version) =
+            DepsHeader::parse(deps).ok().and_then(|h| h.deps.iter().find(|d| d.key == key).map(|d| d.version))
+        else {
+            tracing::warn!(name, "update_done returned no version for the document; not pushing");
+            return;
+        };
+        let doc = fingerprint(&format!("/doc/{name}"));
+        let update_rate_hz = self.rates.lock().ok().and_then(|mut rates| rates.record(doc, self.clock.now_ns()));
+        let context = UpdateContext { update_rate_hz };
+        if !self.policy.reads_state() {
+            for _ in &self.proxies {
+                self.count(Decision::Never);
+            }
+            return;
+        }
+        // One cache-state read per proxy, all at once.
+        let mut reads = JoinSet::new();
+        for (index, (node, _)) in self.proxies.iter().enumerate() {
+            let pusher = self.clone();
+            let node = *node;
+            reads.spawn(async move {
+                let started = Instant::now();
+                let state = tokio::time::timeout(pusher.timeout, pusher.reader.read(node)).await;
+                (index, state, elapsed_ns(started))
+            });
+        }
+        let mut chosen = Vec::new();
+        while let Some(joined) = reads.join_next().await {
+            let Ok((index, state, read_ns)) = joined else { continue };
+            self.counters.state_reads.fetch_add(1, Ordering::Relaxed);
+            self.counters.state_read_ns.fetch_add(read_ns, Ordering::Relaxed);
+            match state {
+                Ok(Ok(state)) => {
+                    let decision = decide(self.policy, doc, &state, &context);
+                    self.count(decision);
+                    if decision.is_push() {
+                        chosen.push(index);
+                    }
+                }
+                Ok(Err(e)) => {
+                    self.counters.state_read_errors.fetch_add(1, Ordering::Relaxed);
+                    tracing::debug!(proxy = index, error = %e, "cache state unreadable; not pushing there");
+                }
+                Err(_) => {
+                    self.counters.state_read_errors.fetch_add(1, Ordering::Relaxed);
+                    tracing::debug!(proxy = index, "cache state read timed out; not pushing there");
+                }
+            }
+        }
+        if chosen.is_empty() {
+            return;
+        }
+        // Generate once; every chosen proxy gets the same bytes.
+        let body = generate_body(name, version, size);
+        let Ok(deps_value) = HeaderValue::from_str(deps) else { return };
+        let mut pushes = JoinSet::new();
+        for index in chosen {
+            let Some((_, base)) = self.proxies.get(index) else { continue };
+            let uri =
+                format!("{}{}{}", base.to_string().trim_end_matches('/'), tierstack_pushpull::PUSH_PATH_PREFIX, name);
+            let Ok(uri) = uri.parse::<Uri>() else { continue };
+            let mut request = Request::new(Full::new(body.clone()));
+            *request.method_mut() = Method::PUT;
+            *request.uri_mut() = uri;
+            request.headers_mut().insert(DEPS_HEADER, deps_value.clone());
+            request.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("text/plain"));
+            self.counters.pushes_sent.fetch_add(1, Ordering::Relaxed);
+            self.counters.push_bytes.fetch_add(body.len() as u64, Ordering::Relaxed);
+            let pusher = self.clone();
+            pushes.spawn(async move {
+                let exchange = async {
+                    let response = pusher.client.request(request).await?;
+                    let status = response.status();
+                    // Read the (short) answer so the connection is reused.
+                    let _ = response.into_body().collect().await;
+                    Ok::<_, hyper_util::client::legacy::Error>(status)
+                };
+                let outcome = tokio::time::timeout(pusher.timeout, exchange).await;
+                let counter = match outcome {
+                    Ok(Ok(status)) if status.is_success() => &pusher.counters.pushes_ok,
+                    Ok(Ok(status)) => {
+                        tracing::debug!(proxy = index, %status, "push declined");
+                        &pusher.counters.pushes_declined
+                    }
+                    Ok(Err(e)) => {
+                        tracing::debug!(proxy = index, error = %e, "push failed");
+                        &pusher.counters.pushes_failed
+                    }
+                    Err(_) => &pusher.counters.pushes_failed,
+                };
+                counter.fetch_add(1, Ordering::Relaxed);
+            });
+        }
+        while pushes.join_next().await.is_some() {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{AppServer, AppServerConfig};
+    use hyper::body::Incoming;
+    use hyper::StatusCode;
+    use tierstack_cluster::{local_cluster, Backend, LocalCluster};
+    use tierstack_coherent::module::ModuleServer;
+    use tierstack_coherent::version_table::{Incarnation, VersionTable};
+    use tierstack_pushpull::state::CacheStateConfig;
+    use tierstack_pushpull::CacheStateWriter;
+    use tierstack_tier_http::{serve, text, Stop};
+
+    type Received = Arc<Mutex<Vec<(String, String, String)>>>;
+
+    /// Node 0: the module; node 1: a proxy's cache state and an HTTP
+    /// endpoint that records pushes; node 2: the application server.
+    struct Setup {
+        _dir: tempfile::TempDir,
+        _cluster: LocalCluster,
+        state: CacheStateWriter,
+        received: Received,
+        app: std::net::SocketAddr,
+        client: Client<HttpConnector, Full<Bytes>>,
+    }
+
+    async fn recorder(received: Received) -> std::net::SocketAddr {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let handler = Arc::new(move |request: Request<Incoming>| {
+            let received = received.clone();
+            async move {
+                let path = request.uri().path().to_string();
+                let deps = request.headers().get(DEPS_HEADER).map(|v| v.to_str().unwrap().to_string()).unwrap();
+                let body = request.into_body().collect().await.unwrap().to_bytes();
+                received.lock().unwrap().push((path, deps, String::from_utf8_lossy(&body).to_string()));
+                text(StatusCode::NO_CONTENT, "")
+            }
+        });
+        tokio::spawn(serve(listener, handler, Stop::new()));
+        addr
+    }
+
+    impl Setup {
+        /// `targets(push_url)` lists the proxies the server pushes to.
+        async fn new(policy: &str, targets: impl FnOnce(String) -> Vec<PushTarget>) -> Setup {
+            let dir = tempfile::tempdir().unwrap();
+            let cluster = local_cluster(Backend::Shm, 3).unwrap();
+            let table = Arc::new(VersionTable::create(cluster.fabric(0).as_ref(), 64, Incarnation(5)).unwrap());
+            let socket = dir.path().join("module.sock");
+            let listener = ModuleServer::bind(&socket).unwrap();
+            let module = ModuleServer::new(table);
+            tokio::spawn(async move { module.serve_on(listener).await });
+            let state = CacheStateWriter::create(cluster.fabric(1).as_ref(), CacheStateConfig::default()).unwrap();
+            let received: Received = Arc::default();
+            let push_url = format!("http://{}", recorder(received.clone()).await);
+            let config = AppServerConfig {
+                listen: "127.0.0.1:0".parse().unwrap(),
+                module_socket: socket,
+                documents: vec![("a".into(), 100), ("b".into(), 50)],
+                compute_threads: 0,
+            };
+            let push = PushConfig {
+                fabric: cluster.fabric(2).clone(),
+                proxies: targets(push_url),
+                policy: policy.parse().unwrap(),
+                timeout: Duration::from_secs(2),
+            };
+            let server = AppServer::bind_with_push(config, Some(push)).await.unwrap();
+            let app = server.local_addr().unwrap();
+            tokio::spawn(server.run(Stop::new()));
+            Setup {
+                _dir: dir,
+                _cluster: cluster,
+                state,
+                received,
+                app,
+                client: Client::builder(TokioExecutor::new()).build_http(),
+            }
+        }
+
+        async fn update(&self, name: &str) {
+            let mut request = Request::new(Full::new(Bytes::new()));
+            *request.method_mut() = Method::PUT;
+            *request.uri_mut() = format!("http://{}/doc/{name}", self.app).parse().unwrap();
+            let response = self.client.request(request).await.unwrap();
+            assert_eq!(response.status(), StatusCode::OK);
+        }
+
+        /// Waits (bounded) until `updates` updates went through the push
+        /// path, with `decisions` (update, proxy) decisions made and every push answered.
+        async fn stats_after(&self, updates: u64, decisions: u64) -> PushStats {
+            let deadline = Instant::now() + Duration::from_secs(20);
+            loop {
+                let uri = format!("http://{}/_tierstack/stats", self.app).parse().unwrap();
+                let body = self.client.get(uri).await.unwrap().into_body().collect().await.unwrap().to_bytes();
+                let stats: serde_json::Value = serde_json::from_slice(&body).unwrap();
+                let push: PushStats = serde_json::from_value(stats["push"].clone()).unwrap();
+                let settled = push.updates >= updates
+                    && push.state_reads + push.decided_never >= decisions
+                    && push.pushes_ok + push.pushes_declined + push.pushes_failed == push.pushes_sent
+                    && push.decided_push == push.pushes_sent;
+                if settled || Instant::now() > deadline {
+                    return push;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+    }
+
+    fn one_proxy(url: String) -> Vec<PushTarget> {
+        vec![PushTarget { node: NodeId(1), url }]
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn pushes_the_new_version_to_a_proxy_holding_a_copy() {
+        let s = Setup::new("push", one_proxy).await;
+        s.state.record_access(fingerprint("/doc/a"), true, 1);
+        s.state.record_access(fingerprint("/doc/b"), false, 2);
+        s.update("a").await;
+        s.update("b").await;
+        let stats = s.stats_after(2, 2).await;
+        assert_eq!((stats.decided_push, stats.decided_not_cached), (1, 1), "{stats:?}");
+        assert_eq!((stats.pushes_sent, stats.pushes_ok, stats.push_bytes), (1, 1, 100));
+        let received = s.received.lock().unwrap().clone();
+        assert_eq!(received.len(), 1);
+        let (path, deps, body) = &received[0];
+        assert_eq!(path, "/_tierstack/push/doc/a");
+        let deps = DepsHeader::parse(deps).unwrap();
+        assert_eq!(deps.deps[0].key, "doc/a");
+        assert_eq!(deps.deps[0].version, 2, "the version the update produced");
+        assert!(body.starts_with("doc=a version=2\n"), "generated at that version: {body:?}");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn pull_never_reads_cache_states_nor_pushes() {
+        let s = Setup::new("pull", one_proxy).await;
+        s.state.record_access(fingerprint("/doc/a"), true, 1);
+        s.update("a").await;
+        let stats = s.stats_after(1, 1).await;
+        assert_eq!((stats.decided_never, stats.state_reads, stats.pushes_sent), (1, 0, 0), "{stats:?}");
+        assert!(s.received.lock().unwrap().is_empty());
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn dead_or_stateless_proxies_are_skipped_and_counted() {
+        // Node 1 has a state but its HTTP endpoint is gone; node 2 (the
+        // server itself) has no cache state; node 9 is not in the cluster.
+        let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+        let s = Setup::new("push", move |_| {
+            vec![
+                PushTarget { node: NodeId(1), url: format!("http://{closed}") },
+                PushTarget { node: NodeId(2), url: format!("http://{closed}") },
+                PushTarget { node: NodeId(9), url: format!("http://{closed}") },
+            ]
+        })
+        .await;
+        s.state.record_access(fingerprint("/doc/a"), true, 1);
+        s.update("a").await;
+        let stats = s.stats_after(1, 3).await;
+        assert_eq!(stats.state_reads, 3, "{stats:?}");
+        assert_eq!(stats.state_read_errors, 2, "no region on node 2, no node 9: {stats:?}");
+        assert_eq!((stats.pushes_sent, stats.pushes_failed), (1, 1), "{stats:?}");
+    }
+}

@@ -1,0 +1,175 @@
+//! Adaptive push-pull end to end: the module, an application server that
+//! pushes completed updates, and two proxies as processes; the load client,
+//! the updater and the staleness checker in this process. Caches are small,
+//! so pushes race with evictions; updates come every few milliseconds, so
+//! pushes race with newer updates. Nothing stale may ever be served.
+
+use serde_json::Value;
+use std::path::PathBuf;
+use tierstack_bench::deploy::{Deployment, DeploymentConfig, DeploymentOptions};
+use tierstack_cluster::Backend;
+use tierstack_loadgen::{run, LoadConfig, LoadReport};
+use tierstack_workload::Trace;
+
+/// Zipf sizes span 200 B to 1 MiB geometrically; with 100 documents the
+/// ones that fit a 64 KiB cache's 8 KiB entry bound add up to more than the
+/// cache, so caches evict (with 20, they would all fit).
+const DOCS: usize = 100;
+
+fn deploy(backend: Backend, options: DeploymentOptions) -> Deployment {
+    let config = DeploymentConfig {
+        exe: PathBuf::from(env!("CARGO_BIN_EXE_tierstack")),
+        backend,
+        mode: "poll".into(),
+        proxies: 2,
+        compute_threads: 0,
+        documents: "zipf".into(),
+        docs: DOCS,
+        seed: 1,
+        pin: false,
+    };
+    // Ports are picked free and bound later by the children, so a test
+    // running alongside may take one first: a failed start is retried.
+    let mut attempts = 0;
+    loop {
+        match Deployment::start_with(&config, &options) {
+            Ok(deployment) => return deployment,
+            Err(e) if attempts < 2 => {
+                attempts += 1;
+                eprintln!("deployment did not start ({e:#}); retrying");
+            }
+            Err(e) => panic!("deployment did not start: {e:#}"),
+        }
+    }
+}
+
+fn options(policy: &str, cache_bytes: usize) -> DeploymentOptions {
+    DeploymentOptions { push_policy: Some(policy.into()), proxy_cache_bytes: Some(cache_bytes), state_slots: None }
+}
+
+fn load(targets: &[String], app_url: &str, requests: u64) -> LoadReport {
+    let mut config = LoadConfig::new(targets[0].clone(), Trace::zipf(0.9, DOCS).unwrap());
+    config.targets = targets.to_vec();
+    config.update_target = Some(app_url.to_string());
+    config.connections = 4;
+    config.duration_ms = None;
+    config.requests_max = Some(requests);
+    config.update_interval_ms = 4;
+    config.keep_records = true;
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    runtime.block_on(run(config)).unwrap()
+}
+
+fn sum(stats: &[Value], field: &str) -> u64 {
+    stats.iter().map(|s| s[field].as_u64().unwrap()).sum()
+}
+
+fn assert_coherent(what: &str, report: &LoadReport) {
+    assert_eq!(report.stale_responses, 0, "{what}: stale responses served: {:?}", report.stale_examples);
+    assert_eq!(report.stale_responses_offline, Some(0), "{what}: offline recount");
+    assert_eq!(report.ok, report.requests, "{what}: errors {:?}", report.errors);
+    assert!(report.updates.done >= 50, "{what}: the updater ran ({} updates)", report.updates.done);
+    assert_eq!(report.updates.errors.total(), 0, "{what}: updates failed: {:?}", report.updates.errors);
+}
+
+fn pushes_stay_coherent(backend: Backend, policy: &str) {
+    let what = format!("{} {policy}", backend.name());
+    let deployment = deploy(backend, options(policy, 64 << 10));
+    let report = load(&deployment.proxy_urls, &deployment.app_url, 5000);
+    assert_coherent(&what, &report);
+    let stats: Vec<Value> = deployment.proxy_stats().unwrap();
+    let app: Value = deployment.app_stats().unwrap();
+    let push = &app["push"];
+    assert_eq!(push["policy"].as_str(), Some(policy));
+    assert!(push["state_reads"].as_u64().unwrap() > 0, "{what}: the server read cache states: {push}");
+    assert!(sum(&stats, "pushes_installed") > 0, "{what}: pushes were installed: {stats:?}");
+    assert!(sum(&stats, "push_hits") > 0, "{what}: pushed copies served hits: {stats:?}");
+    assert!(sum(&stats, "evictions") > 0, "{what}: pushes raced with evictions: {stats:?}");
+    assert!(sum(&stats, "checks") >= report.cache_hits, "{what}: every hit, pushed or fetched, was validated");
+    assert_eq!(sum(&stats, "pushes_refused"), 0, "{what}: every push was well-formed: {stats:?}");
+    deployment.stop().unwrap();
+}
+
+#[test]
+fn push_serves_nothing_stale_on_shm() {
+    pushes_stay_coherent(Backend::Shm, "push");
+}
+
+#[test]
+fn push_serves_nothing_stale_on_tcp() {
+    pushes_stay_coherent(Backend::Tcp, "push");
+}
+
+#[test]
+fn hybrid_serves_nothing_stale_on_tcp() {
+    pushes_stay_coherent(Backend::Tcp, "hybrid:0.5");
+}
+
+#[test]
+fn useful_serves_nothing_stale_on_shm() {
+    pushes_stay_coherent(Backend::Shm, "useful:0.5");
+}
+
+#[test]
+fn pull_pushes_nothing_and_wastes_nothing() {
+    let deployment = deploy(Backend::Shm, options("pull", 256 << 10));
+    let report = load(&deployment.proxy_urls, &deployment.app_url, 2000);
+    assert_coherent("pull", &report);
+    let stats: Vec<Value> = deployment.proxy_stats().unwrap();
+    assert_eq!(sum(&stats, "pushes_received"), 0);
+    assert_eq!(sum(&stats, "wasted_updates"), 0);
+    assert!(sum(&stats, "stale_dropped") > 0, "updates invalidated copies, which pull re-fetches on a miss");
+    deployment.stop().unwrap();
+}
+
+fn dead_proxy_is_skipped(backend: Backend) {
+    let what = format!("{} dead proxy", backend.name());
+    let mut deployment = deploy(backend, options("push", 256 << 10));
+    let warm = load(&deployment.proxy_urls, &deployment.app_url, 1000);
+    assert_coherent(&what, &warm);
+    let before: Value = deployment.app_stats().unwrap();
+    deployment.stop_proxy(1).unwrap();
+    let report = load(&deployment.proxy_urls[..1], &deployment.app_url, 3000);
+    assert_coherent(&what, &report);
+    let after: Value = deployment.app_stats().unwrap();
+    let delta = |field: &str| after["push"][field].as_u64().unwrap() - before["push"][field].as_u64().unwrap();
+    assert!(
+        delta("state_read_errors") + delta("pushes_failed") > 0,
+        "{what}: pushes to the dead proxy were skipped and counted: {}",
+        after["push"]
+    );
+    let live: Value = deployment.proxy_stats_at(0).unwrap();
+    assert!(live["pushes_installed"].as_u64().unwrap() > 0, "{what}: the live proxy still gets pushes");
+    deployment.stop().unwrap();
+}
+
+#[test]
+fn a_dead_proxy_is_skipped_on_shm() {
+    dead_proxy_is_skipped(Backend::Shm);
+}
+
+#[test]
+fn a_dead_proxy_is_skipped_on_tcp() {
+    dead_proxy_is_skipped(Backend::Tcp);
+}
+
+#[test]
+fn full_cache_states_and_caches_refuse_pushes_without_staleness() {
+    // 8 slots (one bucket) track 8 of the 100 documents; a 64 KiB cache takes
+    // entries of at most 8 KiB. Documents untracked or never cached are not
+    // pushed (a 507 for a push too large is tested in the proxy's unit tests).
+    let options =
+        DeploymentOptions { push_policy: Some("push".into()), proxy_cache_bytes: Some(64 << 10), state_slots: Some(8) };
+    let deployment = deploy(Backend::Shm, options);
+    let report = load(&deployment.proxy_urls, &deployment.app_url, 4000);
+    assert_coherent("full", &report);
+    let stats: Vec<Value> = deployment.proxy_stats().unwrap();
+    assert!(stats.iter().all(|s| s["cache_state_slots"] == 8));
+    let app: Value = deployment.app_stats().unwrap();
+    let push = &app["push"];
+    assert!(
+        push["decided_not_cached"].as_u64().unwrap() > 0,
+        "untracked or uncached documents were not pushed: {push}"
+    );
+    deployment.stop().unwrap();
+}
