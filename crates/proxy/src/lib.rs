@@ -37,6 +37,7 @@
 //! to clients.
 
 mod cache;
+mod coalesce;
 mod push;
 
 use bytes::Bytes;
@@ -145,6 +146,8 @@ struct Counters {
     upstream_ns: AtomicU64,
     upstream_errors: AtomicU64,
     uncacheable_deps: AtomicU64,
+    coalesced: AtomicU64,
+    waiting_on_fetch: AtomicU64,
     pushes_received: AtomicU64,
     pushes_installed: AtomicU64,
     pushes_redundant: AtomicU64,
@@ -171,6 +174,13 @@ pub struct ProxyStats {
     pub upstream_errors: u64,
     /// Responses not cached because their dependency header was malformed.
     pub uncacheable_deps: u64,
+    /// Misses answered from another request's concurrent fetch (after
+    /// validating it): upstream requests saved by coalescing.
+    #[serde(default)]
+    pub coalesced: u64,
+    /// Requests waiting for another request's fetch right now.
+    #[serde(default)]
+    pub waiting_on_fetch: u64,
     pub cached_entries: u64,
     pub cached_bytes: u64,
     pub evictions: u64,
@@ -217,6 +227,7 @@ struct State {
     counters: Counters,
     cache_state: Option<CacheStateWriter>,
     clock: SystemClock,
+    flights: coalesce::Flights,
 }
 
 fn elapsed_ns(since: Instant) -> u64 {
@@ -360,6 +371,8 @@ impl State {
             upstream_ns: load(&c.upstream_ns),
             upstream_errors: load(&c.upstream_errors),
             uncacheable_deps: load(&c.uncacheable_deps),
+            coalesced: load(&c.coalesced),
+            waiting_on_fetch: load(&c.waiting_on_fetch),
             cached_entries,
             cached_bytes,
             evictions,
@@ -403,20 +416,50 @@ async fn handle(state: Arc<State>, request: Request<Incoming>) -> Response<Body>
         }
         state.note_access(fingerprint, false);
     }
+    // Concurrent misses of one document share one upstream fetch; each
+    // waiter validates the result itself before serving it (see `coalesce`).
+    if method == Method::GET && state.mode != CacheMode::NoCache {
+        match state.flights.join(&path) {
+            coalesce::Role::Waiter(flight) => {
+                state.counters.waiting_on_fetch.fetch_add(1, Ordering::Relaxed);
+                let outcome = coalesce::outcome(flight).await;
+                state.counters.waiting_on_fetch.fetch_sub(1, Ordering::Relaxed);
+                if let Some(entry) = outcome {
+                    if state.mode == CacheMode::Ttl || state.validate(&entry).await {
+                        state.counters.coalesced.fetch_add(1, Ordering::Relaxed);
+                        return state.hit(&entry, false);
+                    }
+                }
+            }
+            coalesce::Role::Leader(leader) => {
+                state.counters.misses.fetch_add(1, Ordering::Relaxed);
+                let (response, stored) = forward(&state, request, path, method).await;
+                leader.finish(stored);
+                return response;
+            }
+        }
+    }
     state.counters.misses.fetch_add(1, Ordering::Relaxed);
-    forward(&state, request, path, method).await
+    forward(&state, request, path, method).await.0
 }
 
-async fn forward(state: &State, request: Request<Incoming>, path: String, method: Method) -> Response<Body> {
+/// Forwards to the upstream; returns the response and, for a cacheable GET,
+/// the entry now cached.
+async fn forward(
+    state: &State,
+    request: Request<Incoming>,
+    path: String,
+    method: Method,
+) -> (Response<Body>, Option<Arc<Entry>>) {
     let upstream = state.upstream_for(&path);
     let uri = match format!("{}{}", upstream.to_string().trim_end_matches('/'), path).parse::<Uri>() {
         Ok(uri) => uri,
-        Err(_) => return text(StatusCode::BAD_REQUEST, "unusable request target\n"),
+        Err(_) => return (text(StatusCode::BAD_REQUEST, "unusable request target\n"), None),
     };
     let (parts, body) = request.into_parts();
     let body = match collect_limited(body, REQUEST_BODY_BYTES_MAX).await {
         Ok(body) => body,
-        Err(e) => return text(StatusCode::PAYLOAD_TOO_LARGE, format!("request body: {e}\n")),
+        Err(e) => return (text(StatusCode::PAYLOAD_TOO_LARGE, format!("request body: {e}\n")), None),
     };
     let mut upstream_request = Request::new(Full::new(body));
     *upstream_request.method_mut() = method.clone();
@@ -429,11 +472,11 @@ async fn forward(state: &State, request: Request<Incoming>, path: String, method
         Ok(Ok(response)) => response,
         Ok(Err(e)) => {
             state.counters.upstream_errors.fetch_add(1, Ordering::Relaxed);
-            return text(StatusCode::BAD_GATEWAY, format!("application server unreachable: {e}\n"));
+            return (text(StatusCode::BAD_GATEWAY, format!("application server unreachable: {e}\n")), None);
         }
         Err(_) => {
             state.counters.upstream_errors.fetch_add(1, Ordering::Relaxed);
-            return text(StatusCode::GATEWAY_TIMEOUT, "application server did not answer in time\n");
+            return (text(StatusCode::GATEWAY_TIMEOUT, "application server did not answer in time\n"), None);
         }
     };
     let (parts, body) = response.into_parts();
@@ -442,17 +485,18 @@ async fn forward(state: &State, request: Request<Incoming>, path: String, method
         Ok(Ok(body)) => body,
         Ok(Err(e)) => {
             state.counters.upstream_errors.fetch_add(1, Ordering::Relaxed);
-            return text(StatusCode::BAD_GATEWAY, format!("application server response: {e}\n"));
+            return (text(StatusCode::BAD_GATEWAY, format!("application server response: {e}\n")), None);
         }
         Err(_) => {
             state.counters.upstream_errors.fetch_add(1, Ordering::Relaxed);
-            return text(StatusCode::GATEWAY_TIMEOUT, "application server response timed out\n");
+            return (text(StatusCode::GATEWAY_TIMEOUT, "application server response timed out\n"), None);
         }
     };
     state.counters.upstream_ns.fetch_add(elapsed_ns(started), Ordering::Relaxed);
 
+    let mut stored = None;
     if method == Method::GET && state.mode != CacheMode::NoCache && parts.status == StatusCode::OK {
-        maybe_store(state, &path, &parts.headers, &body);
+        stored = maybe_store(state, &path, &parts.headers, &body);
     } else if !(method == Method::GET || method == Method::HEAD) {
         // A write through this proxy: our copy is certainly old.
         state.cache_remove(&path);
@@ -461,13 +505,14 @@ async fn forward(state: &State, request: Request<Incoming>, path: String, method
     *response.status_mut() = parts.status;
     copy_end_to_end(&parts.headers, response.headers_mut());
     response.headers_mut().insert(X_CACHE, HeaderValue::from_static("MISS"));
-    response
+    (response, stored)
 }
 
-fn maybe_store(state: &State, path: &str, headers: &HeaderMap, body: &Bytes) {
-    let Some(raw) = headers.get(DEPS_HEADER) else { return };
+/// Caches a fetched response if it may be; returns the cached entry.
+fn maybe_store(state: &State, path: &str, headers: &HeaderMap, body: &Bytes) -> Option<Arc<Entry>> {
+    let raw = headers.get(DEPS_HEADER)?;
     if forbids_storing(headers) {
-        return;
+        return None;
     }
     let deps =
         match raw.to_str().map_err(|e| e.to_string()).and_then(|s| DepsHeader::parse(s).map_err(|e| e.to_string())) {
@@ -475,7 +520,7 @@ fn maybe_store(state: &State, path: &str, headers: &HeaderMap, body: &Bytes) {
             Err(e) => {
                 state.counters.uncacheable_deps.fetch_add(1, Ordering::Relaxed);
                 tracing::warn!(path, error = %e, "not caching: malformed dependency header");
-                return;
+                return None;
             }
         };
     let entry = Entry {
@@ -485,7 +530,8 @@ fn maybe_store(state: &State, path: &str, headers: &HeaderMap, body: &Bytes) {
         deps,
         pushed: false,
     };
-    state.cache_store(path, Arc::new(entry));
+    let entry = Arc::new(entry);
+    state.cache_store(path, entry.clone()).then_some(entry)
 }
 
 /// A bound, ready proxy.
@@ -545,6 +591,7 @@ impl Proxy {
             counters: Counters::default(),
             cache_state,
             clock: SystemClock,
+            flights: coalesce::Flights::default(),
         });
         Ok(Proxy { listener, state })
     }

@@ -24,6 +24,9 @@ struct Origin {
     deps_override: Mutex<Option<String>>,
     cache_control: Mutex<Option<&'static str>>,
     requests: Mutex<u64>,
+    /// While set, responses are generated and then held until `release`.
+    hold: std::sync::atomic::AtomicBool,
+    release: tokio::sync::Notify,
 }
 
 fn origin_response(origin: &Origin, path: &str) -> Response<Body> {
@@ -72,14 +75,23 @@ impl Setup {
             deps_override: Mutex::new(None),
             cache_control: Mutex::new(None),
             requests: Mutex::new(0),
+            hold: std::sync::atomic::AtomicBool::new(false),
+            release: tokio::sync::Notify::new(),
         });
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let origin_addr = listener.local_addr().unwrap();
         if origin_up {
             let o = origin.clone();
             let handler = Arc::new(move |req: Request<hyper::body::Incoming>| {
+                // Generated now, at the current versions; maybe delivered later.
                 let response = origin_response(&o, req.uri().path());
-                async move { response }
+                let o = o.clone();
+                async move {
+                    if o.hold.load(std::sync::atomic::Ordering::SeqCst) {
+                        o.release.notified().await;
+                    }
+                    response
+                }
             });
             tokio::spawn(serve(listener, handler, Stop::new()));
         } else {
@@ -223,4 +235,92 @@ async fn ttl_mode_serves_hits_without_checks() {
     s.table().bump(slot).unwrap();
     assert_eq!(s.get("/doc/a").await.1, "HIT", "ttl never revalidates (the non-coherent bound)");
     assert_eq!(s.stats().await.checks, 0);
+}
+
+/// Waits (bounded) until `condition` holds.
+async fn wait_for(mut condition: impl FnMut() -> bool) {
+    for _ in 0..5000 {
+        if condition() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    panic!("condition never became true");
+}
+
+fn origin_requests(s: &Setup) -> u64 {
+    *s.origin.requests.lock().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_misses_share_one_fetch() {
+    let s = Arc::new(Setup::new(CacheMode::Poll, true).await);
+    s.origin.hold.store(true, std::sync::atomic::Ordering::SeqCst);
+    let first = tokio::spawn({
+        let s = s.clone();
+        async move { s.get("/doc/a").await }
+    });
+    wait_for(|| origin_requests(&s) == 1).await;
+    let waiters: Vec<_> = (0..3)
+        .map(|_| {
+            let s = s.clone();
+            tokio::spawn(async move { s.get("/doc/a").await })
+        })
+        .collect();
+    let mut waiting = 0;
+    for _ in 0..5000 {
+        waiting = s.stats().await.waiting_on_fetch;
+        if waiting == 3 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    assert_eq!(waiting, 3, "the three later requests wait for the first one's fetch");
+    s.origin.hold.store(false, std::sync::atomic::Ordering::SeqCst);
+    s.origin.release.notify_waiters();
+    assert_eq!(first.await.unwrap().1, "MISS");
+    for waiter in waiters {
+        let (status, cache, deps, _) = waiter.await.unwrap();
+        assert_eq!((status, cache.as_str()), (StatusCode::OK, "HIT"), "served from the shared, validated fetch");
+        assert!(deps.unwrap().contains("doc/a=1@"));
+    }
+    assert_eq!(origin_requests(&s), 1, "one upstream request for four clients");
+    assert_eq!(s.stats().await.coalesced, 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shared_fetch_older_than_a_completed_update_is_never_served() {
+    let s = Arc::new(Setup::new(CacheMode::Poll, true).await);
+    s.origin.hold.store(true, std::sync::atomic::Ordering::SeqCst);
+    // The first request's response is generated at version 1, then held.
+    let first = tokio::spawn({
+        let s = s.clone();
+        async move { s.get("/doc/a").await }
+    });
+    wait_for(|| origin_requests(&s) == 1).await;
+    // An update completes; a request that starts after it must see version 2.
+    let slot = s.table().slot_of("doc/a").unwrap();
+    s.table().bump(slot).unwrap();
+    let later = tokio::spawn({
+        let s = s.clone();
+        async move { s.get("/doc/a").await }
+    });
+    let mut waiting = 0;
+    for _ in 0..5000 {
+        waiting = s.stats().await.waiting_on_fetch;
+        if waiting == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    assert_eq!(waiting, 1, "the later request joined the first one's fetch");
+    s.origin.hold.store(false, std::sync::atomic::Ordering::SeqCst);
+    s.origin.release.notify_waiters();
+    let (_, _, first_deps, _) = first.await.unwrap();
+    assert!(first_deps.unwrap().contains("doc/a=1@"), "the first request began before the update");
+    let (status, cache, later_deps, _) = later.await.unwrap();
+    assert_eq!((status, cache.as_str()), (StatusCode::OK, "MISS"), "the shared result failed validation");
+    assert!(later_deps.unwrap().contains("doc/a=2@"), "the later request gets the updated document");
+    assert_eq!(origin_requests(&s), 2);
+    assert_eq!(s.stats().await.coalesced, 0);
 }
