@@ -8,7 +8,7 @@ use std::io::{BufRead, Write};
 use std::path::PathBuf;
 use std::sync::Arc;
 use tierstack_base::NodeId;
-use tierstack_cluster::{open_fabric, pin_to_cpu, Topology};
+use tierstack_cluster::Topology;
 use tierstack_fabric::seqlock::SeqRecord;
 use tierstack_fabric::Fabric;
 
@@ -24,13 +24,7 @@ pub struct NodeArgs {
 
 impl NodeArgs {
     fn open(&self) -> Result<(Topology, Arc<dyn Fabric>)> {
-        let topology = Topology::load(&self.topology)?;
-        let node = NodeId(self.node);
-        if let Some(cpu) = topology.node(node)?.cpu {
-            pin_to_cpu(cpu).with_context(|| format!("pinning {node} to cpu {cpu}"))?;
-        }
-        let fabric = open_fabric(&topology, node).with_context(|| format!("attaching {node} to the fabric"))?;
-        Ok((topology, fabric))
+        super::open_node(&self.topology, NodeId(self.node))
     }
 }
 

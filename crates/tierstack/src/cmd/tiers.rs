@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tierstack_appserver::{AppServer, AppServerConfig, PushConfig, PushPolicy, PushTarget};
 use tierstack_base::NodeId;
-use tierstack_cluster::{open_fabric, pin_to_cpu, Topology};
+use tierstack_cluster::pin_to_cpu;
 use tierstack_coherent::module::ModuleServer;
 use tierstack_coherent::version_table::{Incarnation, VersionTable};
 use tierstack_proxy::{CacheMode, CacheStateConfig, Proxy, ProxyConfig, ProxyOptions};
@@ -57,12 +57,7 @@ pub struct ModuleArgs {
 }
 
 pub fn app_module(args: ModuleArgs) -> Result<()> {
-    let topology = Topology::load(&args.topology)?;
-    let node = NodeId(args.node);
-    if let Some(cpu) = topology.node(node)?.cpu {
-        pin_to_cpu(cpu)?;
-    }
-    let fabric = open_fabric(&topology, node)?;
+    let (_, fabric) = super::open_node(&args.topology, NodeId(args.node))?;
     let incarnation = Incarnation(rand::random::<u64>());
     let table = Arc::new(VersionTable::create(fabric.as_ref(), args.capacity, incarnation)?);
     let server = ModuleServer::new(table);
@@ -149,15 +144,12 @@ pub fn app_server(args: AppServerArgs) -> Result<()> {
     }
     let push = match (args.push_policy, &args.topology, args.node) {
         (None, None, None) if args.push_proxies.is_empty() => None,
-        (Some(policy), Some(path), Some(node)) if !args.push_proxies.is_empty() => {
-            let topology = Topology::load(path)?;
-            Some(PushConfig {
-                fabric: open_fabric(&topology, NodeId(node))?,
-                proxies: args.push_proxies.clone(),
-                policy,
-                timeout: Duration::from_millis(args.push_timeout_ms),
-            })
-        }
+        (Some(policy), Some(path), Some(node)) if !args.push_proxies.is_empty() => Some(PushConfig {
+            fabric: super::open_node(path, NodeId(node))?.1,
+            proxies: args.push_proxies.clone(),
+            policy,
+            timeout: Duration::from_millis(args.push_timeout_ms),
+        }),
         _ => anyhow::bail!("--push-policy, --push-proxy, --topology and --node go together"),
     };
     let config = AppServerConfig {
@@ -207,14 +199,7 @@ pub struct ProxyArgs {
 
 pub fn proxy(args: ProxyArgs) -> Result<()> {
     let fabric = match (&args.topology, args.node) {
-        (Some(path), Some(node)) => {
-            let topology = Topology::load(path)?;
-            let node = NodeId(node);
-            if let Some(cpu) = topology.node(node)?.cpu {
-                pin_to_cpu(cpu)?;
-            }
-            Some(open_fabric(&topology, node)?)
-        }
+        (Some(path), Some(node)) => Some(super::open_node(path, NodeId(node))?.1),
         (None, None) => None,
         _ => anyhow::bail!("--topology and --node go together"),
     };
