@@ -133,8 +133,9 @@
 //! floor. An RDMA adapter executes the batch without the process.
 //!
 //! A home that dies takes its lock table with it: requests fail with
-//! `PeerDead` (on `shm`, peers that mapped the table before keep operating
-//! on the orphaned memory, as RDMA peers keep stale keys).
+//! `PeerDead` on every backend (on `shm` the fabric revokes a closed or
+//! reclaimed owner's regions, as RDMA invalidates a dead owner's keys, so
+//! peers that mapped the table before cannot go on using orphaned memory).
 //!
 //! # Limits and the runtime
 //!

@@ -326,18 +326,13 @@ fn dead_home_is_a_peer_dead_error() {
             // Node 2 never touched the home: it cannot reach the dead home's table.
             let err = m[1].acquire_exclusive(id, SHORT).err().expect("the home is dead");
             assert!(matches!(err, LockError::PeerDead { node: NodeId(0), .. }), "{scheme:?} on {backend:?}: {err}");
-            // Node 1 already used it. On tcp its connection is gone. On shm
-            // it keeps the mapping of the orphaned table (as an RDMA peer
-            // keeps a stale key): one-sided schemes go on working there,
-            // SRSL needs the dead server and fails.
+            // Node 1 already used it: its connection (tcp) or its mapping
+            // (shm: revoked when the home closed) fails too, for every scheme.
             let result = m[0].acquire_exclusive(id, SHORT).map(|g| g.fencing_token());
-            match (backend, scheme) {
-                (Backend::Shm, Scheme::CoShed | Scheme::Dqnl) => assert!(result.is_ok(), "{scheme:?}: {result:?}"),
-                _ => assert!(
-                    matches!(result, Err(LockError::PeerDead { node: NodeId(0), .. })),
-                    "{scheme:?} on {backend:?}: {result:?}"
-                ),
-            }
+            assert!(
+                matches!(result, Err(LockError::PeerDead { node: NodeId(0), .. })),
+                "{scheme:?} on {backend:?}: {result:?}"
+            );
             // A failed request does not leave the node's queue entry busy.
             if backend == Backend::Shm && scheme == Scheme::Srsl {
                 let again = m[0].acquire_exclusive(id, SHORT).map(|g| g.fencing_token());
