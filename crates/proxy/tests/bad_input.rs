@@ -248,6 +248,19 @@ async fn wait_for(mut condition: impl FnMut() -> bool) {
     panic!("condition never became true");
 }
 
+/// Waits (bounded) until `count` requests wait on another request's fetch.
+async fn wait_for_waiters(s: &Setup, count: u64) {
+    let mut waiting = 0;
+    for _ in 0..5000 {
+        waiting = s.stats().await.waiting_on_fetch;
+        if waiting == count {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    panic!("{waiting} requests wait on a shared fetch, expected {count}");
+}
+
 fn origin_requests(s: &Setup) -> u64 {
     *s.origin.requests.lock().unwrap()
 }
@@ -267,15 +280,7 @@ async fn concurrent_misses_share_one_fetch() {
             tokio::spawn(async move { s.get("/doc/a").await })
         })
         .collect();
-    let mut waiting = 0;
-    for _ in 0..5000 {
-        waiting = s.stats().await.waiting_on_fetch;
-        if waiting == 3 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
-    assert_eq!(waiting, 3, "the three later requests wait for the first one's fetch");
+    wait_for_waiters(&s, 3).await; // the three later requests wait for the first one's fetch
     s.origin.hold.store(false, std::sync::atomic::Ordering::SeqCst);
     s.origin.release.notify_waiters();
     assert_eq!(first.await.unwrap().1, "MISS");
@@ -305,15 +310,7 @@ async fn a_shared_fetch_older_than_a_completed_update_is_never_served() {
         let s = s.clone();
         async move { s.get("/doc/a").await }
     });
-    let mut waiting = 0;
-    for _ in 0..5000 {
-        waiting = s.stats().await.waiting_on_fetch;
-        if waiting == 1 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
-    assert_eq!(waiting, 1, "the later request joined the first one's fetch");
+    wait_for_waiters(&s, 1).await; // the later request joined the first one's fetch
     s.origin.hold.store(false, std::sync::atomic::Ordering::SeqCst);
     s.origin.release.notify_waiters();
     let (_, _, first_deps, _) = first.await.unwrap();

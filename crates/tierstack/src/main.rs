@@ -35,7 +35,7 @@ enum Command {
     /// DDSS client process: run a randomized history through a node's daemon, print its events.
     DdssClient(cmd::ddss::ClientArgs),
     /// Lock-manager node: run random shared/exclusive holds on a topology's locks, print each hold, serve until stdin closes.
-    DlmNode(cmd::dlm::NodeArgs),
+    DlmNode(cmd::dlm::LockNodeArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -65,5 +65,17 @@ fn main() -> std::process::ExitCode {
             eprintln!("tierstack: error: {e:#}");
             std::process::ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Cli;
+    use clap::CommandFactory;
+
+    /// Every subcommand's arguments are well formed (unique names and groups).
+    #[test]
+    fn the_command_line_is_well_formed() {
+        Cli::command().debug_assert();
     }
 }

@@ -8,7 +8,7 @@
 //! member list through its node's daemon socket (the control path). Daemons
 //! therefore place data only on the topology's non-passive nodes.
 
-use super::{monotonic_ns, open_node};
+use super::{monotonic_ns, NodeArgs};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use rand::seq::SliceRandom;
@@ -24,12 +24,8 @@ use tierstack_ddss::{Ddss, DdssConfig, DdssStats, Key};
 
 #[derive(Args)]
 pub struct DaemonArgs {
-    /// Cluster topology file (TOML).
-    #[arg(long)]
-    topology: PathBuf,
-    /// This node's id in the topology.
-    #[arg(long)]
-    node: u32,
+    #[command(flatten)]
+    at: NodeArgs,
     /// The control socket to listen on (a stale one is replaced).
     #[arg(long)]
     socket: PathBuf,
@@ -41,12 +37,9 @@ pub struct DaemonArgs {
 
 #[derive(Args)]
 pub struct ClientArgs {
-    /// Cluster topology file (TOML).
-    #[arg(long)]
-    topology: PathBuf,
-    /// This process's own node id: a passive node of the topology, its data-path endpoint.
-    #[arg(long)]
-    node: u32,
+    /// This process's own node: a passive node of the topology, its data-path endpoint.
+    #[command(flatten)]
+    at: NodeArgs,
     /// The control socket of this node's daemon.
     #[arg(long)]
     socket: PathBuf,
@@ -117,8 +110,8 @@ enum StopReason {
 /// the daemon (closing its clients and removing the socket) and prints one
 /// JSON line with the daemon handle's own counters.
 pub fn run_daemon(args: DaemonArgs) -> Result<()> {
-    let node = NodeId(args.node);
-    let (topology, fabric) = open_node(&args.topology, node)?;
+    let node = args.at.id();
+    let (topology, fabric) = args.at.open()?;
     let members = members(&topology);
     if !members.contains(&node) {
         bail!("{node} is passive in the topology: a daemon runs on a node that holds a region");
@@ -191,9 +184,8 @@ pub fn pattern(client: u32, n: usize, len: usize) -> Vec<u8> {
 /// shuffled operations, then prints one JSON line per event and a last line
 /// with the counters.
 pub fn run_client(args: ClientArgs) -> Result<()> {
-    let node = NodeId(args.node);
-    let client_id = args.client.unwrap_or(args.node);
-    let (_, fabric) = open_node(&args.topology, node)?;
+    let client_id = args.client.unwrap_or(args.at.node);
+    let (_, fabric) = args.at.open()?;
     let mut control = DdssClient::connect(&args.socket)?;
     // This process's own one-sided data path, or none: the daemon performs the gets and puts.
     let data_path =

@@ -45,14 +45,13 @@
 //! message_errors}` and exits, with a failure status if any operation
 //! failed.
 
-use super::{monotonic_ns, open_node};
+use super::monotonic_ns;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use rand::Rng;
 use serde_json::{json, Value};
 use std::io::{BufRead, Read, Write};
 use std::ops::Range;
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 use tierstack_base::{seeded_rng, NodeId};
 use tierstack_cluster::{Role, Topology};
@@ -69,13 +68,10 @@ const LOCK_SETUP_RETRY_MS: u64 = 5;
 const ANNOUNCE_POLL_US: u64 = 500;
 
 #[derive(Args)]
-pub struct NodeArgs {
-    /// Cluster topology file (TOML); its non-passive nodes serve locks.
-    #[arg(long)]
-    topology: PathBuf,
-    /// This node's id in the topology.
-    #[arg(long)]
-    node: u32,
+pub struct LockNodeArgs {
+    /// The node; the topology's non-passive nodes serve locks.
+    #[command(flatten)]
+    at: super::NodeArgs,
     /// The locks to operate on, as FIRST..END (END exclusive), e.g. 0..3.
     #[arg(long, value_parser = parse_lock_range)]
     locks: Range<u64>,
@@ -210,9 +206,9 @@ fn error_line(node: NodeId, lock: LockId, mode: LockMode, phase: &str, error: &L
 }
 
 /// Runs the node: see the module documentation.
-pub fn run_node(args: NodeArgs) -> Result<()> {
-    let node = NodeId(args.node);
-    let (topology, fabric) = open_node(&args.topology, node)?;
+pub fn run_node(args: LockNodeArgs) -> Result<()> {
+    let node = args.at.id();
+    let (topology, fabric) = args.at.open()?;
     let servers = lock_servers(&topology);
     if servers.is_empty() {
         bail!("the topology has no non-passive node to serve locks");

@@ -1,32 +1,14 @@
 //! `tierstack fabric …`: a node that serves regions, and clients that operate
 //! on them. The multi-process tests and `bench fabric` drive these.
 
+use super::NodeArgs;
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
 use serde_json::json;
 use std::io::{BufRead, Write};
-use std::path::PathBuf;
 use std::sync::Arc;
 use tierstack_base::NodeId;
-use tierstack_cluster::Topology;
 use tierstack_fabric::seqlock::SeqRecord;
-use tierstack_fabric::Fabric;
-
-#[derive(Args)]
-pub struct NodeArgs {
-    /// Cluster topology file (TOML).
-    #[arg(long)]
-    topology: PathBuf,
-    /// This node's id in the topology.
-    #[arg(long)]
-    node: u32,
-}
-
-impl NodeArgs {
-    fn open(&self) -> Result<(Topology, Arc<dyn Fabric>)> {
-        super::open_node(&self.topology, NodeId(self.node))
-    }
-}
 
 #[derive(Args)]
 pub struct TargetArgs {

@@ -43,11 +43,9 @@ async fn until_stopped() {
 
 #[derive(Args)]
 pub struct ModuleArgs {
-    #[arg(long)]
-    topology: PathBuf,
-    /// The module's node id (it owns the version table).
-    #[arg(long)]
-    node: u32,
+    /// The module's node (it owns the version table).
+    #[command(flatten)]
+    at: super::NodeArgs,
     /// Local socket for application servers.
     #[arg(long)]
     socket: PathBuf,
@@ -57,7 +55,7 @@ pub struct ModuleArgs {
 }
 
 pub fn app_module(args: ModuleArgs) -> Result<()> {
-    let (_, fabric) = super::open_node(&args.topology, NodeId(args.node))?;
+    let (_, fabric) = args.at.open()?;
     let incarnation = Incarnation(rand::random::<u64>());
     let table = Arc::new(VersionTable::create(fabric.as_ref(), args.capacity, incarnation)?);
     let server = ModuleServer::new(table);
