@@ -12,8 +12,9 @@
 //! which the managers count), node 1 releases. The sample is the time from
 //! that release until the last waiter is granted; each waiter releases as
 //! soon as it is granted (the exclusive queue cascades through all of them).
-//! Each round ends only when every message of the round has been handled,
-//! so rounds do not overlap.
+//! Each round starts only when no message is in flight (sent and handled
+//! counts agree) and ends only when every message of the round has been
+//! handled, so rounds do not overlap.
 //!
 //! Regions cannot be unregistered, so each set of managers started on the
 //! same fabrics needs its own region prefix ([`start_managers`]). In one
@@ -59,6 +60,40 @@ fn total_messages(managers: &[LockManager]) -> u64 {
     managers.iter().map(|m| m.stats().messages_handled).sum()
 }
 
+fn total_sent(managers: &[LockManager]) -> u64 {
+    managers.iter().map(|m| m.stats().messages_sent).sum()
+}
+
+/// Waits until every message the managers sent has been handled and
+/// counted. A measurement that counts messages must start here: an earlier
+/// step can return while one of its messages is uncounted — a release's
+/// message (a coordinated `SharedRelease`, an SRSL `Release`) may still be
+/// in flight, and a grant message is counted only after its handling has
+/// already woken the grantee. Counted late, such a message would satisfy
+/// the next round's "every waiter is queued" wait before the last waiter
+/// enqueued; the holder then releases early, that waiter finds the lock free
+/// and (N-CoShED, DQNL) is granted without any message, and the round's
+/// final wait expects a message that is never sent.
+fn wait_quiescent(managers: &[LockManager]) -> Result<(), LockError> {
+    let started = Instant::now();
+    loop {
+        // Each counter only grows, so equal sums mean no send happened while
+        // the handled counts were read; handled >= sent then means none is
+        // in flight. (Handled may exceed sent after a send that reported an
+        // error although its frame was delivered.)
+        let sent_before = total_sent(managers);
+        let handled = total_messages(managers);
+        if sent_before == total_sent(managers) && handled >= sent_before {
+            return Ok(());
+        }
+        if started.elapsed() > BENCH_WAIT {
+            let waited_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+            return Err(LockError::Timeout { lock: BENCH_LOCK, waited_ms, blocked_on: None });
+        }
+        std::thread::yield_now();
+    }
+}
+
 fn wait_for_messages(managers: &[LockManager], at_least: u64) -> Result<(), LockError> {
     let started = Instant::now();
     while total_messages(managers) < at_least {
@@ -91,6 +126,7 @@ pub fn cascade_latency_ns(managers: &[LockManager], mode: LockMode, waiters: usi
     }
     let scheme = managers[0].scheme().scheme();
     let clock = SystemClock;
+    wait_quiescent(managers)?;
     let round_start = total_messages(managers);
     let holder = managers[1].acquire_exclusive(BENCH_LOCK, BENCH_WAIT)?;
     let holder_messages = if scheme == Scheme::Srsl { 2 } else { 0 };
@@ -182,6 +218,8 @@ pub fn contended_throughput(
         }
         span.ok_or_else(|| LockError::Config("no contenders".into()))
     })?;
+    // Leave no message in flight for whatever is measured next.
+    wait_quiescent(managers)?;
     let seconds = last_end.duration_since(first_start).as_secs_f64();
     Ok((contenders * ops_per_node) as f64 / seconds.max(f64::MIN_POSITIVE))
 }

@@ -177,6 +177,12 @@ pub struct DlmStats {
     /// Of those, messages whose handling failed (a protocol violation, or a
     /// send to a dead peer while handling it).
     pub message_errors: u64,
+    /// Lock-manager messages this node has handed to its fabric (to itself
+    /// included). Counted before the send, so across a cluster the sum of
+    /// `messages_sent` is never below the sum of `messages_handled`, and the
+    /// two are equal exactly when no message is in flight (see
+    /// [`crate::bench`], which waits for that between measurements).
+    pub messages_sent: u64,
 }
 
 /// What every lock scheme offers; [`LockManager`] wraps one.
@@ -194,6 +200,12 @@ pub trait LockScheme: Send + Sync {
     /// Handles one lock-manager message (payload starting with tag `0x01`).
     fn handle_message(&self, from: NodeId, payload: &[u8]) -> Result<(), LockError>;
     fn stats(&self) -> DlmStats;
+    /// A one-line description of this node's protocol state for `lock`
+    /// (and, where readable, the lock's home words), for diagnosing a stuck
+    /// lock. The format is not stable.
+    fn debug_state(&self, lock: LockId) -> String {
+        format!("{}: no state dump for {lock}", self.node())
+    }
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -222,6 +234,7 @@ struct Core {
     homes: Mutex<HashMap<NodeId, Arc<HomeMemory>>>,
     messages_handled: AtomicU64,
     message_errors: AtomicU64,
+    messages_sent: AtomicU64,
 }
 
 impl Core {
@@ -250,6 +263,7 @@ impl Core {
             homes: Mutex::new(HashMap::new()),
             messages_handled: AtomicU64::new(0),
             message_errors: AtomicU64::new(0),
+            messages_sent: AtomicU64::new(0),
         })
     }
 
@@ -286,11 +300,17 @@ impl Core {
     /// Sends a message; to ourselves it goes through our own inbox, like any other.
     fn send(&self, lock_id: LockId, to: NodeId, message: &DlmMessage) -> Result<(), LockError> {
         let payload = message.encode();
+        // Counted first: a receiver may handle the message before this thread
+        // runs again, and handled must never overtake sent.
+        self.messages_sent.fetch_add(1, Ordering::AcqRel);
         let sent = if to == self.me {
             self.fabric.inbox().deliver(Message { from: self.me, payload: payload.to_vec() })
         } else {
             self.fabric.send(to, &payload)
         };
+        if sent.is_err() {
+            self.messages_sent.fetch_sub(1, Ordering::AcqRel);
+        }
         sent.map_err(|e| LockError::from_fabric(lock_id, to, e))
     }
 
@@ -330,6 +350,7 @@ impl Core {
         DlmStats {
             messages_handled: self.messages_handled.load(Ordering::Acquire),
             message_errors: self.message_errors.load(Ordering::Relaxed),
+            messages_sent: self.messages_sent.load(Ordering::Acquire),
         }
     }
 }
@@ -669,6 +690,19 @@ impl LockScheme for QueueScheme {
     fn stats(&self) -> DlmStats {
         self.core.stats()
     }
+
+    fn debug_state(&self, lock_id: LockId) -> String {
+        let Some(cell) = lock(&self.cells).get(&lock_id).cloned() else {
+            return format!("{}: {lock_id} never used", self.core.me);
+        };
+        let st = lock(&cell.state);
+        let read = |offset: u64| cell.slot.home.read_u64(cell.slot.base + offset);
+        let words = match (read(LOCK_OFFSET), read(DRAIN_OFFSET)) {
+            (Ok(word), Ok(drain)) => format!("{:?} {:?}", LockWord::decode(word), DrainWord::decode(drain)),
+            (Err(e), _) | (_, Err(e)) => format!("home words unreadable: {e}"),
+        };
+        format!("{}: serial {} {:?}; {words}", self.core.me, st.serial, st.machine)
+    }
 }
 
 // ---------------------------------------------------------------- SRSL
@@ -977,6 +1011,11 @@ impl LockManager {
 
     pub fn stats(&self) -> DlmStats {
         self.scheme.stats()
+    }
+
+    /// See [`LockScheme::debug_state`].
+    pub fn debug_state(&self, lock: LockId) -> String {
+        self.scheme.debug_state(lock)
     }
 }
 

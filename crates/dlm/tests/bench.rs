@@ -5,7 +5,9 @@ mod common;
 
 use common::{Backend, Cluster};
 use std::sync::Arc;
-use tierstack_dlm::bench::{cascade_latency_ns, contended_throughput, figure5, start_managers, uncontended_ns};
+use tierstack_dlm::bench::{
+    cascade_latency_ns, contended_throughput, figure5, start_managers, uncontended_ns, BENCH_LOCK,
+};
 use tierstack_dlm::{LockMode, Scheme};
 use tierstack_fabric::Fabric;
 
@@ -23,9 +25,17 @@ fn cascades_and_latencies_run_on_every_scheme() {
                 }
                 assert_eq!(uncontended_ns(&managers, mode, 20).unwrap().len(), 20);
             }
-            assert!(contended_throughput(&managers, 4, 50, 20, 1).unwrap() > 0.0);
+            let throughput = contended_throughput(&managers, 4, 50, 20, 1).unwrap_or_else(|e| {
+                let states: Vec<String> = managers.iter().map(|m| m.debug_state(BENCH_LOCK)).collect();
+                panic!("contended {scheme:?} on {backend:?}: {e}\n{}", states.join("\n"))
+            });
+            assert!(throughput > 0.0, "{scheme:?} on {backend:?}");
             assert!(cascade_latency_ns(&managers, LockMode::Shared, 4).is_err(), "5 nodes host at most 3 waiters");
-            let rows = figure5(&managers, &[1, 2], 2).unwrap();
+            let rows = figure5(&managers, &[1, 2], 2).unwrap_or_else(|e| {
+                let states: Vec<String> =
+                    managers.iter().map(|m| format!("{:?} {}", m.stats(), m.debug_state(BENCH_LOCK))).collect();
+                panic!("figure5 {scheme:?} on {backend:?}: {e}\n{}", states.join("\n"))
+            });
             assert_eq!(rows.len(), 4);
             assert!(rows.iter().all(|r| r.scheme == scheme && r.samples_ns.len() == 2));
             for m in &managers {

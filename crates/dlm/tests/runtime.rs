@@ -187,7 +187,7 @@ fn shared_behind_a_queued_exclusive_waits_for_it() {
         let id = LockId(3);
         m[0].create_lock(id).unwrap();
         let first = m[1].acquire_exclusive(id, PATIENT).unwrap();
-        let baseline = total_messages(&m);
+        let baseline = settled_messages(&m);
         let order = Arc::new(Mutex::new(Vec::new()));
         let spawn = |who: usize, mode: LockMode| {
             let (m, order) = (m.clone(), order.clone());
@@ -217,6 +217,24 @@ fn shared_behind_a_queued_exclusive_waits_for_it() {
 
 fn total_messages(managers: &[LockManager]) -> u64 {
     managers.iter().map(|m| m.stats().messages_handled).sum()
+}
+
+/// Waits until no message is in flight (everything sent was handled, and
+/// counted: a message is counted just after its handling, which may already
+/// have granted a waiter), then returns the handled total: a baseline that
+/// a late count of an earlier message cannot inflate.
+fn settled_messages(managers: &[LockManager]) -> u64 {
+    let sent = |ms: &[LockManager]| ms.iter().map(|m| m.stats().messages_sent).sum::<u64>();
+    let deadline = std::time::Instant::now() + PATIENT;
+    loop {
+        let sent_before = sent(managers);
+        let handled = total_messages(managers);
+        if sent_before == sent(managers) && handled >= sent_before {
+            return handled;
+        }
+        assert!(std::time::Instant::now() < deadline, "messages in flight never settled");
+        std::thread::yield_now();
+    }
 }
 
 /// Waits until the managers together have handled at least `n` messages.
@@ -390,7 +408,7 @@ fn a_broken_hold_reports_broken() {
         let id = LockId(8);
         m[0].create_lock(id).unwrap();
         let held = m[1].acquire_exclusive(id, PATIENT).unwrap();
-        let baseline = total_messages(&m);
+        let baseline = settled_messages(&m);
         std::thread::scope(|s| {
             let waiter = s.spawn(|| m[2].acquire_exclusive(id, PATIENT).map(|g| g.fencing_token()));
             wait_for_messages(&m, baseline + 1);

@@ -91,6 +91,9 @@ fn parse_region(s: &str) -> Result<(String, u64), String> {
     Ok((name.to_string(), bytes))
 }
 
+/// Pause between the stress writer's rounds.
+const SEQ_WRITER_PAUSE: std::time::Duration = std::time::Duration::from_micros(20);
+
 /// Payload size of the stress records: several words, so tearing is possible.
 pub const SEQ_PAYLOAD_BYTES: u32 = 64;
 
@@ -199,6 +202,12 @@ fn serve(node: &NodeArgs, regions: &[(String, u64)], busy_threads: usize, seq_re
                         return;
                     }
                 }
+                // Paced, not continuous: a seqlock cannot protect a reader
+                // from a writer that never pauses (a read longer than the
+                // writer's period never succeeds). Rounds still overlap
+                // reads constantly; the readers count the versions they saw
+                // change.
+                std::thread::sleep(SEQ_WRITER_PAUSE);
             }
         });
     }
