@@ -449,7 +449,7 @@ fn shutdown_fails_everything_with_closed_and_stops_every_thread() {
     assert_eq!(to_peer.fetch_add(0, 1).unwrap(), 0);
     assert_eq!(to_self.fetch_add(0, 1).unwrap(), 0);
     assert_eq!(from_peer.fetch_add(0, 1).unwrap(), 1);
-    assert!(threads_named(&prefix) >= 5, "listener, sweeper, readers and responders run");
+    assert!(threads_named_at_least(&prefix, 5), "listener, sweeper, readers and responders run");
 
     fabric.shutdown();
     assert!(no_threads_named(&prefix), "shutdown joined every thread");
@@ -465,9 +465,23 @@ fn shutdown_fails_everything_with_closed_and_stops_every_thread() {
     let dropped = node(ID, TIMEOUT);
     dropped.register("f", 8).unwrap();
     dropped.connect(NodeId(ID), "f").unwrap().fetch_add(0, 1).unwrap();
-    assert!(threads_named(&prefix) >= 4);
+    assert!(threads_named_at_least(&prefix, 4));
     drop(dropped);
     assert!(no_threads_named(&prefix), "drop joined every thread");
+}
+
+/// Waits (bounded) until at least `count` threads are named `prefix`...: a
+/// new thread sets its own name when it first runs, which under load can be
+/// a moment after `spawn` returns.
+fn threads_named_at_least(prefix: &str, count: usize) -> bool {
+    let deadline = std::time::Instant::now() + RECV;
+    while std::time::Instant::now() < deadline {
+        if threads_named(prefix) >= count {
+            return true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    false
 }
 
 /// Waits (bounded) until no thread is named `prefix`...: a joined thread can
