@@ -359,6 +359,24 @@ impl LockClient {
         ProtocolViolation { node: self.node, phase, what: what.into() }
     }
 
+    /// Adopts the generation of a lock word just read, if it is newer.
+    fn adopt_generation(&mut self, seen: &LockWord) {
+        if generation_newer(seen.generation, self.generation) {
+            self.generation = seen.generation;
+        }
+    }
+
+    /// The word an atomic of the current request returned, or `None` if the
+    /// lock moved to another generation meanwhile (a break, now observed).
+    fn word_of_this_generation(&mut self, previous: u64, out: &mut Out) -> Result<Option<LockWord>, ProtocolViolation> {
+        let seen = LockWord::decode(previous);
+        if seen.generation != self.req()?.generation {
+            self.observe_generation(seen.generation, out);
+            return Ok(None);
+        }
+        Ok(Some(seen))
+    }
+
     /// Adopts a newer generation: a request of an older one was broken.
     fn observe_generation(&mut self, generation: u16, out: &mut Out) {
         if !generation_newer(generation, self.generation) {
@@ -454,9 +472,7 @@ impl LockClient {
 
     fn enqueue_done(&mut self, expected: u64, previous: u64, token: Option<u64>, out: &mut Out) -> Step {
         let seen = LockWord::decode(previous);
-        if generation_newer(seen.generation, self.generation) {
-            self.generation = seen.generation;
-        }
+        self.adopt_generation(&seen);
         let request = self.req()?;
         if previous != expected {
             if request.try_only && !seen.is_free() {
@@ -619,12 +635,7 @@ impl LockClient {
     }
 
     fn convert_done(&mut self, expected: u64, previous: u64, out: &mut Out) -> Step {
-        let seen = LockWord::decode(previous);
-        let generation = self.req()?.generation;
-        if seen.generation != generation {
-            self.observe_generation(seen.generation, out);
-            return Ok(());
-        }
+        let Some(seen) = self.word_of_this_generation(previous, out)? else { return Ok(()) };
         if previous == expected {
             self.set_phase(Phase::HandoffGroup0 { total: seen.shared })?;
             self.grant_waiting(SharedVia::Group0, out)?;
@@ -655,9 +666,7 @@ impl LockClient {
 
     fn shared_add_done(&mut self, previous: u64, out: &mut Out) -> Step {
         let seen = LockWord::decode(previous);
-        if generation_newer(seen.generation, self.generation) {
-            self.generation = seen.generation;
-        }
+        self.adopt_generation(&seen);
         self.req()?.generation = seen.generation;
         match seen.tail {
             None => {
@@ -676,9 +685,7 @@ impl LockClient {
 
     fn shared_try_done(&mut self, expected: u64, previous: u64, out: &mut Out) -> Step {
         let seen = LockWord::decode(previous);
-        if generation_newer(seen.generation, self.generation) {
-            self.generation = seen.generation;
-        }
+        self.adopt_generation(&seen);
         if previous == expected {
             self.req()?.generation = seen.generation;
             self.set_phase(Phase::HoldShared { coordinator: None })?;
@@ -697,12 +704,7 @@ impl LockClient {
     }
 
     fn release_word_done(&mut self, expected: u64, previous: u64, out: &mut Out) -> Step {
-        let seen = LockWord::decode(previous);
-        let generation = self.req()?.generation;
-        if seen.generation != generation {
-            self.observe_generation(seen.generation, out);
-            return Ok(());
-        }
+        let Some(seen) = self.word_of_this_generation(previous, out)? else { return Ok(()) };
         if previous == expected {
             self.finish(out);
             return Ok(());
@@ -717,7 +719,7 @@ impl LockClient {
             Some(_) => {
                 // An exclusive enqueued over the group-0 holders (counting us):
                 // it waits in the drain word.
-                let expected = DrainWord::idle(generation).encode();
+                let expected = DrainWord::idle(seen.generation).encode();
                 self.set_phase(Phase::ReleaseDrain { expected })?;
                 out.push(Action::Atomic(vec![release_drain_op(expected)]));
                 Ok(())
