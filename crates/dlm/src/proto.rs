@@ -370,11 +370,18 @@ impl LockClient {
     /// lock moved to another generation meanwhile (a break, now observed).
     fn word_of_this_generation(&mut self, previous: u64, out: &mut Out) -> Result<Option<LockWord>, ProtocolViolation> {
         let seen = LockWord::decode(previous);
-        if seen.generation != self.req()?.generation {
-            self.observe_generation(seen.generation, out);
-            return Ok(None);
+        Ok(self.of_this_generation(seen.generation, out)?.then_some(seen))
+    }
+
+    /// True if `generation` (read from a lock or drain word) is the current
+    /// request's; otherwise only a break can have changed it, and the break
+    /// is observed.
+    fn of_this_generation(&mut self, generation: u16, out: &mut Out) -> Result<bool, ProtocolViolation> {
+        if generation != self.req()?.generation {
+            self.observe_generation(generation, out);
+            return Ok(false);
         }
-        Ok(Some(seen))
+        Ok(true)
     }
 
     /// Adopts a newer generation: a request of an older one was broken.
@@ -517,10 +524,7 @@ impl LockClient {
 
     fn register_done(&mut self, expected: u64, target: u32, previous: u64, out: &mut Out) -> Step {
         let seen = DrainWord::decode(previous);
-        let generation = self.req()?.generation;
-        if seen.generation != generation {
-            // Only a break changes the drain word's generation.
-            self.observe_generation(seen.generation, out);
+        if !self.of_this_generation(seen.generation, out)? {
             return Ok(());
         }
         if previous != expected {
@@ -729,9 +733,7 @@ impl LockClient {
 
     fn release_drain_done(&mut self, expected: u64, previous: u64, out: &mut Out) -> Step {
         let seen = DrainWord::decode(previous);
-        let generation = self.req()?.generation;
-        if seen.generation != generation {
-            self.observe_generation(seen.generation, out);
+        if !self.of_this_generation(seen.generation, out)? {
             return Ok(());
         }
         if previous != expected {
@@ -743,7 +745,10 @@ impl LockClient {
         self.finish(out);
         if drained {
             if let Some(waiter) = seen.waiter {
-                out.insert(out.len() - 1, Action::Send { to: waiter, generation, msg: ProtoMsg::Drained });
+                out.insert(
+                    out.len() - 1,
+                    Action::Send { to: waiter, generation: seen.generation, msg: ProtoMsg::Drained },
+                );
             }
         }
         Ok(())

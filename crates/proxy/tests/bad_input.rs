@@ -261,6 +261,14 @@ async fn wait_for_waiters(s: &Setup, count: u64) {
     panic!("{waiting} requests wait on a shared fetch, expected {count}");
 }
 
+type GetResult = (StatusCode, String, Option<String>, String);
+
+/// A GET through the proxy, running concurrently.
+fn spawn_get(s: &Arc<Setup>, path: &'static str) -> tokio::task::JoinHandle<GetResult> {
+    let s = s.clone();
+    tokio::spawn(async move { s.get(path).await })
+}
+
 fn origin_requests(s: &Setup) -> u64 {
     *s.origin.requests.lock().unwrap()
 }
@@ -269,17 +277,9 @@ fn origin_requests(s: &Setup) -> u64 {
 async fn concurrent_misses_share_one_fetch() {
     let s = Arc::new(Setup::new(CacheMode::Poll, true).await);
     s.origin.hold.store(true, std::sync::atomic::Ordering::SeqCst);
-    let first = tokio::spawn({
-        let s = s.clone();
-        async move { s.get("/doc/a").await }
-    });
+    let first = spawn_get(&s, "/doc/a");
     wait_for(|| origin_requests(&s) == 1).await;
-    let waiters: Vec<_> = (0..3)
-        .map(|_| {
-            let s = s.clone();
-            tokio::spawn(async move { s.get("/doc/a").await })
-        })
-        .collect();
+    let waiters: Vec<_> = (0..3).map(|_| spawn_get(&s, "/doc/a")).collect();
     wait_for_waiters(&s, 3).await; // the three later requests wait for the first one's fetch
     s.origin.hold.store(false, std::sync::atomic::Ordering::SeqCst);
     s.origin.release.notify_waiters();
@@ -298,18 +298,12 @@ async fn a_shared_fetch_older_than_a_completed_update_is_never_served() {
     let s = Arc::new(Setup::new(CacheMode::Poll, true).await);
     s.origin.hold.store(true, std::sync::atomic::Ordering::SeqCst);
     // The first request's response is generated at version 1, then held.
-    let first = tokio::spawn({
-        let s = s.clone();
-        async move { s.get("/doc/a").await }
-    });
+    let first = spawn_get(&s, "/doc/a");
     wait_for(|| origin_requests(&s) == 1).await;
     // An update completes; a request that starts after it must see version 2.
     let slot = s.table().slot_of("doc/a").unwrap();
     s.table().bump(slot).unwrap();
-    let later = tokio::spawn({
-        let s = s.clone();
-        async move { s.get("/doc/a").await }
-    });
+    let later = spawn_get(&s, "/doc/a");
     wait_for_waiters(&s, 1).await; // the later request joined the first one's fetch
     s.origin.hold.store(false, std::sync::atomic::Ordering::SeqCst);
     s.origin.release.notify_waiters();
