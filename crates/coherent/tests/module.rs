@@ -42,6 +42,9 @@ fn table1_over_the_socket_with_versions_checked_by_a_proxy_node() {
                 let client = client.clone();
                 async move { client.update(&keys(&["doc/1"])).await.unwrap() }
             });
+            // The update must be queued before the second read is sent: a read
+            // that arrives first shares the key with the first reader.
+            wait_for(|| server.requests_in_progress() == 2).await;
             let queued_read = tokio::spawn({
                 let client = client.clone();
                 async move { client.read(&keys(&["doc/1"])).await.unwrap() }
@@ -53,7 +56,7 @@ fn table1_over_the_socket_with_versions_checked_by_a_proxy_node() {
             client.read_done(read).await.unwrap();
 
             // ... and bumps the version when it proceeds, before it is done.
-            let update = update.await.unwrap();
+            let update = bounded(update).await.unwrap();
             let at_update = DepsHeader::parse(&update.deps).unwrap();
             assert_eq!(at_update.deps[0].version, 2);
             assert!(
@@ -65,7 +68,7 @@ fn table1_over_the_socket_with_versions_checked_by_a_proxy_node() {
             let done = client.update_done(update).await.unwrap();
             assert_eq!(DepsHeader::parse(&done).unwrap().deps[0].version, 2);
 
-            let queued = queued_read.await.unwrap();
+            let queued = bounded(queued_read).await.unwrap();
             assert_eq!(
                 DepsHeader::parse(&queued.deps).unwrap().deps[0].version,
                 2,
@@ -76,9 +79,15 @@ fn table1_over_the_socket_with_versions_checked_by_a_proxy_node() {
     }
 }
 
+/// Awaits `future`, failing the test instead of hanging if it never resolves.
+async fn bounded<T>(future: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(Duration::from_secs(30), future).await.expect("a granted request never resolved")
+}
+
 /// Waits (bounded) until `condition` holds.
 async fn wait_for(condition: impl Fn() -> bool) {
-    for _ in 0..2000 {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while std::time::Instant::now() < deadline {
         if condition() {
             return;
         }
