@@ -12,7 +12,7 @@
 pub mod limits;
 mod time;
 
-pub use time::{Clock, ManualClock, SystemClock};
+pub use time::{host_monotonic_ns, Clock, HostClock, ManualClock, SystemClock};
 
 use rand::SeedableRng;
 use serde::{Deserialize, Serialize};

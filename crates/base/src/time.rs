@@ -27,6 +27,30 @@ impl Clock for SystemClock {
     }
 }
 
+/// The host's monotonic clock (`CLOCK_MONOTONIC`): one clock for every
+/// process on the host, so events of different processes can be ordered and
+/// subtracted. Use it for intervals that start in one process and end in another.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct HostClock;
+
+impl Clock for HostClock {
+    fn now_ns(&self) -> u64 {
+        host_monotonic_ns()
+    }
+}
+
+/// Nanoseconds of `CLOCK_MONOTONIC` (see [`HostClock`]).
+pub fn host_monotonic_ns() -> u64 {
+    let mut now = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `now` is a valid, writable timespec; CLOCK_MONOTONIC is always supported on Linux.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
+    if rc != 0 {
+        return 0;
+    }
+    let nanos = u64::try_from(now.tv_nsec).unwrap_or(0);
+    u64::try_from(now.tv_sec).unwrap_or(0).saturating_mul(1_000_000_000).saturating_add(nanos)
+}
+
 /// A clock that moves only when [`ManualClock::advance_ns`] or
 /// [`ManualClock::set_ns`] is called: deterministic time for tests and simulation.
 #[derive(Debug, Default)]
@@ -59,6 +83,17 @@ impl Clock for ManualClock {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn host_clock_agrees_with_std_instant() {
+        // Instant is CLOCK_MONOTONIC on Linux: an interval measured by both agrees.
+        let (host, std) = (HostClock.now_ns(), Instant::now());
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        let host_elapsed = HostClock.now_ns() - host;
+        let std_elapsed = u64::try_from(std.elapsed().as_nanos()).unwrap();
+        assert!(host_elapsed >= 2_000_000, "{host_elapsed}");
+        assert!(host_elapsed <= std_elapsed, "{host_elapsed} > {std_elapsed}");
+    }
 
     #[test]
     fn manual_clock_moves_only_forward() {

@@ -3,9 +3,12 @@
 //! acquire+release latency and throughput under contention.
 //!
 //! The measurements themselves live in [`tierstack_dlm::bench`]; this module
-//! chooses the sweep, runs it on an in-process cluster
-//! ([`tierstack_cluster::local_cluster`]: every node is a thread of this
-//! process with its own fabric), and reports tables, JSON and plots.
+//! chooses the sweep, runs it on the nodes, and reports tables, JSON and
+//! plots. Nodes are separate OS processes by default
+//! ([`crate::dlm_nodes::ProcessNodes`], one `tierstack dlm-bench-node` each,
+//! on a generated topology); or threads of this process, each with its own
+//! fabric ([`ThreadNodes`] on [`tierstack_cluster::local_cluster`]), for
+//! tests and comparison.
 //!
 //! Node roles (those of the crate's bench functions): node 0 is the home of
 //! the lock, node 1 the first holder or the uncontended client, nodes 2.. the
@@ -17,15 +20,16 @@
 //! unregistered, and a manager owns its fabric's inbox, so only one scheme
 //! runs at a time); samples of all passes are pooled.
 //!
-//! Threads as nodes: on a machine with fewer cores than nodes, a cascade's
-//! latency includes waking every waiter's receive and waiting threads, which
-//! separate machines would do in parallel; compare schemes within one run.
+//! On a machine with fewer cores than nodes, a cascade's latency includes
+//! waking every waiter's receive and waiting threads, which separate
+//! machines would do in parallel; compare schemes within one run.
 //! N-CoShED and DQNL run the same code for exclusive requests, so their
 //! exclusive columns show the run's noise floor. Contender threads may also
 //! run one after another instead of meeting (1000 uncontended pairs on `shm`
 //! fit in a scheduler slice); the throughput table therefore shows lock
 //! messages per pair, which N-CoShED and DQNL only send when requests meet.
 
+use crate::dlm_nodes::ProcessNodes;
 use crate::report::{line_plot, us, write_json, Axes, Series, Table};
 use crate::stats::{summarize, Summary};
 use anyhow::{bail, Context, Result};
@@ -34,8 +38,8 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 use tierstack_cluster::{local_cluster, Backend};
-use tierstack_dlm::bench::{contended_throughput, figure5, start_managers, uncontended_ns};
-use tierstack_dlm::{LockManager, LockMode};
+use tierstack_dlm::bench::{contended_throughput, figure5, uncontended_ns, LockNodes, ThreadNodes};
+use tierstack_dlm::LockMode;
 
 pub use tierstack_dlm::Scheme;
 
@@ -65,10 +69,20 @@ fn mode_name(mode: LockMode) -> &'static str {
     }
 }
 
+/// Where the lock-manager nodes run.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum NodeKind {
+    /// Threads of this process, each with its own fabric.
+    Threads,
+    /// One `dlm-bench-node` process of this `tierstack` executable each.
+    Processes { exe: PathBuf },
+}
+
 /// What to measure.
 #[derive(Clone, Debug)]
 pub struct DlmBenchConfig {
     pub out_dir: PathBuf,
+    pub nodes: NodeKind,
     pub backends: Vec<Backend>,
     pub schemes: Vec<Scheme>,
     /// Waiter counts of the cascade sweep (Fig. 5's x axis).
@@ -90,9 +104,10 @@ pub struct DlmBenchConfig {
 }
 
 impl DlmBenchConfig {
-    pub fn new(out_dir: PathBuf, quick: bool) -> Self {
+    pub fn new(out_dir: PathBuf, nodes: NodeKind, quick: bool) -> Self {
         Self {
             out_dir,
+            nodes,
             backends: vec![Backend::Shm, Backend::Tcp],
             schemes: Scheme::ALL.to_vec(),
             waiters: if quick { vec![1, 4, 16] } else { vec![1, 2, 4, 8, 16] },
@@ -106,7 +121,7 @@ impl DlmBenchConfig {
     }
 
     /// Nodes a cluster needs for this sweep: home + holder + waiters, and home + contenders.
-    fn nodes(&self) -> usize {
+    fn node_count(&self) -> usize {
         let cascade = self.waiters.iter().max().map_or(0, |w| w + 2);
         let contended = self.contenders.iter().max().map_or(0, |k| k + 1);
         cascade.max(contended).max(2)
@@ -239,8 +254,11 @@ struct Samples {
 pub fn run(config: &DlmBenchConfig) -> Result<DlmReport> {
     config.validate()?;
     std::fs::create_dir_all(&config.out_dir).with_context(|| format!("creating {}", config.out_dir.display()))?;
-    let nodes = config.nodes();
-    let nodes_are = format!("threads of one process, each with its own fabric (local_cluster, {nodes} nodes)");
+    let nodes = config.node_count();
+    let nodes_are = match &config.nodes {
+        NodeKind::Threads => format!("threads of one process, each with its own fabric ({nodes} nodes)"),
+        NodeKind::Processes { .. } => format!("separate processes (tierstack dlm-bench-node, {nodes} nodes)"),
+    };
     println!("bench dlm: nodes are {nodes_are}; node 0 is the lock's home, node 1 the first holder");
     let rounds_per_pass = config.rounds.div_ceil(config.passes);
     let mut report = DlmReport {
@@ -259,24 +277,23 @@ pub fn run(config: &DlmBenchConfig) -> Result<DlmReport> {
     let node_count = u32::try_from(nodes).context("node count")?;
     let max_waiters = config.waiters.iter().copied().max().unwrap_or(1);
     for &backend in &config.backends {
-        let cluster = local_cluster(backend, node_count)
-            .with_context(|| format!("starting a {nodes}-node {} cluster", backend.name()))?;
-        let fabrics = cluster.fabrics();
+        let mut started = start_nodes(config, backend, node_count)?;
+        let nodes = started.nodes.as_mut();
         for &scheme in &config.schemes {
             eprintln!("bench dlm: {} {} warm-up", backend.name(), scheme.name());
-            let managers = start_managers(fabrics, scheme, WARMUP_PREFIX)?;
-            figure5(&managers, &[max_waiters], 1)?;
+            nodes.start(scheme, WARMUP_PREFIX)?;
+            figure5(nodes, &[max_waiters], 1)?;
             for mode in MODES {
-                uncontended_ns(&managers, mode, WARMUP_UNCONTENDED)?;
+                uncontended_ns(nodes, mode, WARMUP_UNCONTENDED)?;
             }
-            settle(&managers)?;
+            settle(nodes)?;
         }
         let mut samples = Samples::default();
         for pass in 0..config.passes {
             for &scheme in &config.schemes {
                 eprintln!("bench dlm: {} {} pass {}/{}", backend.name(), scheme.name(), pass + 1, config.passes);
-                let managers = start_managers(fabrics, scheme, &format!("{MEASURED_PREFIX}{pass}"))?;
-                measure_pass(config, &managers, scheme, rounds_per_pass, &mut samples)?;
+                nodes.start(scheme, &format!("{MEASURED_PREFIX}{pass}"))?;
+                measure_pass(config, nodes, scheme, rounds_per_pass, &mut samples)?;
             }
         }
         collect(backend, samples, &mut report);
@@ -286,7 +303,31 @@ pub fn run(config: &DlmBenchConfig) -> Result<DlmReport> {
     Ok(report)
 }
 
-/// One pass of every measurement for the scheme of `managers` (freshly started).
+/// The nodes of one backend, with what keeps them alive.
+struct StartedNodes {
+    nodes: Box<dyn LockNodes>,
+    // In-process fabrics' shm files, or the node processes' topology.
+    _cluster: Option<tierstack_cluster::LocalCluster>,
+    _scratch: Option<tempfile::TempDir>,
+}
+
+fn start_nodes(config: &DlmBenchConfig, backend: Backend, count: u32) -> Result<StartedNodes> {
+    let context = || format!("starting {count} {} lock nodes", backend.name());
+    match &config.nodes {
+        NodeKind::Threads => {
+            let cluster = local_cluster(backend, count).with_context(context)?;
+            let nodes = Box::new(ThreadNodes::new(cluster.fabrics().to_vec()));
+            Ok(StartedNodes { nodes, _cluster: Some(cluster), _scratch: None })
+        }
+        NodeKind::Processes { exe } => {
+            let scratch = tempfile::tempdir().context("creating the nodes' scratch folder")?;
+            let nodes = Box::new(ProcessNodes::spawn(exe, backend, count, scratch.path()).with_context(context)?);
+            Ok(StartedNodes { nodes, _cluster: None, _scratch: Some(scratch) })
+        }
+    }
+}
+
+/// One pass of every measurement for the scheme of `nodes` (freshly started).
 ///
 /// The cascades go first: their accounting counts every lock message of a
 /// round, so they need managers with no message in flight. The other
@@ -295,29 +336,29 @@ pub fn run(config: &DlmBenchConfig) -> Result<DlmReport> {
 /// managers are dropped: a stale message must not reach the next managers.
 fn measure_pass(
     config: &DlmBenchConfig,
-    managers: &[LockManager],
+    nodes: &mut dyn LockNodes,
     scheme: Scheme,
     rounds: usize,
     samples: &mut Samples,
 ) -> Result<()> {
-    for row in figure5(managers, &config.waiters, rounds)? {
+    for row in figure5(nodes, &config.waiters, rounds)? {
         samples.cascade.entry((scheme.name(), row.mode, row.waiters)).or_default().extend(row.samples_ns);
     }
     let pairs = config.uncontended_pairs.div_ceil(config.passes);
     for mode in MODES {
-        samples.uncontended.entry((scheme.name(), mode)).or_default().extend(uncontended_ns(managers, mode, pairs)?);
+        samples.uncontended.entry((scheme.name(), mode)).or_default().extend(uncontended_ns(nodes, mode, pairs)?);
     }
-    let mut messages_before = settle(managers)?;
+    let mut messages_before = settle(nodes)?;
     for &contenders in &config.contenders {
         for &shared_percent in &config.shared_percents {
             let pairs_per_sec = contended_throughput(
-                managers,
+                nodes,
                 contenders,
                 shared_percent,
                 config.contended_pairs_per_node,
                 THROUGHPUT_SEED,
             )?;
-            let messages_after = settle(managers)?;
+            let messages_after = settle(nodes)?;
             let pairs = (contenders * config.contended_pairs_per_node) as f64;
             let messages_per_pair = messages_after.saturating_sub(messages_before) as f64 / pairs;
             messages_before = messages_after;
@@ -328,12 +369,8 @@ fn measure_pass(
                 .push(ThroughputPass { pairs_per_sec, messages_per_pair });
         }
     }
-    samples.message_errors += managers.iter().map(|m| m.stats().message_errors).sum::<u64>();
+    samples.message_errors += nodes.totals()?.errors;
     Ok(())
-}
-
-fn messages_handled(managers: &[LockManager]) -> u64 {
-    managers.iter().map(|m| m.stats().messages_handled).sum()
 }
 
 /// Waits until no lock message has been handled for [`SETTLE_QUIET`]
@@ -341,13 +378,13 @@ fn messages_handled(managers: &[LockManager]) -> u64 {
 /// for measurements without exact message accounting; a message delayed by
 /// more than the quiet time would still be missed, and shows up as a
 /// message error.
-fn settle(managers: &[LockManager]) -> Result<u64> {
+fn settle(nodes: &mut dyn LockNodes) -> Result<u64> {
     let started = Instant::now();
-    let mut seen = messages_handled(managers);
+    let mut seen = nodes.totals()?.handled;
     let mut quiet_since = Instant::now();
     loop {
         std::thread::sleep(SETTLE_POLL);
-        let now = messages_handled(managers);
+        let now = nodes.totals()?.handled;
         if now != seen {
             seen = now;
             quiet_since = Instant::now();

@@ -14,6 +14,7 @@ pub mod coherence;
 pub mod ddss;
 pub mod deploy;
 pub mod dlm;
+pub mod dlm_nodes;
 pub mod fabric;
 pub mod owner;
 pub mod pushpull;

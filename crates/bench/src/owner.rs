@@ -108,6 +108,23 @@ impl ChildNode {
         Ok(())
     }
 
+    /// Hands the child's further output lines to a reader thread and returns
+    /// them as a channel, so a caller can wait for a line with a bound. The
+    /// channel closes when the child's standard output does.
+    pub fn take_lines(&mut self) -> Result<std::sync::mpsc::Receiver<String>> {
+        let reader = self.stdout.take().context("the child's output was already taken")?;
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::Builder::new().name(format!("child-{}-lines", self.child.id())).spawn(move || {
+            for line in reader.lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        })?;
+        Ok(rx)
+    }
+
     /// Closes stdin and collects the rest of the child's output and exit status.
     pub fn finish(mut self) -> Result<String> {
         self.stdin.take();

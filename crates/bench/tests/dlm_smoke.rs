@@ -1,13 +1,13 @@
 //! `bench dlm` end to end on a tiny configuration: it runs every scheme,
 //! writes its JSON and plots, and every latency it reports is a real sample.
 
-use tierstack_bench::dlm::{run, DlmBenchConfig, Scheme};
+use tierstack_bench::dlm::{run, DlmBenchConfig, NodeKind, Scheme};
 use tierstack_cluster::Backend;
 
 #[test]
 fn tiny_dlm_bench_writes_json_and_plots_with_positive_latencies() {
     let dir = tempfile::tempdir().unwrap();
-    let mut config = DlmBenchConfig::new(dir.path().join("dlm"), true);
+    let mut config = DlmBenchConfig::new(dir.path().join("dlm"), NodeKind::Threads, true);
     config.backends = vec![Backend::Shm];
     config.waiters = vec![1, 2];
     config.rounds = 2;

@@ -1,38 +1,91 @@
 //! The measurements behind `tierstack bench dlm` (the services paper's
-//! Fig. 5, lock cascading latency), as library functions over any fabric.
+//! Fig. 5, lock cascading latency), as library functions over any set of
+//! lock-manager nodes ([`LockNodes`]): threads of this process, each with its
+//! own fabric ([`ThreadNodes`]), or separate OS processes driven over pipes
+//! (the `bench` crate's process nodes).
 //!
 //! Node roles, for every scheme alike: node 0 is the only lock server (the
 //! home), node 1 the first holder, nodes 2.. the waiters; so a cascade with
-//! N waiters needs N + 2 fabrics. Nodes may be threads of one process, each
-//! with its own fabric, or separate processes.
+//! N waiters needs N + 2 nodes.
 //!
 //! A **cascade** (one sample): node 1 takes the lock exclusively; N waiters
 //! request it (all shared, or all exclusive) and block; once every waiter
 //! is known to be queued (each queued request costs exactly one message,
 //! which the managers count), node 1 releases. The sample is the time from
-//! that release until the last waiter is granted; each waiter releases as
-//! soon as it is granted (the exclusive queue cascades through all of them).
-//! Each round starts only when no message is in flight (sent and handled
-//! counts agree) and ends only when every message of the round has been
-//! handled, so rounds do not overlap.
+//! that release until the last waiter is granted, both read from the host's
+//! monotonic clock ([`HostClock`]) so that they compare across processes;
+//! each waiter releases as soon as it is granted (the exclusive queue
+//! cascades through all of them). Each round starts only when no message is
+//! in flight (sent and handled counts agree) and ends only when every
+//! message of the round has been handled, so rounds do not overlap.
 //!
 //! Regions cannot be unregistered, so each set of managers started on the
-//! same fabrics needs its own region prefix ([`start_managers`]). In one
-//! process the first scheme measured runs measurably slower than later ones
-//! (warm-up of threads and connections), so a fair run measures every scheme
-//! once to warm up and then again.
+//! same fabrics needs its own region prefix ([`LockNodes::start`]). The first
+//! scheme measured runs measurably slower than later ones (warm-up of
+//! threads and connections), so a fair run measures every scheme once to
+//! warm up and then again.
 
-use crate::runtime::{DlmConfig, LockManager, Scheme, Wait};
+use crate::runtime::{DlmConfig, Grant, LockManager, Scheme, Wait};
 use crate::{LockError, LockId, LockMode};
+use std::collections::HashMap;
+use std::ops::Range;
 use std::sync::Arc;
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
-use tierstack_base::{Clock, NodeId, SystemClock};
+use tierstack_base::{Clock, HostClock, NodeId};
 use tierstack_fabric::Fabric;
 
 /// The lock every measurement uses.
 pub const BENCH_LOCK: LockId = LockId(0xF15);
 /// Bound on every wait of a measurement; reaching it is an error, not a sample.
 pub const BENCH_WAIT: Duration = Duration::from_secs(30);
+
+/// Lock-message counters summed over every node.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MessageTotals {
+    pub sent: u64,
+    pub handled: u64,
+    /// Messages whose handling failed (a protocol violation; 0 in a sound run).
+    pub errors: u64,
+}
+
+/// The lock-manager nodes a measurement drives, by index (node 0 serves
+/// the lock). Every call returns once the node has done what it says.
+pub trait LockNodes {
+    /// How many nodes there are.
+    fn count(&self) -> usize;
+    /// Starts a fresh `scheme` manager on every node (dropping the previous
+    /// one), with regions under `region_prefix`, and creates [`BENCH_LOCK`].
+    fn start(&mut self, scheme: Scheme, region_prefix: &str) -> Result<(), LockError>;
+    /// The scheme of the running managers.
+    fn scheme(&self) -> Result<Scheme, LockError>;
+    /// Counters summed over the nodes, each node's read once, one after another.
+    fn totals(&mut self) -> Result<MessageTotals, LockError>;
+    /// `node` acquires [`BENCH_LOCK`] exclusively and keeps it.
+    fn hold(&mut self, node: usize) -> Result<(), LockError>;
+    /// `node` releases what [`LockNodes::hold`] took; returns the host clock
+    /// read just before the release.
+    fn release_hold(&mut self, node: usize) -> Result<u64, LockError>;
+    /// `node` starts to acquire [`BENCH_LOCK`] in `mode` and returns at once;
+    /// when granted, it reads the host clock and releases.
+    fn start_waiter(&mut self, node: usize, mode: LockMode) -> Result<(), LockError>;
+    /// Waits for the waiter started on `node`; returns its grant time.
+    fn finish_waiter(&mut self, node: usize) -> Result<u64, LockError>;
+    /// `pairs` uncontended acquire+release pairs by `node` (after a short
+    /// warm-up); nanoseconds each.
+    fn uncontended_ns(&mut self, node: usize, mode: LockMode, pairs: usize) -> Result<Vec<u64>, LockError>;
+    /// `nodes` each run `pairs` acquire+release pairs on [`BENCH_LOCK`],
+    /// starting together, `shared_percent` of them shared (chosen by a
+    /// generator seeded with `seed` + the node's index); returns the host
+    /// clock at the first node's start and at the last node's end.
+    fn contend(
+        &mut self,
+        nodes: Range<usize>,
+        shared_percent: u32,
+        pairs: usize,
+        seed: u64,
+    ) -> Result<(u64, u64), LockError>;
+}
 
 /// Starts a `scheme` lock manager on every fabric (node 0 serves locks) and
 /// creates [`BENCH_LOCK`]. The managers own their fabrics' inboxes; their
@@ -44,24 +97,194 @@ pub fn start_managers(
     region_prefix: &str,
 ) -> Result<Vec<LockManager>, LockError> {
     let nodes: Vec<NodeId> = fabrics.iter().map(|f| f.local_node()).collect();
-    let server = *nodes.first().ok_or_else(|| LockError::Config("no fabrics".into()))?;
-    let managers = fabrics
-        .iter()
-        .map(|f| {
-            let config = DlmConfig::new(scheme, vec![server], nodes.clone()).with_region_prefix(region_prefix);
-            LockManager::start(f.clone(), config)
+    fabrics.iter().map(|f| start_manager(f, &nodes, scheme, region_prefix)).collect()
+}
+
+/// Starts the `scheme` lock manager of one of `nodes` (the first serves
+/// locks; it also creates [`BENCH_LOCK`]), on `fabric`.
+pub fn start_manager(
+    fabric: &Arc<dyn Fabric>,
+    nodes: &[NodeId],
+    scheme: Scheme,
+    region_prefix: &str,
+) -> Result<LockManager, LockError> {
+    let server = *nodes.first().ok_or_else(|| LockError::Config("no nodes".into()))?;
+    let config = DlmConfig::new(scheme, vec![server], nodes.to_vec()).with_region_prefix(region_prefix);
+    let manager = LockManager::start(fabric.clone(), config)?;
+    if fabric.local_node() == server {
+        manager.create_lock(BENCH_LOCK)?;
+    }
+    Ok(manager)
+}
+
+/// One manager's side of [`LockNodes::uncontended_ns`].
+pub fn uncontended_pairs_ns(manager: &LockManager, mode: LockMode, pairs: usize) -> Result<Vec<u64>, LockError> {
+    let clock = HostClock;
+    let mut samples = Vec::with_capacity(pairs);
+    for i in 0..pairs + pairs / 10 + 1 {
+        let start = clock.now_ns();
+        let grant = manager.scheme().acquire(BENCH_LOCK, mode, Wait::Timeout(BENCH_WAIT))?;
+        manager.scheme().release(&grant)?;
+        if i > pairs / 10 {
+            samples.push(clock.now_ns() - start);
+        }
+    }
+    Ok(samples)
+}
+
+/// One manager's side of [`LockNodes::contend`], once started: returns the
+/// host clock at its start and end.
+pub fn contend_pairs(
+    manager: &LockManager,
+    shared_percent: u32,
+    pairs: usize,
+    seed: u64,
+) -> Result<(u64, u64), LockError> {
+    use rand::Rng;
+    let mut rng = tierstack_base::seeded_rng(seed);
+    let began = HostClock.now_ns();
+    for _ in 0..pairs {
+        let mode = if rng.gen_range(0..100) < shared_percent { LockMode::Shared } else { LockMode::Exclusive };
+        let grant = manager.scheme().acquire(BENCH_LOCK, mode, Wait::Timeout(BENCH_WAIT))?;
+        manager.scheme().release(&grant)?;
+    }
+    Ok((began, HostClock.now_ns()))
+}
+
+/// One waiter of a cascade: acquire, read the host clock, release.
+pub fn wait_and_release(manager: &LockManager, mode: LockMode) -> Result<u64, LockError> {
+    let grant = manager.scheme().acquire(BENCH_LOCK, mode, Wait::Timeout(BENCH_WAIT))?;
+    let granted_ns = HostClock.now_ns();
+    manager.scheme().release(&grant)?;
+    Ok(granted_ns)
+}
+
+/// Every node a thread of this process with its own fabric and manager.
+pub struct ThreadNodes {
+    fabrics: Vec<Arc<dyn Fabric>>,
+    managers: Vec<Arc<LockManager>>,
+    holds: HashMap<usize, Grant>,
+    waiters: HashMap<usize, JoinHandle<Result<u64, LockError>>>,
+}
+
+impl ThreadNodes {
+    /// Nodes over `fabrics`; [`LockNodes::start`] starts their managers.
+    pub fn new(fabrics: Vec<Arc<dyn Fabric>>) -> Self {
+        Self { fabrics, managers: Vec::new(), holds: HashMap::new(), waiters: HashMap::new() }
+    }
+
+    /// The running managers, for diagnostics.
+    pub fn managers(&self) -> &[Arc<LockManager>] {
+        &self.managers
+    }
+
+    fn manager(&self, node: usize) -> Result<&Arc<LockManager>, LockError> {
+        self.managers.get(node).ok_or_else(|| LockError::Config(format!("no running manager on node index {node}")))
+    }
+}
+
+fn panicked(what: &str) -> LockError {
+    LockError::Protocol(format!("a {what} thread panicked"))
+}
+
+impl LockNodes for ThreadNodes {
+    fn count(&self) -> usize {
+        self.fabrics.len()
+    }
+
+    fn start(&mut self, scheme: Scheme, region_prefix: &str) -> Result<(), LockError> {
+        // The old managers release their fabrics' inboxes before new ones take them.
+        self.holds.clear();
+        for (_, waiter) in self.waiters.drain() {
+            waiter.join().map_err(|_| panicked("waiter"))??;
+        }
+        self.managers.clear();
+        self.managers = start_managers(&self.fabrics, scheme, region_prefix)?.into_iter().map(Arc::new).collect();
+        Ok(())
+    }
+
+    fn scheme(&self) -> Result<Scheme, LockError> {
+        Ok(self.manager(0)?.scheme().scheme())
+    }
+
+    fn totals(&mut self) -> Result<MessageTotals, LockError> {
+        Ok(self.managers.iter().map(|m| m.stats()).fold(MessageTotals::default(), |t, s| MessageTotals {
+            sent: t.sent + s.messages_sent,
+            handled: t.handled + s.messages_handled,
+            errors: t.errors + s.message_errors,
+        }))
+    }
+
+    fn hold(&mut self, node: usize) -> Result<(), LockError> {
+        let grant = self.manager(node)?.scheme().acquire(BENCH_LOCK, LockMode::Exclusive, Wait::Timeout(BENCH_WAIT))?;
+        self.holds.insert(node, grant);
+        Ok(())
+    }
+
+    fn release_hold(&mut self, node: usize) -> Result<u64, LockError> {
+        let grant = self.holds.remove(&node).ok_or(LockError::NotHeld { lock: BENCH_LOCK })?;
+        let released_ns = HostClock.now_ns();
+        self.manager(node)?.scheme().release(&grant)?;
+        Ok(released_ns)
+    }
+
+    fn start_waiter(&mut self, node: usize, mode: LockMode) -> Result<(), LockError> {
+        let manager = self.manager(node)?.clone();
+        let waiter = std::thread::Builder::new()
+            .name(format!("bench-waiter-{node}"))
+            .spawn(move || wait_and_release(&manager, mode))
+            .map_err(|e| LockError::Protocol(format!("spawning a waiter thread: {e}")))?;
+        self.waiters.insert(node, waiter);
+        Ok(())
+    }
+
+    fn finish_waiter(&mut self, node: usize) -> Result<u64, LockError> {
+        let waiter =
+            self.waiters.remove(&node).ok_or_else(|| LockError::Config(format!("no waiter on node index {node}")))?;
+        waiter.join().map_err(|_| panicked("waiter"))?
+    }
+
+    fn uncontended_ns(&mut self, node: usize, mode: LockMode, pairs: usize) -> Result<Vec<u64>, LockError> {
+        uncontended_pairs_ns(self.manager(node)?, mode, pairs)
+    }
+
+    fn contend(
+        &mut self,
+        nodes: Range<usize>,
+        shared_percent: u32,
+        pairs: usize,
+        seed: u64,
+    ) -> Result<(u64, u64), LockError> {
+        let managers = self
+            .managers
+            .get(nodes.clone())
+            .ok_or_else(|| LockError::Config(format!("nodes {nodes:?} out of {}", self.managers.len())))?;
+        let start = std::sync::Barrier::new(managers.len());
+        std::thread::scope(|scope| {
+            let start = &start;
+            let handles: Vec<_> = managers
+                .iter()
+                .zip(nodes.clone())
+                .map(|(m, i)| {
+                    scope.spawn(move || {
+                        start.wait();
+                        contend_pairs(m, shared_percent, pairs, seed.wrapping_add(i as u64))
+                    })
+                })
+                .collect();
+            let mut span: Option<(u64, u64)> = None;
+            for handle in handles {
+                let (began, ended) = handle.join().map_err(|_| panicked("contender"))??;
+                span = Some(span.map_or((began, ended), |(first, last)| (first.min(began), last.max(ended))));
+            }
+            span.ok_or_else(|| LockError::Config("no contenders".into()))
         })
-        .collect::<Result<Vec<_>, _>>()?;
-    managers[0].create_lock(BENCH_LOCK)?;
-    Ok(managers)
+    }
 }
 
-fn total_messages(managers: &[LockManager]) -> u64 {
-    managers.iter().map(|m| m.stats().messages_handled).sum()
-}
-
-fn total_sent(managers: &[LockManager]) -> u64 {
-    managers.iter().map(|m| m.stats().messages_sent).sum()
+fn bench_timeout(started: Instant) -> LockError {
+    let waited_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+    LockError::Timeout { lock: BENCH_LOCK, waited_ms, blocked_on: None }
 }
 
 /// Waits until every message the managers sent has been handled and
@@ -74,32 +297,30 @@ fn total_sent(managers: &[LockManager]) -> u64 {
 /// enqueued; the holder then releases early, that waiter finds the lock free
 /// and (N-CoShED, DQNL) is granted without any message, and the round's
 /// final wait expects a message that is never sent.
-fn wait_quiescent(managers: &[LockManager]) -> Result<(), LockError> {
+pub fn wait_quiescent<N: LockNodes + ?Sized>(nodes: &mut N) -> Result<(), LockError> {
     let started = Instant::now();
     loop {
         // Each counter only grows, so equal sums mean no send happened while
         // the handled counts were read; handled >= sent then means none is
         // in flight. (Handled may exceed sent after a send that reported an
         // error although its frame was delivered.)
-        let sent_before = total_sent(managers);
-        let handled = total_messages(managers);
-        if sent_before == total_sent(managers) && handled >= sent_before {
+        let sent_before = nodes.totals()?.sent;
+        let handled = nodes.totals()?.handled;
+        if sent_before == nodes.totals()?.sent && handled >= sent_before {
             return Ok(());
         }
         if started.elapsed() > BENCH_WAIT {
-            let waited_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
-            return Err(LockError::Timeout { lock: BENCH_LOCK, waited_ms, blocked_on: None });
+            return Err(bench_timeout(started));
         }
         std::thread::yield_now();
     }
 }
 
-fn wait_for_messages(managers: &[LockManager], at_least: u64) -> Result<(), LockError> {
+fn wait_for_messages<N: LockNodes + ?Sized>(nodes: &mut N, at_least: u64) -> Result<(), LockError> {
     let started = Instant::now();
-    while total_messages(managers) < at_least {
+    while nodes.totals()?.handled < at_least {
         if started.elapsed() > BENCH_WAIT {
-            let waited_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
-            return Err(LockError::Timeout { lock: BENCH_LOCK, waited_ms, blocked_on: None });
+            return Err(bench_timeout(started));
         }
         std::thread::yield_now();
     }
@@ -118,110 +339,69 @@ fn messages_per_round(scheme: Scheme, waiters: u64) -> u64 {
 }
 
 /// One cascade with `waiters` waiters in `mode`; returns nanoseconds from
-/// the first release until the last waiter is granted. `managers` come from
-/// [`start_managers`] and must number at least `waiters + 2`.
-pub fn cascade_latency_ns(managers: &[LockManager], mode: LockMode, waiters: usize) -> Result<u64, LockError> {
-    if managers.len() < waiters + 2 {
-        return Err(LockError::Config(format!("{} nodes cannot host {waiters} waiters", managers.len())));
+/// the first release until the last waiter is granted. `nodes` must number
+/// at least `waiters + 2`.
+pub fn cascade_latency_ns<N: LockNodes + ?Sized>(
+    nodes: &mut N,
+    mode: LockMode,
+    waiters: usize,
+) -> Result<u64, LockError> {
+    if nodes.count() < waiters + 2 {
+        return Err(LockError::Config(format!("{} nodes cannot host {waiters} waiters", nodes.count())));
     }
-    let scheme = managers[0].scheme().scheme();
-    let clock = SystemClock;
-    wait_quiescent(managers)?;
-    let round_start = total_messages(managers);
-    let holder = managers[1].acquire_exclusive(BENCH_LOCK, BENCH_WAIT)?;
+    let scheme = nodes.scheme()?;
+    wait_quiescent(nodes)?;
+    let round_start = nodes.totals()?.handled;
+    nodes.hold(1)?;
     let holder_messages = if scheme == Scheme::Srsl { 2 } else { 0 };
-    std::thread::scope(|scope| {
-        let handles: Vec<_> = managers[2..waiters + 2]
-            .iter()
-            .map(|m| {
-                scope.spawn(move || {
-                    let grant = m.scheme().acquire(BENCH_LOCK, mode, Wait::Timeout(BENCH_WAIT))?;
-                    let granted_ns = clock.now_ns();
-                    m.scheme().release(&grant)?;
-                    Ok::<u64, LockError>(granted_ns)
-                })
-            })
-            .collect();
-        wait_for_messages(managers, round_start + holder_messages + waiters as u64)?;
-        let released_ns = clock.now_ns();
-        holder.release()?;
-        let mut last_ns = released_ns;
-        for handle in handles {
-            let granted_ns = handle.join().map_err(|_| LockError::Protocol("a waiter thread panicked".into()))??;
-            last_ns = last_ns.max(granted_ns);
-        }
-        wait_for_messages(managers, round_start + messages_per_round(scheme, waiters as u64))?;
-        Ok(last_ns - released_ns)
-    })
-}
-
-/// `iterations` uncontended acquire+release pairs by node 1 on a lock homed
-/// at node 0; nanoseconds each (after a short warm-up).
-pub fn uncontended_ns(managers: &[LockManager], mode: LockMode, iterations: usize) -> Result<Vec<u64>, LockError> {
-    let me = managers.get(1).ok_or_else(|| LockError::Config("needs two nodes".into()))?;
-    let clock = SystemClock;
-    let mut samples = Vec::with_capacity(iterations);
-    for i in 0..iterations + iterations / 10 + 1 {
-        let start = clock.now_ns();
-        let grant = me.scheme().acquire(BENCH_LOCK, mode, Wait::Timeout(BENCH_WAIT))?;
-        me.scheme().release(&grant)?;
-        if i > iterations / 10 {
-            samples.push(clock.now_ns() - start);
-        }
+    let waiter_nodes = 2..waiters + 2;
+    for node in waiter_nodes.clone() {
+        nodes.start_waiter(node, mode)?;
     }
-    Ok(samples)
+    wait_for_messages(nodes, round_start + holder_messages + waiters as u64)?;
+    let released_ns = nodes.release_hold(1)?;
+    let mut last_ns = released_ns;
+    for node in waiter_nodes {
+        last_ns = last_ns.max(nodes.finish_waiter(node)?);
+    }
+    wait_for_messages(nodes, round_start + messages_per_round(scheme, waiters as u64))?;
+    Ok(last_ns - released_ns)
 }
 
-/// `contenders` nodes (1..=contenders) each run `ops_per_node`
+/// `pairs` uncontended acquire+release pairs by node 1 on a lock homed at
+/// node 0; nanoseconds each (after a short warm-up).
+pub fn uncontended_ns<N: LockNodes + ?Sized>(
+    nodes: &mut N,
+    mode: LockMode,
+    pairs: usize,
+) -> Result<Vec<u64>, LockError> {
+    if nodes.count() < 2 {
+        return Err(LockError::Config("needs two nodes".into()));
+    }
+    nodes.uncontended_ns(1, mode, pairs)
+}
+
+/// `contenders` nodes (1..=contenders) each run `pairs_per_node`
 /// acquire+release pairs on one lock, `shared_percent` of them shared
 /// (chosen by a seeded generator); returns completed pairs per second,
 /// over the span from the first contender's start to the last one's end
-/// (each contender times itself: a coordinating thread may be descheduled
-/// past the whole run on a loaded machine).
-pub fn contended_throughput(
-    managers: &[LockManager],
+/// (each contender times itself: a coordinator may be descheduled past the
+/// whole run on a loaded machine).
+pub fn contended_throughput<N: LockNodes + ?Sized>(
+    nodes: &mut N,
     contenders: usize,
     shared_percent: u32,
-    ops_per_node: usize,
+    pairs_per_node: usize,
     seed: u64,
 ) -> Result<f64, LockError> {
-    use rand::Rng;
-    if managers.len() < contenders + 1 {
-        return Err(LockError::Config(format!("{} nodes cannot host {contenders} contenders", managers.len())));
+    if contenders == 0 || nodes.count() < contenders + 1 {
+        return Err(LockError::Config(format!("{} nodes cannot host {contenders} contenders", nodes.count())));
     }
-    let start = std::sync::Barrier::new(contenders);
-    let (first_start, last_end) = std::thread::scope(|scope| {
-        let start = &start;
-        let handles: Vec<_> = managers[1..contenders + 1]
-            .iter()
-            .enumerate()
-            .map(|(i, m)| {
-                scope.spawn(move || {
-                    let mut rng = tierstack_base::seeded_rng(seed.wrapping_add(i as u64));
-                    start.wait();
-                    let began = Instant::now();
-                    for _ in 0..ops_per_node {
-                        let mode =
-                            if rng.gen_range(0..100) < shared_percent { LockMode::Shared } else { LockMode::Exclusive };
-                        let grant = m.scheme().acquire(BENCH_LOCK, mode, Wait::Timeout(BENCH_WAIT))?;
-                        m.scheme().release(&grant)?;
-                    }
-                    Ok::<(Instant, Instant), LockError>((began, Instant::now()))
-                })
-            })
-            .collect();
-        let mut span: Option<(Instant, Instant)> = None;
-        for handle in handles {
-            let (began, ended) =
-                handle.join().map_err(|_| LockError::Protocol("a contender thread panicked".into()))??;
-            span = Some(span.map_or((began, ended), |(first, last)| (first.min(began), last.max(ended))));
-        }
-        span.ok_or_else(|| LockError::Config("no contenders".into()))
-    })?;
+    let (first_start, last_end) = nodes.contend(1..contenders + 1, shared_percent, pairs_per_node, seed)?;
     // Leave no message in flight for whatever is measured next.
-    wait_quiescent(managers)?;
-    let seconds = last_end.duration_since(first_start).as_secs_f64();
-    Ok((contenders * ops_per_node) as f64 / seconds.max(f64::MIN_POSITIVE))
+    wait_quiescent(nodes)?;
+    let seconds = last_end.saturating_sub(first_start) as f64 / 1e9;
+    Ok((contenders * pairs_per_node) as f64 / seconds.max(f64::MIN_POSITIVE))
 }
 
 /// One cell of Fig. 5.
@@ -234,31 +414,21 @@ pub struct CascadeRow {
     pub samples_ns: Vec<u64>,
 }
 
-impl CascadeRow {
-    pub fn median_ns(&self) -> u64 {
-        median(&self.samples_ns)
-    }
-}
-
-/// The median of `samples` (0 if empty).
-pub fn median(samples: &[u64]) -> u64 {
-    let mut sorted = samples.to_vec();
-    sorted.sort_unstable();
-    sorted.get(sorted.len() / 2).copied().unwrap_or(0)
-}
-
-/// Fig. 5 for one scheme (that of `managers`, from [`start_managers`]):
-/// {shared, exclusive} × `waiter_counts`, `rounds` cascades per cell after
-/// one warm-up cascade. `managers` must number at least
-/// `max(waiter_counts) + 2`.
-pub fn figure5(managers: &[LockManager], waiter_counts: &[usize], rounds: usize) -> Result<Vec<CascadeRow>, LockError> {
-    let scheme = managers.first().ok_or_else(|| LockError::Config("no managers".into()))?.scheme().scheme();
+/// Fig. 5 for the running scheme: {shared, exclusive} × `waiter_counts`,
+/// `rounds` cascades per cell after one warm-up cascade. `nodes` must
+/// number at least `max(waiter_counts) + 2`.
+pub fn figure5<N: LockNodes + ?Sized>(
+    nodes: &mut N,
+    waiter_counts: &[usize],
+    rounds: usize,
+) -> Result<Vec<CascadeRow>, LockError> {
+    let scheme = nodes.scheme()?;
     let mut rows = Vec::new();
     for mode in [LockMode::Shared, LockMode::Exclusive] {
         for &waiters in waiter_counts {
-            cascade_latency_ns(managers, mode, waiters)?; // warm-up: connections, caches
+            cascade_latency_ns(nodes, mode, waiters)?; // warm-up: connections, caches
             let samples_ns =
-                (0..rounds).map(|_| cascade_latency_ns(managers, mode, waiters)).collect::<Result<Vec<_>, _>>()?;
+                (0..rounds).map(|_| cascade_latency_ns(nodes, mode, waiters)).collect::<Result<Vec<_>, _>>()?;
             rows.push(CascadeRow { scheme, mode, waiters, samples_ns });
         }
     }

@@ -6,41 +6,45 @@ mod common;
 use common::{Backend, Cluster};
 use std::sync::Arc;
 use tierstack_dlm::bench::{
-    cascade_latency_ns, contended_throughput, figure5, start_managers, uncontended_ns, BENCH_LOCK,
+    cascade_latency_ns, contended_throughput, figure5, uncontended_ns, LockNodes, ThreadNodes, BENCH_LOCK,
 };
 use tierstack_dlm::{LockMode, Scheme};
 use tierstack_fabric::Fabric;
+
+fn states(nodes: &ThreadNodes) -> String {
+    let states: Vec<String> =
+        nodes.managers().iter().map(|m| format!("{:?} {}", m.stats(), m.debug_state(BENCH_LOCK))).collect();
+    states.join("\n")
+}
 
 #[test]
 fn cascades_and_latencies_run_on_every_scheme() {
     for backend in [Backend::Shm, Backend::Tcp] {
         let cluster = Cluster::new(backend, 5);
         let fabrics: Vec<Arc<dyn Fabric>> = (0..5).map(|i| cluster.fabric(i)).collect();
-        for scheme in Scheme::ALL {
-            let managers = start_managers(&fabrics, scheme, "bench").unwrap();
+        let mut nodes = ThreadNodes::new(fabrics);
+        for (i, scheme) in Scheme::ALL.into_iter().enumerate() {
+            nodes.start(scheme, &format!("bench{i}")).unwrap();
+            assert_eq!(nodes.scheme().unwrap(), scheme);
             for mode in [LockMode::Shared, LockMode::Exclusive] {
                 for waiters in [1, 3] {
-                    cascade_latency_ns(&managers, mode, waiters)
+                    cascade_latency_ns(&mut nodes, mode, waiters)
                         .unwrap_or_else(|e| panic!("{scheme:?} {mode:?} {waiters} on {backend:?}: {e}"));
                 }
-                assert_eq!(uncontended_ns(&managers, mode, 20).unwrap().len(), 20);
+                assert_eq!(uncontended_ns(&mut nodes, mode, 20).unwrap().len(), 20);
             }
-            let throughput = contended_throughput(&managers, 4, 50, 20, 1).unwrap_or_else(|e| {
-                let states: Vec<String> = managers.iter().map(|m| m.debug_state(BENCH_LOCK)).collect();
-                panic!("contended {scheme:?} on {backend:?}: {e}\n{}", states.join("\n"))
-            });
+            let throughput = contended_throughput(&mut nodes, 4, 50, 20, 1)
+                .unwrap_or_else(|e| panic!("contended {scheme:?} on {backend:?}: {e}\n{}", states(&nodes)));
             assert!(throughput > 0.0, "{scheme:?} on {backend:?}");
-            assert!(cascade_latency_ns(&managers, LockMode::Shared, 4).is_err(), "5 nodes host at most 3 waiters");
-            let rows = figure5(&managers, &[1, 2], 2).unwrap_or_else(|e| {
-                let states: Vec<String> =
-                    managers.iter().map(|m| format!("{:?} {}", m.stats(), m.debug_state(BENCH_LOCK))).collect();
-                panic!("figure5 {scheme:?} on {backend:?}: {e}\n{}", states.join("\n"))
-            });
+            assert!(cascade_latency_ns(&mut nodes, LockMode::Shared, 4).is_err(), "5 nodes host at most 3 waiters");
+            assert!(contended_throughput(&mut nodes, 5, 50, 20, 1).is_err(), "5 nodes host at most 4 contenders");
+            let rows = figure5(&mut nodes, &[1, 2], 2)
+                .unwrap_or_else(|e| panic!("figure5 {scheme:?} on {backend:?}: {e}\n{}", states(&nodes)));
             assert_eq!(rows.len(), 4);
             assert!(rows.iter().all(|r| r.scheme == scheme && r.samples_ns.len() == 2));
-            for m in &managers {
-                assert_eq!(m.stats().message_errors, 0, "{scheme:?} on {backend:?}");
-            }
+            let totals = nodes.totals().unwrap();
+            assert_eq!(totals.errors, 0, "{scheme:?} on {backend:?}");
+            assert_eq!(totals.sent, totals.handled, "{scheme:?} on {backend:?}: a message is unaccounted for");
         }
     }
 }

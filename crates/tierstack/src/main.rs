@@ -36,6 +36,9 @@ enum Command {
     DdssClient(cmd::ddss::ClientArgs),
     /// Lock-manager node: run random shared/exclusive holds on a topology's locks, print each hold, serve until stdin closes.
     DlmNode(cmd::dlm::LockNodeArgs),
+    /// Lock-manager node driven by `bench dlm` over its standard input (see tierstack_bench::dlm_nodes).
+    #[command(hide = true)]
+    DlmBenchNode(cmd::dlm::BenchNodeArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -57,6 +60,7 @@ fn main() -> std::process::ExitCode {
         Command::DdssDaemon(args) => cmd::ddss::run_daemon(args),
         Command::DdssClient(args) => cmd::ddss::run_client(args),
         Command::DlmNode(args) => cmd::dlm::run_node(args),
+        Command::DlmBenchNode(args) => cmd::dlm::run_bench_node(args),
         Command::Load(args) => cmd::load::run(args),
     };
     match result {

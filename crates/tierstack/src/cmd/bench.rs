@@ -40,7 +40,7 @@ pub enum BenchCommand {
         loads: Vec<usize>,
     },
     /// Distributed lock manager (services paper Fig. 5): lock cascading latency, uncontended
-    /// latency and contended throughput of N-CoShED, SRSL and DQNL; nodes are threads of this process.
+    /// latency and contended throughput of N-CoShED, SRSL and DQNL; each node is a process.
     Dlm {
         /// Output folder for JSON and plots.
         #[arg(long, default_value = "report/dlm")]
@@ -60,6 +60,9 @@ pub enum BenchCommand {
         /// Cascades per cell, spread over 3 passes (default 90; 5 in one pass with --quick).
         #[arg(long)]
         rounds: Option<usize>,
+        /// Run the nodes as threads of this process (each with its own fabric) instead of processes.
+        #[arg(long)]
+        threads: bool,
     },
     /// Distributed data sharing substrate (services paper Fig. 3a): put latency by coherence model and value
     /// size, get latency, and Redis on loopback for comparison; the home node is a `ddss-daemon` process.
@@ -143,8 +146,10 @@ pub fn run(command: BenchCommand) -> Result<()> {
             run_fabric(&config)?;
             Ok(())
         }
-        BenchCommand::Dlm { out, quick, backends, schemes, waiters, rounds } => {
-            let mut config = tierstack_bench::dlm::DlmBenchConfig::new(out, quick);
+        BenchCommand::Dlm { out, quick, backends, schemes, waiters, rounds, threads } => {
+            use tierstack_bench::dlm::NodeKind;
+            let nodes = if threads { NodeKind::Threads } else { NodeKind::Processes { exe: std::env::current_exe()? } };
+            let mut config = tierstack_bench::dlm::DlmBenchConfig::new(out, nodes, quick);
             config.backends = backends;
             config.schemes = schemes;
             if let Some(waiters) = waiters {

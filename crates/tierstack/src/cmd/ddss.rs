@@ -8,7 +8,7 @@
 //! member list through its node's daemon socket (the control path). Daemons
 //! therefore place data only on the topology's non-passive nodes.
 
-use super::{monotonic_ns, NodeArgs};
+use super::NodeArgs;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use rand::seq::SliceRandom;
@@ -17,6 +17,7 @@ use serde_json::{json, Value};
 use std::io::{BufRead, Read, Write};
 use std::path::PathBuf;
 use std::sync::Arc;
+use tierstack_base::host_monotonic_ns as monotonic_ns;
 use tierstack_base::{seeded_rng, NodeId};
 use tierstack_cluster::{Role, Topology};
 use tierstack_ddss::ipc::{DdssClient, DdssDaemon};

@@ -45,7 +45,6 @@
 //! message_errors}` and exits, with a failure status if any operation
 //! failed.
 
-use super::monotonic_ns;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use rand::Rng;
@@ -53,6 +52,7 @@ use serde_json::{json, Value};
 use std::io::{BufRead, Read, Write};
 use std::ops::Range;
 use std::time::{Duration, Instant};
+use tierstack_base::host_monotonic_ns as monotonic_ns;
 use tierstack_base::{seeded_rng, NodeId};
 use tierstack_cluster::{Role, Topology};
 use tierstack_dlm::table::home_of;
@@ -99,6 +99,22 @@ pub struct LockNodeArgs {
     /// Print each grant as it happens, and the lock messages handled during each hold.
     #[arg(long)]
     announce: bool,
+}
+
+/// `tierstack dlm-bench-node`: one node of `bench dlm`, run by the benchmark.
+#[derive(Args)]
+pub struct BenchNodeArgs {
+    #[command(flatten)]
+    at: super::NodeArgs,
+}
+
+/// Attaches to the fabric, prints `ready`, and runs the benchmark's commands
+/// from standard input until it closes.
+pub fn run_bench_node(args: BenchNodeArgs) -> Result<()> {
+    let (topology, fabric) = args.at.open()?;
+    println!("ready");
+    std::io::stdout().flush()?;
+    tierstack_bench::dlm_nodes::serve_node(fabric, topology.node_ids(), std::io::stdin().lock(), std::io::stdout())
 }
 
 fn parse_lock_range(text: &str) -> Result<Range<u64>, String> {

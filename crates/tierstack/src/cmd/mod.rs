@@ -43,15 +43,3 @@ pub fn open_node(topology_path: &std::path::Path, node: NodeId) -> Result<(Topol
     let fabric = open_fabric(&topology, node).with_context(|| format!("attaching {node} to the fabric"))?;
     Ok((topology, fabric))
 }
-
-/// Nanoseconds of `CLOCK_MONOTONIC`: one clock for every process on the
-/// host, so events of different processes are ordered in real time.
-pub fn monotonic_ns() -> u64 {
-    let mut now = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: `now` is a valid, writable timespec; CLOCK_MONOTONIC is always supported on Linux.
-    let rc = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
-    if rc != 0 {
-        return 0;
-    }
-    u64::try_from(now.tv_sec).unwrap_or(0).saturating_mul(1_000_000_000).saturating_add(now.tv_nsec as u64)
-}
