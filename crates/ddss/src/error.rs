@@ -21,6 +21,8 @@ pub enum DdssError {
     AllocationTooLarge { bytes: u64, max: u32 },
     #[error("the lock of key {key} stayed busy for {attempts} attempts")]
     LockBusy { key: Key, attempts: u32 },
+    #[error("the value of key {key} was lost: its writer died in the middle of a put; the next put restores the key")]
+    ValueLost { key: Key },
     #[error("allocation on {node} lost {attempts} races for a bitmap word; try again")]
     Contended { node: NodeId, attempts: u32 },
     #[error("{node} is not a member of this substrate")]
@@ -53,6 +55,7 @@ impl DdssError {
             DdssError::ValueTooLarge { .. } => "value_too_large",
             DdssError::AllocationTooLarge { .. } => "allocation_too_large",
             DdssError::LockBusy { .. } => "lock_busy",
+            DdssError::ValueLost { .. } => "value_lost",
             DdssError::Contended { .. } => "contended",
             DdssError::NotMember { .. } => "not_member",
             DdssError::NotStarted { .. } => "not_started",

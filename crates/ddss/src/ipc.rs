@@ -31,7 +31,7 @@
 //! {"ok":false,"error":"<kind>","message":"<text>", "key":.., "node":.., "class_bytes":..}
 //! ```
 //! `error` is [`DdssError::kind`] (`region_full`, `key_freed`, `unknown_key`,
-//! `lock_busy`, `bad_request`, ...); the client turns the common kinds back
+//! `lock_busy`, `value_lost`, `bad_request`, ...); the client turns the common kinds back
 //! into typed errors. A malformed line gets a `bad_request` answer and the
 //! connection stays open; a line over the limit closes the connection.
 
@@ -104,7 +104,9 @@ impl Response {
             ..Default::default()
         };
         match error {
-            DdssError::KeyFreed { key } | DdssError::LockBusy { key, .. } => response.key = Some(*key),
+            DdssError::KeyFreed { key } | DdssError::LockBusy { key, .. } | DdssError::ValueLost { key } => {
+                response.key = Some(*key)
+            }
             DdssError::RegionFull { node, class_bytes } => {
                 response.node = Some(*node);
                 response.class_bytes = Some(*class_bytes);
@@ -124,6 +126,7 @@ impl Response {
         let message = self.message.unwrap_or_default();
         match (kind.as_str(), self.key, self.node, self.class_bytes) {
             ("key_freed", Some(key), _, _) => DdssError::KeyFreed { key },
+            ("value_lost", Some(key), _, _) => DdssError::ValueLost { key },
             ("region_full", _, Some(node), Some(class_bytes)) => DdssError::RegionFull { node, class_bytes },
             ("unknown_key", _, _, _) => DdssError::UnknownKey { key: String::new(), reason: message },
             _ => DdssError::Daemon { kind, message },
@@ -466,6 +469,8 @@ mod tests {
         let key: Key = "000000020000014000000001000300000000000000000000".parse().unwrap();
         let freed = DdssError::KeyFreed { key };
         assert_eq!(Response::failure(&freed).into_error(), freed);
+        let lost = DdssError::ValueLost { key };
+        assert_eq!(Response::failure(&lost).into_error(), lost);
         let other = Response::failure(&DdssError::NoLocalRegion).into_error();
         assert!(matches!(other, DdssError::Daemon { ref kind, .. } if kind == "no_local_region"));
     }

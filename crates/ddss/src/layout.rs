@@ -80,6 +80,9 @@ pub(crate) struct SlotWord {
 
 const LIVE_BIT: u64 = 1 << 31;
 const LOW_MASK: u64 = LIVE_BIT - 1;
+/// The value length a header carries when the value was lost (its writer
+/// died mid-put): larger than any slot, so no real value has it.
+pub(crate) const LOST_VALUE_LEN: u32 = LOW_MASK as u32;
 
 impl SlotWord {
     pub fn pack(self) -> u64 {

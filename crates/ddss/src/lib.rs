@@ -88,9 +88,20 @@
 //! `compare_swap` to take, released in the same batch as the operation); it
 //! does not use the distributed lock manager. It has no queue: waiters retry
 //! with backoff up to [`LOCK_ATTEMPTS_MAX`] times, so it is not fair under
-//! heavy contention. A process that dies holding it (or a put whose batch
-//! fails midway) leaves the key failing with [`DdssError::LockBusy`] rather
-//! than exposing a half-written value (fail closed).
+//! heavy contention. The word names its holder's node; a waiter that has
+//! backed off past spinning asks the fabric whether that node's process is
+//! gone ([`tierstack_fabric::Fabric::peer_state`]: shm reads the pid file,
+//! tcp finds the listener refusing), and only then takes the lock over with
+//! one `compare_swap`. The dead holder may have stopped anywhere in its put:
+//! an even sequence means the value is whole and stays; an odd one means it
+//! may be half-written, so the header is marked lost, the sequence made even,
+//! and gets fail with [`DdssError::ValueLost`] until the next put. A holder
+//! that is merely stopped or slow is never taken over (the key reports
+//! [`DdssError::LockBusy`] instead), nor is one whose node id a new process
+//! has reopened; and non-strict gets, which take no lock, report a value
+//! whose writer died mid-write as a torn read until some put, strict get or
+//! free takes the lock over. A put whose batch fails midway on a live
+//! process leaves the lock held, failing closed with `LockBusy`.
 //!
 //! Costs, in round trips to the home (`tcp` pays one message exchange per
 //! round trip; `shm` none): put 2 (lock; write+unlock); get from a local

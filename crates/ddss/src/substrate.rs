@@ -6,8 +6,8 @@ use crate::coherence::{copy_is_fresh, keeps_copies, plan_get, GetPlan, LocalCopi
 use crate::error::{DdssError, Result};
 use crate::key::{Coherence, Key, Placement};
 use crate::layout::{
-    class_capacity, class_for, next_generation, record, Layout, SlotWord, HEADER_BYTES, MAGIC, SIZE_CLASSES, SLOT_BASE,
-    SLOT_CONTROL, SLOT_DATA, SLOT_HEADER, SLOT_SEQUENCE, VALUE_BYTES_MAX,
+    class_capacity, class_for, next_generation, record, Layout, SlotWord, HEADER_BYTES, LOST_VALUE_LEN, MAGIC,
+    SIZE_CLASSES, SLOT_BASE, SLOT_CONTROL, SLOT_DATA, SLOT_HEADER, SLOT_SEQUENCE, VALUE_BYTES_MAX,
 };
 use rand::Rng;
 use std::collections::HashMap;
@@ -16,13 +16,18 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 use tierstack_base::{seeded_rng, Clock, NodeId, SeededRng, SystemClock};
 use tierstack_fabric::{
-    check_batch, execute_on_memory, Completion, Fabric, FabricError, LocalRegion, Op, OpResult, RemoteRegion,
+    check_batch, execute_on_memory, Completion, Fabric, FabricError, LocalRegion, Op, OpResult, PeerState, RemoteRegion,
 };
 
 /// The region name every node registers for the substrate.
 pub const REGION_NAME: &str = "ddss";
 /// Lock attempts (each one compare_swap at the home) before `LockBusy`.
 pub const LOCK_ATTEMPTS_MAX: u32 = 20_000;
+/// Lock attempts after which a busy lock's holder is first checked for
+/// being gone (the end of the backoff's spinning and yielding).
+const HOLDER_CHECK_FROM: u32 = 64;
+/// Lock attempts between further checks of the holder (about 5 ms of backoff).
+const HOLDER_CHECK_EVERY: u32 = 256;
 /// compare_swaps on one bitmap word before an allocation reports contention.
 pub const ALLOC_ATTEMPTS_MAX: u32 = 256;
 
@@ -109,6 +114,10 @@ pub struct DdssStats {
     pub puts: u64,
     /// Failed lock attempts (contention).
     pub lock_retries: u64,
+    /// Locks taken over from a holder whose process is gone.
+    pub lock_takeovers: u64,
+    /// Of those, takeovers that found the value half-written and marked it lost.
+    pub values_lost: u64,
     pub allocations: u64,
     pub frees: u64,
 }
@@ -121,6 +130,8 @@ struct Stats {
     gets_locked: AtomicU64,
     puts: AtomicU64,
     lock_retries: AtomicU64,
+    lock_takeovers: AtomicU64,
+    values_lost: AtomicU64,
     allocations: AtomicU64,
     frees: AtomicU64,
 }
@@ -254,6 +265,8 @@ impl Ddss {
             gets_locked: get(&s.gets_locked),
             puts: get(&s.puts),
             lock_retries: get(&s.lock_retries),
+            lock_takeovers: get(&s.lock_takeovers),
+            values_lost: get(&s.values_lost),
             allocations: get(&s.allocations),
             frees: get(&s.frees),
         }
@@ -322,6 +335,11 @@ impl Ddss {
     }
 
     /// Takes the key's lock word at its home; returns the locked word.
+    ///
+    /// A lock held past the backoff's spinning phase has its holder's
+    /// process checked ([`Fabric::peer_state`]), then again every
+    /// [`HOLDER_CHECK_EVERY`] attempts: a holder that is gone for certain
+    /// never unlocks, so its lock is taken over ([`Ddss::take_over`]).
     fn lock(&self, region: &dyn RemoteRegion, slot: u64, key: Key) -> Result<u64> {
         let unlocked = SlotWord::unlocked(key.generation());
         let locked_word = SlotWord::locked(key.generation(), self.token);
@@ -334,10 +352,44 @@ impl Ddss {
             if word.generation != key.generation() || !word.live {
                 return Err(Self::mismatch(key, word));
             }
+            if attempt >= HOLDER_CHECK_FROM && (attempt - HOLDER_CHECK_FROM).is_multiple_of(HOLDER_CHECK_EVERY) {
+                let holder = NodeId(word.low.saturating_sub(1));
+                if word.low != self.token && self.fabric.peer_state(holder) == PeerState::Gone {
+                    let taken = region.compare_swap(slot + SLOT_CONTROL, previous, locked_word)?;
+                    if taken == previous {
+                        self.take_over(region, slot, key, holder)?;
+                        return Ok(locked_word);
+                    }
+                }
+            }
             bump(&self.stats.lock_retries);
             backoff(attempt);
         }
         Err(DdssError::LockBusy { key, attempts: self.config.lock_attempts_max })
+    }
+
+    /// Repairs the slot whose lock this handle just took from `holder`, a
+    /// process that is gone. It may have died anywhere in its batch: with
+    /// the sequence even, the value is whole (old or new) and stays; with
+    /// it odd, the value may be half-written, so it is marked lost (gets
+    /// fail with `ValueLost` until the next put) and the sequence is made
+    /// even again. Either way the lock is then ours, as if taken normally.
+    fn take_over(&self, region: &dyn RemoteRegion, slot: u64, key: Key, holder: NodeId) -> Result<()> {
+        bump(&self.stats.lock_takeovers);
+        let sequence = region.read_u64(slot + SLOT_SEQUENCE)?;
+        tracing::warn!(%key, %holder, sequence, "took over the lock of a holder that is gone");
+        if sequence % 2 == 0 {
+            return Ok(());
+        }
+        bump(&self.stats.values_lost);
+        let lost = SlotWord { generation: key.generation(), live: true, low: LOST_VALUE_LEN }.pack();
+        region
+            .post(vec![
+                Op::Write { offset: slot + SLOT_HEADER, data: lost.to_ne_bytes().to_vec() },
+                Op::FetchAdd { offset: slot + SLOT_SEQUENCE, delta: 1 },
+            ])
+            .wait()?;
+        Ok(())
     }
 
     /// Allocates room for a value of up to `bytes` bytes with `coherence`,
@@ -623,6 +675,10 @@ impl Ddss {
             locked(&self.copies).remove(&key);
             return Err(Self::mismatch(key, header));
         }
+        if header.low == LOST_VALUE_LEN {
+            locked(&self.copies).remove(&key);
+            return Err(DdssError::ValueLost { key });
+        }
         let base = word_at(&payload, 8);
         let len = header.low as usize;
         if header_bytes + len > payload.len() {
@@ -691,5 +747,103 @@ impl RemoteRegion for LocalHandle {
 
     fn compare_swap(&self, offset: u64, expected: u64, new: u64) -> tierstack_fabric::Result<u64> {
         self.region.memory().compare_swap(offset, expected, new)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tierstack_fabric_shm::{ShmConfig, ShmFabric};
+    use tierstack_fabric_tcp::{TcpConfig, TcpFabric};
+
+    fn config() -> DdssConfig {
+        // Few lock attempts, so that a lock held by a live process is
+        // reported busy quickly; enough for two holder checks.
+        DdssConfig { lock_attempts_max: 400, ..DdssConfig::empty().with_slots(64, 4) }.with_members(vec![
+            NodeId(0),
+            NodeId(1),
+            NodeId(2),
+        ])
+    }
+
+    /// Ends the writer's fabric, as its process's death would.
+    type EndWriter = Box<dyn FnOnce()>;
+
+    /// Three fabrics (home, writer, survivor) and a way to end the writer's.
+    fn fabrics(shm: bool, root: &std::path::Path) -> (Vec<Arc<dyn Fabric>>, EndWriter) {
+        if shm {
+            let open = |id| ShmFabric::open(ShmConfig::new(root, NodeId(id))).unwrap();
+            let (home, writer, survivor) = (open(0), open(1), open(2));
+            let fabrics: Vec<Arc<dyn Fabric>> = vec![home, writer.clone(), survivor];
+            // The last handle of the writer's fabric goes with the closure's
+            // caller dropping everything else it holds.
+            return (fabrics, Box::new(move || drop(writer)));
+        }
+        let loopback = "127.0.0.1:0".parse().unwrap();
+        let tcp: Vec<Arc<TcpFabric>> =
+            (0..3).map(|id| TcpFabric::open(TcpConfig::new(NodeId(id), loopback)).unwrap()).collect();
+        for a in &tcp {
+            for b in &tcp {
+                a.add_peer(b.local_node(), b.local_addr());
+            }
+        }
+        let writer = tcp[1].clone();
+        let fabrics = tcp.into_iter().map(|f| f as Arc<dyn Fabric>).collect();
+        (fabrics, Box::new(move || writer.shutdown()))
+    }
+
+    /// The writer takes the key's lock as a put does and, if `mid_write`,
+    /// starts the seqlock write (odd sequence, half a value); then it is
+    /// stopped before it unlocks, as a process killed inside its put.
+    fn dead_holder(shm: bool, mid_write: bool) {
+        let root = tempfile::tempdir().unwrap();
+        let (fabrics, end_writer) = fabrics(shm, root.path());
+        let home = Ddss::start(fabrics[0].clone(), config()).unwrap();
+        let writer = Ddss::attach(fabrics[1].clone(), config()).unwrap();
+        let survivor = Ddss::attach(fabrics[2].clone(), config()).unwrap();
+        let key = home.allocate(64, Placement::Local, Coherence::Strict).unwrap();
+        assert_eq!(writer.put(key, b"first").unwrap(), 1);
+
+        let (_, slot) = writer.slot(&key).unwrap();
+        let region = fabrics[1].connect(NodeId(0), REGION_NAME).unwrap();
+        let locked_word = writer.lock(&*region, slot, key).unwrap();
+        if mid_write {
+            region.fetch_add(slot + SLOT_SEQUENCE, 1).unwrap();
+            region.write(slot + SLOT_DATA, b"hal").unwrap();
+        }
+        let busy = survivor.put(key, b"x");
+        assert!(matches!(busy, Err(DdssError::LockBusy { .. })), "a live holder's lock is not taken: {busy:?}");
+        assert_eq!(survivor.stats().lock_takeovers, 0);
+
+        drop((region, writer));
+        let mut fabrics = fabrics;
+        fabrics.remove(1);
+        end_writer();
+        assert_eq!(fabrics[1].peer_state(NodeId(1)), PeerState::Gone);
+
+        let got = survivor.get(key);
+        if mid_write {
+            assert_eq!(got, Err(DdssError::ValueLost { key }), "a half-written value is never returned");
+        } else {
+            assert_eq!(got, Ok((1, b"first".to_vec())), "the value the dead holder never touched stays");
+        }
+        let stats = survivor.stats();
+        assert_eq!((stats.lock_takeovers, stats.values_lost), (1, u64::from(mid_write)));
+        let version = survivor.put(key, b"third").unwrap();
+        assert_eq!(version, if mid_write { 3 } else { 2 }, "the lost put keeps versions consecutive");
+        assert_eq!(home.get(key).unwrap(), (version, b"third".to_vec()));
+        assert_ne!(locked_word, SlotWord::unlocked(key.generation()));
+    }
+
+    #[test]
+    fn a_lock_whose_holder_died_before_writing_is_taken_over_with_the_value_intact() {
+        dead_holder(true, false);
+        dead_holder(false, false);
+    }
+
+    #[test]
+    fn a_lock_whose_holder_died_mid_write_is_taken_over_and_the_value_reported_lost() {
+        dead_holder(true, true);
+        dead_holder(false, true);
     }
 }

@@ -44,7 +44,7 @@ use tierstack_base::limits::REGIONS_PER_NODE_MAX;
 use tierstack_base::NodeId;
 use tierstack_fabric::{
     check_batch, execute_on_memory, validate_region_bytes, validate_region_name, Completion, Fabric, FabricError,
-    Inbox, LocalRegion, Op, RegionMemory, RemoteRegion, Result,
+    Inbox, LocalRegion, Op, PeerState, RegionMemory, RemoteRegion, Result,
 };
 
 /// How a node attaches to the `shm` fabric.
@@ -304,6 +304,19 @@ impl Fabric for ShmFabric {
 
     fn inbox(&self) -> &Inbox {
         &self.inbox
+    }
+
+    /// From the peer's pid file: definite, since a pid file names a process
+    /// that either exists or not (a reused pid errs towards `Running`).
+    fn peer_state(&self, node: NodeId) -> PeerState {
+        if node == self.config.node {
+            return PeerState::Running;
+        }
+        match self.peer_dir(node) {
+            Ok(dir) if self.check_alive(node, &dir).is_ok() => PeerState::Running,
+            Ok(_) => PeerState::Gone,
+            Err(_) => PeerState::Unknown,
+        }
     }
 }
 

@@ -52,8 +52,8 @@ use std::time::Duration;
 use tierstack_base::limits::{NODES_MAX, REGIONS_PER_NODE_MAX, TRANSFER_BYTES_MAX};
 use tierstack_base::{Clock, NodeId, SystemClock};
 use tierstack_fabric::{
-    check_batch, validate_region_name, Completion, Fabric, FabricError, Inbox, LocalRegion, Op, RegionMemory,
-    RemoteRegion, Result,
+    check_batch, validate_region_name, Completion, Fabric, FabricError, Inbox, LocalRegion, Op, PeerState,
+    RegionMemory, RemoteRegion, Result,
 };
 use tierstack_fabric_wire::{encode, Frame};
 
@@ -341,6 +341,24 @@ impl Fabric for TcpFabric {
 
     fn inbox(&self) -> &Inbox {
         &self.shared.inbox
+    }
+
+    /// By a fresh connection to the peer's listener: refused means no
+    /// process listens there any more; an accepted connection means one
+    /// runs; anything else (a timeout) tells nothing.
+    fn peer_state(&self, node: NodeId) -> PeerState {
+        if node == self.shared.node {
+            return PeerState::Running;
+        }
+        let Some(addr) = lock(&self.shared.peers).get(&node).copied() else { return PeerState::Unknown };
+        match TcpStream::connect_timeout(&addr, self.shared.op_timeout) {
+            Ok(probe) => {
+                let _ = probe.shutdown(std::net::Shutdown::Both);
+                PeerState::Running
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => PeerState::Gone,
+            Err(_) => PeerState::Unknown,
+        }
     }
 }
 

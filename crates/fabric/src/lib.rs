@@ -69,6 +69,22 @@ pub trait Fabric: Send + Sync {
 
     /// This node's receive queue.
     fn inbox(&self) -> &Inbox;
+
+    /// Whether `node`'s process runs, as far as the backend can tell now.
+    /// Only [`PeerState::Gone`] is definite; callers that would act on a
+    /// peer's death (take over what it held) act on nothing else.
+    fn peer_state(&self, node: NodeId) -> PeerState;
+}
+
+/// What a fabric can tell about a peer's process ([`Fabric::peer_state`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PeerState {
+    /// It runs (it may still be stopped or slow).
+    Running,
+    /// It is gone for certain: whatever it holds, it will never give back.
+    Gone,
+    /// The backend cannot tell (a timeout, an error other than a refusal).
+    Unknown,
 }
 
 /// A region registered by this node: the owner's direct access to it.

@@ -396,3 +396,66 @@ fn assert_passive_node_cannot_run_a_daemon(dir: &Path) {
     assert!(!output.status.success());
     assert!(String::from_utf8_lossy(&output.stderr).contains("passive"), "{output:?}");
 }
+
+/// True if `bytes` is one whole value of the clients' pattern (each byte 7
+/// more than the one before): a value mixed from two puts breaks the chain.
+fn is_whole_pattern(bytes: &[u8]) -> bool {
+    bytes.windows(2).all(|w| w[1] == w[0].wrapping_add(7))
+}
+
+/// A client process killed (SIGKILL) while it puts in a tight loop may die
+/// holding the key's lock, or in the middle of writing its value. Another
+/// node must never find the key wedged (`LockBusy`) nor read a torn value:
+/// the lock is taken over from the dead holder, and a half-written value is
+/// reported `ValueLost` until the next put.
+fn killed_writers_never_wedge_a_key(backend: Backend, rounds: usize) {
+    let site = Site::start(backend, &format!("ddss-killed-{}", backend.name()));
+    let mut home = DdssClient::connect(site.socket(1)).unwrap();
+    let key = home.allocate(VALUE_BYTES_MAX as u64, Placement::Local, Coherence::Strict).unwrap();
+    let mut version = 0;
+    for round in 0..rounds {
+        let mut args = site.node_args("ddss-client", FIRST_CLIENT, 0);
+        args.extend(
+            ["--key", &format!("{key}:2000000"), "--put-percent", "100", "--seed", &round.to_string(), "--wait-go"]
+                .map(String::from),
+        );
+        let mut writer = ChildNode::spawn(&exe(), &args).unwrap();
+        writer.send_line("go").unwrap();
+        // Kill once the writer is seen putting (bounded wait).
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while home.get(key).map(|(v, _)| v).unwrap_or(version + 1) <= version {
+            assert!(std::time::Instant::now() < deadline, "round {round}: the writer never put");
+        }
+        // SAFETY: kill(2) on a child process this test owns.
+        assert_eq!(unsafe { libc::kill(writer.pid() as libc::pid_t, libc::SIGKILL) }, 0);
+        drop(writer); // reaps it
+
+        match home.get(key) {
+            Ok((_, bytes)) => assert!(is_whole_pattern(&bytes), "round {round}: torn value {bytes:?}"),
+            Err(DdssError::ValueLost { key: lost }) => assert_eq!(lost, key),
+            Err(e) => panic!("round {round}: the key is unusable after its writer died: {e}"),
+        }
+        let value = format!("after round {round}");
+        let put = home.put(key, value.as_bytes()).unwrap_or_else(|e| panic!("round {round}: put failed: {e}"));
+        assert!(put > version, "round {round}: version {put} after {version}");
+        version = put;
+        assert_eq!(home.get(key).unwrap(), (version, value.into_bytes()));
+    }
+    let reports = site.stop();
+    eprintln!(
+        "{}: {rounds} writers killed; locks taken over {}, values lost {}",
+        backend.name(),
+        reports[1]["stats"]["lock_takeovers"],
+        reports[1]["stats"]["values_lost"]
+    );
+}
+
+#[test]
+fn killed_writers_never_wedge_a_key_shm() {
+    killed_writers_never_wedge_a_key(Backend::Shm, 16);
+}
+
+#[test]
+fn killed_writers_never_wedge_a_key_tcp() {
+    killed_writers_never_wedge_a_key(Backend::Tcp, 8);
+}

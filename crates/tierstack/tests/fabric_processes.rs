@@ -7,7 +7,7 @@ use std::sync::Arc;
 use tierstack_base::NodeId;
 use tierstack_bench::owner::{spawn_owner, write_topology, ChildNode, NodeLine};
 use tierstack_cluster::{open_fabric, Backend, Topology};
-use tierstack_fabric::{Fabric, FabricError, Op, OpResult};
+use tierstack_fabric::{Fabric, FabricError, Op, OpResult, PeerState};
 
 fn exe() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_tierstack"))
@@ -217,4 +217,31 @@ fn a_crashed_shm_owner_is_revoked_when_its_node_id_is_reopened() {
     assert!(matches!(old.read_u64(0), Err(FabricError::PeerDead { .. })));
     let fresh = fabric.connect(NodeId(0), "shared").unwrap();
     assert_eq!(fresh.read_u64(0).unwrap(), 0, "the new incarnation starts from zeroed memory");
+}
+
+/// `peer_state` is what a lock takeover acts on, so only a process that is
+/// really gone may be `Gone`: a stopped one still runs.
+fn peer_state_tells_a_killed_process_from_a_stopped_one(backend: Backend) {
+    let (_dir, topology) = cluster(backend, &format!("peer-state-{}", backend.name()), 2, 300);
+    let owner = spawn_owner(&exe(), &topology, 0, &[("shared", 4096)], 0).unwrap();
+    let fabric = checker(&topology, 1);
+    assert_eq!(fabric.peer_state(NodeId(0)), PeerState::Running);
+    assert_eq!(fabric.peer_state(NodeId(1)), PeerState::Running, "itself");
+    signal(owner.pid(), libc::SIGSTOP);
+    wait_until_stopped(owner.pid());
+    assert_eq!(fabric.peer_state(NodeId(0)), PeerState::Running, "a stopped process is not gone");
+    signal(owner.pid(), libc::SIGCONT);
+    signal(owner.pid(), libc::SIGKILL);
+    drop(owner); // reaps the killed child
+    assert_eq!(fabric.peer_state(NodeId(0)), PeerState::Gone);
+}
+
+#[test]
+fn peer_state_tells_a_killed_process_from_a_stopped_one_shm() {
+    peer_state_tells_a_killed_process_from_a_stopped_one(Backend::Shm);
+}
+
+#[test]
+fn peer_state_tells_a_killed_process_from_a_stopped_one_tcp() {
+    peer_state_tells_a_killed_process_from_a_stopped_one(Backend::Tcp);
 }

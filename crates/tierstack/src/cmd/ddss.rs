@@ -94,6 +94,8 @@ pub fn stats_json(stats: &DdssStats) -> Value {
         "gets_locked": stats.gets_locked,
         "puts": stats.puts,
         "lock_retries": stats.lock_retries,
+        "lock_takeovers": stats.lock_takeovers,
+        "values_lost": stats.values_lost,
         "allocations": stats.allocations,
         "frees": stats.frees,
     })
