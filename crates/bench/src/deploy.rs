@@ -56,6 +56,8 @@ pub struct Deployment {
     pub proxy_urls: Vec<String>,
     pub app_url: String,
     proxy_addrs: Vec<SocketAddr>,
+    /// Each proxy's admin listener (pushes, stats).
+    admin_addrs: Vec<SocketAddr>,
     app_addr: SocketAddr,
     // Stopped first, by `stop`, `drop` or `stop_proxy`.
     proxy_children: Vec<Option<ChildNode>>,
@@ -116,19 +118,20 @@ impl Deployment {
         if let Some(cpu) = app_cpu {
             app_args.extend(args(&["--cpu", &cpu.to_string()]));
         }
-        // With a push path the server must know the proxies' addresses, so
-        // they are chosen now; otherwise each just before its proxy starts,
-        // which leaves a free port less time to be taken by someone else.
-        let mut proxy_addrs = Vec::new();
+        // With a push path the server must know the proxies' admin
+        // addresses, so they are chosen now; otherwise each just before its
+        // proxy starts, which leaves a free port less time to be taken by
+        // someone else.
+        let mut admin_addrs = Vec::new();
         if options.push_policy.is_some() {
             for _ in 0..config.proxies {
-                proxy_addrs.push(free_loopback_port()?);
+                admin_addrs.push(free_loopback_port()?);
             }
         }
         if let Some(policy) = &options.push_policy {
             app_args.extend(args(&["--push-policy", policy, "--topology", &topology_arg]));
             app_args.extend(args(&["--node", &app_node.to_string()]));
-            for (node, addr) in (1..=config.proxies).zip(&proxy_addrs) {
+            for (node, addr) in (1..=config.proxies).zip(&admin_addrs) {
                 app_args.extend(args(&["--push-proxy", &format!("{node}=http://{addr}")]));
             }
         }
@@ -136,16 +139,20 @@ impl Deployment {
         let app_url = format!("http://{app_addr}");
 
         let mut proxy_children = Vec::new();
+        let mut proxy_addrs = Vec::new();
         for node in 1..=config.proxies {
             let index = (node - 1) as usize;
-            if proxy_addrs.len() <= index {
-                proxy_addrs.push(free_loopback_port()?);
+            if admin_addrs.len() <= index {
+                admin_addrs.push(free_loopback_port()?);
             }
-            let addr = proxy_addrs[index];
+            let addr = free_loopback_port()?;
+            proxy_addrs.push(addr);
             let mut proxy_args = args(&[
                 "proxy",
                 "--listen",
                 &addr.to_string(),
+                "--admin-listen",
+                &admin_addrs[index].to_string(),
                 "--upstream",
                 &app_url,
                 "--mode",
@@ -168,6 +175,7 @@ impl Deployment {
             proxy_urls: proxy_addrs.iter().map(|a| format!("http://{a}")).collect(),
             app_url,
             proxy_addrs,
+            admin_addrs,
             app_addr,
             proxy_children,
             children,
@@ -189,12 +197,12 @@ impl Deployment {
 
     /// Each proxy's `/_tierstack/stats`.
     pub fn proxy_stats<T: DeserializeOwned>(&self) -> Result<Vec<T>> {
-        self.proxy_addrs.iter().map(|a| get_json(*a, "/_tierstack/stats")).collect()
+        self.admin_addrs.iter().map(|a| get_json(*a, "/_tierstack/stats")).collect()
     }
 
     /// The `/_tierstack/stats` of proxy `index` (0-based; fabric node `index + 1`).
     pub fn proxy_stats_at<T: DeserializeOwned>(&self, index: usize) -> Result<T> {
-        let addr = self.proxy_addrs.get(index).with_context(|| format!("no proxy {index}"))?;
+        let addr = self.admin_addrs.get(index).with_context(|| format!("no proxy {index}"))?;
         get_json(*addr, "/_tierstack/stats")
     }
 

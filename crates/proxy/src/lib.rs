@@ -33,8 +33,14 @@
 //! installed, `200` a copy at least as new is already cached, `409` the
 //! versions are superseded or the proxy does not cache, `507` too large for
 //! the cache, `503` the versions could not be checked. The endpoint is for
-//! the application tier only; like `/_tierstack/stats` it must not be exposed
-//! to clients.
+//! the application tier only, as `/_tierstack/stats` is for operators: both
+//! are served only on the proxy's **admin listener**
+//! ([`ProxyConfig::admin_listen`], e.g. a loopback or back-end address) and
+//! never on the client listener, which answers every `/_tierstack/` path
+//! with 404 — otherwise any client could push a forged page with current
+//! versions (they are in every response's header) and have it served to
+//! everyone until the next update. Without an admin listener, nobody can
+//! push and the counters are not served.
 
 mod cache;
 mod coalesce;
@@ -104,6 +110,8 @@ pub struct ProxyConfig {
     pub upstream_timeout: Duration,
     /// The proxy's fabric node; required in `poll` mode.
     pub fabric: Option<Arc<dyn Fabric>>,
+    /// Where the admin endpoints (push, stats) listen; `None`: nowhere.
+    pub admin_listen: Option<SocketAddr>,
 }
 
 /// Settings beyond [`ProxyConfig`], with defaults ([`Proxy::bind`] uses them).
@@ -390,17 +398,30 @@ impl State {
     }
 }
 
-async fn handle(state: Arc<State>, request: Request<Incoming>) -> Response<Body> {
-    let path = request.uri().path_and_query().map(|p| p.as_str().to_string()).unwrap_or_else(|| "/".into());
+/// Where every admin endpoint lives; the client listener refuses these paths.
+const ADMIN_PATH_PREFIX: &str = "/_tierstack/";
+
+/// The admin listener's requests: the counters and the push endpoint.
+async fn handle_admin(state: Arc<State>, request: Request<Incoming>) -> Response<Body> {
+    let path = request.uri().path();
     if path == "/_tierstack/stats" {
         let mut response = text(StatusCode::OK, serde_json::to_string(&state.stats()).unwrap_or_default());
         response.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
         return response;
     }
-    if let Some(name) = request.uri().path().strip_prefix(PUSH_PATH_PREFIX) {
+    if let Some(name) = path.strip_prefix(PUSH_PATH_PREFIX) {
         let key = format!("/doc/{name}");
         return push::receive(&state, request, key).await;
     }
+    text(StatusCode::NOT_FOUND, format!("no admin endpoint {path}\n"))
+}
+
+/// The client listener's requests.
+async fn handle(state: Arc<State>, request: Request<Incoming>) -> Response<Body> {
+    if request.uri().path().starts_with(ADMIN_PATH_PREFIX) {
+        return text(StatusCode::NOT_FOUND, "admin endpoints are served on the proxy's admin listener only\n");
+    }
+    let path = request.uri().path_and_query().map(|p| p.as_str().to_string()).unwrap_or_else(|| "/".into());
     state.counters.requests.fetch_add(1, Ordering::Relaxed);
     let method = request.method().clone();
     let readable = method == Method::GET || method == Method::HEAD;
@@ -537,6 +558,7 @@ fn maybe_store(state: &State, path: &str, headers: &HeaderMap, body: &Bytes) -> 
 /// A bound, ready proxy.
 pub struct Proxy {
     listener: tokio::net::TcpListener,
+    admin: Option<tokio::net::TcpListener>,
     state: Arc<State>,
 }
 
@@ -578,9 +600,14 @@ impl Proxy {
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
         let client = Client::builder(TokioExecutor::new()).pool_max_idle_per_host(512).build(connector);
-        let listener = tokio::net::TcpListener::bind(config.listen)
-            .await
-            .map_err(|source| ProxyError::Listen { addr: config.listen, source })?;
+        let bind = |addr: SocketAddr| async move {
+            tokio::net::TcpListener::bind(addr).await.map_err(|source| ProxyError::Listen { addr, source })
+        };
+        let listener = bind(config.listen).await?;
+        let admin = match config.admin_listen {
+            Some(addr) => Some(bind(addr).await?),
+            None => None,
+        };
         let state = Arc::new(State {
             upstreams,
             mode: config.mode,
@@ -593,17 +620,26 @@ impl Proxy {
             clock: SystemClock,
             flights: coalesce::Flights::default(),
         });
-        Ok(Proxy { listener, state })
+        Ok(Proxy { listener, admin, state })
     }
 
     pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
         self.listener.local_addr()
     }
 
-    /// Serves until `stop` fires.
+    /// The admin listener's address, if it has one.
+    pub fn admin_addr(&self) -> Option<SocketAddr> {
+        self.admin.as_ref().and_then(|admin| admin.local_addr().ok())
+    }
+
+    /// Serves both listeners until `stop` fires.
     pub async fn run(self, stop: Stop) -> std::io::Result<()> {
         let state = self.state.clone();
         let handler = Arc::new(move |request| handle(state.clone(), request));
-        serve(self.listener, handler, stop).await
+        let clients = serve(self.listener, handler, stop.clone());
+        let Some(admin) = self.admin else { return clients.await };
+        let state = self.state.clone();
+        let admin_handler = Arc::new(move |request| handle_admin(state.clone(), request));
+        tokio::try_join!(clients, serve(admin, admin_handler, stop)).map(|_| ())
     }
 }

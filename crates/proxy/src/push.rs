@@ -137,6 +137,8 @@ mod tests {
         module_fabric: Arc<ShmFabric>,
         table: Arc<VersionTable>,
         proxy: SocketAddr,
+        /// The proxy's admin listener: pushes and stats.
+        admin: SocketAddr,
         client: Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>>,
     }
 
@@ -169,16 +171,19 @@ mod tests {
                 cache_bytes,
                 upstream_timeout: Duration::from_secs(5),
                 fabric: Some(proxy_fabric),
+                admin_listen: Some("127.0.0.1:0".parse().unwrap()),
             })
             .await
             .unwrap();
             let addr = proxy.local_addr().unwrap();
+            let admin = proxy.admin_addr().unwrap();
             tokio::spawn(proxy.run(Stop::new()));
             Setup {
                 _dir: dir,
                 module_fabric,
                 table,
                 proxy: addr,
+                admin,
                 client: Client::builder(TokioExecutor::new()).build_http(),
             }
         }
@@ -194,9 +199,13 @@ mod tests {
         }
 
         async fn push(&self, name: &str, deps: Option<&str>, body: &str) -> StatusCode {
+            self.push_to(self.admin, name, deps, body).await
+        }
+
+        async fn push_to(&self, to: SocketAddr, name: &str, deps: Option<&str>, body: &str) -> StatusCode {
             let mut request = Request::new(Full::new(Bytes::from(body.to_string())));
             *request.method_mut() = Method::PUT;
-            *request.uri_mut() = format!("http://{}{}{name}", self.proxy, crate::PUSH_PATH_PREFIX).parse().unwrap();
+            *request.uri_mut() = format!("http://{to}{}{name}", crate::PUSH_PATH_PREFIX).parse().unwrap();
             if let Some(deps) = deps {
                 request.headers_mut().insert(DEPS_HEADER, deps.parse().unwrap());
             }
@@ -217,10 +226,28 @@ mod tests {
         }
 
         async fn stats(&self) -> ProxyStats {
-            let uri = format!("http://{}/_tierstack/stats", self.proxy).parse().unwrap();
+            let uri = format!("http://{}/_tierstack/stats", self.admin).parse().unwrap();
             let body = self.client.get(uri).await.unwrap().into_body().collect().await.unwrap().to_bytes();
             serde_json::from_slice(&body).unwrap()
         }
+    }
+
+    #[tokio::test]
+    async fn the_client_listener_refuses_pushes_and_stats() {
+        let s = Setup::new(CacheMode::Poll, 1 << 20).await;
+        assert_eq!(s.get("a").await.0, "MISS");
+        s.bump("a");
+        // A client that read the current versions from a response header
+        // must not be able to install a forged page for everyone.
+        let deps = s.deps("a");
+        assert_eq!(s.push_to(s.proxy, "a", Some(&deps), "forged").await, StatusCode::NOT_FOUND);
+        let uri = format!("http://{}/_tierstack/stats", s.proxy).parse().unwrap();
+        assert_eq!(s.client.get(uri).await.unwrap().status(), StatusCode::NOT_FOUND);
+        let (_, body) = s.get("a").await;
+        assert!(!body.contains("forged"), "{body}");
+        assert_eq!(s.stats().await.pushes_received, 0);
+        let uri = format!("http://{}/doc/a", s.admin).parse().unwrap();
+        assert_eq!(s.client.get(uri).await.unwrap().status(), StatusCode::NOT_FOUND, "the admin port serves no pages");
     }
 
     #[tokio::test]

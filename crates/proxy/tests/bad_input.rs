@@ -60,6 +60,7 @@ struct Setup {
     module_fabric: Option<Arc<ShmFabric>>,
     origin: Arc<Origin>,
     proxy: SocketAddr,
+    admin: SocketAddr,
     client: Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>>,
 }
 
@@ -104,10 +105,12 @@ impl Setup {
             cache_bytes: 64 << 20,
             upstream_timeout: Duration::from_secs(5),
             fabric: Some(proxy_fabric),
+            admin_listen: Some("127.0.0.1:0".parse().unwrap()),
         })
         .await
         .unwrap();
         let proxy_addr = proxy.local_addr().unwrap();
+        let admin_addr = proxy.admin_addr().unwrap();
         tokio::spawn(proxy.run(Stop::new()));
         Setup {
             _dir: dir,
@@ -115,6 +118,7 @@ impl Setup {
             module_fabric: Some(module_fabric),
             origin,
             proxy: proxy_addr,
+            admin: admin_addr,
             client: Client::builder(TokioExecutor::new()).build_http(),
         }
     }
@@ -130,8 +134,9 @@ impl Setup {
     }
 
     async fn stats(&self) -> ProxyStats {
-        let (_, _, _, body) = self.get("/_tierstack/stats").await;
-        serde_json::from_str(&body).unwrap()
+        let uri = format!("http://{}/_tierstack/stats", self.admin);
+        let body = self.client.get(uri.parse().unwrap()).await.unwrap().into_body().collect().await.unwrap().to_bytes();
+        serde_json::from_slice(&body).unwrap()
     }
 
     fn table(&self) -> Arc<VersionTable> {

@@ -98,7 +98,7 @@ pub struct AppServerArgs {
     /// useful:<probability>. Needs --topology, --node and --push-proxy.
     #[arg(long)]
     push_policy: Option<PushPolicy>,
-    /// A proxy to push to, as `<fabric node>=<base URL>` (repeatable).
+    /// A proxy to push to, as `<fabric node>=<base URL of its --admin-listen>` (repeatable).
     #[arg(long = "push-proxy", value_parser = parse_push_target)]
     push_proxies: Vec<PushTarget>,
     /// Bound on each cache-state read and each push.
@@ -172,6 +172,11 @@ pub fn app_server(args: AppServerArgs) -> Result<()> {
 pub struct ProxyArgs {
     #[arg(long)]
     listen: SocketAddr,
+    /// Where the admin endpoints listen (the application tier's pushes,
+    /// `/_tierstack/stats`); keep it off the clients' network. Without it,
+    /// nothing can push to this proxy.
+    #[arg(long)]
+    admin_listen: Option<SocketAddr>,
     /// Application server base URL (repeatable).
     #[arg(long = "upstream", required = true)]
     upstreams: Vec<String>,
@@ -211,6 +216,7 @@ pub fn proxy(args: ProxyArgs) -> Result<()> {
         cache_bytes: args.cache_bytes,
         upstream_timeout: Duration::from_millis(args.upstream_timeout_ms),
         fabric,
+        admin_listen: args.admin_listen,
     };
     runtime(2)?.block_on(async {
         let cache_state =
