@@ -14,28 +14,40 @@ pub type KeyId = u32;
 /// A key and a version of it.
 pub type DepPair = (KeyId, u64);
 
-/// Interns dependency keys.
+/// The version space a key's versions belong to: the module's fabric node
+/// and incarnation from the header. A restarted module counts its versions
+/// from 1 again, so versions are compared only within one space.
+pub type VersionSpace = (u32, u64);
+
+/// Interns dependency keys, per [`VersionSpace`].
 #[derive(Debug, Default)]
 pub struct KeyTable {
-    ids: HashMap<Box<str>, KeyId>,
+    ids: HashMap<VersionSpace, HashMap<Box<str>, KeyId>>,
     names: Vec<Box<str>>,
 }
 
 impl KeyTable {
-    /// The id of `key`, assigning the next one if it is new.
+    /// The id of `key` in the default space `(0, 0)`, assigning the next one if it is new.
     pub fn intern(&mut self, key: &str) -> KeyId {
-        if let Some(&id) = self.ids.get(key) {
+        self.intern_in((0, 0), key)
+    }
+
+    /// The id of `key` in `space`, assigning the next one if it is new: one
+    /// key of two module incarnations gets two ids.
+    pub fn intern_in(&mut self, space: VersionSpace, key: &str) -> KeyId {
+        let ids = self.ids.entry(space).or_default();
+        if let Some(&id) = ids.get(key) {
             return id;
         }
         let id = self.names.len() as KeyId;
         self.names.push(key.into());
-        self.ids.insert(key.into(), id);
+        ids.insert(key.into(), id);
         id
     }
 
-    /// The id of `key`, if it was interned.
+    /// The first id `key` was given, in any space, if it was interned.
     pub fn get(&self, key: &str) -> Option<KeyId> {
-        self.ids.get(key).copied()
+        self.ids.values().filter_map(|ids| ids.get(key)).copied().min()
     }
 
     /// The name of `id` (`"?"` for an unknown id).
@@ -43,6 +55,7 @@ impl KeyTable {
         self.names.get(id as usize).map_or("?", |n| n)
     }
 
+    /// Ids assigned, over every space.
     pub fn len(&self) -> usize {
         self.names.len()
     }
@@ -252,6 +265,17 @@ mod tests {
         assert_eq!(t.intern("doc/b"), a + 1);
         assert_eq!(t.intern("doc/a"), a);
         assert_eq!((t.name(a), t.get("doc/b"), t.get("nope"), t.name(99)), ("doc/a", Some(a + 1), None, "?"));
+    }
+
+    #[test]
+    fn one_key_of_two_module_incarnations_gets_two_ids() {
+        let mut t = KeyTable::default();
+        let before = t.intern_in((0, 0xaaaa), "doc/a");
+        let after = t.intern_in((0, 0xbbbb), "doc/a");
+        assert_ne!(before, after);
+        assert_eq!(t.intern_in((0, 0xaaaa), "doc/a"), before);
+        assert_eq!((t.name(before), t.name(after), t.len()), ("doc/a", "doc/a", 2));
+        assert_eq!(t.get("doc/a"), Some(before));
     }
 
     #[test]

@@ -276,8 +276,11 @@ struct CheckState {
 }
 
 impl CheckState {
+    /// Keys are interned per module incarnation: a restarted module counts
+    /// from version 1 again, and its versions say nothing about the old ones.
     fn intern(&mut self, parsed: &deps::ParsedDeps<'_>) -> Deps {
-        let pairs: Vec<_> = parsed.entries.iter().map(|e| (self.keys.intern(e.key), e.version)).collect();
+        let space = (parsed.node, parsed.incarnation);
+        let pairs: Vec<_> = parsed.entries.iter().map(|e| (self.keys.intern_in(space, e.key), e.version)).collect();
         Deps::from_pairs(&pairs)
     }
 }
@@ -740,5 +743,30 @@ fn assemble(
         records_kept,
         records_dropped,
         records,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A module restart resets versions: a new incarnation's version 1 is
+    /// not stale next to the old incarnation's version 5, while a stale
+    /// copy within one incarnation still is.
+    #[test]
+    fn versions_are_compared_within_one_module_incarnation() {
+        let mut state = CheckState::default();
+        let old_update = deps::parse("n=0;i=00000000000000aa;doc/a=5@0").unwrap();
+        let old = state.intern(&old_update);
+        let ticket = state.checker.update_started(10);
+        state.checker.update_finished(ticket, Some((20, &old)));
+
+        let restarted = deps::parse("n=0;i=00000000000000bb;doc/a=1@0").unwrap();
+        let fresh = state.intern(&restarted);
+        assert_eq!(state.checker.response(1, 0, 30, fresh), None, "another incarnation's versions do not compare");
+
+        let stale = deps::parse("n=0;i=00000000000000aa;doc/a=4@0").unwrap();
+        let stale = state.intern(&stale);
+        assert!(state.checker.response(2, 0, 30, stale).is_some(), "an older version of one incarnation is stale");
     }
 }
