@@ -51,8 +51,47 @@ pub fn write_topology(
     Ok(path)
 }
 
-/// A loopback address with a port that was free a moment ago.
+/// Lowest port [`free_loopback_port`] hands out.
+const CHOSEN_PORT_MIN: u16 = 10_240;
+/// Attempts at a random port before falling back to one the kernel picks.
+const CHOSEN_PORT_ATTEMPTS: u32 = 200;
+
+/// The start of the kernel's ephemeral port range (from which it assigns
+/// local ports to outgoing connections and to `bind(0)`).
+fn ephemeral_port_start() -> u16 {
+    std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|range| range.split_whitespace().next().and_then(|low| low.parse().ok()))
+        .unwrap_or(32_768)
+}
+
+/// A loopback address with a port that was free a moment ago, for a child
+/// process to listen on.
+///
+/// The port is chosen at random *below* the kernel's ephemeral range and
+/// never twice by one process. A port the kernel picked (`bind(0)`) would,
+/// once released, be back in the pool it draws from for every outgoing
+/// connection, and a busy machine can hand it to one before the child
+/// binds it. Ports outside that pool can only collide with another process
+/// choosing the same one (about one chance in twenty thousand).
 pub fn free_loopback_port() -> Result<SocketAddr> {
+    use rand::Rng;
+    static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    let end = ephemeral_port_start();
+    if end > CHOSEN_PORT_MIN {
+        let mut rng = rand::thread_rng();
+        for _ in 0..CHOSEN_PORT_ATTEMPTS {
+            let port = rng.gen_range(CHOSEN_PORT_MIN..end);
+            let mut given = GIVEN.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            if given.contains(&port) {
+                continue;
+            }
+            if let Ok(listener) = TcpListener::bind(("127.0.0.1", port)) {
+                given.push(port);
+                return Ok(listener.local_addr()?);
+            }
+        }
+    }
     let listener = TcpListener::bind("127.0.0.1:0")?;
     Ok(listener.local_addr()?)
 }
