@@ -98,10 +98,11 @@
 //! and gets fail with [`DdssError::ValueLost`] until the next put. A holder
 //! that is merely stopped or slow is never taken over (the key reports
 //! [`DdssError::LockBusy`] instead), nor is one whose node id a new process
-//! has reopened; and non-strict gets, which take no lock, report a value
-//! whose writer died mid-write as a torn read until some put, strict get or
-//! free takes the lock over. A put whose batch fails midway on a live
-//! process leaves the lock held, failing closed with `LockBusy`.
+//! has reopened. Gets that take no lock find such a slot's sequence odd for
+//! good; when a read stays torn they take the lock once (taking it over
+//! from a dead holder, or waiting out a live writer) and read again. A put
+//! whose batch fails midway on a live process leaves the lock held, failing
+//! closed with `LockBusy`.
 //!
 //! Costs, in round trips to the home (`tcp` pays one message exchange per
 //! round trip; `shm` none): put 2 (lock; write+unlock); get from a local

@@ -623,7 +623,7 @@ impl Ddss {
             GetPlan::Fetch => {}
             GetPlan::LockedFetch => return self.get_locked(&home, slot, key),
         }
-        let (raw_version, payload) = record(slot, key.class())?.read(&*home.region)?;
+        let (raw_version, payload) = self.read_record(&home, slot, key)?;
         let (base, data) = self.parse_value(key, payload)?;
         bump(&self.stats.gets_fetched);
         if keeps_copies(model) {
@@ -632,6 +632,27 @@ impl Ddss {
             return Ok(user_value(&newest));
         }
         Ok((raw_version.saturating_sub(base), data))
+    }
+
+    /// The key's record, read without the lock. A read that stays torn
+    /// means a write that does not finish: a writer that died mid-put
+    /// leaves the sequence odd for good. Then the get takes the key's lock
+    /// once — which takes over a dead holder's and repairs the slot
+    /// ([`Ddss::take_over`]), or waits out a live writer — and reads again.
+    fn read_record(&self, home: &Home, slot: u64, key: Key) -> Result<(u64, Vec<u8>)> {
+        let record = record(slot, key.class())?;
+        match record.read(&*home.region) {
+            Err(FabricError::TornRead { .. }) => {
+                let locked_word = self.lock(&*home.region, slot, key)?;
+                let unlocked_from =
+                    home.region.compare_swap(slot + SLOT_CONTROL, locked_word, SlotWord::unlocked(key.generation()))?;
+                if unlocked_from != locked_word {
+                    return Err(DdssError::Corrupt { node: key.home(), reason: "lock word changed while held".into() });
+                }
+                Ok(record.read(&*home.region)?)
+            }
+            other => Ok(other?),
+        }
     }
 
     /// Strict get: lock, read, unlock. The lock excludes puts and frees, so
@@ -833,6 +854,33 @@ mod tests {
         assert_eq!(version, if mid_write { 3 } else { 2 }, "the lost put keeps versions consecutive");
         assert_eq!(home.get(key).unwrap(), (version, b"third".to_vec()));
         assert_ne!(locked_word, SlotWord::unlocked(key.generation()));
+    }
+
+    /// A get that takes no lock (read coherence) finds the dead writer's
+    /// sequence odd for good; it takes the lock over and reports the loss.
+    #[test]
+    fn a_lockless_get_of_a_value_whose_writer_died_mid_write_reports_it_lost() {
+        for shm in [true, false] {
+            let root = tempfile::tempdir().unwrap();
+            let (mut fabrics, end_writer) = fabrics(shm, root.path());
+            let home = Ddss::start(fabrics[0].clone(), config()).unwrap();
+            let survivor = Ddss::attach(fabrics[2].clone(), config()).unwrap();
+            let key = home.allocate(64, Placement::Local, Coherence::Read).unwrap();
+            assert_eq!(home.put(key, b"first").unwrap(), 1);
+            {
+                let writer = Ddss::attach(fabrics[1].clone(), config()).unwrap();
+                let (_, slot) = writer.slot(&key).unwrap();
+                let region = fabrics[1].connect(NodeId(0), REGION_NAME).unwrap();
+                writer.lock(&*region, slot, key).unwrap();
+                region.fetch_add(slot + SLOT_SEQUENCE, 1).unwrap();
+            }
+            fabrics.remove(1);
+            end_writer();
+            assert_eq!(survivor.get(key), Err(DdssError::ValueLost { key }), "shm={shm}");
+            assert_eq!(survivor.stats().lock_takeovers, 1);
+            assert_eq!(survivor.put(key, b"again").unwrap(), 3);
+            assert_eq!(survivor.get(key).unwrap(), (3, b"again".to_vec()));
+        }
     }
 
     #[test]
