@@ -1,0 +1,91 @@
+//! Criterion micro-benchmarks of the hot paths, each beside its baseline
+//! in the same run (read the ratio, not the absolute time: the machines are
+//! shared): one-sided operations on `shm` vs the two-sided `tcp` backend;
+//! a proxy's batched version check on both; an uncontended lock
+//! acquire+release under N-CoShED vs SRSL; parsing the dependency header.
+//!
+//! `cargo bench -p tierstack-bench --bench micro` (add `-- <filter>` for one group).
+//! Every node is a thread of this process with its own fabric endpoint.
+
+use criterion::{black_box, criterion_group, criterion_main, Criterion};
+use std::sync::Arc;
+use std::time::Duration;
+use tierstack_base::NodeId;
+use tierstack_cluster::{local_cluster, Backend, LocalCluster};
+use tierstack_coherent::{DepsHeader, Incarnation, VersionChecker, VersionTable};
+use tierstack_dlm::bench::{start_managers, BENCH_LOCK};
+use tierstack_dlm::{LockMode, Scheme, Wait};
+use tierstack_fabric::RemoteRegion;
+
+const BACKENDS: [Backend; 2] = [Backend::Shm, Backend::Tcp];
+
+/// Node 0 owns a region; node 1 holds a handle to it.
+fn remote_region(backend: Backend) -> (LocalCluster, Arc<dyn RemoteRegion>) {
+    let cluster = local_cluster(backend, 2).expect("cluster");
+    cluster.fabric(0).register("micro", 4096).expect("register");
+    let region = cluster.fabric(1).connect(NodeId(0), "micro").expect("connect");
+    (cluster, region)
+}
+
+fn fabric_ops(c: &mut Criterion) {
+    let mut group = c.benchmark_group("fabric");
+    for backend in BACKENDS {
+        let (_cluster, region) = remote_region(backend);
+        let name = backend.name();
+        group.bench_function(format!("read_u64/{name}"), |b| b.iter(|| black_box(region.read_u64(64).unwrap())));
+        group.bench_function(format!("fetch_add/{name}"), |b| b.iter(|| black_box(region.fetch_add(0, 1).unwrap())));
+        group.bench_function(format!("compare_swap/{name}"), |b| {
+            b.iter(|| black_box(region.compare_swap(8, 0, 0).unwrap()))
+        });
+    }
+    group.finish();
+}
+
+/// A proxy validating a response that depends on three keys: one batch.
+fn version_check(c: &mut Criterion) {
+    let mut group = c.benchmark_group("coherent");
+    for backend in BACKENDS {
+        let cluster = local_cluster(backend, 2).expect("cluster");
+        let table = VersionTable::create(cluster.fabric(0).as_ref(), 64, Incarnation(7)).expect("table");
+        let keys: Vec<(String, u32)> = ["doc/a", "stock/IBM", "user/42"]
+            .iter()
+            .map(|k| (k.to_string(), table.slot_of(k).expect("slot")))
+            .collect();
+        let header = table.header(&keys).expect("header");
+        let checker = VersionChecker::new(cluster.fabric(1).clone());
+        assert!(checker.is_current_blocking(&header).expect("check"), "fresh versions validate");
+        group.bench_function(format!("check_3_keys/{}", backend.name()), |b| {
+            b.iter(|| black_box(checker.is_current_blocking(&header).unwrap()))
+        });
+    }
+    let text = "n=0;i=00000000000000ab;doc/a=12@0,stock/IBM=3@1,user/42=7@2";
+    group.bench_function("parse_deps_header", |b| b.iter(|| black_box(DepsHeader::parse(black_box(text)).unwrap())));
+    group.finish();
+}
+
+/// Node 1 takes and gives back a lock homed at node 0, nobody else asking.
+fn uncontended_lock(c: &mut Criterion) {
+    let mut group = c.benchmark_group("dlm");
+    let cluster = local_cluster(Backend::Shm, 2).expect("cluster");
+    for (i, scheme) in [Scheme::CoShed, Scheme::Srsl].into_iter().enumerate() {
+        let managers = start_managers(cluster.fabrics(), scheme, &format!("micro{i}")).expect("managers");
+        let me = managers[1].scheme().clone();
+        for mode in [LockMode::Shared, LockMode::Exclusive] {
+            let label = format!("acquire_release/{}/{mode:?}/shm", scheme.name()).to_lowercase();
+            group.bench_function(label, |b| {
+                b.iter(|| {
+                    let grant = me.acquire(BENCH_LOCK, mode, Wait::Timeout(Duration::from_secs(5))).unwrap();
+                    me.release(&grant).unwrap();
+                })
+            });
+        }
+    }
+    group.finish();
+}
+
+criterion_group! {
+    name = micro;
+    config = Criterion::default().warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(2));
+    targets = fabric_ops, version_check, uncontended_lock
+}
+criterion_main!(micro);
