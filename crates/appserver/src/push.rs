@@ -453,7 +453,10 @@ mod tests {
     async fn dead_or_stateless_proxies_are_skipped_and_counted() {
         // Node 1 has a state but its HTTP endpoint is gone; node 2 (the
         // server itself) has no cache state; node 9 is not in the cluster.
-        let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+        // Bound but never listening: the port stays ours, and connecting is refused.
+        let reserved = tokio::net::TcpSocket::new_v4().unwrap();
+        reserved.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let closed = reserved.local_addr().unwrap();
         let s = Setup::new("push", move |_| {
             vec![
                 PushTarget { node: NodeId(1), url: format!("http://{closed}") },

@@ -300,10 +300,10 @@ async fn bad_responses_are_counted_not_fatal() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_target_counts_connect_errors() {
-    let port = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap().port()
-    };
+    // Bound but never listening: the port stays ours, and connecting is refused.
+    let reserved = tokio::net::TcpSocket::new_v4().unwrap();
+    reserved.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let port = reserved.local_addr().unwrap().port();
     let mut c = config(&format!("http://127.0.0.1:{port}"), Trace::single());
     c.duration_ms = Some(300);
     let r = run(c).await.unwrap();
