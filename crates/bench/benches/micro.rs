@@ -71,7 +71,7 @@ fn uncontended_lock(c: &mut Criterion) {
         let managers = start_managers(cluster.fabrics(), scheme, &format!("micro{i}")).expect("managers");
         let me = managers[1].scheme().clone();
         for mode in [LockMode::Shared, LockMode::Exclusive] {
-            let label = format!("acquire_release/{}/{mode:?}/shm", scheme.name()).to_lowercase();
+            let label = format!("acquire_release/{}/{}/shm", scheme.name(), mode.name());
             group.bench_function(label, |b| {
                 b.iter(|| {
                     let grant = me.acquire(BENCH_LOCK, mode, Wait::Timeout(Duration::from_secs(5))).unwrap();

@@ -62,13 +62,6 @@ pub const WAITERS_MAX: usize = 64;
 
 const MODES: [LockMode; 2] = [LockMode::Shared, LockMode::Exclusive];
 
-fn mode_name(mode: LockMode) -> &'static str {
-    match mode {
-        LockMode::Shared => "shared",
-        LockMode::Exclusive => "exclusive",
-    }
-}
-
 /// Where the lock-manager nodes run.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum NodeKind {
@@ -226,7 +219,7 @@ impl DlmReport {
         self.cascade
             .iter()
             .find(|c| {
-                c.backend == backend && c.scheme == scheme.name() && c.mode == mode_name(mode) && c.waiters == waiters
+                c.backend == backend && c.scheme == scheme.name() && c.mode == mode.name() && c.waiters == waiters
             })
             .map(|c| c.summary.p50_ns)
     }
@@ -404,7 +397,7 @@ fn collect(backend: Backend, samples: Samples, report: &mut DlmReport) {
         report.cascade.push(CascadeResult {
             backend: b.clone(),
             scheme: scheme.to_string(),
-            mode: mode_name(mode).to_string(),
+            mode: mode.name().to_string(),
             waiters,
             summary: summary_of(samples_ns.clone()),
             samples_ns,
@@ -414,7 +407,7 @@ fn collect(backend: Backend, samples: Samples, report: &mut DlmReport) {
         report.uncontended.push(UncontendedResult {
             backend: b.clone(),
             scheme: scheme.to_string(),
-            mode: mode_name(mode).to_string(),
+            mode: mode.name().to_string(),
             summary: summary_of(samples_ns),
         });
     }
@@ -446,7 +439,7 @@ fn ratios(config: &DlmBenchConfig, report: &DlmReport) -> Vec<CascadeRatio> {
                 };
                 out.push(CascadeRatio {
                     backend: backend.name().to_string(),
-                    mode: mode_name(mode).to_string(),
+                    mode: mode.name().to_string(),
                     waiters,
                     srsl_over_ncoshed: over(Scheme::Srsl),
                     dqnl_over_ncoshed: over(Scheme::Dqnl),
@@ -483,7 +476,7 @@ fn print_and_plot(config: &DlmBenchConfig, report: &DlmReport) -> Result<()> {
     let mut cascade = Table::new(&title, &header_refs);
     for mode in MODES {
         for &waiters in &config.waiters {
-            let mut row = vec![waiters.to_string(), mode_name(mode).to_string()];
+            let mut row = vec![waiters.to_string(), mode.name().to_string()];
             for backend in &config.backends {
                 for &scheme in &config.schemes {
                     row.push(report.cascade_p50(backend.name(), scheme, mode, waiters).map(us).unwrap_or_default());
@@ -491,7 +484,7 @@ fn print_and_plot(config: &DlmBenchConfig, report: &DlmReport) -> Result<()> {
                 let ratio = report
                     .ratios
                     .iter()
-                    .find(|r| r.backend == backend.name() && r.mode == mode_name(mode) && r.waiters == waiters);
+                    .find(|r| r.backend == backend.name() && r.mode == mode.name() && r.waiters == waiters);
                 if show_srsl {
                     row.push(ratio_cell(ratio.and_then(|r| r.srsl_over_ncoshed)));
                 }
@@ -512,7 +505,7 @@ fn print_and_plot(config: &DlmBenchConfig, report: &DlmReport) -> Result<()> {
                 let found = report
                     .uncontended
                     .iter()
-                    .find(|u| u.backend == backend.name() && u.scheme == scheme.name() && u.mode == mode_name(mode));
+                    .find(|u| u.backend == backend.name() && u.scheme == scheme.name() && u.mode == mode.name());
                 if let Some(u) = found {
                     uncontended.row(vec![
                         u.scheme.clone(),
@@ -585,7 +578,7 @@ fn print_and_plot(config: &DlmBenchConfig, report: &DlmReport) -> Result<()> {
                     .collect(),
             })
             .collect();
-        let name = mode_name(mode);
+        let name = mode.name();
         line_plot(
             &config.out_dir.join(format!("dlm-cascade-{name}.svg")),
             &format!("Lock cascading latency, {name} lock queue (p50)"),

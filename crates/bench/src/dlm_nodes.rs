@@ -39,10 +39,10 @@ use std::time::{Duration, Instant};
 use tierstack_base::{host_monotonic_ns, NodeId};
 use tierstack_cluster::Backend;
 use tierstack_dlm::bench::{
-    contend_pairs, start_manager, uncontended_pairs_ns, wait_and_release, LockNodes, MessageTotals, BENCH_LOCK,
-    BENCH_WAIT,
+    contend_pairs, hold_exclusive, overall_span, release_timed, start_manager, uncontended_pairs_ns, wait_and_release,
+    LockNodes, MessageTotals, BENCH_WAIT,
 };
-use tierstack_dlm::{Grant, LockError, LockManager, LockMode, Scheme, Wait};
+use tierstack_dlm::{Grant, LockError, LockManager, LockMode, Scheme};
 use tierstack_fabric::Fabric;
 
 /// Longest a reply may take beyond the node's own bounded waits.
@@ -52,21 +52,6 @@ const REPLY_SLACK: Duration = Duration::from_secs(10);
 const CONTEND_LEAD_PER_NODE: Duration = Duration::from_millis(2);
 /// Fabric operation timeout of the generated topology.
 const OP_TIMEOUT_MS: u64 = 1000;
-
-fn mode_name(mode: LockMode) -> &'static str {
-    match mode {
-        LockMode::Shared => "shared",
-        LockMode::Exclusive => "exclusive",
-    }
-}
-
-fn parse_mode(word: &str) -> Result<LockMode, String> {
-    match word {
-        "shared" => Ok(LockMode::Shared),
-        "exclusive" => Ok(LockMode::Exclusive),
-        other => Err(format!("unknown mode {other:?} (shared or exclusive)")),
-    }
-}
 
 /// The node side: serves the commands read from `input` until it closes.
 /// `nodes` are every node's ids in index order; the first serves the lock.
@@ -125,7 +110,7 @@ impl NodeState {
             let word = words.get(i).ok_or_else(|| format!("{line:?}: argument {i} missing"))?;
             word.parse().map_err(|e| format!("{line:?}: argument {i}: {e}"))
         };
-        let mode = |i: usize| parse_mode(words.get(i).copied().unwrap_or(""));
+        let mode = |i: usize| words.get(i).copied().unwrap_or("").parse::<LockMode>();
         let fail = |e: LockError| e.to_string();
         match words.first().copied() {
             Some("start") => {
@@ -144,19 +129,12 @@ impl NodeState {
                 Ok(format!("{} {} {}", stats.messages_sent, stats.messages_handled, stats.message_errors))
             }
             Some("hold") => {
-                let manager = self.manager()?;
-                let grant = manager
-                    .scheme()
-                    .acquire(BENCH_LOCK, LockMode::Exclusive, Wait::Timeout(BENCH_WAIT))
-                    .map_err(fail)?;
-                self.hold = Some(grant);
+                self.hold = Some(hold_exclusive(self.manager()?).map_err(fail)?);
                 Ok(String::new())
             }
             Some("release") => {
                 let grant = self.hold.take().ok_or("nothing held")?;
-                let released_ns = host_monotonic_ns();
-                self.manager()?.scheme().release(&grant).map_err(fail)?;
-                Ok(released_ns.to_string())
+                Ok(release_timed(self.manager()?, &grant).map_err(fail)?.to_string())
             }
             Some("wait") => {
                 let mode = mode(1)?;
@@ -347,7 +325,7 @@ impl LockNodes for ProcessNodes {
     }
 
     fn start_waiter(&mut self, node: usize, mode: LockMode) -> Result<(), LockError> {
-        self.call(node, &format!("wait {}", mode_name(mode))).map(|_| ())
+        self.call(node, &format!("wait {}", mode.name())).map(|_| ())
     }
 
     fn finish_waiter(&mut self, node: usize) -> Result<u64, LockError> {
@@ -367,7 +345,7 @@ impl LockNodes for ProcessNodes {
     }
 
     fn uncontended_ns(&mut self, node: usize, mode: LockMode, pairs: usize) -> Result<Vec<u64>, LockError> {
-        numbers(node, &self.call(node, &format!("uncontended {} {pairs}", mode_name(mode)))?)
+        numbers(node, &self.call(node, &format!("uncontended {} {pairs}", mode.name()))?)
     }
 
     fn contend(
@@ -383,15 +361,15 @@ impl LockNodes for ProcessNodes {
             let node_seed = seed.wrapping_add(index as u64);
             self.process(index)?.send(index, &format!("contend {shared_percent} {pairs} {node_seed} {at}"))?;
         }
-        let mut span: Option<(u64, u64)> = None;
+        let mut spans = Vec::new();
         for index in nodes {
             let fields = numbers(index, &self.process(index)?.reply(index, BENCH_WAIT + REPLY_SLACK + lead)?)?;
             let [began, ended] = fields[..] else {
                 return Err(LockError::Protocol(format!("node index {index}: contend {fields:?}")));
             };
-            span = Some(span.map_or((began, ended), |(first, last)| (first.min(began), last.max(ended))));
+            spans.push((began, ended));
         }
-        span.ok_or_else(|| LockError::Config("no contenders".into()))
+        overall_span(spans)
     }
 }
 

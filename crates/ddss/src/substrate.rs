@@ -813,18 +813,16 @@ mod tests {
         (fabrics, Box::new(move || writer.shutdown()))
     }
 
-    /// The writer takes the key's lock as a put does and, if `mid_write`,
-    /// starts the seqlock write (odd sequence, half a value); then it is
-    /// stopped before it unlocks, as a process killed inside its put.
-    fn dead_holder(shm: bool, mid_write: bool) {
-        let root = tempfile::tempdir().unwrap();
-        let (fabrics, end_writer) = fabrics(shm, root.path());
-        let home = Ddss::start(fabrics[0].clone(), config()).unwrap();
+    /// The writer (node 1) takes the key's lock as a put does and, if
+    /// `mid_write`, starts the seqlock write (odd sequence, half a value),
+    /// and goes no further: what a process killed inside its put leaves.
+    /// Returns its handles (to drop before its fabric ends) and the locked word.
+    fn stall_inside_a_put(
+        fabrics: &[Arc<dyn Fabric>],
+        key: Key,
+        mid_write: bool,
+    ) -> (Ddss, Arc<dyn RemoteRegion>, u64) {
         let writer = Ddss::attach(fabrics[1].clone(), config()).unwrap();
-        let survivor = Ddss::attach(fabrics[2].clone(), config()).unwrap();
-        let key = home.allocate(64, Placement::Local, Coherence::Strict).unwrap();
-        assert_eq!(writer.put(key, b"first").unwrap(), 1);
-
         let (_, slot) = writer.slot(&key).unwrap();
         let region = fabrics[1].connect(NodeId(0), REGION_NAME).unwrap();
         let locked_word = writer.lock(&*region, slot, key).unwrap();
@@ -832,6 +830,20 @@ mod tests {
             region.fetch_add(slot + SLOT_SEQUENCE, 1).unwrap();
             region.write(slot + SLOT_DATA, b"hal").unwrap();
         }
+        (writer, region, locked_word)
+    }
+
+    /// The writer stalls inside a put (see [`stall_inside_a_put`]), then its
+    /// process ends before it unlocks.
+    fn dead_holder(shm: bool, mid_write: bool) {
+        let root = tempfile::tempdir().unwrap();
+        let (fabrics, end_writer) = fabrics(shm, root.path());
+        let home = Ddss::start(fabrics[0].clone(), config()).unwrap();
+        let survivor = Ddss::attach(fabrics[2].clone(), config()).unwrap();
+        let key = home.allocate(64, Placement::Local, Coherence::Strict).unwrap();
+        assert_eq!(survivor.put(key, b"first").unwrap(), 1);
+
+        let (writer, region, locked_word) = stall_inside_a_put(&fabrics, key, mid_write);
         let busy = survivor.put(key, b"x");
         assert!(matches!(busy, Err(DdssError::LockBusy { .. })), "a live holder's lock is not taken: {busy:?}");
         assert_eq!(survivor.stats().lock_takeovers, 0);
@@ -867,13 +879,7 @@ mod tests {
             let survivor = Ddss::attach(fabrics[2].clone(), config()).unwrap();
             let key = home.allocate(64, Placement::Local, Coherence::Read).unwrap();
             assert_eq!(home.put(key, b"first").unwrap(), 1);
-            {
-                let writer = Ddss::attach(fabrics[1].clone(), config()).unwrap();
-                let (_, slot) = writer.slot(&key).unwrap();
-                let region = fabrics[1].connect(NodeId(0), REGION_NAME).unwrap();
-                writer.lock(&*region, slot, key).unwrap();
-                region.fetch_add(slot + SLOT_SEQUENCE, 1).unwrap();
-            }
+            drop(stall_inside_a_put(&fabrics, key, true));
             fabrics.remove(1);
             end_writer();
             assert_eq!(survivor.get(key), Err(DdssError::ValueLost { key }), "shm={shm}");

@@ -117,6 +117,28 @@ pub fn start_manager(
     Ok(manager)
 }
 
+/// One manager's side of [`LockNodes::hold`].
+pub fn hold_exclusive(manager: &LockManager) -> Result<Grant, LockError> {
+    manager.scheme().acquire(BENCH_LOCK, LockMode::Exclusive, Wait::Timeout(BENCH_WAIT))
+}
+
+/// One manager's side of [`LockNodes::release_hold`]: releases `grant`;
+/// returns the host clock read just before.
+pub fn release_timed(manager: &LockManager, grant: &Grant) -> Result<u64, LockError> {
+    let released_ns = HostClock.now_ns();
+    manager.scheme().release(grant)?;
+    Ok(released_ns)
+}
+
+/// From the earliest start to the latest end of `spans`, as
+/// [`LockNodes::contend`] returns them; an error if there are none.
+pub fn overall_span(spans: impl IntoIterator<Item = (u64, u64)>) -> Result<(u64, u64), LockError> {
+    spans
+        .into_iter()
+        .reduce(|(first, last), (began, ended)| (first.min(began), last.max(ended)))
+        .ok_or_else(|| LockError::Config("no contenders".into()))
+}
+
 /// One manager's side of [`LockNodes::uncontended_ns`].
 pub fn uncontended_pairs_ns(manager: &LockManager, mode: LockMode, pairs: usize) -> Result<Vec<u64>, LockError> {
     let clock = HostClock;
@@ -216,16 +238,14 @@ impl LockNodes for ThreadNodes {
     }
 
     fn hold(&mut self, node: usize) -> Result<(), LockError> {
-        let grant = self.manager(node)?.scheme().acquire(BENCH_LOCK, LockMode::Exclusive, Wait::Timeout(BENCH_WAIT))?;
+        let grant = hold_exclusive(self.manager(node)?)?;
         self.holds.insert(node, grant);
         Ok(())
     }
 
     fn release_hold(&mut self, node: usize) -> Result<u64, LockError> {
         let grant = self.holds.remove(&node).ok_or(LockError::NotHeld { lock: BENCH_LOCK })?;
-        let released_ns = HostClock.now_ns();
-        self.manager(node)?.scheme().release(&grant)?;
-        Ok(released_ns)
+        release_timed(self.manager(node)?, &grant)
     }
 
     fn start_waiter(&mut self, node: usize, mode: LockMode) -> Result<(), LockError> {
@@ -272,12 +292,11 @@ impl LockNodes for ThreadNodes {
                     })
                 })
                 .collect();
-            let mut span: Option<(u64, u64)> = None;
-            for handle in handles {
-                let (began, ended) = handle.join().map_err(|_| panicked("contender"))??;
-                span = Some(span.map_or((began, ended), |(first, last)| (first.min(began), last.max(ended))));
-            }
-            span.ok_or_else(|| LockError::Config("no contenders".into()))
+            let spans = handles
+                .into_iter()
+                .map(|handle| handle.join().map_err(|_| panicked("contender"))?)
+                .collect::<Result<Vec<_>, _>>()?;
+            overall_span(spans)
         })
     }
 }

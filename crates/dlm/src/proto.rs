@@ -28,6 +28,27 @@ pub enum LockMode {
     Exclusive,
 }
 
+impl LockMode {
+    /// The mode's name in reports and command lines: `shared`, `exclusive`.
+    pub fn name(self) -> &'static str {
+        match self {
+            LockMode::Shared => "shared",
+            LockMode::Exclusive => "exclusive",
+        }
+    }
+}
+
+impl std::str::FromStr for LockMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "shared" => Ok(LockMode::Shared),
+            "exclusive" => Ok(LockMode::Exclusive),
+            other => Err(format!("unknown mode {other:?} (shared or exclusive)")),
+        }
+    }
+}
+
 /// Which distributed-queue protocol a client speaks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum QueueKind {

@@ -132,13 +132,6 @@ pub fn lock_servers(topology: &Topology) -> Vec<NodeId> {
     topology.nodes.iter().filter(|n| n.role != Role::Passive).map(|n| n.id).collect()
 }
 
-fn mode_name(mode: LockMode) -> &'static str {
-    match mode {
-        LockMode::Shared => "shared",
-        LockMode::Exclusive => "exclusive",
-    }
-}
-
 /// Prints one line; standard output is line-buffered, so it leaves at once.
 fn emit(line: &Value) -> Result<()> {
     let mut out = std::io::stdout().lock();
@@ -211,7 +204,7 @@ fn error_line(node: NodeId, lock: LockId, mode: LockMode, phase: &str, error: &L
     json!({
         "node": node.0,
         "lock": lock.0,
-        "mode": mode_name(mode),
+        "mode": mode.name(),
         "phase": phase,
         "error": kind,
         "peer": peer.map(|p| p.0),
@@ -273,7 +266,7 @@ pub fn run_node(args: LockNodeArgs) -> Result<()> {
         let token = grant.fencing_token();
         if args.announce {
             emit(&json!({
-                "event": "granted", "node": node.0, "lock": lock.0, "mode": mode_name(mode),
+                "event": "granted", "node": node.0, "lock": lock.0, "mode": mode.name(),
                 "token": token, "granted_ns": granted_ns,
             }))?;
         }
@@ -286,7 +279,7 @@ pub fn run_node(args: LockNodeArgs) -> Result<()> {
         }
         holds += 1;
         emit(&json!({
-            "node": node.0, "lock": lock.0, "mode": mode_name(mode), "token": token,
+            "node": node.0, "lock": lock.0, "mode": mode.name(), "token": token,
             "start_ns": start_ns, "granted_ns": granted_ns, "released_ns": released_ns,
         }))?;
     }
