@@ -1,5 +1,11 @@
 //! The proxy's cache: least recently used entries evicted first, bounded by
 //! the bytes of the bodies it holds.
+//!
+//! Requests race: a slow miss can finish after a newer copy was cached (by a
+//! later miss or a push), and a version check can fail after its entry was
+//! already replaced by a newer one. So an insert never replaces an entry
+//! generated at newer versions ([`supersedes`]), and a removal after a failed
+//! check removes only the entry that failed ([`Cache::remove_entry`]).
 
 use bytes::Bytes;
 use hyper::header::HeaderValue;
@@ -19,13 +25,40 @@ pub(crate) struct Entry {
     pub pushed: bool,
 }
 
+/// What an insert did with the entry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum InsertOutcome {
+    Stored,
+    /// Not stored: the cached entry was generated at newer versions.
+    KeptNewer,
+    /// Not stored: larger than an eighth of the cache.
+    TooLarge,
+}
+
 /// What an insert did.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct Inserted {
-    /// False if the entry was too large to cache.
-    pub stored: bool,
+    pub outcome: InsertOutcome,
     /// Keys evicted to make room.
     pub evicted: Vec<String>,
+}
+
+/// True if `cached` must not be replaced by `inserted`: both come from the
+/// same module incarnation and `cached` holds some key they share at a
+/// higher version (versions only grow within an incarnation, so `inserted`
+/// was generated before an update that `cached` already reflects).
+///
+/// Across incarnations (the module restarted, or another module node)
+/// versions are not comparable, and the inserted entry wins: it was fetched
+/// or validated just now, while the cached one may belong to a dead
+/// incarnation that can never pass a check again. If instead the inserted
+/// one is the old incarnation's (a fetch that began before the restart), its
+/// first check fails and costs one miss; coherence never depends on this
+/// choice, because every hit is validated in `poll` mode.
+pub(crate) fn supersedes(cached: &DepsHeader, inserted: &DepsHeader) -> bool {
+    cached.node == inserted.node
+        && cached.incarnation == inserted.incarnation
+        && cached.deps.iter().any(|c| inserted.deps.iter().any(|i| i.key == c.key && c.version > i.version))
 }
 
 impl Entry {
@@ -58,6 +91,20 @@ impl Cache {
         self.entries.peek(key).cloned()
     }
 
+    /// Removes `key` only if it still maps to `entry` (the very entry a
+    /// failed check looked at, not a newer one cached since); true if removed.
+    pub fn remove_entry(&mut self, key: &str, entry: &Arc<Entry>) -> bool {
+        match self.entries.peek(key) {
+            Some(cached) if Arc::ptr_eq(cached, entry) => self.remove(key),
+            _ => false,
+        }
+    }
+
+    /// True if an entry of this size can be cached at all.
+    pub fn admits(&self, entry: &Entry) -> bool {
+        entry.bytes() <= self.bytes_max / 8
+    }
+
     /// Removes `key`; true if it was cached.
     pub fn remove(&mut self, key: &str) -> bool {
         match self.entries.pop(key) {
@@ -70,11 +117,15 @@ impl Cache {
     }
 
     /// Inserts, evicting least recently used entries to stay within the
-    /// bound. An entry larger than an eighth of the cache is not stored.
+    /// bound. An entry larger than an eighth of the cache is not stored, nor
+    /// one that would replace an entry generated at newer versions.
     pub fn insert(&mut self, key: String, entry: Arc<Entry>) -> Inserted {
         let size = entry.bytes();
-        if size > self.bytes_max / 8 {
-            return Inserted::default();
+        if !self.admits(&entry) {
+            return Inserted { outcome: InsertOutcome::TooLarge, evicted: Vec::new() };
+        }
+        if self.entries.peek(&key).is_some_and(|cached| supersedes(&cached.deps, &entry.deps)) {
+            return Inserted { outcome: InsertOutcome::KeptNewer, evicted: Vec::new() };
         }
         if let Some(old) = self.entries.put(key, entry) {
             self.bytes -= old.bytes();
@@ -91,7 +142,7 @@ impl Cache {
                 None => break,
             }
         }
-        Inserted { stored: true, evicted }
+        Inserted { outcome: InsertOutcome::Stored, evicted }
     }
 
     pub fn len(&self) -> usize {
@@ -110,7 +161,7 @@ impl Cache {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tierstack_coherent::Incarnation;
+    use tierstack_coherent::{Dep, Incarnation};
 
     fn entry(size: usize) -> Arc<Entry> {
         Arc::new(Entry {
@@ -142,11 +193,60 @@ mod tests {
         assert!(cache.bytes() <= 8 * (100 + overhead) * 3);
         assert!(cache.get("b").is_none(), "the least recently used entry went first");
         assert!(cache.evictions() > 0);
-        assert!(!cache.insert("huge".into(), entry(10_000_000)).stored);
+        assert_eq!(cache.insert("huge".into(), entry(10_000_000)).outcome, InsertOutcome::TooLarge);
         assert!(cache.get("huge").is_none(), "oversized entries are not cached");
         let before = cache.bytes();
         assert!(cache.remove("x"));
         assert!(!cache.remove("x"));
         assert_eq!(cache.bytes(), before - entry(100).bytes());
+    }
+
+    /// An entry generated at `deps` (key, version) in module incarnation `incarnation`.
+    fn at(incarnation: u64, deps: &[(&str, u64)]) -> Arc<Entry> {
+        Arc::new(Entry {
+            body: Bytes::from_static(b"x"),
+            content_type: None,
+            deps_raw: HeaderValue::from_static("n=0;i=0000000000000001;a=1@0"),
+            deps: DepsHeader {
+                node: tierstack_fabric::NodeId(0),
+                incarnation: Incarnation(incarnation),
+                deps: deps.iter().map(|(k, v)| Dep { key: k.to_string(), version: *v, slot: 0 }).collect(),
+            },
+            pushed: false,
+        })
+    }
+
+    #[test]
+    fn an_insert_never_replaces_an_entry_generated_at_newer_versions() {
+        let mut cache = Cache::new(1 << 20);
+        let v2 = at(1, &[("doc/a", 2)]);
+        assert_eq!(cache.insert("/doc/a".into(), v2.clone()).outcome, InsertOutcome::Stored);
+        // A slow miss generated at version 1 finishes after version 2 was cached.
+        assert_eq!(cache.insert("/doc/a".into(), at(1, &[("doc/a", 1)])).outcome, InsertOutcome::KeptNewer);
+        assert!(Arc::ptr_eq(&cache.get("/doc/a").unwrap(), &v2), "the newer copy stays");
+        assert_eq!(
+            cache.insert("/doc/a".into(), at(1, &[("doc/a", 1), ("doc/b", 9)])).outcome,
+            InsertOutcome::KeptNewer
+        );
+        // Equal or newer versions replace it, and so does another incarnation.
+        for newer in [at(1, &[("doc/a", 2)]), at(1, &[("doc/a", 3)]), at(1, &[("doc/b", 1)]), at(3, &[("doc/a", 1)])] {
+            assert_eq!(cache.insert("/doc/a".into(), newer.clone()).outcome, InsertOutcome::Stored);
+            assert!(Arc::ptr_eq(&cache.get("/doc/a").unwrap(), &newer));
+        }
+        assert_eq!(cache.len(), 1);
+        assert_eq!(cache.bytes(), v2.bytes(), "replacements keep the byte count exact");
+    }
+
+    #[test]
+    fn a_failed_check_removes_only_the_entry_it_checked() {
+        let mut cache = Cache::new(1 << 20);
+        let checked = at(1, &[("doc/a", 1)]);
+        cache.insert("/doc/a".into(), checked.clone());
+        let newer = at(1, &[("doc/a", 2)]);
+        cache.insert("/doc/a".into(), newer.clone());
+        assert!(!cache.remove_entry("/doc/a", &checked), "the checked entry was already replaced");
+        assert!(Arc::ptr_eq(&cache.get("/doc/a").unwrap(), &newer));
+        assert!(cache.remove_entry("/doc/a", &newer));
+        assert_eq!((cache.len(), cache.bytes()), (0, 0));
     }
 }

@@ -13,6 +13,11 @@
 //! entry is dropped and the request forwarded; the proxy never serves a copy
 //! it could not validate. An unreachable origin is 502, a slow one 504.
 //!
+//! `X-Cache: HIT` marks exactly the responses served from the proxy's own
+//! cached copy; everything else is `MISS`, including a response served from
+//! another request's concurrent fetch (request coalescing), which also
+//! carries `X-Cache-Coalesced: 1`. [`ProxyStats`] counts the same way.
+//!
 //! Modes: `no-cache` (forward everything: the paper's no-cache coherence),
 //! `poll` (the above), `ttl` (serve hits without any check: the non-coherent
 //! upper bound plain HTTP caches reach, kept only for comparison).
@@ -25,8 +30,9 @@
 //! application tier then pushes new versions it judges useful to
 //! `PUT /_tierstack/push/doc/<name>` ([`PUSH_PATH_PREFIX`]): the body is the
 //! document, `X-Tierstack-Deps` the versions it was generated at (required;
-//! a push whose header does not parse, or that names no single document, is
-//! refused with 400). In `poll` mode a push is installed only if its
+//! a push whose header does not parse, that names no single document, or
+//! whose header does not name that document's key `doc/<name>`, is refused
+//! with 400). In `poll` mode a push is installed only if its
 //! versions are current when it arrives, and like every entry it is
 //! validated again on each hit, so a push racing with a newer update is
 //! refused or dropped, never served. Answers: `204`
@@ -45,9 +51,13 @@
 mod cache;
 mod coalesce;
 mod push;
+#[cfg(test)]
+mod testkit;
+#[cfg(test)]
+mod tests;
 
 use bytes::Bytes;
-use cache::{Cache, Entry};
+use cache::{Cache, Entry, InsertOutcome};
 use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::header::{HeaderMap, HeaderName, HeaderValue, CACHE_CONTROL, CONTENT_TYPE, HOST};
@@ -74,12 +84,15 @@ pub const REQUEST_BODY_BYTES_MAX: usize = 16 << 20;
 pub const RESPONSE_BODY_BYTES_MAX: usize = 64 << 20;
 /// The response header telling clients whether the cache answered.
 pub const X_CACHE: &str = "x-cache";
+/// Present (`1`) on a response served from another request's concurrent
+/// fetch after validating it; such a response is labelled `X-Cache: MISS`.
+pub const X_CACHE_COALESCED: &str = "x-cache-coalesced";
 /// Where the application tier pushes documents: `PUT <prefix><name>`
 /// installs the body as the cached copy of `/doc/<name>`.
 pub use tierstack_pushpull::PUSH_PATH_PREFIX;
 
 /// How the proxy treats cached copies.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, serde::Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum CacheMode {
     NoCache,
@@ -148,6 +161,7 @@ struct Counters {
     hits: AtomicU64,
     misses: AtomicU64,
     checks: AtomicU64,
+    checks_ok: AtomicU64,
     check_ns: AtomicU64,
     stale_dropped: AtomicU64,
     check_errors: AtomicU64,
@@ -166,24 +180,52 @@ struct Counters {
 }
 
 /// The proxy's counters, served at `/_tierstack/stats`.
+///
+/// Every request on the client listener is exactly one of: a **hit**
+/// (served from the proxy's own cached copy, after a successful version
+/// check in `poll` mode; `X-Cache: HIT`), **coalesced** (served another
+/// request's concurrent fetch after validating it; `X-Cache: MISS` and
+/// [`X_CACHE_COALESCED`], so a client's count of `HIT`s equals `hits`), or
+/// a **miss** (forwarded upstream; `X-Cache: MISS`). Version checks
+/// (`checks`) are the request path's only: checks of cached copies and of
+/// shared fetches, each ending ok, stale or in error; pushes are checked
+/// too, but counted under `pushes_*`. Once no request is in flight:
+///
+/// - `requests == hits + coalesced + misses`
+/// - `checks == checks_ok + stale_dropped + check_errors`
+/// - `poll` mode: `checks_ok == hits + coalesced` (every successful check
+///   serves exactly one response, and nothing is served unchecked);
+///   `ttl`: `checks == 0`; `no-cache`: `checks == hits == coalesced == 0`
+/// - `push_hits <= hits`
+/// - `pushes_received == pushes_installed + pushes_redundant + pushes_stale`
+///
+/// [`ProxyStats::accounting_error`] checks them. While requests are in
+/// flight, each left side may run ahead of its right side.
 #[derive(Clone, Debug, Default, Serialize, serde::Deserialize)]
 pub struct ProxyStats {
+    /// The proxy's cache mode (absent from older proxies' counters).
+    #[serde(default)]
+    pub mode: Option<CacheMode>,
     pub requests: u64,
     pub hits: u64,
     pub misses: u64,
-    /// Version checks performed, and their total time.
+    /// Version checks on the request path, and their total time.
     pub checks: u64,
+    /// Checks that found the copy current (each served one response).
+    #[serde(default)]
+    pub checks_ok: u64,
     pub check_ns: u64,
-    /// Cached copies found out of date and dropped.
+    /// Checks that found the copy out of date (a cached copy is then
+    /// dropped; a shared fetch is not served).
     pub stale_dropped: u64,
-    /// Checks that could not be made (served from origin instead).
+    /// Checks that could not be made (fail closed: served from origin).
     pub check_errors: u64,
     pub upstream_ns: u64,
     pub upstream_errors: u64,
     /// Responses not cached because their dependency header was malformed.
     pub uncacheable_deps: u64,
-    /// Misses answered from another request's concurrent fetch (after
-    /// validating it): upstream requests saved by coalescing.
+    /// Requests answered from another request's concurrent fetch (after
+    /// validating it): upstream requests saved by coalescing. Not hits.
     #[serde(default)]
     pub coalesced: u64,
     /// Requests waiting for another request's fetch right now.
@@ -204,10 +246,11 @@ pub struct ProxyStats {
     #[serde(default)]
     pub pushes_redundant: u64,
     /// Pushes not installed because their versions were already superseded
-    /// (or could not be checked).
+    /// (or could not be checked, or stored).
     #[serde(default)]
     pub pushes_stale: u64,
-    /// Pushes refused: malformed, too large, or caching is off.
+    /// Pushes refused before being received: malformed, naming another
+    /// document, too large, or caching is off.
     #[serde(default)]
     pub pushes_refused: u64,
     /// Hits served from pushed entries.
@@ -225,6 +268,58 @@ pub struct ProxyStats {
     pub cache_state_dropped: u64,
 }
 
+impl ProxyStats {
+    /// `None` if the identities in the type's documentation hold, else
+    /// which one fails and by how much. Meaningful once no request is in
+    /// flight.
+    pub fn accounting_error(&self) -> Option<String> {
+        let mut errors = Vec::new();
+        let mut expect = |holds: bool, what: String| {
+            if !holds {
+                errors.push(what);
+            }
+        };
+        let served = self.hits + self.coalesced + self.misses;
+        expect(
+            self.requests == served,
+            format!(
+                "requests {} != hits {} + coalesced {} + misses {}",
+                self.requests, self.hits, self.coalesced, self.misses
+            ),
+        );
+        let ended = self.checks_ok + self.stale_dropped + self.check_errors;
+        expect(
+            self.checks == ended,
+            format!(
+                "checks {} != ok {} + stale {} + errors {}",
+                self.checks, self.checks_ok, self.stale_dropped, self.check_errors
+            ),
+        );
+        match self.mode {
+            Some(CacheMode::Poll) => expect(
+                self.checks_ok == self.hits + self.coalesced,
+                format!("poll: checks_ok {} != hits {} + coalesced {}", self.checks_ok, self.hits, self.coalesced),
+            ),
+            Some(CacheMode::Ttl) => expect(self.checks == 0, format!("ttl: {} checks", self.checks)),
+            Some(CacheMode::NoCache) => expect(
+                self.checks == 0 && self.hits == 0 && self.coalesced == 0,
+                format!("no-cache: {} checks, {} hits, {} coalesced", self.checks, self.hits, self.coalesced),
+            ),
+            None => {}
+        }
+        expect(self.push_hits <= self.hits, format!("push_hits {} > hits {}", self.push_hits, self.hits));
+        let pushes_ended = self.pushes_installed + self.pushes_redundant + self.pushes_stale;
+        expect(
+            self.pushes_received == pushes_ended,
+            format!(
+                "pushes_received {} != installed {} + redundant {} + stale {}",
+                self.pushes_received, self.pushes_installed, self.pushes_redundant, self.pushes_stale
+            ),
+        );
+        (!errors.is_empty()).then(|| errors.join("; "))
+    }
+}
+
 struct State {
     upstreams: Vec<Uri>,
     mode: CacheMode,
@@ -236,6 +331,8 @@ struct State {
     cache_state: Option<CacheStateWriter>,
     clock: SystemClock,
     flights: coalesce::Flights,
+    #[cfg(test)]
+    hooks: testkit::Hooks,
 }
 
 fn elapsed_ns(since: Instant) -> u64 {
@@ -296,18 +393,29 @@ impl State {
         }
     }
 
+    /// Removes `entry` from under `key` if it is still the one cached there
+    /// (a copy that failed its check; a newer one cached meanwhile stays).
+    fn cache_remove_entry(&self, key: &str, entry: &Arc<Entry>) {
+        if let Ok(mut cache) = self.cache.lock() {
+            if cache.remove_entry(key, entry) {
+                self.set_resident(fingerprint(key), false);
+            }
+        }
+    }
+
     /// Caches `entry` under `key`, keeping the cache state's residency
     /// flags in step (under the cache's lock, so they follow its order).
-    fn cache_store(&self, key: &str, entry: Arc<Entry>) -> bool {
-        let Ok(mut cache) = self.cache.lock() else { return false };
+    /// `None` if the cache is unusable (a poisoned lock).
+    fn cache_store(&self, key: &str, entry: Arc<Entry>) -> Option<InsertOutcome> {
+        let Ok(mut cache) = self.cache.lock() else { return None };
         let inserted = cache.insert(key.to_string(), entry);
         for evicted in &inserted.evicted {
             self.set_resident(fingerprint(evicted), false);
         }
-        if inserted.stored {
+        if inserted.outcome == InsertOutcome::Stored {
             self.set_resident(fingerprint(key), true);
         }
-        inserted.stored
+        Some(inserted.outcome)
     }
 
     fn set_resident(&self, fingerprint: u64, resident: bool) {
@@ -323,18 +431,24 @@ impl State {
         }
     }
 
+    /// Serves the proxy's own cached copy (counted by the caller's check).
     fn hit(&self, entry: &Entry, head_only: bool) -> Response<Body> {
         self.counters.hits.fetch_add(1, Ordering::Relaxed);
         if entry.pushed {
             self.counters.push_hits.fetch_add(1, Ordering::Relaxed);
         }
-        let mut response = Response::new(if head_only { Body::default() } else { Full::new(entry.body.clone()) });
+        let mut response = from_entry(entry, head_only);
+        response.headers_mut().insert(X_CACHE, HeaderValue::from_static("HIT"));
+        response
+    }
+
+    /// Serves another request's fetch, validated: a miss for this client
+    /// (nothing was cached for it), marked as coalesced.
+    fn serve_shared(&self, entry: &Entry) -> Response<Body> {
+        let mut response = from_entry(entry, false);
         let headers = response.headers_mut();
-        if let Some(content_type) = &entry.content_type {
-            headers.insert(CONTENT_TYPE, content_type.clone());
-        }
-        headers.insert(DEPS_HEADER, entry.deps_raw.clone());
-        headers.insert(X_CACHE, HeaderValue::from_static("HIT"));
+        headers.insert(X_CACHE, HeaderValue::from_static("MISS"));
+        headers.insert(X_CACHE_COALESCED, HeaderValue::from_static("1"));
         response
     }
 
@@ -343,10 +457,15 @@ impl State {
         let Some(checker) = &self.checker else { return false };
         let started = Instant::now();
         let verdict = checker.is_current(&entry.deps).await;
+        #[cfg(test)]
+        self.hooks.after_check().await;
         self.counters.checks.fetch_add(1, Ordering::Relaxed);
         self.counters.check_ns.fetch_add(elapsed_ns(started), Ordering::Relaxed);
         match verdict {
-            Ok(true) => true,
+            Ok(true) => {
+                self.counters.checks_ok.fetch_add(1, Ordering::Relaxed);
+                true
+            }
             Ok(false) => {
                 self.counters.stale_dropped.fetch_add(1, Ordering::Relaxed);
                 false
@@ -369,10 +488,12 @@ impl State {
             .map(|cache| (cache.len() as u64, cache.bytes() as u64, cache.evictions(), cache.waste.wasted()))
             .unwrap_or_default();
         ProxyStats {
+            mode: Some(self.mode),
             requests: load(&c.requests),
             hits: load(&c.hits),
             misses: load(&c.misses),
             checks: load(&c.checks),
+            checks_ok: load(&c.checks_ok),
             check_ns: load(&c.check_ns),
             stale_dropped: load(&c.stale_dropped),
             check_errors: load(&c.check_errors),
@@ -396,6 +517,17 @@ impl State {
             cache_state_dropped: self.cache_state.as_ref().map_or(0, |w| w.dropped()),
         }
     }
+}
+
+/// A 200 carrying `entry`'s body (unless `head_only`) and headers.
+fn from_entry(entry: &Entry, head_only: bool) -> Response<Body> {
+    let mut response = Response::new(if head_only { Body::default() } else { Full::new(entry.body.clone()) });
+    let headers = response.headers_mut();
+    if let Some(content_type) = &entry.content_type {
+        headers.insert(CONTENT_TYPE, content_type.clone());
+    }
+    headers.insert(DEPS_HEADER, entry.deps_raw.clone());
+    response
 }
 
 /// Where every admin endpoint lives; the client listener refuses these paths.
@@ -432,8 +564,9 @@ async fn handle(state: Arc<State>, request: Request<Incoming>) -> Response<Body>
                 state.note_access(fingerprint, true);
                 return state.hit(&entry, method == Method::HEAD);
             }
-            // Out of date: dropped here, fetched below (and cached again).
-            state.cache_remove(&path);
+            // Out of date: dropped here (unless a newer copy replaced it
+            // meanwhile), fetched below and cached again.
+            state.cache_remove_entry(&path, &entry);
         }
         state.note_access(fingerprint, false);
     }
@@ -448,7 +581,7 @@ async fn handle(state: Arc<State>, request: Request<Incoming>) -> Response<Body>
                 if let Some(entry) = outcome {
                     if state.mode == CacheMode::Ttl || state.validate(&entry).await {
                         state.counters.coalesced.fetch_add(1, Ordering::Relaxed);
-                        return state.hit(&entry, false);
+                        return state.serve_shared(&entry);
                     }
                 }
             }
@@ -529,7 +662,9 @@ async fn forward(
     (response, stored)
 }
 
-/// Caches a fetched response if it may be; returns the cached entry.
+/// Caches a fetched response if it may be; returns the entry if it is
+/// cacheable, for the requests waiting on this fetch (they validate it
+/// themselves), even when a newer copy already cached was kept instead.
 fn maybe_store(state: &State, path: &str, headers: &HeaderMap, body: &Bytes) -> Option<Arc<Entry>> {
     let raw = headers.get(DEPS_HEADER)?;
     if forbids_storing(headers) {
@@ -552,7 +687,10 @@ fn maybe_store(state: &State, path: &str, headers: &HeaderMap, body: &Bytes) -> 
         pushed: false,
     };
     let entry = Arc::new(entry);
-    state.cache_store(path, entry.clone()).then_some(entry)
+    match state.cache_store(path, entry.clone()) {
+        Some(InsertOutcome::Stored | InsertOutcome::KeptNewer) => Some(entry),
+        Some(InsertOutcome::TooLarge) | None => None,
+    }
 }
 
 /// A bound, ready proxy.
@@ -619,6 +757,8 @@ impl Proxy {
             cache_state,
             clock: SystemClock,
             flights: coalesce::Flights::default(),
+            #[cfg(test)]
+            hooks: testkit::Hooks::default(),
         });
         Ok(Proxy { listener, admin, state })
     }

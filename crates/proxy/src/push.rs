@@ -2,13 +2,24 @@
 //! application tier (see the crate docs for the answers).
 //!
 //! Order of checks, cheapest first: method, caching on, header present and
-//! parsable, body within bounds; then the push counts as received (and for
-//! the wasted-update metric); then "is a copy at least as new cached
-//! already?" (no fabric operation), then, in `poll` mode, one version read —
-//! a superseded push would only evict a useful entry for a copy no hit could
-//! ever serve; then the insert.
+//! parsable, the header names the pushed document's key, body within bounds
+//! and small enough to cache; then the push counts as received (and for the
+//! wasted-update metric); then "is a copy at least as new cached already?"
+//! (no fabric operation), then, in `poll` mode, one version read — a
+//! superseded push would only evict a useful entry for a copy no hit could
+//! ever serve; then the insert (which keeps a newer copy cached meanwhile).
+//!
+//! **What the header must name.** The proxy caches `/doc/<name>` under its
+//! path and knows keys only from headers; the documents' convention (the
+//! reference application server's, and the push path's) is that
+//! `/doc/<name>` depends on the key `doc/<name>`. A push for `/doc/<name>`
+//! must list `doc/<name>` among its dependencies, or it is refused (400):
+//! otherwise a push carrying another document's current header would
+//! install a page whose validation says nothing about the page itself (an
+//! update of `doc/<name>` would not invalidate it). The header may list
+//! further keys; those are validated like any other.
 
-use crate::cache::Entry;
+use crate::cache::{Entry, InsertOutcome};
 use crate::{CacheMode, State, RESPONSE_BODY_BYTES_MAX};
 use hyper::body::Incoming;
 use hyper::header::CONTENT_TYPE;
@@ -18,6 +29,12 @@ use std::sync::Arc;
 use tierstack_coherent::{DepsHeader, DEPS_HEADER};
 use tierstack_pushpull::fingerprint;
 use tierstack_tier_http::{collect_limited, text, Body};
+
+/// The dependency key the document cached under `path` (`/doc/<name>`)
+/// must name.
+fn document_key(path: &str) -> Option<&str> {
+    path.strip_prefix('/').filter(|key| key.starts_with("doc/"))
+}
 
 /// True if `cached` was generated at versions no older than `pushed`'s:
 /// same module run, and every pushed key present at a version ≥ the pushed one.
@@ -51,10 +68,25 @@ pub(crate) async fn receive(state: &State, request: Request<Incoming>, key: Stri
             Ok(deps) => deps,
             Err(e) => return refuse(StatusCode::BAD_REQUEST, format!("malformed X-Tierstack-Deps: {e}\n")),
         };
+    let Some(document_key) = document_key(&key) else {
+        return refuse(StatusCode::BAD_REQUEST, format!("{key} is not a document\n"));
+    };
+    if !deps.deps.iter().any(|dep| dep.key == document_key) {
+        return refuse(
+            StatusCode::BAD_REQUEST,
+            format!("X-Tierstack-Deps does not name {document_key}, the key of the pushed document {key}\n"),
+        );
+    }
     let body = match collect_limited(request.into_body(), RESPONSE_BODY_BYTES_MAX).await {
         Ok(body) => body,
         Err(e) => return refuse(StatusCode::PAYLOAD_TOO_LARGE, format!("push body: {e}\n")),
     };
+    let bytes = body.len() as u64;
+    let entry = Entry { body, content_type, deps_raw: raw, deps, pushed: true };
+    if !state.cache.lock().is_ok_and(|cache| cache.admits(&entry)) {
+        return refuse(StatusCode::INSUFFICIENT_STORAGE, "too large for this proxy's cache\n".into());
+    }
+    // From here on every push ends installed, redundant or stale.
     state.counters.pushes_received.fetch_add(1, Ordering::Relaxed);
     let existing = match state.cache.lock() {
         Ok(mut cache) => {
@@ -63,31 +95,36 @@ pub(crate) async fn receive(state: &State, request: Request<Incoming>, key: Stri
         }
         Err(_) => None,
     };
-    if existing.is_some_and(|e| at_least_as_new(&e.deps, &deps)) {
+    let redundant = || {
         state.counters.pushes_redundant.fetch_add(1, Ordering::Relaxed);
-        return text(StatusCode::OK, "a copy at least as new is cached\n");
+        text(StatusCode::OK, "a copy at least as new is cached\n")
+    };
+    let stale = |status: StatusCode, why: String| {
+        state.counters.pushes_stale.fetch_add(1, Ordering::Relaxed);
+        text(status, why)
+    };
+    if existing.is_some_and(|e| at_least_as_new(&e.deps, &entry.deps)) {
+        return redundant();
     }
     if state.mode == CacheMode::Poll {
+        // `bind` gives every poll-mode proxy a checker.
         let Some(checker) = &state.checker else {
-            return refuse(StatusCode::CONFLICT, "this proxy cannot check versions\n".into());
+            return stale(StatusCode::SERVICE_UNAVAILABLE, "this proxy cannot check versions\n".into());
         };
-        match checker.is_current(&deps).await {
+        // Not a request-path check: counted as pushes, not in `checks`.
+        match checker.is_current(&entry.deps).await {
             Ok(true) => {}
-            Ok(false) => {
-                state.counters.pushes_stale.fetch_add(1, Ordering::Relaxed);
-                return text(StatusCode::CONFLICT, "superseded by a newer update\n");
-            }
-            Err(e) => {
-                state.counters.pushes_stale.fetch_add(1, Ordering::Relaxed);
-                state.counters.check_errors.fetch_add(1, Ordering::Relaxed);
-                return text(StatusCode::SERVICE_UNAVAILABLE, format!("cannot check the versions: {e}\n"));
-            }
+            Ok(false) => return stale(StatusCode::CONFLICT, "superseded by a newer update\n".into()),
+            Err(e) => return stale(StatusCode::SERVICE_UNAVAILABLE, format!("cannot check the versions: {e}\n")),
         }
     }
-    let bytes = body.len() as u64;
-    let entry = Entry { body, content_type, deps_raw: raw, deps, pushed: true };
-    if !state.cache_store(&key, Arc::new(entry)) {
-        return refuse(StatusCode::INSUFFICIENT_STORAGE, "too large for this proxy's cache\n".into());
+    match state.cache_store(&key, Arc::new(entry)) {
+        Some(InsertOutcome::Stored) => {}
+        // A newer copy was cached while the versions were being read.
+        Some(InsertOutcome::KeptNewer) => return redundant(),
+        Some(InsertOutcome::TooLarge) | None => {
+            return stale(StatusCode::SERVICE_UNAVAILABLE, "the cache could not take the push\n".into())
+        }
     }
     state.counters.pushes_installed.fetch_add(1, Ordering::Relaxed);
     state.counters.push_bytes.fetch_add(bytes, Ordering::Relaxed);
@@ -99,18 +136,10 @@ pub(crate) async fn receive(state: &State, request: Request<Incoming>, key: Stri
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{Proxy, ProxyConfig, ProxyStats};
-    use http_body_util::BodyExt;
-    use hyper_util::client::legacy::Client;
-    use hyper_util::rt::TokioExecutor;
-    use std::net::SocketAddr;
-    use std::time::Duration;
-    use tierstack_coherent::version_table::VersionTable;
+    use crate::testkit::Setup;
     use tierstack_coherent::{Dep, Incarnation};
     use tierstack_fabric::{Fabric, NodeId};
-    use tierstack_fabric_shm::{ShmConfig, ShmFabric};
     use tierstack_pushpull::CacheStateReader;
-    use tierstack_tier_http::{serve, Stop};
 
     fn header(incarnation: u64, deps: &[(&str, u64)]) -> DepsHeader {
         DepsHeader {
@@ -128,108 +157,6 @@ mod tests {
         assert!(!at_least_as_new(&header(1, &[("doc/a", 4)]), &pushed));
         assert!(!at_least_as_new(&header(2, &[("doc/a", 9)]), &pushed), "another module run");
         assert!(!at_least_as_new(&header(1, &[("doc/b", 9)]), &pushed), "another key");
-    }
-
-    /// A proxy (node 1) in front of an origin that answers `/doc/<name>`
-    /// with the version table's current header (node 0), all in-process on shm.
-    struct Setup {
-        _dir: tempfile::TempDir,
-        module_fabric: Arc<ShmFabric>,
-        table: Arc<VersionTable>,
-        proxy: SocketAddr,
-        /// The proxy's admin listener: pushes and stats.
-        admin: SocketAddr,
-        client: Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>>,
-    }
-
-    use bytes::Bytes;
-    use http_body_util::Full;
-
-    impl Setup {
-        async fn new(mode: CacheMode, cache_bytes: usize) -> Setup {
-            let dir = tempfile::tempdir().unwrap();
-            let module_fabric = ShmFabric::open(ShmConfig::new(dir.path(), NodeId(0))).unwrap();
-            let table = Arc::new(VersionTable::create(module_fabric.as_ref(), 16, Incarnation(7)).unwrap());
-            let proxy_fabric: Arc<dyn Fabric> = ShmFabric::open(ShmConfig::new(dir.path(), NodeId(1))).unwrap();
-            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-            let origin = listener.local_addr().unwrap();
-            let origin_table = table.clone();
-            let handler = Arc::new(move |request: Request<Incoming>| {
-                let name = request.uri().path().trim_start_matches("/doc/").to_string();
-                let key = format!("doc/{name}");
-                let slot = origin_table.slot_of(&key).unwrap();
-                let deps = origin_table.header(&[(key, slot)]).unwrap().to_string();
-                let mut response = text(StatusCode::OK, format!("origin {deps}"));
-                response.headers_mut().insert(DEPS_HEADER, deps.parse().unwrap());
-                async move { response }
-            });
-            tokio::spawn(serve(listener, handler, Stop::new()));
-            let proxy = Proxy::bind(ProxyConfig {
-                listen: "127.0.0.1:0".parse().unwrap(),
-                upstreams: vec![format!("http://{origin}")],
-                mode,
-                cache_bytes,
-                upstream_timeout: Duration::from_secs(5),
-                fabric: Some(proxy_fabric),
-                admin_listen: Some("127.0.0.1:0".parse().unwrap()),
-            })
-            .await
-            .unwrap();
-            let addr = proxy.local_addr().unwrap();
-            let admin = proxy.admin_addr().unwrap();
-            tokio::spawn(proxy.run(Stop::new()));
-            Setup {
-                _dir: dir,
-                module_fabric,
-                table,
-                proxy: addr,
-                admin,
-                client: Client::builder(TokioExecutor::new()).build_http(),
-            }
-        }
-
-        fn deps(&self, name: &str) -> String {
-            let key = format!("doc/{name}");
-            let slot = self.table.slot_of(&key).unwrap();
-            self.table.header(&[(key, slot)]).unwrap().to_string()
-        }
-
-        fn bump(&self, name: &str) {
-            self.table.bump(self.table.slot_of(&format!("doc/{name}")).unwrap()).unwrap();
-        }
-
-        async fn push(&self, name: &str, deps: Option<&str>, body: &str) -> StatusCode {
-            self.push_to(self.admin, name, deps, body).await
-        }
-
-        async fn push_to(&self, to: SocketAddr, name: &str, deps: Option<&str>, body: &str) -> StatusCode {
-            let mut request = Request::new(Full::new(Bytes::from(body.to_string())));
-            *request.method_mut() = Method::PUT;
-            *request.uri_mut() = format!("http://{to}{}{name}", crate::PUSH_PATH_PREFIX).parse().unwrap();
-            if let Some(deps) = deps {
-                request.headers_mut().insert(DEPS_HEADER, deps.parse().unwrap());
-            }
-            let response = self.client.request(request).await.unwrap();
-            let status = response.status();
-            response.into_body().collect().await.unwrap();
-            status
-        }
-
-        /// (X-Cache, body)
-        async fn get(&self, name: &str) -> (String, String) {
-            let uri = format!("http://{}/doc/{name}", self.proxy).parse().unwrap();
-            let response = self.client.get(uri).await.unwrap();
-            assert_eq!(response.status(), StatusCode::OK);
-            let cache = response.headers().get("x-cache").unwrap().to_str().unwrap().to_string();
-            let body = response.into_body().collect().await.unwrap().to_bytes();
-            (cache, String::from_utf8_lossy(&body).to_string())
-        }
-
-        async fn stats(&self) -> ProxyStats {
-            let uri = format!("http://{}/_tierstack/stats", self.admin).parse().unwrap();
-            let body = self.client.get(uri).await.unwrap().into_body().collect().await.unwrap().to_bytes();
-            serde_json::from_slice(&body).unwrap()
-        }
     }
 
     #[tokio::test]
