@@ -34,7 +34,9 @@ use std::sync::Arc;
 use std::time::Instant;
 use tierstack_base::NodeId;
 use tierstack_cluster::{local_cluster, open_fabric, pin_to_cpu, Backend, LocalCluster, Topology};
-use tierstack_ddss::bench::{measure, measure_redis, BenchOptions, LatencyRow, RedisOutcome, SIZES};
+use tierstack_ddss::bench::{
+    measure, measure_redis, measure_redis_server, BenchOptions, LatencyRow, RedisOutcome, SIZES,
+};
 use tierstack_ddss::ipc::DdssClient;
 use tierstack_ddss::layout::VALUE_BYTES_MAX;
 use tierstack_ddss::{Coherence, Ddss, DdssConfig, Placement};
@@ -81,8 +83,11 @@ pub struct DdssBenchConfig {
     /// Value sizes in bytes (Fig. 3a's x axis).
     pub sizes: Vec<usize>,
     pub models: Vec<Coherence>,
-    /// Measure Redis on loopback too (skipped with a reason if it is not installed).
+    /// Measure Redis on loopback too (skipped with a reason if it is not
+    /// installed; a comparison that fails fails the run).
     pub redis: bool,
+    /// The `redis-server` executable; `None`: looked up on the `PATH`.
+    pub redis_server: Option<PathBuf>,
 }
 
 impl DdssBenchConfig {
@@ -97,6 +102,7 @@ impl DdssBenchConfig {
             sizes: SIZES.to_vec(),
             models: Coherence::examples().to_vec(),
             redis: true,
+            redis_server: None,
         }
     }
 
@@ -276,19 +282,35 @@ pub fn run(config: &DdssBenchConfig) -> Result<DdssReport> {
         report.cells.extend(cells_of(by_size, "size"));
         report.cells.extend(put_grid(config, &session.client)?);
     }
+    let mut redis_failed = None;
     if config.redis {
         eprintln!("bench ddss: redis on loopback");
-        match measure_redis(&config.options(vec![], config.sizes.clone())) {
+        let options = config.options(vec![], config.sizes.clone());
+        let outcome = match &config.redis_server {
+            Some(binary) => measure_redis_server(binary, &options),
+            None => measure_redis(&options),
+        };
+        match outcome {
             RedisOutcome::Measured(rows) => report.cells.extend(cells_of(rows, "size")),
             RedisOutcome::Skipped(reason) => {
-                eprintln!("bench ddss: {reason}");
+                eprintln!("bench ddss: SKIPPED redis: {reason}");
                 report.redis_skipped = Some(reason);
+            }
+            RedisOutcome::Failed(why) => {
+                eprintln!("bench ddss: redis FAILED: {why}");
+                report.redis_skipped = Some(format!("failed: {why}"));
+                redis_failed = Some(why);
             }
         }
     } else {
         report.redis_skipped = Some("not requested".into());
     }
+    // What was measured is written either way; a failed comparison then
+    // fails the run rather than passing for a skip.
     print_and_plot(config, &report)?;
+    if let Some(why) = redis_failed {
+        bail!("the redis comparison failed: {why} (the DDSS results were written; --no-redis leaves redis out)");
+    }
     Ok(report)
 }
 

@@ -57,3 +57,20 @@ fn tiny_ddss_bench_writes_json_and_plots_with_positive_latencies() {
     let svg = std::fs::read_to_string(config.out_dir.join("ddss-put-latency.svg")).unwrap();
     assert!(svg.contains("ddss-tcp strict"), "the plot has a line per backend and model");
 }
+
+#[test]
+fn a_redis_comparison_that_fails_fails_the_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = DdssBenchConfig::new(dir.path().join("ddss"), Home::InProcess, true);
+    config.backends = vec![Backend::Shm];
+    config.iterations = 2;
+    config.warmup = 0;
+    config.sizes = vec![1];
+    config.models = vec![Coherence::Write];
+    // A "redis-server" that exits at once: found, started, never answers.
+    config.redis_server = Some("false".into());
+    let error = run(&config).expect_err("a failed comparison must fail the run");
+    assert!(error.to_string().contains("redis comparison failed"), "{error:#}");
+    let json = std::fs::read_to_string(config.out_dir.join("ddss.json")).expect("what was measured is written");
+    assert!(json.contains("failed: "), "the report says redis failed: {json}");
+}

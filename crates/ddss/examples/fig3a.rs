@@ -25,7 +25,11 @@ fn main() -> anyhow::Result<()> {
     }
     match measure_redis(&options) {
         RedisOutcome::Measured(redis) => rows.extend(redis),
-        RedisOutcome::Skipped(reason) => eprintln!("redis: {reason}"),
+        RedisOutcome::Skipped(reason) => eprintln!("SKIPPED redis: {reason}"),
+        RedisOutcome::Failed(why) => {
+            print!("{}", table(&rows));
+            anyhow::bail!("the redis comparison failed: {why}");
+        }
     }
     print!("{}", table(&rows));
     Ok(())

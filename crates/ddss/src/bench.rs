@@ -163,8 +163,11 @@ pub fn measure(client: &Ddss, home: NodeId, options: &BenchOptions) -> Result<Ve
 #[derive(Clone, Debug)]
 pub enum RedisOutcome {
     Measured(Vec<LatencyRow>),
-    /// Not measured, and why (e.g. `redis-server` is not installed).
+    /// Not measured because `redis-server` is not installed (and why).
     Skipped(String),
+    /// `redis-server` is there but the measurement did not work: it would not
+    /// start or answer, or an operation failed. Unlike a skip, a failure.
+    Failed(String),
 }
 
 /// Finds `name` on the `PATH`.
@@ -183,43 +186,53 @@ impl Drop for RedisChild {
 }
 
 /// Starts `redis-server` on loopback (no persistence), measures SET and GET
-/// for each size, and stops it. Skips with a reason if it is not installed
-/// or does not come up.
+/// for each size, and stops it. Skips with a reason if it is not installed;
+/// fails if it is but does not come up or the measurement fails.
 pub fn measure_redis(options: &BenchOptions) -> RedisOutcome {
     let Some(binary) = find_on_path("redis-server") else {
         return RedisOutcome::Skipped(
             "redis-server is not installed (Debian: apt-get install redis-server); comparison skipped".into(),
         );
     };
+    measure_redis_server(&binary, options)
+}
+
+/// [`measure_redis`] with the server executable given: never a skip.
+pub fn measure_redis_server(binary: &std::path::Path, options: &BenchOptions) -> RedisOutcome {
     let port = match TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()) {
         Ok(addr) => addr.port(),
-        Err(e) => return RedisOutcome::Skipped(format!("no free loopback port: {e}")),
+        Err(e) => return RedisOutcome::Failed(format!("no free loopback port: {e}")),
     };
-    let child = Command::new(&binary)
+    let child = Command::new(binary)
         .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn();
-    let _child = match child {
+    let mut child = match child {
         Ok(child) => RedisChild(child),
-        Err(e) => return RedisOutcome::Skipped(format!("cannot start {}: {e}", binary.display())),
+        Err(e) => return RedisOutcome::Failed(format!("cannot start {}: {e}", binary.display())),
     };
     let deadline = Instant::now() + Duration::from_millis(REDIS_START_TIMEOUT_MS);
     let mut client = loop {
         match RespClient::connect(&format!("127.0.0.1:{port}")).and_then(|mut c| c.ping().map(|()| c)) {
             Ok(client) => break client,
-            Err(e) if Instant::now() >= deadline => {
-                return RedisOutcome::Skipped(format!(
-                    "redis-server did not answer within {REDIS_START_TIMEOUT_MS} ms: {e}"
-                ))
+            Err(e) => {
+                if let Ok(Some(status)) = child.0.try_wait() {
+                    return RedisOutcome::Failed(format!("{} exited ({status}) before answering", binary.display()));
+                }
+                if Instant::now() >= deadline {
+                    return RedisOutcome::Failed(format!(
+                        "redis-server did not answer within {REDIS_START_TIMEOUT_MS} ms: {e}"
+                    ));
+                }
+                std::thread::sleep(Duration::from_millis(20));
             }
-            Err(_) => std::thread::sleep(Duration::from_millis(20)),
         }
     };
     match measure_redis_with(&mut client, options) {
         Ok(rows) => RedisOutcome::Measured(rows),
-        Err(e) => RedisOutcome::Skipped(format!("redis measurement failed: {e}")),
+        Err(e) => RedisOutcome::Failed(format!("redis measurement failed: {e}")),
     }
 }
 

@@ -4,9 +4,10 @@
 mod common;
 
 use common::{small_config, start};
+use std::path::Path;
 use tierstack_base::NodeId;
 use tierstack_cluster::Backend;
-use tierstack_ddss::bench::{measure, measure_redis, table, BenchOptions, RedisOutcome};
+use tierstack_ddss::bench::{measure, measure_redis, measure_redis_server, table, BenchOptions, RedisOutcome};
 use tierstack_ddss::Coherence;
 
 fn options() -> BenchOptions {
@@ -29,13 +30,31 @@ fn ddss_rows_cover_every_model_and_size_on_both_backends() {
     }
 }
 
+/// Measures when `redis-server` is installed, and then must succeed; a
+/// missing server is a skip printed for all to see, not a silent pass.
 #[test]
-fn redis_comparison_measures_or_skips_with_a_reason() {
+fn redis_comparison_measures_or_prints_skipped_without_redis_server() {
     match measure_redis(&options()) {
         RedisOutcome::Measured(rows) => {
             assert_eq!(rows.len(), 3 * 2);
-            assert!(rows.iter().all(|r| r.system == "redis" && r.samples_ns.len() == 20));
+            assert!(rows.iter().all(|r| r.system == "redis" && r.samples_ns.len() == 20), "{rows:?}");
+            assert!(rows.iter().all(|r| r.samples_ns.iter().all(|&ns| ns > 0)), "every sample is a real time");
         }
-        RedisOutcome::Skipped(reason) => assert!(!reason.is_empty()),
+        RedisOutcome::Skipped(reason) => {
+            assert!(reason.contains("not installed"), "only a missing server is a skip: {reason}");
+            eprintln!("SKIPPED: redis comparison not measured: {reason}");
+        }
+        RedisOutcome::Failed(why) => panic!("the redis comparison failed: {why}"),
+    }
+}
+
+#[test]
+fn a_redis_server_that_does_not_work_is_a_failure_not_a_skip() {
+    // A "server" that exits at once, and one that cannot be started.
+    for binary in ["false", "/nonexistent/redis-server"] {
+        match measure_redis_server(Path::new(binary), &options()) {
+            RedisOutcome::Failed(why) => assert!(!why.is_empty()),
+            other => panic!("{binary}: {other:?}"),
+        }
     }
 }
