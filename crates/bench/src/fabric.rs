@@ -6,6 +6,14 @@
 //! its measuring thread pinned to CPU 1, so the two act as separate nodes.
 //! With K busy threads in the owner, the `tcp` responder must compete for
 //! CPU 0 while `shm` operations never need it.
+//!
+//! **Timing.** A single shm operation takes tens of nanoseconds, about what
+//! a clock read costs, so timing each one alone would mostly measure the
+//! clock. Operations are therefore timed in batches of N back to back, one
+//! clock read between batches, N chosen so a batch lasts about
+//! [`BATCH_TARGET_NS`] (N = 1 for operations that slow already); each sample
+//! is a batch's time / N. So p50 and p99 are percentiles of per-batch means:
+//! exact per operation when N = 1, smoothed tails when N > 1.
 
 use crate::owner::{spawn_owner, write_topology, ChildNode, NodeLine};
 use crate::report::{line_plot, us, write_json, Axes, Series, Table};
@@ -85,26 +93,64 @@ pub struct FabricReport {
     pub backends: BTreeMap<String, BackendResults>,
 }
 
-/// Times `op` until `budget` has passed (and at least `MIN_SAMPLES` ran).
-fn measure(budget: Duration, mut op: impl FnMut() -> Result<()>) -> Result<Summary> {
-    const WARMUP: usize = 50;
+/// How long one timed batch should last: long enough that its clock read
+/// (tens of ns) is noise, short enough for hundreds of samples per budget.
+pub const BATCH_TARGET_NS: u64 = 20_000;
+/// The most operations in one batch.
+pub const BATCH_OPS_MAX: u64 = 4096;
+
+/// Times `op` in batches until `budget` has passed (and at least
+/// `MIN_SAMPLES` batches ran); see the module docs.
+fn measure(budget: Duration, op: impl FnMut() -> Result<()>) -> Result<Summary> {
+    let origin = Instant::now();
+    let now_ns = || u64::try_from(origin.elapsed().as_nanos()).unwrap_or(u64::MAX);
+    measure_with(now_ns, u64::try_from(budget.as_nanos()).unwrap_or(u64::MAX), op)
+}
+
+/// [`measure`] against any clock (nanoseconds since some origin).
+fn measure_with(
+    mut now_ns: impl FnMut() -> u64,
+    budget_ns: u64,
+    mut op: impl FnMut() -> Result<()>,
+) -> Result<Summary> {
+    const WARMUP_OPS: u64 = 64;
     const MIN_SAMPLES: usize = 20;
     const MAX_SAMPLES: usize = 2_000_000;
-    let warmup_deadline = Instant::now() + budget / 4;
-    for _ in 0..WARMUP {
-        op()?;
-        if Instant::now() > warmup_deadline {
-            break;
+    // Warm up in doubling batches; the last one estimates an operation's cost.
+    let warmup_start = now_ns();
+    let (mut warmed_ops, mut batch_ops) = (0u64, 1u64);
+    let op_ns = loop {
+        let t = now_ns();
+        for _ in 0..batch_ops {
+            op()?;
         }
-    }
+        let end = now_ns();
+        warmed_ops += batch_ops;
+        if warmed_ops >= WARMUP_OPS || end.saturating_sub(warmup_start) >= budget_ns / 4 {
+            break end.saturating_sub(t) / batch_ops;
+        }
+        batch_ops *= 2;
+    };
+    let batch_ops = (BATCH_TARGET_NS / op_ns.max(1)).clamp(1, BATCH_OPS_MAX);
     let mut samples = Vec::with_capacity(4096);
-    let start = Instant::now();
-    while (start.elapsed() < budget || samples.len() < MIN_SAMPLES) && samples.len() < MAX_SAMPLES {
-        let t = Instant::now();
-        op()?;
-        samples.push(u64::try_from(t.elapsed().as_nanos()).unwrap_or(u64::MAX));
+    let start = now_ns();
+    let mut batch_start = start;
+    // One clock read per batch: a batch's end is the next one's start.
+    while (batch_start.saturating_sub(start) < budget_ns || samples.len() < MIN_SAMPLES) && samples.len() < MAX_SAMPLES
+    {
+        for _ in 0..batch_ops {
+            op()?;
+        }
+        let end = now_ns();
+        samples.push(end.saturating_sub(batch_start) / batch_ops);
+        batch_start = end;
     }
-    Ok(summarize(samples, u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX)))
+    let wall_ns = batch_start.saturating_sub(start);
+    let ops = samples.len() as u64 * batch_ops;
+    let mut summary = summarize(samples, wall_ns);
+    // Rates count operations, not batches.
+    summary.ops_per_sec = if wall_ns == 0 { 0.0 } else { ops as f64 * 1e9 / wall_ns as f64 };
+    Ok(summary)
 }
 
 struct Session {
@@ -339,4 +385,65 @@ fn print_and_plot(config: &FabricBenchConfig, report: &FabricReport) -> Result<(
     )?;
     println!("wrote {}/fabric.json and fabric-{{latency,bandwidth,load}}.svg", config.out_dir.display());
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::Cell;
+
+    /// A fake clock that only moves when the fake operation runs (100 ns
+    /// each), counting its reads.
+    struct Fake {
+        now_ns: Cell<u64>,
+        reads: Cell<u64>,
+        ops: Cell<u64>,
+    }
+
+    const OP_NS: u64 = 100;
+
+    fn run(budget_ns: u64) -> (Summary, Fake) {
+        let fake = Fake { now_ns: Cell::new(0), reads: Cell::new(0), ops: Cell::new(0) };
+        let clock = || {
+            fake.reads.set(fake.reads.get() + 1);
+            fake.now_ns.get()
+        };
+        let op = || {
+            fake.ops.set(fake.ops.get() + 1);
+            fake.now_ns.set(fake.now_ns.get() + OP_NS);
+            Ok(())
+        };
+        let summary = measure_with(clock, budget_ns, op).unwrap();
+        (summary, fake)
+    }
+
+    #[test]
+    fn single_operations_are_timed_in_batches_not_one_clock_pair_each() {
+        let (summary, fake) = run(10_000_000);
+        let (reads, ops) = (fake.reads.get(), fake.ops.get());
+        assert!(ops >= 10_000_000 / OP_NS, "the whole budget was measured: {ops} ops");
+        // Batches of BATCH_TARGET_NS / OP_NS = 200 ops: about one read per 200 ops.
+        assert!(reads * 100 <= ops, "{reads} clock reads for {ops} operations");
+        assert_eq!((summary.p50_ns, summary.p99_ns), (OP_NS, OP_NS), "per-op time is batch time / N: {summary:?}");
+        assert_eq!(summary.mean_ns, OP_NS as f64);
+        assert_eq!(summary.ops_per_sec, 1e9 / OP_NS as f64, "rates count operations");
+    }
+
+    #[test]
+    fn slow_operations_are_timed_one_by_one_and_a_tiny_budget_still_gives_samples() {
+        // An operation slower than a batch's target runs alone in its batch.
+        let fake = Cell::new(0u64);
+        let summary = measure_with(
+            || fake.get(),
+            1,
+            || {
+                fake.set(fake.get() + 3 * BATCH_TARGET_NS);
+                Ok(())
+            },
+        )
+        .unwrap();
+        assert_eq!(summary.count, 20, "at least MIN_SAMPLES batches");
+        assert_eq!(summary.p50_ns, 3 * BATCH_TARGET_NS);
+        assert_eq!(summary.ops_per_sec, 1e9 / (3 * BATCH_TARGET_NS) as f64);
+    }
 }
