@@ -170,6 +170,7 @@ struct Counters {
     uncacheable_deps: AtomicU64,
     coalesced: AtomicU64,
     waiting_on_fetch: AtomicU64,
+    abandoned: AtomicU64,
     pushes_received: AtomicU64,
     pushes_installed: AtomicU64,
     pushes_redundant: AtomicU64,
@@ -181,17 +182,18 @@ struct Counters {
 
 /// The proxy's counters, served at `/_tierstack/stats`.
 ///
-/// Every request on the client listener is exactly one of: a **hit**
+/// Every request on the client listener ends as exactly one of: a **hit**
 /// (served from the proxy's own cached copy, after a successful version
 /// check in `poll` mode; `X-Cache: HIT`), **coalesced** (served another
 /// request's concurrent fetch after validating it; `X-Cache: MISS` and
 /// [`X_CACHE_COALESCED`], so a client's count of `HIT`s equals `hits`), or
-/// a **miss** (forwarded upstream; `X-Cache: MISS`). Version checks
+/// a **miss** (forwarded upstream; `X-Cache: MISS`), or **abandoned** (its
+/// client left before it was any of these). Version checks
 /// (`checks`) are the request path's only: checks of cached copies and of
 /// shared fetches, each ending ok, stale or in error; pushes are checked
 /// too, but counted under `pushes_*`. Once no request is in flight:
 ///
-/// - `requests == hits + coalesced + misses`
+/// - `requests == hits + coalesced + misses + abandoned`
 /// - `checks == checks_ok + stale_dropped + check_errors`
 /// - `poll` mode: `checks_ok == hits + coalesced` (every successful check
 ///   serves exactly one response, and nothing is served unchecked);
@@ -231,6 +233,11 @@ pub struct ProxyStats {
     /// Requests waiting for another request's fetch right now.
     #[serde(default)]
     pub waiting_on_fetch: u64,
+    /// Requests dropped before they were served or forwarded: their client
+    /// went away while they waited on a check or another request's fetch
+    /// (the server then cancels the request's handling).
+    #[serde(default)]
+    pub abandoned: u64,
     pub cached_entries: u64,
     pub cached_bytes: u64,
     pub evictions: u64,
@@ -279,12 +286,12 @@ impl ProxyStats {
                 errors.push(what);
             }
         };
-        let served = self.hits + self.coalesced + self.misses;
+        let ended = self.hits + self.coalesced + self.misses + self.abandoned;
         expect(
-            self.requests == served,
+            self.requests == ended,
             format!(
-                "requests {} != hits {} + coalesced {} + misses {}",
-                self.requests, self.hits, self.coalesced, self.misses
+                "requests {} != hits {} + coalesced {} + misses {} + abandoned {}",
+                self.requests, self.hits, self.coalesced, self.misses, self.abandoned
             ),
         );
         let ended = self.checks_ok + self.stale_dropped + self.check_errors;
@@ -502,6 +509,7 @@ impl State {
             uncacheable_deps: load(&c.uncacheable_deps),
             coalesced: load(&c.coalesced),
             waiting_on_fetch: load(&c.waiting_on_fetch),
+            abandoned: load(&c.abandoned),
             cached_entries,
             cached_bytes,
             evictions,
@@ -548,6 +556,38 @@ async fn handle_admin(state: Arc<State>, request: Request<Incoming>) -> Response
     text(StatusCode::NOT_FOUND, format!("no admin endpoint {path}\n"))
 }
 
+/// A request not yet classified as a hit, coalesced or a miss; counted as
+/// abandoned if its handling is dropped (cancelled) before it is.
+struct Unserved<'a> {
+    abandoned: &'a AtomicU64,
+    pending: bool,
+}
+
+impl Drop for Unserved<'_> {
+    fn drop(&mut self) {
+        if self.pending {
+            self.abandoned.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// One request in the `waiting_on_fetch` gauge, until it is dropped (also
+/// when its handling is cancelled mid-wait).
+struct Waiting<'a>(&'a AtomicU64);
+
+impl<'a> Waiting<'a> {
+    fn start(gauge: &'a AtomicU64) -> Self {
+        gauge.fetch_add(1, Ordering::Relaxed);
+        Waiting(gauge)
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 /// The client listener's requests.
 async fn handle(state: Arc<State>, request: Request<Incoming>) -> Response<Body> {
     if request.uri().path().starts_with(ADMIN_PATH_PREFIX) {
@@ -555,6 +595,8 @@ async fn handle(state: Arc<State>, request: Request<Incoming>) -> Response<Body>
     }
     let path = request.uri().path_and_query().map(|p| p.as_str().to_string()).unwrap_or_else(|| "/".into());
     state.counters.requests.fetch_add(1, Ordering::Relaxed);
+    // Counts the request as abandoned unless it gets classified first.
+    let mut unserved = Unserved { abandoned: &state.counters.abandoned, pending: true };
     let method = request.method().clone();
     let readable = method == Method::GET || method == Method::HEAD;
     if readable && state.mode != CacheMode::NoCache {
@@ -562,6 +604,7 @@ async fn handle(state: Arc<State>, request: Request<Incoming>) -> Response<Body>
         if let Some(entry) = state.cache_lookup(&path, fingerprint) {
             if state.mode == CacheMode::Ttl || state.validate(&entry).await {
                 state.note_access(fingerprint, true);
+                unserved.pending = false;
                 return state.hit(&entry, method == Method::HEAD);
             }
             // Out of date: dropped here (unless a newer copy replaced it
@@ -575,18 +618,20 @@ async fn handle(state: Arc<State>, request: Request<Incoming>) -> Response<Body>
     if method == Method::GET && state.mode != CacheMode::NoCache {
         match state.flights.join(&path) {
             coalesce::Role::Waiter(flight) => {
-                state.counters.waiting_on_fetch.fetch_add(1, Ordering::Relaxed);
+                let waiting = Waiting::start(&state.counters.waiting_on_fetch);
                 let outcome = coalesce::outcome(flight).await;
-                state.counters.waiting_on_fetch.fetch_sub(1, Ordering::Relaxed);
+                drop(waiting);
                 if let Some(entry) = outcome {
                     if state.mode == CacheMode::Ttl || state.validate(&entry).await {
                         state.counters.coalesced.fetch_add(1, Ordering::Relaxed);
+                        unserved.pending = false;
                         return state.serve_shared(&entry);
                     }
                 }
             }
             coalesce::Role::Leader(leader) => {
                 state.counters.misses.fetch_add(1, Ordering::Relaxed);
+                unserved.pending = false;
                 let (response, stored) = forward(&state, request, path, method).await;
                 leader.finish(stored);
                 return response;
@@ -594,6 +639,7 @@ async fn handle(state: Arc<State>, request: Request<Incoming>) -> Response<Body>
         }
     }
     state.counters.misses.fetch_add(1, Ordering::Relaxed);
+    unserved.pending = false;
     forward(&state, request, path, method).await.0
 }
 

@@ -222,3 +222,25 @@ async fn a_push_must_name_the_pushed_documents_key() {
     assert_eq!((stats.pushes_refused, stats.pushes_received, stats.pushes_installed), (1, 1, 1));
     assert_eq!(stats.accounting_error(), None, "{stats:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_leaves_while_waiting_is_counted_as_abandoned() {
+    use tokio::io::AsyncWriteExt;
+    let s = Arc::new(Setup::new(CacheMode::Poll, 1 << 20).await);
+    s.origin.hold.store(true, Ordering::SeqCst);
+    let leader = spawn_get(&s, "a");
+    wait_for("the leader's fetch reaches the origin", || s.origin_requests() == 1).await;
+    // A second client joins the held fetch, then goes away: the server
+    // drops its request's handling mid-wait.
+    let mut stream = tokio::net::TcpStream::connect(s.proxy).await.unwrap();
+    stream.write_all(b"GET /doc/a HTTP/1.1\r\nHost: x\r\n\r\n").await.unwrap();
+    let waiting = || s.state.counters.waiting_on_fetch.load(Ordering::SeqCst);
+    wait_for("the second request waits", || waiting() == 1).await;
+    drop(stream);
+    wait_for("the departed client's request is dropped", || waiting() == 0).await;
+    s.origin.release();
+    assert_eq!(leader.await.unwrap().x_cache, "MISS");
+    let stats = s.stats().await;
+    assert_eq!((stats.requests, stats.misses, stats.coalesced, stats.abandoned), (2, 1, 0, 1), "{stats:?}");
+    assert_eq!(stats.accounting_error(), None, "{stats:?}");
+}
