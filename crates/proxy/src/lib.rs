@@ -208,8 +208,11 @@ pub struct ProxyStats {
     /// The proxy's cache mode (absent from older proxies' counters).
     #[serde(default)]
     pub mode: Option<CacheMode>,
+    /// Requests on the client listener.
     pub requests: u64,
+    /// Served from the proxy's own cached copy (`X-Cache: HIT`).
     pub hits: u64,
+    /// Forwarded upstream.
     pub misses: u64,
     /// Version checks on the request path, and their total time.
     pub checks: u64,
