@@ -8,6 +8,11 @@
 //! the module granted, so body and `X-Tierstack-Deps` header always agree,
 //! and a checker can tell exactly which state a response reflects.
 //!
+//! **Documents in a store** ([`store`], `AppServerConfig::store`): bodies
+//! live in an embedded store that an update rewrites in two halves between
+//! UPDATE_PROCEED and UPDATE_DONE and that reads copy, so a read admitted
+//! during an update (a Table 1 violation) yields a detectably mixed body.
+//!
 //! `compute_threads` CPU-burning threads emulate CGI and application work
 //! (the paper's x-axis in Fig. 9–10), competing with the module on the node.
 //!
@@ -21,6 +26,7 @@
 //! the update's response path. Its counters appear in the stats as `push`.
 
 pub mod push;
+pub mod store;
 
 use bytes::Bytes;
 use hyper::body::Incoming;
@@ -37,6 +43,7 @@ use tierstack_coherent::module::ModuleClient;
 use tierstack_coherent::{DepsHeader, DEPS_HEADER};
 use tierstack_tier_http::{collect_limited, serve, text, Body, Stop};
 
+pub use store::{StoreConfig, UPDATE_WRITE_PAUSE_DEFAULT, UPDATE_WRITE_PAUSE_MAX};
 pub use push::{PushConfig, PushConfigError, PushStats, PushTarget, PUSH_TIMEOUT_DEFAULT};
 pub use tierstack_pushpull::PushPolicy;
 
@@ -54,6 +61,9 @@ pub struct AppServerConfig {
     /// Document name → size in bytes.
     pub documents: Vec<(String, usize)>,
     pub compute_threads: usize,
+    /// Keep bodies in a store that updates rewrite ([`store`]); `None`:
+    /// generate each body from the granted version.
+    pub store: Option<StoreConfig>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -64,6 +74,8 @@ pub enum AppServerError {
     Module { path: PathBuf, reason: String },
     #[error("cannot listen on {addr}: {source}")]
     Listen { addr: SocketAddr, source: std::io::Error },
+    #[error("update write pause {0:?} exceeds {UPDATE_WRITE_PAUSE_MAX:?}")]
+    BadPause(Duration),
     #[error(transparent)]
     Push(#[from] PushConfigError),
 }
@@ -97,6 +109,7 @@ struct State {
     documents: HashMap<String, usize>,
     counters: Counters,
     pusher: Option<Arc<push::Pusher>>,
+    store: Option<store::DocumentStore>,
 }
 
 /// The document's dependency key.
@@ -132,6 +145,11 @@ pub fn generate_body(name: &str, version: u64, size: usize) -> Bytes {
     body.extend_from_slice(format!("doc={name} version={version} fnv1a64={:016x}\n", fnv1a64(&content)).as_bytes());
     body.extend_from_slice(&content);
     Bytes::from(body)
+}
+
+/// The version of `key` in a dependency header.
+fn version_of(deps: &str, key: &str) -> Option<u64> {
+    DepsHeader::parse(deps).ok()?.deps.iter().find(|d| d.key == key).map(|d| d.version)
 }
 
 fn with_deps(mut response: Response<Body>, deps: &str) -> Response<Body> {
@@ -174,9 +192,11 @@ async fn handle(state: Arc<State>, request: Request<Incoming>) -> Response<Body>
             };
             state.counters.module_wait_ns.fetch_add(elapsed_ns(started), Ordering::Relaxed);
             let generating = Instant::now();
-            let version = DepsHeader::parse(&access.deps).ok().and_then(|h| h.deps.first().map(|d| d.version));
+            let version = version_of(&access.deps, &keys[0]).unwrap_or(0);
             let deps = access.deps.clone();
-            let body = generate_body(name, version.unwrap_or(0), size);
+            // Copied under the READ grant: no update may be writing it now.
+            let stored = state.store.as_ref().and_then(|store| store.read(name, version, size));
+            let body = stored.unwrap_or_else(|| generate_body(name, version, size));
             state.counters.generate_ns.fetch_add(elapsed_ns(generating), Ordering::Relaxed);
             // READ_DONE needs no answer on the request's path.
             let releasing = state.clone();
@@ -201,13 +221,28 @@ async fn handle(state: Arc<State>, request: Request<Incoming>) -> Response<Body>
                     return text(StatusCode::SERVICE_UNAVAILABLE, format!("application module: {e}\n"));
                 }
             };
-            // The embedded store's content is a function of the version the
-            // module just bumped; nothing else to write.
+            // In store mode, write the new version's body now, between
+            // UPDATE_PROCEED and UPDATE_DONE; otherwise the content is a
+            // function of the version the module just bumped.
+            let new_version = version_of(&access.deps, &keys[0]);
+            let written = match (&state.store, new_version) {
+                (Some(store), Some(version)) => store.rewrite(name, version, size).await.map(|body| (version, body)),
+                _ => None,
+            };
+            let store_failed = state.store.is_some() && written.is_none();
             match state.module.update_done(access).await {
+                Ok(_) if store_failed => {
+                    state.counters.module_errors.fetch_add(1, Ordering::Relaxed);
+                    text(StatusCode::SERVICE_UNAVAILABLE, "application module: the grant named no version of the document\n")
+                }
                 Ok(deps) => {
                     state.counters.updates.fetch_add(1, Ordering::Relaxed);
                     if let Some(pusher) = &state.pusher {
-                        pusher.spawn_after_update(name, size, deps.clone());
+                        let content = match written {
+                            Some((version, body)) => push::Content::Stored { version, body },
+                            None => push::Content::Generate { size },
+                        };
+                        pusher.spawn_after_update(name, content, deps.clone());
                     }
                     with_deps(text(StatusCode::OK, format!("updated {name}\n")), &deps)
                 }
@@ -303,11 +338,17 @@ impl AppServer {
             }
             documents.insert(name.clone(), *size);
         }
+        if let Some(store) = &config.store {
+            if store.update_write_pause > UPDATE_WRITE_PAUSE_MAX {
+                return Err(AppServerError::BadPause(store.update_write_pause));
+            }
+        }
+        let store = config.store.as_ref().map(|c| store::DocumentStore::new(documents.keys(), c));
         let module = connect_module(&config).await?;
         let listener = tokio::net::TcpListener::bind(config.listen)
             .await
             .map_err(|source| AppServerError::Listen { addr: config.listen, source })?;
-        let state = Arc::new(State { module, documents, counters: Counters::default(), pusher });
+        let state = Arc::new(State { module, documents, counters: Counters::default(), pusher, store });
         Ok(AppServer { listener, state, compute_threads: config.compute_threads })
     }
 
