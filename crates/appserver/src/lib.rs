@@ -43,8 +43,8 @@ use tierstack_coherent::module::ModuleClient;
 use tierstack_coherent::{DepsHeader, DEPS_HEADER};
 use tierstack_tier_http::{collect_limited, serve, text, Body, Stop};
 
-pub use store::{StoreConfig, UPDATE_WRITE_PAUSE_DEFAULT, UPDATE_WRITE_PAUSE_MAX};
 pub use push::{PushConfig, PushConfigError, PushStats, PushTarget, PUSH_TIMEOUT_DEFAULT};
+pub use store::{StoreConfig, UPDATE_WRITE_PAUSE_DEFAULT, UPDATE_WRITE_PAUSE_MAX};
 pub use tierstack_pushpull::PushPolicy;
 
 /// Largest update body accepted.
@@ -233,7 +233,10 @@ async fn handle(state: Arc<State>, request: Request<Incoming>) -> Response<Body>
             match state.module.update_done(access).await {
                 Ok(_) if store_failed => {
                     state.counters.module_errors.fetch_add(1, Ordering::Relaxed);
-                    text(StatusCode::SERVICE_UNAVAILABLE, "application module: the grant named no version of the document\n")
+                    text(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "application module: the grant named no version of the document\n",
+                    )
                 }
                 Ok(deps) => {
                     state.counters.updates.fetch_add(1, Ordering::Relaxed);

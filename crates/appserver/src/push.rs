@@ -228,7 +228,12 @@ impl Pusher {
             Content::Generate { size } => generate_body(name, version, size),
             Content::Stored { version: stored, body } if stored == version => body,
             Content::Stored { version: stored, .. } => {
-                tracing::warn!(name, stored, version, "stored body is not at the version update_done returned; not pushing");
+                tracing::warn!(
+                    name,
+                    stored,
+                    version,
+                    "stored body is not at the version update_done returned; not pushing"
+                );
                 return;
             }
         };
