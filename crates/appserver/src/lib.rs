@@ -178,84 +178,99 @@ async fn handle(state: Arc<State>, request: Request<Incoming>) -> Response<Body>
         state.counters.not_found.fetch_add(1, Ordering::Relaxed);
         return text(StatusCode::NOT_FOUND, "no such document\n");
     };
-    let keys = [key_of(name)];
     match *request.method() {
         Method::GET | Method::HEAD => {
             let head_only = request.method() == Method::HEAD;
-            let started = Instant::now();
-            let access = match state.module.read(&keys).await {
-                Ok(access) => access,
-                Err(e) => {
-                    state.counters.module_errors.fetch_add(1, Ordering::Relaxed);
-                    return text(StatusCode::SERVICE_UNAVAILABLE, format!("application module: {e}\n"));
-                }
-            };
-            state.counters.module_wait_ns.fetch_add(elapsed_ns(started), Ordering::Relaxed);
-            let generating = Instant::now();
-            let version = version_of(&access.deps, &keys[0]).unwrap_or(0);
-            let deps = access.deps.clone();
-            // Copied under the READ grant: no update may be writing it now.
-            let stored = state.store.as_ref().and_then(|store| store.read(name, version, size));
-            let body = stored.unwrap_or_else(|| generate_body(name, version, size));
-            state.counters.generate_ns.fetch_add(elapsed_ns(generating), Ordering::Relaxed);
-            // READ_DONE needs no answer on the request's path.
-            let releasing = state.clone();
-            tokio::spawn(async move {
-                if let Err(e) = releasing.module.read_done(access).await {
-                    tracing::warn!(error = %e, "READ_DONE failed");
-                }
-            });
-            state.counters.reads.fetch_add(1, Ordering::Relaxed);
-            let mut response = Response::new(if head_only { Body::default() } else { Body::new(body) });
-            response.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("text/plain"));
-            with_deps(response, &deps)
+            // In a task of its own: a client that goes away must not cancel
+            // the protocol between READ_REQUEST and READ_DONE.
+            let reading = tokio::spawn(read_document(state, name.to_string(), size, head_only));
+            reading.await.unwrap_or_else(|_| text(StatusCode::INTERNAL_SERVER_ERROR, "the read failed\n"))
         }
         Method::PUT | Method::POST => {
             if let Err(e) = collect_limited(request.into_body(), UPDATE_BODY_BYTES_MAX).await {
                 return text(StatusCode::PAYLOAD_TOO_LARGE, format!("update body: {e}\n"));
             }
-            let access = match state.module.update(&keys).await {
-                Ok(access) => access,
-                Err(e) => {
-                    state.counters.module_errors.fetch_add(1, Ordering::Relaxed);
-                    return text(StatusCode::SERVICE_UNAVAILABLE, format!("application module: {e}\n"));
-                }
-            };
-            // In store mode, write the new version's body now, between
-            // UPDATE_PROCEED and UPDATE_DONE; otherwise the content is a
-            // function of the version the module just bumped.
-            let new_version = version_of(&access.deps, &keys[0]);
-            let written = match (&state.store, new_version) {
-                (Some(store), Some(version)) => store.rewrite(name, version, size).await.map(|body| (version, body)),
-                _ => None,
-            };
-            let store_failed = state.store.is_some() && written.is_none();
-            match state.module.update_done(access).await {
-                Ok(_) if store_failed => {
-                    state.counters.module_errors.fetch_add(1, Ordering::Relaxed);
-                    text(
-                        StatusCode::SERVICE_UNAVAILABLE,
-                        "application module: the grant named no version of the document\n",
-                    )
-                }
-                Ok(deps) => {
-                    state.counters.updates.fetch_add(1, Ordering::Relaxed);
-                    if let Some(pusher) = &state.pusher {
-                        let content = match written {
-                            Some((version, body)) => push::Content::Stored { version, body },
-                            None => push::Content::Generate { size },
-                        };
-                        pusher.spawn_after_update(name, content, deps.clone());
-                    }
-                    with_deps(text(StatusCode::OK, format!("updated {name}\n")), &deps)
-                }
-                Err(e) => {
-                    state.counters.module_errors.fetch_add(1, Ordering::Relaxed);
-                    text(StatusCode::SERVICE_UNAVAILABLE, format!("application module: {e}\n"))
-                }
-            }
+            // In a task of its own: a client that goes away (say, during
+            // the store's pause) must not leave the update granted forever
+            // and its document half written.
+            let updating = tokio::spawn(update_document(state, name.to_string(), size));
+            updating.await.unwrap_or_else(|_| text(StatusCode::INTERNAL_SERVER_ERROR, "the update failed\n"))
         }
         _ => text(StatusCode::METHOD_NOT_ALLOWED, "use GET, HEAD, PUT or POST\n"),
+    }
+}
+
+/// READ_REQUEST … READ_PROCEED, the body, READ_DONE (off the response's path).
+async fn read_document(state: Arc<State>, name: String, size: usize, head_only: bool) -> Response<Body> {
+    let (name, keys) = (name.as_str(), [key_of(&name)]);
+    let started = Instant::now();
+    let access = match state.module.read(&keys).await {
+        Ok(access) => access,
+        Err(e) => {
+            state.counters.module_errors.fetch_add(1, Ordering::Relaxed);
+            return text(StatusCode::SERVICE_UNAVAILABLE, format!("application module: {e}\n"));
+        }
+    };
+    state.counters.module_wait_ns.fetch_add(elapsed_ns(started), Ordering::Relaxed);
+    let generating = Instant::now();
+    let version = version_of(&access.deps, &keys[0]).unwrap_or(0);
+    let deps = access.deps.clone();
+    // Copied under the READ grant: no update may be writing it now.
+    let stored = state.store.as_ref().and_then(|store| store.read(name, version, size));
+    let body = stored.unwrap_or_else(|| generate_body(name, version, size));
+    state.counters.generate_ns.fetch_add(elapsed_ns(generating), Ordering::Relaxed);
+    // READ_DONE needs no answer on the request's path.
+    let releasing = state.clone();
+    tokio::spawn(async move {
+        if let Err(e) = releasing.module.read_done(access).await {
+            tracing::warn!(error = %e, "READ_DONE failed");
+        }
+    });
+    state.counters.reads.fetch_add(1, Ordering::Relaxed);
+    let mut response = Response::new(if head_only { Body::default() } else { Body::new(body) });
+    response.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("text/plain"));
+    with_deps(response, &deps)
+}
+
+/// UPDATE_REQUEST … UPDATE_PROCEED, the store's rewrite, UPDATE_DONE, the push.
+async fn update_document(state: Arc<State>, name: String, size: usize) -> Response<Body> {
+    let (name, keys) = (name.as_str(), [key_of(&name)]);
+    let access = match state.module.update(&keys).await {
+        Ok(access) => access,
+        Err(e) => {
+            state.counters.module_errors.fetch_add(1, Ordering::Relaxed);
+            return text(StatusCode::SERVICE_UNAVAILABLE, format!("application module: {e}\n"));
+        }
+    };
+    // In store mode, write the new version's body now, between
+    // UPDATE_PROCEED and UPDATE_DONE; otherwise the content is a
+    // function of the version the module just bumped.
+    let new_version = version_of(&access.deps, &keys[0]);
+    let written = match (&state.store, new_version) {
+        (Some(store), Some(version)) => store.rewrite(name, version, size).await.map(|body| (version, body)),
+        _ => None,
+    };
+    let store_failed = state.store.is_some() && written.is_none();
+    match state.module.update_done(access).await {
+        Ok(_) if store_failed => {
+            state.counters.module_errors.fetch_add(1, Ordering::Relaxed);
+            text(StatusCode::SERVICE_UNAVAILABLE, "application module: the grant named no version of the document\n")
+        }
+        Ok(deps) => {
+            state.counters.updates.fetch_add(1, Ordering::Relaxed);
+            if let Some(pusher) = &state.pusher {
+                let content = match written {
+                    Some((version, body)) => push::Content::Stored { version, body },
+                    None => push::Content::Generate { size },
+                };
+                pusher.spawn_after_update(name, content, deps.clone());
+            }
+            with_deps(text(StatusCode::OK, format!("updated {name}\n")), &deps)
+        }
+        Err(e) => {
+            state.counters.module_errors.fetch_add(1, Ordering::Relaxed);
+            text(StatusCode::SERVICE_UNAVAILABLE, format!("application module: {e}\n"))
+        }
     }
 }
 

@@ -126,3 +126,44 @@ async fn with_reads_admitted_during_updates_a_read_gets_a_mixed_body() {
     assert_eq!(&body[150..], &generate_body("a", v1, 300)[150..], "the old second half");
     update.abort();
 }
+
+/// An updater that hangs up during the rewrite's pause: the update still
+/// completes (UPDATE_DONE is sent, the body is whole), so the key is not
+/// held forever and the next read gets the new version.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_update_whose_client_hangs_up_still_completes() {
+    use tokio::io::AsyncWriteExt;
+    let s = setup(false, Duration::from_millis(300)).await;
+    let (_, v1, _) = s.request(Method::GET).await;
+    s.requests_in_progress(0).await;
+    let mut updater = tokio::net::TcpStream::connect(s.app).await.unwrap();
+    let put = format!("PUT /doc/a HTTP/1.1\r\nHost: {}\r\nContent-Length: 0\r\n\r\n", s.app);
+    updater.write_all(put.as_bytes()).await.unwrap();
+    s.requests_in_progress(1).await;
+    drop(updater);
+    let read = tokio::time::timeout(Duration::from_secs(20), s.request(Method::GET)).await;
+    let (status, version, body) = read.expect("the abandoned update was never done");
+    assert_eq!((status, version), (StatusCode::OK, v1 + 1));
+    assert_eq!(body, generate_body("a", v1 + 1, 300));
+}
+
+/// A reader that hangs up while queued behind an update: its read is still
+/// done once granted, so the next update is not blocked forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_whose_client_hangs_up_is_still_done() {
+    use tokio::io::AsyncWriteExt;
+    let s = Arc::new(setup(false, Duration::from_millis(300)).await);
+    let (_, v1, _) = s.request(Method::GET).await;
+    s.requests_in_progress(0).await;
+    let updater = s.clone();
+    let update = tokio::spawn(async move { updater.request(Method::PUT).await });
+    s.requests_in_progress(1).await;
+    let mut reader = tokio::net::TcpStream::connect(s.app).await.unwrap();
+    reader.write_all(format!("GET /doc/a HTTP/1.1\r\nHost: {}\r\n\r\n", s.app).as_bytes()).await.unwrap();
+    s.requests_in_progress(2).await;
+    drop(reader);
+    assert_eq!(update.await.unwrap().0, StatusCode::OK);
+    let next = tokio::time::timeout(Duration::from_secs(20), s.request(Method::PUT)).await;
+    let (status, version, _) = next.expect("the abandoned read was never done");
+    assert_eq!((status, version), (StatusCode::OK, v1 + 2));
+}
