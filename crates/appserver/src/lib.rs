@@ -8,6 +8,11 @@
 //! the module granted, so body and `X-Tierstack-Deps` header always agree,
 //! and a checker can tell exactly which state a response reflects.
 //!
+//! **Documents in a store** ([`store`], `AppServerConfig::store`): bodies
+//! live in an embedded store that an update rewrites in two halves between
+//! UPDATE_PROCEED and UPDATE_DONE and that reads copy, so a read admitted
+//! during an update (a Table 1 violation) yields a detectably mixed body.
+//!
 //! `compute_threads` CPU-burning threads emulate CGI and application work
 //! (the paper's x-axis in Fig. 9–10), competing with the module on the node.
 //!
@@ -21,6 +26,7 @@
 //! the update's response path. Its counters appear in the stats as `push`.
 
 pub mod push;
+pub mod store;
 
 use bytes::Bytes;
 use hyper::body::Incoming;
@@ -38,6 +44,7 @@ use tierstack_coherent::{DepsHeader, DEPS_HEADER};
 use tierstack_tier_http::{collect_limited, serve, text, Body, Stop};
 
 pub use push::{PushConfig, PushConfigError, PushStats, PushTarget, PUSH_TIMEOUT_DEFAULT};
+pub use store::{StoreConfig, UPDATE_WRITE_PAUSE_DEFAULT, UPDATE_WRITE_PAUSE_MAX};
 pub use tierstack_pushpull::PushPolicy;
 
 /// Largest update body accepted.
@@ -54,6 +61,9 @@ pub struct AppServerConfig {
     /// Document name → size in bytes.
     pub documents: Vec<(String, usize)>,
     pub compute_threads: usize,
+    /// Keep bodies in a store that updates rewrite ([`store`]); `None`:
+    /// generate each body from the granted version.
+    pub store: Option<StoreConfig>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -64,6 +74,8 @@ pub enum AppServerError {
     Module { path: PathBuf, reason: String },
     #[error("cannot listen on {addr}: {source}")]
     Listen { addr: SocketAddr, source: std::io::Error },
+    #[error("update write pause {0:?} exceeds {UPDATE_WRITE_PAUSE_MAX:?}")]
+    BadPause(Duration),
     #[error(transparent)]
     Push(#[from] PushConfigError),
 }
@@ -97,6 +109,7 @@ struct State {
     documents: HashMap<String, usize>,
     counters: Counters,
     pusher: Option<Arc<push::Pusher>>,
+    store: Option<store::DocumentStore>,
 }
 
 /// The document's dependency key.
@@ -104,17 +117,39 @@ pub fn key_of(name: &str) -> String {
     format!("doc/{name}")
 }
 
-/// The body of `name` at `version`: a first line naming both, then filler.
+/// FNV-1a, 64 bits: the checksum of a self-checking body's content.
+pub fn fnv1a64(bytes: &[u8]) -> u64 {
+    const OFFSET_BASIS: u64 = 0xcbf2_9ce4_8422_2325;
+    const PRIME: u64 = 0x0100_0000_01b3;
+    bytes.iter().fold(OFFSET_BASIS, |hash, &b| (hash ^ u64::from(b)).wrapping_mul(PRIME))
+}
+
+/// The content of `name` at `version`: the line `<name>@<version>\n`
+/// repeated, `len` bytes long. It differs per version, so a body pieced
+/// together from two versions fails its checksum.
+fn content_of(name: &str, version: u64, len: usize) -> Vec<u8> {
+    let line = format!("{name}@{version}\n");
+    line.as_bytes().iter().copied().cycle().take(len).collect()
+}
+
+/// The body of `name` at `version`, `size` bytes in all, self-checking
+/// (the contract shared with the checker, docs/coherence-protocol.md):
+/// `doc=<name> version=<v> fnv1a64=<16 hex>\n<content>`, the hash being
+/// of the content. When the first line alone exceeds `size`, the content is
+/// empty and the body is that line (a checkable body beats an exact size).
 pub fn generate_body(name: &str, version: u64, size: usize) -> Bytes {
-    const FILLER: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ\n";
-    let mut body = Vec::with_capacity(size);
-    body.extend_from_slice(format!("doc={name} version={version}\n").as_bytes());
-    while body.len() < size {
-        let take = (size - body.len()).min(FILLER.len());
-        body.extend_from_slice(&FILLER[..take]);
-    }
-    body.truncate(size.max(1));
+    // The first line's length does not depend on the hash (always 16 digits).
+    let header_len = format!("doc={name} version={version} fnv1a64=0000000000000000\n").len();
+    let content = content_of(name, version, size.saturating_sub(header_len));
+    let mut body = Vec::with_capacity(header_len + content.len());
+    body.extend_from_slice(format!("doc={name} version={version} fnv1a64={:016x}\n", fnv1a64(&content)).as_bytes());
+    body.extend_from_slice(&content);
     Bytes::from(body)
+}
+
+/// The version of `key` in a dependency header.
+fn version_of(deps: &str, key: &str) -> Option<u64> {
+    DepsHeader::parse(deps).ok()?.deps.iter().find(|d| d.key == key).map(|d| d.version)
 }
 
 fn with_deps(mut response: Response<Body>, deps: &str) -> Response<Body> {
@@ -143,64 +178,99 @@ async fn handle(state: Arc<State>, request: Request<Incoming>) -> Response<Body>
         state.counters.not_found.fetch_add(1, Ordering::Relaxed);
         return text(StatusCode::NOT_FOUND, "no such document\n");
     };
-    let keys = [key_of(name)];
     match *request.method() {
         Method::GET | Method::HEAD => {
             let head_only = request.method() == Method::HEAD;
-            let started = Instant::now();
-            let access = match state.module.read(&keys).await {
-                Ok(access) => access,
-                Err(e) => {
-                    state.counters.module_errors.fetch_add(1, Ordering::Relaxed);
-                    return text(StatusCode::SERVICE_UNAVAILABLE, format!("application module: {e}\n"));
-                }
-            };
-            state.counters.module_wait_ns.fetch_add(elapsed_ns(started), Ordering::Relaxed);
-            let generating = Instant::now();
-            let version = DepsHeader::parse(&access.deps).ok().and_then(|h| h.deps.first().map(|d| d.version));
-            let deps = access.deps.clone();
-            let body = generate_body(name, version.unwrap_or(0), size);
-            state.counters.generate_ns.fetch_add(elapsed_ns(generating), Ordering::Relaxed);
-            // READ_DONE needs no answer on the request's path.
-            let releasing = state.clone();
-            tokio::spawn(async move {
-                if let Err(e) = releasing.module.read_done(access).await {
-                    tracing::warn!(error = %e, "READ_DONE failed");
-                }
-            });
-            state.counters.reads.fetch_add(1, Ordering::Relaxed);
-            let mut response = Response::new(if head_only { Body::default() } else { Body::new(body) });
-            response.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("text/plain"));
-            with_deps(response, &deps)
+            // In a task of its own: a client that goes away must not cancel
+            // the protocol between READ_REQUEST and READ_DONE.
+            let reading = tokio::spawn(read_document(state, name.to_string(), size, head_only));
+            reading.await.unwrap_or_else(|_| text(StatusCode::INTERNAL_SERVER_ERROR, "the read failed\n"))
         }
         Method::PUT | Method::POST => {
             if let Err(e) = collect_limited(request.into_body(), UPDATE_BODY_BYTES_MAX).await {
                 return text(StatusCode::PAYLOAD_TOO_LARGE, format!("update body: {e}\n"));
             }
-            let access = match state.module.update(&keys).await {
-                Ok(access) => access,
-                Err(e) => {
-                    state.counters.module_errors.fetch_add(1, Ordering::Relaxed);
-                    return text(StatusCode::SERVICE_UNAVAILABLE, format!("application module: {e}\n"));
-                }
-            };
-            // The embedded store's content is a function of the version the
-            // module just bumped; nothing else to write.
-            match state.module.update_done(access).await {
-                Ok(deps) => {
-                    state.counters.updates.fetch_add(1, Ordering::Relaxed);
-                    if let Some(pusher) = &state.pusher {
-                        pusher.spawn_after_update(name, size, deps.clone());
-                    }
-                    with_deps(text(StatusCode::OK, format!("updated {name}\n")), &deps)
-                }
-                Err(e) => {
-                    state.counters.module_errors.fetch_add(1, Ordering::Relaxed);
-                    text(StatusCode::SERVICE_UNAVAILABLE, format!("application module: {e}\n"))
-                }
-            }
+            // In a task of its own: a client that goes away (say, during
+            // the store's pause) must not leave the update granted forever
+            // and its document half written.
+            let updating = tokio::spawn(update_document(state, name.to_string(), size));
+            updating.await.unwrap_or_else(|_| text(StatusCode::INTERNAL_SERVER_ERROR, "the update failed\n"))
         }
         _ => text(StatusCode::METHOD_NOT_ALLOWED, "use GET, HEAD, PUT or POST\n"),
+    }
+}
+
+/// READ_REQUEST … READ_PROCEED, the body, READ_DONE (off the response's path).
+async fn read_document(state: Arc<State>, name: String, size: usize, head_only: bool) -> Response<Body> {
+    let (name, keys) = (name.as_str(), [key_of(&name)]);
+    let started = Instant::now();
+    let access = match state.module.read(&keys).await {
+        Ok(access) => access,
+        Err(e) => {
+            state.counters.module_errors.fetch_add(1, Ordering::Relaxed);
+            return text(StatusCode::SERVICE_UNAVAILABLE, format!("application module: {e}\n"));
+        }
+    };
+    state.counters.module_wait_ns.fetch_add(elapsed_ns(started), Ordering::Relaxed);
+    let generating = Instant::now();
+    let version = version_of(&access.deps, &keys[0]).unwrap_or(0);
+    let deps = access.deps.clone();
+    // Copied under the READ grant: no update may be writing it now.
+    let stored = state.store.as_ref().and_then(|store| store.read(name, version, size));
+    let body = stored.unwrap_or_else(|| generate_body(name, version, size));
+    state.counters.generate_ns.fetch_add(elapsed_ns(generating), Ordering::Relaxed);
+    // READ_DONE needs no answer on the request's path.
+    let releasing = state.clone();
+    tokio::spawn(async move {
+        if let Err(e) = releasing.module.read_done(access).await {
+            tracing::warn!(error = %e, "READ_DONE failed");
+        }
+    });
+    state.counters.reads.fetch_add(1, Ordering::Relaxed);
+    let mut response = Response::new(if head_only { Body::default() } else { Body::new(body) });
+    response.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("text/plain"));
+    with_deps(response, &deps)
+}
+
+/// UPDATE_REQUEST … UPDATE_PROCEED, the store's rewrite, UPDATE_DONE, the push.
+async fn update_document(state: Arc<State>, name: String, size: usize) -> Response<Body> {
+    let (name, keys) = (name.as_str(), [key_of(&name)]);
+    let access = match state.module.update(&keys).await {
+        Ok(access) => access,
+        Err(e) => {
+            state.counters.module_errors.fetch_add(1, Ordering::Relaxed);
+            return text(StatusCode::SERVICE_UNAVAILABLE, format!("application module: {e}\n"));
+        }
+    };
+    // In store mode, write the new version's body now, between
+    // UPDATE_PROCEED and UPDATE_DONE; otherwise the content is a
+    // function of the version the module just bumped.
+    let new_version = version_of(&access.deps, &keys[0]);
+    let written = match (&state.store, new_version) {
+        (Some(store), Some(version)) => store.rewrite(name, version, size).await.map(|body| (version, body)),
+        _ => None,
+    };
+    let store_failed = state.store.is_some() && written.is_none();
+    match state.module.update_done(access).await {
+        Ok(_) if store_failed => {
+            state.counters.module_errors.fetch_add(1, Ordering::Relaxed);
+            text(StatusCode::SERVICE_UNAVAILABLE, "application module: the grant named no version of the document\n")
+        }
+        Ok(deps) => {
+            state.counters.updates.fetch_add(1, Ordering::Relaxed);
+            if let Some(pusher) = &state.pusher {
+                let content = match written {
+                    Some((version, body)) => push::Content::Stored { version, body },
+                    None => push::Content::Generate { size },
+                };
+                pusher.spawn_after_update(name, content, deps.clone());
+            }
+            with_deps(text(StatusCode::OK, format!("updated {name}\n")), &deps)
+        }
+        Err(e) => {
+            state.counters.module_errors.fetch_add(1, Ordering::Relaxed);
+            text(StatusCode::SERVICE_UNAVAILABLE, format!("application module: {e}\n"))
+        }
     }
 }
 
@@ -286,11 +356,17 @@ impl AppServer {
             }
             documents.insert(name.clone(), *size);
         }
+        if let Some(store) = &config.store {
+            if store.update_write_pause > UPDATE_WRITE_PAUSE_MAX {
+                return Err(AppServerError::BadPause(store.update_write_pause));
+            }
+        }
+        let store = config.store.as_ref().map(|c| store::DocumentStore::new(documents.keys(), c));
         let module = connect_module(&config).await?;
         let listener = tokio::net::TcpListener::bind(config.listen)
             .await
             .map_err(|source| AppServerError::Listen { addr: config.listen, source })?;
-        let state = Arc::new(State { module, documents, counters: Counters::default(), pusher });
+        let state = Arc::new(State { module, documents, counters: Counters::default(), pusher, store });
         Ok(AppServer { listener, state, compute_threads: config.compute_threads })
     }
 
@@ -307,5 +383,63 @@ impl AppServer {
         let result = serve(self.listener, handler, stop).await;
         burning.store(true, Ordering::Relaxed);
         result
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Splits a body into (first line, content) and checks the contract.
+    fn check(body: &[u8], name: &str, version: u64) -> Result<(), String> {
+        let newline = body.iter().position(|&b| b == b'\n').ok_or("no first line")?;
+        let (line, content) = (std::str::from_utf8(&body[..newline]).map_err(|e| e.to_string())?, &body[newline + 1..]);
+        let expected = format!("doc={name} version={version} fnv1a64={:016x}", fnv1a64(content));
+        if line == expected {
+            Ok(())
+        } else {
+            Err(format!("{line:?} != {expected:?}"))
+        }
+    }
+
+    #[test]
+    fn fnv1a64_matches_the_published_vectors() {
+        assert_eq!(fnv1a64(b""), 0xcbf2_9ce4_8422_2325);
+        assert_eq!(fnv1a64(b"a"), 0xaf63_dc4c_8601_ec8c);
+        assert_eq!(fnv1a64(b"foobar"), 0x8594_4171_f739_67e8);
+    }
+
+    #[test]
+    fn bodies_have_the_configured_size_and_check_themselves() {
+        for (name, version, size) in [("a", 0, 100), ("hot", 17, 4096), ("x", u64::MAX, 333), ("a", 1, 45)] {
+            let body = generate_body(name, version, size);
+            assert_eq!(body.len(), size, "{name}@{version}");
+            check(&body, name, version).unwrap();
+            let content_start = body.iter().position(|&b| b == b'\n').unwrap() + 1;
+            let line = format!("{name}@{version}\n");
+            assert!(
+                line.as_bytes().starts_with(&body[content_start..])
+                    || body[content_start..].starts_with(line.as_bytes())
+            );
+        }
+    }
+
+    #[test]
+    fn a_first_line_longer_than_the_size_leaves_the_content_empty() {
+        let body = generate_body("a", 3, 1);
+        assert_eq!(&body[..], format!("doc=a version=3 fnv1a64={:016x}\n", fnv1a64(b"")).as_bytes());
+        check(&body, "a", 3).unwrap();
+    }
+
+    #[test]
+    fn a_body_mixing_two_versions_fails_its_check() {
+        let (old, new) = (generate_body("a", 9, 200), generate_body("a", 10, 200));
+        let mut mixed = new[..100].to_vec();
+        mixed.extend_from_slice(&old[100..]);
+        assert!(check(&mixed, "a", 10).is_err(), "new header, old tail");
+        let mut mixed = old[..100].to_vec();
+        mixed.extend_from_slice(&new[100..]);
+        assert!(check(&mixed, "a", 9).is_err(), "old header, new tail");
+        assert!(check(&new, "b", 10).is_err(), "another document's name");
     }
 }

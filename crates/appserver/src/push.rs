@@ -55,6 +55,14 @@ pub struct PushConfig {
     pub timeout: Duration,
 }
 
+/// What to push after an update.
+pub(crate) enum Content {
+    /// Generate the body at the version `update_done` returned.
+    Generate { size: usize },
+    /// The body the update stored, for `version` (store mode).
+    Stored { version: u64, body: Bytes },
+}
+
 /// Counters of the push path, in the server's `/_tierstack/stats` as `push`.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct PushStats {
@@ -192,7 +200,7 @@ impl Pusher {
 
     /// Starts the push of an update that completed with `deps` (the header
     /// `update_done` returned); returns at once.
-    pub(crate) fn spawn_after_update(self: &Arc<Self>, name: &str, size: usize, deps: String) {
+    pub(crate) fn spawn_after_update(self: &Arc<Self>, name: &str, content: Content, deps: String) {
         let Ok(permit) = self.in_flight.clone().try_acquire_owned() else {
             self.counters.skipped_busy.fetch_add(1, Ordering::Relaxed);
             return;
@@ -200,12 +208,12 @@ impl Pusher {
         let pusher = self.clone();
         let name = name.to_string();
         tokio::spawn(async move {
-            pusher.after_update(&name, size, &deps).await;
+            pusher.after_update(&name, content, &deps).await;
             drop(permit);
         });
     }
 
-    async fn after_update(self: Arc<Self>, name: &str, size: usize, deps: &str) {
+    async fn after_update(self: Arc<Self>, name: &str, content: Content, deps: &str) {
         self.counters.updates.fetch_add(1, Ordering::Relaxed);
         let key = key_of(name);
         let Some(version) =
@@ -213,6 +221,21 @@ impl Pusher {
         else {
             tracing::warn!(name, "update_done returned no version for the document; not pushing");
             return;
+        };
+        // Generate once; every chosen proxy gets the same bytes. A stored
+        // body of another version than the header's must not be paired with it.
+        let body = match content {
+            Content::Generate { size } => generate_body(name, version, size),
+            Content::Stored { version: stored, body } if stored == version => body,
+            Content::Stored { version: stored, .. } => {
+                tracing::warn!(
+                    name,
+                    stored,
+                    version,
+                    "stored body is not at the version update_done returned; not pushing"
+                );
+                return;
+            }
         };
         let doc = fingerprint(&format!("/doc/{name}"));
         let update_rate_hz = self.rates.lock().ok().and_then(|mut rates| rates.record(doc, self.clock.now_ns()));
@@ -260,8 +283,6 @@ impl Pusher {
         if chosen.is_empty() {
             return;
         }
-        // Generate once; every chosen proxy gets the same bytes.
-        let body = generate_body(name, version, size);
         let Ok(deps_value) = HeaderValue::from_str(deps) else { return };
         let mut pushes = JoinSet::new();
         for index in chosen {
@@ -351,6 +372,14 @@ mod tests {
     impl Setup {
         /// `targets(push_url)` lists the proxies the server pushes to.
         async fn new(policy: &str, targets: impl FnOnce(String) -> Vec<PushTarget>) -> Setup {
+            Self::with_store(policy, targets, None).await
+        }
+
+        async fn with_store(
+            policy: &str,
+            targets: impl FnOnce(String) -> Vec<PushTarget>,
+            store: Option<crate::StoreConfig>,
+        ) -> Setup {
             let dir = tempfile::tempdir().unwrap();
             let cluster = local_cluster(Backend::Shm, 3).unwrap();
             let table = Arc::new(VersionTable::create(cluster.fabric(0).as_ref(), 64, Incarnation(5)).unwrap());
@@ -366,6 +395,7 @@ mod tests {
                 module_socket: socket,
                 documents: vec![("a".into(), 100), ("b".into(), 50)],
                 compute_threads: 0,
+                store,
             };
             let push = PushConfig {
                 fabric: cluster.fabric(2).clone(),
@@ -436,7 +466,24 @@ mod tests {
         let deps = DepsHeader::parse(deps).unwrap();
         assert_eq!(deps.deps[0].key, "doc/a");
         assert_eq!(deps.deps[0].version, 2, "the version the update produced");
-        assert!(body.starts_with("doc=a version=2\n"), "generated at that version: {body:?}");
+        assert_eq!(body.as_bytes(), &crate::generate_body("a", 2, 100)[..], "generated at that version");
+        assert!(body.starts_with("doc=a version=2 fnv1a64="), "{body:?}");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn in_store_mode_pushes_the_stored_body() {
+        let s = Setup::with_store("push", one_proxy, Some(crate::StoreConfig::default())).await;
+        s.state.record_access(fingerprint("/doc/a"), true, 1);
+        s.update("a").await;
+        s.update("a").await;
+        let stats = s.stats_after(2, 2).await;
+        assert_eq!((stats.pushes_sent, stats.pushes_ok), (2, 2), "{stats:?}");
+        let mut received = s.received.lock().unwrap().clone();
+        received.sort_by(|x, y| x.1.cmp(&y.1));
+        for ((_, deps, body), version) in received.iter().zip([2, 3]) {
+            assert_eq!(DepsHeader::parse(deps).unwrap().deps[0].version, version);
+            assert_eq!(body.as_bytes(), &crate::generate_body("a", version, 100)[..], "the body stored for {version}");
+        }
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -51,6 +51,17 @@ pub struct DeploymentOptions {
     pub state_slots: Option<u32>,
 }
 
+/// Extra command-line arguments for the application tier's processes (for
+/// modes only tests use, such as the store mode and the module's test-only
+/// switches). Empty by default.
+#[derive(Clone, Debug, Default)]
+pub struct ExtraArgs {
+    /// Appended to `tierstack app-module`.
+    pub app_module: Vec<String>,
+    /// Appended to `tierstack app-server`.
+    pub app_server: Vec<String>,
+}
+
 /// A running deployment; dropping it stops every process.
 pub struct Deployment {
     pub proxy_urls: Vec<String>,
@@ -77,6 +88,16 @@ impl Deployment {
 
     /// As [`Deployment::start`], with `options`.
     pub fn start_with(config: &DeploymentConfig, options: &DeploymentOptions) -> Result<Deployment> {
+        Self::start_with_args(config, options, &ExtraArgs::default())
+    }
+
+    /// As [`Deployment::start_with`], passing `extra` arguments to the
+    /// application module and server.
+    pub fn start_with_args(
+        config: &DeploymentConfig,
+        options: &DeploymentOptions,
+        extra: &ExtraArgs,
+    ) -> Result<Deployment> {
         let scratch = tempfile::Builder::new().prefix("tierstack-deploy-").tempdir()?;
         let cpus = tierstack_cluster::online_cpus();
         let (front_cpu, app_cpu) = if config.pin && cpus >= 2 { (Some(0), Some(cpus - 1)) } else { (None, None) };
@@ -92,11 +113,10 @@ impl Deployment {
         let socket_arg = socket.display().to_string();
         let mut children = Vec::new();
 
-        let module = ChildNode::spawn(
-            &config.exe,
-            &args(&["app-module", "--topology", &topology_arg, "--node", "0", "--socket", &socket_arg]),
-        )
-        .context("starting the application module")?;
+        let mut module_args =
+            args(&["app-module", "--topology", &topology_arg, "--node", "0", "--socket", &socket_arg]);
+        module_args.extend(extra.app_module.iter().cloned());
+        let module = ChildNode::spawn(&config.exe, &module_args).context("starting the application module")?;
         children.push(module);
 
         let app_addr = free_loopback_port()?;
@@ -135,6 +155,7 @@ impl Deployment {
                 app_args.extend(args(&["--push-proxy", &format!("{node}=http://{addr}")]));
             }
         }
+        app_args.extend(extra.app_server.iter().cloned());
         children.push(ChildNode::spawn(&config.exe, &app_args).context("starting the application server")?);
         let app_url = format!("http://{app_addr}");
 

@@ -108,6 +108,14 @@ struct Shared {
     updates: AtomicU64,
 }
 
+/// How a [`ModuleServer`] behaves; `Default` is the real module.
+#[derive(Clone, Debug, Default)]
+pub struct ModuleOptions {
+    /// TEST ONLY: admit reads while updates are in progress, violating
+    /// Table 1 (see `ModuleCore::set_test_only_admit_reads_during_updates`).
+    pub test_only_admit_reads_during_updates: bool,
+}
+
 /// The module's server: Table 1 queues, the version table, the socket.
 pub struct ModuleServer {
     shared: Arc<Shared>,
@@ -115,10 +123,16 @@ pub struct ModuleServer {
 
 impl ModuleServer {
     pub fn new(table: Arc<VersionTable>) -> Self {
+        Self::with_options(table, &ModuleOptions::default())
+    }
+
+    pub fn with_options(table: Arc<VersionTable>, options: &ModuleOptions) -> Self {
+        let mut core = ModuleCore::new();
+        core.set_test_only_admit_reads_during_updates(options.test_only_admit_reads_during_updates);
         Self {
             shared: Arc::new(Shared {
                 table,
-                core: Mutex::new(ModuleCore::new()),
+                core: Mutex::new(core),
                 owners: Mutex::new(HashMap::new()),
                 connections: Mutex::new(HashMap::new()),
                 next_request: AtomicU64::new(1),

@@ -17,6 +17,12 @@
 //! A request whose client went away before its grant is *abandoned*: it
 //! stays queued and is released the moment it is granted, so nothing behind
 //! it waits forever.
+//!
+//! A **test-only** switch ([`ModuleCore::set_test_only_admit_reads_during_updates`])
+//! breaks Table 1 on purpose: reads are granted at once, bypassing every
+//! key's queues, even while an update holds the key. It exists so the
+//! end-to-end checkers can show they catch a module that lets reads overlap
+//! updates; nothing but tests and the hidden `app-module` flag sets it.
 
 use crate::table1::{DocumentQueues, Ipc, Proceed, RequestId, Table1Error};
 use std::collections::{HashMap, VecDeque};
@@ -69,6 +75,9 @@ struct Pending {
     acquired: usize,
     granted: bool,
     abandoned: bool,
+    /// Granted without entering any key's queues (the test-only switch), so
+    /// releasing it touches none.
+    bypassed: bool,
 }
 
 /// All keys' queues and all requests of one module.
@@ -76,11 +85,24 @@ struct Pending {
 pub struct ModuleCore {
     keys: HashMap<u32, KeyState>,
     requests: HashMap<RequestId, Pending>,
+    admit_reads_during_updates: bool,
 }
 
 impl ModuleCore {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// TEST ONLY: when on, reads are granted at once, ignoring updates in
+    /// progress, which violates Table 1 (a read may see a half-written
+    /// document). Exists to prove the end-to-end checkers catch that.
+    pub fn set_test_only_admit_reads_during_updates(&mut self, on: bool) {
+        self.admit_reads_during_updates = on;
+    }
+
+    /// Whether the test-only switch is on.
+    pub fn admits_reads_during_updates(&self) -> bool {
+        self.admit_reads_during_updates
     }
 
     /// Requests known (queued or holding).
@@ -105,7 +127,10 @@ impl ModuleCore {
         if slots.is_empty() {
             return Err(CoreError::NoKeys(id));
         }
-        self.requests.insert(id, Pending { kind, slots, acquired: 0, granted: false, abandoned: false });
+        let bypassed = kind == Kind::Read && self.admit_reads_during_updates;
+        // A bypassing read holds all its keys from the start, so `advance` grants it at once.
+        let acquired = if bypassed { slots.len() } else { 0 };
+        self.requests.insert(id, Pending { kind, slots, acquired, granted: false, abandoned: false, bypassed });
         let mut grants = Vec::new();
         self.advance(id, &mut grants)?;
         Ok(grants)
@@ -171,6 +196,9 @@ impl ModuleCore {
     fn release(&mut self, id: RequestId) -> Result<Vec<Grant>, CoreError> {
         let pending = self.requests.remove(&id).ok_or(CoreError::UnknownRequest(id))?;
         let mut grants = Vec::new();
+        if pending.bypassed {
+            return Ok(grants);
+        }
         for slot in pending.slots {
             let key = self.keys.entry(slot).or_default();
             let proceeds = match pending.kind {
@@ -205,5 +233,46 @@ impl ModuleCore {
                 Ok(Vec::new())
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ids(grants: &[Grant]) -> Vec<RequestId> {
+        grants.iter().map(|g| g.id).collect()
+    }
+
+    #[test]
+    fn a_read_waits_for_an_update_in_progress() {
+        let mut core = ModuleCore::new();
+        assert!(!core.admits_reads_during_updates());
+        assert_eq!(ids(&core.request(1, Kind::Update, &[7]).unwrap()), vec![1]);
+        assert!(core.request(2, Kind::Read, &[7]).unwrap().is_empty(), "Table 1: no read while the update holds");
+        assert_eq!(ids(&core.done(1).unwrap()), vec![2], "granted when the update is done");
+        // And an update waits for the reader.
+        assert!(core.request(3, Kind::Update, &[7]).unwrap().is_empty());
+        assert_eq!(ids(&core.done(2).unwrap()), vec![3]);
+        assert!(core.done(3).unwrap().is_empty());
+        assert_eq!((core.requests(), core.busy_keys()), (0, 0));
+    }
+
+    #[test]
+    fn the_test_only_switch_admits_reads_during_updates() {
+        let mut core = ModuleCore::new();
+        core.set_test_only_admit_reads_during_updates(true);
+        assert_eq!(ids(&core.request(1, Kind::Update, &[7]).unwrap()), vec![1]);
+        let read = core.request(2, Kind::Read, &[7, 8]).unwrap();
+        assert_eq!(read, vec![Grant { id: 2, kind: Kind::Read, slots: vec![7, 8] }], "admitted during the update");
+        // Updates still exclude each other, and the bypassing read holds nothing.
+        assert!(core.request(3, Kind::Update, &[7]).unwrap().is_empty());
+        assert!(core.done(2).unwrap().is_empty());
+        assert_eq!(ids(&core.done(1).unwrap()), vec![3]);
+        assert!(core.done(3).unwrap().is_empty());
+        // An abandoned bypassing read is released without disturbing the queues.
+        assert_eq!(ids(&core.request(4, Kind::Read, &[7]).unwrap()), vec![4]);
+        assert!(core.abandon(4).unwrap().is_empty());
+        assert_eq!((core.requests(), core.busy_keys()), (0, 0));
     }
 }

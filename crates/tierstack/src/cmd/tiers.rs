@@ -9,10 +9,10 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
-use tierstack_appserver::{AppServer, AppServerConfig, PushConfig, PushPolicy, PushTarget};
+use tierstack_appserver::{AppServer, AppServerConfig, PushConfig, PushPolicy, PushTarget, StoreConfig};
 use tierstack_base::NodeId;
 use tierstack_cluster::pin_to_cpu;
-use tierstack_coherent::module::ModuleServer;
+use tierstack_coherent::module::{ModuleOptions, ModuleServer};
 use tierstack_coherent::version_table::{Incarnation, VersionTable};
 use tierstack_proxy::{CacheMode, CacheStateConfig, Proxy, ProxyConfig, ProxyOptions};
 use tierstack_tier_http::Stop;
@@ -52,13 +52,25 @@ pub struct ModuleArgs {
     /// Version table capacity (dependency keys).
     #[arg(long, default_value_t = 65_536)]
     capacity: u32,
+    /// TEST ONLY, breaks coherence: admit reads while updates are in
+    /// progress (violating Table 1), so end-to-end tests can show their
+    /// checkers catch such a module.
+    #[arg(long, hide = true)]
+    test_only_admit_reads_during_updates: bool,
 }
 
 pub fn app_module(args: ModuleArgs) -> Result<()> {
     let (_, fabric) = args.at.open()?;
     let incarnation = Incarnation(rand::random::<u64>());
     let table = Arc::new(VersionTable::create(fabric.as_ref(), args.capacity, incarnation)?);
-    let server = ModuleServer::new(table);
+    if args.test_only_admit_reads_during_updates {
+        let warning = "TEST ONLY: --test-only-admit-reads-during-updates is on: this module admits reads \
+                       during updates, violating Table 1; responses may be stale or mixed. Never use it outside tests.";
+        eprintln!("WARNING: {warning}");
+        tracing::warn!("{warning}");
+    }
+    let options = ModuleOptions { test_only_admit_reads_during_updates: args.test_only_admit_reads_during_updates };
+    let server = ModuleServer::with_options(table, &options);
     runtime(1)?.block_on(async {
         let listener = ModuleServer::bind(&args.socket)?;
         announce_ready()?;
@@ -92,6 +104,15 @@ pub struct AppServerArgs {
     /// CPU-burning threads emulating CGI and application work.
     #[arg(long, default_value_t = 0)]
     compute_threads: usize,
+    /// Keep the documents in an embedded store: reads copy the stored body,
+    /// updates rewrite it in two halves before UPDATE_DONE (so a read that
+    /// overlaps an update would get a detectably mixed body).
+    #[arg(long)]
+    documents_in_store: bool,
+    /// With --documents-in-store: pause between the two halves of an update's rewrite.
+    #[arg(long, default_value_t = tierstack_appserver::UPDATE_WRITE_PAUSE_DEFAULT.as_millis() as u64,
+          requires = "documents_in_store")]
+    update_write_pause_ms: u64,
     #[arg(long)]
     cpu: Option<usize>,
     /// Push completed updates to proxies: pull | push | hybrid:<fraction> |
@@ -155,6 +176,9 @@ pub fn app_server(args: AppServerArgs) -> Result<()> {
         module_socket: args.module_socket,
         documents: documents(&args.documents, args.docs, args.seed)?,
         compute_threads: args.compute_threads,
+        store: args
+            .documents_in_store
+            .then(|| StoreConfig { update_write_pause: Duration::from_millis(args.update_write_pause_ms) }),
     };
     runtime(2)?.block_on(async {
         let server = AppServer::bind_with_push(config, push).await?;
