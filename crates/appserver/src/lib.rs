@@ -104,16 +104,33 @@ pub fn key_of(name: &str) -> String {
     format!("doc/{name}")
 }
 
-/// The body of `name` at `version`: a first line naming both, then filler.
+/// FNV-1a, 64 bits: the checksum of a self-checking body's content.
+pub fn fnv1a64(bytes: &[u8]) -> u64 {
+    const OFFSET_BASIS: u64 = 0xcbf2_9ce4_8422_2325;
+    const PRIME: u64 = 0x0100_0000_01b3;
+    bytes.iter().fold(OFFSET_BASIS, |hash, &b| (hash ^ u64::from(b)).wrapping_mul(PRIME))
+}
+
+/// The content of `name` at `version`: the line `<name>@<version>\n`
+/// repeated, `len` bytes long. It differs per version, so a body pieced
+/// together from two versions fails its checksum.
+fn content_of(name: &str, version: u64, len: usize) -> Vec<u8> {
+    let line = format!("{name}@{version}\n");
+    line.as_bytes().iter().copied().cycle().take(len).collect()
+}
+
+/// The body of `name` at `version`, `size` bytes in all, self-checking
+/// (the contract shared with the checker, docs/coherence-protocol.md):
+/// `doc=<name> version=<v> fnv1a64=<16 hex>\n<content>`, the hash being
+/// of the content. When the first line alone exceeds `size`, the content is
+/// empty and the body is that line (a checkable body beats an exact size).
 pub fn generate_body(name: &str, version: u64, size: usize) -> Bytes {
-    const FILLER: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ\n";
-    let mut body = Vec::with_capacity(size);
-    body.extend_from_slice(format!("doc={name} version={version}\n").as_bytes());
-    while body.len() < size {
-        let take = (size - body.len()).min(FILLER.len());
-        body.extend_from_slice(&FILLER[..take]);
-    }
-    body.truncate(size.max(1));
+    // The first line's length does not depend on the hash (always 16 digits).
+    let header_len = format!("doc={name} version={version} fnv1a64=0000000000000000\n").len();
+    let content = content_of(name, version, size.saturating_sub(header_len));
+    let mut body = Vec::with_capacity(header_len + content.len());
+    body.extend_from_slice(format!("doc={name} version={version} fnv1a64={:016x}\n", fnv1a64(&content)).as_bytes());
+    body.extend_from_slice(&content);
     Bytes::from(body)
 }
 
@@ -307,5 +324,63 @@ impl AppServer {
         let result = serve(self.listener, handler, stop).await;
         burning.store(true, Ordering::Relaxed);
         result
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Splits a body into (first line, content) and checks the contract.
+    fn check(body: &[u8], name: &str, version: u64) -> Result<(), String> {
+        let newline = body.iter().position(|&b| b == b'\n').ok_or("no first line")?;
+        let (line, content) = (std::str::from_utf8(&body[..newline]).map_err(|e| e.to_string())?, &body[newline + 1..]);
+        let expected = format!("doc={name} version={version} fnv1a64={:016x}", fnv1a64(content));
+        if line == expected {
+            Ok(())
+        } else {
+            Err(format!("{line:?} != {expected:?}"))
+        }
+    }
+
+    #[test]
+    fn fnv1a64_matches_the_published_vectors() {
+        assert_eq!(fnv1a64(b""), 0xcbf2_9ce4_8422_2325);
+        assert_eq!(fnv1a64(b"a"), 0xaf63_dc4c_8601_ec8c);
+        assert_eq!(fnv1a64(b"foobar"), 0x8594_4171_f739_67e8);
+    }
+
+    #[test]
+    fn bodies_have_the_configured_size_and_check_themselves() {
+        for (name, version, size) in [("a", 0, 100), ("hot", 17, 4096), ("x", u64::MAX, 333), ("a", 1, 45)] {
+            let body = generate_body(name, version, size);
+            assert_eq!(body.len(), size, "{name}@{version}");
+            check(&body, name, version).unwrap();
+            let content_start = body.iter().position(|&b| b == b'\n').unwrap() + 1;
+            let line = format!("{name}@{version}\n");
+            assert!(
+                line.as_bytes().starts_with(&body[content_start..])
+                    || body[content_start..].starts_with(line.as_bytes())
+            );
+        }
+    }
+
+    #[test]
+    fn a_first_line_longer_than_the_size_leaves_the_content_empty() {
+        let body = generate_body("a", 3, 1);
+        assert_eq!(&body[..], format!("doc=a version=3 fnv1a64={:016x}\n", fnv1a64(b"")).as_bytes());
+        check(&body, "a", 3).unwrap();
+    }
+
+    #[test]
+    fn a_body_mixing_two_versions_fails_its_check() {
+        let (old, new) = (generate_body("a", 9, 200), generate_body("a", 10, 200));
+        let mut mixed = new[..100].to_vec();
+        mixed.extend_from_slice(&old[100..]);
+        assert!(check(&mixed, "a", 10).is_err(), "new header, old tail");
+        let mut mixed = old[..100].to_vec();
+        mixed.extend_from_slice(&new[100..]);
+        assert!(check(&mixed, "a", 9).is_err(), "old header, new tail");
+        assert!(check(&new, "b", 10).is_err(), "another document's name");
     }
 }

@@ -436,7 +436,8 @@ mod tests {
         let deps = DepsHeader::parse(deps).unwrap();
         assert_eq!(deps.deps[0].key, "doc/a");
         assert_eq!(deps.deps[0].version, 2, "the version the update produced");
-        assert!(body.starts_with("doc=a version=2\n"), "generated at that version: {body:?}");
+        assert_eq!(body.as_bytes(), &crate::generate_body("a", 2, 100)[..], "generated at that version");
+        assert!(body.starts_with("doc=a version=2 fnv1a64="), "{body:?}");
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
