@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 use tierstack_bench::deploy::{Deployment, DeploymentConfig};
 use tierstack_bench::report::{line_plot, write_json, Axes, Series, Table};
 use tierstack_cluster::{pin_to_cpu, Backend};
-use tierstack_loadgen::{run_with, LiveStats, LoadConfig};
+use tierstack_loadgen::{run_with, LiveStats, LoadConfig, LoadReport};
 use tierstack_proxy::ProxyStats;
 use tierstack_workload::TraceSpec;
 
@@ -163,7 +163,7 @@ pub fn run(args: DemoArgs) -> Result<()> {
     let mut summary = Table::new("tierstack demo: summary", &["metric", "value"]);
     let rows: Vec<(&str, String)> = vec![
         ("fabric / mode", format!("{} / {}", args.backend.name(), args.mode)),
-        ("requests (2xx)", report.ok.to_string()),
+        ("2xx responses", report.ok.to_string()),
         ("throughput", format!("{:.0} req/s", report.throughput_rps)),
         (
             "latency p50 / p99",
@@ -221,7 +221,14 @@ pub fn run(args: DemoArgs) -> Result<()> {
         &[Series { label: "hit rate".into(), points: per_second(|p| p.hit_rate.unwrap_or(0.0)) }],
     )?;
     println!("report: {}/demo.json, throughput.svg, hit-rate.svg", args.out.display());
-    if report.stale_responses > 0 && args.mode != "ttl" {
+    verdict(&args.mode, &report)
+}
+
+/// Why the demo fails, if it does: a stale response in a coherent mode
+/// (every mode but `ttl`), a request not accounted for, or any error of a
+/// request or an update (nothing in a demo run explains one).
+fn verdict(mode: &str, report: &LoadReport) -> Result<()> {
+    if report.stale_responses > 0 && mode != "ttl" {
         bail!("{} stale responses were served", report.stale_responses);
     }
     if !report.accounted() {
@@ -261,4 +268,60 @@ fn thread_cpus() -> Vec<serde_json::Value> {
         .collect();
     threads.sort_by_key(|t| t["name"].as_str().unwrap_or_default().to_string());
     threads
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tierstack_workload::Trace;
+
+    /// A clean run of 10 checked requests.
+    fn clean() -> LoadReport {
+        LoadReport {
+            trace: Trace::single().summary(),
+            targets: vec![],
+            connections: 1,
+            seed: 1,
+            elapsed_s: 1.0,
+            requests: 10,
+            checked_ok: 10,
+            bodies_checked: 10,
+            ok: 10,
+            throughput_rps: 10.0,
+            latency: Default::default(),
+            bytes: 0,
+            cache_hits: 0,
+            cache_misses: 0,
+            hit_rate: None,
+            errors: Default::default(),
+            updates: Default::default(),
+            checked_responses: 10,
+            stale_responses: 0,
+            stale_responses_offline: None,
+            stale_examples: vec![],
+            check_error_examples: vec![],
+            incarnations: vec![],
+            series: vec![],
+            records_kept: 0,
+            records_dropped: 0,
+            records: None,
+        }
+    }
+
+    #[test]
+    fn the_demo_fails_on_stale_responses_errors_and_broken_accounting() {
+        assert!(verdict("poll", &clean()).is_ok());
+        let stale = LoadReport { stale_responses: 1, ..clean() };
+        assert!(verdict("poll", &stale).is_err());
+        assert!(verdict("no-cache", &stale).is_err());
+        assert!(verdict("ttl", &stale).is_ok(), "ttl is not coherent: its staleness is expected");
+        let mut failed = clean();
+        (failed.requests, failed.errors.body_mismatch) = (11, 1);
+        assert!(verdict("poll", &failed).is_err(), "an accounted error still fails the demo");
+        let mut update_failed = clean();
+        update_failed.updates.errors.connect = 1;
+        assert!(verdict("poll", &update_failed).is_err());
+        let unaccounted = LoadReport { requests: 11, ..clean() };
+        assert!(verdict("poll", &unaccounted).is_err());
+    }
 }
