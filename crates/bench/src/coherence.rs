@@ -218,19 +218,6 @@ pub fn stale_verdict<'a>(runs: impl IntoIterator<Item = (&'a str, &'a str, u64)>
     Ok(())
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn stale_responses_fail_the_benchmark_only_in_coherent_modes() {
-        assert!(stale_verdict([("poll/shm", "zipf", 0), ("ttl", "zipf", 40), ("no-cache", "single", 0)]).is_ok());
-        let err = stale_verdict([("poll/shm", "zipf", 0), ("poll/tcp", "single", 2)]).unwrap_err().to_string();
-        assert!(err.contains("poll/tcp on single: 2"), "{err}");
-        assert!(stale_verdict([("no-cache", "worldcup", 1)]).is_err());
-    }
-}
-
 fn find<'a>(report: &'a CoherenceReport, mode: &str, trace: &str, threads: usize) -> Option<&'a Run> {
     report.runs.iter().find(|r| r.mode == mode && r.trace == trace && r.compute_threads == threads)
 }
@@ -382,4 +369,17 @@ fn print_targets(config: &CoherenceBenchConfig, report: &CoherenceReport) {
     }
     let stale: u64 = report.runs.iter().filter(|r| r.mode != "ttl").map(|r| r.stale_responses).sum();
     println!("stale responses in coherent modes: {stale} (target 0)");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stale_responses_fail_the_benchmark_only_in_coherent_modes() {
+        assert!(stale_verdict([("poll/shm", "zipf", 0), ("ttl", "zipf", 40), ("no-cache", "single", 0)]).is_ok());
+        let err = stale_verdict([("poll/shm", "zipf", 0), ("poll/tcp", "single", 2)]).unwrap_err().to_string();
+        assert!(err.contains("poll/tcp on single: 2"), "{err}");
+        assert!(stale_verdict([("no-cache", "worldcup", 1)]).is_err());
+    }
 }
