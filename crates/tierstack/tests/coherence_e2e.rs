@@ -143,9 +143,8 @@ fn wait_for(live: &LiveStats, what: &str, done: impl Fn(&LiveSnapshot) -> bool) 
 /// after an update under the new incarnation completed. The checker sees
 /// both incarnations and orders them; every request is accounted for, and
 /// the only errors are those of the outage (transport failures and 5xx).
-#[test]
-fn a_module_restart_under_load_serves_nothing_stale() {
-    let mut deployment = deploy(Backend::Shm, "poll");
+fn a_module_restart_under_load_serves_nothing_stale(backend: Backend) {
+    let mut deployment = deploy(backend, "poll");
     let runtime = runtime();
     let live = Arc::new(LiveStats::default());
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
@@ -174,4 +173,14 @@ fn a_module_restart_under_load_serves_nothing_stale() {
     for i in &report.incarnations {
         assert!(i.responses_checked > 0 && i.updates > 0, "responses and updates of each incarnation: {i:?}");
     }
+}
+
+#[test]
+fn a_module_restart_under_load_serves_nothing_stale_on_shm() {
+    a_module_restart_under_load_serves_nothing_stale(Backend::Shm);
+}
+
+#[test]
+fn a_module_restart_under_load_serves_nothing_stale_on_tcp() {
+    a_module_restart_under_load_serves_nothing_stale(Backend::Tcp);
 }
