@@ -504,9 +504,10 @@ impl Worker {
         self.shared.live.errors.fetch_add(1, Ordering::Relaxed);
     }
 
-    fn note_check_error(tally: &mut WorkerTally, path: &str, what: String) {
+    fn note_check_error(tally: &mut WorkerTally, name: &str, what: impl std::fmt::Display) {
         if tally.check_error_examples.len() < CHECK_ERROR_EXAMPLES_MAX {
-            tally.check_error_examples.push(format!("GET {path}: {what}"));
+            let prefix = tierstack_workload::DOC_PATH_PREFIX;
+            tally.check_error_examples.push(format!("GET {prefix}{name}: {what}"));
         }
     }
 
@@ -531,7 +532,6 @@ impl Worker {
             CacheStatus::Unknown => {}
         }
         let status = ex.status.as_u16();
-        let path = format!("{}{name}", tierstack_workload::DOC_PATH_PREFIX);
         let (deps_state, deps) = if ex.status.is_success() {
             tally.ok += 1;
             tally.latency.record(end_ns.saturating_sub(start_ns));
@@ -560,7 +560,7 @@ impl Worker {
                         BodyCheckError::WrongKey(_) => tally.errors.deps_wrong_key += 1,
                         BodyCheckError::Body(_) => tally.errors.body_mismatch += 1,
                     }
-                    Self::note_check_error(tally, &path, e.to_string());
+                    Self::note_check_error(tally, name, &e);
                     (DepsState::Rejected, Deps::None)
                 }
                 (DepsState::Missing, _, _) => {
@@ -570,7 +570,7 @@ impl Worker {
                 _ => {
                     tally.errors.malformed_deps += 1;
                     let raw = ex.deps.as_deref().map(String::from_utf8_lossy).unwrap_or_default();
-                    Self::note_check_error(tally, &path, format!("malformed X-Tierstack-Deps {raw:?}"));
+                    Self::note_check_error(tally, name, format_args!("malformed X-Tierstack-Deps {raw:?}"));
                     (DepsState::Malformed, Deps::None)
                 }
             };
