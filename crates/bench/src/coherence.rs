@@ -138,6 +138,8 @@ fn measure(config: &CoherenceBenchConfig, mode: Mode, trace: &str, compute_threa
     load.connections = config.connections;
     load.duration_ms = Some(u64::try_from(config.duration.as_millis())?);
     load.update_interval_ms = config.update_interval_ms;
+    // tierstack's own application server: its bodies are self-checking.
+    load.check_bodies = true;
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     let report: LoadReport = runtime.block_on(run_load(load)).context("load run")?;
     let proxies: Vec<ProxyStats> = deployment.proxy_stats()?;
@@ -158,6 +160,7 @@ fn measure(config: &CoherenceBenchConfig, mode: Mode, trace: &str, compute_threa
         app_server_us,
     };
     let e = &report.errors;
+    anyhow::ensure!(report.accounted(), "{}: requests not accounted for: {report:?}", mode.label());
     Ok(Run {
         mode: mode.label(),
         trace: trace.to_string(),
@@ -169,14 +172,7 @@ fn measure(config: &CoherenceBenchConfig, mode: Mode, trace: &str, compute_threa
         hit_rate: report.hit_rate.unwrap_or(0.0),
         stale_responses: report.stale_responses,
         updates: report.updates.done,
-        errors: e.connect
-            + e.io
-            + e.timeout
-            + e.status_4xx
-            + e.status_5xx
-            + e.status_other
-            + e.missing_deps
-            + e.malformed_deps,
+        errors: e.total(),
         breakdown,
         proxies,
     })
@@ -205,7 +201,21 @@ pub fn run(config: &CoherenceBenchConfig) -> Result<CoherenceReport> {
     }
     let report = CoherenceReport { runs };
     print_and_plot(config, &report)?;
+    stale_verdict(report.runs.iter().map(|r| (r.mode.as_str(), r.trace.as_str(), r.stale_responses)))?;
     Ok(report)
+}
+
+/// Fails if any run of a coherent mode (every mode but `ttl`) served a
+/// stale response: the benchmark then exits non-zero, after its report
+/// was written. Runs are `(mode, trace, stale responses)`.
+pub fn stale_verdict<'a>(runs: impl IntoIterator<Item = (&'a str, &'a str, u64)>) -> Result<()> {
+    let stale: Vec<String> = runs
+        .into_iter()
+        .filter(|&(mode, _, stale)| mode != "ttl" && stale > 0)
+        .map(|(mode, trace, stale)| format!("{mode} on {trace}: {stale}"))
+        .collect();
+    anyhow::ensure!(stale.is_empty(), "stale responses served in a coherent mode: {}", stale.join(", "));
+    Ok(())
 }
 
 fn find<'a>(report: &'a CoherenceReport, mode: &str, trace: &str, threads: usize) -> Option<&'a Run> {
@@ -359,4 +369,17 @@ fn print_targets(config: &CoherenceBenchConfig, report: &CoherenceReport) {
     }
     let stale: u64 = report.runs.iter().filter(|r| r.mode != "ttl").map(|r| r.stale_responses).sum();
     println!("stale responses in coherent modes: {stale} (target 0)");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stale_responses_fail_the_benchmark_only_in_coherent_modes() {
+        assert!(stale_verdict([("poll/shm", "zipf", 0), ("ttl", "zipf", 40), ("no-cache", "single", 0)]).is_ok());
+        let err = stale_verdict([("poll/shm", "zipf", 0), ("poll/tcp", "single", 2)]).unwrap_err().to_string();
+        assert!(err.contains("poll/tcp on single: 2"), "{err}");
+        assert!(stale_verdict([("no-cache", "worldcup", 1)]).is_err());
+    }
 }

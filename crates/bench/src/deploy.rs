@@ -74,6 +74,10 @@ pub struct Deployment {
     proxy_children: Vec<Option<ChildNode>>,
     // Then in reverse start order: server, module.
     children: Vec<ChildNode>,
+    // How to start the module and the server again (`restart_application_tier`).
+    exe: PathBuf,
+    module_args: Vec<String>,
+    app_args: Vec<String>,
     _scratch: tempfile::TempDir,
 }
 
@@ -200,6 +204,9 @@ impl Deployment {
             app_addr,
             proxy_children,
             children,
+            exe: config.exe.clone(),
+            module_args,
+            app_args,
             _scratch: scratch,
         })
     }
@@ -237,6 +244,24 @@ impl Deployment {
     pub fn stop_proxy(&mut self, index: usize) -> Result<()> {
         let child = self.proxy_children.get_mut(index).and_then(Option::take);
         child.with_context(|| format!("proxy {index} is not running"))?.finish()?;
+        Ok(())
+    }
+
+    /// Restarts the application tier while the proxies keep running: stops
+    /// the application server and the module, then starts the module (a new
+    /// incarnation of its version table, on the same fabric node and
+    /// socket) and the server (on the same address). The server is
+    /// restarted too because it connects to its module once, at start.
+    /// Requests arriving meanwhile fail at the proxies.
+    pub fn restart_application_tier(&mut self) -> Result<()> {
+        // Dropping a child closes its stdin and, after a bounded wait, kills it.
+        while let Some(child) = self.children.pop() {
+            drop(child);
+        }
+        let module = ChildNode::spawn(&self.exe, &self.module_args).context("restarting the application module")?;
+        self.children.push(module);
+        let server = ChildNode::spawn(&self.exe, &self.app_args).context("restarting the application server")?;
+        self.children.push(server);
         Ok(())
     }
 

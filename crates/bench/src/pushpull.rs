@@ -277,8 +277,11 @@ fn measure(config: &PushPullBenchConfig, backend: Backend, policy: &str) -> Resu
     load.duration_ms = Some(u64::try_from(config.duration.as_millis())?);
     load.update_interval_ms = config.update_interval_ms;
     load.seed = config.seed;
+    // tierstack's own application server: its bodies (pushed ones too) are self-checking.
+    load.check_bodies = true;
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     let report: LoadReport = runtime.block_on(run_load(load)).context("load run")?;
+    anyhow::ensure!(report.accounted(), "{policy} on {}: requests not accounted for: {report:?}", backend.name());
     let app_after = settle_pushes(&deployment, config.proxies)?;
     let after: Vec<ProxyStats> = deployment.proxy_stats()?;
     deployment.stop()?;
@@ -397,6 +400,12 @@ pub fn run(config: &PushPullBenchConfig) -> Result<PushPullReport> {
         knees,
     };
     print_and_plot(config, &report)?;
+    // Every policy runs the proxies in poll mode, which is coherent: any
+    // stale response fails the benchmark (after its report was written).
+    let labels: Vec<String> = report.runs.iter().map(|r| format!("{} on {}", r.policy, r.backend)).collect();
+    crate::coherence::stale_verdict(
+        report.runs.iter().zip(&labels).map(|(r, label)| ("poll", label.as_str(), r.stale_responses)),
+    )?;
     Ok(report)
 }
 

@@ -1,6 +1,7 @@
 //! One persistent HTTP/1.1 client connection (hyper's `client::conn::http1`
 //! over a `tokio::net::TcpStream`), and one request/response exchange on it.
 
+use crate::body::{BodyError, BodyScan, ScannedBody};
 use crate::deps::{CACHE_HEADER, DEPS_HEADER};
 use crate::LoadError;
 use bytes::Bytes;
@@ -58,6 +59,8 @@ pub(crate) struct Exchange {
     pub deps: Option<Bytes>,
     pub cache: Option<Bytes>,
     pub body_bytes: u64,
+    /// The scanned body, when asked for (see [`crate::body`]).
+    pub body: Option<Result<ScannedBody, BodyError>>,
     /// The server asked to close the connection after this response.
     pub close: bool,
 }
@@ -96,9 +99,15 @@ impl Connection {
     }
 
     /// Sends `method path` and reads the whole response, counting (not
-    /// keeping) body bytes. Call [`Connection::ready`] first, so that the
-    /// caller's start time excludes waiting for the connection.
-    pub(crate) async fn exchange(&mut self, method: Method, path: &str) -> Result<Exchange, ExchangeError> {
+    /// keeping) body bytes, and scanning the body if `scan_body`. Call
+    /// [`Connection::ready`] first, so that the caller's start time excludes
+    /// waiting for the connection.
+    pub(crate) async fn exchange(
+        &mut self,
+        method: Method,
+        path: &str,
+        scan_body: bool,
+    ) -> Result<Exchange, ExchangeError> {
         let mut builder = Request::builder().method(method.clone()).uri(path).header(header::HOST, &self.authority);
         if method == Method::PUT || method == Method::POST {
             builder = builder.header(header::CONTENT_LENGTH, "0");
@@ -114,13 +123,17 @@ impl Connection {
             .is_some_and(|v| v.as_bytes().split(|&b| b == b',').any(|t| t.trim_ascii().eq_ignore_ascii_case(b"close")));
         let mut body = response.into_body();
         let mut body_bytes = 0u64;
+        let mut scan = scan_body.then(BodyScan::new);
         while let Some(frame) = body.frame().await {
             let frame = frame.map_err(|_| ExchangeError::Io)?;
             if let Some(data) = frame.data_ref() {
                 body_bytes += data.len() as u64;
+                if let Some(scan) = scan.as_mut() {
+                    scan.feed(data);
+                }
             }
         }
-        Ok(Exchange { status, deps, cache, body_bytes, close })
+        Ok(Exchange { status, deps, cache, body_bytes, body: scan.map(BodyScan::finish), close })
     }
 }
 

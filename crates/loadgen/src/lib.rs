@@ -34,7 +34,20 @@
 //! Bad input never panics: a 2xx without the header counts as
 //! `missing_deps`, a header that breaks the contract as `malformed_deps`,
 //! transport failures as `connect`/`io`/`timeout`, statuses by class.
+//! With [`LoadConfig::check_bodies`] (for tierstack's own application
+//! server, whose bodies are self-checking: [`body`]), a header not naming
+//! the requested document's key counts as `deps_wrong_key` and a body that
+//! disagrees with the header as `body_mismatch`.
+//!
+//! **Strict accounting**: every request that ends is counted exactly once,
+//! as a checked 2xx ([`LoadReport::checked_ok`], of which
+//! [`LoadReport::stale_responses`] were stale) or as one error category, so
+//! `requests == checked_ok + errors.total()`. A failed connect counts as
+//! one failed request; a connection the server closed while idle is
+//! reopened without losing a request; requests in flight when the run is
+//! stopped are abandoned and not counted.
 
+pub mod body;
 pub mod deps;
 mod http;
 pub mod record;
@@ -44,7 +57,7 @@ pub mod staleness;
 pub mod stats;
 
 pub use http::Endpoint;
-pub use report::{ErrorCounts, LoadReport, SecondPoint, StaleExample, UpdateSummary};
+pub use report::{ErrorCounts, IncarnationSeen, LoadReport, SecondPoint, StaleExample, UpdateSummary};
 pub use run::{
     run, run_with, LiveSnapshot, LiveStats, LoadConfig, CONNECTIONS_DEFAULT, CONNECTIONS_MAX, CONNECT_BACKOFF_MS_MAX,
     CONNECT_BACKOFF_MS_MIN, RECORDS_MAX_DEFAULT, REQUEST_TIMEOUT_MS_DEFAULT, UPDATE_INTERVAL_MS_DEFAULT,

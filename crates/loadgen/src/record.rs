@@ -8,46 +8,83 @@ use serde::Serialize;
 use std::collections::HashMap;
 use std::io::Write;
 
-/// An interned dependency key.
+/// An interned dependency key: one key name of one module (fabric node),
+/// across all of that module's incarnations.
 pub type KeyId = u32;
 
-/// A key and a version of it.
-pub type DepPair = (KeyId, u64);
+/// A version of a key, comparable across module incarnations.
+///
+/// `epoch` ranks the module's incarnation by when the checker first saw it
+/// (in an update or a response; 0 = the first one seen, see
+/// [`KeyTable::epoch`]), `version` is the header's version within that
+/// incarnation. Stamps order lexicographically (epoch first): a restarted
+/// module counts its versions from 1 again, and any version of a later
+/// incarnation supersedes every version of an earlier one.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+pub struct Stamp {
+    pub epoch: u32,
+    pub version: u64,
+}
 
-/// The version space a key's versions belong to: the module's fabric node
-/// and incarnation from the header. A restarted module counts its versions
-/// from 1 again, so versions are compared only within one space.
-pub type VersionSpace = (u32, u64);
+impl Stamp {
+    pub fn new(epoch: u32, version: u64) -> Self {
+        Self { epoch, version }
+    }
+}
 
-/// Interns dependency keys, per [`VersionSpace`].
+/// A key and a stamp of it.
+pub type DepPair = (KeyId, Stamp);
+
+/// Interns dependency keys per module node, and ranks each node's
+/// incarnations by first sight.
 #[derive(Debug, Default)]
 pub struct KeyTable {
-    ids: HashMap<VersionSpace, HashMap<Box<str>, KeyId>>,
+    ids: HashMap<(u32, Box<str>), KeyId>,
     names: Vec<Box<str>>,
+    /// Per node: its incarnations, in the order first seen (index = epoch).
+    incarnations: HashMap<u32, Vec<u64>>,
 }
 
 impl KeyTable {
-    /// The id of `key` in the default space `(0, 0)`, assigning the next one if it is new.
+    /// The id of `key` of module node 0, assigning the next one if it is new.
     pub fn intern(&mut self, key: &str) -> KeyId {
-        self.intern_in((0, 0), key)
+        self.intern_at(0, key)
     }
 
-    /// The id of `key` in `space`, assigning the next one if it is new: one
-    /// key of two module incarnations gets two ids.
-    pub fn intern_in(&mut self, space: VersionSpace, key: &str) -> KeyId {
-        let ids = self.ids.entry(space).or_default();
-        if let Some(&id) = ids.get(key) {
+    /// The id of `key` of module node `node`, assigning the next one if it is
+    /// new. Keys of different nodes are different keys; one key of two
+    /// incarnations of a node is one key (its stamps tell them apart).
+    pub fn intern_at(&mut self, node: u32, key: &str) -> KeyId {
+        if let Some(&id) = self.ids.get(&(node, Box::from(key))) {
             return id;
         }
         let id = self.names.len() as KeyId;
         self.names.push(key.into());
-        ids.insert(key.into(), id);
+        self.ids.insert((node, key.into()), id);
         id
     }
 
-    /// The first id `key` was given, in any space, if it was interned.
+    /// The epoch of `node`'s `incarnation`: how many other incarnations of
+    /// that node were seen before it (assigning the next epoch if it is new).
+    pub fn epoch(&mut self, node: u32, incarnation: u64) -> u32 {
+        let seen = self.incarnations.entry(node).or_default();
+        match seen.iter().position(|&i| i == incarnation) {
+            Some(epoch) => epoch as u32,
+            None => {
+                seen.push(incarnation);
+                (seen.len() - 1) as u32
+            }
+        }
+    }
+
+    /// The incarnation `node`'s `epoch` stands for, if seen.
+    pub fn incarnation(&self, node: u32, epoch: u32) -> Option<u64> {
+        self.incarnations.get(&node)?.get(epoch as usize).copied()
+    }
+
+    /// The first id `key` was given, on any node, if it was interned.
     pub fn get(&self, key: &str) -> Option<KeyId> {
-        self.ids.values().filter_map(|ids| ids.get(key)).copied().min()
+        self.ids.iter().filter(|((_, k), _)| &**k == key).map(|(_, &id)| id).min()
     }
 
     /// The name of `id` (`"?"` for an unknown id).
@@ -55,7 +92,7 @@ impl KeyTable {
         self.names.get(id as usize).map_or("?", |n| n)
     }
 
-    /// Ids assigned, over every space.
+    /// Ids assigned, over every node.
     pub fn len(&self) -> usize {
         self.names.len()
     }
@@ -65,30 +102,40 @@ impl KeyTable {
     }
 }
 
-/// The `key → version` pairs a response carried (or an update produced).
+/// The `key → stamp` pairs a response carried (or an update produced).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub enum Deps {
     #[default]
     None,
-    One(KeyId, u64),
-    Many(Box<[(KeyId, u64)]>),
+    /// One pair, inline (fields flattened so the enum stays 24 bytes).
+    One {
+        key: KeyId,
+        epoch: u32,
+        version: u64,
+    },
+    Many(Box<[DepPair]>),
 }
 
 impl Deps {
     /// Builds from pairs; one pair is stored inline.
-    pub fn from_pairs(pairs: &[(KeyId, u64)]) -> Self {
+    pub fn from_pairs(pairs: &[DepPair]) -> Self {
         match pairs {
             [] => Self::None,
-            [(k, v)] => Self::One(*k, *v),
+            [(key, s)] => Self::One { key: *key, epoch: s.epoch, version: s.version },
             many => Self::Many(many.into()),
         }
     }
 
+    /// One key at `version` of epoch 0 (tests and single-incarnation runs).
+    pub fn one(key: KeyId, version: u64) -> Self {
+        Self::One { key, epoch: 0, version }
+    }
+
     /// Iterates the pairs.
-    pub fn iter(&self) -> impl Iterator<Item = (KeyId, u64)> + '_ {
+    pub fn iter(&self) -> impl Iterator<Item = DepPair> + '_ {
         let (one, many): (Option<DepPair>, &[DepPair]) = match self {
             Self::None => (None, &[]),
-            Self::One(k, v) => (Some((*k, *v)), &[]),
+            Self::One { key, epoch, version } => (Some((*key, Stamp::new(*epoch, *version))), &[]),
             Self::Many(pairs) => (None, pairs),
         };
         one.into_iter().chain(many.iter().copied())
@@ -129,6 +176,9 @@ pub enum DepsState {
     Missing,
     /// Present but not per the contract.
     Malformed,
+    /// Valid, but the header did not name the requested document's key or
+    /// the self-checking body disagreed with it: not checked.
+    Rejected,
     /// Not a 2xx: not examined.
     NotChecked,
 }
@@ -190,6 +240,10 @@ struct JsonLine<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     deps_state: Option<DepsState>,
     deps: std::collections::BTreeMap<&'a str, u64>,
+    /// Each key's epoch (its module incarnation's rank), only when some
+    /// key's epoch is not 0, i.e. after a module restart.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    epochs: Option<std::collections::BTreeMap<&'a str, u32>>,
 }
 
 impl RecordLog {
@@ -198,7 +252,11 @@ impl RecordLog {
     }
 
     fn deps_map<'a>(&'a self, deps: &Deps) -> std::collections::BTreeMap<&'a str, u64> {
-        deps.iter().map(|(k, v)| (self.keys.name(k), v)).collect()
+        deps.iter().map(|(k, s)| (self.keys.name(k), s.version)).collect()
+    }
+
+    fn epochs_map<'a>(&'a self, deps: &Deps) -> Option<std::collections::BTreeMap<&'a str, u32>> {
+        deps.iter().any(|(_, s)| s.epoch > 0).then(|| deps.iter().map(|(k, s)| (self.keys.name(k), s.epoch)).collect())
     }
 
     /// Writes one JSON object per line: first the updates
@@ -216,6 +274,7 @@ impl RecordLog {
                 cache: None,
                 deps_state: None,
                 deps: self.deps_map(&u.deps),
+                epochs: self.epochs_map(&u.deps),
             };
             serde_json::to_writer(&mut w, &line)?;
             w.write_all(b"\n")?;
@@ -231,6 +290,7 @@ impl RecordLog {
                 cache: Some(r.cache),
                 deps_state: Some(r.deps_state),
                 deps: self.deps_map(&r.deps),
+                epochs: self.epochs_map(&r.deps),
             };
             serde_json::to_writer(&mut w, &line)?;
             w.write_all(b"\n")?;
@@ -252,10 +312,11 @@ mod tests {
     #[test]
     fn deps_iterate_in_every_shape() {
         assert_eq!(Deps::from_pairs(&[]).iter().count(), 0);
-        assert_eq!(Deps::from_pairs(&[(3, 9)]).iter().collect::<Vec<_>>(), vec![(3, 9)]);
-        assert!(matches!(Deps::from_pairs(&[(3, 9)]), Deps::One(3, 9)));
-        let many = Deps::from_pairs(&[(1, 2), (3, 4)]);
-        assert_eq!(many.iter().collect::<Vec<_>>(), vec![(1, 2), (3, 4)]);
+        let s = Stamp::new;
+        assert_eq!(Deps::from_pairs(&[(3, s(1, 9))]).iter().collect::<Vec<_>>(), vec![(3, s(1, 9))]);
+        assert!(matches!(Deps::from_pairs(&[(3, s(1, 9))]), Deps::One { key: 3, epoch: 1, version: 9 }));
+        let many = Deps::from_pairs(&[(1, s(0, 2)), (3, s(2, 4))]);
+        assert_eq!(many.iter().collect::<Vec<_>>(), vec![(1, s(0, 2)), (3, s(2, 4))]);
     }
 
     #[test]
@@ -268,21 +329,24 @@ mod tests {
     }
 
     #[test]
-    fn one_key_of_two_module_incarnations_gets_two_ids() {
+    fn one_key_of_two_incarnations_is_one_key_with_ranked_epochs() {
         let mut t = KeyTable::default();
-        let before = t.intern_in((0, 0xaaaa), "doc/a");
-        let after = t.intern_in((0, 0xbbbb), "doc/a");
-        assert_ne!(before, after);
-        assert_eq!(t.intern_in((0, 0xaaaa), "doc/a"), before);
-        assert_eq!((t.name(before), t.name(after), t.len()), ("doc/a", "doc/a", 2));
-        assert_eq!(t.get("doc/a"), Some(before));
+        let a = t.intern_at(0, "doc/a");
+        assert_eq!(t.intern_at(0, "doc/a"), a);
+        assert_ne!(t.intern_at(1, "doc/a"), a, "another module's key of the same name is another key");
+        // Epochs rank incarnations by first sight, whatever their values.
+        assert_eq!((t.epoch(0, 0xbbbb), t.epoch(0, 0xaaaa), t.epoch(0, 0xbbbb)), (0, 1, 0));
+        assert_eq!(t.epoch(1, 0xaaaa), 0, "epochs are per node");
+        assert_eq!((t.incarnation(0, 1), t.incarnation(0, 2)), (Some(0xaaaa), None));
+        assert!(Stamp::new(1, 1) > Stamp::new(0, u64::MAX), "a later incarnation supersedes any version");
+        assert!(Stamp::new(0, 3) > Stamp::new(0, 2));
     }
 
     #[test]
     fn jsonl_has_one_object_per_record() {
         let mut log = RecordLog { documents: vec!["/doc/a".into()], ..RecordLog::default() };
         let k = log.keys.intern("doc/a");
-        log.updates.push(UpdateRecord { start_ns: 1, end_ns: 2, doc: 0, status: 200, deps: Deps::One(k, 2) });
+        log.updates.push(UpdateRecord { start_ns: 1, end_ns: 2, doc: 0, status: 200, deps: Deps::one(k, 2) });
         log.responses.push(ResponseRecord {
             start_ns: 3,
             end_ns: 4,
@@ -291,7 +355,7 @@ mod tests {
             status: 200,
             cache: CacheStatus::Hit,
             deps_state: DepsState::Ok,
-            deps: Deps::One(k, 2),
+            deps: Deps::from_pairs(&[(k, Stamp::new(1, 2))]),
         });
         let mut out = Vec::new();
         log.write_jsonl(&mut out).unwrap();
@@ -304,7 +368,7 @@ mod tests {
         );
         assert_eq!(
             lines[1],
-            r#"{"type":"response","path":"/doc/a","status":200,"start_ns":3,"end_ns":4,"bytes":10,"cache":"HIT","deps_state":"ok","deps":{"doc/a":2}}"#
+            r#"{"type":"response","path":"/doc/a","status":200,"start_ns":3,"end_ns":4,"bytes":10,"cache":"HIT","deps_state":"ok","deps":{"doc/a":2},"epochs":{"doc/a":1}}"#
         );
     }
 }

@@ -24,6 +24,12 @@ pub struct ErrorCounts {
     pub missing_deps: u64,
     /// 2xx responses whose `X-Tierstack-Deps` breaks the contract.
     pub malformed_deps: u64,
+    /// 2xx responses whose header does not name the requested document's
+    /// key `doc/<name>` (checked only with `check_bodies`).
+    pub deps_wrong_key: u64,
+    /// 2xx responses whose self-checking body disagrees with the request or
+    /// the header, or whose content fails its hash (only with `check_bodies`).
+    pub body_mismatch: u64,
 }
 
 impl ErrorCounts {
@@ -36,6 +42,24 @@ impl ErrorCounts {
         self.status_other += o.status_other;
         self.missing_deps += o.missing_deps;
         self.malformed_deps += o.malformed_deps;
+        self.deps_wrong_key += o.deps_wrong_key;
+        self.body_mismatch += o.body_mismatch;
+    }
+
+    /// Every category with its count, zeros included, in a fixed order.
+    pub fn categories(&self) -> [(&'static str, u64); 10] {
+        [
+            ("connect", self.connect),
+            ("io", self.io),
+            ("timeout", self.timeout),
+            ("status 4xx", self.status_4xx),
+            ("status 5xx", self.status_5xx),
+            ("status other", self.status_other),
+            ("missing deps", self.missing_deps),
+            ("malformed deps", self.malformed_deps),
+            ("deps wrong key", self.deps_wrong_key),
+            ("body mismatch", self.body_mismatch),
+        ]
     }
 
     /// Everything counted here.
@@ -48,6 +72,8 @@ impl ErrorCounts {
             + self.status_other
             + self.missing_deps
             + self.malformed_deps
+            + self.deps_wrong_key
+            + self.body_mismatch
     }
 }
 
@@ -91,9 +117,27 @@ pub struct StaleExample {
     pub path: String,
     pub key: String,
     pub served_version: u64,
+    /// Epoch (incarnation rank, see [`crate::staleness`]) of `served_version`.
+    pub served_epoch: u32,
     pub newer_version: u64,
+    pub newer_epoch: u32,
     pub response_start_ns: u64,
     pub update_end_ns: u64,
+}
+
+/// One module incarnation the checker saw.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct IncarnationSeen {
+    /// The module's fabric node.
+    pub node: u32,
+    /// Its incarnation, as in the header (16 hex digits).
+    pub incarnation: String,
+    /// Rank among `node`'s incarnations by first sight (0 = first).
+    pub epoch: u32,
+    /// Checked responses whose header named this incarnation.
+    pub responses_checked: u64,
+    /// Completed updates whose header named it.
+    pub updates: u64,
 }
 
 /// The outcome of [`crate::run`].
@@ -105,8 +149,14 @@ pub struct LoadReport {
     pub seed: u64,
     /// From the start of the run until every worker stopped.
     pub elapsed_s: f64,
-    /// Responses received, any status.
+    /// Requests that ended: a response (any status) or a transport failure
+    /// (`connect`, `io`, `timeout`). Always `checked_ok + errors.total()`.
     pub requests: u64,
+    /// 2xx responses that passed every check (header, and body when
+    /// checked) and were checked for staleness.
+    pub checked_ok: u64,
+    /// Of `checked_ok`, responses whose self-checking body was verified.
+    pub bodies_checked: u64,
     /// 2xx responses.
     pub ok: u64,
     /// 2xx responses per second of `elapsed_s`.
@@ -122,7 +172,7 @@ pub struct LoadReport {
     pub hit_rate: Option<f64>,
     pub errors: ErrorCounts,
     pub updates: UpdateSummary,
-    /// Responses the online staleness checker examined (2xx with a valid header).
+    /// Responses the online staleness checker examined (== `checked_ok`).
     pub checked_responses: u64,
     /// Stale responses found by the online checker: must be zero.
     pub stale_responses: u64,
@@ -131,6 +181,10 @@ pub struct LoadReport {
     pub stale_responses_offline: Option<u64>,
     /// The first stale responses.
     pub stale_examples: Vec<StaleExample>,
+    /// The first header and body check failures, described.
+    pub check_error_examples: Vec<String>,
+    /// Module incarnations seen, per node in epoch order.
+    pub incarnations: Vec<IncarnationSeen>,
     /// Per-second throughput and hit rate.
     pub series: Vec<SecondPoint>,
     /// Responses kept in `records` and responses not kept (log full or disabled).
@@ -142,6 +196,12 @@ pub struct LoadReport {
 }
 
 impl LoadReport {
+    /// Does every request that ended appear exactly once, as a checked 2xx
+    /// or in one error category?
+    pub fn accounted(&self) -> bool {
+        self.requests == self.checked_ok + self.errors.total() && self.checked_responses == self.checked_ok
+    }
+
     /// A plain-text summary table.
     pub fn summary_table(&self) -> String {
         let ms = |ns: u64| ns as f64 / 1e6;
@@ -151,7 +211,7 @@ impl LoadReport {
             ("targets", self.targets.join(", ")),
             ("connections", self.connections.to_string()),
             ("elapsed", format!("{:.2} s", self.elapsed_s)),
-            ("requests", format!("{} ({} ok)", self.requests, self.ok)),
+            ("requests", format!("{} ({} ok, {} checked ok)", self.requests, self.ok, self.checked_ok)),
             ("throughput", format!("{:.0} req/s", self.throughput_rps)),
             ("latency p50", format!("{:.3} ms", ms(self.latency.p50_ns))),
             ("latency p99", format!("{:.3} ms", ms(self.latency.p99_ns))),
@@ -187,15 +247,5 @@ fn format_errors(e: &ErrorCounts) -> String {
     if e.total() == 0 {
         return "0".to_string();
     }
-    let parts = [
-        ("connect", e.connect),
-        ("io", e.io),
-        ("timeout", e.timeout),
-        ("4xx", e.status_4xx),
-        ("5xx", e.status_5xx),
-        ("other status", e.status_other),
-        ("missing deps", e.missing_deps),
-        ("malformed deps", e.malformed_deps),
-    ];
-    parts.iter().filter(|(_, n)| *n > 0).map(|(k, n)| format!("{k} {n}")).collect::<Vec<_>>().join(", ")
+    e.categories().iter().filter(|(_, n)| *n > 0).map(|(k, n)| format!("{k} {n}")).collect::<Vec<_>>().join(", ")
 }

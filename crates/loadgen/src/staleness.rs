@@ -3,15 +3,31 @@
 //! **Rule** (docs/coherence-protocol.md): a response is stale iff, for some
 //! key in its header, an update of that key *completed* (its response was
 //! received, `end_ns`) strictly before the request *started* (`start_ns`)
-//! and produced a higher version than the response carries. An update that
+//! and produced a newer [`Stamp`] than the response carries. An update that
 //! completes after the request started is concurrent with it: either version
 //! is correct. Keys no update touched never make a response stale.
 //!
-//! **Offline** ([`find_stale`]): updates are indexed per key, sorted by
-//! completion time, with a running maximum of the versions produced; each
-//! (response, key) pair is one binary search — `O((R·k + U) log U)`.
+//! **Across module restarts.** A key is named by its module's node and its
+//! name, not by the incarnation; each version carries its incarnation's
+//! *epoch*, the rank of that incarnation in the order the checker first saw
+//! the node's incarnations (in an update's or a response's header). Stamps
+//! compare epoch first, then version. So within one incarnation versions
+//! compare as numbers; a response carrying an *older* incarnation (lower
+//! epoch) is stale if an update of the key completed under a newer one
+//! before the request started, whatever the version numbers (the old
+//! incarnation was superseded by then); a response of a newer incarnation
+//! is never made stale by updates of an older one. Versions of different
+//! incarnations are otherwise not compared. Epochs are assigned once, when
+//! a header is interned, and stored in the records, so the online checker
+//! and the offline recount rank incarnations identically.
 //!
-//! **Online** ([`OnlineChecker`]): responses are checked as they arrive. The
+//! **Offline** ([`find_stale`]): the rule, by brute force — every (response,
+//! key) pair scans the updates of that key — written independently of the
+//! online checker's index so that each cross-checks the other.
+//!
+//! **Online** ([`OnlineChecker`]): responses are checked as they arrive
+//! against an index ([`UpdateIndex`]: per key, updates sorted by completion
+//! time with a running maximum stamp; one binary search per key). The
 //! trap is arrival order: an update may *end* before a response *starts* and
 //! yet reach the checker after that response does (its PUT response was
 //! received, but the updater has not yet recorded it). So the updater
@@ -23,8 +39,9 @@
 //! Deferred responses are bounded by how long one update may take (its
 //! request timeout) times the response rate.
 
-use crate::record::{Deps, KeyId, ResponseRecord, UpdateRecord};
+use crate::record::{Deps, KeyId, ResponseRecord, Stamp, UpdateRecord};
 use serde::Serialize;
+use std::collections::HashMap;
 
 /// Most stale findings an [`OnlineChecker`] keeps as examples (all are counted).
 pub const STALE_EXAMPLES_MAX: usize = 32;
@@ -37,11 +54,11 @@ pub struct StaleFinding {
     pub doc: u32,
     pub response_start_ns: u64,
     pub key: KeyId,
-    /// Version the response carried.
-    pub served_version: u64,
-    /// Highest version an update completed before the response started.
-    pub newer_version: u64,
-    /// When the update that produced `newer_version` completed.
+    /// Stamp the response carried.
+    pub served: Stamp,
+    /// Newest stamp an update completed before the response started.
+    pub newer: Stamp,
+    /// When the update that produced `newer` completed.
     pub update_end_ns: u64,
 }
 
@@ -49,38 +66,38 @@ pub struct StaleFinding {
 #[derive(Debug, Default, Clone)]
 struct KeyUpdates {
     end_ns: Vec<u64>,
-    version: Vec<u64>,
-    /// `best[i]` = index in `0..=i` of the highest version (earliest on ties).
+    stamp: Vec<Stamp>,
+    /// `best[i]` = index in `0..=i` of the newest stamp (earliest on ties).
     best: Vec<u32>,
 }
 
 impl KeyUpdates {
-    fn insert(&mut self, end_ns: u64, version: u64) {
+    fn insert(&mut self, end_ns: u64, stamp: Stamp) {
         // Usually an append: updates are recorded in completion order.
         let at = self.end_ns.partition_point(|&e| e <= end_ns);
         self.end_ns.insert(at, end_ns);
-        self.version.insert(at, version);
+        self.stamp.insert(at, stamp);
         self.best.truncate(at);
         for i in at..self.end_ns.len() {
             let candidate = i as u32;
             let best = match i.checked_sub(1).map(|p| self.best[p]) {
-                Some(prev) if self.version[prev as usize] >= self.version[i] => prev,
+                Some(prev) if self.stamp[prev as usize] >= self.stamp[i] => prev,
                 _ => candidate,
             };
             self.best.push(best);
         }
     }
 
-    /// The highest version among updates that ended strictly before
+    /// The newest stamp among updates that ended strictly before
     /// `start_ns`, with that update's end.
-    fn newest_before(&self, start_ns: u64) -> Option<(u64, u64)> {
+    fn newest_before(&self, start_ns: u64) -> Option<(Stamp, u64)> {
         let n = self.end_ns.partition_point(|&e| e < start_ns);
         let i = *self.best.get(n.checked_sub(1)?)? as usize;
-        Some((self.version[i], self.end_ns[i]))
+        Some((self.stamp[i], self.end_ns[i]))
     }
 }
 
-/// Completed updates, indexed per key.
+/// Completed updates, indexed per key (the online checker's index).
 #[derive(Debug, Default, Clone)]
 pub struct UpdateIndex {
     keys: Vec<KeyUpdates>,
@@ -90,12 +107,12 @@ pub struct UpdateIndex {
 impl UpdateIndex {
     /// Adds an update that completed at `end_ns` producing `deps`.
     pub fn insert(&mut self, end_ns: u64, deps: &Deps) {
-        for (key, version) in deps.iter() {
+        for (key, stamp) in deps.iter() {
             let k = key as usize;
             if self.keys.len() <= k {
                 self.keys.resize_with(k + 1, KeyUpdates::default);
             }
-            self.keys[k].insert(end_ns, version);
+            self.keys[k].insert(end_ns, stamp);
         }
         self.updates += 1;
     }
@@ -118,23 +135,47 @@ impl UpdateIndex {
                 doc,
                 response_start_ns: start_ns,
                 key,
-                served_version: served,
-                newer_version: newer,
+                served,
+                newer,
                 update_end_ns,
             })
         })
     }
 }
 
-/// Offline check of a complete run: the stale responses, by index.
+/// Offline recount of a complete run, by brute force from the rule: the
+/// stale responses, by index. Independent of [`UpdateIndex`] on purpose.
 pub fn find_stale(responses: &[ResponseRecord], updates: &[UpdateRecord]) -> Vec<StaleFinding> {
-    let mut sorted: Vec<&UpdateRecord> = updates.iter().collect();
-    sorted.sort_by_key(|u| u.end_ns);
-    let mut index = UpdateIndex::default();
-    for u in sorted {
-        index.insert(u.end_ns, &u.deps);
+    // Only grouping by key, so a run's cost is responses × updates *per key*.
+    let mut by_key: HashMap<KeyId, Vec<(u64, Stamp)>> = HashMap::new();
+    for u in updates {
+        for (key, stamp) in u.deps.iter() {
+            by_key.entry(key).or_default().push((u.end_ns, stamp));
+        }
     }
-    responses.iter().enumerate().filter_map(|(i, r)| index.check(i as u64, r.doc, r.start_ns, &r.deps)).collect()
+    let mut found = Vec::new();
+    for (i, r) in responses.iter().enumerate() {
+        let finding = r.deps.iter().find_map(|(key, served)| {
+            let mut newest: Option<(Stamp, u64)> = None;
+            for &(end_ns, stamp) in by_key.get(&key).map_or(&[][..], Vec::as_slice) {
+                let superseded = end_ns < r.start_ns && stamp > served;
+                if superseded && newest.is_none_or(|(s, e)| stamp > s || (stamp == s && end_ns < e)) {
+                    newest = Some((stamp, end_ns));
+                }
+            }
+            newest.map(|(newer, update_end_ns)| StaleFinding {
+                response: i as u64,
+                doc: r.doc,
+                response_start_ns: r.start_ns,
+                key,
+                served,
+                newer,
+                update_end_ns,
+            })
+        });
+        found.extend(finding);
+    }
+    found
 }
 
 /// Names an update registered with [`OnlineChecker::update_started`].
@@ -258,7 +299,12 @@ mod tests {
     use crate::record::{CacheStatus, DepPair, DepsState};
     use proptest::prelude::*;
 
-    fn resp(start_ns: u64, deps: &[(KeyId, u64)]) -> ResponseRecord {
+    /// Epoch 0, version `v`: one incarnation.
+    fn v(version: u64) -> Stamp {
+        Stamp::new(0, version)
+    }
+
+    fn resp(start_ns: u64, deps: &[DepPair]) -> ResponseRecord {
         ResponseRecord {
             start_ns,
             end_ns: start_ns + 1,
@@ -271,22 +317,24 @@ mod tests {
         }
     }
 
-    fn upd(end_ns: u64, deps: &[(KeyId, u64)]) -> UpdateRecord {
+    fn upd(end_ns: u64, deps: &[DepPair]) -> UpdateRecord {
         UpdateRecord { start_ns: end_ns.saturating_sub(5), end_ns, doc: 0, status: 200, deps: Deps::from_pairs(deps) }
     }
 
-    /// The brute-force definition, straight from the rule.
-    fn brute_force(responses: &[ResponseRecord], updates: &[UpdateRecord]) -> Vec<usize> {
-        responses
-            .iter()
-            .enumerate()
-            .filter(|(_, r)| {
-                r.deps.iter().any(|(key, served)| {
-                    updates.iter().any(|u| u.end_ns < r.start_ns && u.deps.iter().any(|(k, v)| k == key && v > served))
-                })
-            })
-            .map(|(i, _)| i)
-            .collect()
+    /// The online index's verdicts, response by response.
+    fn by_index(responses: &[ResponseRecord], updates: &[UpdateRecord]) -> Vec<usize> {
+        let mut sorted: Vec<&UpdateRecord> = updates.iter().collect();
+        sorted.sort_by_key(|u| u.end_ns);
+        let mut index = UpdateIndex::default();
+        for u in sorted {
+            index.insert(u.end_ns, &u.deps);
+        }
+        let found = responses.iter().enumerate().filter_map(|(i, r)| index.check(i as u64, r.doc, r.start_ns, &r.deps));
+        found.map(|f| f.response as usize).collect()
+    }
+
+    fn ids(findings: &[StaleFinding]) -> Vec<usize> {
+        findings.iter().map(|f| f.response as usize).collect()
     }
 
     const A: KeyId = 0;
@@ -297,41 +345,84 @@ mod tests {
     #[test]
     fn table_of_cases() {
         #[allow(clippy::type_complexity)]
-        let cases: &[(&str, &[(u64, &[(KeyId, u64)])], u64, &[(KeyId, u64)], bool)] = &[
-            ("no updates at all", &[], 100, &[(A, 1)], false),
-            ("fresh: carries the version the update produced", &[(50, &[(A, 2)])], 100, &[(A, 2)], false),
-            ("fresh: carries a newer version than any completed update", &[(50, &[(A, 2)])], 100, &[(A, 3)], false),
-            ("stale: update completed before the request started", &[(50, &[(A, 2)])], 100, &[(A, 1)], true),
-            ("concurrent: update completed after the request started", &[(150, &[(A, 2)])], 100, &[(A, 1)], false),
-            ("boundary: completed at the very instant the request started", &[(100, &[(A, 2)])], 100, &[(A, 1)], false),
-            ("stale on the second of two keys", &[(50, &[(B, 7)])], 100, &[(A, 1), (B, 6)], true),
-            ("multi-key update, response carries both new", &[(50, &[(A, 2), (B, 3)])], 100, &[(A, 2), (B, 3)], false),
-            ("multi-key update, one key old", &[(50, &[(A, 2), (B, 3)])], 100, &[(A, 2), (B, 2)], true),
-            ("unknown key: no update ever touched it", &[(50, &[(A, 9)])], 100, &[(C, 1)], false),
-            ("update of another key does not matter", &[(50, &[(B, 9)])], 100, &[(A, 1)], false),
-            ("no deps: nothing to check", &[(50, &[(A, 9)])], 100, &[], false),
+        let cases: &[(&str, &[(u64, &[DepPair])], u64, &[DepPair], bool)] = &[
+            ("no updates at all", &[], 100, &[(A, v(1))], false),
+            ("fresh: carries the version the update produced", &[(50, &[(A, v(2))])], 100, &[(A, v(2))], false),
             (
-                "only the newest completed update counts",
-                &[(10, &[(A, 2)]), (20, &[(A, 3)]), (200, &[(A, 9)])],
+                "fresh: carries a newer version than any completed update",
+                &[(50, &[(A, v(2))])],
                 100,
-                &[(A, 3)],
+                &[(A, v(3))],
+                false,
+            ),
+            ("stale: update completed before the request started", &[(50, &[(A, v(2))])], 100, &[(A, v(1))], true),
+            (
+                "concurrent: update completed after the request started",
+                &[(150, &[(A, v(2))])],
+                100,
+                &[(A, v(1))],
+                false,
+            ),
+            ("update completed exactly at the request start", &[(100, &[(A, v(2))])], 100, &[(A, v(1))], false),
+            ("another key's update does not matter", &[(50, &[(B, v(9))])], 100, &[(A, v(1))], false),
+            (
+                "multi-key: one stale key is enough",
+                &[(50, &[(C, v(3))])],
+                100,
+                &[(A, v(1)), (B, v(1)), (C, v(2))],
+                true,
+            ),
+            (
+                "the newest of several completed updates counts",
+                &[(10, &[(A, v(2))]), (20, &[(A, v(3))])],
+                100,
+                &[(A, v(2))],
+                true,
+            ),
+            (
+                "a later update within the request does not excuse an earlier one",
+                &[(10, &[(A, v(2))]), (200, &[(A, v(3))])],
+                100,
+                &[(A, v(1))],
+                true,
+            ),
+            ("updates recorded out of order", &[(90, &[(A, v(5))]), (10, &[(A, v(2))])], 100, &[(A, v(4))], true),
+            // Module restarts: epoch 1 is an incarnation first seen after epoch 0.
+            (
+                "restart: an old incarnation's copy after a new incarnation's update is stale",
+                &[(10, &[(A, v(7))]), (50, &[(A, Stamp::new(1, 1))])],
+                100,
+                &[(A, v(9))],
+                true,
+            ),
+            (
+                "restart: an old incarnation's copy concurrent with the new incarnation's update is not",
+                &[(10, &[(A, v(7))]), (150, &[(A, Stamp::new(1, 1))])],
+                100,
+                &[(A, v(7))],
                 false,
             ),
             (
-                "an older completed update, newer concurrent one",
-                &[(10, &[(A, 2)]), (200, &[(A, 3)])],
+                "restart: a new incarnation's version 1 is not stale next to the old version 9",
+                &[(10, &[(A, v(9))])],
                 100,
-                &[(A, 1)],
+                &[(A, Stamp::new(1, 1))],
+                false,
+            ),
+            (
+                "restart: within the new incarnation versions still compare",
+                &[(10, &[(A, v(9))]), (50, &[(A, Stamp::new(1, 3))])],
+                100,
+                &[(A, Stamp::new(1, 2))],
                 true,
             ),
-            ("updates recorded out of order", &[(90, &[(A, 5)]), (10, &[(A, 2)])], 100, &[(A, 4)], true),
         ];
         for (name, updates, start, deps, stale) in cases {
             let updates: Vec<_> = updates.iter().map(|(end, d)| upd(*end, d)).collect();
             let responses = vec![resp(*start, deps)];
             let found = find_stale(&responses, &updates);
-            assert_eq!(!found.is_empty(), *stale, "case: {name}");
-            assert_eq!(brute_force(&responses, &updates).is_empty(), !*stale, "brute force, case: {name}");
+            assert_eq!(!found.is_empty(), *stale, "brute force, case: {name}");
+            assert_eq!(by_index(&responses, &updates).is_empty(), !*stale, "index, case: {name}");
             // Online, every update recorded before the response arrives.
             let mut online = OnlineChecker::new();
             for u in &updates {
@@ -346,20 +437,22 @@ mod tests {
     }
 
     #[test]
-    fn a_finding_names_the_key_versions_and_update() {
-        let found = find_stale(&[resp(100, &[(A, 2), (B, 1)])], &[upd(40, &[(B, 2)]), upd(60, &[(B, 4)])]);
-        assert_eq!(
-            found,
-            vec![StaleFinding {
-                response: 0,
-                doc: 0,
-                response_start_ns: 100,
-                key: B,
-                served_version: 1,
-                newer_version: 4,
-                update_end_ns: 60
-            }]
-        );
+    fn a_finding_names_the_key_stamps_and_update() {
+        let expected = StaleFinding {
+            response: 0,
+            doc: 0,
+            response_start_ns: 100,
+            key: B,
+            served: v(1),
+            newer: v(4),
+            update_end_ns: 60,
+        };
+        let responses = [resp(100, &[(A, v(2)), (B, v(1))])];
+        let updates = [upd(40, &[(B, v(2))]), upd(60, &[(B, v(4))])];
+        assert_eq!(find_stale(&responses, &updates), vec![expected]);
+        let mut index = UpdateIndex::default();
+        updates.iter().for_each(|u| index.insert(u.end_ns, &u.deps));
+        assert_eq!(index.check(0, 0, 100, &responses[0].deps), Some(expected));
     }
 
     /// The trap the online protocol exists for: the update ended at 50, a
@@ -371,12 +464,12 @@ mod tests {
         let mut online = OnlineChecker::new();
         let ticket = online.update_started(40);
         // A response that started before the update did is checked at once.
-        assert_eq!(online.response(1, 0, 30, Deps::One(A, 1)), None);
+        assert_eq!(online.response(1, 0, 30, Deps::one(A, 1)), None);
         assert_eq!(online.summary().checked, 1);
         // One that started after: deferred.
-        assert_eq!(online.response(2, 0, 60, Deps::One(A, 1)), None);
+        assert_eq!(online.response(2, 0, 60, Deps::one(A, 1)), None);
         assert_eq!(online.deferred(), 1);
-        online.update_finished(ticket, Some((50, &Deps::One(A, 2))));
+        online.update_finished(ticket, Some((50, &Deps::one(A, 2))));
         assert_eq!(online.deferred(), 0);
         let s = online.finish();
         assert_eq!((s.checked, s.stale, s.updates), (2, 1, 1));
@@ -387,15 +480,15 @@ mod tests {
     fn a_failed_update_releases_deferred_responses_unchanged() {
         let mut online = OnlineChecker::new();
         let ticket = online.update_started(40);
-        online.response(1, 0, 60, Deps::One(A, 1));
+        online.response(1, 0, 60, Deps::one(A, 1));
         online.update_finished(ticket, None);
         let s = online.finish();
         assert_eq!((s.checked, s.stale, s.updates), (1, 0, 0));
     }
 
-    /// An update: (start, end, recorded, new versions).
+    /// An update: (start, end, recorded, new stamps).
     type SimUpdate = (u64, u64, u64, Vec<DepPair>);
-    /// A response: (start, arrival, versions).
+    /// A response: (start, arrival, stamps).
     type SimResponse = (u64, u64, Vec<DepPair>);
 
     /// One observed run: updates with start < end and a record time after
@@ -406,8 +499,10 @@ mod tests {
         responses: Vec<SimResponse>,
     }
 
-    fn deps_strategy() -> impl Strategy<Value = Vec<(KeyId, u64)>> {
-        proptest::collection::btree_map(0u32..4, 1u64..6, 0..3).prop_map(|m| m.into_iter().collect())
+    /// Up to 3 keys of 4, each at a version 1..6 of one of 3 incarnations.
+    fn deps_strategy() -> impl Strategy<Value = Vec<DepPair>> {
+        proptest::collection::btree_map(0u32..4, (0u32..3, 1u64..6), 0..3)
+            .prop_map(|m| m.into_iter().map(|(k, (e, v))| (k, Stamp::new(e, v))).collect())
     }
 
     fn run_strategy() -> impl Strategy<Value = Run> {
@@ -418,24 +513,37 @@ mod tests {
             .prop_map(|(updates, responses)| Run { updates, responses })
     }
 
+    fn records(run: &Run) -> (Vec<ResponseRecord>, Vec<UpdateRecord>) {
+        let updates = run
+            .updates
+            .iter()
+            .map(|(s, e, _, d)| UpdateRecord {
+                start_ns: *s,
+                end_ns: *e,
+                doc: 0,
+                status: 200,
+                deps: Deps::from_pairs(d),
+            })
+            .collect();
+        (run.responses.iter().map(|(s, _, d)| resp(*s, d)).collect(), updates)
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(512))]
 
-        /// The fast offline checker agrees with the definition.
+        /// The online checker's index agrees with the brute-force recount,
+        /// over histories spanning several module incarnations.
         #[test]
-        fn offline_matches_brute_force(run in run_strategy()) {
-            let updates: Vec<_> = run.updates.iter().map(|(s, e, _, d)| UpdateRecord {
-                start_ns: *s, end_ns: *e, doc: 0, status: 200, deps: Deps::from_pairs(d),
-            }).collect();
-            let responses: Vec<_> = run.responses.iter().map(|(s, _, d)| resp(*s, d)).collect();
-            let fast: Vec<usize> = find_stale(&responses, &updates).iter().map(|f| f.response as usize).collect();
-            prop_assert_eq!(fast, brute_force(&responses, &updates));
+        fn index_matches_brute_force(run in run_strategy()) {
+            let (responses, updates) = records(&run);
+            prop_assert_eq!(by_index(&responses, &updates), ids(&find_stale(&responses, &updates)));
         }
 
         /// The online checker, fed in arrival order with updates registered
-        /// at their start and recorded late, agrees with the offline one.
+        /// at their start and recorded late, agrees with the brute-force
+        /// offline recount.
         #[test]
-        fn online_matches_offline(run in run_strategy()) {
+        fn online_matches_brute_force(run in run_strategy()) {
             #[derive(Debug)]
             enum Ev { Start(usize), Record(usize), Arrive(usize) }
             let mut events: Vec<(u64, u8, Ev)> = Vec::new();
@@ -464,11 +572,8 @@ mod tests {
                 }
             }
             let summary = online.finish();
-            let updates: Vec<_> = run.updates.iter().map(|(s, e, _, d)| UpdateRecord {
-                start_ns: *s, end_ns: *e, doc: 0, status: 200, deps: Deps::from_pairs(d),
-            }).collect();
-            let responses: Vec<_> = run.responses.iter().map(|(s, _, d)| resp(*s, d)).collect();
-            let offline = brute_force(&responses, &updates);
+            let (responses, updates) = records(&run);
+            let offline = ids(&find_stale(&responses, &updates));
             prop_assert_eq!(summary.checked, responses.len() as u64);
             prop_assert_eq!(summary.stale, offline.len() as u64);
             let mut online_ids: Vec<usize> = summary.examples.iter().map(|f| f.response as usize).collect();

@@ -12,6 +12,7 @@ use std::convert::Infallible;
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use tierstack_loadgen::body::contract_body;
 use tierstack_loadgen::{run, run_with, LiveStats, LoadConfig, LoadReport};
 use tierstack_workload::Trace;
 use tokio::net::TcpListener;
@@ -28,6 +29,13 @@ enum Mode {
     MalformedDeps,
     /// Every GET answers 500.
     Status500,
+    /// Correct versions, but every body is spliced: the served version's
+    /// first line, the previous version's content.
+    SplicedBody,
+    /// The body is of another version than the header's.
+    BodyOfAnotherVersion,
+    /// The header names another key instead of the document's.
+    WrongKey,
 }
 
 #[derive(Default)]
@@ -47,6 +55,9 @@ struct State {
     sizes: HashMap<String, usize>,
     gets: u64,
     puts: u64,
+    /// Bodies by (document, version, kind): generating and hashing a 1 MiB
+    /// body per GET would make a debug build's server the bottleneck.
+    bodies: HashMap<(String, u64, u8), Bytes>,
 }
 
 struct TestServer {
@@ -99,9 +110,34 @@ async fn handle(state: Arc<Mutex<State>>, req: Request<Incoming>) -> Result<Resp
             match mode {
                 Mode::NoDeps => {}
                 Mode::MalformedDeps => resp = resp.header("x-tierstack-deps", format!("doc/{name}=notanumber")),
+                Mode::WrongKey => {
+                    resp = resp.header("x-tierstack-deps", format!("n=0;i={INCARNATION};other/{name}={served}@0"))
+                }
                 _ => resp = resp.header("x-tierstack-deps", header(&st, &name, served)),
             }
-            Ok(resp.body(Full::new(Bytes::from(vec![b'x'; size]))).unwrap())
+            let kind = match mode {
+                Mode::SplicedBody => 1,
+                Mode::BodyOfAnotherVersion => 2,
+                _ => 0,
+            };
+            let body = st
+                .bodies
+                .entry((name.clone(), served, kind))
+                .or_insert_with(|| {
+                    let body = match mode {
+                        Mode::SplicedBody => {
+                            let (now, other) =
+                                (contract_body(&name, served, size), contract_body(&name, served + 1, size));
+                            let cut = now.iter().position(|&b| b == b'\n').unwrap() + 1;
+                            [&now[..cut], &other[cut..]].concat()
+                        }
+                        Mode::BodyOfAnotherVersion => contract_body(&name, served + 1, size),
+                        _ => contract_body(&name, served, size),
+                    };
+                    Bytes::from(body)
+                })
+                .clone();
+            Ok(resp.body(Full::new(body)).unwrap())
         }
         Method::PUT | Method::POST => {
             st.puts += 1;
@@ -131,6 +167,7 @@ async fn serve(trace: &Trace, mode: Mode, shared_key: Option<&'static str>) -> T
         sizes: trace.documents().iter().map(|d| (d.name.clone(), d.size_bytes as usize)).collect(),
         gets: 0,
         puts: 0,
+        bodies: HashMap::new(),
     }));
     let st = state.clone();
     let task = tokio::spawn(async move {
@@ -167,6 +204,7 @@ async fn run_until(
 
 fn config(target: &str, trace: Trace) -> LoadConfig {
     let mut c = LoadConfig::new(target, trace);
+    c.check_bodies = true;
     c.connections = 4;
     c.update_interval_ms = 20;
     c.keep_records = true;
@@ -185,6 +223,8 @@ async fn correct_server_has_no_stale_responses_under_concurrent_updates() {
     assert_eq!(report.requests, report.ok);
     assert_eq!(report.errors.total(), 0, "{:?}", report.errors);
     assert_eq!(report.checked_responses, report.ok);
+    assert_eq!((report.checked_ok, report.bodies_checked), (report.ok, report.ok), "every body was verified");
+    assert!(report.accounted());
     assert!(report.latency.p50_ns > 0 && report.latency.p99_ns >= report.latency.p50_ns);
     assert_eq!(report.hit_rate, Some(0.0), "the test server always says MISS");
     // … the updater updated, and the server saw every update …
@@ -204,7 +244,7 @@ async fn correct_server_has_no_stale_responses_under_concurrent_updates() {
     let log = report.records.as_ref().unwrap();
     assert_eq!(log.responses.len() as u64, report.ok);
     assert_eq!(log.updates.len() as u64, report.updates.done);
-    let max_served = log.responses.iter().flat_map(|r| r.deps.iter()).map(|(_, v)| v).max().unwrap();
+    let max_served = log.responses.iter().flat_map(|r| r.deps.iter()).map(|(_, s)| s.version).max().unwrap();
     assert!(max_served > 1, "responses must carry updated versions");
     let sizes: HashMap<u32, u64> = (0..5).map(|i| (i, trace.documents()[i as usize].size_bytes)).collect();
     assert!(log.responses.iter().all(|r| r.bytes == sizes[&r.doc]), "bodies are counted in full");
@@ -282,20 +322,49 @@ async fn bad_responses_are_counted_not_fatal() {
     let s = serve(&trace, Mode::NoDeps, None).await;
     let r = short_run(&s.url, trace.clone()).await;
     assert_eq!((r.ok, r.errors.missing_deps, r.checked_responses), (200, 200, 0));
+    assert!(r.accounted());
 
     let s = serve(&trace, Mode::MalformedDeps, None).await;
     let r = short_run(&s.url, trace.clone()).await;
     assert_eq!((r.ok, r.errors.malformed_deps, r.checked_responses), (200, 200, 0));
+    assert!(r.accounted() && !r.check_error_examples.is_empty());
 
     let s = serve(&trace, Mode::Status500, None).await;
     let r = short_run(&s.url, trace.clone()).await;
     assert_eq!((r.requests, r.ok, r.errors.status_5xx), (200, 0, 200));
+    assert!(r.accounted());
 
     // A document the server does not have: 404s, counted.
     let other = Trace::zipf(1.0, 2).unwrap();
     let s = serve(&trace, Mode::Correct, None).await;
     let r = short_run(&s.url, other).await;
     assert_eq!((r.requests, r.errors.status_4xx), (200, 200));
+    assert!(r.accounted());
+}
+
+/// Bodies that disagree with their header are caught and counted as their
+/// own categories — and only when body checking is on: against a
+/// third-party service, only the header contract applies.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bodies_that_disagree_with_the_header_are_counted() {
+    let trace = Trace::zipf(0.75, 3).unwrap();
+    for (mode, wrong_key, mismatch) in
+        [(Mode::SplicedBody, 0, 200), (Mode::BodyOfAnotherVersion, 0, 200), (Mode::WrongKey, 200, 0)]
+    {
+        let s = serve(&trace, mode, None).await;
+        let r = short_run(&s.url, trace.clone()).await;
+        assert_eq!((r.ok, r.checked_ok, r.checked_responses), (200, 0, 0), "{mode:?}");
+        assert_eq!((r.errors.deps_wrong_key, r.errors.body_mismatch), (wrong_key, mismatch), "{mode:?}");
+        assert_eq!(r.errors.total(), 200, "{mode:?}: {:?}", r.errors);
+        assert!(r.accounted(), "{mode:?}");
+        assert!(!r.check_error_examples.is_empty(), "{mode:?}");
+
+        let mut unchecked = config(&s.url, trace.clone());
+        (unchecked.check_bodies, unchecked.duration_ms, unchecked.requests_max) = (false, None, Some(200));
+        unchecked.update_interval_ms = 0;
+        let r = run(unchecked).await.unwrap();
+        assert_eq!((r.checked_ok, r.bodies_checked, r.errors.total()), (200, 0, 0), "{mode:?}, bodies not checked");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -307,8 +376,9 @@ async fn a_dead_target_counts_connect_errors() {
     let mut c = config(&format!("http://127.0.0.1:{port}"), Trace::single());
     c.duration_ms = Some(300);
     let r = run(c).await.unwrap();
-    assert_eq!(r.requests, 0);
     assert!(r.errors.connect > 0);
+    assert_eq!((r.requests, r.ok, r.checked_ok), (r.errors.connect, 0, 0), "each failed connect is a failed request");
+    assert!(r.accounted());
     assert!(r.updates.errors.connect > 0 || r.updates.attempted == 0);
     assert_eq!(r.stale_responses, 0);
 }

@@ -29,8 +29,39 @@ fn the_demo_runs_checks_staleness_and_writes_its_report() {
     let output = Command::new(exe()).args(["demo", "--duration-s", "3", "--out"]).arg(out.path()).output().unwrap();
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(output.status.success(), "demo failed: {stdout}\n{}", String::from_utf8_lossy(&output.stderr));
-    let stale_row = stdout.lines().find(|l| l.contains("stale responses")).expect("a stale-responses row");
-    assert!(stale_row.trim_end().ends_with(" 0"), "{stale_row}");
+    // The summary table's value of `metric` (rows are `metric  value`, aligned).
+    let row = |metric: &str| -> String {
+        stdout
+            .lines()
+            .find_map(|l| {
+                let parts: Vec<&str> = l.trim().split("  ").map(str::trim).filter(|p| !p.is_empty()).collect();
+                (parts.len() == 2 && parts[0] == metric).then(|| parts[1].to_string())
+            })
+            .unwrap_or_else(|| panic!("a {metric:?} row in {stdout}"))
+    };
+    assert_eq!(row("stale responses"), "0");
+    // Every error category is printed, and every one is zero.
+    for category in [
+        "connect",
+        "io",
+        "timeout",
+        "status 4xx",
+        "status 5xx",
+        "status other",
+        "missing deps",
+        "malformed deps",
+        "deps wrong key",
+        "body mismatch",
+    ] {
+        assert_eq!(row(&format!("error: {category}")), "0", "{category}");
+    }
+    assert_eq!(row("errors"), "0");
+    assert_eq!(row("update errors"), "0");
+    // Every request was checked, body included.
+    let checked: u64 = row("checked ok").parse().unwrap();
+    assert!(checked > 0);
+    assert_eq!(row("requests"), checked.to_string());
+    assert_eq!(row("bodies checked"), checked.to_string());
     let hits = stdout.lines().find(|l| l.contains("hit rate")).unwrap();
     assert!(!hits.contains(" 0.0 %"), "the caches served hits: {hits}");
     for file in ["demo.json", "throughput.svg", "hit-rate.svg"] {
@@ -40,6 +71,15 @@ fn the_demo_runs_checks_staleness_and_writes_its_report() {
         serde_json::from_slice(&std::fs::read(out.path().join("demo.json")).unwrap()).unwrap();
     assert!(report["load"]["ok"].as_u64().unwrap() > 0);
     assert_eq!(report["proxies"].as_array().unwrap().len(), 3);
+    // The load client's runtime threads run on CPU 0 with the proxies (the
+    // application tier has the other CPU).
+    let threads = report["load_client_threads"].as_array().unwrap();
+    let workers: Vec<_> = threads.iter().filter(|t| t["name"].as_str().unwrap().starts_with("tokio-")).collect();
+    assert!(!workers.is_empty(), "{threads:?}");
+    // SAFETY: sysconf has no preconditions.
+    if unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) } >= 2 {
+        assert!(workers.iter().all(|t| t["cpus"] == "0"), "every runtime thread is pinned to CPU 0: {threads:?}");
+    }
 }
 
 #[test]

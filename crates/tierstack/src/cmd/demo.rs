@@ -4,9 +4,17 @@
 //! Starts the application module, the application server and three proxies
 //! as processes (application tier and proxies on different CPUs), replays a
 //! Zipf trace through the proxies while an updater changes a document every
-//! second, and checks every response for staleness. Prints a summary, writes
-//! a report folder (JSON and plots), and stops every process on exit or
-//! Ctrl-C. Exits non-zero if any stale response was served.
+//! second, and checks every response: its self-checking body against its
+//! header, and its versions for staleness. Prints a summary with every
+//! error category (zeros included), writes a report folder (JSON and
+//! plots), and stops every process on exit or Ctrl-C. Exits non-zero if any
+//! stale response was served (except in `ttl` mode, which is not coherent),
+//! if any request or update failed (nothing in a demo run explains a
+//! failure), or if a request is not accounted for.
+//!
+//! The load client runs on CPU 0 with the proxies (the application tier
+//! has the last CPU): every thread of its runtime is pinned as it starts,
+//! and the pinning is recorded in demo.json (`load_client_threads`).
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
@@ -18,7 +26,7 @@ use std::time::{Duration, Instant};
 use tierstack_bench::deploy::{Deployment, DeploymentConfig};
 use tierstack_bench::report::{line_plot, write_json, Axes, Series, Table};
 use tierstack_cluster::{pin_to_cpu, Backend};
-use tierstack_loadgen::{run_with, LiveStats, LoadConfig};
+use tierstack_loadgen::{run_with, LiveStats, LoadConfig, LoadReport};
 use tierstack_proxy::ProxyStats;
 use tierstack_workload::TraceSpec;
 
@@ -62,7 +70,21 @@ pub fn run(args: DemoArgs) -> Result<()> {
     );
     // Ctrl-C is handled from the very start, so an interrupt during start-up
     // still stops every process cleanly (registration is synchronous).
-    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    // The runtime's threads exist from here on: they pin themselves as they
+    // start (pinning the main thread later would not move them), while the
+    // main thread stays unpinned until the tiers it spawns have started.
+    let pin = tierstack_cluster::online_cpus() >= 2;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .on_thread_start(move || {
+            if pin {
+                if let Err(e) = pin_to_cpu(LOAD_CLIENT_CPU) {
+                    eprintln!("tierstack demo: could not pin a load-client thread to CPU {LOAD_CLIENT_CPU}: {e}");
+                }
+            }
+        })
+        .build()?;
     let (interrupted_tx, interrupted) = tokio::sync::watch::channel(false);
     let mut sigint =
         runtime.block_on(async { tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt()) })?;
@@ -86,8 +108,8 @@ pub fn run(args: DemoArgs) -> Result<()> {
         eprintln!("tierstack demo: interrupted during start-up; every process stopped");
         return Ok(());
     }
-    if tierstack_cluster::online_cpus() >= 2 {
-        pin_to_cpu(0)?;
+    if pin {
+        pin_to_cpu(LOAD_CLIENT_CPU)?;
     }
     let mut load = LoadConfig::new(deployment.proxy_urls[0].clone(), trace);
     load.targets = deployment.proxy_urls.clone();
@@ -95,6 +117,8 @@ pub fn run(args: DemoArgs) -> Result<()> {
     load.connections = args.connections;
     load.duration_ms = Some(args.duration_s * 1000);
     load.update_interval_ms = args.update_interval_ms;
+    // tierstack's own application server: its bodies are self-checking.
+    load.check_bodies = true;
 
     let live = Arc::new(LiveStats::default());
     let bar = ProgressBar::new(args.duration_s);
@@ -130,6 +154,7 @@ pub fn run(args: DemoArgs) -> Result<()> {
         result
     })?;
     bar.finish_and_clear();
+    let load_client_threads = thread_cpus();
     let proxies: Vec<ProxyStats> = deployment.proxy_stats()?;
     deployment.stop()?;
 
@@ -138,7 +163,7 @@ pub fn run(args: DemoArgs) -> Result<()> {
     let mut summary = Table::new("tierstack demo: summary", &["metric", "value"]);
     let rows: Vec<(&str, String)> = vec![
         ("fabric / mode", format!("{} / {}", args.backend.name(), args.mode)),
-        ("requests (2xx)", report.ok.to_string()),
+        ("2xx responses", report.ok.to_string()),
         ("throughput", format!("{:.0} req/s", report.throughput_rps)),
         (
             "latency p50 / p99",
@@ -149,16 +174,37 @@ pub fn run(args: DemoArgs) -> Result<()> {
             "version checks",
             format!("{checks} (mean {:.2} µs)", if checks > 0 { check_ns as f64 / checks as f64 / 1e3 } else { 0.0 }),
         ),
-        ("updates", report.updates.done.to_string()),
-        ("errors", (report.requests - report.ok).to_string()),
+        ("requests", report.requests.to_string()),
+        ("checked ok", report.checked_ok.to_string()),
+        ("bodies checked", report.bodies_checked.to_string()),
+        ("errors", report.errors.total().to_string()),
+        ("updates", format!("{} done / {} attempted", report.updates.done, report.updates.attempted)),
+        ("update errors", report.updates.errors.total().to_string()),
+        (
+            "module incarnations",
+            report
+                .incarnations
+                .iter()
+                .map(|i| format!("{} ({} checked)", i.incarnation, i.responses_checked))
+                .collect::<Vec<_>>()
+                .join(", "),
+        ),
         ("stale responses", report.stale_responses.to_string()),
     ];
+    let mut rows: Vec<(String, String)> = rows.into_iter().map(|(k, v)| (k.to_string(), v)).collect();
+    // Every category, zeros included, so a reader sees what was counted.
+    let at = rows.iter().position(|(k, _)| k == "errors").map_or(rows.len(), |i| i + 1);
+    let categories = report.errors.categories().map(|(name, n)| (format!("  error: {name}"), n.to_string()));
+    rows.splice(at..at, categories);
     for (metric, value) in rows {
-        summary.row(vec![metric.to_string(), value]);
+        summary.row(vec![metric, value]);
     }
     println!("{}", summary.render());
 
-    write_json(&args.out.join("demo.json"), &json!({ "load": report, "proxies": proxies }))?;
+    write_json(
+        &args.out.join("demo.json"),
+        &json!({ "load": report, "proxies": proxies, "load_client_threads": load_client_threads }),
+    )?;
     let per_second = |f: fn(&tierstack_loadgen::SecondPoint) -> f64| {
         report.series.iter().map(|p| (f64::from(p.second), f(p))).collect()
     };
@@ -175,8 +221,107 @@ pub fn run(args: DemoArgs) -> Result<()> {
         &[Series { label: "hit rate".into(), points: per_second(|p| p.hit_rate.unwrap_or(0.0)) }],
     )?;
     println!("report: {}/demo.json, throughput.svg, hit-rate.svg", args.out.display());
-    if report.stale_responses > 0 && args.mode != "ttl" {
+    verdict(&args.mode, &report)
+}
+
+/// Why the demo fails, if it does: a stale response in a coherent mode
+/// (every mode but `ttl`), a request not accounted for, or any error of a
+/// request or an update (nothing in a demo run explains one).
+fn verdict(mode: &str, report: &LoadReport) -> Result<()> {
+    if report.stale_responses > 0 && mode != "ttl" {
         bail!("{} stale responses were served", report.stale_responses);
     }
+    if !report.accounted() {
+        bail!(
+            "requests not accounted for: {} requests, {} checked ok, {} errors",
+            report.requests,
+            report.checked_ok,
+            report.errors.total()
+        );
+    }
+    if report.errors.total() > 0 || report.updates.errors.total() > 0 {
+        bail!(
+            "unexplained errors: requests {:?}, updates {:?}; first check failures: {:?}",
+            report.errors,
+            report.updates.errors,
+            report.check_error_examples
+        );
+    }
     Ok(())
+}
+
+/// The CPU the load client shares with the proxies.
+const LOAD_CLIENT_CPU: usize = 0;
+
+/// Each thread of this process: its name and the CPUs it may run on
+/// (`/proc/self/task/*/status`, `Cpus_allowed_list`).
+fn thread_cpus() -> Vec<serde_json::Value> {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else { return Vec::new() };
+    let mut threads: Vec<serde_json::Value> = tasks
+        .filter_map(Result::ok)
+        .filter_map(|task| {
+            let name = std::fs::read_to_string(task.path().join("comm")).ok()?;
+            let status = std::fs::read_to_string(task.path().join("status")).ok()?;
+            let cpus = status.lines().find_map(|l| l.strip_prefix("Cpus_allowed_list:"))?.trim().to_string();
+            Some(json!({ "name": name.trim(), "cpus": cpus }))
+        })
+        .collect();
+    threads.sort_by_key(|t| t["name"].as_str().unwrap_or_default().to_string());
+    threads
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tierstack_workload::Trace;
+
+    /// A clean run of 10 checked requests.
+    fn clean() -> LoadReport {
+        LoadReport {
+            trace: Trace::single().summary(),
+            targets: vec![],
+            connections: 1,
+            seed: 1,
+            elapsed_s: 1.0,
+            requests: 10,
+            checked_ok: 10,
+            bodies_checked: 10,
+            ok: 10,
+            throughput_rps: 10.0,
+            latency: Default::default(),
+            bytes: 0,
+            cache_hits: 0,
+            cache_misses: 0,
+            hit_rate: None,
+            errors: Default::default(),
+            updates: Default::default(),
+            checked_responses: 10,
+            stale_responses: 0,
+            stale_responses_offline: None,
+            stale_examples: vec![],
+            check_error_examples: vec![],
+            incarnations: vec![],
+            series: vec![],
+            records_kept: 0,
+            records_dropped: 0,
+            records: None,
+        }
+    }
+
+    #[test]
+    fn the_demo_fails_on_stale_responses_errors_and_broken_accounting() {
+        assert!(verdict("poll", &clean()).is_ok());
+        let stale = LoadReport { stale_responses: 1, ..clean() };
+        assert!(verdict("poll", &stale).is_err());
+        assert!(verdict("no-cache", &stale).is_err());
+        assert!(verdict("ttl", &stale).is_ok(), "ttl is not coherent: its staleness is expected");
+        let mut failed = clean();
+        (failed.requests, failed.errors.body_mismatch) = (11, 1);
+        assert!(verdict("poll", &failed).is_err(), "an accounted error still fails the demo");
+        let mut update_failed = clean();
+        update_failed.updates.errors.connect = 1;
+        assert!(verdict("poll", &update_failed).is_err());
+        let unaccounted = LoadReport { requests: 11, ..clean() };
+        assert!(verdict("poll", &unaccounted).is_err());
+    }
 }

@@ -55,6 +55,12 @@ pub struct LoadArgs {
     /// Exit with failure if any response was stale.
     #[arg(long)]
     fail_on_stale: bool,
+    /// Verify self-checking bodies (`doc=<name> version=<v> fnv1a64=<hash>`,
+    /// docs/coherence-protocol.md) and that each header names the requested
+    /// document's key: for tierstack's own application server. Without it,
+    /// any service that emits X-Tierstack-Deps can be loaded.
+    #[arg(long)]
+    check_bodies: bool,
 }
 
 pub fn run(args: LoadArgs) -> Result<()> {
@@ -71,6 +77,7 @@ pub fn run(args: LoadArgs) -> Result<()> {
     config.request_timeout_ms = args.request_timeout_ms;
     config.seed = args.seed;
     config.keep_records = args.records.is_some();
+    config.check_bodies = args.check_bodies;
 
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting tokio")?;
     let live = Arc::new(LiveStats::default());
