@@ -8,10 +8,10 @@
 //! module's test-only switch that admits reads during updates, the same run
 //! must be caught.
 //!
-//! The body check here is this file's own, independent of loadgen's. Once
-//! loadgen reports `errors.body_mismatch`, the same assertions should also
-//! be made on `report.errors.body_mismatch` (see `assert_caught` and
-//! `assert_coherent`).
+//! Two checkers read the same run: loadgen's (its own requests, with
+//! `check_bodies`: `errors.body_mismatch`, and its staleness checker) and this
+//! file's readers with their own, independent body check. Each must find
+//! nothing with the real module; loadgen's must catch the broken one.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -179,6 +179,7 @@ fn run_checked(deployment: &Deployment) -> (Checked, LoadReport) {
     config.requests_max = None;
     // Back to back: the next update starts as soon as the last one is done.
     config.update_interval_ms = 1;
+    config.check_bodies = true;
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();
     let checked = Arc::new(std::sync::Mutex::new(Checked::default()));
@@ -238,6 +239,10 @@ fn assert_coherent(backend: Backend) {
     assert_eq!(checked.mixed, 0, "{name}: mixed bodies with the real module: {:?}", checked.examples);
     assert_eq!(report.stale_responses, 0, "{name}: stale: {:?}", report.stale_examples);
     assert_eq!(report.ok, report.requests, "{name}: errors {:?}", report.errors);
+    assert!(report.accounted(), "{name}: every request accounted for");
+    assert_eq!(report.errors.body_mismatch, 0, "{name}: {:?}", report.check_error_examples);
+    assert_eq!(report.bodies_checked, report.checked_ok, "{name}: every loadgen body was checked");
+    assert!(report.bodies_checked > 0, "{name}: loadgen checked bodies");
     assert!(report.updates.done >= UPDATES_MIN, "{name}: the updater ran ({} updates)", report.updates.done);
     deployment.stop().unwrap();
 }
@@ -248,18 +253,28 @@ fn assert_caught(backend: Backend) {
     let name = backend.name();
     assert!(checked.reads >= READERS * READS_PER_READER);
     assert!(report.updates.done >= UPDATES_MIN, "{name}: the updater ran ({} updates)", report.updates.done);
+    assert!(report.accounted(), "{name}: every request accounted for");
+    // loadgen's checker is the one under test: it must see the violation.
     assert!(
-        checked.mixed as u64 + report.stale_responses > 0,
-        "{name}: a module admitting reads during updates went unnoticed ({} reads, {} updates)",
+        report.errors.body_mismatch + report.stale_responses > 0,
+        "{name}: loadgen's checker missed a module admitting reads during updates ({} checked, {} updates)",
+        report.checked_ok,
+        report.updates.done
+    );
+    assert!(
+        checked.mixed > 0,
+        "{name}: the independent readers saw no mixed body in {} reads during {} updates",
         checked.reads,
         report.updates.done
     );
     eprintln!(
-        "{name}: caught {} mixed of {} reads, {} stale; e.g. {:?}",
+        "{name}: loadgen caught {} mixed and {} stale of {} requests; readers {} mixed of {}; e.g. {:?}",
+        report.errors.body_mismatch,
+        report.stale_responses,
+        report.requests,
         checked.mixed,
         checked.reads,
-        report.stale_responses,
-        checked.examples.first()
+        report.check_error_examples.first()
     );
     deployment.stop().unwrap();
 }

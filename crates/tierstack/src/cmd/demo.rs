@@ -221,13 +221,15 @@ pub fn run(args: DemoArgs) -> Result<()> {
         &[Series { label: "hit rate".into(), points: per_second(|p| p.hit_rate.unwrap_or(0.0)) }],
     )?;
     println!("report: {}/demo.json, throughput.svg, hit-rate.svg", args.out.display());
-    verdict(&args.mode, &report)
+    verdict(&args.mode, &report, &proxies)
 }
 
 /// Why the demo fails, if it does: a stale response in a coherent mode
-/// (every mode but `ttl`), a request not accounted for, or any error of a
+/// (every mode but `ttl`), a request not accounted for by the load client
+/// or by a proxy (`ProxyStats::accounting_error`: in poll mode every hit and
+/// coalesced response is one successful version check), or any error of a
 /// request or an update (nothing in a demo run explains one).
-fn verdict(mode: &str, report: &LoadReport) -> Result<()> {
+fn verdict(mode: &str, report: &LoadReport, proxies: &[ProxyStats]) -> Result<()> {
     if report.stale_responses > 0 && mode != "ttl" {
         bail!("{} stale responses were served", report.stale_responses);
     }
@@ -238,6 +240,11 @@ fn verdict(mode: &str, report: &LoadReport) -> Result<()> {
             report.checked_ok,
             report.errors.total()
         );
+    }
+    for (index, proxy) in proxies.iter().enumerate() {
+        if let Some(error) = proxy.accounting_error() {
+            bail!("proxy {index} does not account for its requests: {error}");
+        }
     }
     if report.errors.total() > 0 || report.updates.errors.total() > 0 {
         bail!(
@@ -310,18 +317,32 @@ mod tests {
 
     #[test]
     fn the_demo_fails_on_stale_responses_errors_and_broken_accounting() {
-        assert!(verdict("poll", &clean()).is_ok());
+        let proxy = ProxyStats {
+            mode: Some(tierstack_proxy::CacheMode::Poll),
+            requests: 4,
+            hits: 3,
+            misses: 1,
+            checks: 3,
+            checks_ok: 3,
+            ..Default::default()
+        };
+        assert_eq!(proxy.accounting_error(), None);
+        let proxies = [proxy.clone()];
+        assert!(verdict("poll", &clean(), &proxies).is_ok());
         let stale = LoadReport { stale_responses: 1, ..clean() };
-        assert!(verdict("poll", &stale).is_err());
-        assert!(verdict("no-cache", &stale).is_err());
-        assert!(verdict("ttl", &stale).is_ok(), "ttl is not coherent: its staleness is expected");
+        assert!(verdict("poll", &stale, &proxies).is_err());
+        assert!(verdict("no-cache", &stale, &proxies).is_err());
+        assert!(verdict("ttl", &stale, &proxies).is_ok(), "ttl is not coherent: its staleness is expected");
         let mut failed = clean();
         (failed.requests, failed.errors.body_mismatch) = (11, 1);
-        assert!(verdict("poll", &failed).is_err(), "an accounted error still fails the demo");
+        assert!(verdict("poll", &failed, &proxies).is_err(), "an accounted error still fails the demo");
         let mut update_failed = clean();
         update_failed.updates.errors.connect = 1;
-        assert!(verdict("poll", &update_failed).is_err());
+        assert!(verdict("poll", &update_failed, &proxies).is_err());
         let unaccounted = LoadReport { requests: 11, ..clean() };
-        assert!(verdict("poll", &unaccounted).is_err());
+        assert!(verdict("poll", &unaccounted, &proxies).is_err());
+        // A hit served without a successful version check.
+        let unchecked_hit = ProxyStats { hits: 4, requests: 5, ..proxy };
+        assert!(verdict("poll", &clean(), &[unchecked_hit]).is_err());
     }
 }
