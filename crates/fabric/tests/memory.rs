@@ -16,6 +16,16 @@ fn identity_and_length() {
 }
 
 #[test]
+fn an_empty_region_is_empty() {
+    // Registration never makes one (sizes start at 8), but a backend may wrap one.
+    let base = std::ptr::NonNull::<u64>::dangling().cast::<u8>();
+    // SAFETY: zero bytes are never accessed; the dangling pointer is 8-aligned.
+    let memory = unsafe { RegionMemory::from_raw("empty", base, 0, Box::new(())) }.unwrap();
+    assert!(memory.is_empty());
+    assert!(matches!(memory.load_u64(0), Err(FabricError::OutOfBounds { .. })));
+}
+
+#[test]
 fn words_are_the_region_words() {
     let memory = RegionMemory::heap("w", 32).unwrap();
     let words = memory.words(8, 3).unwrap();
