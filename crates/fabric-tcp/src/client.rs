@@ -1,16 +1,22 @@
-//! The client side: one connection per peer, a writer behind a mutex, and a
-//! reader thread that completes pending requests by request id.
+//! The client side, per peer: a [`Link`] with the table of requests in flight,
+//! a queue drained by a **writer** thread that dials and writes request
+//! frames, a **reader** thread per request connection that completes answers
+//! by request id, and a separate message connection.
+//!
+//! Posting only encodes, registers the waiter and queues the frame: dialing
+//! and writing happen on the writer thread, so a stalled or unreachable peer
+//! never blocks a poster (an async runtime's worker above all); its requests
+//! end by their deadline, failed by the sweeper.
 
 use crate::pending::PendingTable;
 use crate::{lock, Shared};
 use std::io::{BufReader, Write};
-use std::net::{Shutdown, SocketAddr, TcpStream};
+use std::net::{Shutdown, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use tierstack_base::NodeId;
 use tierstack_fabric::{CompletionSender, FabricError, Op, OpResult, Result};
 use tierstack_fabric_wire::{encode, read_frame, Frame};
-
 /// What an `Ops` answer must look like, op by op: a responder that answers
 /// with other shapes is a protocol error, not a panic in a caller that
 /// copies a read result into a buffer of the requested length.
@@ -43,10 +49,18 @@ impl Shape {
     }
 }
 
+/// Where a region lives at its owner: what a `Lookup` answers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct RegionInfo {
+    pub(crate) region: u32,
+    pub(crate) incarnation: u64,
+    pub(crate) len: u64,
+}
+
 /// Who waits for an answer.
 pub(crate) enum Waiter {
     Ops { sender: CompletionSender, expect: Vec<Shape> },
-    Lookup(flume::Sender<Result<(u32, u64)>>),
+    Lookup(flume::Sender<Result<RegionInfo>>),
 }
 
 impl Waiter {
@@ -60,69 +74,113 @@ impl Waiter {
     }
 }
 
-/// One outgoing connection to a peer's listener.
-pub(crate) struct Conn {
-    /// Unique within the fabric: region handles remember the connection their
-    /// region index was looked up on, and look it up again on a new one.
-    pub(crate) id: u64,
+fn fail_all(waiters: Vec<Waiter>, error: &FabricError) {
+    for waiter in waiters {
+        waiter.fail(error.clone());
+    }
+}
+
+/// What the writer thread is asked to do.
+pub(crate) enum Outgoing {
+    /// Write the encoded request `request` (unless it is no longer pending).
+    Request { request: u64, bytes: Vec<u8> },
+    /// The fabric is shutting down.
+    Stop,
+}
+
+/// Everything this node keeps for one peer. Lives until the fabric shuts
+/// down; its connections come and go.
+pub(crate) struct Link {
     pub(crate) peer: NodeId,
-    writer: Mutex<TcpStream>,
-    /// A clone used only to shut the socket down (waking the reader) while
-    /// the writer may be blocked in a write.
-    control: TcpStream,
+    /// Requests in flight to the peer, on any of its connections or queued.
     pending: Mutex<PendingTable<Waiter>>,
+    queue: flume::Sender<Outgoing>,
+    /// The request connection the writer uses now, so shutdown can end it.
+    current: Mutex<Option<Arc<Conn>>>,
+    /// The message connection, separate from requests so that a receiver
+    /// holding back messages (a full inbox) never delays requests. Senders
+    /// write under this lock, which keeps one sender's messages in order.
+    messages: Mutex<Option<TcpStream>>,
+}
+
+/// One request connection to a peer's listener.
+pub(crate) struct Conn {
+    /// Unique within the fabric: a pending request records the connection it
+    /// was written on, and fails when that connection breaks.
+    pub(crate) id: u64,
+    /// A clone used only to shut the socket down (waking the reader and a
+    /// writer blocked in a write).
+    control: TcpStream,
     dead: AtomicBool,
 }
 
 impl Conn {
-    /// Connects to `addr`, sends `Hello`, and returns the connection and the
-    /// stream its reader thread reads.
-    pub(crate) fn dial(shared: &Shared, id: u64, peer: NodeId, addr: SocketAddr) -> Result<(Arc<Conn>, TcpStream)> {
-        let unreachable = |e: std::io::Error| match e.kind() {
-            std::io::ErrorKind::TimedOut | std::io::ErrorKind::WouldBlock => {
-                FabricError::Timeout { node: peer, timeout_ms: shared.timeout_ms }
-            }
-            _ => FabricError::PeerDead { node: peer, reason: format!("connecting to {addr}: {e}") },
-        };
-        let stream = TcpStream::connect_timeout(&addr, shared.op_timeout).map_err(unreachable)?;
-        stream.set_nodelay(true).map_err(unreachable)?;
-        // A peer that stops reading (stopped, overloaded) must not block a
-        // poster forever inside `write_all`: the write fails and the
-        // connection is dropped instead.
-        stream.set_write_timeout(Some(shared.op_timeout)).map_err(unreachable)?;
-        let mut writer = stream.try_clone().map_err(unreachable)?;
-        let control = stream.try_clone().map_err(unreachable)?;
-        writer.write_all(&encode(&Frame::Hello { node: shared.node })).map_err(unreachable)?;
-        let conn = Arc::new(Conn {
-            id,
-            peer,
-            writer: Mutex::new(writer),
-            control,
-            pending: Mutex::new(PendingTable::new()),
-            dead: AtomicBool::new(false),
-        });
-        Ok((conn, stream))
-    }
-
-    pub(crate) fn is_dead(&self) -> bool {
+    fn is_dead(&self) -> bool {
         self.dead.load(Ordering::Acquire)
     }
+}
 
-    /// Registers a waiter. On a dead connection the waiter is failed here
-    /// with the connection's error, which is also returned.
-    pub(crate) fn register(&self, request: u64, deadline_ns: u64, waiter: Waiter) -> Result<()> {
-        let refused = lock(&self.pending).insert(request, deadline_ns, waiter);
-        match refused {
-            Ok(()) => Ok(()),
-            Err((error, waiter)) => {
-                waiter.fail(error.clone());
-                Err(error)
-            }
+/// Connects to `peer`, sets the socket up and sends `Hello`.
+fn dial(shared: &Shared, peer: NodeId) -> Result<TcpStream> {
+    let addr = shared.addr_of(peer)?;
+    let unreachable = |e: std::io::Error| match e.kind() {
+        std::io::ErrorKind::TimedOut | std::io::ErrorKind::WouldBlock => {
+            FabricError::Timeout { node: peer, timeout_ms: shared.timeout_ms }
+        }
+        _ => FabricError::PeerDead { node: peer, reason: format!("connecting to {addr}: {e}") },
+    };
+    let mut stream = TcpStream::connect_timeout(&addr, shared.op_timeout).map_err(unreachable)?;
+    stream.set_nodelay(true).map_err(unreachable)?;
+    // A peer that stops reading (stopped, overloaded, a full inbox) must not
+    // hold a writer forever inside `write_all`: the write fails instead.
+    stream.set_write_timeout(Some(shared.op_timeout)).map_err(unreachable)?;
+    stream.write_all(&encode(&Frame::Hello { node: shared.node })).map_err(unreachable)?;
+    Ok(stream)
+}
+
+/// True if the peer has closed `stream` (its end-of-stream has arrived). The
+/// owner never writes on a message connection, so anything readable is its
+/// end; checking first keeps a send to a peer that exited from "succeeding"
+/// into a socket nobody will read.
+fn closed_by_peer(stream: &TcpStream) -> bool {
+    if stream.set_nonblocking(true).is_err() {
+        return true;
+    }
+    let closed = match stream.peek(&mut [0u8; 1]) {
+        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => false,
+        Ok(_) | Err(_) => true,
+    };
+    closed || stream.set_nonblocking(false).is_err()
+}
+
+impl Link {
+    /// A link to `peer` and the receiving end of its writer's queue.
+    pub(crate) fn new(peer: NodeId) -> (Arc<Link>, flume::Receiver<Outgoing>) {
+        let (queue, rx) = flume::unbounded();
+        let link = Arc::new(Link {
+            peer,
+            pending: Mutex::new(PendingTable::new()),
+            queue,
+            current: Mutex::new(None),
+            messages: Mutex::new(None),
+        });
+        (link, rx)
+    }
+
+    /// Registers `waiter` for `request` and queues its frame for the writer.
+    /// Never blocks on the network; failures complete the waiter.
+    pub(crate) fn submit(&self, request: u64, deadline_ns: u64, bytes: Vec<u8>, waiter: Waiter) {
+        if let Err((error, waiter)) = lock(&self.pending).insert(request, deadline_ns, waiter) {
+            waiter.fail(error);
+            return;
+        }
+        if self.queue.send(Outgoing::Request { request, bytes }).is_err() {
+            // The writer is gone: the fabric is shutting down.
+            self.abandon(request, FabricError::Closed);
         }
     }
 
-    /// Fails the waiter of `request` if it is still registered (used when a
-    /// request could not even be sent).
+    /// Fails the waiter of `request` if it is still pending.
     pub(crate) fn abandon(&self, request: u64, error: FabricError) {
         let waiter = lock(&self.pending).take(request);
         if let Some(waiter) = waiter {
@@ -130,35 +188,107 @@ impl Conn {
         }
     }
 
-    /// Writes one encoded frame with one `write_all`. A failed write leaves
-    /// the stream mid-frame, so it kills the connection.
-    pub(crate) fn send(&self, frame: &[u8]) -> Result<()> {
-        let result = lock(&self.writer).write_all(frame);
-        result.map_err(|e| {
-            let reason = format!("writing to the connection: {e}");
-            let error = FabricError::PeerDead { node: self.peer, reason };
-            self.kill(error.clone());
-            error
-        })
-    }
-
-    /// Ends the connection: fails every pending request with `error`, refuses
-    /// new ones, and shuts the socket so the reader thread exits.
-    pub(crate) fn kill(&self, error: FabricError) {
-        self.dead.store(true, Ordering::Release);
-        let waiters = lock(&self.pending).close(error.clone());
-        let _ = self.control.shutdown(Shutdown::Both);
-        for waiter in waiters {
-            waiter.fail(error.clone());
-        }
-    }
-
     /// Fails the requests whose deadline passed with `Timeout`.
     pub(crate) fn expire(&self, now_ns: u64, timeout_ms: u64) {
         let expired = lock(&self.pending).expire(now_ns);
-        for waiter in expired {
-            waiter.fail(FabricError::Timeout { node: self.peer, timeout_ms });
+        fail_all(expired, &FabricError::Timeout { node: self.peer, timeout_ms });
+    }
+
+    /// Ends `conn`: fails the requests written on it with `error` and shuts
+    /// its socket so its reader exits.
+    fn kill(&self, conn: &Conn, error: FabricError) {
+        let waiters = {
+            let mut pending = lock(&self.pending);
+            // Marked under the table's lock, which `mark_sent` callers also
+            // hold: a request is either marked before (and failed here) or
+            // sees the connection dead.
+            conn.dead.store(true, Ordering::Release);
+            pending.fail_sent_on(conn.id)
+        };
+        let _ = conn.control.shutdown(Shutdown::Both);
+        fail_all(waiters, &error);
+    }
+
+    /// Shutdown: fails everything pending with `Closed`, refuses new
+    /// requests, ends the connections and stops the writer.
+    pub(crate) fn stop(&self) {
+        let current = lock(&self.current).take();
+        if let Some(conn) = current {
+            self.kill(&conn, FabricError::Closed);
         }
+        let waiters = lock(&self.pending).close(FabricError::Closed);
+        fail_all(waiters, &FabricError::Closed);
+        if let Some(stream) = lock(&self.messages).take() {
+            let _ = stream.shutdown(Shutdown::Both);
+        }
+        let _ = self.queue.send(Outgoing::Stop);
+    }
+
+    /// Dials a new request connection and starts its reader. Returns the
+    /// connection and the stream the writer writes.
+    fn connect(self: &Arc<Self>, shared: &Arc<Shared>) -> Result<(Arc<Conn>, TcpStream)> {
+        let stream = dial(shared, self.peer)?;
+        let io = |e: std::io::Error| FabricError::PeerDead { node: self.peer, reason: e.to_string() };
+        let control = stream.try_clone().map_err(io)?;
+        let reader = stream.try_clone().map_err(io)?;
+        let conn = Arc::new(Conn { id: shared.next_id(), control, dead: AtomicBool::new(false) });
+        {
+            let mut current = lock(&self.current);
+            // Checked under `current`, which `stop` takes after the fabric
+            // is marked closed: a connection is either ended by shutdown or
+            // never installed.
+            if shared.is_closed() {
+                let _ = conn.control.shutdown(Shutdown::Both);
+                return Err(FabricError::Closed);
+            }
+            *current = Some(Arc::clone(&conn));
+        }
+        let (reader_shared, reader_link, reader_conn) = (Arc::clone(shared), Arc::clone(self), Arc::clone(&conn));
+        let spawned = shared.spawn(format!("tcp-{}-read{}", shared.node.0, self.peer.0), move || {
+            run_reader(&reader_shared, &reader_link, &reader_conn, reader)
+        });
+        if let Err(e) = spawned {
+            self.kill(&conn, FabricError::PeerDead { node: self.peer, reason: format!("cannot start a reader: {e}") });
+            return Err(e);
+        }
+        tracing::debug!(node = %shared.node, peer = %self.peer, "connected");
+        Ok((conn, stream))
+    }
+
+    /// Sends a two-sided message on the message connection, dialing it if
+    /// needed. Blocks while the receiver holds messages back (its inbox is
+    /// full), up to the op timeout, as the `shm` backend's sends do.
+    pub(crate) fn send_message(&self, shared: &Shared, payload: &[u8]) -> Result<()> {
+        let frame = encode(&Frame::Message { payload: payload.to_vec() });
+        let mut slot = lock(&self.messages);
+        if slot.as_ref().is_some_and(closed_by_peer) {
+            *slot = None;
+        }
+        // A cached connection may still break on write: reconnect once
+        // before reporting the peer dead.
+        for attempt in 0..2 {
+            shared.check_open()?;
+            let stream = match slot.as_mut() {
+                Some(stream) => stream,
+                None => slot.insert(dial(shared, self.peer)?),
+            };
+            match stream.write_all(&frame) {
+                Ok(()) => return Ok(()),
+                Err(e) => {
+                    // The stream may be mid-frame: never write on it again.
+                    if let Some(stream) = slot.take() {
+                        let _ = stream.shutdown(Shutdown::Both);
+                    }
+                    if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) {
+                        return Err(FabricError::Timeout { node: self.peer, timeout_ms: shared.timeout_ms });
+                    }
+                    if attempt == 1 {
+                        return Err(FabricError::PeerDead { node: self.peer, reason: format!("sending: {e}") });
+                    }
+                }
+            }
+        }
+        Err(FabricError::PeerDead { node: self.peer, reason: "sending failed".to_string() })
     }
 
     /// Handles one frame from the owner. `Err` means the owner broke the
@@ -166,7 +296,9 @@ impl Conn {
     fn on_frame(&self, frame: Frame) -> std::result::Result<(), String> {
         let (request, outcome) = match frame {
             Frame::OpsOk { request, results } => (request, Answer::Ops(results)),
-            Frame::LookupOk { request, region, len } => (request, Answer::Lookup(region, len)),
+            Frame::LookupOk { request, region, incarnation, len } => {
+                (request, Answer::Lookup(RegionInfo { region, incarnation, len }))
+            }
             Frame::Error { request, error } => (request, Answer::Error(error)),
             other => return Err(format!("unexpected {} frame from the owner", frame_name(&other))),
         };
@@ -184,8 +316,8 @@ impl Conn {
                     sender.complete(Err(protocol("the results do not match the posted operations")));
                 }
             }
-            (Waiter::Lookup(tx), Answer::Lookup(region, len)) => {
-                let _ = tx.send(Ok((region, len)));
+            (Waiter::Lookup(tx), Answer::Lookup(info)) => {
+                let _ = tx.send(Ok(info));
             }
             (waiter, _) => waiter.fail(protocol("the answer's kind does not match the request")),
         }
@@ -193,9 +325,58 @@ impl Conn {
     }
 }
 
+/// The writer thread of `link`: writes queued requests in order, dialing
+/// when there is no live connection. A failed dial fails the requests not
+/// yet written; a failed write ends the connection (it may be mid-frame).
+pub(crate) fn run_writer(shared: &Arc<Shared>, link: &Arc<Link>, queue: &flume::Receiver<Outgoing>) {
+    let mut current: Option<(Arc<Conn>, TcpStream)> = None;
+    while let Ok(Outgoing::Request { request, bytes }) = queue.recv() {
+        if shared.is_closed() {
+            break;
+        }
+        // Expired or failed while queued: nobody waits, so nothing is sent.
+        if !lock(&link.pending).contains(request) {
+            continue;
+        }
+        let (conn, mut stream) = match current.take().filter(|(conn, _)| !conn.is_dead()) {
+            Some(live) => live,
+            None => match link.connect(shared) {
+                Ok(fresh) => fresh,
+                Err(error) => {
+                    let waiters = lock(&link.pending).fail_unsent();
+                    fail_all(waiters, &error);
+                    continue;
+                }
+            },
+        };
+        let marked = {
+            let mut pending = lock(&link.pending);
+            !conn.is_dead() && pending.mark_sent(request, conn.id)
+        };
+        if !marked {
+            // The connection broke just now, or the request ended meanwhile.
+            link.abandon(request, FabricError::PeerDead { node: link.peer, reason: "the connection broke".into() });
+            continue;
+        }
+        if let Err(e) = stream.write_all(&bytes) {
+            let error = if shared.is_closed() {
+                FabricError::Closed
+            } else {
+                FabricError::PeerDead { node: link.peer, reason: format!("writing to the connection: {e}") }
+            };
+            link.kill(&conn, error);
+            continue;
+        }
+        current = Some((conn, stream));
+    }
+    if let Some((conn, _)) = current {
+        link.kill(&conn, FabricError::Closed);
+    }
+}
+
 enum Answer {
     Ops(Vec<OpResult>),
-    Lookup(u32, u64),
+    Lookup(RegionInfo),
     Error(FabricError),
 }
 
@@ -212,14 +393,14 @@ pub(crate) fn frame_name(frame: &Frame) -> &'static str {
 }
 
 /// The reader thread of `conn`: completes answers until the stream ends,
-/// then kills the connection (failing what is still pending with `PeerDead`).
-pub(crate) fn run_reader(shared: Arc<Shared>, conn: Arc<Conn>, stream: TcpStream) {
+/// then ends the connection (failing what was written on it with `PeerDead`).
+fn run_reader(shared: &Shared, link: &Link, conn: &Conn, stream: TcpStream) {
     let mut reader = BufReader::with_capacity(crate::READ_BUFFER_BYTES, stream);
     let reason = loop {
         match read_frame(&mut reader) {
             Ok(Some(frame)) => {
-                if let Err(reason) = conn.on_frame(frame) {
-                    tracing::warn!(peer = %conn.peer, %reason, "closing a connection to a misbehaving owner");
+                if let Err(reason) = link.on_frame(frame) {
+                    tracing::warn!(peer = %link.peer, %reason, "closing a connection to a misbehaving owner");
                     break reason;
                 }
             }
@@ -228,7 +409,6 @@ pub(crate) fn run_reader(shared: Arc<Shared>, conn: Arc<Conn>, stream: TcpStream
         }
     };
     let error =
-        if shared.is_closed() { FabricError::Closed } else { FabricError::PeerDead { node: conn.peer, reason } };
-    conn.kill(error);
-    shared.forget_conn(conn.id);
+        if shared.is_closed() { FabricError::Closed } else { FabricError::PeerDead { node: link.peer, reason } };
+    link.kill(conn, error);
 }

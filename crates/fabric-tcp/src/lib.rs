@@ -17,32 +17,43 @@
 //!   [`tierstack_fabric::execute_on_memory`] after
 //!   [`tierstack_fabric::check_batch`], answers `Lookup`, and delivers
 //!   `Message`s to the node's [`Inbox`];
-//! - per peer, one outgoing connection, opened lazily and reopened after it
-//!   breaks; callers write whole frames under a mutex (one `write_all`), and
-//!   a **reader** thread completes pending requests by request id;
+//! - per peer, a **writer** that dials the peer (lazily, again after a
+//!   break) and writes queued request frames, and a **reader** per request
+//!   connection that completes pending requests by request id; messages go
+//!   on a second connection per peer, written by the sender;
 //! - a **sweeper** that fails requests past their deadline with
-//!   [`FabricError::Timeout`]; answers arriving later are dropped.
+//!   [`FabricError::Timeout`], queued or sent; answers arriving later are
+//!   dropped.
 //!
 //! Key choices:
-//! - **Every completion ends.** A request leaves its connection's pending
-//!   table exactly once: answered, timed out by the sweeper, or failed with
-//!   `PeerDead` when the connection breaks. The table is a pure state machine
-//!   (`pending.rs`) with a model-based test.
-//! - **Region indices are per connection.** A handle remembers the
-//!   connection on which it looked its region up; on a new connection (after
-//!   a break, possibly to a restarted owner) it looks the name up again, so it
-//!   never addresses a different region by a stale index.
+//! - **Every completion ends.** A request leaves its peer's pending table
+//!   exactly once: answered, timed out by the sweeper, or failed with
+//!   `PeerDead` when its connection breaks or the dial fails. The table is a
+//!   pure state machine (`pending.rs`) with a model-based test.
+//! - **Posting never blocks on the network.** `post` validates, encodes,
+//!   registers the waiter and queues the frame; the peer's writer thread
+//!   dials and writes. A stalled peer holds its own writer, never a poster
+//!   (an async runtime's worker, a proxy validating other modules' keys).
+//! - **A handle is bound to one incarnation of its region.** Each
+//!   registration draws a random 64-bit incarnation; `connect` learns it
+//!   with the region's index, and every request carries both. An owner that
+//!   restarted (same node id and address) has new incarnations, so an old
+//!   handle fails with `PeerDead`, as an `shm` handle to a revoked region
+//!   does, instead of reaching a zeroed region with its lock words reset.
+//! - **A full inbox holds the sender back.** The responder of a message
+//!   connection waits for room in the inbox before reading on, so the
+//!   sender's `send` waits (up to the op timeout, then `Timeout`); no message
+//!   is dropped. Messages have their own connection, so this never delays
+//!   requests.
 //! - **A bad peer fails alone.** Garbage, oversized frames or protocol
 //!   violations close that connection (logged with `tracing`); nothing a peer
 //!   sends can panic or stop the node.
-//! - Posting may block briefly: `post` connects on first use (bounded by the
-//!   op timeout) and writes the request before returning the completion.
 
 mod client;
 mod pending;
 mod server;
 
-use client::{Conn, Shape, Waiter};
+use client::{Link, RegionInfo, Shape, Waiter};
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -56,6 +67,9 @@ use tierstack_fabric::{
     RegionMemory, RemoteRegion, Result,
 };
 use tierstack_fabric_wire::{encode, Frame};
+
+/// How often a responder waiting for room in the inbox checks for shutdown.
+pub(crate) const INBOX_WAIT_SLICE: Duration = Duration::from_millis(50);
 
 /// Connections one node serves at once; more are refused (closed at accept).
 pub const ACCEPTED_CONNECTIONS_MAX: usize = 1024;
@@ -120,12 +134,17 @@ pub struct TcpFabric {
 /// Regions registered by this node; indices are the wire's region ids.
 #[derive(Default)]
 pub(crate) struct Regions {
-    pub(crate) by_index: Vec<Arc<LocalRegion>>,
+    pub(crate) by_index: Vec<Registered>,
     pub(crate) by_name: HashMap<String, u32>,
 }
 
-/// A peer's current outgoing connection, if any.
-type ConnSlot = Mutex<Option<Arc<Conn>>>;
+/// A registered region and its incarnation: a random id drawn at
+/// registration, which requests must carry, so a handle made for an earlier
+/// process on this node id never reaches this region.
+pub(crate) struct Registered {
+    pub(crate) region: Arc<LocalRegion>,
+    pub(crate) incarnation: u64,
+}
 
 /// State shared by the fabric handle, its threads and its region handles.
 pub(crate) struct Shared {
@@ -139,11 +158,8 @@ pub(crate) struct Shared {
     pub(crate) inbox: Inbox,
     pub(crate) regions: RwLock<Regions>,
     peers: Mutex<HashMap<NodeId, SocketAddr>>,
-    /// Per peer, the slot of its outgoing connection; a slot's lock is held
-    /// while (re)connecting, so one peer's slow connect delays no other.
-    slots: Mutex<HashMap<NodeId, Arc<ConnSlot>>>,
-    /// Outgoing connections whose reader runs, by connection id (the sweeper's list).
-    live: Mutex<HashMap<u64, Arc<Conn>>>,
+    /// Per peer, its link (pending requests, writer queue, connections).
+    links: Mutex<HashMap<NodeId, Arc<Link>>>,
     /// Accepted connections, by id, to shut them down on close.
     pub(crate) accepted: Mutex<HashMap<u64, TcpStream>>,
     threads: Mutex<Vec<JoinHandle<()>>>,
@@ -193,8 +209,7 @@ impl TcpFabric {
             inbox: Inbox::new(config.node),
             regions: RwLock::new(Regions::default()),
             peers: Mutex::new(config.peers),
-            slots: Mutex::new(HashMap::new()),
-            live: Mutex::new(HashMap::new()),
+            links: Mutex::new(HashMap::new()),
             accepted: Mutex::new(HashMap::new()),
             threads: Mutex::new(Vec::new()),
             listener_thread: Mutex::new(None),
@@ -256,9 +271,9 @@ impl TcpFabric {
         for stream in lock(&shared.accepted).values() {
             let _ = stream.shutdown(std::net::Shutdown::Both);
         }
-        let live: Vec<Arc<Conn>> = lock(&shared.live).values().cloned().collect();
-        for conn in live {
-            conn.kill(FabricError::Closed);
+        let links: Vec<Arc<Link>> = lock(&shared.links).values().cloned().collect();
+        for link in links {
+            link.stop();
         }
         lock(&self.sweeper_stop).take();
         loop {
@@ -312,7 +327,8 @@ impl Fabric for TcpFabric {
         let index = u32::try_from(regions.by_index.len())
             .map_err(|_| FabricError::TooManyRegions { max: REGIONS_PER_NODE_MAX })?;
         let region = Arc::new(LocalRegion::new(name, RegionMemory::heap(name, bytes)?));
-        regions.by_index.push(Arc::clone(&region));
+        let incarnation = self.shared.fresh_incarnation();
+        regions.by_index.push(Registered { region: Arc::clone(&region), incarnation });
         regions.by_name.insert(name.to_string(), index);
         Ok(region)
     }
@@ -320,14 +336,9 @@ impl Fabric for TcpFabric {
     fn connect(&self, node: NodeId, name: &str) -> Result<Arc<dyn RemoteRegion>> {
         self.shared.check_open()?;
         validate_region_name(name)?;
-        let conn = self.shared.conn(node)?;
-        let (region, len) = self.shared.lookup(&conn, name)?;
-        Ok(Arc::new(TcpRegion {
-            shared: Arc::clone(&self.shared),
-            node,
-            name: name.to_string(),
-            binding: Mutex::new(Binding { conn_id: conn.id, region, len }),
-        }))
+        let link = self.shared.link(node)?;
+        let info = self.shared.lookup(&link, name)?;
+        Ok(Arc::new(TcpRegion { shared: Arc::clone(&self.shared), link, name: name.to_string(), info }))
     }
 
     fn send(&self, to: NodeId, payload: &[u8]) -> Result<()> {
@@ -335,8 +346,8 @@ impl Fabric for TcpFabric {
         if payload.len() > TRANSFER_BYTES_MAX {
             return Err(FabricError::TransferTooLarge { len: payload.len() });
         }
-        let conn = self.shared.conn(to)?;
-        conn.send(&encode(&Frame::Message { payload: payload.to_vec() }))
+        let link = self.shared.link(to)?;
+        link.send_message(&self.shared, payload)
     }
 
     fn inbox(&self) -> &Inbox {
@@ -367,7 +378,7 @@ impl Shared {
         self.closed.load(Ordering::Acquire)
     }
 
-    fn check_open(&self) -> Result<()> {
+    pub(crate) fn check_open(&self) -> Result<()> {
         if self.is_closed() {
             return Err(FabricError::Closed);
         }
@@ -392,69 +403,59 @@ impl Shared {
         Ok(())
     }
 
-    fn addr_of(&self, node: NodeId) -> Result<SocketAddr> {
+    /// A new region incarnation: random (seeded per process by the OS),
+    /// mixed with the time and a counter, so a restarted node never repeats
+    /// an earlier process's.
+    fn fresh_incarnation(&self) -> u64 {
+        use std::hash::{BuildHasher, Hasher};
+        let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+        hasher.write_u32(std::process::id());
+        hasher.write_u64(self.clock.now_ns());
+        hasher.write_u64(self.next_id());
+        hasher.finish()
+    }
+
+    pub(crate) fn addr_of(&self, node: NodeId) -> Result<SocketAddr> {
         if node == self.node {
             return Ok(self.self_addr);
         }
         lock(&self.peers).get(&node).copied().ok_or(FabricError::UnknownNode { node })
     }
 
-    /// The live connection to `node`, dialing it if there is none.
-    fn conn(self: &Arc<Self>, node: NodeId) -> Result<Arc<Conn>> {
-        let addr = self.addr_of(node)?;
-        let slot = Arc::clone(lock(&self.slots).entry(node).or_default());
-        let mut slot = lock(&slot);
-        if let Some(conn) = slot.as_ref() {
-            if !conn.is_dead() {
-                return Ok(Arc::clone(conn));
-            }
+    /// The link to `node`, made (and its writer started) on first use.
+    /// Touches no socket.
+    fn link(self: &Arc<Self>, node: NodeId) -> Result<Arc<Link>> {
+        self.addr_of(node)?;
+        let mut links = lock(&self.links);
+        if let Some(link) = links.get(&node) {
+            return Ok(Arc::clone(link));
         }
+        // Checked under the `links` lock, which shutdown takes after setting
+        // `closed`: a link is either stopped by shutdown or never made.
         self.check_open()?;
-        let (conn, stream) = Conn::dial(self, self.next_id(), node, addr)?;
-        {
-            let mut live = lock(&self.live);
-            // Checked under the `live` lock, which shutdown takes after
-            // setting `closed`: a connection is either killed by shutdown or
-            // never registered.
-            if self.is_closed() {
-                conn.kill(FabricError::Closed);
-                return Err(FabricError::Closed);
-            }
-            live.insert(conn.id, Arc::clone(&conn));
-        }
-        let reader_shared = Arc::clone(self);
-        let reader_conn = Arc::clone(&conn);
-        let spawned = self.spawn(format!("tcp-{}-read{}", self.node.0, node.0), move || {
-            client::run_reader(reader_shared, reader_conn, stream)
-        });
-        if let Err(e) = spawned {
-            conn.kill(FabricError::PeerDead { node, reason: format!("cannot start a reader: {e}") });
-            self.forget_conn(conn.id);
-            return Err(e);
-        }
-        tracing::debug!(node = %self.node, peer = %node, %addr, "connected");
-        *slot = Some(Arc::clone(&conn));
-        Ok(conn)
+        let (link, queue) = Link::new(node);
+        let (writer_shared, writer_link) = (Arc::clone(self), Arc::clone(&link));
+        self.spawn(format!("tcp-{}-write{}", self.node.0, node.0), move || {
+            client::run_writer(&writer_shared, &writer_link, &queue)
+        })?;
+        links.insert(node, Arc::clone(&link));
+        Ok(link)
     }
 
-    pub(crate) fn forget_conn(&self, id: u64) {
-        lock(&self.live).remove(&id);
-    }
-
-    /// Looks `name` up on `conn`: the region's index and length.
-    fn lookup(&self, conn: &Conn, name: &str) -> Result<(u32, u64)> {
+    /// Looks `name` up at `link`'s peer: the region's index, incarnation and
+    /// length. Blocks (bounded), as `connect` may.
+    fn lookup(&self, link: &Link, name: &str) -> Result<RegionInfo> {
         let request = self.next_id();
         let (tx, rx) = flume::bounded(1);
-        conn.register(request, self.deadline_ns(), Waiter::Lookup(tx))?;
-        // A failed send kills the connection, which fails the waiter.
-        let _ = conn.send(&encode(&Frame::Lookup { request, name: name.to_string() }));
+        let bytes = encode(&Frame::Lookup { request, name: name.to_string() });
+        link.submit(request, self.deadline_ns(), bytes, Waiter::Lookup(tx));
         // The sweeper fails the request at its deadline; the bound here is a
         // second line of defence so a caller can never hang.
         match rx.recv_timeout(self.op_timeout.saturating_mul(2).saturating_add(SWEEP_INTERVAL_MAX)) {
             Ok(result) => result,
             Err(flume::RecvTimeoutError::Timeout) => {
-                let error = FabricError::Timeout { node: conn.peer, timeout_ms: self.timeout_ms };
-                conn.abandon(request, error.clone());
+                let error = FabricError::Timeout { node: link.peer, timeout_ms: self.timeout_ms };
+                link.abandon(request, error.clone());
                 Err(error)
             }
             Err(flume::RecvTimeoutError::Disconnected) => Err(FabricError::Closed),
@@ -463,9 +464,9 @@ impl Shared {
 
     fn sweep(&self) {
         let now_ns = self.clock.now_ns();
-        let live: Vec<Arc<Conn>> = lock(&self.live).values().cloned().collect();
-        for conn in live {
-            conn.expire(now_ns, self.timeout_ms);
+        let links: Vec<Arc<Link>> = lock(&self.links).values().cloned().collect();
+        for link in links {
+            link.expire(now_ns, self.timeout_ms);
         }
     }
 }
@@ -478,61 +479,32 @@ fn run_sweeper(shared: &Shared, stop: &flume::Receiver<()>) {
     }
 }
 
-/// Where a handle's region lives on a particular connection.
-struct Binding {
-    conn_id: u64,
-    region: u32,
-    len: u64,
-}
-
-/// A handle to a region of a node, reached over TCP.
+/// A handle to one incarnation of a region of a node, reached over TCP.
 struct TcpRegion {
     shared: Arc<Shared>,
-    node: NodeId,
+    link: Arc<Link>,
     name: String,
-    binding: Mutex<Binding>,
+    info: RegionInfo,
 }
 
 impl TcpRegion {
-    /// The region's index and length on `conn`, looking it up again when the
-    /// binding was made on an earlier connection.
-    fn bind(&self, conn: &Conn) -> Result<(u32, u64)> {
-        {
-            let binding = lock(&self.binding);
-            if binding.conn_id == conn.id {
-                return Ok((binding.region, binding.len));
-            }
-        }
-        let (region, len) = self.shared.lookup(conn, &self.name)?;
-        *lock(&self.binding) = Binding { conn_id: conn.id, region, len };
-        Ok((region, len))
-    }
-
+    /// Validates, encodes and queues the batch; the writer sends it.
     fn try_post(&self, ops: Vec<Op>) -> Result<Completion> {
         self.shared.check_open()?;
-        let known_len = self.len();
-        check_batch(&self.name, known_len, &ops)?;
-        let conn = self.shared.conn(self.node)?;
-        let (region, len) = self.bind(&conn)?;
-        if len != known_len {
-            // The owner was restarted with a differently sized region.
-            check_batch(&self.name, len, &ops)?;
-        }
+        check_batch(&self.name, self.info.len, &ops)?;
         let expect: Vec<Shape> = ops.iter().map(Shape::of).collect();
         let request = self.shared.next_id();
-        let frame = encode(&Frame::Ops { request, region, ops });
+        let RegionInfo { region, incarnation, .. } = self.info;
+        let bytes = encode(&Frame::Ops { request, region, incarnation, ops });
         let (completion, sender) = Completion::pending();
-        conn.register(request, self.shared.deadline_ns(), Waiter::Ops { sender, expect })?;
-        // A failed send kills the connection, which completes the waiter with
-        // its error; the completion reports it.
-        let _ = conn.send(&frame);
+        self.link.submit(request, self.shared.deadline_ns(), bytes, Waiter::Ops { sender, expect });
         Ok(completion)
     }
 }
 
 impl RemoteRegion for TcpRegion {
     fn node(&self) -> NodeId {
-        self.node
+        self.link.peer
     }
 
     fn name(&self) -> &str {
@@ -540,7 +512,7 @@ impl RemoteRegion for TcpRegion {
     }
 
     fn len(&self) -> u64 {
-        lock(&self.binding).len
+        self.info.len
     }
 
     fn post(&self, ops: Vec<Op>) -> Completion {

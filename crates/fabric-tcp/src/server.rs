@@ -106,11 +106,13 @@ fn run_responder(shared: &Shared, stream: TcpStream) {
         };
         let answer = match frame {
             Frame::Message { payload } => {
-                deliver(shared, from, payload);
-                continue;
+                if deliver(shared, from, payload) {
+                    continue;
+                }
+                break;
             }
             Frame::Lookup { request, name } => answer_lookup(shared, request, &name),
-            Frame::Ops { request, region, ops } => answer_ops(shared, request, region, &ops),
+            Frame::Ops { request, region, incarnation, ops } => answer_ops(shared, request, region, incarnation, &ops),
             other => {
                 tracing::warn!(node = %shared.node, peer = %from, frame = frame_name(&other), "unexpected frame; closing the connection");
                 break;
@@ -124,14 +126,24 @@ fn run_responder(shared: &Shared, stream: TcpStream) {
     let _ = writer.shutdown(Shutdown::Both);
 }
 
-fn deliver(shared: &Shared, from: NodeId, payload: Vec<u8>) {
+/// Delivers a message, waiting while the inbox is full: this connection is
+/// not read meanwhile, so the sender's writes wait (TCP flow control) and its
+/// `send` either finishes once there is room or fails with `Timeout`. No
+/// message is dropped. False when the connection must end (an oversized
+/// message, which no conforming sender sends, or shutdown).
+fn deliver(shared: &Shared, from: NodeId, payload: Vec<u8>) -> bool {
     if payload.len() > TRANSFER_BYTES_MAX {
-        tracing::warn!(node = %shared.node, peer = %from, bytes = payload.len(), "dropping an oversized message");
-        return;
+        tracing::warn!(node = %shared.node, peer = %from, bytes = payload.len(), "an oversized message; closing");
+        return false;
     }
-    if let Err(e) = shared.inbox.deliver(Message { from, payload }) {
-        // Messages carry no reply, so a refusal can only be logged here.
-        tracing::warn!(node = %shared.node, peer = %from, error = %e, "dropping a message");
+    let mut message = Message { from, payload };
+    loop {
+        match shared.inbox.deliver_timeout(message, crate::INBOX_WAIT_SLICE) {
+            Ok(None) => return true,
+            // Still full: wait on, unless the node is closing.
+            Ok(Some(undelivered)) if !shared.is_closed() => message = undelivered,
+            Ok(Some(_)) | Err(_) => return false,
+        }
     }
 }
 
@@ -139,20 +151,25 @@ fn answer_lookup(shared: &Shared, request: u64, name: &str) -> Frame {
     let regions = shared.regions.read().unwrap_or_else(std::sync::PoisonError::into_inner);
     match regions.by_name.get(name) {
         Some(&region) => match regions.by_index.get(region as usize) {
-            Some(local) => Frame::LookupOk { request, region, len: local.len() },
+            Some(registered) => {
+                Frame::LookupOk { request, region, incarnation: registered.incarnation, len: registered.region.len() }
+            }
             None => Frame::Error { request, error: unknown_region(shared.node, name) },
         },
         None => Frame::Error { request, error: unknown_region(shared.node, name) },
     }
 }
 
-fn answer_ops(shared: &Shared, request: u64, region: u32, ops: &[Op]) -> Frame {
+fn answer_ops(shared: &Shared, request: u64, region: u32, incarnation: u64, ops: &[Op]) -> Frame {
     let local = {
         let regions = shared.regions.read().unwrap_or_else(std::sync::PoisonError::into_inner);
-        regions.by_index.get(region as usize).cloned()
+        regions.by_index.get(region as usize).filter(|r| r.incarnation == incarnation).map(|r| Arc::clone(&r.region))
     };
     let Some(local) = local else {
-        return Frame::Error { request, error: unknown_region(shared.node, &format!("#{region}")) };
+        // The handle was made for another incarnation of this node (the
+        // owner restarted): its region is gone for good, as a revoked one.
+        let reason = format!("region #{region} of incarnation {incarnation:#018x} is gone (the owner restarted)");
+        return Frame::Error { request, error: FabricError::PeerDead { node: shared.node, reason } };
     };
     let result = check_batch(local.name(), local.len(), ops).and_then(|()| execute_on_memory(local.memory(), ops));
     match result {

@@ -116,11 +116,16 @@ fn the_responder_validates_on_its_own() {
     let owner = node(1, TIMEOUT);
     let local = owner.register("r", 16).unwrap();
     let mut raw = RawClient::hello(owner.local_addr(), NodeId(7));
-    let Frame::LookupOk { request: 1, region, len: 16 } = raw.call(&Frame::Lookup { request: 1, name: "r".into() })
+    let Frame::LookupOk { request: 1, region, incarnation, len: 16 } =
+        raw.call(&Frame::Lookup { request: 1, name: "r".into() })
     else {
         panic!("lookup failed")
     };
-    let ops = |request, ops| Frame::Ops { request, region, ops };
+    let ops = |request, ops| Frame::Ops { request, region, incarnation, ops };
+    let gone = |region: u32, incarnation: u64| FabricError::PeerDead {
+        node: NodeId(1),
+        reason: format!("region #{region} of incarnation {incarnation:#018x} is gone (the owner restarted)"),
+    };
     let cases = [
         (
             ops(2, vec![Op::Read { offset: 12, len: 8 }]),
@@ -132,8 +137,18 @@ fn the_responder_validates_on_its_own() {
         ),
         (ops(4, vec![]), FabricError::BatchSize { ops: 0, max: BATCH_OPS_MAX }),
         (
-            Frame::Ops { request: 5, region: region + 1, ops: vec![Op::Read { offset: 0, len: 8 }] },
-            FabricError::UnknownRegion { node: NodeId(1), name: format!("#{}", region + 1) },
+            Frame::Ops { request: 5, region: region + 1, incarnation, ops: vec![Op::Read { offset: 0, len: 8 }] },
+            gone(region + 1, incarnation),
+        ),
+        (
+            // The right index with another incarnation: a handle from before a restart.
+            Frame::Ops {
+                request: 7,
+                region,
+                incarnation: incarnation.wrapping_add(1),
+                ops: vec![Op::Write { offset: 0, data: vec![1; 8] }],
+            },
+            gone(region, incarnation.wrapping_add(1)),
         ),
         (
             Frame::Lookup { request: 6, name: "missing".into() },
@@ -247,20 +262,27 @@ fn a_broken_connection_fails_pending_requests_with_peer_dead_and_reconnects() {
     let remote = client.connect(NodeId(1), "counter").unwrap();
     assert_eq!(remote.fetch_add(0, 1).unwrap(), 0);
 
-    proxy.freeze();
+    // The requests reach the owner and execute; their answers are held.
+    proxy.freeze_answers();
     let pending: Vec<_> = (0..3).map(|_| remote.post(vec![Op::FetchAdd { offset: 0, delta: 10 }])).collect();
+    let deadline = std::time::Instant::now() + RECV;
+    while local.memory().load_u64(0).unwrap() < 31 && std::time::Instant::now() < deadline {
+        std::thread::yield_now();
+    }
+    assert_eq!(local.memory().load_u64(0).unwrap(), 31, "all three were written and executed");
     proxy.sever();
     for completion in pending {
+        // Their answers can never come: the connection they were written on broke.
         let err = completion.wait().unwrap_err();
         assert!(matches!(err, FabricError::PeerDead { node: NodeId(1), .. }), "{err:?}");
     }
     // The next use dials a new connection through the proxy.
-    let previous = remote.fetch_add(0, 1).unwrap();
-    assert_eq!(local.memory().load_u64(0).unwrap(), previous + 1);
+    assert_eq!(remote.fetch_add(0, 1).unwrap(), 31);
+    assert_eq!(local.memory().load_u64(0).unwrap(), 32);
 }
 
 #[test]
-fn a_dead_peer_is_peer_dead_and_a_returning_one_is_reached_again() {
+fn a_dead_peer_is_peer_dead_and_a_restarted_one_only_through_a_fresh_connect() {
     let client = node(0, TIMEOUT);
     let owner = node(1, TIMEOUT);
     let addr = owner.local_addr();
@@ -269,6 +291,8 @@ fn a_dead_peer_is_peer_dead_and_a_returning_one_is_reached_again() {
     let remote = client.connect(NodeId(1), "r").unwrap();
     assert_eq!(remote.fetch_add(0, 5).unwrap(), 0);
     assert_eq!(first.memory().load_u64(0).unwrap(), 5);
+    client.send(NodeId(1), b"hello").unwrap();
+    assert_eq!(owner.inbox().recv_timeout(RECV).unwrap().payload, b"hello");
 
     drop(first);
     drop(owner); // Its listener and connections close.
@@ -278,16 +302,29 @@ fn a_dead_peer_is_peer_dead_and_a_returning_one_is_reached_again() {
         assert!(err.is_unreachable());
     }
     assert!(matches!(client.connect(NodeId(1), "r"), Err(FabricError::PeerDead { .. })));
+    // The message connection of the dead owner is not written into unread.
     assert!(matches!(client.send(NodeId(1), b"anyone?"), Err(FabricError::PeerDead { .. })));
 
-    // The owner comes back on the same address, with its regions registered
-    // in a different order: the old handle must look its region up again.
+    // The owner comes back on the same address and node id with the same
+    // region at the same index: a new incarnation, zeroed. A handle bound to
+    // the old incarnation must never reach it (its lock words would be reset
+    // under their holders), exactly as an shm handle to a revoked region.
     let owner = TcpFabric::open(TcpConfig::new(NodeId(1), addr)).unwrap();
-    let other = owner.register("other", 8).unwrap();
     let second = owner.register("r", 8).unwrap();
-    assert_eq!(remote.fetch_add(0, 7).unwrap(), 0, "a fresh incarnation's region starts at zero");
-    assert_eq!(second.memory().load_u64(0).unwrap(), 7);
-    assert_eq!(other.memory().load_u64(0).unwrap(), 0, "the stale index did not hit another region");
+    second.memory().store_u64(0, 99).unwrap();
+    for _ in 0..3 {
+        let err = remote.fetch_add(0, 7).unwrap_err();
+        assert!(matches!(err, FabricError::PeerDead { node: NodeId(1), .. }), "{err:?}");
+        let err = remote.post(vec![Op::Read { offset: 0, len: 8 }]).wait().unwrap_err();
+        assert!(matches!(err, FabricError::PeerDead { node: NodeId(1), .. }), "{err:?}");
+    }
+    assert_eq!(second.memory().load_u64(0).unwrap(), 99, "the old handle changed nothing in the new incarnation");
+
+    // A fresh connect binds to the new incarnation.
+    let fresh = client.connect(NodeId(1), "r").unwrap();
+    assert_eq!(fresh.fetch_add(0, 1).unwrap(), 99);
+    assert_eq!(second.memory().load_u64(0).unwrap(), 100);
+    assert!(remote.fetch_add(0, 1).is_err(), "the old handle stays dead beside a live fresh one");
     client.send(NodeId(1), b"back").unwrap();
     assert_eq!(owner.inbox().recv_timeout(RECV).unwrap().payload, b"back");
 }
@@ -398,7 +435,10 @@ fn garbage_from_a_client_closes_only_that_connection() {
         ("oversized length", u32::MAX.to_le_bytes().to_vec()),
         ("empty frame", 0u32.to_le_bytes().to_vec()),
         ("bad magic", bad_hello),
-        ("ops before hello", tierstack_fabric_wire::encode(&Frame::Ops { request: 1, region: 0, ops: vec![] })),
+        (
+            "ops before hello",
+            tierstack_fabric_wire::encode(&Frame::Ops { request: 1, region: 0, incarnation: 0, ops: vec![] }),
+        ),
     ];
     for (what, bytes) in garbage {
         let mut raw = RawClient::connect(owner.local_addr());
@@ -533,13 +573,13 @@ fn a_misbehaving_owner_yields_typed_errors_not_panics() {
         let next = |stream: &mut std::net::TcpStream| read_frame(stream).unwrap().unwrap();
         assert_eq!(next(&mut stream), Frame::Hello { node: NodeId(0) });
         let Frame::Lookup { request, .. } = next(&mut stream) else { panic!("expected a lookup") };
-        write_frame(&mut stream, &Frame::LookupOk { request, region: 0, len: 64 }).unwrap();
+        write_frame(&mut stream, &Frame::LookupOk { request, region: 0, incarnation: 1, len: 64 }).unwrap();
         // A read of 8 bytes answered with 3.
         let Frame::Ops { request, .. } = next(&mut stream) else { panic!("expected ops") };
         write_frame(&mut stream, &Frame::OpsOk { request, results: vec![OpResult::Read(vec![1, 2, 3])] }).unwrap();
         // A fetch_add answered with a lookup answer.
         let Frame::Ops { request, .. } = next(&mut stream) else { panic!("expected ops") };
-        write_frame(&mut stream, &Frame::LookupOk { request, region: 0, len: 64 }).unwrap();
+        write_frame(&mut stream, &Frame::LookupOk { request, region: 0, incarnation: 1, len: 64 }).unwrap();
         // An answer to a request nobody made, then bytes that are no frame.
         let Frame::Ops { .. } = next(&mut stream) else { panic!("expected ops") };
         write_frame(&mut stream, &Frame::OpsOk { request: u64::MAX, results: vec![] }).unwrap();
@@ -558,4 +598,77 @@ fn a_misbehaving_owner_yields_typed_errors_not_panics() {
     let err = remote.fetch_add(0, 1).unwrap_err();
     assert!(matches!(err, FabricError::PeerDead { node: NodeId(6), .. }), "garbage ends the connection: {err:?}");
     fake_owner.join().unwrap();
+}
+
+/// Posting never blocks the caller on network I/O: on a single-threaded async
+/// runtime (a proxy's worker), posts to an owner that stopped reading return
+/// at once, and posts to a healthy owner keep completing while it stays
+/// stalled. The stall outlasts every bounded wait here (its op timeout is
+/// longer), so the healthy completions can only come from a runtime that the
+/// stalled owner does not hold.
+#[test]
+fn posting_to_a_stalled_owner_never_blocks_an_async_runtime() {
+    /// Longer than any wait of this test: the stall never resolves by itself.
+    const STALL_TIMEOUT: Duration = Duration::from_secs(120);
+    /// More bytes than the socket buffers and the frozen proxy can absorb
+    /// (at most a few tens of MiB on Linux), so a blocking writer must block.
+    const STALLED_POSTS: usize = 4;
+    const HEALTHY_POSTS: u64 = 20;
+    let stalled_owner = node(1, STALL_TIMEOUT);
+    stalled_owner.register("big", TRANSFER_BYTES_MAX as u64).unwrap();
+    let healthy_owner = node(2, STALL_TIMEOUT);
+    let counter = healthy_owner.register("counter", 8).unwrap();
+    let proxy = Proxy::start(stalled_owner.local_addr());
+    let client = TcpFabric::open(
+        TcpConfig::new(NodeId(0), common::loopback())
+            .with_op_timeout(STALL_TIMEOUT)
+            .with_peer(NodeId(1), proxy.addr)
+            .with_peer(NodeId(2), healthy_owner.local_addr()),
+    )
+    .unwrap();
+    let stalled = client.connect(NodeId(1), "big").unwrap();
+    let healthy = client.connect(NodeId(2), "counter").unwrap();
+    proxy.freeze();
+
+    #[derive(Debug, PartialEq)]
+    enum Progress {
+        StalledPosted,
+        Healthy(u64),
+    }
+    let (progress_tx, progress_rx) = std::sync::mpsc::channel();
+    let runtime_thread = std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        runtime.block_on(async move {
+            let stalled_completions: Vec<_> = (0..STALLED_POSTS)
+                .map(|_| stalled.post(vec![Op::Write { offset: 0, data: vec![7; TRANSFER_BYTES_MAX] }]))
+                .collect();
+            progress_tx.send(Progress::StalledPosted).unwrap();
+            for i in 0..HEALTHY_POSTS {
+                let previous = healthy.post(vec![Op::FetchAdd { offset: 0, delta: 1 }]).wait_async().await;
+                assert_eq!(previous.unwrap(), vec![OpResult::FetchAdd(i)]);
+                progress_tx.send(Progress::Healthy(i)).unwrap();
+            }
+            let mut outcomes = Vec::new();
+            for completion in stalled_completions {
+                outcomes.push(completion.wait_async().await);
+            }
+            outcomes
+        })
+    });
+    // Bounded waits only so that a blocking `post` fails the test instead of hanging it.
+    let bound = Duration::from_secs(20);
+    assert_eq!(progress_rx.recv_timeout(bound), Ok(Progress::StalledPosted), "posts to the stalled owner returned");
+    for i in 0..HEALTHY_POSTS {
+        assert_eq!(progress_rx.recv_timeout(bound), Ok(Progress::Healthy(i)), "the healthy owner's posts completed");
+    }
+    assert_eq!(counter.memory().load_u64(0).unwrap(), HEALTHY_POSTS);
+    // Release the stall: the stalled batches end, with results or a typed error.
+    proxy.sever();
+    for outcome in runtime_thread.join().unwrap() {
+        assert!(
+            outcome.as_ref().is_ok_and(|r| r == &[OpResult::Written])
+                || outcome.as_ref().is_err_and(|e| e.is_unreachable()),
+            "{outcome:?}"
+        );
+    }
 }

@@ -42,12 +42,12 @@ pub const LENGTH_PREFIX_BYTES: usize = 4;
 pub const HELLO_MAGIC: u32 = u32::from_le_bytes(*b"TSWF");
 
 /// The format version carried in `Hello`. Bump on any incompatible change.
-pub const WIRE_VERSION: u16 = 1;
+pub const WIRE_VERSION: u16 = 2;
 
 // Compile-time check: the header room covers a maximal batch of the widest op
 // (compare-swap: kind 1 + offset 8 + expected 8 + new 8 = 25 bytes) plus the
-// Ops frame's own header (kind 1 + request 8 + region 4 + count 4).
-const _: () = assert!(FRAME_HEADER_ROOM_BYTES >= 17 + 25 * BATCH_OPS_MAX);
+// Ops frame's own header (kind 1 + request 8 + region 4 + incarnation 8 + count 4).
+const _: () = assert!(FRAME_HEADER_ROOM_BYTES >= 25 + 25 * BATCH_OPS_MAX);
 const _: () = assert!(FRAME_BYTES_MAX <= u32::MAX as usize);
 
 /// One unit of the wire protocol.
@@ -59,10 +59,12 @@ pub enum Frame {
     Message { payload: Vec<u8> },
     /// Asks for the region registered under `name`.
     Lookup { request: u64, name: String },
-    /// Answers a `Lookup`: the region's index at its owner and its length.
-    LookupOk { request: u64, region: u32, len: u64 },
-    /// A batch of operations on region `region` (an index from `LookupOk`).
-    Ops { request: u64, region: u32, ops: Vec<Op> },
+    /// Answers a `Lookup`: the region's index at its owner, the incarnation
+    /// of the region registered there, and its length.
+    LookupOk { request: u64, region: u32, incarnation: u64, len: u64 },
+    /// A batch of operations on region `region` (an index from `LookupOk`)
+    /// of incarnation `incarnation`; the owner refuses any other incarnation.
+    Ops { request: u64, region: u32, incarnation: u64, ops: Vec<Op> },
     /// Answers `Ops`: one result per op, in order.
     OpsOk { request: u64, results: Vec<OpResult> },
     /// Answers a `Lookup` or `Ops` with an error.
@@ -162,7 +164,7 @@ fn body_capacity_hint(frame: &Frame) -> usize {
         Frame::Message { payload } => 5 + payload.len(),
         Frame::Lookup { name, .. } => 11 + name.len(),
         Frame::Ops { ops, .. } => {
-            17 + ops.iter().map(|op| 25 + if let Op::Write { data, .. } = op { data.len() } else { 0 }).sum::<usize>()
+            25 + ops.iter().map(|op| 25 + if let Op::Write { data, .. } = op { data.len() } else { 0 }).sum::<usize>()
         }
         Frame::OpsOk { results, .. } => {
             13 + results.iter().map(|r| 9 + if let OpResult::Read(data) = r { data.len() } else { 0 }).sum::<usize>()
@@ -219,16 +221,18 @@ fn encode_body(frame: &Frame, out: &mut Vec<u8>) {
             put_u16(out, u16::try_from(name.len()).unwrap_or(u16::MAX));
             out.extend_from_slice(name);
         }
-        Frame::LookupOk { request, region, len } => {
+        Frame::LookupOk { request, region, incarnation, len } => {
             put_u8(out, kind::LOOKUP_OK);
             put_u64(out, *request);
             put_u32(out, *region);
+            put_u64(out, *incarnation);
             put_u64(out, *len);
         }
-        Frame::Ops { request, region, ops } => {
+        Frame::Ops { request, region, incarnation, ops } => {
             put_u8(out, kind::OPS);
             put_u64(out, *request);
             put_u32(out, *region);
+            put_u64(out, *incarnation);
             put_len(out, ops.len());
             for op in ops {
                 encode_op(op, out);
@@ -417,16 +421,19 @@ pub fn decode(body: &[u8]) -> Result<Frame, WireError> {
                 .to_string();
             Frame::Lookup { request, name }
         }
-        kind::LOOKUP_OK => Frame::LookupOk { request: cur.u64()?, region: cur.u32()?, len: cur.u64()? },
+        kind::LOOKUP_OK => {
+            Frame::LookupOk { request: cur.u64()?, region: cur.u32()?, incarnation: cur.u64()?, len: cur.u64()? }
+        }
         kind::OPS => {
             let request = cur.u64()?;
             let region = cur.u32()?;
+            let incarnation = cur.u64()?;
             let count = cur.count(MIN_OP_BYTES)?;
             let mut ops = Vec::with_capacity(count);
             for _ in 0..count {
                 ops.push(decode_op(&mut cur)?);
             }
-            Frame::Ops { request, region, ops }
+            Frame::Ops { request, region, incarnation, ops }
         }
         kind::OPS_OK => {
             let request = cur.u64()?;
@@ -613,20 +620,26 @@ mod tests {
         let bytes = encode(&Frame::Hello { node: NodeId(0x0102_0304) });
         assert_eq!(
             bytes,
-            vec![11, 0, 0, 0, kind::HELLO, b'T', b'S', b'W', b'F', 1, 0, 4, 3, 2, 1],
+            vec![11, 0, 0, 0, kind::HELLO, b'T', b'S', b'W', b'F', 2, 0, 4, 3, 2, 1],
             "len | kind | magic | version | node, all little-endian"
         );
     }
 
     #[test]
     fn fetch_add_ops_layout_is_as_documented() {
-        let frame = Frame::Ops { request: 7, region: 2, ops: vec![Op::FetchAdd { offset: 8, delta: 1 }] };
+        let frame = Frame::Ops {
+            request: 7,
+            region: 2,
+            incarnation: 0x0102_0304_0506_0708,
+            ops: vec![Op::FetchAdd { offset: 8, delta: 1 }],
+        };
         let bytes = encode(&frame);
         let mut expected = vec![];
-        expected.extend_from_slice(&(1u32 + 8 + 4 + 4 + 1 + 8 + 8).to_le_bytes());
+        expected.extend_from_slice(&(1u32 + 8 + 4 + 8 + 4 + 1 + 8 + 8).to_le_bytes());
         expected.push(kind::OPS);
         expected.extend_from_slice(&7u64.to_le_bytes());
         expected.extend_from_slice(&2u32.to_le_bytes());
+        expected.extend_from_slice(&0x0102_0304_0506_0708u64.to_le_bytes());
         expected.extend_from_slice(&1u32.to_le_bytes());
         expected.push(op_tag::FETCH_ADD);
         expected.extend_from_slice(&8u64.to_le_bytes());
@@ -643,10 +656,11 @@ mod tests {
 
     #[test]
     fn huge_counts_do_not_allocate() {
-        // An Ops frame that claims u32::MAX ops in a 20-byte body.
+        // An Ops frame that claims u32::MAX ops in a 28-byte body.
         let mut body = vec![kind::OPS];
         body.extend_from_slice(&1u64.to_le_bytes());
         body.extend_from_slice(&0u32.to_le_bytes());
+        body.extend_from_slice(&0u64.to_le_bytes());
         body.extend_from_slice(&u32::MAX.to_le_bytes());
         assert!(matches!(decode(&body), Err(WireError::Truncated)));
     }
@@ -666,7 +680,7 @@ mod tests {
 
     #[test]
     fn trailing_bytes_and_unknown_tags_are_rejected() {
-        let mut bytes = encode(&Frame::LookupOk { request: 1, region: 2, len: 3 });
+        let mut bytes = encode(&Frame::LookupOk { request: 1, region: 2, incarnation: 4, len: 3 });
         bytes.push(0);
         assert!(matches!(decode(&bytes[LENGTH_PREFIX_BYTES..]), Err(WireError::Malformed(_))));
         assert!(matches!(decode(&[99]), Err(WireError::UnknownKind(99))));

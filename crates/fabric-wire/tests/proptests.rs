@@ -68,13 +68,10 @@ fn frame() -> impl Strategy<Value = Frame> {
         node().prop_map(|node| Frame::Hello { node }),
         bytes().prop_map(|payload| Frame::Message { payload }),
         (any::<u64>(), "[A-Za-z0-9._-]{0,64}").prop_map(|(request, name)| Frame::Lookup { request, name }),
-        (any::<u64>(), any::<u32>(), any::<u64>()).prop_map(|(request, region, len)| Frame::LookupOk {
-            request,
-            region,
-            len
-        }),
-        (any::<u64>(), any::<u32>(), proptest::collection::vec(op(), 0..16))
-            .prop_map(|(request, region, ops)| Frame::Ops { request, region, ops }),
+        (any::<u64>(), any::<u32>(), any::<u64>(), any::<u64>())
+            .prop_map(|(request, region, incarnation, len)| { Frame::LookupOk { request, region, incarnation, len } }),
+        (any::<u64>(), any::<u32>(), any::<u64>(), proptest::collection::vec(op(), 0..16))
+            .prop_map(|(request, region, incarnation, ops)| Frame::Ops { request, region, incarnation, ops }),
         (any::<u64>(), proptest::collection::vec(op_result(), 0..16))
             .prop_map(|(request, results)| Frame::OpsOk { request, results }),
         (any::<u64>(), fabric_error()).prop_map(|(request, error)| Frame::Error { request, error }),

@@ -11,8 +11,14 @@ pub struct Message {
 }
 
 /// A node's bounded receive queue, readable from threads and async tasks.
-/// Backends deliver into it; when it is full the message is refused and the
-/// sender's backend reports [`FabricError::InboxFull`] where it can.
+///
+/// The rule every backend follows when it is full: **the sender is held
+/// back, no message is dropped.** A backend's receiving side waits for room
+/// ([`Inbox::deliver_wait`], [`Inbox::deliver_timeout`]) and stops reading
+/// the sender's connection meanwhile, so the sender's `send` waits; a send
+/// that cannot finish within the backend's bound fails with a typed error
+/// (`Timeout`) that the sender sees. [`Inbox::deliver`], which refuses with
+/// [`FabricError::InboxFull`], is for callers that can report the refusal.
 pub struct Inbox {
     node: NodeId,
     tx: flume::Sender<Message>,
@@ -37,6 +43,18 @@ impl Inbox {
     /// whose waiting pushes back on the sender instead of dropping messages.
     pub fn deliver_wait(&self, message: Message) -> Result<()> {
         self.tx.send(message).map_err(|_| FabricError::Closed)
+    }
+
+    /// Delivers a message, waiting up to `timeout` while the inbox is full.
+    /// `Ok(Some(message))` hands the message back undelivered when the time
+    /// ran out, so a reader that must also watch for its own shutdown can
+    /// check and wait again without losing it.
+    pub fn deliver_timeout(&self, message: Message, timeout: Duration) -> Result<Option<Message>> {
+        match self.tx.send_timeout(message, timeout) {
+            Ok(()) => Ok(None),
+            Err(flume::SendTimeoutError::Timeout(message)) => Ok(Some(message)),
+            Err(flume::SendTimeoutError::Disconnected(_)) => Err(FabricError::Closed),
+        }
     }
 
     /// Waits up to `timeout` for the next message.

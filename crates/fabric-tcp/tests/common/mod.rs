@@ -33,14 +33,16 @@ pub fn cluster(first: u32, n: u32, op_timeout: Duration) -> Vec<Arc<TcpFabric>> 
 }
 
 /// A TCP forwarder in front of an address. `freeze` holds every byte in
-/// flight (in both directions) until `thaw`; `sever` cuts every connection.
+/// flight (in both directions) until `thaw`; `freeze_answers` holds only the
+/// owner's answers; `sever` cuts every connection.
 pub struct Proxy {
     pub addr: SocketAddr,
     state: Arc<ProxyState>,
 }
 
 struct ProxyState {
-    frozen: Mutex<bool>,
+    /// Whether bytes towards the owner, and towards the client, are held.
+    frozen: Mutex<(bool, bool)>,
     thawed: Condvar,
     streams: Mutex<Vec<TcpStream>>,
 }
@@ -49,8 +51,11 @@ impl Proxy {
     pub fn start(target: SocketAddr) -> Proxy {
         let listener = TcpListener::bind(loopback()).unwrap();
         let addr = listener.local_addr().unwrap();
-        let state =
-            Arc::new(ProxyState { frozen: Mutex::new(false), thawed: Condvar::new(), streams: Mutex::default() });
+        let state = Arc::new(ProxyState {
+            frozen: Mutex::new((false, false)),
+            thawed: Condvar::new(),
+            streams: Mutex::default(),
+        });
         let accept_state = Arc::clone(&state);
         std::thread::spawn(move || {
             for client in listener.incoming() {
@@ -66,9 +71,11 @@ impl Proxy {
                     streams.push(client.try_clone().unwrap());
                     streams.push(server.try_clone().unwrap());
                 }
-                for (from, to) in [(client.try_clone().unwrap(), server.try_clone().unwrap()), (server, client)] {
+                let directions =
+                    [(client.try_clone().unwrap(), server.try_clone().unwrap(), true), (server, client, false)];
+                for (from, to, towards_owner) in directions {
                     let state = Arc::clone(&accept_state);
-                    std::thread::spawn(move || pump(from, to, &state));
+                    std::thread::spawn(move || pump(from, to, towards_owner, &state));
                 }
             }
         });
@@ -76,11 +83,15 @@ impl Proxy {
     }
 
     pub fn freeze(&self) {
-        *self.state.frozen.lock().unwrap() = true;
+        *self.state.frozen.lock().unwrap() = (true, true);
+    }
+
+    pub fn freeze_answers(&self) {
+        *self.state.frozen.lock().unwrap() = (false, true);
     }
 
     pub fn thaw(&self) {
-        *self.state.frozen.lock().unwrap() = false;
+        *self.state.frozen.lock().unwrap() = (false, false);
         self.state.thawed.notify_all();
     }
 
@@ -92,7 +103,7 @@ impl Proxy {
     }
 }
 
-fn pump(mut from: TcpStream, mut to: TcpStream, state: &ProxyState) {
+fn pump(mut from: TcpStream, mut to: TcpStream, towards_owner: bool, state: &ProxyState) {
     let mut buf = vec![0u8; 64 * 1024];
     loop {
         let n = match from.read(&mut buf) {
@@ -100,7 +111,7 @@ fn pump(mut from: TcpStream, mut to: TcpStream, state: &ProxyState) {
             Ok(n) => n,
         };
         let mut frozen = state.frozen.lock().unwrap();
-        while *frozen {
+        while if towards_owner { frozen.0 } else { frozen.1 } {
             frozen = state.thawed.wait(frozen).unwrap();
         }
         drop(frozen);
