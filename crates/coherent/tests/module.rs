@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 use tierstack_cluster::{local_cluster, Backend};
-use tierstack_coherent::module::{ModuleClient, ModuleServer};
+use tierstack_coherent::module::{ModuleClient, ModuleError, ModuleServer};
 use tierstack_coherent::version_table::{Incarnation, VersionChecker, VersionTable};
 use tierstack_coherent::DepsHeader;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
@@ -173,4 +173,107 @@ fn a_restarted_module_invalidates_everything_cached_before() {
         far_slot.deps[0].slot = 1_000_000;
         assert!(!checker.is_current_blocking(&far_slot).unwrap());
     }
+}
+
+/// One module on a one-node shm cluster, serving a socket in `dir`.
+struct Module {
+    _cluster: tierstack_cluster::LocalCluster,
+    server: Arc<ModuleServer>,
+    socket: std::path::PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+fn module(capacity: u32) -> Module {
+    let cluster = local_cluster(Backend::Shm, 1).unwrap();
+    let table = Arc::new(VersionTable::create(cluster.fabric(0).as_ref(), capacity, Incarnation(0x5eed)).unwrap());
+    let server = Arc::new(ModuleServer::new(table));
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("module.sock");
+    Module { _cluster: cluster, server, socket, _dir: dir }
+}
+
+impl Module {
+    fn serve(&self) {
+        let serving = self.server.clone();
+        let path = self.socket.clone();
+        tokio::spawn(async move { serving.serve(&path).await });
+    }
+}
+
+#[test]
+fn update_done_reports_the_versions_its_update_produced_not_the_next_ones() {
+    let m = module(8);
+    runtime().block_on(async {
+        m.serve();
+        let client = connect(&m.socket).await;
+        let update = client.update(&keys(&["doc/1", "doc/2"])).await.unwrap();
+        let produced = update.deps.clone();
+        let at_grant = DepsHeader::parse(&produced).unwrap();
+        assert_eq!(at_grant.deps.iter().map(|d| d.version).collect::<Vec<_>>(), [2, 2]);
+        // The next update's bump lands before this UPDATE_DONE is answered, as
+        // a grant released on another connection can at any moment.
+        m.server.table().bump(at_grant.deps[0].slot).unwrap();
+        let done = client.update_done(update).await.unwrap();
+        assert_eq!(
+            done, produced,
+            "UPDATE_DONE must label this update's content with its own versions: the next update's version would \
+             validate as current for content that predates it"
+        );
+    });
+}
+
+#[test]
+fn a_connection_that_stops_reading_its_replies_is_closed_and_releases_what_it_held() {
+    let m = module(8);
+    runtime().block_on(async {
+        m.serve();
+        let client = connect(&m.socket).await;
+        // A raw client asks for far more shared reads than its reply queue and
+        // socket buffers hold, and never reads a reply.
+        let stalled = tokio::net::UnixStream::connect(&m.socket).await.unwrap();
+        let (stalled_read, mut stalled_write) = stalled.into_split();
+        let mut requests = Vec::new();
+        for id in 1..=30_000u64 {
+            requests
+                .extend_from_slice(format!("{{\"id\":{id},\"op\":\"read_request\",\"keys\":[\"a\"]}}\n").as_bytes());
+        }
+        // The module may close the connection part-way: a write error is expected then.
+        let _ = stalled_write.write_all(&requests).await;
+        // No grant may be lost: an update of "a" must not wait forever for
+        // reads whose grants were dropped.
+        let update = bounded(client.update(&keys(&["a"]))).await.unwrap();
+        client.update_done(update).await.unwrap();
+        // The stalled connection was closed: draining it reaches end of stream.
+        let mut lines = BufReader::new(stalled_read).lines();
+        let drained = bounded(async {
+            let mut replies = 0u64;
+            while let Ok(Some(_)) = lines.next_line().await {
+                replies += 1;
+            }
+            replies
+        })
+        .await;
+        assert!(drained < 30_000, "the module closed the connection before answering everything ({drained})");
+        assert_eq!(m.server.requests_in_progress(), 0, "everything the closed connection held was released");
+    });
+}
+
+#[test]
+fn a_call_that_misses_its_deadline_fails_and_gives_its_request_back() {
+    let m = module(8);
+    runtime().block_on(async {
+        m.serve();
+        let holder = connect(&m.socket).await;
+        let read = holder.read(&keys(&["a"])).await.unwrap();
+        // This update cannot be granted while the read is held, so its deadline passes.
+        let impatient = ModuleClient::connect_with_timeout(&m.socket, Duration::from_millis(200)).await.unwrap();
+        let err = bounded(impatient.update(&keys(&["a"]))).await.unwrap_err();
+        assert!(matches!(err, ModuleError::Timeout { .. }), "{err}");
+        holder.read_done(read).await.unwrap();
+        // The timed-out update is granted once the read is done, to a caller
+        // that has gone: it must be given back, or this update waits forever.
+        let update = bounded(holder.update(&keys(&["a"]))).await.unwrap();
+        holder.update_done(update).await.unwrap();
+        assert_eq!(m.server.requests_in_progress(), 0);
+    });
 }
