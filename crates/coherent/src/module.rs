@@ -322,7 +322,11 @@ fn locked<T>(
                 // Granted but unusable: tell the client and give the keys back at once.
                 outbox.push((owner.connection, Reply::error(owner.client_id, e)));
                 owners.remove(&grant.id);
-                grants.extend(core.abandon(grant.id)?);
+                // Not `?`: the replies already in the outbox are grants too.
+                match core.abandon(grant.id) {
+                    Ok(more) => grants.extend(more),
+                    Err(e) => tracing::error!(request = grant.id, error = %e, "could not release an unusable grant"),
+                }
             }
         }
     }

@@ -219,6 +219,10 @@ fn update_done_reports_the_versions_its_update_produced_not_the_next_ones() {
             "UPDATE_DONE must label this update's content with its own versions: the next update's version would \
              validate as current for content that predates it"
         );
+        let next = client.update(&keys(&["doc/1"])).await.unwrap();
+        let next_done = client.update_done(next).await.unwrap();
+        assert_eq!(DepsHeader::parse(&next_done).unwrap().deps[0].version, 4);
+        assert_eq!(m.server.updates(), 2, "the bump made here is not an update the module granted");
     });
 }
 
@@ -237,8 +241,10 @@ fn a_connection_that_stops_reading_its_replies_is_closed_and_releases_what_it_he
             requests
                 .extend_from_slice(format!("{{\"id\":{id},\"op\":\"read_request\",\"keys\":[\"a\"]}}\n").as_bytes());
         }
-        // The module may close the connection part-way: a write error is expected then.
-        let _ = stalled_write.write_all(&requests).await;
+        // The module closes the connection part-way (it stops reading and
+        // drops its end), so the rest of the requests cannot be written.
+        let written = bounded(stalled_write.write_all(&requests)).await;
+        assert!(written.is_err(), "the module must close a connection that does not read its replies");
         // No grant may be lost: an update of "a" must not wait forever for
         // reads whose grants were dropped.
         let update = bounded(client.update(&keys(&["a"]))).await.unwrap();
@@ -255,6 +261,7 @@ fn a_connection_that_stops_reading_its_replies_is_closed_and_releases_what_it_he
         .await;
         assert!(drained < 30_000, "the module closed the connection before answering everything ({drained})");
         assert_eq!(m.server.requests_in_progress(), 0, "everything the closed connection held was released");
+        assert_eq!(m.server.updates(), 1);
     });
 }
 
@@ -275,5 +282,81 @@ fn a_call_that_misses_its_deadline_fails_and_gives_its_request_back() {
         let update = bounded(holder.update(&keys(&["a"]))).await.unwrap();
         holder.update_done(update).await.unwrap();
         assert_eq!(m.server.requests_in_progress(), 0);
+    });
+}
+
+/// A raw connection to the module: write lines, read reply lines.
+struct Raw {
+    lines: tokio::io::Lines<BufReader<tokio::net::unix::OwnedReadHalf>>,
+    write: tokio::net::unix::OwnedWriteHalf,
+}
+
+impl Raw {
+    async fn connect(path: &std::path::Path) -> Raw {
+        let (read, write) = tokio::net::UnixStream::connect(path).await.unwrap().into_split();
+        Raw { lines: BufReader::new(read).lines(), write }
+    }
+
+    async fn send(&mut self, line: &str) {
+        self.write.write_all(line.as_bytes()).await.unwrap();
+    }
+
+    /// The next reply line, or None at end of stream.
+    async fn reply(&mut self) -> Option<String> {
+        bounded(self.lines.next_line()).await.unwrap()
+    }
+}
+
+#[test]
+fn a_request_line_of_the_longest_length_is_served_and_a_longer_one_closes_the_connection() {
+    use tierstack_coherent::module::LINE_BYTES_MAX;
+    let m = module(8);
+    runtime().block_on(async {
+        m.serve();
+        let _ = connect(&m.socket).await;
+        let mut raw = Raw::connect(&m.socket).await;
+        // Exactly LINE_BYTES_MAX bytes with its newline: padded with blanks.
+        let request = "{\"id\":1,\"op\":\"read_request\",\"keys\":[\"a\"]}";
+        raw.send(&format!("{request}{}\n", " ".repeat(LINE_BYTES_MAX - 1 - request.len()))).await;
+        assert!(raw.reply().await.unwrap().contains("read_proceed"));
+        raw.send("{\"id\":1,\"op\":\"read_done\"}\n").await;
+        let done = raw.reply().await.unwrap();
+        assert!(done.contains("\"done\""), "the longest line is one request, nothing left over: {done}");
+        // One byte more is refused, and the connection closed.
+        let request = "{\"id\":2,\"op\":\"read_request\",\"keys\":[\"a\"]}";
+        raw.send(&format!("{request}{}\n", " ".repeat(LINE_BYTES_MAX - request.len()))).await;
+        let refused = raw.reply().await.unwrap();
+        assert!(refused.contains("too long"), "{refused}");
+        assert_eq!(raw.reply().await, None, "the module closes the connection after a line too long");
+        assert_eq!(m.server.requests_in_progress(), 0);
+    });
+}
+
+#[test]
+fn a_done_of_the_wrong_kind_is_refused_and_changes_nothing() {
+    let m = module(8);
+    runtime().block_on(async {
+        m.serve();
+        let _ = connect(&m.socket).await;
+        let mut raw = Raw::connect(&m.socket).await;
+        raw.send("{\"id\":1,\"op\":\"update_request\",\"keys\":[\"a\"]}\n").await;
+        assert!(raw.reply().await.unwrap().contains("update_proceed"));
+        raw.send("{\"id\":1,\"op\":\"read_done\"}\n").await;
+        let refused = raw.reply().await.unwrap();
+        assert!(refused.contains("needs update_done"), "{refused}");
+        assert_eq!(m.server.requests_in_progress(), 1, "the update still holds its key");
+        raw.send("{\"id\":2,\"op\":\"read_request\",\"keys\":[\"b\"]}\n").await;
+        assert!(raw.reply().await.unwrap().contains("read_proceed"));
+        raw.send("{\"id\":2,\"op\":\"update_done\"}\n").await;
+        let refused = raw.reply().await.unwrap();
+        assert!(refused.contains("needs read_done"), "{refused}");
+        raw.send("{\"id\":1,\"op\":\"update_done\"}\n").await;
+        let done = raw.reply().await.unwrap();
+        assert!(done.contains("\"done\"") && done.contains("a=2@0"), "{done}");
+        // Cancel gives a granted request back whatever its kind.
+        raw.send("{\"id\":2,\"op\":\"cancel\"}\n").await;
+        assert!(raw.reply().await.unwrap().contains("\"done\""));
+        assert_eq!(m.server.requests_in_progress(), 0);
+        assert_eq!(m.server.updates(), 1);
     });
 }
