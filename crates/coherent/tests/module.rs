@@ -360,3 +360,65 @@ fn a_done_of_the_wrong_kind_is_refused_and_changes_nothing() {
         assert_eq!(m.server.updates(), 1);
     });
 }
+
+#[test]
+fn concurrent_clients_each_update_reports_its_own_versions_and_every_version_is_produced_once() {
+    const CONNECTIONS: usize = 4;
+    const OPS_PER_TASK: usize = 40;
+    let m = module(8);
+    let names = ["k0", "k1", "k2"];
+    runtime().block_on(async {
+        m.serve();
+        let _ = connect(&m.socket).await;
+        let mut tasks = Vec::new();
+        for c in 0..CONNECTIONS {
+            let client = Arc::new(ModuleClient::connect(&m.socket).await.unwrap());
+            for t in 0..2u64 {
+                let client = client.clone();
+                tasks.push(tokio::spawn(async move {
+                    // A fixed pseudo-random walk per task: which keys, read or update.
+                    let mut state = (c as u64) * 7919 + t * 104_729 + 1;
+                    let mut updates = Vec::new();
+                    for _ in 0..OPS_PER_TASK {
+                        state = state.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+                        let pick = (state >> 33) as usize;
+                        let chosen: Vec<String> = names
+                            .iter()
+                            .enumerate()
+                            .filter(|(i, _)| pick >> i & 1 == 1)
+                            .map(|(_, k)| k.to_string())
+                            .collect();
+                        let chosen = if chosen.is_empty() { vec![names[pick % 3].to_string()] } else { chosen };
+                        if pick >> 3 & 1 == 1 {
+                            let access = client.update(&chosen).await.unwrap();
+                            let proceed = access.deps.clone();
+                            let done = client.update_done(access).await.unwrap();
+                            assert_eq!(done, proceed, "an update's done reports the versions of its own grant");
+                            updates.push(DepsHeader::parse(&done).unwrap());
+                        } else {
+                            let access = client.read(&chosen).await.unwrap();
+                            client.read_done(access).await.unwrap();
+                        }
+                    }
+                    updates
+                }));
+            }
+        }
+        let mut produced: std::collections::HashMap<String, Vec<u64>> = std::collections::HashMap::new();
+        for task in tasks {
+            for header in bounded(task).await.unwrap() {
+                for dep in header.deps {
+                    produced.entry(dep.key).or_default().push(dep.version);
+                }
+            }
+        }
+        for (key, mut versions) in produced {
+            versions.sort_unstable();
+            let expected: Vec<u64> = (2..2 + versions.len() as u64).collect();
+            assert_eq!(versions, expected, "{key}: each update produced a new version, and no two the same");
+            let slot = m.server.table().slot_of(&key).unwrap();
+            assert_eq!(m.server.table().version(slot).unwrap(), 1 + expected.len() as u64);
+        }
+        assert_eq!(m.server.requests_in_progress(), 0);
+    });
+}
