@@ -309,11 +309,17 @@ impl Raw {
 
 #[test]
 fn a_request_line_of_the_longest_length_is_served_and_a_longer_one_closes_the_connection() {
+    use tierstack_coherent::deps::{DEPS_KEYS_MAX, KEY_BYTES_MAX};
     use tierstack_coherent::module::LINE_BYTES_MAX;
-    let m = module(8);
+    let m = module(DEPS_KEYS_MAX as u32 + 1);
     runtime().block_on(async {
         m.serve();
-        let _ = connect(&m.socket).await;
+        let client = connect(&m.socket).await;
+        // The largest request a response's header can describe fits in a line.
+        let most: Vec<String> = (0..DEPS_KEYS_MAX).map(|i| format!("{i:0>KEY_BYTES_MAX$}")).collect();
+        let read = bounded(client.read(&most)).await.unwrap();
+        assert_eq!(DepsHeader::parse(&read.deps).unwrap().deps.len(), DEPS_KEYS_MAX);
+        client.read_done(read).await.unwrap();
         let mut raw = Raw::connect(&m.socket).await;
         // Exactly LINE_BYTES_MAX bytes with its newline: padded with blanks.
         let request = "{\"id\":1,\"op\":\"read_request\",\"keys\":[\"a\"]}";
