@@ -10,6 +10,7 @@
 //! {"id":1,"op":"read_done"}
 //! {"id":2,"op":"update_request","keys":["doc/7"]}
 //! {"id":2,"op":"update_done"}
+//! {"id":3,"op":"cancel"}        gives up request 3, granted or not
 //! ```
 //!
 //! Replies:
@@ -17,7 +18,7 @@
 //! ```text
 //! {"id":1,"op":"read_proceed","deps":"n=0;i=…;doc/7=5@0,stock/IBM=3@1"}
 //! {"id":2,"op":"update_proceed","deps":"n=0;i=…;doc/7=6@0"}   new versions, already visible
-//! {"id":1,"op":"done"}
+//! {"id":1,"op":"done","deps":"…"}   the versions of the grant being given back
 //! {"id":9,"op":"error","error":"…"}
 //! ```
 //!
@@ -27,25 +28,35 @@
 //!
 //! An update's versions are bumped when it is granted, before its
 //! `update_proceed` is sent, so cached copies stop validating before the new
-//! content exists. A connection that closes releases everything it held and
-//! abandons what it was waiting for.
+//! content exists. Grants, bumps and the versions a grant reports are decided
+//! together under the module's lock, so `update_done` answers with the
+//! versions this update produced, never a later update's.
+//!
+//! A connection that closes releases everything it held and abandons what it
+//! was waiting for; `cancel` does the same for one request (a client whose
+//! call timed out). A connection that does not read its replies, so that
+//! [`REPLY_QUEUE_MAX`] of them pile up, cannot keep up: the module closes it,
+//! which releases what it held; no grant is ever silently dropped.
 
 use crate::module_core::{CoreError, Grant, Kind, ModuleCore};
 use crate::table1::RequestId;
 use crate::version_table::{VersionTable, VersionTableError};
 use serde::{Deserialize, Serialize};
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, Notify};
 
 /// Longest request line accepted.
 pub const LINE_BYTES_MAX: usize = 64 * 1024;
-/// Replies buffered per connection before the module stops reading from it.
-const REPLY_QUEUE_MAX: usize = 4096;
+/// Replies queued per connection; a connection whose queue is full is closed.
+pub const REPLY_QUEUE_MAX: usize = 4096;
+/// How long a [`ModuleClient`] call waits for its reply unless told otherwise.
+pub const CALL_TIMEOUT_DEFAULT: Duration = Duration::from_secs(30);
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 pub struct Request {
@@ -85,6 +96,12 @@ pub enum ModuleError {
     Refused(String),
     #[error("bad reply from the module: {0}")]
     BadReply(String),
+    #[error("no reply from the module within {waited_ms} ms")]
+    Timeout { waited_ms: u128 },
+    #[error("the module's state lock is poisoned")]
+    Poisoned,
+    #[error("the connection's reply queue is full: it does not read its replies")]
+    TooSlow,
 }
 
 type ConnectionId = u64;
@@ -95,13 +112,26 @@ struct Owner {
     client_id: u64,
     kind: Kind,
     keys: Vec<(String, u32)>,
+    /// The `deps` of its grant (for an update: the versions it produced),
+    /// set when granted.
+    granted_deps: Option<String>,
 }
+
+/// A live connection: its reply queue, and how to close it.
+struct Connection {
+    replies: mpsc::Sender<Reply>,
+    close: Arc<Notify>,
+}
+
+/// Replies to send once the locks are released: (connection, reply).
+type Outbox = Vec<(ConnectionId, Reply)>;
 
 struct Shared {
     table: Arc<VersionTable>,
+    /// Lock order: `core`, then `owners`.
     core: Mutex<ModuleCore>,
     owners: Mutex<HashMap<RequestId, Owner>>,
-    connections: Mutex<HashMap<ConnectionId, mpsc::Sender<Reply>>>,
+    connections: Mutex<HashMap<ConnectionId, Connection>>,
     next_request: AtomicU64,
     /// Statistics: grants, updates.
     grants: AtomicU64,
@@ -193,8 +223,9 @@ async fn serve_connection(
 ) -> Result<(), ModuleError> {
     let (read_half, mut write_half) = stream.into_split();
     let (tx, mut rx) = mpsc::channel::<Reply>(REPLY_QUEUE_MAX);
+    let close = Arc::new(Notify::new());
     if let Ok(mut connections) = shared.connections.lock() {
-        connections.insert(connection, tx.clone());
+        connections.insert(connection, Connection { replies: tx.clone(), close: close.clone() });
     }
     let writer = tokio::spawn(async move {
         while let Some(reply) = rx.recv().await {
@@ -211,10 +242,16 @@ async fn serve_connection(
     let mut line = String::new();
     let result = loop {
         line.clear();
-        match (&mut lines).take(LINE_BYTES_MAX as u64 + 1).read_line(&mut line).await {
+        let mut limited = (&mut lines).take(LINE_BYTES_MAX as u64 + 1);
+        let read = tokio::select! {
+            biased;
+            () = close.notified() => break Err(ModuleError::TooSlow),
+            read = limited.read_line(&mut line) => read,
+        };
+        match read {
             Ok(0) => break Ok(()),
             Ok(n) if n > LINE_BYTES_MAX => {
-                let _ = tx.send(Reply::error(0, "request line too long")).await;
+                let _ = tx.try_send(Reply::error(0, "request line too long"));
                 break Ok(());
             }
             Ok(_) => {}
@@ -225,28 +262,112 @@ async fn serve_connection(
             Err(e) => Some(Reply::error(0, format!("malformed request: {e}"))),
         };
         if let Some(reply) = reply {
-            if tx.send(reply).await.is_err() {
-                break Ok(());
+            // The same rule as for grants: a client that lets its replies pile up is closed.
+            match tx.try_send(reply) {
+                Ok(()) => {}
+                Err(mpsc::error::TrySendError::Full(_)) => break Err(ModuleError::TooSlow),
+                Err(mpsc::error::TrySendError::Closed(_)) => break Err(ModuleError::Closed),
             }
         }
     };
-    // The client is gone: release or abandon everything it had.
+    // The client is gone or is being closed: release or abandon everything it had.
     if let Ok(mut connections) = shared.connections.lock() {
         connections.remove(&connection);
     }
     for request in ids.into_values() {
-        let grants =
-            shared.core.lock().map_err(|_| ModuleError::Closed).and_then(|mut core| Ok(core.abandon(request)?));
-        if let Ok(mut owners) = shared.owners.lock() {
+        let abandoned = locked(&shared, |core, owners| {
             owners.remove(&request);
-        }
-        if let Ok(grants) = grants {
-            deliver(&shared, grants);
+            Ok(((), core.abandon(request)?))
+        });
+        match abandoned {
+            Ok(((), outbox)) => send_all(&shared, outbox),
+            Err(e) => {
+                tracing::warn!(connection, request, error = %e, "could not release a closed connection's request")
+            }
         }
     }
     drop(tx);
-    let _ = writer.await;
+    if result.is_ok() {
+        // Flush what is queued (a last error reply) to a client that reads.
+        let _ = writer.await;
+    } else {
+        // A client that does not read would keep the writer blocked forever.
+        writer.abort();
+    }
     result
+}
+
+/// Runs `step` with the core and the owners locked, then turns the grants it
+/// returns into proceed replies before unlocking: an update's versions are
+/// bumped and every grant's versions read while no other grant can happen,
+/// so each reply (and a later `done`) carries exactly its own grant's
+/// versions.
+fn locked<T>(
+    shared: &Shared,
+    step: impl FnOnce(&mut ModuleCore, &mut HashMap<RequestId, Owner>) -> Result<(T, Vec<Grant>), ModuleError>,
+) -> Result<(T, Outbox), ModuleError> {
+    let mut core = shared.core.lock().map_err(|_| ModuleError::Poisoned)?;
+    let mut owners = shared.owners.lock().map_err(|_| ModuleError::Poisoned)?;
+    let (value, grants) = step(&mut core, &mut owners)?;
+    let mut grants = VecDeque::from(grants);
+    let mut outbox = Vec::new();
+    while let Some(grant) = grants.pop_front() {
+        let Some(owner) = owners.get_mut(&grant.id) else { continue };
+        shared.grants.fetch_add(1, Ordering::Relaxed);
+        let (op, deps) = match grant.kind {
+            Kind::Update => {
+                shared.updates.fetch_add(1, Ordering::Relaxed);
+                let bumped: Result<(), VersionTableError> =
+                    grant.slots.iter().try_for_each(|slot| shared.table.bump(*slot).map(|_| ()));
+                ("update_proceed", bumped.and_then(|()| shared.table.header(&owner.keys)))
+            }
+            Kind::Read => ("read_proceed", shared.table.header(&owner.keys)),
+        };
+        match deps {
+            Ok(deps) => {
+                let deps = deps.to_string();
+                owner.granted_deps = Some(deps.clone());
+                outbox.push((
+                    owner.connection,
+                    Reply { id: owner.client_id, op: op.into(), deps: Some(deps), error: None },
+                ));
+            }
+            Err(e) => {
+                // Granted but unusable: tell the client and give the keys back at once.
+                outbox.push((owner.connection, Reply::error(owner.client_id, e)));
+                owners.remove(&grant.id);
+                // Not `?`: the replies already in the outbox are grants too.
+                match core.abandon(grant.id) {
+                    Ok(more) => grants.extend(more),
+                    Err(e) => tracing::error!(request = grant.id, error = %e, "could not release an unusable grant"),
+                }
+            }
+        }
+    }
+    Ok((value, outbox))
+}
+
+/// Queues `reply` for `connection`. A connection whose queue is full (it does
+/// not read its replies) or whose writer has stopped is closed, and closing
+/// releases what it held, so the grant is not lost. A connection that is
+/// already gone has had (or will have) all its requests abandoned.
+fn send(shared: &Shared, connection: ConnectionId, reply: Reply) {
+    let target = shared
+        .connections
+        .lock()
+        .ok()
+        .and_then(|c| c.get(&connection).map(|connection| (connection.replies.clone(), connection.close.clone())));
+    let Some((replies, close)) = target else { return };
+    if replies.try_send(reply).is_err() {
+        tracing::warn!(connection, "module reply queue full or closed; closing the connection");
+        close.notify_one();
+    }
+}
+
+fn send_all(shared: &Shared, outbox: Outbox) {
+    for (connection, reply) in outbox {
+        send(shared, connection, reply);
+    }
 }
 
 /// Applies one request; returns an immediate reply, if any.
@@ -257,132 +378,102 @@ fn handle(
     request: Request,
 ) -> Option<Reply> {
     let id = request.id;
-    let kind = match request.op.as_str() {
-        "read_request" => Some(Kind::Read),
-        "update_request" => Some(Kind::Update),
-        "read_done" | "update_done" => None,
-        other => return Some(Reply::error(id, format!("unknown op {other:?}"))),
-    };
-    match kind {
-        Some(kind) => {
-            if ids.contains_key(&id) {
-                return Some(Reply::error(id, format!("id {id} is already in use on this connection")));
-            }
-            if request.keys.is_empty() {
-                return Some(Reply::error(id, "a request needs at least one key"));
-            }
-            let keys: Result<Vec<(String, u32)>, VersionTableError> =
-                request.keys.iter().map(|k| shared.table.slot_of(k).map(|slot| (k.clone(), slot))).collect();
-            let keys = match keys {
-                Ok(keys) => keys,
-                Err(e) => return Some(Reply::error(id, e)),
-            };
-            let module_id = shared.next_request.fetch_add(1, Ordering::Relaxed);
-            let slots: Vec<u32> = keys.iter().map(|(_, s)| *s).collect();
-            if let Ok(mut owners) = shared.owners.lock() {
-                owners.insert(module_id, Owner { connection, client_id: id, kind, keys });
-            }
-            ids.insert(id, module_id);
-            let grants = shared
-                .core
-                .lock()
-                .map_err(|_| CoreError::UnknownRequest(module_id))
-                .and_then(|mut core| core.request(module_id, kind, &slots));
-            match grants {
-                Ok(grants) => {
-                    deliver(shared, grants);
-                    None
-                }
-                Err(e) => {
-                    ids.remove(&id);
-                    if let Ok(mut owners) = shared.owners.lock() {
-                        owners.remove(&module_id);
-                    }
-                    Some(Reply::error(id, e))
-                }
-            }
-        }
-        None => {
-            let Some(module_id) = ids.get(&id).copied() else {
-                return Some(Reply::error(id, format!("{} for unknown id {id}", request.op)));
-            };
-            let owner_kind =
-                shared.owners.lock().ok().and_then(|o| o.get(&module_id).map(|o| (o.kind, o.keys.clone())));
-            let Some((owner_kind, keys)) = owner_kind else {
-                return Some(Reply::error(id, "unknown request"));
-            };
-            let expected = if owner_kind == Kind::Read { "read_done" } else { "update_done" };
-            if request.op != expected {
-                return Some(Reply::error(id, format!("{} for a request that needs {expected}", request.op)));
-            }
-            let grants = shared
-                .core
-                .lock()
-                .map_err(|_| CoreError::UnknownRequest(module_id))
-                .and_then(|mut core| core.done(module_id));
-            match grants {
-                Ok(grants) => {
-                    ids.remove(&id);
-                    if let Ok(mut owners) = shared.owners.lock() {
-                        owners.remove(&module_id);
-                    }
-                    // The final versions, read before anyone else is granted.
-                    let deps = shared.table.header(&keys).map(|h| h.to_string()).ok();
-                    deliver(shared, grants);
-                    Some(Reply { id, op: "done".into(), deps, error: None })
-                }
-                Err(e) => Some(Reply::error(id, e)),
-            }
-        }
+    match request.op.as_str() {
+        "read_request" => begin(shared, connection, ids, id, Kind::Read, &request.keys),
+        "update_request" => begin(shared, connection, ids, id, Kind::Update, &request.keys),
+        "read_done" | "update_done" | "cancel" => finish(shared, ids, &request),
+        other => Some(Reply::error(id, format!("unknown op {other:?}"))),
     }
 }
 
-/// Sends the proceed replies for `grants`; bumps versions for updates first.
-fn deliver(shared: &Arc<Shared>, grants: Vec<Grant>) {
-    for grant in grants {
-        let owner = shared
-            .owners
-            .lock()
-            .ok()
-            .and_then(|o| o.get(&grant.id).map(|o| (o.connection, o.client_id, o.keys.clone())));
-        let Some((connection, client_id, keys)) = owner else { continue };
-        shared.grants.fetch_add(1, Ordering::Relaxed);
-        let reply = match grant.kind {
-            Kind::Update => {
-                shared.updates.fetch_add(1, Ordering::Relaxed);
-                let bumped: Result<(), VersionTableError> =
-                    grant.slots.iter().try_for_each(|slot| shared.table.bump(*slot).map(|_| ()));
-                match bumped.and_then(|()| shared.table.header(&keys)) {
-                    Ok(header) => Reply {
-                        id: client_id,
-                        op: "update_proceed".into(),
-                        deps: Some(header.to_string()),
-                        error: None,
-                    },
-                    Err(e) => Reply::error(client_id, e),
-                }
-            }
-            Kind::Read => match shared.table.header(&keys) {
-                Ok(header) => {
-                    Reply { id: client_id, op: "read_proceed".into(), deps: Some(header.to_string()), error: None }
-                }
-                Err(e) => Reply::error(client_id, e),
-            },
-        };
-        let sender = shared.connections.lock().ok().and_then(|c| c.get(&connection).cloned());
-        if let Some(sender) = sender {
-            if sender.try_send(reply).is_err() {
-                tracing::warn!(connection, "module reply queue full or closed; dropping the connection's reply");
+/// READ_REQUEST or UPDATE_REQUEST: queues it; its grant is sent when it comes.
+fn begin(
+    shared: &Arc<Shared>,
+    connection: ConnectionId,
+    ids: &mut HashMap<u64, RequestId>,
+    id: u64,
+    kind: Kind,
+    keys: &[String],
+) -> Option<Reply> {
+    if ids.contains_key(&id) {
+        return Some(Reply::error(id, format!("id {id} is already in use on this connection")));
+    }
+    if keys.is_empty() {
+        return Some(Reply::error(id, "a request needs at least one key"));
+    }
+    let keys: Result<Vec<(String, u32)>, VersionTableError> =
+        keys.iter().map(|k| shared.table.slot_of(k).map(|slot| (k.clone(), slot))).collect();
+    let keys = match keys {
+        Ok(keys) => keys,
+        Err(e) => return Some(Reply::error(id, e)),
+    };
+    let module_id = shared.next_request.fetch_add(1, Ordering::Relaxed);
+    let slots: Vec<u32> = keys.iter().map(|(_, s)| *s).collect();
+    let requested = locked(shared, |core, owners| {
+        owners.insert(module_id, Owner { connection, client_id: id, kind, keys, granted_deps: None });
+        match core.request(module_id, kind, &slots) {
+            Ok(grants) => Ok(((), grants)),
+            Err(e) => {
+                owners.remove(&module_id);
+                Err(e.into())
             }
         }
+    });
+    match requested {
+        Ok(((), outbox)) => {
+            ids.insert(id, module_id);
+            send_all(shared, outbox);
+            None
+        }
+        Err(e) => Some(Reply::error(id, e)),
     }
+}
+
+/// READ_DONE, UPDATE_DONE or CANCEL for a request of this connection.
+fn finish(shared: &Arc<Shared>, ids: &mut HashMap<u64, RequestId>, request: &Request) -> Option<Reply> {
+    let id = request.id;
+    let Some(module_id) = ids.get(&id).copied() else {
+        return Some(Reply::error(id, format!("{} for unknown id {id}", request.op)));
+    };
+    let cancel = request.op == "cancel";
+    let finished = locked(shared, |core, owners| {
+        let owner = owners.get(&module_id).ok_or(CoreError::UnknownRequest(module_id))?;
+        let expected = if owner.kind == Kind::Read { "read_done" } else { "update_done" };
+        if !cancel && request.op != expected {
+            return Err(ModuleError::Refused(format!("{} for a request that needs {expected}", request.op)));
+        }
+        let grants = if cancel { core.abandon(module_id)? } else { core.done(module_id)? };
+        let deps = owners.remove(&module_id).and_then(|owner| owner.granted_deps);
+        Ok((deps, grants))
+    });
+    match finished {
+        Ok((deps, outbox)) => {
+            ids.remove(&id);
+            send_all(shared, outbox);
+            Some(Reply { id, op: "done".into(), deps, error: None })
+        }
+        // A protocol mistake is reported in its own words.
+        Err(ModuleError::Refused(e)) => Some(Reply::error(id, e)),
+        Err(e) => Some(Reply::error(id, e)),
+    }
+}
+
+/// The client's calls waiting for replies, and whether the connection ended.
+#[derive(Default)]
+struct Waiters {
+    by_id: HashMap<u64, oneshot::Sender<Reply>>,
+    closed: bool,
 }
 
 /// An async client of the module, shared by many concurrent tasks over one
-/// connection. Replies are matched to requests by id.
+/// connection. Replies are matched to requests by id. Every call has a
+/// deadline; a call that misses it cancels its request at the module, so a
+/// grant that comes later is released rather than held forever.
 pub struct ModuleClient {
-    tx: mpsc::Sender<(Request, Option<oneshot::Sender<Reply>>)>,
+    requests: mpsc::Sender<Request>,
+    waiters: Arc<Mutex<Waiters>>,
     next_id: AtomicU64,
+    call_timeout: Duration,
 }
 
 /// Permission to read (or update) that must be given back with `done`.
@@ -394,20 +485,21 @@ pub struct Access {
 }
 
 impl ModuleClient {
-    /// Connects to the module's socket.
+    /// Connects to the module's socket; calls wait at most [`CALL_TIMEOUT_DEFAULT`].
     pub async fn connect(path: &Path) -> Result<ModuleClient, ModuleError> {
+        Self::connect_with_timeout(path, CALL_TIMEOUT_DEFAULT).await
+    }
+
+    /// Connects to the module's socket; each call (a request and its reply,
+    /// including a grant's wait in Table 1's queues) fails with
+    /// [`ModuleError::Timeout`] after `call_timeout`.
+    pub async fn connect_with_timeout(path: &Path, call_timeout: Duration) -> Result<ModuleClient, ModuleError> {
         let stream = UnixStream::connect(path).await?;
         let (read_half, mut write_half) = stream.into_split();
-        let (tx, mut rx) = mpsc::channel::<(Request, Option<oneshot::Sender<Reply>>)>(REPLY_QUEUE_MAX);
-        let waiters: Arc<Mutex<HashMap<u64, oneshot::Sender<Reply>>>> = Arc::new(Mutex::new(HashMap::new()));
-        let writer_waiters = waiters.clone();
+        let (requests, mut outgoing) = mpsc::channel::<Request>(REPLY_QUEUE_MAX);
+        let waiters: Arc<Mutex<Waiters>> = Arc::default();
         tokio::spawn(async move {
-            while let Some((request, waiter)) = rx.recv().await {
-                if let Some(waiter) = waiter {
-                    if let Ok(mut w) = writer_waiters.lock() {
-                        w.insert(request.id, waiter);
-                    }
-                }
+            while let Some(request) = outgoing.recv().await {
                 let mut line = serde_json::to_vec(&request).unwrap_or_default();
                 line.push(b'\n');
                 if write_half.write_all(&line).await.is_err() {
@@ -415,12 +507,13 @@ impl ModuleClient {
                 }
             }
         });
+        let reading = waiters.clone();
         tokio::spawn(async move {
             let mut lines = BufReader::new(read_half).lines();
             while let Ok(Some(line)) = lines.next_line().await {
                 match serde_json::from_str::<Reply>(&line) {
                     Ok(reply) => {
-                        let waiter = waiters.lock().ok().and_then(|mut w| w.remove(&reply.id));
+                        let waiter = reading.lock().ok().and_then(|mut w| w.by_id.remove(&reply.id));
                         match waiter {
                             Some(waiter) => {
                                 let _ = waiter.send(reply);
@@ -428,27 +521,71 @@ impl ModuleClient {
                             None if reply.op == "error" => {
                                 tracing::warn!(id = reply.id, error = ?reply.error, "module error for a request nobody waits on")
                             }
+                            // A grant or `done` for a call that gave up (and cancelled).
                             None => {}
                         }
                     }
                     Err(e) => tracing::warn!(error = %e, "bad reply line from the module"),
                 }
             }
-            // Connection gone: waiters see Closed when their senders drop.
-            if let Ok(mut w) = waiters.lock() {
-                w.clear();
+            // Connection gone: waiters see Closed when their senders drop,
+            // and later calls fail at once.
+            if let Ok(mut w) = reading.lock() {
+                w.closed = true;
+                w.by_id.clear();
             }
         });
-        Ok(ModuleClient { tx, next_id: AtomicU64::new(1) })
+        Ok(ModuleClient { requests, waiters, next_id: AtomicU64::new(1), call_timeout })
+    }
+
+    fn forget(&self, id: u64) {
+        if let Ok(mut w) = self.waiters.lock() {
+            w.by_id.remove(&id);
+        }
     }
 
     async fn call(&self, request: Request) -> Result<Reply, ModuleError> {
+        let id = request.id;
         let (tx, rx) = oneshot::channel();
-        self.tx.send((request, Some(tx))).await.map_err(|_| ModuleError::Closed)?;
-        let reply = rx.await.map_err(|_| ModuleError::Closed)?;
+        {
+            let mut waiters = self.waiters.lock().map_err(|_| ModuleError::Closed)?;
+            if waiters.closed {
+                return Err(ModuleError::Closed);
+            }
+            waiters.by_id.insert(id, tx);
+        }
+        let exchange = async {
+            self.requests.send(request).await.map_err(|_| ModuleError::Closed)?;
+            rx.await.map_err(|_| ModuleError::Closed)
+        };
+        let reply = match tokio::time::timeout(self.call_timeout, exchange).await {
+            Ok(Ok(reply)) => reply,
+            Ok(Err(e)) => {
+                self.forget(id);
+                return Err(e);
+            }
+            Err(_) => {
+                self.forget(id);
+                self.cancel(id).await;
+                return Err(ModuleError::Timeout { waited_ms: self.call_timeout.as_millis() });
+            }
+        };
         match reply.op.as_str() {
             "error" => Err(ModuleError::Refused(reply.error.unwrap_or_default())),
             _ => Ok(reply),
+        }
+    }
+
+    /// Gives request `id` up at the module: released if it was granted (or
+    /// when it is), harmlessly refused if it already finished. Queued behind
+    /// the request itself, so the module never sees it first.
+    async fn cancel(&self, id: u64) {
+        let cancel = Request { id, op: "cancel".into(), keys: vec![] };
+        match tokio::time::timeout(self.call_timeout, self.requests.send(cancel)).await {
+            Ok(Ok(())) => {}
+            // Connection gone: the module released everything it held.
+            Ok(Err(_)) => {}
+            Err(_) => tracing::warn!(id, "could not send a cancel to the module in time"),
         }
     }
 
@@ -477,7 +614,8 @@ impl ModuleClient {
         self.acquire("update_request", "update_proceed", keys).await
     }
 
-    /// UPDATE_DONE; returns the final `X-Tierstack-Deps` value.
+    /// UPDATE_DONE; returns the `X-Tierstack-Deps` value of the versions this
+    /// update produced (those of its UPDATE_PROCEED).
     pub async fn update_done(&self, access: Access) -> Result<String, ModuleError> {
         let reply = self.call(Request { id: access.id, op: "update_done".into(), keys: vec![] }).await?;
         reply.deps.ok_or_else(|| ModuleError::BadReply("done without deps".into()))

@@ -78,6 +78,48 @@ fn readers_queued_behind_an_update_proceed_together_when_it_is_done() {
     assert_eq!(q.handle(Ipc::ReadDone(3)), Err(Table1Error::NotReading(3)), "READ_DONE, empty, empty");
 }
 
+#[test]
+fn a_request_id_already_queued_on_the_document_is_refused() {
+    let mut q = DocumentQueues::new();
+    assert_eq!(q.handle(Ipc::ReadRequest(1)), Ok(vec![Proceed::Read(1)]));
+    // Reading (in the Read Queue only).
+    assert_eq!(q.handle(Ipc::ReadRequest(1)), Err(Table1Error::Duplicate(1)));
+    assert_eq!(q.handle(Ipc::UpdateRequest(1)), Err(Table1Error::Duplicate(1)));
+    assert_eq!(q.readers(), 1, "a refused duplicate is not queued");
+    // Queued in the Update Queue only: the update waiting, and a read behind it.
+    assert_eq!(q.handle(Ipc::UpdateRequest(2)), Ok(vec![]));
+    assert_eq!(q.handle(Ipc::ReadRequest(3)), Ok(vec![]));
+    assert_eq!(q.handle(Ipc::ReadRequest(2)), Err(Table1Error::Duplicate(2)));
+    assert_eq!(q.handle(Ipc::ReadRequest(3)), Err(Table1Error::Duplicate(3)));
+    assert_eq!(q.handle(Ipc::ReadDone(1)), Ok(vec![Proceed::Update(2)]));
+    assert_eq!(q.handle(Ipc::UpdateDone(2)), Ok(vec![Proceed::Read(3)]), "exactly one read 3 was queued");
+    assert_eq!(q.handle(Ipc::ReadDone(3)), Ok(vec![]));
+    assert!(q.is_idle());
+}
+
+#[test]
+fn the_core_counts_busy_keys_and_refuses_bad_requests() {
+    use tierstack_coherent::module_core::CoreError;
+    let mut core = ModuleCore::new();
+    assert_eq!(
+        core.request(1, Kind::Read, &[3, 1, 3]),
+        Ok(vec![Grant { id: 1, kind: Kind::Read, slots: vec![1, 3] }]),
+        "keys are taken once each, in ascending order"
+    );
+    assert_eq!(core.busy_keys(), 2);
+    assert_eq!(core.request(1, Kind::Read, &[5]), Err(CoreError::DuplicateRequest(1)));
+    assert_eq!(core.request(4, Kind::Read, &[]), Err(CoreError::NoKeys(4)));
+    assert_eq!(core.request(2, Kind::Update, &[1]), Ok(vec![]), "the update waits for the reader");
+    assert_eq!(core.done(2), Err(CoreError::NotGranted(2)));
+    assert_eq!(core.done(9), Err(CoreError::UnknownRequest(9)));
+    assert_eq!(core.abandon(9), Err(CoreError::UnknownRequest(9)));
+    assert_eq!((core.requests(), core.busy_keys()), (2, 2));
+    assert_eq!(core.done(1), Ok(vec![Grant { id: 2, kind: Kind::Update, slots: vec![1] }]));
+    assert_eq!((core.requests(), core.busy_keys()), (1, 1), "key 3 is idle and forgotten");
+    assert_eq!(core.done(2), Ok(vec![]));
+    assert_eq!((core.requests(), core.busy_keys()), (0, 0));
+}
+
 #[derive(Clone, Debug)]
 enum Step {
     Request { kind: Kind, keys: Vec<u32> },
