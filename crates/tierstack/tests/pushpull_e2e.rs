@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use tierstack_bench::deploy::{Deployment, DeploymentConfig, DeploymentOptions};
 use tierstack_cluster::Backend;
 use tierstack_loadgen::{run, LoadConfig, LoadReport};
+use tierstack_proxy::ProxyStats;
 use tierstack_workload::Trace;
 
 /// Zipf sizes span 200 B to 1 MiB geometrically; with 100 documents the
@@ -56,6 +57,7 @@ fn load(targets: &[String], app_url: &str, requests: u64) -> LoadReport {
     config.requests_max = Some(requests);
     config.update_interval_ms = 4;
     config.keep_records = true;
+    config.check_bodies = true;
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     runtime.block_on(run(config)).unwrap()
 }
@@ -68,8 +70,26 @@ fn assert_coherent(what: &str, report: &LoadReport) {
     assert_eq!(report.stale_responses, 0, "{what}: stale responses served: {:?}", report.stale_examples);
     assert_eq!(report.stale_responses_offline, Some(0), "{what}: offline recount");
     assert_eq!(report.ok, report.requests, "{what}: errors {:?}", report.errors);
+    assert!(report.accounted(), "{what}: every request accounted for");
+    assert_eq!(report.bodies_checked, report.checked_ok, "{what}: every body checked (pushed ones too)");
     assert!(report.updates.done >= 50, "{what}: the updater ran ({} updates)", report.updates.done);
     assert_eq!(report.updates.errors.total(), 0, "{what}: updates failed: {:?}", report.updates.errors);
+}
+
+/// Every proxy's counters add up (`ProxyStats::accounting_error`) once the
+/// pushes the last updates started have landed: the identities hold when
+/// nothing is in flight, so they are polled until then (bounded).
+fn assert_proxies_account_for_everything(what: &str, deployment: &Deployment) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let stats: Vec<ProxyStats> = deployment.proxy_stats().unwrap();
+        let errors: Vec<String> = stats.iter().filter_map(ProxyStats::accounting_error).collect();
+        if errors.is_empty() {
+            return;
+        }
+        assert!(std::time::Instant::now() < deadline, "{what}: proxies' counters do not add up: {errors:?}");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
 }
 
 fn pushes_stay_coherent(backend: Backend, policy: &str) {
@@ -77,6 +97,7 @@ fn pushes_stay_coherent(backend: Backend, policy: &str) {
     let deployment = deploy(backend, options(policy, 64 << 10));
     let report = load(&deployment.proxy_urls, &deployment.app_url, 5000);
     assert_coherent(&what, &report);
+    assert_proxies_account_for_everything(&what, &deployment);
     let stats: Vec<Value> = deployment.proxy_stats().unwrap();
     let app: Value = deployment.app_stats().unwrap();
     let push = &app["push"];
