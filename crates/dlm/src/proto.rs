@@ -16,7 +16,7 @@
 //! words in [`crate::word`]. The explorer in `tests/model_check.rs` runs this
 //! very code over every interleaving of small configurations.
 
-use crate::word::{generation_newer, DrainWord, LockWord};
+use crate::word::{fencing_token, generation_newer, DrainWord, LockWord};
 use tierstack_base::NodeId;
 
 /// The two lock modes.
@@ -406,11 +406,16 @@ impl LockClient {
     }
 
     /// Adopts a newer generation: a request of an older one was broken.
+    ///
+    /// The request is compared with `generation` itself, not with the
+    /// newest generation seen: a node can learn the new generation from the
+    /// drain word (which `break_lock` resets first) and then still enqueue
+    /// in the old lock word before the break swaps it; the break's notice
+    /// must abort that request although it brings no news to the node.
     fn observe_generation(&mut self, generation: u16, out: &mut Out) {
-        if !generation_newer(generation, self.generation) {
-            return;
+        if generation_newer(generation, self.generation) {
+            self.generation = generation;
         }
-        self.generation = generation;
         if self.request.as_ref().is_some_and(|r| generation_newer(generation, r.generation)) {
             self.request = None;
             out.push(Action::Aborted(AbortReason::Broken { generation }));
@@ -463,12 +468,15 @@ impl LockClient {
         };
         match request.phase {
             Phase::Enqueue { expected, first } => {
-                let token = (first && request.fencing).then(|| results.get(1).map(|f| f.wrapping_add(1))).flatten();
+                let generation = LockWord::decode(previous).generation;
+                let token =
+                    (first && request.fencing).then(|| results.get(1).map(|f| fencing_token(generation, *f))).flatten();
                 self.enqueue_done(expected, previous, token, out)
             }
             Phase::RegisterDrain { expected, target } => self.register_done(expected, target, previous, out),
             Phase::FetchToken => {
-                self.hold(Some(previous.wrapping_add(1)), out);
+                let token = fencing_token(request.generation, previous);
+                self.hold(Some(token), out);
                 Ok(())
             }
             Phase::Convert { expected } => self.convert_done(expected, previous, out),
