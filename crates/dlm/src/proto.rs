@@ -964,6 +964,90 @@ mod tests {
     }
 
     #[test]
+    fn mode_names_round_trip() {
+        for (mode, name) in [(LockMode::Shared, "shared"), (LockMode::Exclusive, "exclusive")] {
+            assert_eq!(mode.name(), name);
+            assert_eq!(name.parse::<LockMode>(), Ok(mode));
+        }
+        assert!("both".parse::<LockMode>().is_err());
+    }
+
+    #[test]
+    fn violations_name_the_phase_they_happened_in() {
+        let mut c = LockClient::new(n(2), QueueKind::CoShed);
+        let mut out = Vec::new();
+        let grant = Input::Message { from: n(3), generation: 0, msg: ProtoMsg::GrantExclusive };
+        assert_eq!(c.handle(grant, &mut out).unwrap_err().phase, "Idle");
+        step(&mut c, Input::Acquire { mode: LockMode::Exclusive, try_only: false, fencing: false });
+        let queued = LockWord { generation: 0, tail: Some(n(7)), shared: 0 }.encode();
+        step(&mut c, done(&[queued])); // the guess of a free word failed
+        let err = c.handle(Input::Release, &mut out).unwrap_err();
+        assert_eq!(err.phase, "Enqueue");
+        step(&mut c, done(&[queued])); // the retry enqueued behind node 7
+        let err = c.handle(grant, &mut out).unwrap_err();
+        assert_eq!((err.node, err.phase), (n(2), "WaitPredecessor"), "a grant from a node that is not our predecessor");
+        assert!(err.to_string().contains("WaitPredecessor"));
+    }
+
+    /// The release of an exclusive holder that collected shared requests
+    /// guesses the word exactly: its tail with their count. One
+    /// compare-and-swap, no retry.
+    #[test]
+    fn a_release_converts_collected_shared_requests_in_one_guess() {
+        let mut c = LockClient::new(n(1), QueueKind::CoShed);
+        step(&mut c, Input::Acquire { mode: LockMode::Exclusive, try_only: false, fencing: false });
+        step(&mut c, done(&[LockWord::free(0).encode()]));
+        for from in [n(2), n(3)] {
+            assert!(step(&mut c, Input::Message { from, generation: 0, msg: ProtoMsg::SharedRequest }).is_empty());
+        }
+        let held = LockWord { generation: 0, tail: Some(n(1)), shared: 2 };
+        let converted = LockWord { tail: None, ..held };
+        assert_eq!(
+            step(&mut c, Input::Release),
+            vec![Action::Atomic(vec![AtomicOp::CompareSwap {
+                word: WordKind::Lock,
+                expected: held.encode(),
+                new: converted.encode()
+            }])]
+        );
+        let group0 = ProtoMsg::GrantShared { via: SharedVia::Group0 };
+        assert_eq!(
+            step(&mut c, done(&[held.encode()])),
+            vec![
+                Action::Send { to: n(2), generation: 0, msg: group0 },
+                Action::Send { to: n(3), generation: 0, msg: group0 },
+                Action::Idle
+            ]
+        );
+    }
+
+    #[test]
+    fn a_break_notice_is_remembered_and_old_messages_are_dropped() {
+        let mut c = LockClient::new(n(2), QueueKind::CoShed);
+        assert_eq!(c.generation(), 0);
+        assert!(step(&mut c, Input::Broken { generation: 3 }).is_empty(), "nothing to abort when idle");
+        assert_eq!(c.generation(), 3);
+        assert!(step(&mut c, Input::Broken { generation: 2 }).is_empty());
+        assert_eq!(c.generation(), 3, "an older notice does not move the generation back");
+        let actions = step(&mut c, Input::Acquire { mode: LockMode::Exclusive, try_only: false, fencing: true });
+        let free = LockWord::free(3).encode();
+        let mine = LockWord { generation: 3, tail: Some(n(2)), shared: 0 }.encode();
+        assert_eq!(
+            actions,
+            vec![Action::Atomic(vec![
+                AtomicOp::CompareSwap { word: WordKind::Lock, expected: free, new: mine },
+                AtomicOp::FetchAdd { word: WordKind::Fence, delta: 1 }
+            ])]
+        );
+        let token = crate::word::fencing_token(3, 9);
+        assert_eq!(
+            step(&mut c, done(&[free, 9])),
+            vec![Action::Granted { mode: LockMode::Exclusive, token: Some(token), abandoned: false }]
+        );
+        assert!(token > 3 << 48, "the generation is in the token's high bits");
+    }
+
+    #[test]
     fn try_exclusive_on_a_held_lock_leaves_no_trace() {
         let mut c = LockClient::new(n(1), QueueKind::CoShed);
         step(&mut c, Input::Acquire { mode: LockMode::Exclusive, try_only: true, fencing: false });
