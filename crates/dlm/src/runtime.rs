@@ -790,7 +790,7 @@ impl SrslScheme {
                     (to, SrslMsg::Grant { mode, token })
                 }
                 ServerAction::Refuse { to } => (to, SrslMsg::WouldBlock),
-                ServerAction::Broken { to } => (to, SrslMsg::Broken),
+                ServerAction::Broken { to, held } => (to, SrslMsg::Broken { held }),
             };
             if let Err(e) = self.core.send(lock_id, to, &DlmMessage::Srsl { lock: lock_id, msg }) {
                 first_error.get_or_insert(e);
@@ -911,7 +911,7 @@ impl SrslScheme {
                 q.break_all(out);
                 Ok(())
             }),
-            SrslMsg::Grant { .. } | SrslMsg::WouldBlock | SrslMsg::Broken => {
+            SrslMsg::Grant { .. } | SrslMsg::WouldBlock | SrslMsg::Broken { .. } => {
                 let cell = lock(&self.cells).get(&lock_id).cloned().ok_or_else(|| {
                     LockError::Protocol(format!("{lock_id}: {msg:?} for a lock this node never used"))
                 })?;
