@@ -10,7 +10,7 @@
 //! picks a clear bit ([`pick_free`], pure), and asks the caller's `own`
 //! callback to claim that slot; the substrate swaps the slot's control word
 //! from "free" to "claimed by (node, incarnation)" (see
-//! [`crate::layout::SlotWord`]). Only the claim's owner then changes the
+//! `layout::SlotWord`). Only the claim's owner then changes the
 //! slot's bit ([`set_bit`], [`clear_bit`]: a read and, if needed, one exact
 //! `fetch_add`, since nobody else touches that bit meanwhile).
 //!
