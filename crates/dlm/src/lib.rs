@@ -108,7 +108,7 @@
 //! holder's next request (leaving the server with a grant nobody held).
 //!
 //! **Not explored**: more than one break per run; more than 4 nodes or
-//! three requests per node; DQNL with breaks or split batches; the
+//! three requests per node; DQNL with a break beyond 2 nodes; the
 //! runtime's own code around the machines (timeouts, the cell's queue of
 //! local callers, fabric errors and `reset`), which the runtime tests
 //! cover; the break's compare-and-swap loops are modeled by their effect

@@ -747,6 +747,7 @@ fn break_lock_with_atomic_batches() {
     check_with(config("2n SE/E break", vec![vec![S, E], vec![E]], 1, false));
     check_with(config("2n EE/E break", vec![vec![E, E], vec![E]], 1, false));
     check_with(config("3n E/E/S break", vec![vec![E], vec![E], vec![S]], 1, false));
+    check_with(Config { kind: QueueKind::Dqnl, ..config("dqnl 2n SE/E break", vec![vec![S, E], vec![E]], 1, true) });
 }
 
 /// The same with every batch split into its parts: the uncontended
