@@ -963,6 +963,50 @@ mod tests {
         assert!(step(&mut c, Input::Message { from: n(3), generation: 0, msg: ProtoMsg::GrantExclusive }).is_empty());
     }
 
+    /// What the runtime asks a client between inputs, through a request's life.
+    #[test]
+    fn accessors_follow_the_request() {
+        let mut c = LockClient::new(n(4), QueueKind::CoShed);
+        assert_eq!(c.node(), n(4));
+        assert!(c.is_idle() && !c.is_holding() && !c.is_waiting());
+        assert_eq!(c.blocked_on(), BlockedOn::Nothing);
+        step(&mut c, Input::Acquire { mode: LockMode::Exclusive, try_only: false, fencing: false });
+        assert!(!c.is_idle() && c.is_waiting() && !c.is_holding());
+        // Enqueued over two group-0 shared holders: waits for them to drain.
+        let shared = LockWord { generation: 0, tail: None, shared: 2 }.encode();
+        step(&mut c, done(&[shared])); // the free guess failed
+        step(&mut c, done(&[shared])); // enqueued
+        assert_eq!(c.blocked_on(), BlockedOn::Nothing, "registering in the drain word");
+        step(&mut c, done(&[DrainWord::idle(0).encode()]));
+        assert_eq!(c.blocked_on(), BlockedOn::SharedHolders);
+        assert!(c.is_waiting());
+        step(&mut c, Input::Abandon);
+        assert!(!c.is_waiting(), "an abandoned request has nobody waiting");
+        let actions = step(&mut c, Input::Message { from: n(9), generation: 0, msg: ProtoMsg::Drained });
+        assert_eq!(actions[0], Action::Granted { mode: LockMode::Exclusive, token: None, abandoned: true });
+        assert!(!c.is_holding(), "released in the same step");
+        // A hold, then a release in progress: neither holding nor waiting.
+        let mut h = LockClient::new(n(5), QueueKind::CoShed);
+        step(&mut h, Input::Acquire { mode: LockMode::Shared, try_only: false, fencing: false });
+        step(&mut h, done(&[LockWord::free(0).encode()]));
+        assert!(h.is_holding() && !h.is_waiting());
+        step(&mut h, Input::Release);
+        assert!(!h.is_holding() && !h.is_waiting() && !h.is_idle());
+        h.reset();
+        assert!(h.is_idle(), "reset forgets the request");
+        // Waiting behind a predecessor names it.
+        let mut w = LockClient::new(n(6), QueueKind::Dqnl);
+        step(&mut w, Input::Acquire { mode: LockMode::Shared, try_only: false, fencing: false });
+        let queued = LockWord { generation: 0, tail: Some(n(2)), shared: 0 }.encode();
+        step(&mut w, done(&[queued]));
+        assert_eq!(
+            step(&mut w, done(&[queued])),
+            vec![Action::Send { to: n(2), generation: 0, msg: ProtoMsg::Successor { shared: 0 } }]
+        );
+        assert_eq!(w.blocked_on(), BlockedOn::Node(n(2)));
+        assert!(w.is_waiting());
+    }
+
     #[test]
     fn mode_names_round_trip() {
         for (mode, name) in [(LockMode::Shared, "shared"), (LockMode::Exclusive, "exclusive")] {
