@@ -1008,6 +1008,35 @@ mod tests {
     }
 
     #[test]
+    fn try_shared_never_enqueues_and_a_coordinated_release_messages_before_idle() {
+        let mut c = LockClient::new(n(1), QueueKind::CoShed);
+        let actions = step(&mut c, Input::Acquire { mode: LockMode::Shared, try_only: true, fencing: false });
+        let free = LockWord::free(0);
+        let one = LockWord { shared: 1, ..free };
+        assert_eq!(
+            actions,
+            vec![Action::Atomic(vec![AtomicOp::CompareSwap {
+                word: WordKind::Lock,
+                expected: free.encode(),
+                new: one.encode()
+            }])],
+            "a compare-and-swap that fails, not a fetch-and-add that would enqueue"
+        );
+        let held = LockWord { generation: 0, tail: Some(n(3)), shared: 0 }.encode();
+        assert_eq!(step(&mut c, done(&[held])), vec![Action::WouldBlock, Action::Idle]);
+        // A shared request granted by its coordinator releases to it, and the
+        // message goes out before the client reports itself idle.
+        step(&mut c, Input::Acquire { mode: LockMode::Shared, try_only: false, fencing: false });
+        step(&mut c, done(&[held]));
+        let grant = ProtoMsg::GrantShared { via: SharedVia::Coordinator };
+        step(&mut c, Input::Message { from: n(3), generation: 0, msg: grant });
+        assert_eq!(
+            step(&mut c, Input::Release),
+            vec![Action::Send { to: n(3), generation: 0, msg: ProtoMsg::SharedRelease }, Action::Idle]
+        );
+    }
+
+    #[test]
     fn mode_names_round_trip() {
         for (mode, name) in [(LockMode::Shared, "shared"), (LockMode::Exclusive, "exclusive")] {
             assert_eq!(mode.name(), name);
