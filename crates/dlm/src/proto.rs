@@ -1036,6 +1036,50 @@ mod tests {
         );
     }
 
+    /// Inputs only a peer speaking another protocol (or a bug) produces are
+    /// reported as violations, not absorbed.
+    #[test]
+    fn impossible_inputs_are_violations() {
+        let violates = |c: &mut LockClient, input: Input| c.handle(input, &mut Vec::new()).is_err();
+        let msg = |from: u32, msg: ProtoMsg| Input::Message { from: n(from), generation: 0, msg };
+        // A shared holder is asked for a grant, or told of a successor.
+        let mut shared = LockClient::new(n(1), QueueKind::CoShed);
+        step(&mut shared, Input::Acquire { mode: LockMode::Shared, try_only: false, fencing: false });
+        step(&mut shared, done(&[LockWord::free(0).encode()]));
+        assert!(violates(&mut shared.clone(), msg(2, ProtoMsg::SharedRequest)));
+        assert!(violates(&mut shared.clone(), msg(2, ProtoMsg::Successor { shared: 0 })));
+        // Its group-0 release finds a zero count.
+        step(&mut shared, Input::Release);
+        assert!(violates(&mut shared, done(&[LockWord::free(0).encode()])));
+        // A shared enqueue that names itself as the tail.
+        let mut own = LockClient::new(n(1), QueueKind::CoShed);
+        step(&mut own, Input::Acquire { mode: LockMode::Shared, try_only: false, fencing: false });
+        assert!(violates(&mut own, done(&[LockWord { generation: 0, tail: Some(n(1)), shared: 0 }.encode()])));
+        // An exclusive holder told of a second successor, or of more
+        // releases than it granted.
+        let mut holder = LockClient::new(n(1), QueueKind::CoShed);
+        step(&mut holder, Input::Acquire { mode: LockMode::Exclusive, try_only: false, fencing: false });
+        step(&mut holder, done(&[LockWord::free(0).encode()]));
+        step(&mut holder, msg(2, ProtoMsg::Successor { shared: 1 }));
+        assert!(violates(&mut holder.clone(), msg(3, ProtoMsg::Successor { shared: 0 })));
+        step(&mut holder, msg(4, ProtoMsg::SharedRequest));
+        let actions = step(&mut holder, Input::Release);
+        assert_eq!(
+            actions,
+            vec![Action::Send { to: n(4), generation: 0, msg: ProtoMsg::GrantShared { via: SharedVia::Coordinator } }]
+        );
+        step(&mut holder, msg(4, ProtoMsg::SharedRelease));
+        assert!(holder.is_idle(), "granted its successor");
+        let mut twice = LockClient::new(n(1), QueueKind::CoShed);
+        step(&mut twice, Input::Acquire { mode: LockMode::Exclusive, try_only: false, fencing: false });
+        step(&mut twice, done(&[LockWord::free(0).encode()]));
+        step(&mut twice, msg(2, ProtoMsg::Successor { shared: 2 }));
+        step(&mut twice, msg(4, ProtoMsg::SharedRequest));
+        step(&mut twice, Input::Release);
+        step(&mut twice, msg(4, ProtoMsg::SharedRelease));
+        assert!(violates(&mut twice, msg(4, ProtoMsg::SharedRelease)), "two releases for one grant");
+    }
+
     #[test]
     fn mode_names_round_trip() {
         for (mode, name) in [(LockMode::Shared, "shared"), (LockMode::Exclusive, "exclusive")] {
