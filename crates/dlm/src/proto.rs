@@ -16,6 +16,8 @@
 //! words in [`crate::word`]. The explorer in `tests/model_check.rs` runs this
 //! very code over every interleaving of small configurations.
 
+#[cfg(test)]
+use crate::word::DRAIN_BIAS;
 use crate::word::{fencing_token, generation_newer, DrainWord, LockWord};
 use tierstack_base::NodeId;
 
@@ -887,6 +889,7 @@ fn release_drain_op(expected: u64) -> AtomicOp {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::word::DRAIN_BIAS;
 
     fn n(i: u32) -> NodeId {
         NodeId(i)
@@ -1068,8 +1071,11 @@ mod tests {
             actions,
             vec![Action::Send { to: n(4), generation: 0, msg: ProtoMsg::GrantShared { via: SharedVia::Coordinator } }]
         );
-        step(&mut holder, msg(4, ProtoMsg::SharedRelease));
-        assert!(holder.is_idle(), "granted its successor");
+        assert_eq!(
+            step(&mut holder, msg(4, ProtoMsg::SharedRelease)),
+            vec![Action::Send { to: n(2), generation: 0, msg: ProtoMsg::GrantExclusive }, Action::Idle],
+            "the successor's grant goes out before the client reports itself idle"
+        );
         let mut twice = LockClient::new(n(1), QueueKind::CoShed);
         step(&mut twice, Input::Acquire { mode: LockMode::Exclusive, try_only: false, fencing: false });
         step(&mut twice, done(&[LockWord::free(0).encode()]));
@@ -1078,6 +1084,28 @@ mod tests {
         step(&mut twice, Input::Release);
         step(&mut twice, msg(4, ProtoMsg::SharedRelease));
         assert!(violates(&mut twice, msg(4, ProtoMsg::SharedRelease)), "two releases for one grant");
+    }
+
+    /// The last group-0 holder to release wakes the exclusive registered in
+    /// the drain word, and says so before reporting itself idle.
+    #[test]
+    fn the_last_group0_release_wakes_the_drain_waiter() {
+        let mut c = LockClient::new(n(1), QueueKind::CoShed);
+        step(&mut c, Input::Acquire { mode: LockMode::Shared, try_only: false, fencing: false });
+        step(&mut c, done(&[LockWord::free(0).encode()]));
+        step(&mut c, Input::Release);
+        // An exclusive (node 5) enqueued over us: count into the drain word.
+        let actions = step(&mut c, done(&[LockWord { generation: 0, tail: Some(n(5)), shared: 0 }.encode()]));
+        let idle = DrainWord::idle(0).encode();
+        assert!(
+            matches!(&actions[..], [Action::Atomic(ops)] if matches!(ops[0], AtomicOp::CompareSwap { word: WordKind::Drain, expected, .. } if expected == idle))
+        );
+        let registered = DrainWord { generation: 0, waiter: Some(n(5)), balance: DRAIN_BIAS - 1 }.encode();
+        step(&mut c, done(&[registered])); // registered meanwhile: retry with its word
+        assert_eq!(
+            step(&mut c, done(&[registered])),
+            vec![Action::Send { to: n(5), generation: 0, msg: ProtoMsg::Drained }, Action::Idle]
+        );
     }
 
     #[test]
