@@ -16,8 +16,6 @@
 //! words in [`crate::word`]. The explorer in `tests/model_check.rs` runs this
 //! very code over every interleaving of small configurations.
 
-#[cfg(test)]
-use crate::word::DRAIN_BIAS;
 use crate::word::{fencing_token, generation_newer, DrainWord, LockWord};
 use tierstack_base::NodeId;
 
