@@ -1,21 +1,31 @@
-//! The slot allocator: one bitmap per size class, claimed one-sidedly.
+//! The slot allocator: one bitmap per size class, plus a claim in each
+//! slot's control word.
 //!
-//! Choice: **size classes with a bitmap each, claimed by compare_swap**. A
-//! region is carved once, at start-up, into slots of 18 power-of-two classes
-//! (8 B .. 1 MiB; see [`crate::layout`]). Bit `i` of a class's bitmap is set
-//! while slot `i` is allocated. Any node allocates in any member's region
-//! without the owner's CPU: it reads the bitmap (one read), picks a clear bit
-//! ([`pick_free`], pure), and sets it with `compare_swap` on that word; a
-//! lost race refreshes only that word and picks again. Release clears the
-//! bit with one `fetch_add` of the bit's two's complement, which is exact
-//! because only the releaser (the one that flipped the slot from live to
-//! free under its lock) can own a set bit at that moment.
+//! Choice: **size classes with a bitmap each; a slot is claimed by
+//! compare_swap on its own control word**. A region is carved once, at
+//! start-up, into slots of 18 power-of-two classes (8 B .. 1 MiB; see
+//! [`crate::layout`]). Bit `i` of a class's bitmap is set while slot `i` is
+//! allocated (or being allocated or freed). Any node allocates in any
+//! member's region without the owner's CPU: it reads the bitmap (one read),
+//! picks a clear bit ([`pick_free`], pure), and asks the caller's `own`
+//! callback to claim that slot; the substrate swaps the slot's control word
+//! from "free" to "claimed by (node, incarnation)" (see
+//! `layout::SlotWord`). Only the claim's owner then changes the
+//! slot's bit ([`set_bit`], [`clear_bit`]: a read and, if needed, one exact
+//! `fetch_add`, since nobody else touches that bit meanwhile).
+//!
+//! Why the claim lives in the control word and not in the bit: a bit cannot
+//! say who set it, so a process that died between setting it and publishing
+//! the slot leaked the slot for good. A claim names its owner's
+//! incarnation; a claim whose owner is gone is taken over by the next
+//! allocator that picks the slot (bit still clear) or by the substrate's
+//! sweep of a full class (bit already set).
 //!
 //! Why not a free list: a one-sided free-list pop needs a pointer plus an
 //! ABA tag in one CAS word and a second read of the next link; a bitmap word
-//! claims 64 slots' worth with one CAS and no links, and its state is
-//! trivially auditable. Fragmentation is bounded by the power-of-two classes
-//! (at most half of a slot is unused).
+//! indexes 64 slots with one read and no links, and its state is trivially
+//! auditable. Fragmentation is bounded by the power-of-two classes (at most
+//! half of a slot is unused).
 //!
 //! The algorithm is generic over [`BitmapWords`] so that the model-based
 //! test runs it on plain words and the substrate runs it on fabric regions.
@@ -28,8 +38,8 @@ use tierstack_fabric::RemoteRegion;
 pub trait BitmapWords {
     /// Reads every word (not atomically across words).
     fn load_all(&self) -> Result<Vec<u64>>;
-    /// Swaps word `word` to `new` if it is `expected`; returns the previous value.
-    fn compare_swap(&self, word: usize, expected: u64, new: u64) -> Result<u64>;
+    /// Reads word `word`.
+    fn load(&self, word: usize) -> Result<u64>;
     /// Adds `delta` (wrapping) to word `word`; returns the previous value.
     fn fetch_add(&self, word: usize, delta: u64) -> Result<u64>;
 }
@@ -78,34 +88,47 @@ fn beyond_mask(w: usize, slots: u32) -> u64 {
     }
 }
 
-/// Claims a clear bit, starting the search at `start`, with at most
-/// `attempts_max` compare_swaps.
-pub fn claim<W: BitmapWords + ?Sized>(words: &W, slots: u32, start: u32, attempts_max: u32) -> Result<Claim> {
+/// Claims a slot whose bit is clear, starting the search at `start`, with
+/// at most `attempts_max` calls of `own`. `own(slot)` tries to take the
+/// slot's claim (true: the caller now owns it alone); a slot it refuses is
+/// skipped for the rest of this call. The owned slot's bit is then set.
+pub fn claim<W, F>(words: &W, slots: u32, start: u32, attempts_max: u32, mut own: F) -> Result<Claim>
+where
+    W: BitmapWords + ?Sized,
+    F: FnMut(u32) -> Result<bool>,
+{
     let mut snapshot = words.load_all()?;
     for _ in 0..attempts_max {
         let Some(slot) = pick_free(&snapshot, slots, start) else { return Ok(Claim::Full) };
-        let w = (slot / 64) as usize;
-        let expected = snapshot[w];
-        let previous = words.compare_swap(w, expected, expected | (1 << (slot % 64)))?;
-        if previous == expected {
+        if own(slot)? {
+            set_bit(words, slot)?;
             return Ok(Claim::Claimed(slot));
         }
-        snapshot[w] = previous;
+        snapshot[(slot / 64) as usize] |= 1 << (slot % 64);
     }
     Ok(Claim::Contended)
 }
 
-/// Clears the bit of `slot`. Returns false, and leaves the word unchanged,
-/// if the bit was not set (a broken invariant the caller reports).
-pub fn release<W: BitmapWords + ?Sized>(words: &W, slot: u32) -> Result<bool> {
-    let w = (slot / 64) as usize;
-    let bit = 1u64 << (slot % 64);
-    let previous = words.fetch_add(w, bit.wrapping_neg())?;
-    if previous & bit == 0 {
-        // Undo the borrow we just caused.
-        words.fetch_add(w, bit)?;
+/// Sets the bit of `slot`; returns whether it was set already. Exact only
+/// for the owner of the slot's claim (nobody else changes the bit
+/// meanwhile, so the read stays true and the `fetch_add` cannot carry).
+pub fn set_bit<W: BitmapWords + ?Sized>(words: &W, slot: u32) -> Result<bool> {
+    let (w, bit) = ((slot / 64) as usize, 1u64 << (slot % 64));
+    if words.load(w)? & bit != 0 {
+        return Ok(true);
+    }
+    words.fetch_add(w, bit)?;
+    Ok(false)
+}
+
+/// Clears the bit of `slot`; returns whether it was set. Exact only for the
+/// owner of the slot's claim, as [`set_bit`].
+pub fn clear_bit<W: BitmapWords + ?Sized>(words: &W, slot: u32) -> Result<bool> {
+    let (w, bit) = ((slot / 64) as usize, 1u64 << (slot % 64));
+    if words.load(w)? & bit == 0 {
         return Ok(false);
     }
+    words.fetch_add(w, bit.wrapping_neg())?;
     Ok(true)
 }
 
@@ -124,10 +147,8 @@ impl BitmapWords for VecBitmap {
         Ok(self.0.iter().map(|w| w.load(Ordering::Acquire)).collect())
     }
 
-    fn compare_swap(&self, word: usize, expected: u64, new: u64) -> Result<u64> {
-        Ok(match self.0[word].compare_exchange(expected, new, Ordering::SeqCst, Ordering::SeqCst) {
-            Ok(previous) | Err(previous) => previous,
-        })
+    fn load(&self, word: usize) -> Result<u64> {
+        Ok(self.0[word].load(Ordering::Acquire))
     }
 
     fn fetch_add(&self, word: usize, delta: u64) -> Result<u64> {
@@ -156,8 +177,8 @@ impl BitmapWords for RegionBitmap<'_> {
             .collect())
     }
 
-    fn compare_swap(&self, word: usize, expected: u64, new: u64) -> Result<u64> {
-        Ok(self.region.compare_swap(self.offset + word as u64 * 8, expected, new)?)
+    fn load(&self, word: usize) -> Result<u64> {
+        Ok(self.region.read_u64(self.offset + word as u64 * 8)?)
     }
 
     fn fetch_add(&self, word: usize, delta: u64) -> Result<u64> {
@@ -186,27 +207,51 @@ mod tests {
         assert_eq!(pick_free(&[], 0, 0), None);
     }
 
+    /// Per-slot claims for the tests: what the control words are to the substrate.
+    fn claims(slots: u32) -> Vec<std::sync::atomic::AtomicBool> {
+        (0..slots).map(|_| std::sync::atomic::AtomicBool::new(false)).collect()
+    }
+
+    fn own(claims: &[std::sync::atomic::AtomicBool], slot: u32) -> Result<bool> {
+        Ok(claims[slot as usize].compare_exchange(false, true, Ordering::SeqCst, Ordering::SeqCst).is_ok())
+    }
+
     #[test]
-    fn release_of_a_clear_bit_is_refused_and_harmless() {
+    fn bits_are_set_and_cleared_exactly_once() {
         let bitmap = VecBitmap::new(64);
-        assert_eq!(claim(&bitmap, 64, 0, 4).unwrap(), Claim::Claimed(0));
-        assert!(!release(&bitmap, 5).unwrap());
+        let taken = claims(64);
+        assert_eq!(claim(&bitmap, 64, 0, 4, |s| own(&taken, s)).unwrap(), Claim::Claimed(0));
+        assert!(!clear_bit(&bitmap, 5).unwrap(), "a clear bit stays clear");
+        assert!(set_bit(&bitmap, 0).unwrap(), "a set bit stays set (no carry)");
         assert_eq!(bitmap.load_all().unwrap(), vec![1]);
-        assert!(release(&bitmap, 0).unwrap());
+        assert!(clear_bit(&bitmap, 0).unwrap());
         assert_eq!(bitmap.load_all().unwrap(), vec![0]);
+    }
+
+    #[test]
+    fn a_refused_claim_is_skipped_and_its_bit_left_alone() {
+        let bitmap = VecBitmap::new(10);
+        // Slot 0's claim is held by someone else (say, a dead allocator's
+        // claim not yet taken over): the next clear bit is claimed instead.
+        let got = claim(&bitmap, 10, 0, 4, |s| Ok(s != 0)).unwrap();
+        assert_eq!(got, Claim::Claimed(1));
+        assert_eq!(bitmap.load_all().unwrap(), vec![0b10]);
+        assert_eq!(claim(&bitmap, 10, 0, 3, |_| Ok(false)).unwrap(), Claim::Contended);
+        assert_eq!(claim(&bitmap, 2, 0, 9, |s| Ok(s != 0)).unwrap(), Claim::Full);
     }
 
     #[test]
     fn concurrent_claims_never_hand_out_a_slot_twice() {
         let bitmap = std::sync::Arc::new(VecBitmap::new(200));
+        let taken = std::sync::Arc::new(claims(200));
         let claimed: Vec<Vec<u32>> = std::thread::scope(|s| {
             let handles: Vec<_> = (0..4)
                 .map(|t| {
-                    let bitmap = bitmap.clone();
+                    let (bitmap, taken) = (bitmap.clone(), taken.clone());
                     s.spawn(move || {
                         let mut mine = Vec::new();
                         loop {
-                            match claim(&*bitmap, 200, t * 50, 1000).unwrap() {
+                            match claim(&*bitmap, 200, t * 50, 1000, |s| own(&taken, s)).unwrap() {
                                 Claim::Claimed(slot) => mine.push(slot),
                                 Claim::Full => break mine,
                                 Claim::Contended => {}
@@ -221,6 +266,7 @@ mod tests {
         let unique: BTreeSet<u32> = all.iter().copied().collect();
         assert_eq!(all.len(), 200, "every slot claimed exactly once");
         assert_eq!(unique, (0..200).collect());
+        assert_eq!(bitmap.load_all().unwrap(), vec![u64::MAX, u64::MAX, u64::MAX, (1 << 8) - 1]);
     }
 
     #[derive(Clone, Debug)]
@@ -250,7 +296,7 @@ mod tests {
                 match step {
                     Step::Alloc { start } => {
                         let start = start % (slots + 8);
-                        let got = claim(&bitmap, slots, start, 1).unwrap();
+                        let got = claim(&bitmap, slots, start, 1, |_| Ok(true)).unwrap();
                         let from = if start < slots { start } else { 0 };
                         let want = (from..slots).chain(0..from).find(|s| !model.contains(s));
                         match want {
@@ -266,7 +312,7 @@ mod tests {
                             continue;
                         }
                         let slot = *model.iter().nth(pick % model.len()).unwrap();
-                        prop_assert!(release(&bitmap, slot).unwrap());
+                        prop_assert!(clear_bit(&bitmap, slot).unwrap());
                         model.remove(&slot);
                     }
                 }

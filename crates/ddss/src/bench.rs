@@ -13,6 +13,10 @@
 //! version read, since nothing else writes the key during the measurement: the rows
 //! show what each model costs a reader when data is not changing. The
 //! size sweep uses write coherence, whose gets always fetch from the home.
+//!
+//! Puts run one code path under every model (lock, one batch), so the
+//! per-model put rows measure the same thing; reports should say so
+//! ([`MODEL_NOTE`]) rather than present their differences as the models'.
 
 use crate::error::{DdssError, Result};
 use crate::key::{Coherence, Placement};
@@ -24,6 +28,12 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 use tierstack_base::{Clock, NodeId, SystemClock};
+
+/// What a report of the per-model rows must say next to them.
+pub const MODEL_NOTE: &str = "put: one code path for all six models (lock + one batch), so per-model put \
+latencies differ only by noise; read, write and strict give the same guarantee (the latest completed put, \
+linearizable) and differ only in what a get costs (version check / whole value / lock) and whether it waits \
+for a put";
 
 /// Value sizes of the sweep: 1 B .. 64 KiB.
 pub const SIZES: [usize; 6] = [1, 64, 1024, 4096, 16 * 1024, 64 * 1024];

@@ -68,7 +68,10 @@ pub fn class_for(bytes: u64) -> Option<u8> {
 /// ```text
 /// bits 63..32  generation (0 = never allocated; 1, 2, ... per allocation)
 /// bit  31      live (allocated and not freed)
-/// bits 30..0   control word: lock holder token, 0 = unlocked
+/// bits 30..0   control word: holder token (see `holder_token`), 0 = none:
+///                live: the lock holder (0 = unlocked);
+///                not live: the handle allocating or freeing the slot
+///                (0 = free for anyone to claim)
 ///              value header: value length in bytes
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -103,6 +106,29 @@ impl SlotWord {
     pub fn locked(generation: u32, token: u32) -> u64 {
         Self { generation, live: true, low: token }.pack()
     }
+}
+
+/// Bits of a [`holder_token`] that carry the holder's incarnation.
+const INCARNATION_BITS: u32 = 15;
+/// Largest incarnation number (incarnations are 1 ..= this; 0 is no holder).
+pub(crate) const INCARNATION_MAX: u32 = (1 << INCARNATION_BITS) - 1;
+/// Largest node id a lock or claim word can name (`node + 1` fills 16 bits).
+pub const HOLDER_NODE_MAX: u32 = 0xFFFE;
+
+/// The 31-bit token a handle writes into a control word it locks or claims:
+/// `(node + 1) << 15 | incarnation`. The incarnation tells a handle of a
+/// reopened node id (a new process) from the one that wrote the word, so a
+/// dead incarnation's lock or claim can be taken over although its node id
+/// runs again. Callers check `node <= HOLDER_NODE_MAX` and
+/// `1 <= incarnation <= INCARNATION_MAX`.
+pub(crate) fn holder_token(node: NodeId, incarnation: u32) -> u32 {
+    ((node.0 + 1) << INCARNATION_BITS) | (incarnation & INCARNATION_MAX)
+}
+
+/// The (node, incarnation) a non-zero token names.
+pub(crate) fn token_holder(token: u32) -> Option<(NodeId, u32)> {
+    let node_plus_one = token >> INCARNATION_BITS;
+    (node_plus_one != 0).then(|| (NodeId(node_plus_one - 1), token & INCARNATION_MAX))
 }
 
 /// The generation after `generation`: wraps from `u32::MAX` to 1, never to 0.

@@ -36,16 +36,23 @@
 //! into larger ones). Allocating on any member (local, a named node, or
 //! [`Placement::Auto`] = most free slots of the class by one-sided reads of
 //! each member's used counters, routing around full or unreachable members)
-//! needs no cooperation from the home's CPU: the allocator reads
-//! the class bitmap and claims a bit with `compare_swap` ([`alloc`]), then,
-//! owning the slot alone, bumps its generation and publishes it. Free takes
-//! the slot's lock, marks it dead, and clears the bit with one `fetch_add`.
-//! A process that dies between claim and publish leaks one slot (the bit
-//! stays set); that is the price of needing no owner CPU.
+//! needs no cooperation from the home's CPU: the allocator reads the class
+//! bitmap, picks a clear bit and claims that slot with one `compare_swap`
+//! on its control word, from free to "claimed by (node, incarnation)"
+//! ([`alloc`]); owning the slot alone, it sets the bit, bumps the
+//! generation and publishes the slot (live, unlocked). Free takes the
+//! slot's lock, marks it dead and claimed in one batch, clears the bit,
+//! then drops the claim. A process that dies anywhere in between leaves a
+//! claim naming an incarnation that is gone: the next allocator that picks
+//! the slot (bit clear) takes the claim over, and a class that looks full
+//! is swept once ([`Ddss::sweep`]) for such claims (bit set), so no slot
+//! leaks. The used counters are a placement hint, changed in the same
+//! batch as the live/dead transition.
 //!
 //! # A slot: a lock word and a seqlock record
 //! ```text
-//! slot+0   control word   generation:32 | live:1 | lock holder:31 (0 = unlocked)
+//! slot+0   control word   generation:32 | live:1 | holder:31 (live: lock holder,
+//!                         0 = unlocked; not live: allocating/freeing claimer, 0 = free)
 //! slot+8   sequence       seqlock (tierstack_fabric::seqlock): odd while written;
 //!                         sequence/2 = completed writes ("raw version")
 //! slot+16  header         generation:32 | live:1 | value length:31
@@ -75,9 +82,14 @@
 //! |             | version read (refresh if unchanged) or a fetch           | |
 //! | delta(δ)    | version read (control+sequence words, 16 bytes); copy if | version ≥ latest completed put − δ |
 //! |             | ≤ δ behind, else fetch                                   | |
-//! | read        | delta(0)                                                 | latest completed put |
-//! | write       | fetch from the home every time                           | puts totally ordered (all models); gets untorn |
-//! | strict      | lock, read, unlock at the home                           | linearizable, gets and puts mutually exclusive |
+//! | read        | delta(0)                                                 | latest completed put (linearizable) |
+//! | write       | fetch from the home every time, no copy                  | same as read; costs a value transfer per get |
+//! | strict      | lock, read, unlock at the home                           | same as read; gets also wait for puts |
+//!
+//! Puts are the same code under every model, so their cost does not depend
+//! on the model (Fig. 3a's per-model put latencies coincide by design, as
+//! the paper's ~55 µs for all models suggests), and read, write and strict
+//! coincide in guarantee; see [`Coherence`] for what tells them apart.
 //!
 //! Definitions in full are on [`Coherence`]; [`check`] holds the checkers the
 //! tests run against randomized multi-node histories. For all models, a
@@ -88,17 +100,24 @@
 //! `compare_swap` to take, released in the same batch as the operation); it
 //! does not use the distributed lock manager. It has no queue: waiters retry
 //! with backoff up to [`LOCK_ATTEMPTS_MAX`] times, so it is not fair under
-//! heavy contention. The word names its holder's node; a waiter that has
-//! backed off past spinning asks the fabric whether that node's process is
-//! gone ([`tierstack_fabric::Fabric::peer_state`]: shm reads the pid file,
-//! tcp finds the listener refusing), and only then takes the lock over with
-//! one `compare_swap`. The dead holder may have stopped anywhere in its put:
+//! heavy contention. The word names its holder's **incarnation**: node id
+//! (16 bits) and a per-handle incarnation number (15 bits), which the
+//! handle marks as running by registering an 8-byte region named
+//! `<region>.i<incarnation>` for its lifetime. A waiter that has backed off
+//! past spinning takes the lock over with one `compare_swap` only when the
+//! holder is gone for certain: its node's process is gone
+//! ([`tierstack_fabric::Fabric::peer_state`]: shm reads the pid file, tcp
+//! finds the listener refusing), or the node runs but has no region of that
+//! incarnation (a new process reopened the node id). Node ids above
+//! [`layout::HOLDER_NODE_MAX`] are refused at start. A new process draws
+//! its incarnations from its pid and the clock, so it reuses the dead
+//! one's number with chance 1/32767; the dead one's locks then stay busy
+//! (fail closed). The dead holder may have stopped anywhere in its put:
 //! an even sequence means the value is whole and stays; an odd one means it
 //! may be half-written, so the header is marked lost, the sequence made even,
 //! and gets fail with [`DdssError::ValueLost`] until the next put. A holder
 //! that is merely stopped or slow is never taken over (the key reports
-//! [`DdssError::LockBusy`] instead), nor is one whose node id a new process
-//! has reopened. Gets that take no lock find such a slot's sequence odd for
+//! [`DdssError::LockBusy`] instead). Gets that take no lock find such a slot's sequence odd for
 //! good; when a read stays torn they take the lock once (taking it over
 //! from a dead holder, or waiting out a live writer) and read again. A put
 //! whose batch fails midway on a live process leaves the lock held, failing

@@ -1,13 +1,14 @@
 //! [`Ddss`]: one node's handle on the substrate, executing the protocols of
 //! the crate docs with one-sided operations.
 
-use crate::alloc::{claim, release, Claim, RegionBitmap};
+use crate::alloc::{claim, clear_bit, Claim, RegionBitmap};
 use crate::coherence::{copy_is_fresh, keeps_copies, plan_get, GetPlan, LocalCopies, LocalCopy};
 use crate::error::{DdssError, Result};
 use crate::key::{Coherence, Key, Placement};
 use crate::layout::{
-    class_capacity, class_for, next_generation, record, Layout, SlotWord, HEADER_BYTES, LOST_VALUE_LEN, MAGIC,
-    SIZE_CLASSES, SLOT_BASE, SLOT_CONTROL, SLOT_DATA, SLOT_HEADER, SLOT_SEQUENCE, VALUE_BYTES_MAX,
+    class_capacity, class_for, holder_token, next_generation, record, token_holder, Layout, SlotWord, HEADER_BYTES,
+    HOLDER_NODE_MAX, INCARNATION_MAX, LOST_VALUE_LEN, MAGIC, SIZE_CLASSES, SLOT_BASE, SLOT_CONTROL, SLOT_DATA,
+    SLOT_HEADER, SLOT_SEQUENCE, VALUE_BYTES_MAX,
 };
 use rand::Rng;
 use std::collections::HashMap;
@@ -118,6 +119,9 @@ pub struct DdssStats {
     pub lock_takeovers: u64,
     /// Of those, takeovers that found the value half-written and marked it lost.
     pub values_lost: u64,
+    /// Slot claims (an allocation or free in progress) taken over from a
+    /// handle whose process is gone, by an allocation or a sweep.
+    pub claims_taken_over: u64,
     pub allocations: u64,
     pub frees: u64,
 }
@@ -132,6 +136,7 @@ struct Stats {
     lock_retries: AtomicU64,
     lock_takeovers: AtomicU64,
     values_lost: AtomicU64,
+    claims_taken_over: AtomicU64,
     allocations: AtomicU64,
     frees: AtomicU64,
 }
@@ -156,8 +161,13 @@ pub struct Ddss {
     copies: Mutex<LocalCopies>,
     clock: Arc<dyn Clock>,
     rng: Mutex<SeededRng>,
-    /// Lock-holder token written into control words (diagnostic: node + 1).
+    /// The token this handle writes into control words it locks or claims:
+    /// node and incarnation ([`holder_token`]).
     token: u32,
+    /// This handle's incarnation region, registered for as long as the handle
+    /// lives: its existence is what tells other handles that the incarnation
+    /// in a lock or claim word still runs (see [`Ddss::holder_gone`]).
+    _incarnation: Arc<LocalRegion>,
     stats: Stats,
 }
 
@@ -215,9 +225,14 @@ impl Ddss {
 
     pub fn attach_with_clock(fabric: Arc<dyn Fabric>, config: DdssConfig, clock: Arc<dyn Clock>) -> Result<Self> {
         let node = fabric.local_node();
+        if node.0 > HOLDER_NODE_MAX {
+            return Err(DdssError::Config(format!("{node}: lock and claim words name nodes up to {HOLDER_NODE_MAX}")));
+        }
+        let (incarnation, region) = register_incarnation(&*fabric, &config.region_name)?;
         Ok(Self {
             node,
-            token: (node.0 & 0x3fff_ffff) + 1,
+            token: holder_token(node, incarnation),
+            _incarnation: region,
             rng: Mutex::new(seeded_rng(config.seed ^ u64::from(node.0).wrapping_mul(0x9e37_79b9_7f4a_7c15))),
             fabric,
             config,
@@ -267,6 +282,7 @@ impl Ddss {
             lock_retries: get(&s.lock_retries),
             lock_takeovers: get(&s.lock_takeovers),
             values_lost: get(&s.values_lost),
+            claims_taken_over: get(&s.claims_taken_over),
             allocations: get(&s.allocations),
             frees: get(&s.frees),
         }
@@ -352,14 +368,14 @@ impl Ddss {
             if word.generation != key.generation() || !word.live {
                 return Err(Self::mismatch(key, word));
             }
-            if attempt >= HOLDER_CHECK_FROM && (attempt - HOLDER_CHECK_FROM).is_multiple_of(HOLDER_CHECK_EVERY) {
-                let holder = NodeId(word.low.saturating_sub(1));
-                if word.low != self.token && self.fabric.peer_state(holder) == PeerState::Gone {
-                    let taken = region.compare_swap(slot + SLOT_CONTROL, previous, locked_word)?;
-                    if taken == previous {
-                        self.take_over(region, slot, key, holder)?;
-                        return Ok(locked_word);
-                    }
+            if attempt >= HOLDER_CHECK_FROM
+                && (attempt - HOLDER_CHECK_FROM).is_multiple_of(HOLDER_CHECK_EVERY)
+                && self.holder_gone(word.low)
+            {
+                let taken = region.compare_swap(slot + SLOT_CONTROL, previous, locked_word)?;
+                if taken == previous {
+                    self.take_over(region, slot, key, word.low)?;
+                    return Ok(locked_word);
                 }
             }
             bump(&self.stats.lock_retries);
@@ -368,16 +384,37 @@ impl Ddss {
         Err(DdssError::LockBusy { key, attempts: self.config.lock_attempts_max })
     }
 
-    /// Repairs the slot whose lock this handle just took from `holder`, a
-    /// process that is gone. It may have died anywhere in its batch: with
+    /// True if the handle whose token is `token` is gone for certain: its
+    /// node's process is gone, or the node runs but without that incarnation
+    /// (its id was reopened by a new process, which registered another
+    /// incarnation region). Anything else (running, or the fabric cannot
+    /// tell) is not gone: a lock or claim is taken over only on certainty.
+    fn holder_gone(&self, token: u32) -> bool {
+        if token == self.token {
+            return false;
+        }
+        let Some((node, incarnation)) = token_holder(token) else { return false };
+        match self.fabric.peer_state(node) {
+            PeerState::Gone => true,
+            PeerState::Running => matches!(
+                self.fabric.connect(node, &incarnation_region_name(&self.config.region_name, incarnation)),
+                Err(FabricError::UnknownRegion { .. })
+            ),
+            PeerState::Unknown => false,
+        }
+    }
+
+    /// Repairs the slot whose lock this handle just took from the handle of
+    /// token `holder`, which is gone. It may have died anywhere in its batch: with
     /// the sequence even, the value is whole (old or new) and stays; with
     /// it odd, the value may be half-written, so it is marked lost (gets
     /// fail with `ValueLost` until the next put) and the sequence is made
     /// even again. Either way the lock is then ours, as if taken normally.
-    fn take_over(&self, region: &dyn RemoteRegion, slot: u64, key: Key, holder: NodeId) -> Result<()> {
+    fn take_over(&self, region: &dyn RemoteRegion, slot: u64, key: Key, holder: u32) -> Result<()> {
         bump(&self.stats.lock_takeovers);
         let sequence = region.read_u64(slot + SLOT_SEQUENCE)?;
-        tracing::warn!(%key, %holder, sequence, "took over the lock of a holder that is gone");
+        let (node, incarnation) = token_holder(holder).unwrap_or((NodeId(u32::MAX), 0));
+        tracing::warn!(%key, %node, incarnation, sequence, "took over the lock of a holder that is gone");
         if sequence % 2 == 0 {
             return Ok(());
         }
@@ -457,60 +494,141 @@ impl Ddss {
     }
 
     /// Claims a slot on `node` one-sidedly and initializes it: of the
-    /// smallest class at least `min_class` that the node has slots of.
+    /// smallest class at least `min_class` that the node has slots of. A
+    /// class that looks full is swept once for claims of dead handles.
     fn allocate_on(&self, node: NodeId, min_class: u8, coherence: Coherence) -> Result<Key> {
         let home = self.home(node)?;
         let class = home
             .layout
             .class_with_slots(min_class)
             .ok_or(DdssError::RegionFull { node, class_bytes: class_capacity(min_class) })?;
-        let full = DdssError::RegionFull { node, class_bytes: class_capacity(class) };
+        let (slot, claimed) = self.claim_on(&home, node, class)?;
+        self.publish(&home, node, class, slot, claimed, coherence)
+    }
+
+    /// Claims a free slot of `class` on `node`: returns its offset and its
+    /// control word as claimed by this handle.
+    fn claim_on(&self, home: &Home, node: NodeId, class: u8) -> Result<(u64, u64)> {
         let slots = home.layout.slots(class);
         let (bitmap_offset, words) = home.layout.bitmap(class);
         let bitmap = RegionBitmap { region: &*home.region, offset: bitmap_offset, words };
         let start = locked(&self.rng).gen_range(0..slots);
-        let index = match claim(&bitmap, slots, start, self.config.alloc_attempts_max)? {
-            Claim::Claimed(index) => index,
-            Claim::Full => return Err(full),
-            Claim::Contended => {
-                return Err(DdssError::Contended { node, attempts: self.config.alloc_attempts_max });
+        let mut swept = false;
+        loop {
+            let mut claimed = 0;
+            let outcome = claim(&bitmap, slots, start, self.config.alloc_attempts_max, |index| {
+                let slot = home.layout.slot_offset(class, index);
+                Ok(match self.claim_slot(&*home.region, slot)? {
+                    Some(word) => {
+                        claimed = word;
+                        true
+                    }
+                    None => false,
+                })
+            })?;
+            match outcome {
+                Claim::Claimed(index) => return Ok((home.layout.slot_offset(class, index), claimed)),
+                Claim::Full if !swept && self.sweep_class(home, class)? > 0 => swept = true,
+                Claim::Full => return Err(DdssError::RegionFull { node, class_bytes: class_capacity(class) }),
+                Claim::Contended => {
+                    return Err(DdssError::Contended { node, attempts: self.config.alloc_attempts_max });
+                }
             }
-        };
-        let slot = home.layout.slot_offset(class, index);
-        // The set bit makes the slot ours alone: it is free (not live), so no
-        // lock can be taken on it and no one else initializes it.
-        let mut words = [0u8; 16];
-        home.region.read(slot + SLOT_CONTROL, &mut words)?;
-        let control = word_at(&words, 0);
-        let sequence = word_at(&words, 8);
-        let old = SlotWord::unpack(control);
-        if old.live || old.low != 0 || !sequence.is_multiple_of(2) {
-            return Err(DdssError::Corrupt {
-                node,
-                reason: format!("slot at {slot} was free in the bitmap but its words are {control:#x}/{sequence}"),
-            });
         }
-        let generation = next_generation(old.generation);
-        let base = sequence / 2 + 1;
+    }
+
+    /// Takes the claim of the slot at `slot` if it is free, or claimed by a
+    /// handle that is gone; returns the claimed control word.
+    fn claim_slot(&self, region: &dyn RemoteRegion, slot: u64) -> Result<Option<u64>> {
+        let current = region.read_u64(slot + SLOT_CONTROL)?;
+        let word = SlotWord::unpack(current);
+        if word.live || (word.low != 0 && !self.holder_gone(word.low)) {
+            return Ok(None);
+        }
+        let mine = SlotWord { generation: word.generation, live: false, low: self.token }.pack();
+        if region.compare_swap(slot + SLOT_CONTROL, current, mine)? != current {
+            return Ok(None);
+        }
+        if word.low != 0 {
+            bump(&self.stats.claims_taken_over);
+            tracing::warn!(slot, holder = word.low, "took over the slot claim of a handle that is gone");
+        }
+        Ok(Some(mine))
+    }
+
+    /// Initializes and publishes the slot this handle claimed (control word
+    /// `claimed`): a new generation, an empty value at version 0.
+    fn publish(
+        &self,
+        home: &Home,
+        node: NodeId,
+        class: u8,
+        slot: u64,
+        claimed: u64,
+        coherence: Coherence,
+    ) -> Result<Key> {
+        let sequence = home.region.read_u64(slot + SLOT_SEQUENCE)?;
+        // A claimer that died inside its own initialization left the
+        // sequence odd; the write below then starts from there.
+        let odd = sequence % 2;
+        let generation = next_generation(SlotWord::unpack(claimed).generation);
+        let base = (sequence + 2 - odd) / 2;
         let header = SlotWord { generation, live: true, low: 0 }.pack();
         let mut init = header.to_ne_bytes().to_vec();
         init.extend_from_slice(&base.to_ne_bytes());
         let results = home
             .region
             .post(vec![
-                Op::FetchAdd { offset: slot + SLOT_SEQUENCE, delta: 1 },
+                Op::FetchAdd { offset: slot + SLOT_SEQUENCE, delta: 1 - odd },
                 Op::Write { offset: slot + SLOT_HEADER, data: init },
                 Op::FetchAdd { offset: slot + SLOT_SEQUENCE, delta: 1 },
-                Op::CompareSwap { offset: slot + SLOT_CONTROL, expected: control, new: SlotWord::unlocked(generation) },
+                Op::CompareSwap { offset: slot + SLOT_CONTROL, expected: claimed, new: SlotWord::unlocked(generation) },
                 Op::FetchAdd { offset: Layout::used_counter_offset(class), delta: 1 },
             ])
             .wait()?;
         let swapped = nth_u64(results, 3)?;
-        if swapped != control {
-            return Err(DdssError::Corrupt { node, reason: format!("control word of slot {slot} changed under us") });
+        if swapped != claimed {
+            return Err(DdssError::Corrupt { node, reason: format!("claim on slot {slot} changed under us") });
         }
         let offset = u32::try_from(slot).map_err(|_| DdssError::Corrupt { node, reason: "slot offset".into() })?;
         Ok(Key::new(node, offset, generation, class, coherence))
+    }
+
+    /// Releases every slot of `node` whose allocation or free was left
+    /// unfinished by a handle that is gone (its claim still in the control
+    /// word, the bitmap bit possibly set); returns how many. Allocation runs
+    /// it by itself when a class looks full.
+    pub fn sweep(&self, node: NodeId) -> Result<u32> {
+        let home = self.home(node)?;
+        let mut reclaimed = 0;
+        for class in 0..SIZE_CLASSES as u8 {
+            reclaimed += self.sweep_class(&home, class)?;
+        }
+        Ok(reclaimed)
+    }
+
+    fn sweep_class(&self, home: &Home, class: u8) -> Result<u32> {
+        let (bitmap_offset, words) = home.layout.bitmap(class);
+        let bitmap = RegionBitmap { region: &*home.region, offset: bitmap_offset, words };
+        let mut reclaimed = 0;
+        for index in 0..home.layout.slots(class) {
+            let slot = home.layout.slot_offset(class, index);
+            let word = SlotWord::unpack(home.region.read_u64(slot + SLOT_CONTROL)?);
+            if word.live || word.low == 0 {
+                continue; // allocated, or free: nothing unfinished
+            }
+            let Some(mine) = self.claim_slot(&*home.region, slot)? else { continue };
+            clear_bit(&bitmap, index)?;
+            let free = SlotWord { generation: word.generation, live: false, low: 0 }.pack();
+            if home.region.compare_swap(slot + SLOT_CONTROL, mine, free)? != mine {
+                return Err(DdssError::Corrupt {
+                    node: home.region.node(),
+                    reason: format!("claim on slot {slot} changed under us"),
+                });
+            }
+            reclaimed += 1;
+        }
+        Ok(reclaimed)
     }
 
     /// Frees the key's slot. Later gets and puts of the key, from any node,
@@ -520,13 +638,17 @@ impl Ddss {
         let (home, slot) = self.slot(&key)?;
         let locked_word = self.lock(&*home.region, slot, key)?;
         let dead = SlotWord { generation: key.generation(), live: false, low: 0 }.pack();
+        // Not live, and claimed by us until the bit is clear: a free that
+        // dies midway leaves a claim that allocation or a sweep takes over.
+        let claimed = SlotWord { generation: key.generation(), live: false, low: self.token }.pack();
         let results = home
             .region
             .post(vec![
                 Op::FetchAdd { offset: slot + SLOT_SEQUENCE, delta: 1 },
                 Op::Write { offset: slot + SLOT_HEADER, data: dead.to_ne_bytes().to_vec() },
                 Op::FetchAdd { offset: slot + SLOT_SEQUENCE, delta: 1 },
-                Op::CompareSwap { offset: slot + SLOT_CONTROL, expected: locked_word, new: dead },
+                Op::CompareSwap { offset: slot + SLOT_CONTROL, expected: locked_word, new: claimed },
+                Op::FetchAdd { offset: Layout::used_counter_offset(key.class()), delta: 1u64.wrapping_neg() },
             ])
             .wait()?;
         if nth_u64(results, 3)? != locked_word {
@@ -538,10 +660,14 @@ impl Ddss {
             reason: "slot vanished from the layout".into(),
         })?;
         let (bitmap_offset, words) = home.layout.bitmap(key.class());
-        if !release(&RegionBitmap { region: &*home.region, offset: bitmap_offset, words }, index)? {
+        let was_set = clear_bit(&RegionBitmap { region: &*home.region, offset: bitmap_offset, words }, index)?;
+        if home.region.compare_swap(slot + SLOT_CONTROL, claimed, dead)? != claimed {
+            return Err(DdssError::Corrupt { node: key.home(), reason: "claim changed while held".into() });
+        }
+        if !was_set {
+            // Freed all the same (the control word is the authority); reported.
             return Err(DdssError::Corrupt { node: key.home(), reason: format!("slot {index} was not allocated") });
         }
-        home.region.fetch_add(Layout::used_counter_offset(key.class()), 1u64.wrapping_neg())?;
         bump(&self.stats.frees);
         Ok(())
     }
@@ -719,6 +845,40 @@ impl Ddss {
     }
 }
 
+/// The name of the region that marks incarnation `incarnation` of a node as running.
+fn incarnation_region_name(region_name: &str, incarnation: u32) -> String {
+    format!("{region_name}.i{incarnation}")
+}
+
+/// Picks this handle's incarnation and registers its region (8 bytes; its
+/// existence is the mark). Incarnations of one process differ (a counter);
+/// a new process starts from a base drawn from its pid and the clock, so a
+/// reopened node id gets another incarnation than the dead one's except by
+/// a 1 in 32767 chance, in which case the dead one's locks stay busy
+/// (`LockBusy`: fail closed, never a wrong takeover).
+fn register_incarnation(fabric: &dyn Fabric, region_name: &str) -> Result<(u32, Arc<LocalRegion>)> {
+    use std::sync::atomic::AtomicU32;
+    use std::sync::OnceLock;
+    static BASE: OnceLock<u32> = OnceLock::new();
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let base = *BASE.get_or_init(|| {
+        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
+        let mixed = (u64::from(std::process::id()) << 32 | u64::from(nanos)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        (mixed >> 40) as u32
+    });
+    let mut last_error = None;
+    // Skip incarnations some other handle on this fabric registered already.
+    for _ in 0..64 {
+        let incarnation = base.wrapping_add(NEXT.fetch_add(1, Ordering::Relaxed)) % INCARNATION_MAX + 1;
+        match fabric.register(&incarnation_region_name(region_name, incarnation), 8) {
+            Ok(region) => return Ok((incarnation, region)),
+            Err(e @ FabricError::RegionExists { .. }) => last_error = Some(e),
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Err(last_error.unwrap_or(FabricError::Closed).into())
+}
+
 fn user_value(copy: &LocalCopy) -> (u64, Vec<u8>) {
     (copy.raw_version.saturating_sub(copy.base), copy.bytes.to_vec())
 }
@@ -887,6 +1047,107 @@ mod tests {
             assert_eq!(survivor.put(key, b"again").unwrap(), 3);
             assert_eq!(survivor.get(key).unwrap(), (3, b"again".to_vec()));
         }
+    }
+
+    /// The writer holds the key's lock, its process ends, and a new process
+    /// reopens its node id (and runs the substrate there). The lock word
+    /// names the dead incarnation, so it is taken over although node 1 runs.
+    #[test]
+    fn a_lock_held_by_a_dead_incarnation_of_a_reopened_node_is_taken_over() {
+        let root = tempfile::tempdir().unwrap();
+        let (mut fabrics, end_writer) = fabrics(true, root.path());
+        let home = Ddss::start(fabrics[0].clone(), config()).unwrap();
+        let survivor = Ddss::attach(fabrics[2].clone(), config()).unwrap();
+        let key = home.allocate(64, Placement::Local, Coherence::Write).unwrap();
+        assert_eq!(survivor.put(key, b"first").unwrap(), 1);
+        drop(stall_inside_a_put(&fabrics, key, false));
+        fabrics.remove(1);
+        end_writer();
+        let reopened = ShmFabric::open(ShmConfig::new(root.path(), NodeId(1))).unwrap();
+        let successor = Ddss::attach(reopened.clone(), config()).unwrap();
+        assert_eq!(fabrics[1].peer_state(NodeId(1)), PeerState::Running, "node 1 runs again");
+        assert_eq!(successor.put(key, b"second").unwrap(), 2, "the new incarnation takes its predecessor's lock over");
+        assert_eq!(successor.stats().lock_takeovers, 1);
+        assert_eq!(survivor.get(key).unwrap(), (2, b"second".to_vec()));
+        // A live incarnation's lock is still respected, on the same node id.
+        let (_, slot) = successor.slot(&key).unwrap();
+        let region = reopened.connect(NodeId(0), REGION_NAME).unwrap();
+        successor.lock(&*region, slot, key).unwrap();
+        assert!(matches!(survivor.put(key, b"x"), Err(DdssError::LockBusy { .. })));
+    }
+
+    /// An allocator that dies after claiming a slot and before publishing
+    /// it: with the bitmap bit still clear (the next allocation takes the
+    /// claim over) or already set (the class looks full; the sweep frees it).
+    #[test]
+    fn a_slot_claimed_by_a_dead_allocator_is_reclaimed() {
+        for (shm, bit_set) in [(true, false), (true, true), (false, true)] {
+            let root = tempfile::tempdir().unwrap();
+            let (mut fabrics, end_writer) = fabrics(shm, root.path());
+            let home = Ddss::start(fabrics[0].clone(), config()).unwrap();
+            let survivor = Ddss::attach(fabrics[2].clone(), config()).unwrap();
+            let keys: Vec<Key> =
+                (0..3).map(|_| home.allocate(64, Placement::Local, Coherence::Null).unwrap()).collect();
+            let writer = Ddss::attach(fabrics[1].clone(), config()).unwrap();
+            let whome = writer.home(NodeId(0)).unwrap();
+            let class = keys[0].class();
+            let (slot, _) = if bit_set {
+                writer.claim_on(&whome, NodeId(0), class).unwrap()
+            } else {
+                // Claimed in the control word; died before setting the bit.
+                let index = (0..4)
+                    .find(|i| writer.claim_slot(&*whome.region, whome.layout.slot_offset(class, *i)).unwrap().is_some())
+                    .unwrap();
+                (whome.layout.slot_offset(class, index), 0)
+            };
+            let full = survivor.allocate(64, Placement::Node(NodeId(0)), Coherence::Null);
+            assert!(matches!(full, Err(DdssError::RegionFull { .. })), "a live claim is respected: {full:?}");
+            drop((whome, writer));
+            fabrics.remove(1);
+            end_writer();
+            let key = survivor.allocate(64, Placement::Node(NodeId(0)), Coherence::Null).unwrap();
+            assert_eq!(u64::from(key.offset()), slot, "shm={shm} bit_set={bit_set}: the dead claim's slot");
+            assert_eq!(survivor.stats().claims_taken_over, 1, "by the allocation or its sweep");
+            assert_eq!(survivor.put(key, b"mine").unwrap(), 1);
+            assert_eq!(home.get(key).unwrap(), (1, b"mine".to_vec()));
+            assert!(matches!(home.allocate(64, Placement::Local, Coherence::Null), Err(DdssError::RegionFull { .. })));
+            for k in keys.into_iter().chain([key]) {
+                home.free(k).unwrap();
+            }
+            assert_eq!(home.usage(NodeId(0)).unwrap()[class as usize].2, 0, "used counter back to zero");
+        }
+    }
+
+    /// A free that dies after marking the slot dead and before clearing its
+    /// bit: the slot is reclaimed by the sweep of a full class.
+    #[test]
+    fn a_slot_whose_free_died_midway_is_reclaimed() {
+        let root = tempfile::tempdir().unwrap();
+        let (mut fabrics, end_writer) = fabrics(true, root.path());
+        let home = Ddss::start(fabrics[0].clone(), config()).unwrap();
+        let keys: Vec<Key> = (0..4).map(|_| home.allocate(64, Placement::Local, Coherence::Null).unwrap()).collect();
+        let writer = Ddss::attach(fabrics[1].clone(), config()).unwrap();
+        let (whome, slot) = writer.slot(&keys[0]).unwrap();
+        let locked_word = writer.lock(&*whome.region, slot, keys[0]).unwrap();
+        let claimed = SlotWord { generation: keys[0].generation(), live: false, low: writer.token }.pack();
+        let dead = SlotWord { generation: keys[0].generation(), live: false, low: 0 }.pack();
+        // The first batch of `free`, and no further.
+        let ops = vec![
+            Op::FetchAdd { offset: slot + SLOT_SEQUENCE, delta: 1 },
+            Op::Write { offset: slot + SLOT_HEADER, data: dead.to_ne_bytes().to_vec() },
+            Op::FetchAdd { offset: slot + SLOT_SEQUENCE, delta: 1 },
+            Op::CompareSwap { offset: slot + SLOT_CONTROL, expected: locked_word, new: claimed },
+            Op::FetchAdd { offset: Layout::used_counter_offset(keys[0].class()), delta: 1u64.wrapping_neg() },
+        ];
+        assert_eq!(nth_u64(whome.region.post(ops).wait().unwrap(), 3).unwrap(), locked_word);
+        drop((whome, writer));
+        fabrics.remove(1);
+        end_writer();
+        assert_eq!(home.get(keys[0]), Err(DdssError::KeyFreed { key: keys[0] }));
+        let key = home.allocate(64, Placement::Local, Coherence::Null).unwrap();
+        assert_eq!(u64::from(key.offset()), slot);
+        assert_eq!(key.generation(), keys[0].generation() + 1);
+        assert_eq!(home.sweep(NodeId(0)).unwrap(), 0, "nothing left to sweep");
     }
 
     #[test]

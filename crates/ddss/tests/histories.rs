@@ -11,7 +11,7 @@ use std::sync::{Arc, Barrier};
 use tierstack_base::{seeded_rng, Clock, ManualClock, NodeId};
 use tierstack_cluster::Backend;
 use tierstack_ddss::check::{self, Event, History, Timeline};
-use tierstack_ddss::{Coherence, DdssConfig, DdssStats, Placement};
+use tierstack_ddss::{Coherence, DdssConfig, DdssError, DdssStats, Placement};
 
 struct Run {
     backend: Backend,
@@ -256,6 +256,201 @@ fn strict_histories_are_linearizable() {
             check_common(&spec, &history);
             check::linearizable(&history).unwrap_or_else(|v| panic!("{backend:?} seed {seed}: {v}"));
             assert_eq!(stats.iter().map(|s| s.gets_locked).sum::<u64>(), history.gets.len() as u64);
+        }
+    }
+}
+
+// ---------------------------------------------------------------- telling the models apart
+
+/// What the reader's second get sees in a scripted run: node 0 puts, node 1
+/// gets (keeping a copy where the model keeps copies), node 0 puts `puts`
+/// more times, the clock advances by `advance_ns`, node 1 gets again. The
+/// whole run, with real-time ticks and clock readings, as a history.
+fn scripted_history(backend: Backend, model: Coherence, puts: usize, advance_ns: u64) -> History {
+    let clock = Arc::new(ManualClock::new(1));
+    let config = DdssConfig::empty().with_slots(64, 4).with_members(vec![NodeId(0), NodeId(1)]).with_seed(7);
+    let nodes = start_with_clock(backend, 2, config, clock.clone());
+    let key = nodes.ddss[0].allocate(8, Placement::Node(NodeId(0)), model).unwrap();
+    let timeline = Timeline::default();
+    let mut history = History::default();
+    let mut op = |client: usize, value: Option<Vec<u8>>| {
+        let (invoked_ns, invoked) = (clock.now_ns(), timeline.tick());
+        let (version, bytes) = match &value {
+            Some(bytes) => (nodes.ddss[client].put(key, bytes).unwrap(), bytes.clone()),
+            None => nodes.ddss[client].get(key).unwrap(),
+        };
+        let event = Event {
+            client: client as u32,
+            version,
+            bytes,
+            invoked,
+            responded: timeline.tick(),
+            invoked_ns,
+            responded_ns: clock.now_ns(),
+        };
+        match value {
+            Some(_) => history.puts.push(event),
+            None => history.gets.push(event),
+        }
+    };
+    op(0, Some(b"v1".to_vec()));
+    op(1, None);
+    for n in 0..puts {
+        op(0, Some(format!("v{}", n + 2).into_bytes()));
+    }
+    clock.advance_ns(advance_ns);
+    op(1, None);
+    history
+}
+
+/// The models' guarantees as checkers of one history (see `Coherence`).
+/// Read, write and strict share one: every get returns the latest put
+/// completed before it (and, on this substrate, histories are linearizable;
+/// `read_and_write_histories_are_linearizable_too`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Guarantee {
+    Untorn,
+    Temporal,
+    Delta,
+    Latest,
+}
+
+const T_MS: u64 = 2;
+const DELTA: u64 = 1;
+
+fn guarantee(model: Coherence) -> Guarantee {
+    match model {
+        Coherence::Null => Guarantee::Untorn,
+        Coherence::Temporal { .. } => Guarantee::Temporal,
+        Coherence::Delta { .. } => Guarantee::Delta,
+        Coherence::Read | Coherence::Write | Coherence::Strict => Guarantee::Latest,
+    }
+}
+
+fn holds(guarantee: Guarantee, history: &History) -> bool {
+    check::untorn(history).is_ok()
+        && check::monotonic(history).is_ok()
+        && match guarantee {
+            Guarantee::Untorn => true,
+            Guarantee::Temporal => check::temporal(history, T_MS * 1_000_000).is_ok(),
+            Guarantee::Delta => check::delta(history, DELTA).is_ok(),
+            Guarantee::Latest => check::read(history).is_ok(),
+        }
+}
+
+/// Every pair of models with different guarantees is told apart by a
+/// scripted history that one model's run passes and the other's fails
+/// (under the stronger model's checker); each model passes its own checker
+/// in every script. Read, write and strict coincide here and are told
+/// apart by cost and blocking instead
+/// (`the_latest_value_models_differ_in_cost_and_blocking`).
+#[test]
+fn each_pair_of_models_is_told_apart_by_a_history() {
+    let models = [
+        Coherence::Null,
+        Coherence::Temporal { max_age_ms: T_MS },
+        Coherence::Delta { versions: DELTA },
+        Coherence::Read,
+        Coherence::Write,
+        Coherence::Strict,
+    ];
+    // (puts after the copy, clock advance): one put, no time passes; two
+    // puts; one put and more than T passes.
+    let scripts = [(1, 0), (2, 0), (1, T_MS * 1_000_000 + 1)];
+    for backend in BACKENDS {
+        // passes[m][s][g]: model m's run of script s meets guarantee g.
+        let all = [Guarantee::Untorn, Guarantee::Temporal, Guarantee::Delta, Guarantee::Latest];
+        let passes: Vec<Vec<Vec<bool>>> = models
+            .iter()
+            .map(|&model| {
+                scripts
+                    .iter()
+                    .map(|&(puts, advance)| {
+                        let history = scripted_history(backend, model, puts, advance);
+                        all.iter().map(|&g| holds(g, &history)).collect()
+                    })
+                    .collect()
+            })
+            .collect();
+        for (m, &model) in models.iter().enumerate() {
+            let own = all.iter().position(|g| *g == guarantee(model)).unwrap();
+            for (s, script) in scripts.iter().enumerate() {
+                assert!(passes[m][s][own], "{backend:?}: {model} fails its own guarantee in script {script:?}");
+            }
+        }
+        for (a, &model_a) in models.iter().enumerate() {
+            for (b, &model_b) in models.iter().enumerate().skip(a + 1) {
+                if guarantee(model_a) == guarantee(model_b) {
+                    continue;
+                }
+                let apart = (0..scripts.len()).any(|s| (0..all.len()).any(|g| passes[a][s][g] != passes[b][s][g]));
+                assert!(apart, "{backend:?}: no history tells {model_a} from {model_b}");
+            }
+        }
+    }
+}
+
+/// Read, write and strict give the same guarantee (the latest completed
+/// put; linearizable histories), so what tells them apart is cost and
+/// blocking: read validates its copy with a 16-byte version read, write
+/// moves the value every time and keeps no copy, strict takes the key's
+/// lock for every get and so waits (here: `LockBusy`) behind a put that
+/// holds it, where read and write return the last completed value.
+#[test]
+fn the_latest_value_models_differ_in_cost_and_blocking() {
+    for backend in BACKENDS {
+        let mut config = DdssConfig::empty().with_slots(64, 4).with_members(vec![NodeId(0), NodeId(1)]);
+        config.lock_attempts_max = 80;
+        let nodes = start_with_clock(backend, 2, config, Arc::new(ManualClock::new(1)));
+        let (writer, reader) = (&nodes.ddss[0], &nodes.ddss[1]);
+        let mut keys = Vec::new();
+        for model in [Coherence::Read, Coherence::Write, Coherence::Strict] {
+            let key = writer.allocate(8, Placement::Node(NodeId(0)), model).unwrap();
+            writer.put(key, b"one").unwrap();
+            let before = reader.stats();
+            reader.get(key).unwrap();
+            assert_eq!(reader.get(key).unwrap(), (1, b"one".to_vec()));
+            let after = reader.stats();
+            let moved = |f: fn(&DdssStats) -> u64| f(&after) - f(&before);
+            let costs = (moved(|s| s.gets_fetched), moved(|s| s.gets_validated), moved(|s| s.gets_locked));
+            let want = match model {
+                Coherence::Read => (1, 1, 0),
+                Coherence::Write => (2, 0, 0),
+                _ => (0, 0, 2),
+            };
+            assert_eq!(costs, want, "{backend:?} {model}: (fetched, validated, locked) gets");
+            keys.push((model, key));
+        }
+        // A put that holds the key's lock and never finishes (a stranded
+        // holder whose token names no node, so it is never taken over).
+        let raw = nodes.cluster.fabric(1).connect(NodeId(0), "ddss").unwrap();
+        for (model, key) in keys {
+            let control = u64::from(key.offset());
+            let unlocked = raw.read_u64(control).unwrap();
+            assert_eq!(raw.compare_swap(control, unlocked, unlocked | 0x1234).unwrap(), unlocked);
+            let got = reader.get(key);
+            match model {
+                Coherence::Strict => assert!(matches!(got, Err(DdssError::LockBusy { .. })), "{backend:?}: {got:?}"),
+                _ => assert_eq!(got, Ok((1, b"one".to_vec())), "{backend:?} {model}: gets do not wait for puts"),
+            }
+            raw.compare_swap(control, unlocked | 0x1234, unlocked).unwrap();
+        }
+    }
+}
+
+/// Read and write histories are linearizable, like strict ones: the home is
+/// the only copy that changes and gets read it (or check against it)
+/// atomically. This is why the three coincide in guarantee.
+#[test]
+fn read_and_write_histories_are_linearizable_too() {
+    for backend in BACKENDS {
+        for model in [Coherence::Read, Coherence::Write] {
+            for seed in 0..8 {
+                let spec = Run { ops_per_client: 10, put_percent: 50, ..spec(backend, model, seed) };
+                let (history, _) = run(&spec);
+                check_common(&spec, &history);
+                check::linearizable(&history).unwrap_or_else(|v| panic!("{backend:?} {model} seed {seed}: {v}"));
+            }
         }
     }
 }

@@ -10,8 +10,9 @@
 //! [`LockError`]; the [`LockScheme`] trait behind which the three
 //! [`Scheme`]s run; the pure protocol machines [`proto::LockClient`]
 //! (N-CoShED and DQNL) and [`srsl`]; the wire format [`msg`]; the
-//! measurements of Fig. 5 in [`mod@bench`]. `tests/model_check.rs` explores
-//! every interleaving of the protocol machine for small configurations.
+//! measurements of Fig. 5 in [`mod@bench`]. `tests/model_check.rs` and
+//! `tests/model_check_srsl.rs` explore every interleaving of the protocol
+//! machines for small configurations (what they cover: "Model check" below).
 //!
 //! # N-CoShED, precisely
 //!
@@ -77,14 +78,45 @@
 //! request; the node's next request for the lock starts after it (it would
 //! queue behind the successor anyway).
 //!
-//! The model check explores all interleavings of atomics, message deliveries
-//! (in any order), releases and abandons for 2–4 nodes and up to three
-//! requests each, checking mutual exclusion, shared overlap, FIFO among
-//! exclusives, shared requests never overtaking or overtaken by exclusives,
-//! strictly increasing tokens, and that every terminal state has every
-//! request granted and the home words back to zero (no deadlock, no lost
-//! wake-up; the state graph has no cycles).
+//! # Model check
 //!
+//! `tests/model_check.rs` runs the real [`proto::LockClient`] of 2–4 nodes
+//! (up to three requests each) against a model home and a network that
+//! delivers messages in any order, exploring every interleaving of:
+//! atomics at the home; message deliveries; releases; abandons (a budget
+//! per run); **`break_lock`**, whose steps (fence bump, lock-word read,
+//! drain reset, lock-word swap, notices) interleave with everything else
+//! (one break per run); and, in the `split` configurations, **the parts of
+//! a batch** executed as separate steps (as `shm` executes a batch op by op)
+//! with other nodes' atomics and the break between them. It checks mutual
+//! exclusion, shared overlap, FIFO among exclusives, shared requests never
+//! overtaking or overtaken by exclusives, strictly increasing tokens, that
+//! a grant of a broken generation (one whose grant message overtook the
+//! notice) has a token below the floor, and that every terminal state has
+//! every request granted, refused or (after a break) aborted and the home
+//! words free in the current generation (no deadlock, no lost wake-up; the
+//! state graph has no cycles). It found, and the code now fixes, a node
+//! that learned the new generation from the drain word and then enqueued
+//! in the old lock word, never to be aborted; and old-generation grants
+//! whose tokens were above the floor.
+//!
+//! `tests/model_check_srsl.rs` runs the real [`srsl::SrslQueue`] and
+//! [`srsl::SrslClient`]s over per-pair FIFO channels with a break at any
+//! point, checking the same properties among unrevoked holders. It found,
+//! and the code now fixes, a release that crossed a break (a protocol
+//! violation at the server) and a hold's break notice that aborted the
+//! holder's next request (leaving the server with a grant nobody held).
+//!
+//! **Not explored**: more than one break per run; more than 4 nodes or
+//! three requests per node; DQNL with a break beyond 2 nodes; the
+//! runtime's own code around the machines (timeouts, the cell's queue of
+//! local callers, fabric errors and `reset`), which the runtime tests
+//! cover; the break's compare-and-swap loops are modeled by their effect
+//! (one swap), which is exact with one breaker. **Known window (SRSL)**: a
+//! grant the server makes after the breaker's fence bump and before it
+//! handles `Break` is revoked with a token above the floor (a test pins
+//! it); closing it needs the floor to come from the server, a round trip.
+
 //! # Costs
 //!
 //! | | N-CoShED | DQNL | SRSL |
@@ -100,12 +132,15 @@
 //! The fence word (one per lock, at the home) counts exclusive grants. Each
 //! exclusive grantee fetch-and-adds it *inside its hold*: in the same batch
 //! as the uncontended compare-and-swap, or right after a queued grant,
-//! before the caller sees the guard. Holds are disjoint, so tokens strictly
-//! increase in grant order; a batch whose compare-and-swap failed wastes its
-//! fetch-and-add, leaving only a gap. SRSL's server adds to its own fence
-//! word when it grants. A resource that remembers the largest token it has
-//! seen rejects a stale holder — the standard answer to the Redlock critique.
-//!
+//! before the caller sees the guard. Its token is
+//! [`word::fencing_token`]`(generation, count)`: the lock-word generation
+//! of the request in the high 16 bits, the count below. Holds of one
+//! generation are disjoint, so tokens strictly increase in grant order; a
+//! batch whose compare-and-swap failed wastes its fetch-and-add, leaving
+//! only a gap. SRSL's server adds to its own fence word when it grants. A
+//! resource that remembers the largest token it has seen rejects a stale
+//! holder — the standard answer to the Redlock critique.
+
 //! # Timeouts, dead peers and `break_lock`
 //!
 //! A timed-out request cannot leave the middle of a distributed queue, so it
@@ -126,11 +161,11 @@
 //! Breaking is not automatic on purpose: a holder that is merely paused
 //! cannot be stopped by taking its lock away, only by fencing, so the
 //! decision that a node is dead belongs to whoever can make it; an automatic
-//! policy (break when the holder is probed dead) can be layered on top. One
-//! window remains on `shm`: the two atomics of the uncontended batch are two
-//! instructions of the acquirer's thread, so a process stopped exactly
-//! between them and broken meanwhile can later fetch a token above the
-//! floor. An RDMA adapter executes the batch without the process.
+//! policy (break when the holder is probed dead) can be layered on top.
+//! A request of the broken generation can still be granted after the break
+//! (its predecessor's grant message overtakes the notice, or on `shm` the
+//! second atomic of its batch runs after the break): its token carries the
+//! old generation and so stays below the floor, which carries the new one.
 //!
 //! A home that dies takes its lock table with it: requests fail with
 //! `PeerDead` on every backend (on `shm` the fabric revokes a closed or

@@ -96,7 +96,7 @@ impl DlmMessage {
                     SrslMsg::WouldBlock => (K_SRSL_WOULD_BLOCK, 0, 0),
                     SrslMsg::Release => (K_SRSL_RELEASE, 0, 0),
                     SrslMsg::Break => (K_SRSL_BREAK, 0, 0),
-                    SrslMsg::Broken => (K_SRSL_BROKEN, 0, 0),
+                    SrslMsg::Broken { held } => (K_SRSL_BROKEN, u32::from(held), 0),
                 };
                 (kind, lock, 0, arg, token)
             }
@@ -146,7 +146,7 @@ impl DlmMessage {
             K_SRSL_WOULD_BLOCK => srsl(SrslMsg::WouldBlock),
             K_SRSL_RELEASE => srsl(SrslMsg::Release),
             K_SRSL_BREAK => srsl(SrslMsg::Break),
-            K_SRSL_BROKEN => srsl(SrslMsg::Broken),
+            K_SRSL_BROKEN => srsl(SrslMsg::Broken { held: arg & 1 != 0 }),
             other => Err(DecodeError(format!("unknown kind {other}"))),
         }
     }
@@ -174,7 +174,8 @@ mod tests {
             DlmMessage::Srsl { lock, msg: SrslMsg::WouldBlock },
             DlmMessage::Srsl { lock, msg: SrslMsg::Release },
             DlmMessage::Srsl { lock, msg: SrslMsg::Break },
-            DlmMessage::Srsl { lock, msg: SrslMsg::Broken },
+            DlmMessage::Srsl { lock, msg: SrslMsg::Broken { held: true } },
+            DlmMessage::Srsl { lock, msg: SrslMsg::Broken { held: false } },
         ];
         for m in all {
             let bytes = m.encode();

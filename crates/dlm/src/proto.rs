@@ -16,7 +16,7 @@
 //! words in [`crate::word`]. The explorer in `tests/model_check.rs` runs this
 //! very code over every interleaving of small configurations.
 
-use crate::word::{generation_newer, DrainWord, LockWord};
+use crate::word::{fencing_token, generation_newer, DrainWord, LockWord};
 use tierstack_base::NodeId;
 
 /// The two lock modes.
@@ -406,11 +406,16 @@ impl LockClient {
     }
 
     /// Adopts a newer generation: a request of an older one was broken.
+    ///
+    /// The request is compared with `generation` itself, not with the
+    /// newest generation seen: a node can learn the new generation from the
+    /// drain word (which `break_lock` resets first) and then still enqueue
+    /// in the old lock word before the break swaps it; the break's notice
+    /// must abort that request although it brings no news to the node.
     fn observe_generation(&mut self, generation: u16, out: &mut Out) {
-        if !generation_newer(generation, self.generation) {
-            return;
+        if generation_newer(generation, self.generation) {
+            self.generation = generation;
         }
-        self.generation = generation;
         if self.request.as_ref().is_some_and(|r| generation_newer(generation, r.generation)) {
             self.request = None;
             out.push(Action::Aborted(AbortReason::Broken { generation }));
@@ -463,12 +468,15 @@ impl LockClient {
         };
         match request.phase {
             Phase::Enqueue { expected, first } => {
-                let token = (first && request.fencing).then(|| results.get(1).map(|f| f.wrapping_add(1))).flatten();
+                let generation = LockWord::decode(previous).generation;
+                let token =
+                    (first && request.fencing).then(|| results.get(1).map(|f| fencing_token(generation, *f))).flatten();
                 self.enqueue_done(expected, previous, token, out)
             }
             Phase::RegisterDrain { expected, target } => self.register_done(expected, target, previous, out),
             Phase::FetchToken => {
-                self.hold(Some(previous.wrapping_add(1)), out);
+                let token = fencing_token(request.generation, previous);
+                self.hold(Some(token), out);
                 Ok(())
             }
             Phase::Convert { expected } => self.convert_done(expected, previous, out),
@@ -879,6 +887,7 @@ fn release_drain_op(expected: u64) -> AtomicOp {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::word::DRAIN_BIAS;
 
     fn n(i: u32) -> NodeId {
         NodeId(i)
@@ -953,6 +962,232 @@ mod tests {
         assert_eq!(actions, vec![Action::Aborted(AbortReason::Broken { generation: 1 }), Action::Idle]);
         // A grant of the old generation is dropped.
         assert!(step(&mut c, Input::Message { from: n(3), generation: 0, msg: ProtoMsg::GrantExclusive }).is_empty());
+    }
+
+    /// What the runtime asks a client between inputs, through a request's life.
+    #[test]
+    fn accessors_follow_the_request() {
+        let mut c = LockClient::new(n(4), QueueKind::CoShed);
+        assert_eq!(c.node(), n(4));
+        assert!(c.is_idle() && !c.is_holding() && !c.is_waiting());
+        assert_eq!(c.blocked_on(), BlockedOn::Nothing);
+        step(&mut c, Input::Acquire { mode: LockMode::Exclusive, try_only: false, fencing: false });
+        assert!(!c.is_idle() && c.is_waiting() && !c.is_holding());
+        // Enqueued over two group-0 shared holders: waits for them to drain.
+        let shared = LockWord { generation: 0, tail: None, shared: 2 }.encode();
+        step(&mut c, done(&[shared])); // the free guess failed
+        step(&mut c, done(&[shared])); // enqueued
+        assert_eq!(c.blocked_on(), BlockedOn::Nothing, "registering in the drain word");
+        step(&mut c, done(&[DrainWord::idle(0).encode()]));
+        assert_eq!(c.blocked_on(), BlockedOn::SharedHolders);
+        assert!(c.is_waiting());
+        step(&mut c, Input::Abandon);
+        assert!(!c.is_waiting(), "an abandoned request has nobody waiting");
+        let actions = step(&mut c, Input::Message { from: n(9), generation: 0, msg: ProtoMsg::Drained });
+        assert_eq!(actions[0], Action::Granted { mode: LockMode::Exclusive, token: None, abandoned: true });
+        assert!(!c.is_holding(), "released in the same step");
+        // A hold, then a release in progress: neither holding nor waiting.
+        let mut h = LockClient::new(n(5), QueueKind::CoShed);
+        step(&mut h, Input::Acquire { mode: LockMode::Shared, try_only: false, fencing: false });
+        step(&mut h, done(&[LockWord::free(0).encode()]));
+        assert!(h.is_holding() && !h.is_waiting());
+        step(&mut h, Input::Release);
+        assert!(!h.is_holding() && !h.is_waiting() && !h.is_idle());
+        h.reset();
+        assert!(h.is_idle(), "reset forgets the request");
+        // Waiting behind a predecessor names it.
+        let mut w = LockClient::new(n(6), QueueKind::Dqnl);
+        step(&mut w, Input::Acquire { mode: LockMode::Shared, try_only: false, fencing: false });
+        let queued = LockWord { generation: 0, tail: Some(n(2)), shared: 0 }.encode();
+        step(&mut w, done(&[queued]));
+        assert_eq!(
+            step(&mut w, done(&[queued])),
+            vec![Action::Send { to: n(2), generation: 0, msg: ProtoMsg::Successor { shared: 0 } }]
+        );
+        assert_eq!(w.blocked_on(), BlockedOn::Node(n(2)));
+        assert!(w.is_waiting());
+    }
+
+    #[test]
+    fn try_shared_never_enqueues_and_a_coordinated_release_messages_before_idle() {
+        let mut c = LockClient::new(n(1), QueueKind::CoShed);
+        let actions = step(&mut c, Input::Acquire { mode: LockMode::Shared, try_only: true, fencing: false });
+        let free = LockWord::free(0);
+        let one = LockWord { shared: 1, ..free };
+        assert_eq!(
+            actions,
+            vec![Action::Atomic(vec![AtomicOp::CompareSwap {
+                word: WordKind::Lock,
+                expected: free.encode(),
+                new: one.encode()
+            }])],
+            "a compare-and-swap that fails, not a fetch-and-add that would enqueue"
+        );
+        let held = LockWord { generation: 0, tail: Some(n(3)), shared: 0 }.encode();
+        assert_eq!(step(&mut c, done(&[held])), vec![Action::WouldBlock, Action::Idle]);
+        // A shared request granted by its coordinator releases to it, and the
+        // message goes out before the client reports itself idle.
+        step(&mut c, Input::Acquire { mode: LockMode::Shared, try_only: false, fencing: false });
+        step(&mut c, done(&[held]));
+        let grant = ProtoMsg::GrantShared { via: SharedVia::Coordinator };
+        step(&mut c, Input::Message { from: n(3), generation: 0, msg: grant });
+        assert_eq!(
+            step(&mut c, Input::Release),
+            vec![Action::Send { to: n(3), generation: 0, msg: ProtoMsg::SharedRelease }, Action::Idle]
+        );
+    }
+
+    /// Inputs only a peer speaking another protocol (or a bug) produces are
+    /// reported as violations, not absorbed.
+    #[test]
+    fn impossible_inputs_are_violations() {
+        let violates = |c: &mut LockClient, input: Input| c.handle(input, &mut Vec::new()).is_err();
+        let msg = |from: u32, msg: ProtoMsg| Input::Message { from: n(from), generation: 0, msg };
+        // A shared holder is asked for a grant, or told of a successor.
+        let mut shared = LockClient::new(n(1), QueueKind::CoShed);
+        step(&mut shared, Input::Acquire { mode: LockMode::Shared, try_only: false, fencing: false });
+        step(&mut shared, done(&[LockWord::free(0).encode()]));
+        assert!(violates(&mut shared.clone(), msg(2, ProtoMsg::SharedRequest)));
+        assert!(violates(&mut shared.clone(), msg(2, ProtoMsg::Successor { shared: 0 })));
+        // Its group-0 release finds a zero count.
+        step(&mut shared, Input::Release);
+        assert!(violates(&mut shared, done(&[LockWord::free(0).encode()])));
+        // A shared enqueue that names itself as the tail.
+        let mut own = LockClient::new(n(1), QueueKind::CoShed);
+        step(&mut own, Input::Acquire { mode: LockMode::Shared, try_only: false, fencing: false });
+        assert!(violates(&mut own, done(&[LockWord { generation: 0, tail: Some(n(1)), shared: 0 }.encode()])));
+        // An exclusive holder told of a second successor, or of more
+        // releases than it granted.
+        let mut holder = LockClient::new(n(1), QueueKind::CoShed);
+        step(&mut holder, Input::Acquire { mode: LockMode::Exclusive, try_only: false, fencing: false });
+        step(&mut holder, done(&[LockWord::free(0).encode()]));
+        step(&mut holder, msg(2, ProtoMsg::Successor { shared: 1 }));
+        assert!(violates(&mut holder.clone(), msg(3, ProtoMsg::Successor { shared: 0 })));
+        step(&mut holder, msg(4, ProtoMsg::SharedRequest));
+        let actions = step(&mut holder, Input::Release);
+        assert_eq!(
+            actions,
+            vec![Action::Send { to: n(4), generation: 0, msg: ProtoMsg::GrantShared { via: SharedVia::Coordinator } }]
+        );
+        assert_eq!(
+            step(&mut holder, msg(4, ProtoMsg::SharedRelease)),
+            vec![Action::Send { to: n(2), generation: 0, msg: ProtoMsg::GrantExclusive }, Action::Idle],
+            "the successor's grant goes out before the client reports itself idle"
+        );
+        let mut twice = LockClient::new(n(1), QueueKind::CoShed);
+        step(&mut twice, Input::Acquire { mode: LockMode::Exclusive, try_only: false, fencing: false });
+        step(&mut twice, done(&[LockWord::free(0).encode()]));
+        step(&mut twice, msg(2, ProtoMsg::Successor { shared: 2 }));
+        step(&mut twice, msg(4, ProtoMsg::SharedRequest));
+        step(&mut twice, Input::Release);
+        step(&mut twice, msg(4, ProtoMsg::SharedRelease));
+        assert!(violates(&mut twice, msg(4, ProtoMsg::SharedRelease)), "two releases for one grant");
+    }
+
+    /// The last group-0 holder to release wakes the exclusive registered in
+    /// the drain word, and says so before reporting itself idle.
+    #[test]
+    fn the_last_group0_release_wakes_the_drain_waiter() {
+        let mut c = LockClient::new(n(1), QueueKind::CoShed);
+        step(&mut c, Input::Acquire { mode: LockMode::Shared, try_only: false, fencing: false });
+        step(&mut c, done(&[LockWord::free(0).encode()]));
+        step(&mut c, Input::Release);
+        // An exclusive (node 5) enqueued over us: count into the drain word.
+        let actions = step(&mut c, done(&[LockWord { generation: 0, tail: Some(n(5)), shared: 0 }.encode()]));
+        let idle = DrainWord::idle(0).encode();
+        assert!(
+            matches!(&actions[..], [Action::Atomic(ops)] if matches!(ops[0], AtomicOp::CompareSwap { word: WordKind::Drain, expected, .. } if expected == idle))
+        );
+        let registered = DrainWord { generation: 0, waiter: Some(n(5)), balance: DRAIN_BIAS - 1 }.encode();
+        step(&mut c, done(&[registered])); // registered meanwhile: retry with its word
+        assert_eq!(
+            step(&mut c, done(&[registered])),
+            vec![Action::Send { to: n(5), generation: 0, msg: ProtoMsg::Drained }, Action::Idle]
+        );
+    }
+
+    #[test]
+    fn mode_names_round_trip() {
+        for (mode, name) in [(LockMode::Shared, "shared"), (LockMode::Exclusive, "exclusive")] {
+            assert_eq!(mode.name(), name);
+            assert_eq!(name.parse::<LockMode>(), Ok(mode));
+        }
+        assert!("both".parse::<LockMode>().is_err());
+    }
+
+    #[test]
+    fn violations_name_the_phase_they_happened_in() {
+        let mut c = LockClient::new(n(2), QueueKind::CoShed);
+        let mut out = Vec::new();
+        let grant = Input::Message { from: n(3), generation: 0, msg: ProtoMsg::GrantExclusive };
+        assert_eq!(c.handle(grant, &mut out).unwrap_err().phase, "Idle");
+        step(&mut c, Input::Acquire { mode: LockMode::Exclusive, try_only: false, fencing: false });
+        let queued = LockWord { generation: 0, tail: Some(n(7)), shared: 0 }.encode();
+        step(&mut c, done(&[queued])); // the guess of a free word failed
+        let err = c.handle(Input::Release, &mut out).unwrap_err();
+        assert_eq!(err.phase, "Enqueue");
+        step(&mut c, done(&[queued])); // the retry enqueued behind node 7
+        let err = c.handle(grant, &mut out).unwrap_err();
+        assert_eq!((err.node, err.phase), (n(2), "WaitPredecessor"), "a grant from a node that is not our predecessor");
+        assert!(err.to_string().contains("WaitPredecessor"));
+    }
+
+    /// The release of an exclusive holder that collected shared requests
+    /// guesses the word exactly: its tail with their count. One
+    /// compare-and-swap, no retry.
+    #[test]
+    fn a_release_converts_collected_shared_requests_in_one_guess() {
+        let mut c = LockClient::new(n(1), QueueKind::CoShed);
+        step(&mut c, Input::Acquire { mode: LockMode::Exclusive, try_only: false, fencing: false });
+        step(&mut c, done(&[LockWord::free(0).encode()]));
+        for from in [n(2), n(3)] {
+            assert!(step(&mut c, Input::Message { from, generation: 0, msg: ProtoMsg::SharedRequest }).is_empty());
+        }
+        let held = LockWord { generation: 0, tail: Some(n(1)), shared: 2 };
+        let converted = LockWord { tail: None, ..held };
+        assert_eq!(
+            step(&mut c, Input::Release),
+            vec![Action::Atomic(vec![AtomicOp::CompareSwap {
+                word: WordKind::Lock,
+                expected: held.encode(),
+                new: converted.encode()
+            }])]
+        );
+        let group0 = ProtoMsg::GrantShared { via: SharedVia::Group0 };
+        assert_eq!(
+            step(&mut c, done(&[held.encode()])),
+            vec![
+                Action::Send { to: n(2), generation: 0, msg: group0 },
+                Action::Send { to: n(3), generation: 0, msg: group0 },
+                Action::Idle
+            ]
+        );
+    }
+
+    #[test]
+    fn a_break_notice_is_remembered_and_old_messages_are_dropped() {
+        let mut c = LockClient::new(n(2), QueueKind::CoShed);
+        assert_eq!(c.generation(), 0);
+        assert!(step(&mut c, Input::Broken { generation: 3 }).is_empty(), "nothing to abort when idle");
+        assert_eq!(c.generation(), 3);
+        assert!(step(&mut c, Input::Broken { generation: 2 }).is_empty());
+        assert_eq!(c.generation(), 3, "an older notice does not move the generation back");
+        let actions = step(&mut c, Input::Acquire { mode: LockMode::Exclusive, try_only: false, fencing: true });
+        let free = LockWord::free(3).encode();
+        let mine = LockWord { generation: 3, tail: Some(n(2)), shared: 0 }.encode();
+        assert_eq!(
+            actions,
+            vec![Action::Atomic(vec![
+                AtomicOp::CompareSwap { word: WordKind::Lock, expected: free, new: mine },
+                AtomicOp::FetchAdd { word: WordKind::Fence, delta: 1 }
+            ])]
+        );
+        let token = crate::word::fencing_token(3, 9);
+        assert_eq!(
+            step(&mut c, done(&[free, 9])),
+            vec![Action::Granted { mode: LockMode::Exclusive, token: Some(token), abandoned: false }]
+        );
+        assert!(token > 3 << 48, "the generation is in the token's high bits");
     }
 
     #[test]

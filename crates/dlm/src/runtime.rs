@@ -16,7 +16,9 @@ use crate::msg::DlmMessage;
 use crate::proto::{Action, BlockedOn, Input, LockClient, LockMode, QueueKind};
 use crate::srsl::{ClientAction, ServerAction, SrslClient, SrslMsg, SrslQueue};
 use crate::table::{alive_region, home_of, table_region, HomeMemory, TABLE_SLOTS_DEFAULT, TABLE_SLOTS_MAX};
-use crate::word::{DrainWord, LockWord, DRAIN_OFFSET, FENCE_OFFSET, LOCK_OFFSET, SLOT_BYTES, WORD_NODE_MAX};
+use crate::word::{
+    break_floor, DrainWord, LockWord, DRAIN_OFFSET, FENCE_OFFSET, LOCK_OFFSET, SLOT_BYTES, WORD_NODE_MAX,
+};
 use crate::LockId;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -638,9 +640,10 @@ impl LockScheme for QueueScheme {
         let slot = self.core.locate(lock_id, false)?;
         let (home, base) = (&slot.home, slot.base);
         let err = |e| LockError::from_fabric(lock_id, slot.home_node, e);
-        let floor = home.fetch_add(base + FENCE_OFFSET, 1).map_err(err)?.wrapping_add(1);
+        let fenced = home.fetch_add(base + FENCE_OFFSET, 1).map_err(err)?;
         let word = home.read_u64(base + LOCK_OFFSET).map_err(err)?;
         let generation = LockWord::decode(word).generation.wrapping_add(1);
+        let floor = break_floor(generation, fenced);
         // The drain word first: once the lock word shows the new generation,
         // new-generation requests may use the drain word at once.
         let mut seen = home.read_u64(base + DRAIN_OFFSET).map_err(err)?;
@@ -787,7 +790,7 @@ impl SrslScheme {
                     (to, SrslMsg::Grant { mode, token })
                 }
                 ServerAction::Refuse { to } => (to, SrslMsg::WouldBlock),
-                ServerAction::Broken { to } => (to, SrslMsg::Broken),
+                ServerAction::Broken { to, held } => (to, SrslMsg::Broken { held }),
             };
             if let Err(e) = self.core.send(lock_id, to, &DlmMessage::Srsl { lock: lock_id, msg }) {
                 first_error.get_or_insert(e);
@@ -908,7 +911,7 @@ impl SrslScheme {
                 q.break_all(out);
                 Ok(())
             }),
-            SrslMsg::Grant { .. } | SrslMsg::WouldBlock | SrslMsg::Broken => {
+            SrslMsg::Grant { .. } | SrslMsg::WouldBlock | SrslMsg::Broken { .. } => {
                 let cell = lock(&self.cells).get(&lock_id).cloned().ok_or_else(|| {
                     LockError::Protocol(format!("{lock_id}: {msg:?} for a lock this node never used"))
                 })?;

@@ -7,6 +7,13 @@
 //! `Release`. Every acquire and release costs the home's CPU, which is what
 //! the baseline is for. Messages between one client and the home keep their
 //! order (the fabric guarantees it per pair), so SRSL needs no generations.
+//!
+//! A break crosses in-flight messages, which `tests/model_check_srsl.rs`
+//! explores: a revoked holder may have released (its `Release` reaches the
+//! server after the break: consumed silently) and even sent its next
+//! `Acquire` (the `Broken` notice for its old hold then reaches it while it
+//! waits: `Broken { held: true }` says the notice is for a hold, which a
+//! waiting client no longer has, so it is ignored).
 
 use crate::proto::{LockMode, ProtocolViolation};
 use std::collections::VecDeque;
@@ -25,8 +32,9 @@ pub enum SrslMsg {
     Release,
     /// `break_lock` → home: forget every holder and waiter.
     Break,
-    /// Home → every holder and waiter when the lock is broken.
-    Broken,
+    /// Home → every holder and waiter when the lock is broken; `held`: the
+    /// node was a holder (else a waiter).
+    Broken { held: bool },
 }
 
 /// What the home's server does for one lock.
@@ -42,15 +50,19 @@ pub enum ServerAction {
     },
     Broken {
         to: NodeId,
+        held: bool,
     },
 }
 
 /// The home's state for one lock: holders and a FIFO of waiters.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub struct SrslQueue {
     exclusive: Option<NodeId>,
     shared: Vec<NodeId>,
     waiting: VecDeque<(NodeId, LockMode)>,
+    /// Holders a break revoked whose next message has not arrived: a
+    /// `Release` from one of them crossed the break and is consumed.
+    revoked: Vec<NodeId>,
 }
 
 impl SrslQueue {
@@ -89,6 +101,8 @@ impl SrslQueue {
         try_only: bool,
         out: &mut Vec<ServerAction>,
     ) -> Result<(), ProtocolViolation> {
+        // Its next message after the break: no release of the old hold follows.
+        self.revoked.retain(|n| *n != from);
         if self.holds(from) || self.waiting.iter().any(|(n, _)| *n == from) {
             return Err(ProtocolViolation {
                 node: from,
@@ -111,6 +125,9 @@ impl SrslQueue {
             self.exclusive = None;
         } else if let Some(at) = self.shared.iter().position(|n| *n == from) {
             self.shared.swap_remove(at);
+        } else if let Some(at) = self.revoked.iter().position(|n| *n == from) {
+            self.revoked.swap_remove(at);
+            return Ok(());
         } else {
             return Err(ProtocolViolation { node: from, phase: "SrslServer", what: "release by a non-holder".into() });
         }
@@ -126,8 +143,12 @@ impl SrslQueue {
 
     /// Forgets everybody, telling each participant.
     pub fn break_all(&mut self, out: &mut Vec<ServerAction>) {
-        out.extend(self.participants().into_iter().map(|to| ServerAction::Broken { to }));
-        *self = Self::default();
+        let holders: Vec<NodeId> = self.exclusive.iter().chain(&self.shared).copied().collect();
+        out.extend(holders.iter().map(|&to| ServerAction::Broken { to, held: true }));
+        out.extend(self.waiting.iter().map(|&(to, _)| ServerAction::Broken { to, held: false }));
+        let mut revoked = std::mem::take(&mut self.revoked);
+        revoked.extend(holders);
+        *self = Self { revoked, ..Self::default() };
     }
 }
 
@@ -146,7 +167,7 @@ pub enum ClientAction {
     Idle,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 enum ClientState {
     Idle,
     Waiting { abandoned: bool },
@@ -154,7 +175,7 @@ enum ClientState {
 }
 
 /// One node's SRSL state for one lock.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct SrslClient {
     node: NodeId,
     state: ClientState,
@@ -225,14 +246,18 @@ impl SrslClient {
                 out.push(ClientAction::Idle);
                 Ok(())
             }
-            (SrslMsg::Broken, ClientState::Waiting { .. } | ClientState::Holding) => {
+            // A hold's notice reaching a waiter is for a hold it released
+            // before the break (its new request is the server's news).
+            (SrslMsg::Broken { held: true }, ClientState::Waiting { .. }) => Ok(()),
+            (SrslMsg::Broken { held: false }, ClientState::Waiting { .. })
+            | (SrslMsg::Broken { held: true }, ClientState::Holding) => {
                 self.state = ClientState::Idle;
                 out.push(ClientAction::Aborted);
                 out.push(ClientAction::Idle);
                 Ok(())
             }
             // A break notice that crossed our release: nothing left to abort.
-            (SrslMsg::Broken, ClientState::Idle) => Ok(()),
+            (SrslMsg::Broken { .. }, ClientState::Idle) => Ok(()),
             _ => Err(self.violation("unexpected message")),
         }
     }
@@ -267,6 +292,44 @@ mod tests {
             ]
         );
         assert!(q.release(NodeId(2), &mut out).is_err(), "a non-holder cannot release");
+    }
+
+    /// A holder released while the break was on its way: its release is
+    /// consumed, and the hold's notice does not abort its next request.
+    #[test]
+    fn a_release_and_a_new_request_that_cross_a_break() {
+        let (mut q, mut c) = (SrslQueue::default(), SrslClient::new(NodeId(1)));
+        let mut out = Vec::new();
+        q.acquire(NodeId(1), LockMode::Exclusive, false, &mut out).unwrap();
+        q.acquire(NodeId(2), LockMode::Shared, false, &mut out).unwrap();
+        out.clear();
+        q.break_all(&mut out);
+        assert_eq!(
+            out,
+            vec![
+                ServerAction::Broken { to: NodeId(1), held: true },
+                ServerAction::Broken { to: NodeId(2), held: false }
+            ]
+        );
+        assert!(q.is_idle());
+        out.clear();
+        q.release(NodeId(1), &mut out).unwrap();
+        assert!(out.is_empty(), "the crossing release is consumed");
+        assert!(q.release(NodeId(1), &mut out).is_err(), "once");
+        let mut actions = Vec::new();
+        c.acquire(LockMode::Exclusive, false, &mut actions).unwrap();
+        c.message(SrslMsg::Broken { held: true }, &mut actions).unwrap();
+        assert!(!c.is_idle(), "a hold's notice does not abort a request");
+        c.message(SrslMsg::Broken { held: false }, &mut actions).unwrap();
+        assert!(c.is_idle(), "a waiter's notice does");
+        assert_eq!(actions.last(), Some(&ClientAction::Idle));
+        // A revoked holder that saw the notice first sends no release; its
+        // next message is an acquire, after which a release is an error again.
+        q.acquire(NodeId(1), LockMode::Exclusive, false, &mut out).unwrap();
+        q.break_all(&mut out);
+        q.acquire(NodeId(1), LockMode::Shared, false, &mut out).unwrap();
+        q.release(NodeId(1), &mut out).unwrap();
+        assert!(q.release(NodeId(1), &mut out).is_err());
     }
 
     #[test]

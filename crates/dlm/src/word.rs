@@ -175,6 +175,32 @@ impl DrainWord {
     }
 }
 
+/// Bits of a fencing token that carry the fence word's count; the bits
+/// above carry the lock-word generation the grant belongs to.
+const TOKEN_COUNT_BITS: u32 = 48;
+
+/// The fencing token of an exclusive grant of `generation` whose fetch-and-add
+/// on the fence word returned `previous`: `generation << 48 | previous + 1`.
+///
+/// Why the generation: a request of a generation that `break_lock` has
+/// already left may still be granted after the break (its predecessor's
+/// grant message, or the second half of its own batch, overtakes the break
+/// notice) and fetch its count after the break's. With the generation in
+/// the high bits its token is still below the floor
+/// ([`break_floor`]), and every token of the new generation is above it.
+/// (Tokens compare correctly for 65 536 breaks of one lock, until the
+/// 16-bit generation wraps.)
+pub fn fencing_token(generation: u16, previous: u64) -> u64 {
+    (u64::from(generation) << TOKEN_COUNT_BITS) | (previous.wrapping_add(1) & ((1 << TOKEN_COUNT_BITS) - 1))
+}
+
+/// The floor `break_lock` returns when it moved the lock to `generation`
+/// after its own fetch-and-add on the fence word returned `previous`: above
+/// every token of older generations, below every later token of `generation`.
+pub fn break_floor(generation: u16, previous: u64) -> u64 {
+    fencing_token(generation, previous)
+}
+
 /// Generation `a` is newer than `b` (wrapping, like TCP sequence numbers).
 pub fn generation_newer(a: u16, b: u16) -> bool {
     a != b && a.wrapping_sub(b) < 0x8000
@@ -219,6 +245,16 @@ mod tests {
         let (d, done) = d.after_register(NodeId(1), 1);
         assert!(done);
         assert_eq!(d, DrainWord::idle(0));
+    }
+
+    #[test]
+    fn tokens_of_a_broken_generation_stay_below_the_floor() {
+        assert_eq!(fencing_token(0, 41), 42, "generation 0: the plain count");
+        let floor = break_floor(1, 5);
+        assert!(fencing_token(0, 9) < floor, "an old grant that fetched after the break");
+        assert!(fencing_token(1, 5) > fencing_token(0, 4));
+        assert!(fencing_token(1, 6) > floor);
+        assert_eq!(fencing_token(3, u64::MAX >> 16), 3 << 48, "the count wraps inside its bits");
     }
 
     #[test]
