@@ -24,6 +24,8 @@ fn tiny_ddss_bench_writes_json_and_plots_with_positive_latencies() {
     }
     assert!(report.home.contains("inside this process"), "{}", report.home);
     assert_eq!(report.redis_skipped.as_deref(), Some("not requested"));
+    let json = std::fs::read_to_string(config.out_dir.join("ddss.json")).unwrap();
+    assert!(json.contains("one code path for all six models"), "the report says the put paths coincide");
 
     let models = Coherence::examples();
     for system in ["ddss-shm", "ddss-tcp"] {
