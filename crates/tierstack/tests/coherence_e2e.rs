@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use tierstack_bench::deploy::{Deployment, DeploymentConfig};
 use tierstack_cluster::Backend;
 use tierstack_loadgen::{run, run_with, LiveSnapshot, LiveStats, LoadConfig, LoadReport};
+use tierstack_proxy::ProxyStats;
 use tierstack_workload::Trace;
 
 fn deploy(backend: Backend, mode: &str) -> Deployment {
@@ -72,6 +73,18 @@ fn sum(stats: &[Value], field: &str) -> u64 {
     stats.iter().map(|s| s[field].as_u64().unwrap()).sum()
 }
 
+/// Every proxy's counters add up (`ProxyStats::accounting_error`: in poll
+/// mode each hit and coalesced response is one successful version check),
+/// and the client's `X-Cache: HIT` count is the proxies' hit count: the load
+/// is the proxies' only traffic.
+fn assert_proxies_accounted(deployment: &Deployment, report: &LoadReport, what: &str) {
+    let proxies: Vec<ProxyStats> = deployment.proxy_stats().unwrap();
+    for (index, proxy) in proxies.iter().enumerate() {
+        assert_eq!(proxy.accounting_error(), None, "{what}: proxy {index}'s counters");
+    }
+    assert_eq!(report.cache_hits, proxies.iter().map(|p| p.hits).sum::<u64>(), "{what}: hits seen = hits served");
+}
+
 fn poll_is_strongly_coherent(backend: Backend) {
     let deployment = deploy(backend, "poll");
     let report = load(&deployment, 4000);
@@ -82,6 +95,7 @@ fn poll_is_strongly_coherent(backend: Backend) {
     assert_eq!(report.errors.missing_deps + report.errors.malformed_deps, 0, "{name}: every response carries versions");
     assert_eq!(report.ok, report.requests, "{name}: errors {:?}", report.errors);
     assert_accounted(&report, name);
+    assert_proxies_accounted(&deployment, &report, name);
     assert_eq!(report.errors.total(), 0, "{name}: {:?}", report.errors);
     assert!(report.updates.done >= 20, "{name}: the updater ran ({} updates)", report.updates.done);
     assert!(report.cache_hits > 0, "{name}: the cache served hits");
@@ -109,6 +123,7 @@ fn the_checker_catches_staleness_when_coherence_is_off() {
     assert!(report.stale_responses > 0, "ttl mode never revalidates, so stale copies must be caught");
     assert_eq!(report.stale_responses_offline, Some(report.stale_responses));
     assert_accounted(&report, "ttl");
+    assert_proxies_accounted(&deployment, &report, "ttl");
     deployment.stop().unwrap();
 }
 
@@ -119,6 +134,7 @@ fn no_cache_mode_forwards_everything_and_is_coherent() {
     assert_eq!(report.cache_hits, 0);
     assert_eq!(report.stale_responses, 0);
     assert_accounted(&report, "no-cache");
+    assert_proxies_accounted(&deployment, &report, "no-cache");
     assert_eq!(report.errors.total(), 0, "{:?}", report.errors);
     let app: Value = deployment.app_stats().unwrap();
     assert!(app["reads"].as_u64().unwrap() >= report.ok, "every read reached the application server");
