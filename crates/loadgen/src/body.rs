@@ -276,4 +276,35 @@ mod tests {
         // The empty-content body at the right version passes.
         assert_eq!(head_err(b"doc=a version=5 fnv1a64=cbf29ce484222325\n"), Ok(()));
     }
+
+    #[test]
+    fn a_first_line_fits_up_to_the_bound_and_not_a_byte_beyond() {
+        // A valid first line of exactly BODY_HEAD_BYTES_MAX bytes (without
+        // its newline), then one a byte longer; each fed whole and bytewise.
+        let line_of = |len: usize| {
+            let fixed = "doc= version=1 fnv1a64=cbf29ce484222325".len();
+            format!("doc={} version=1 fnv1a64=cbf29ce484222325\n", "n".repeat(len - fixed))
+        };
+        let at_bound = line_of(BODY_HEAD_BYTES_MAX);
+        assert_eq!(at_bound.len(), BODY_HEAD_BYTES_MAX + 1);
+        for chunk in [1, at_bound.len()] {
+            let scanned = scan_in_chunks(at_bound.as_bytes(), chunk).unwrap();
+            assert_eq!(scanned.version, 1);
+            assert_eq!(scanned.declared_fnv1a64, scanned.content_fnv1a64, "empty content hashes to the basis");
+            let beyond = line_of(BODY_HEAD_BYTES_MAX + 1);
+            assert_eq!(scan_in_chunks(beyond.as_bytes(), chunk), Err(BodyError::NoFirstLine), "chunk {chunk}");
+        }
+    }
+
+    #[test]
+    fn a_first_line_with_an_extra_field_or_no_name_is_malformed() {
+        let extra = b"doc=a version=1 fnv1a64=cbf29ce484222325 more\n";
+        assert_eq!(scan_in_chunks(extra, 64), Err(BodyError::BadFirstLine));
+        let no_name = b"doc= version=1 fnv1a64=cbf29ce484222325\n";
+        assert_eq!(scan_in_chunks(no_name, 64), Err(BodyError::BadFirstLine));
+        let no_version = b"doc=a version= fnv1a64=cbf29ce484222325\n";
+        assert_eq!(scan_in_chunks(no_version, 64), Err(BodyError::BadFirstLine));
+        let good = b"doc=a version=1 fnv1a64=cbf29ce484222325\n";
+        assert!(scan_in_chunks(good, 64).is_ok());
+    }
 }
