@@ -79,6 +79,8 @@ pub(crate) struct Origin {
     pub requests: AtomicU64,
     /// Answer with `Cache-Control: no-store`.
     pub no_store: AtomicBool,
+    /// Answer `404 Not Found` (still with the dependency header).
+    pub not_found: AtomicBool,
     /// While set, responses are generated (at the current versions) and
     /// then held until `release`.
     pub hold: AtomicBool,
@@ -130,6 +132,9 @@ impl Setup {
             let deps = origin_table.header(&[(key, slot)]).unwrap().to_string();
             let mut response = text(StatusCode::OK, format!("origin {deps}"));
             response.headers_mut().insert(DEPS_HEADER, deps.parse().unwrap());
+            if o.not_found.load(Ordering::SeqCst) {
+                *response.status_mut() = StatusCode::NOT_FOUND;
+            }
             if o.no_store.load(Ordering::SeqCst) {
                 response.headers_mut().insert("cache-control", "no-store".parse().unwrap());
             }
@@ -218,8 +223,15 @@ impl Setup {
     }
 
     pub(crate) async fn get_full(&self, name: &str) -> Got {
-        let uri = format!("http://{}/doc/{name}", self.proxy).parse().unwrap();
-        let response = self.client.get(uri).await.unwrap();
+        self.request(Method::GET, name).await
+    }
+
+    /// `method /doc/<name>` through the proxy, with an empty body.
+    pub(crate) async fn request(&self, method: Method, name: &str) -> Got {
+        let mut request = Request::new(Full::new(Bytes::new()));
+        *request.method_mut() = method;
+        *request.uri_mut() = format!("http://{}/doc/{name}", self.proxy).parse().unwrap();
+        let response = self.client.request(request).await.unwrap();
         let status = response.status();
         let header = |name: &str| response.headers().get(name).map(|v| v.to_str().unwrap().to_string());
         let x_cache = header(crate::X_CACHE).unwrap_or_default();

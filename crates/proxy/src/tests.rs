@@ -4,7 +4,7 @@
 
 use crate::testkit::{Got, Setup};
 use crate::CacheMode;
-use hyper::StatusCode;
+use hyper::{Method, StatusCode};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
@@ -243,4 +243,60 @@ async fn a_client_that_leaves_while_waiting_is_counted_as_abandoned() {
     let stats = s.stats().await;
     assert_eq!((stats.requests, stats.misses, stats.coalesced, stats.abandoned), (2, 1, 0, 1), "{stats:?}");
     assert_eq!(stats.accounting_error(), None, "{stats:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_go_upstream_and_drop_the_cached_copy() {
+    let s = Setup::new(CacheMode::Poll, 1 << 20).await;
+    assert_eq!(s.get("a").await.0, "MISS");
+    assert_eq!(s.get("a").await.0, "HIT");
+    assert_eq!(s.request(Method::HEAD, "a").await.x_cache, "HIT", "HEAD is served from the cache");
+    assert_eq!(s.stats().await.cached_entries, 1, "a HEAD hit keeps the copy");
+    assert_eq!(s.origin_requests(), 1);
+    for (method, origin_requests) in [(Method::PUT, 2), (Method::POST, 4)] {
+        let written = s.request(method.clone(), "a").await;
+        assert_eq!((written.status, written.x_cache.as_str()), (StatusCode::OK, "MISS"), "{method}");
+        assert_eq!(s.origin_requests(), origin_requests, "{method} reaches the origin, never the cache");
+        assert_eq!(s.stats().await.cached_entries, 0, "{method} drops the copy it made old");
+        // No version moved, so only the dropped copy makes this a miss.
+        assert_eq!(s.get("a").await.0, "MISS", "after {method}");
+        assert_eq!(s.origin_requests(), origin_requests + 1);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn error_responses_are_passed_through_and_never_cached() {
+    let s = Setup::new(CacheMode::Poll, 1 << 20).await;
+    s.origin.not_found.store(true, Ordering::SeqCst);
+    for _ in 0..2 {
+        let got = s.get_full("a").await;
+        assert_eq!((got.status, got.x_cache.as_str()), (StatusCode::NOT_FOUND, "MISS"));
+    }
+    assert_eq!(s.origin_requests(), 2, "a 404 is never served from the cache");
+    assert_eq!(s.stats().await.cached_entries, 0);
+    s.origin.not_found.store(false, Ordering::SeqCst);
+    assert_eq!(s.get("a").await.0, "MISS");
+    assert_eq!(s.get("a").await.0, "HIT");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_cache_mode_neither_stores_nor_shares_a_fetch() {
+    let s = Arc::new(Setup::new(CacheMode::NoCache, 1 << 20).await);
+    assert_eq!(s.get("a").await.0, "MISS");
+    assert_eq!(s.get("a").await.0, "MISS");
+    assert_eq!(s.stats().await.cached_entries, 0, "nothing is stored");
+    // While the origin holds one fetch, a second request for the same
+    // document must make its own.
+    s.origin.hold.store(true, Ordering::SeqCst);
+    let first = spawn_get(&s, "a");
+    wait_for("the first fetch reaches the origin", || s.origin_requests() == 3).await;
+    let second = spawn_get(&s, "a");
+    wait_for("the second request fetches for itself", || s.origin_requests() == 4).await;
+    s.origin.release();
+    for got in [first.await.unwrap(), second.await.unwrap()] {
+        assert_eq!((got.status, got.x_cache.as_str(), got.coalesced), (StatusCode::OK, "MISS", false));
+    }
+    let stats = s.stats().await;
+    assert_eq!((stats.hits, stats.coalesced, stats.checks), (0, 0, 0));
+    assert_eq!(stats.accounting_error(), None);
 }
