@@ -101,7 +101,6 @@ impl KeyUpdates {
 #[derive(Debug, Default, Clone)]
 pub struct UpdateIndex {
     keys: Vec<KeyUpdates>,
-    updates: u64,
 }
 
 impl UpdateIndex {
@@ -114,16 +113,6 @@ impl UpdateIndex {
             }
             self.keys[k].insert(end_ns, stamp);
         }
-        self.updates += 1;
-    }
-
-    /// Updates inserted so far.
-    pub fn len(&self) -> u64 {
-        self.updates
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.updates == 0
     }
 
     /// Checks one response; `None` if it is fresh.
