@@ -297,13 +297,19 @@ mod tests {
     }
 
     #[test]
-    fn a_first_line_with_an_extra_field_or_no_name_is_malformed() {
+    fn first_lines_with_extra_or_empty_fields_signs_or_padding_are_malformed() {
         let extra = b"doc=a version=1 fnv1a64=cbf29ce484222325 more\n";
         assert_eq!(scan_in_chunks(extra, 64), Err(BodyError::BadFirstLine));
         let no_name = b"doc= version=1 fnv1a64=cbf29ce484222325\n";
         assert_eq!(scan_in_chunks(no_name, 64), Err(BodyError::BadFirstLine));
         let no_version = b"doc=a version= fnv1a64=cbf29ce484222325\n";
         assert_eq!(scan_in_chunks(no_version, 64), Err(BodyError::BadFirstLine));
+        // u64's parser alone would take these: a sign, and leading zeros
+        // past a u64's 20 digits.
+        let signed = b"doc=a version=+1 fnv1a64=cbf29ce484222325\n";
+        assert_eq!(scan_in_chunks(signed, 64), Err(BodyError::BadFirstLine));
+        let padded = b"doc=a version=000000000000000000001 fnv1a64=cbf29ce484222325\n";
+        assert_eq!(scan_in_chunks(padded, 64), Err(BodyError::BadFirstLine));
         let good = b"doc=a version=1 fnv1a64=cbf29ce484222325\n";
         assert!(scan_in_chunks(good, 64).is_ok());
     }
