@@ -312,5 +312,7 @@ mod tests {
         assert_eq!(scan_in_chunks(padded, 64), Err(BodyError::BadFirstLine));
         let good = b"doc=a version=1 fnv1a64=cbf29ce484222325\n";
         assert!(scan_in_chunks(good, 64).is_ok());
+        let largest = b"doc=a version=18446744073709551615 fnv1a64=cbf29ce484222325\n";
+        assert_eq!(scan_in_chunks(largest, 64).map(|b| b.version), Ok(u64::MAX), "20 digits fit");
     }
 }

@@ -465,6 +465,21 @@ mod tests {
     }
 
     #[test]
+    fn every_stale_response_is_counted_and_the_first_ones_kept_as_examples() {
+        let mut online = OnlineChecker::new();
+        let ticket = online.update_started(10);
+        online.update_finished(ticket, Some((20, &Deps::one(A, 2))));
+        let responses = STALE_EXAMPLES_MAX as u64 + 5;
+        for r in 0..responses {
+            assert!(online.response(r, 0, 30 + r, Deps::one(A, 1)).is_some(), "response {r} is stale");
+        }
+        let s = online.finish();
+        assert_eq!((s.checked, s.stale), (responses, responses));
+        assert_eq!(s.examples.len(), STALE_EXAMPLES_MAX);
+        assert_eq!(s.examples[0].response, 0, "the first ones are kept");
+    }
+
+    #[test]
     fn a_failed_update_releases_deferred_responses_unchanged() {
         let mut online = OnlineChecker::new();
         let ticket = online.update_started(40);
