@@ -37,23 +37,12 @@
 //! terminal state. Also checked per configuration: shared holders **did
 //! overlap** in some state (where the script makes it possible).
 
-use std::collections::hash_map::DefaultHasher;
-use std::collections::HashMap;
-use std::hash::{Hash, Hasher};
+mod explorer;
+
+use explorer::{Req, E, S, TE, TS};
 use tierstack_base::NodeId;
 use tierstack_dlm::proto::{Action, AtomicOp, Input, LockClient, LockMode, ProtoMsg, QueueKind, WordKind};
 use tierstack_dlm::word::{break_floor, DrainWord, LockWord};
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-struct Req {
-    mode: LockMode,
-    try_only: bool,
-}
-
-const E: Req = Req { mode: LockMode::Exclusive, try_only: false };
-const S: Req = Req { mode: LockMode::Shared, try_only: false };
-const TE: Req = Req { mode: LockMode::Exclusive, try_only: true };
-const TS: Req = Req { mode: LockMode::Shared, try_only: true };
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 enum User {
@@ -173,23 +162,6 @@ struct Config {
     /// Execute the parts of a batch as separate steps (shm executes a batch
     /// op by op on the caller's thread; an RDMA adapter may too).
     split_batches: bool,
-}
-
-#[derive(Debug, Default)]
-struct Report {
-    states: usize,
-    terminals: usize,
-    max_shared_holders: usize,
-    max_depth: usize,
-}
-
-fn fingerprint(world: &World) -> u128 {
-    let mut a = DefaultHasher::new();
-    world.hash(&mut a);
-    let mut b = DefaultHasher::new();
-    0xDEAD_BEEF_u64.hash(&mut b);
-    world.hash(&mut b);
-    (u128::from(a.finish()) << 64) | u128::from(b.finish())
 }
 
 fn queued_exclusively(kind: QueueKind, mode: LockMode) -> bool {
@@ -604,58 +576,25 @@ impl World {
     }
 }
 
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Colour {
-    OnStack,
-    Done,
-}
-
-fn explore(config: &Config) -> Report {
-    let mut report = Report::default();
-    let mut colours: HashMap<u128, Colour> = HashMap::new();
-    let start = World::new(config);
-    colours.insert(fingerprint(&start), Colour::OnStack);
-    let first = start.successors(config).unwrap_or_else(|e| panic!("{}: {e}", config.name));
-    let mut stack: Vec<(u128, Vec<World>)> = vec![(fingerprint(&start), first)];
-    if stack[0].1.is_empty() {
-        start.check_terminal(config).unwrap_or_else(|e| panic!("{}: {e}", config.name));
-    }
-    report.states = 1;
-    while let Some((_, children)) = stack.last_mut() {
-        let Some(world) = children.pop() else {
-            let (fp, _) = stack.pop().expect("non-empty stack");
-            colours.insert(fp, Colour::Done);
-            continue;
-        };
-        let fp = fingerprint(&world);
-        match colours.get(&fp) {
-            Some(Colour::OnStack) => panic!("{}: cycle (livelock) through {world:#?}", config.name),
-            Some(Colour::Done) => continue,
-            None => {}
-        }
-        report.states += 1;
-        let (shared, _) = world.holders();
-        report.max_shared_holders = report.max_shared_holders.max(shared);
-        let children = world.successors(config).unwrap_or_else(|e| panic!("{}: {e}\nin {world:#?}", config.name));
-        if children.is_empty() {
-            report.terminals += 1;
-            world.check_terminal(config).unwrap_or_else(|e| panic!("{}: {e}\nin {world:#?}", config.name));
-        }
-        colours.insert(fp, Colour::OnStack);
-        stack.push((fp, children));
-        report.max_depth = report.max_depth.max(stack.len());
-    }
+fn explore(config: &Config) {
+    let mut max_shared_holders = 0;
+    let explored = explorer::explore(
+        World::new(config),
+        |world| world.successors(config),
+        |world| world.check_terminal(config),
+        |world| max_shared_holders = max_shared_holders.max(world.holders().0),
+    )
+    .unwrap_or_else(|e| panic!("{}: {e}", config.name));
     if config.expect_overlap {
-        assert!(report.max_shared_holders >= 2, "{}: shared holders never overlapped", config.name);
+        assert!(max_shared_holders >= 2, "{}: shared holders never overlapped", config.name);
     } else {
-        assert!(report.max_shared_holders <= 1 || config.kind == QueueKind::CoShed, "{}: overlap in DQNL", config.name);
+        assert!(max_shared_holders <= 1 || config.kind == QueueKind::CoShed, "{}: overlap in DQNL", config.name);
     }
-    assert!(report.terminals > 0, "{}: no terminal state", config.name);
-    eprintln!("{}: {report:?}", config.name);
-    report
+    assert!(explored.terminals > 0, "{}: no terminal state", config.name);
+    eprintln!("{}: {explored:?}, {max_shared_holders} shared holders at most", config.name);
 }
 
-fn check(name: &'static str, kind: QueueKind, scripts: Vec<Vec<Req>>, abandons: u8, expect_overlap: bool) -> Report {
+fn check(name: &'static str, kind: QueueKind, scripts: Vec<Vec<Req>>, abandons: u8, expect_overlap: bool) {
     explore(&Config { name, kind, scripts, abandons, expect_overlap, breaks: 0, split_batches: false })
 }
 
@@ -717,7 +656,7 @@ fn three_nodes_three_requests_each() {
     check("3n ESE/SES/SE", QueueKind::CoShed, vec![vec![E, S, E], vec![S, E, S], vec![S, E]], 1, true);
 }
 
-fn check_with(config: Config) -> Report {
+fn check_with(config: Config) {
     explore(&config)
 }
 

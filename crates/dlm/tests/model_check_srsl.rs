@@ -26,24 +26,16 @@
 //! revoked all the same (`break_floor_does_not_bound_grants_racing_the_break`
 //! pins that window; see the crate docs).
 
-use std::collections::{BTreeMap, HashMap};
-use std::hash::{DefaultHasher, Hash, Hasher};
+mod explorer;
+
+use explorer::{Req, E, S, TE};
+use std::collections::BTreeMap;
 use tierstack_base::NodeId;
 use tierstack_dlm::proto::LockMode;
 use tierstack_dlm::srsl::{ClientAction, ServerAction, SrslClient, SrslMsg, SrslQueue};
 
 const HOME: u32 = 100;
 const BREAKER: u32 = 101;
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-struct Req {
-    mode: LockMode,
-    try_only: bool,
-}
-
-const E: Req = Req { mode: LockMode::Exclusive, try_only: false };
-const S: Req = Req { mode: LockMode::Shared, try_only: false };
-const TE: Req = Req { mode: LockMode::Exclusive, try_only: true };
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 enum User {
@@ -355,50 +347,17 @@ impl World {
     }
 }
 
-fn fingerprint(world: &World) -> u128 {
-    let mut a = DefaultHasher::new();
-    world.hash(&mut a);
-    let mut b = DefaultHasher::new();
-    0x5EED_u64.hash(&mut b);
-    world.hash(&mut b);
-    (u128::from(a.finish()) << 64) | u128::from(b.finish())
-}
-
-/// Depth-first over every reachable state; panics with the first broken
-/// invariant. Returns the number of states.
+/// Depth-first over every reachable state; the first broken invariant is
+/// the error. Returns the number of states.
 fn explore(config: &Config) -> Result<usize, String> {
-    #[derive(Clone, Copy, PartialEq)]
-    enum Colour {
-        OnStack,
-        Done,
-    }
-    let mut colours: HashMap<u128, Colour> = HashMap::new();
-    let start = World::new(config);
-    colours.insert(fingerprint(&start), Colour::OnStack);
-    let mut stack = vec![(fingerprint(&start), start.successors(config)?)];
-    let mut states = 1;
-    while let Some((_, children)) = stack.last_mut() {
-        let Some(world) = children.pop() else {
-            let (fp, _) = stack.pop().ok_or("empty stack")?;
-            colours.insert(fp, Colour::Done);
-            continue;
-        };
-        let fp = fingerprint(&world);
-        match colours.get(&fp) {
-            Some(Colour::OnStack) => return Err(format!("cycle through {world:?}")),
-            Some(Colour::Done) => continue,
-            None => {}
-        }
-        states += 1;
-        let children = world.successors(config).map_err(|e| format!("{e}\nin {world:#?}"))?;
-        if children.is_empty() {
-            world.check_terminal(config).map_err(|e| format!("{e}\nin {world:#?}"))?;
-        }
-        colours.insert(fp, Colour::OnStack);
-        stack.push((fp, children));
-    }
-    eprintln!("{}: {states} states", config.name);
-    Ok(states)
+    let explored = explorer::explore(
+        World::new(config),
+        |world| world.successors(config),
+        |world| world.check_terminal(config),
+        |_| {},
+    )?;
+    eprintln!("{}: {} states", config.name, explored.states);
+    Ok(explored.states)
 }
 
 fn check(name: &'static str, scripts: Vec<Vec<Req>>, abandons: u8, breaks: u8) {
