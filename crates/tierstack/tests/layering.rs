@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 fn layer(name: &str) -> Option<u32> {
     Some(match name.strip_prefix("tierstack-").unwrap_or(name) {
         "base" => 0,
+        "model" => 1,
         "fabric" => 1,
         "fabric-wire" => 2,
         "fabric-shm" | "fabric-tcp" => 3,
