@@ -62,10 +62,12 @@
 //! chi-square bound.
 
 pub mod clf;
+pub mod target;
 pub mod worldcup;
 mod zipf;
 
 pub use clf::ClfStats;
+pub use target::{TargetChoice, TargetChooser};
 pub use worldcup::WorldCupParams;
 pub use zipf::ZipfTable;
 
