@@ -21,5 +21,12 @@ pub const TRANSFER_BYTES_MAX: usize = 16 << 20;
 /// Largest number of operations in one posted batch.
 pub const BATCH_OPS_MAX: usize = 1024;
 
-/// Messages queued at a receiver before senders see back-pressure errors.
+/// Messages queued at a receiver, per message channel, before its senders
+/// are held back (a full channel's inbox stops reading their connections).
 pub const INBOX_MESSAGES_MAX: usize = 65_536;
+
+/// Number of message channels a node has; channel ids are `0..CHANNELS_MAX`.
+/// Each channel is one receive queue of [`INBOX_MESSAGES_MAX`] messages, and
+/// each ordered pair of nodes may keep one message connection per channel, so
+/// this also bounds those connections and their receiving threads.
+pub const CHANNELS_MAX: usize = 8;

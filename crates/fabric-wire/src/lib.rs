@@ -23,7 +23,7 @@
 use std::io::{self, Read, Write};
 use tierstack_base::limits::{BATCH_OPS_MAX, TRANSFER_BYTES_MAX};
 use tierstack_base::NodeId;
-use tierstack_fabric::{FabricError, Op, OpResult};
+use tierstack_fabric::{Channel, FabricError, Op, OpResult};
 
 /// Bytes a frame may carry besides transferred data: the kind, request ids,
 /// counts, and the per-op headers of a maximal batch (at most 25 bytes each).
@@ -42,7 +42,9 @@ pub const LENGTH_PREFIX_BYTES: usize = 4;
 pub const HELLO_MAGIC: u32 = u32::from_le_bytes(*b"TSWF");
 
 /// The format version carried in `Hello`. Bump on any incompatible change.
-pub const WIRE_VERSION: u16 = 2;
+/// Version 3 added the channel byte to `Message` (a version-2 peer would read
+/// it as the first byte of the payload's length).
+pub const WIRE_VERSION: u16 = 3;
 
 // Compile-time check: the header room covers a maximal batch of the widest op
 // (compare-swap: kind 1 + offset 8 + expected 8 + new 8 = 25 bytes) plus the
@@ -55,8 +57,8 @@ const _: () = assert!(FRAME_BYTES_MAX <= u32::MAX as usize);
 pub enum Frame {
     /// First frame on every connection: who is connecting.
     Hello { node: NodeId },
-    /// A two-sided message; no reply.
-    Message { payload: Vec<u8> },
+    /// A two-sided message on `channel`; no reply.
+    Message { channel: Channel, payload: Vec<u8> },
     /// Asks for the region registered under `name`.
     Lookup { request: u64, name: String },
     /// Answers a `Lookup`: the region's index at its owner, the incarnation
@@ -112,6 +114,7 @@ mod error_code {
     pub const CLOSED: u8 = 17;
     pub const IO: u8 = 18;
     pub const NODE_IN_USE: u8 = 19;
+    pub const UNKNOWN_CHANNEL: u8 = 20;
 }
 
 /// Why a frame could not be read or decoded.
@@ -129,6 +132,9 @@ pub enum WireError {
     TooLarge { len: usize },
     #[error("malformed frame: {0}")]
     Malformed(String),
+    /// A `Message` names a channel id at or above `CHANNELS_MAX`.
+    #[error("a message on channel {0}, which does not exist")]
+    UnknownChannel(u8),
 }
 
 // ---------------------------------------------------------------------------
@@ -161,7 +167,7 @@ pub fn try_encode(frame: &Frame) -> Result<Vec<u8>, WireError> {
 
 fn body_capacity_hint(frame: &Frame) -> usize {
     match frame {
-        Frame::Message { payload } => 5 + payload.len(),
+        Frame::Message { payload, .. } => 6 + payload.len(),
         Frame::Lookup { name, .. } => 11 + name.len(),
         Frame::Ops { ops, .. } => {
             25 + ops.iter().map(|op| 25 + if let Op::Write { data, .. } = op { data.len() } else { 0 }).sum::<usize>()
@@ -208,8 +214,9 @@ fn encode_body(frame: &Frame, out: &mut Vec<u8>) {
             put_u16(out, WIRE_VERSION);
             put_u32(out, node.0);
         }
-        Frame::Message { payload } => {
+        Frame::Message { channel, payload } => {
             put_u8(out, kind::MESSAGE);
+            put_u8(out, channel.id());
             put_bytes(out, payload);
         }
         Frame::Lookup { request, name } => {
@@ -386,6 +393,10 @@ fn encode_error(error: &FabricError, out: &mut Vec<u8>) {
             put_u8(out, c::IO);
             put_str(out, message);
         }
+        FabricError::UnknownChannel { channel } => {
+            put_u8(out, c::UNKNOWN_CHANNEL);
+            put_u8(out, *channel);
+        }
     }
 }
 
@@ -411,7 +422,11 @@ pub fn decode(body: &[u8]) -> Result<Frame, WireError> {
             }
             Frame::Hello { node: NodeId(cur.u32()?) }
         }
-        kind::MESSAGE => Frame::Message { payload: cur.bytes()? },
+        kind::MESSAGE => {
+            let id = cur.u8()?;
+            let channel = Channel::new(id).map_err(|_| WireError::UnknownChannel(id))?;
+            Frame::Message { channel, payload: cur.bytes()? }
+        }
         kind::LOOKUP => {
             let request = cur.u64()?;
             let len = usize::from(cur.u16()?);
@@ -565,6 +580,7 @@ fn decode_error(cur: &mut Cursor<'_>) -> Result<FabricError, WireError> {
         c::CLOSED => FabricError::Closed,
         c::IO => FabricError::Io(cur.string()?),
         c::NODE_IN_USE => FabricError::NodeInUse { node: cur.node()?, pid: cur.u32()? },
+        c::UNKNOWN_CHANNEL => FabricError::UnknownChannel { channel: cur.u8()? },
         other => return Err(WireError::Malformed(format!("unknown error code {other}"))),
     })
 }
@@ -620,7 +636,7 @@ mod tests {
         let bytes = encode(&Frame::Hello { node: NodeId(0x0102_0304) });
         assert_eq!(
             bytes,
-            vec![11, 0, 0, 0, kind::HELLO, b'T', b'S', b'W', b'F', 2, 0, 4, 3, 2, 1],
+            vec![11, 0, 0, 0, kind::HELLO, b'T', b'S', b'W', b'F', 3, 0, 4, 3, 2, 1],
             "len | kind | magic | version | node, all little-endian"
         );
     }
@@ -648,6 +664,30 @@ mod tests {
     }
 
     #[test]
+    fn message_layout_is_as_documented() {
+        let bytes = encode(&Frame::Message { channel: Channel::MONITOR, payload: vec![0xaa, 0xbb] });
+        assert_eq!(
+            bytes,
+            vec![8, 0, 0, 0, kind::MESSAGE, Channel::MONITOR.id(), 2, 0, 0, 0, 0xaa, 0xbb],
+            "len | kind | channel | payload length | payload"
+        );
+    }
+
+    #[test]
+    fn a_message_on_a_channel_out_of_range_is_refused() {
+        let mut body = encode(&Frame::Message { channel: Channel::TEST, payload: b"x".to_vec() });
+        for id in [tierstack_base::limits::CHANNELS_MAX as u8, 200, u8::MAX] {
+            body[LENGTH_PREFIX_BYTES + 1] = id;
+            assert!(matches!(decode(&body[LENGTH_PREFIX_BYTES..]), Err(WireError::UnknownChannel(i)) if i == id));
+            let mut stream: &[u8] = &body;
+            assert!(matches!(read_frame(&mut stream), Err(WireError::UnknownChannel(i)) if i == id));
+        }
+        let last = Channel::new(tierstack_base::limits::CHANNELS_MAX as u8 - 1).unwrap();
+        body[LENGTH_PREFIX_BYTES + 1] = last.id();
+        assert_eq!(decode(&body[LENGTH_PREFIX_BYTES..]).unwrap(), Frame::Message { channel: last, payload: b"x".to_vec() });
+    }
+
+    #[test]
     fn oversized_prefix_is_rejected_before_reading_the_body() {
         let len = (FRAME_BYTES_MAX + 1) as u32;
         let mut stream: &[u8] = &len.to_le_bytes();
@@ -671,7 +711,7 @@ mod tests {
         assert!(matches!(read_frame(&mut empty), Ok(None)), "clean EOF before a frame");
         let mut half_prefix: &[u8] = &[3, 0];
         assert!(matches!(read_frame(&mut half_prefix), Err(WireError::Truncated)));
-        let full = encode(&Frame::Message { payload: vec![1, 2, 3] });
+        let full = encode(&Frame::Message { channel: Channel::TEST, payload: vec![1, 2, 3] });
         let mut cut: &[u8] = &full[..full.len() - 1];
         assert!(matches!(read_frame(&mut cut), Err(WireError::Truncated)));
         let mut zero: &[u8] = &[0, 0, 0, 0];
@@ -692,7 +732,7 @@ mod tests {
 
     #[test]
     fn write_frame_refuses_oversized_frames() {
-        let frame = Frame::Message { payload: vec![0u8; FRAME_BYTES_MAX] };
+        let frame = Frame::Message { channel: Channel::TEST, payload: vec![0u8; FRAME_BYTES_MAX] };
         let mut sink = Vec::new();
         let err = write_frame(&mut sink, &frame).unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::InvalidInput);

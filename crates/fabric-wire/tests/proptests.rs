@@ -2,11 +2,16 @@
 
 use proptest::prelude::*;
 use tierstack_base::NodeId;
-use tierstack_fabric::{FabricError, Op, OpResult};
+use tierstack_base::limits::CHANNELS_MAX;
+use tierstack_fabric::{Channel, FabricError, Op, OpResult};
 use tierstack_fabric_wire::{decode, encode, read_frame, write_frame, Frame, LENGTH_PREFIX_BYTES};
 
 fn node() -> impl Strategy<Value = NodeId> {
     any::<u32>().prop_map(NodeId)
+}
+
+fn channel() -> impl Strategy<Value = Channel> {
+    (0..CHANNELS_MAX as u8).prop_map(|id| Channel::new(id).unwrap())
 }
 
 fn bytes() -> impl Strategy<Value = Vec<u8>> {
@@ -60,13 +65,14 @@ fn fabric_error() -> impl Strategy<Value = FabricError> {
         Just(FabricError::Closed),
         (node(), any::<u32>()).prop_map(|(node, pid)| FabricError::NodeInUse { node, pid }),
         s().prop_map(FabricError::Io),
+        any::<u8>().prop_map(|channel| FabricError::UnknownChannel { channel }),
     ]
 }
 
 fn frame() -> impl Strategy<Value = Frame> {
     prop_oneof![
         node().prop_map(|node| Frame::Hello { node }),
-        bytes().prop_map(|payload| Frame::Message { payload }),
+        (channel(), bytes()).prop_map(|(channel, payload)| Frame::Message { channel, payload }),
         (any::<u64>(), "[A-Za-z0-9._-]{0,64}").prop_map(|(request, name)| Frame::Lookup { request, name }),
         (any::<u64>(), any::<u32>(), any::<u64>(), any::<u64>())
             .prop_map(|(request, region, incarnation, len)| { Frame::LookupOk { request, region, incarnation, len } }),

@@ -42,6 +42,8 @@ pub enum FabricError {
     NodeInUse { node: NodeId, pid: u32 },
     #[error("I/O error: {0}")]
     Io(String),
+    #[error("message channel {channel} does not exist (channel ids are below {max})", max = tierstack_base::limits::CHANNELS_MAX)]
+    UnknownChannel { channel: u8 },
 }
 
 impl FabricError {

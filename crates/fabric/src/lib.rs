@@ -4,8 +4,10 @@
 //! then **connects** to a region by `(node, name)` and operates on it with
 //! one-sided operations ([`Op`]): `read`, `write`, 64-bit `fetch_add` and
 //! `compare_swap` on 8-byte-aligned offsets, singly or as a posted batch that
-//! completes as a whole. Nodes also exchange two-sided [`Message`]s, ordered
-//! per pair of nodes, for control traffic.
+//! completes as a whole. Nodes also exchange two-sided [`Message`]s for
+//! control traffic, each on a [`Channel`] (one per service: locks, cache
+//! metadata, PRESS, monitoring), received in one [`Inbox`] per channel and
+//! ordered per sender and channel.
 //!
 //! This crate holds the interface and the rules every backend shares, and no
 //! backend: the `shm` backend maps regions into every process on a host and
@@ -38,7 +40,7 @@ pub mod sync;
 pub use completion::{Completion, CompletionSender};
 pub use error::FabricError;
 pub use memory::RegionMemory;
-pub use message::{Inbox, Message};
+pub use message::{Channel, Inbox, Inboxes, Message};
 pub use op::{check_batch, Op, OpResult};
 pub use tierstack_base::NodeId;
 
@@ -63,12 +65,17 @@ pub trait Fabric: Send + Sync {
     /// Obtains a handle to the region `name` registered by `node`.
     fn connect(&self, node: NodeId, name: &str) -> Result<Arc<dyn RemoteRegion>>;
 
-    /// Sends a two-sided message to `to`. Messages between one pair of nodes
-    /// arrive in the order they were sent.
-    fn send(&self, to: NodeId, payload: &[u8]) -> Result<()>;
+    /// Sends a two-sided message to `to` on `channel`; it arrives in `to`'s
+    /// inbox of that channel and no other. Messages of one channel from one
+    /// sender arrive in the order they were sent; there is no order across
+    /// channels. While the receiver's inbox of `channel` is full the send
+    /// waits (up to the backend's bound, then `Timeout`); sends on other
+    /// channels are not held back by it (see [`Inbox`]).
+    fn send(&self, to: NodeId, channel: Channel, payload: &[u8]) -> Result<()>;
 
-    /// This node's receive queue.
-    fn inbox(&self) -> &Inbox;
+    /// This node's receive queue of `channel`. Each service drains its own
+    /// channel and never sees another's messages.
+    fn inbox(&self, channel: Channel) -> &Inbox;
 
     /// Whether `node`'s process runs, as far as the backend can tell now.
     /// Only [`PeerState::Gone`] is definite; callers that would act on a
