@@ -17,7 +17,7 @@
 //! discarded (the first scheme measured in a process runs slower). Then the
 //! schemes take turns for `passes` measured passes, each turn with fresh
 //! managers under a region prefix of its own (regions cannot be
-//! unregistered, and a manager owns its fabric's inbox, so only one scheme
+//! unregistered, and a manager drains its fabric's lock channel, so only one scheme
 //! runs at a time); samples of all passes are pooled.
 //!
 //! On a machine with fewer cores than nodes, a cascade's latency includes

@@ -118,7 +118,7 @@ impl NodeState {
                 let prefix = words.get(2).ok_or("start needs a region prefix")?;
                 self.hold = None;
                 self.join_waiter();
-                // The old manager must give up the fabric's inbox first.
+                // The old manager must give up the fabric's lock channel first.
                 self.manager = None;
                 let manager = start_manager(&self.fabric, &self.nodes, scheme, prefix).map_err(fail)?;
                 self.manager = Some(Arc::new(manager));

@@ -26,7 +26,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tierstack_base::NodeId;
 use tierstack_cluster::{open_fabric, pin_to_cpu, Backend, Topology};
-use tierstack_fabric::{Fabric, Op, RemoteRegion};
+use tierstack_fabric::{Channel, Fabric, Op, RemoteRegion};
 
 /// The region the owner registers: large enough for the 1 MiB transfers.
 const REGION_BYTES: u64 = 2 << 20;
@@ -212,8 +212,8 @@ fn latency_table(config: &FabricBenchConfig, s: &Session, results: &mut BackendR
 fn message_round_trip(fabric: &dyn Fabric, bytes: usize) -> Result<()> {
     let mut payload = vec![0u8; bytes.max(1)];
     payload[0] = 1; // ask the owner for an acknowledgement
-    fabric.send(OWNER, &payload)?;
-    let ack = fabric.inbox().recv_timeout(Duration::from_secs(10))?;
+    fabric.send(OWNER, Channel::APP, &payload)?;
+    let ack = fabric.inbox(Channel::APP).recv_timeout(Duration::from_secs(10))?;
     if ack.from != OWNER {
         bail!("unexpected message from {}", ack.from);
     }
@@ -224,7 +224,7 @@ fn message_round_trip(fabric: &dyn Fabric, bytes: usize) -> Result<()> {
 fn message_burst(fabric: &dyn Fabric, bytes: usize, burst: usize) -> Result<()> {
     let quiet = vec![0u8; bytes.max(1)];
     for _ in 1..burst {
-        fabric.send(OWNER, &quiet)?;
+        fabric.send(OWNER, Channel::APP, &quiet)?;
     }
     message_round_trip(fabric, bytes)
 }

@@ -5,7 +5,7 @@ use proptest::prelude::*;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use tierstack_base::NodeId;
 use tierstack_cluster::{local_cluster, Backend, LocalCluster};
-use tierstack_fabric::{FabricError, Op, OpResult};
+use tierstack_fabric::{Channel, FabricError, Op, OpResult};
 
 const REGION_BYTES: u64 = 256;
 
@@ -67,8 +67,8 @@ fn batches_and_messages_work_from_async_tasks_on_both_backends() {
             }
             let total = region.post(vec![Op::Read { offset: 0, len: 8 }]).wait_async().await.unwrap();
             assert_eq!(total, vec![OpResult::Read(800u64.to_ne_bytes().to_vec())], "backend {}", backend.name());
-            peer.send(NodeId(0), b"ping").unwrap();
-            let message = owner.inbox().recv_async().await.unwrap();
+            peer.send(NodeId(0), Channel::TEST, b"ping").unwrap();
+            let message = owner.inbox(Channel::TEST).recv_async().await.unwrap();
             assert_eq!((message.from, message.payload.as_slice()), (NodeId(1), &b"ping"[..]));
         });
     }

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use tierstack_base::limits::INBOX_MESSAGES_MAX;
 use tierstack_base::NodeId;
 use tierstack_cluster::{local_cluster_with_timeout, Backend};
+use tierstack_fabric::Channel;
 
 /// Messages that fill the inbox, then large ones that exceed every socket
 /// buffer between the nodes (loopback TCP buffers reach a few tens of MiB;
@@ -53,7 +54,7 @@ fn full_inbox_scenario(backend: Backend) -> Outcome {
     let sending = std::thread::spawn(move || {
         let mut errors = 0;
         for seq in 0..TOTAL {
-            if let Err(e) = sender.send(NodeId(1), &payload(seq)) {
+            if let Err(e) = sender.send(NodeId(1), Channel::TEST, &payload(seq)) {
                 eprintln!("send {seq} failed: {e}");
                 errors += 1;
             }
@@ -64,10 +65,10 @@ fn full_inbox_scenario(backend: Backend) -> Outcome {
 
     // The receiver does not drain until its inbox is full.
     let deadline = Instant::now() + BOUND;
-    while receiver.inbox().len() < INBOX_MESSAGES_MAX && Instant::now() < deadline {
+    while receiver.inbox(Channel::TEST).len() < INBOX_MESSAGES_MAX && Instant::now() < deadline {
         std::thread::yield_now();
     }
-    let filled = receiver.inbox().len() == INBOX_MESSAGES_MAX;
+    let filled = receiver.inbox(Channel::TEST).len() == INBOX_MESSAGES_MAX;
     // With the inbox full and not drained, the sender cannot have finished:
     // the rest of its messages do not fit in the buffers between the nodes.
     let held = sent.load(Ordering::Acquire) < TOTAL;
@@ -78,7 +79,7 @@ fn full_inbox_scenario(backend: Backend) -> Outcome {
 
     let mut received_in_order = 0;
     while received_in_order < TOTAL {
-        let Ok(message) = receiver.inbox().recv_timeout(BOUND) else { break };
+        let Ok(message) = receiver.inbox(Channel::TEST).recv_timeout(BOUND) else { break };
         assert_eq!(message.from, NodeId(0));
         let seq = u64::from_le_bytes(message.payload[..8].try_into().unwrap()) as usize;
         assert_eq!(seq, received_in_order, "{}: messages arrive in send order, none skipped", backend.name());
@@ -86,7 +87,7 @@ fn full_inbox_scenario(backend: Backend) -> Outcome {
         received_in_order += 1;
     }
     let send_errors = sending.join().unwrap();
-    assert!(receiver.inbox().is_empty());
+    assert!(receiver.inbox(Channel::TEST).is_empty());
     Outcome { inbox_filled_while_sender_held: filled && held, one_sided_ops_unaffected, send_errors, received_in_order }
 }
 

@@ -88,7 +88,7 @@ pub trait LockNodes {
 }
 
 /// Starts a `scheme` lock manager on every fabric (node 0 serves locks) and
-/// creates [`BENCH_LOCK`]. The managers own their fabrics' inboxes; their
+/// creates [`BENCH_LOCK`]. The managers drain their fabrics' lock channels; their
 /// regions are named under `region_prefix` (one prefix per scheme and fabric
 /// set: regions cannot be unregistered).
 pub fn start_managers(
@@ -215,7 +215,7 @@ impl LockNodes for ThreadNodes {
     }
 
     fn start(&mut self, scheme: Scheme, region_prefix: &str) -> Result<(), LockError> {
-        // The old managers release their fabrics' inboxes before new ones take them.
+        // The old managers release their fabrics' lock channels before new ones take them.
         self.holds.clear();
         for (_, waiter) in self.waiters.drain() {
             waiter.join().map_err(|_| panicked("waiter"))??;

@@ -180,10 +180,12 @@
 //! before use ([`LockError::UnknownLock`]). Atomics are executed
 //! synchronously by whichever thread drives a node's cell for the lock, so
 //! the machine sees each atomic's result before any other input. Messages
-//! are 24 bytes and start with the service tag [`msg::SERVICE_TAG`] (`0x01`);
-//! by default each manager runs a thread that owns its fabric's inbox, and a
-//! node that runs several services switches that off and feeds
-//! [`LockManager::handle_message`] from a demultiplexer.
+//! are 24 bytes on the fabric's [`tierstack_fabric::Channel::LOCKS`] channel,
+//! so the lock manager shares a node with other services, each reading its
+//! own channel; by default each manager runs a thread that drains that
+//! channel's inbox (a caller that reads it itself switches that off and
+//! feeds [`LockManager::handle_message`]). Payloads start with the tag
+//! [`msg::SERVICE_TAG`] (`0x01`), checked on decode.
 
 pub mod bench;
 mod error;

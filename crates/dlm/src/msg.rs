@@ -1,8 +1,10 @@
 //! The lock manager's two-sided messages on the wire.
 //!
-//! Every payload starts with the service tag [`SERVICE_TAG`] (`0x01`), so a
-//! node that runs several services over one fabric inbox can route it with
-//! one byte. The rest is a fixed 24-byte frame, little-endian:
+//! Lock-manager messages travel on the fabric's `Channel::LOCKS`, which is
+//! what routes them to the lock manager. Every payload still starts with the
+//! service tag [`SERVICE_TAG`] (`0x01`), which the decoder checks, so a stray
+//! payload on the channel is refused rather than misread. The rest is a
+//! fixed 24-byte frame, little-endian:
 //!
 //! ```text
 //! byte 0      service tag 0x01

@@ -26,7 +26,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 use tierstack_base::NodeId;
-use tierstack_fabric::{Fabric, FabricError, LocalRegion, Message};
+use tierstack_fabric::{Channel, Fabric, FabricError, LocalRegion};
 
 /// How often the receive thread looks at its stop flag while the inbox is quiet.
 pub const RECEIVE_POLL_MS: u64 = 20;
@@ -84,9 +84,11 @@ pub struct DlmConfig {
     /// Namespace of this manager's regions (`<prefix>.<scheme>.locks`);
     /// every node of a cluster must use the same.
     pub region_prefix: String,
-    /// Run a receive thread that owns the fabric's inbox. Turn off when a
-    /// demultiplexer hands this manager its messages (tag `0x01`) through
-    /// [`LockManager::handle_message`].
+    /// Run a receive thread that drains the fabric's [`Channel::LOCKS`]
+    /// inbox. Turn off when something else reads that channel and hands this
+    /// manager its messages through [`LockManager::handle_message`] (a test
+    /// driving messages by hand, say); other services have channels of
+    /// their own and need not.
     pub own_inbox: bool,
 }
 
@@ -299,16 +301,17 @@ impl Core {
         Ok(Slot { home_node, home, base })
     }
 
-    /// Sends a message; to ourselves it goes through our own inbox, like any other.
+    /// Sends a message on [`Channel::LOCKS`]; to ourselves it goes through our
+    /// own inbox of that channel, like any other.
     fn send(&self, lock_id: LockId, to: NodeId, message: &DlmMessage) -> Result<(), LockError> {
         let payload = message.encode();
         // Counted first: a receiver may handle the message before this thread
         // runs again, and handled must never overtake sent.
         self.messages_sent.fetch_add(1, Ordering::AcqRel);
         let sent = if to == self.me {
-            self.fabric.inbox().deliver(Message { from: self.me, payload: payload.to_vec() })
+            self.fabric.inbox(Channel::LOCKS).deliver(self.me, payload.to_vec())
         } else {
-            self.fabric.send(to, &payload)
+            self.fabric.send(to, Channel::LOCKS, &payload)
         };
         if sent.is_err() {
             self.messages_sent.fetch_sub(1, Ordering::AcqRel);
@@ -927,7 +930,7 @@ impl SrslScheme {
 // ---------------------------------------------------------------- manager and guards
 
 /// A node's lock manager: one scheme, plus the thread that reads the
-/// fabric's inbox (unless configured off).
+/// fabric's [`Channel::LOCKS`] inbox (unless configured off).
 pub struct LockManager {
     scheme: Arc<dyn LockScheme>,
     stop: Arc<AtomicBool>,
@@ -1006,8 +1009,8 @@ impl LockManager {
         self.scheme.break_lock(lock)
     }
 
-    /// Handles one message whose payload starts with the lock manager's tag
-    /// `0x01`, for a demultiplexer that owns the inbox.
+    /// Handles one lock-manager message (a payload of [`Channel::LOCKS`]),
+    /// for a caller that reads that channel itself ([`DlmConfig::without_receiver`]).
     pub fn handle_message(&self, from: NodeId, payload: &[u8]) -> Result<(), LockError> {
         self.scheme.handle_message(from, payload)
     }
@@ -1034,7 +1037,7 @@ impl Drop for LockManager {
 fn receive_loop(fabric: Arc<dyn Fabric>, scheme: Weak<dyn LockScheme>, stop: Arc<AtomicBool>) {
     let poll = Duration::from_millis(RECEIVE_POLL_MS);
     while !stop.load(Ordering::Acquire) {
-        match fabric.inbox().recv_timeout(poll) {
+        match fabric.inbox(Channel::LOCKS).recv_timeout(poll) {
             Ok(message) => {
                 let Some(scheme) = scheme.upgrade() else { return };
                 if let Err(e) = scheme.handle_message(message.from, &message.payload) {
@@ -1043,7 +1046,7 @@ fn receive_loop(fabric: Arc<dyn Fabric>, scheme: Weak<dyn LockScheme>, stop: Arc
             }
             Err(FabricError::RecvTimeout { .. }) => {}
             Err(e) => {
-                tracing::info!(error = %e, "lock manager inbox closed");
+                tracing::info!(error = %e, "lock manager inbox (channel LOCKS) closed");
                 return;
             }
         }

@@ -18,7 +18,9 @@
 //!
 //! Two-sided messages are genuinely two-sided here as in RDMA send/receive:
 //! they travel over the receiver's Unix socket in the frames of
-//! `tierstack-fabric-wire`, and a receiver thread delivers them to the inbox.
+//! `tierstack-fabric-wire`, and a receiver thread per connection delivers
+//! them to the inbox of their channel. A sender keeps one connection per
+//! receiver and channel, so a full channel holds back that channel only.
 //!
 //! Liveness: `connect` reads `owner.pid` and refuses a dead owner with
 //! `PeerDead`. A node directory left by a dead process is reclaimed when the
@@ -43,8 +45,8 @@ use std::time::Duration;
 use tierstack_base::limits::REGIONS_PER_NODE_MAX;
 use tierstack_base::NodeId;
 use tierstack_fabric::{
-    check_batch, execute_on_memory, validate_region_bytes, validate_region_name, Completion, Fabric, FabricError,
-    Inbox, LocalRegion, Op, PeerState, RegionMemory, RemoteRegion, Result,
+    check_batch, execute_on_memory, validate_region_bytes, validate_region_name, Channel, Completion, Fabric,
+    FabricError, Inbox, Inboxes, LocalRegion, Op, PeerState, RegionMemory, RemoteRegion, Result,
 };
 
 /// How a node attaches to the `shm` fabric.
@@ -81,7 +83,7 @@ pub struct ShmFabric {
     config: ShmConfig,
     node_dir: PathBuf,
     regions: Mutex<HashMap<String, (Arc<LocalRegion>, RegionFile)>>,
-    inbox: Arc<Inbox>,
+    inboxes: Arc<Inboxes>,
     links: MessageLinks,
     listener: MessageListener,
 }
@@ -138,10 +140,10 @@ impl ShmFabric {
         }
         fs::create_dir(&dir)?;
         fs::write(dir.join("owner.pid"), std::process::id().to_string())?;
-        let inbox = Arc::new(Inbox::new(config.node));
-        let listener = MessageListener::start(&dir.join("msg.sock"), config.node, inbox.clone())?;
+        let inboxes = Arc::new(Inboxes::new(config.node));
+        let listener = MessageListener::start(&dir.join("msg.sock"), config.node, inboxes.clone())?;
         let links = MessageLinks::new(config.node, config.send_timeout);
-        Ok(Arc::new(ShmFabric { config, node_dir: dir, regions: Mutex::new(HashMap::new()), inbox, links, listener }))
+        Ok(Arc::new(ShmFabric { config, node_dir: dir, regions: Mutex::new(HashMap::new()), inboxes, links, listener }))
     }
 
     /// The node directory of `node`, after the cluster-membership check.
@@ -297,13 +299,13 @@ impl Fabric for ShmFabric {
         Ok(Arc::new(ShmRemote { node, name: name.to_string(), memory, file: region_file }))
     }
 
-    fn send(&self, to: NodeId, payload: &[u8]) -> Result<()> {
+    fn send(&self, to: NodeId, channel: Channel, payload: &[u8]) -> Result<()> {
         let dir = self.peer_dir(to)?;
-        self.links.send(to, &dir.join("msg.sock"), payload)
+        self.links.send(to, channel, &dir.join("msg.sock"), payload)
     }
 
-    fn inbox(&self) -> &Inbox {
-        &self.inbox
+    fn inbox(&self, channel: Channel) -> &Inbox {
+        self.inboxes.get(channel)
     }
 
     /// From the peer's pid file: definite, since a pid file names a process

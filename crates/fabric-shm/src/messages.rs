@@ -1,4 +1,8 @@
 //! Two-sided messages of the `shm` backend, over each receiver's Unix socket.
+//!
+//! A sender keeps one connection per receiver *and channel*, so a receiver
+//! holding back one channel (its inbox is full, the reader of that
+//! connection waits) never holds back the sender's other channels.
 
 use std::collections::HashMap;
 use std::io::BufReader;
@@ -10,7 +14,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 use tierstack_base::NodeId;
-use tierstack_fabric::{FabricError, Inbox, Message, Result};
+use tierstack_fabric::{Channel, FabricError, Inboxes, Message, Result};
 use tierstack_fabric_wire::{read_frame, write_frame, Frame};
 
 /// Accepts connections on this node's socket; one reader thread per sender.
@@ -22,7 +26,7 @@ pub(crate) struct MessageListener {
 }
 
 impl MessageListener {
-    pub(crate) fn start(path: &Path, node: NodeId, inbox: Arc<Inbox>) -> Result<Self> {
+    pub(crate) fn start(path: &Path, node: NodeId, inboxes: Arc<Inboxes>) -> Result<Self> {
         let listener = UnixListener::bind(path)?;
         let control = listener.try_clone()?;
         let stopping = Arc::new(AtomicBool::new(false));
@@ -34,10 +38,10 @@ impl MessageListener {
                 }
                 match stream {
                     Ok(stream) => {
-                        let inbox = inbox.clone();
+                        let inboxes = inboxes.clone();
                         let spawned = std::thread::Builder::new()
                             .name(format!("shm-recv-{}", node.0))
-                            .spawn(move || receive_loop(stream, inbox));
+                            .spawn(move || receive_loop(stream, inboxes));
                         if let Err(e) = spawned {
                             tracing::error!(error = %e, "cannot start a message receiver thread");
                         }
@@ -63,8 +67,12 @@ impl MessageListener {
 }
 
 /// Reads frames from one sender until it disconnects. The first frame names
-/// the sender; a sender that breaks the protocol is disconnected and logged.
-fn receive_loop(stream: UnixStream, inbox: Arc<Inbox>) {
+/// the sender; a sender that breaks the protocol (a frame naming a channel
+/// that does not exist, among others) is disconnected and logged. Each
+/// message is delivered to its channel's inbox before the next frame is read,
+/// waiting while that inbox is full: the sender is held back, nothing is
+/// dropped.
+fn receive_loop(stream: UnixStream, inboxes: Arc<Inboxes>) {
     let mut reader = BufReader::new(stream);
     let from = match read_frame(&mut reader) {
         Ok(Some(Frame::Hello { node })) => node,
@@ -80,8 +88,8 @@ fn receive_loop(stream: UnixStream, inbox: Arc<Inbox>) {
     };
     loop {
         match read_frame(&mut reader) {
-            Ok(Some(Frame::Message { payload })) => {
-                if inbox.deliver_wait(Message { from, payload }).is_err() {
+            Ok(Some(Frame::Message { channel, payload })) => {
+                if inboxes.deliver_wait(Message { from, channel, payload }).is_err() {
                     return;
                 }
             }
@@ -98,12 +106,13 @@ fn receive_loop(stream: UnixStream, inbox: Arc<Inbox>) {
     }
 }
 
-/// Outgoing connections, one per receiver, opened on first use. One
-/// connection per pair keeps messages of a pair in order.
+/// Outgoing connections, one per receiver and channel, opened on first use.
+/// One connection per pair and channel keeps a channel's messages of a pair
+/// in order, and lets a full channel hold back only its own connection.
 pub(crate) struct MessageLinks {
     node: NodeId,
     send_timeout: Duration,
-    links: Mutex<HashMap<NodeId, Arc<Mutex<UnixStream>>>>,
+    links: Mutex<HashMap<(NodeId, Channel), Arc<Mutex<UnixStream>>>>,
 }
 
 impl MessageLinks {
@@ -111,9 +120,9 @@ impl MessageLinks {
         Self { node, send_timeout, links: Mutex::new(HashMap::new()) }
     }
 
-    fn link(&self, to: NodeId, socket: &Path) -> Result<Arc<Mutex<UnixStream>>> {
+    fn link(&self, to: NodeId, channel: Channel, socket: &Path) -> Result<Arc<Mutex<UnixStream>>> {
         let mut links = self.links.lock().map_err(|_| FabricError::Closed)?;
-        if let Some(link) = links.get(&to) {
+        if let Some(link) = links.get(&(to, channel)) {
             return Ok(link.clone());
         }
         let mut stream = UnixStream::connect(socket).map_err(|e| FabricError::PeerDead {
@@ -124,27 +133,27 @@ impl MessageLinks {
         write_frame(&mut stream, &Frame::Hello { node: self.node })
             .map_err(|e| FabricError::PeerDead { node: to, reason: e.to_string() })?;
         let link = Arc::new(Mutex::new(stream));
-        links.insert(to, link.clone());
+        links.insert((to, channel), link.clone());
         Ok(link)
     }
 
-    fn forget(&self, to: NodeId) {
+    fn forget(&self, to: NodeId, channel: Channel) {
         if let Ok(mut links) = self.links.lock() {
-            links.remove(&to);
+            links.remove(&(to, channel));
         }
     }
 
-    pub(crate) fn send(&self, to: NodeId, socket: &Path, payload: &[u8]) -> Result<()> {
-        let frame = Frame::Message { payload: payload.to_vec() };
+    pub(crate) fn send(&self, to: NodeId, channel: Channel, socket: &Path, payload: &[u8]) -> Result<()> {
+        let frame = Frame::Message { channel, payload: payload.to_vec() };
         // A cached link may belong to an earlier incarnation of the receiver:
         // on failure, reconnect once before reporting the peer dead.
         for attempt in 0..2 {
-            let link = self.link(to, socket)?;
+            let link = self.link(to, channel, socket)?;
             let mut stream = link.lock().map_err(|_| FabricError::Closed)?;
             match write_frame(&mut *stream, &frame) {
                 Ok(()) => return Ok(()),
                 Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
-                    self.forget(to);
+                    self.forget(to, channel);
                     return Err(FabricError::Timeout {
                         node: to,
                         timeout_ms: u64::try_from(self.send_timeout.as_millis()).unwrap_or(u64::MAX),
@@ -152,7 +161,7 @@ impl MessageLinks {
                 }
                 Err(e) => {
                     drop(stream);
-                    self.forget(to);
+                    self.forget(to, channel);
                     if attempt == 1 {
                         return Err(FabricError::PeerDead { node: to, reason: e.to_string() });
                     }

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 use tierstack_base::NodeId;
-use tierstack_fabric::{Fabric, FabricError, Op, OpResult};
+use tierstack_fabric::{Channel, Fabric, FabricError, Op, OpResult};
 use tierstack_fabric_shm::{ShmConfig, ShmFabric};
 
 fn pair() -> (tempfile::TempDir, Arc<ShmFabric>, Arc<ShmFabric>) {
@@ -81,7 +81,7 @@ fn a_node_id_cannot_be_opened_twice_and_a_closed_node_is_dead() {
     owner.register("r", 8).unwrap();
     drop(owner);
     assert!(matches!(peer.connect(NodeId(0), "r"), Err(FabricError::PeerDead { .. })));
-    assert!(matches!(peer.send(NodeId(0), b"x"), Err(FabricError::PeerDead { .. })));
+    assert!(matches!(peer.send(NodeId(0), Channel::TEST, b"x"), Err(FabricError::PeerDead { .. })));
     // The id can be opened again once its owner is gone.
     let reopened = ShmFabric::open(ShmConfig::new(dir.path(), NodeId(0))).unwrap();
     reopened.register("r", 8).unwrap();
@@ -92,16 +92,19 @@ fn a_node_id_cannot_be_opened_twice_and_a_closed_node_is_dead() {
 fn messages_arrive_in_order_per_pair() {
     let (_dir, a, b) = pair();
     for i in 0u32..1000 {
-        a.send(NodeId(1), &i.to_le_bytes()).unwrap();
+        a.send(NodeId(1), Channel::TEST, &i.to_le_bytes()).unwrap();
     }
     for i in 0u32..1000 {
-        let m = b.inbox().recv_timeout(Duration::from_secs(10)).unwrap();
+        let m = b.inbox(Channel::TEST).recv_timeout(Duration::from_secs(10)).unwrap();
         assert_eq!(m.from, NodeId(0));
         assert_eq!(m.payload, i.to_le_bytes());
     }
-    a.send(NodeId(0), b"self").unwrap();
-    assert_eq!(a.inbox().recv_timeout(Duration::from_secs(10)).unwrap().payload, b"self");
-    assert!(matches!(b.inbox().recv_timeout(Duration::from_millis(1)), Err(FabricError::RecvTimeout { .. })));
+    a.send(NodeId(0), Channel::TEST, b"self").unwrap();
+    assert_eq!(a.inbox(Channel::TEST).recv_timeout(Duration::from_secs(10)).unwrap().payload, b"self");
+    assert!(matches!(
+        b.inbox(Channel::TEST).recv_timeout(Duration::from_millis(1)),
+        Err(FabricError::RecvTimeout { .. })
+    ));
 }
 
 #[test]

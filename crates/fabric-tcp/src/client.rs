@@ -14,8 +14,9 @@ use std::io::{BufReader, Write};
 use std::net::{Shutdown, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
+use tierstack_base::limits::CHANNELS_MAX;
 use tierstack_base::NodeId;
-use tierstack_fabric::{CompletionSender, FabricError, Op, OpResult, Result};
+use tierstack_fabric::{Channel, CompletionSender, FabricError, Op, OpResult, Result};
 use tierstack_fabric_wire::{encode, read_frame, Frame};
 /// What an `Ops` answer must look like, op by op: a responder that answers
 /// with other shapes is a protocol error, not a panic in a caller that
@@ -97,10 +98,13 @@ pub(crate) struct Link {
     queue: flume::Sender<Outgoing>,
     /// The request connection the writer uses now, so shutdown can end it.
     current: Mutex<Option<Arc<Conn>>>,
-    /// The message connection, separate from requests so that a receiver
-    /// holding back messages (a full inbox) never delays requests. Senders
-    /// write under this lock, which keeps one sender's messages in order.
-    messages: Mutex<Option<TcpStream>>,
+    /// The message connections, one per channel (indexed by
+    /// [`Channel::index`]), dialed on first use. Separate from requests so
+    /// that a receiver holding back messages (a full inbox) never delays
+    /// requests, and from each other so that a full channel never holds back
+    /// another. Senders write under the channel's lock, which keeps one
+    /// sender's messages of a channel in order.
+    messages: [Mutex<Option<TcpStream>>; CHANNELS_MAX],
 }
 
 /// One request connection to a peer's listener.
@@ -162,7 +166,7 @@ impl Link {
             pending: Mutex::new(PendingTable::new()),
             queue,
             current: Mutex::new(None),
-            messages: Mutex::new(None),
+            messages: std::array::from_fn(|_| Mutex::new(None)),
         });
         (link, rx)
     }
@@ -218,8 +222,10 @@ impl Link {
         }
         let waiters = lock(&self.pending).close(FabricError::Closed);
         fail_all(waiters, &FabricError::Closed);
-        if let Some(stream) = lock(&self.messages).take() {
-            let _ = stream.shutdown(Shutdown::Both);
+        for messages in &self.messages {
+            if let Some(stream) = lock(messages).take() {
+                let _ = stream.shutdown(Shutdown::Both);
+            }
         }
         let _ = self.queue.send(Outgoing::Stop);
     }
@@ -255,12 +261,14 @@ impl Link {
         Ok((conn, stream))
     }
 
-    /// Sends a two-sided message on the message connection, dialing it if
-    /// needed. Blocks while the receiver holds messages back (its inbox is
-    /// full), up to the op timeout, as the `shm` backend's sends do.
-    pub(crate) fn send_message(&self, shared: &Shared, payload: &[u8]) -> Result<()> {
-        let frame = encode(&Frame::Message { payload: payload.to_vec() });
-        let mut slot = lock(&self.messages);
+    /// Sends a two-sided message on the channel's message connection,
+    /// dialing it if needed. Blocks while the receiver holds the channel back
+    /// (its inbox of `channel` is full), up to the op timeout, as the `shm`
+    /// backend's sends do.
+    pub(crate) fn send_message(&self, shared: &Shared, channel: Channel, payload: &[u8]) -> Result<()> {
+        let frame = encode(&Frame::Message { channel, payload: payload.to_vec() });
+        // A `Channel` is always below CHANNELS_MAX, the array's length.
+        let mut slot = lock(&self.messages[channel.index()]);
         if slot.as_ref().is_some_and(closed_by_peer) {
             *slot = None;
         }

@@ -16,11 +16,12 @@
 //!   reads frames in order, executes `Ops` with
 //!   [`tierstack_fabric::execute_on_memory`] after
 //!   [`tierstack_fabric::check_batch`], answers `Lookup`, and delivers
-//!   `Message`s to the node's [`Inbox`];
+//!   `Message`s to the node's [`Inbox`] of their channel;
 //! - per peer, a **writer** that dials the peer (lazily, again after a
 //!   break) and writes queued request frames, and a **reader** per request
 //!   connection that completes pending requests by request id; messages go
-//!   on a second connection per peer, written by the sender;
+//!   on connections of their own, one per peer and channel, written by the
+//!   sender;
 //! - a **sweeper** that fails requests past their deadline with
 //!   [`FabricError::Timeout`], queued or sent; answers arriving later are
 //!   dropped.
@@ -41,10 +42,10 @@
 //!   handle fails with `PeerDead`, as an `shm` handle to a revoked region
 //!   does, instead of reaching a zeroed region with its lock words reset.
 //! - **A full inbox holds the sender back.** The responder of a message
-//!   connection waits for room in the inbox before reading on, so the
-//!   sender's `send` waits (up to the op timeout, then `Timeout`); no message
-//!   is dropped. Messages have their own connection, so this never delays
-//!   requests.
+//!   connection waits for room in the channel's inbox before reading on, so
+//!   the sender's `send` waits (up to the op timeout, then `Timeout`); no
+//!   message is dropped. Each channel has its own connection, so this never
+//!   delays requests nor the sender's other channels.
 //! - **A bad peer fails alone.** Garbage, oversized frames or protocol
 //!   violations close that connection (logged with `tracing`); nothing a peer
 //!   sends can panic or stop the node.
@@ -63,8 +64,8 @@ use std::time::Duration;
 use tierstack_base::limits::{NODES_MAX, REGIONS_PER_NODE_MAX, TRANSFER_BYTES_MAX};
 use tierstack_base::{Clock, NodeId, SystemClock};
 use tierstack_fabric::{
-    check_batch, validate_region_name, Completion, Fabric, FabricError, Inbox, LocalRegion, Op, PeerState,
-    RegionMemory, RemoteRegion, Result,
+    check_batch, validate_region_name, Channel, Completion, Fabric, FabricError, Inbox, Inboxes, LocalRegion, Op,
+    PeerState, RegionMemory, RemoteRegion, Result,
 };
 use tierstack_fabric_wire::{encode, Frame};
 
@@ -155,7 +156,7 @@ pub(crate) struct Shared {
     /// `local_addr` with an unspecified IP replaced by loopback: how this
     /// node connects to itself.
     self_addr: SocketAddr,
-    pub(crate) inbox: Inbox,
+    pub(crate) inboxes: Inboxes,
     pub(crate) regions: RwLock<Regions>,
     peers: Mutex<HashMap<NodeId, SocketAddr>>,
     /// Per peer, its link (pending requests, writer queue, connections).
@@ -206,7 +207,7 @@ impl TcpFabric {
             timeout_ms: duration_ms(config.op_timeout),
             local_addr,
             self_addr,
-            inbox: Inbox::new(config.node),
+            inboxes: Inboxes::new(config.node),
             regions: RwLock::new(Regions::default()),
             peers: Mutex::new(config.peers),
             links: Mutex::new(HashMap::new()),
@@ -341,17 +342,17 @@ impl Fabric for TcpFabric {
         Ok(Arc::new(TcpRegion { shared: Arc::clone(&self.shared), link, name: name.to_string(), info }))
     }
 
-    fn send(&self, to: NodeId, payload: &[u8]) -> Result<()> {
+    fn send(&self, to: NodeId, channel: Channel, payload: &[u8]) -> Result<()> {
         self.shared.check_open()?;
         if payload.len() > TRANSFER_BYTES_MAX {
             return Err(FabricError::TransferTooLarge { len: payload.len() });
         }
         let link = self.shared.link(to)?;
-        link.send_message(&self.shared, payload)
+        link.send_message(&self.shared, channel, payload)
     }
 
-    fn inbox(&self) -> &Inbox {
-        &self.shared.inbox
+    fn inbox(&self, channel: Channel) -> &Inbox {
+        self.shared.inboxes.get(channel)
     }
 
     /// By a fresh connection to the peer's listener: refused means no

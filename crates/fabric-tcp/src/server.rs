@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tierstack_base::limits::TRANSFER_BYTES_MAX;
 use tierstack_base::NodeId;
-use tierstack_fabric::{check_batch, execute_on_memory, FabricError, Message, Op};
+use tierstack_fabric::{check_batch, execute_on_memory, Channel, FabricError, Message, Op};
 use tierstack_fabric_wire::{encode, read_frame, Frame};
 
 /// Pause after a failed `accept` (out of descriptors, for example), so the
@@ -105,8 +105,8 @@ fn run_responder(shared: &Shared, stream: TcpStream) {
             }
         };
         let answer = match frame {
-            Frame::Message { payload } => {
-                if deliver(shared, from, payload) {
+            Frame::Message { channel, payload } => {
+                if deliver(shared, from, channel, payload) {
                     continue;
                 }
                 break;
@@ -126,19 +126,21 @@ fn run_responder(shared: &Shared, stream: TcpStream) {
     let _ = writer.shutdown(Shutdown::Both);
 }
 
-/// Delivers a message, waiting while the inbox is full: this connection is
-/// not read meanwhile, so the sender's writes wait (TCP flow control) and its
-/// `send` either finishes once there is room or fails with `Timeout`. No
-/// message is dropped. False when the connection must end (an oversized
-/// message, which no conforming sender sends, or shutdown).
-fn deliver(shared: &Shared, from: NodeId, payload: Vec<u8>) -> bool {
+/// Delivers a message to its channel's inbox, waiting while that inbox is
+/// full: this connection is not read meanwhile, so the sender's writes wait
+/// (TCP flow control) and its `send` either finishes once there is room or
+/// fails with `Timeout`. No message is dropped. A conforming sender uses one
+/// connection per channel, so only that channel is held back. False when
+/// the connection must end (an oversized message, which no conforming sender
+/// sends, or shutdown).
+fn deliver(shared: &Shared, from: NodeId, channel: Channel, payload: Vec<u8>) -> bool {
     if payload.len() > TRANSFER_BYTES_MAX {
         tracing::warn!(node = %shared.node, peer = %from, bytes = payload.len(), "an oversized message; closing");
         return false;
     }
-    let mut message = Message { from, payload };
+    let mut message = Message { from, channel, payload };
     loop {
-        match shared.inbox.deliver_timeout(message, crate::INBOX_WAIT_SLICE) {
+        match shared.inboxes.deliver_timeout(message, crate::INBOX_WAIT_SLICE) {
             Ok(None) => return true,
             // Still full: wait on, unless the node is closing.
             Ok(Some(undelivered)) if !shared.is_closed() => message = undelivered,

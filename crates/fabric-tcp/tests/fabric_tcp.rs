@@ -10,7 +10,7 @@ use std::sync::{Arc, Barrier};
 use std::time::Duration;
 use tierstack_base::limits::{BATCH_OPS_MAX, REGIONS_PER_NODE_MAX, TRANSFER_BYTES_MAX};
 use tierstack_base::NodeId;
-use tierstack_fabric::{Fabric, FabricError, Op, OpResult, RemoteRegion};
+use tierstack_fabric::{Channel, Fabric, FabricError, Op, OpResult, RemoteRegion};
 use tierstack_fabric_tcp::{TcpConfig, TcpFabric};
 use tierstack_fabric_wire::Frame;
 
@@ -179,7 +179,7 @@ fn unknown_regions_nodes_and_bad_names_are_typed_errors() {
         Some(FabricError::UnknownRegion { node: NodeId(1), name: "absent".into() })
     );
     assert_eq!(a.connect(NodeId(9), "present").err(), Some(FabricError::UnknownNode { node: NodeId(9) }));
-    assert_eq!(a.send(NodeId(9), b"x"), Err(FabricError::UnknownNode { node: NodeId(9) }));
+    assert_eq!(a.send(NodeId(9), Channel::TEST, b"x"), Err(FabricError::UnknownNode { node: NodeId(9) }));
     assert!(matches!(a.connect(NodeId(1), "bad/name"), Err(FabricError::InvalidName { .. })));
     assert!(matches!(a.connect(NodeId(1), ""), Err(FabricError::InvalidName { .. })));
     assert!(a.connect(NodeId(1), "present").is_ok(), "the connection survived the errors");
@@ -213,8 +213,8 @@ fn a_node_reaches_its_own_regions_through_its_socket() {
     let remote = fabric.connect(NodeId(3), "mine").unwrap();
     assert_eq!(remote.fetch_add(8, 11).unwrap(), 0);
     assert_eq!(local.memory().load_u64(8).unwrap(), 11);
-    fabric.send(NodeId(3), b"note to self").unwrap();
-    let message = fabric.inbox().recv_timeout(RECV).unwrap();
+    fabric.send(NodeId(3), Channel::TEST, b"note to self").unwrap();
+    let message = fabric.inbox(Channel::TEST).recv_timeout(RECV).unwrap();
     assert_eq!((message.from, message.payload.as_slice()), (NodeId(3), b"note to self".as_slice()));
 }
 
@@ -291,8 +291,8 @@ fn a_dead_peer_is_peer_dead_and_a_restarted_one_only_through_a_fresh_connect() {
     let remote = client.connect(NodeId(1), "r").unwrap();
     assert_eq!(remote.fetch_add(0, 5).unwrap(), 0);
     assert_eq!(first.memory().load_u64(0).unwrap(), 5);
-    client.send(NodeId(1), b"hello").unwrap();
-    assert_eq!(owner.inbox().recv_timeout(RECV).unwrap().payload, b"hello");
+    client.send(NodeId(1), Channel::TEST, b"hello").unwrap();
+    assert_eq!(owner.inbox(Channel::TEST).recv_timeout(RECV).unwrap().payload, b"hello");
 
     drop(first);
     drop(owner); // Its listener and connections close.
@@ -303,7 +303,7 @@ fn a_dead_peer_is_peer_dead_and_a_restarted_one_only_through_a_fresh_connect() {
     }
     assert!(matches!(client.connect(NodeId(1), "r"), Err(FabricError::PeerDead { .. })));
     // The message connection of the dead owner is not written into unread.
-    assert!(matches!(client.send(NodeId(1), b"anyone?"), Err(FabricError::PeerDead { .. })));
+    assert!(matches!(client.send(NodeId(1), Channel::TEST, b"anyone?"), Err(FabricError::PeerDead { .. })));
 
     // The owner comes back on the same address and node id with the same
     // region at the same index: a new incarnation, zeroed. A handle bound to
@@ -325,8 +325,8 @@ fn a_dead_peer_is_peer_dead_and_a_restarted_one_only_through_a_fresh_connect() {
     assert_eq!(fresh.fetch_add(0, 1).unwrap(), 99);
     assert_eq!(second.memory().load_u64(0).unwrap(), 100);
     assert!(remote.fetch_add(0, 1).is_err(), "the old handle stays dead beside a live fresh one");
-    client.send(NodeId(1), b"back").unwrap();
-    assert_eq!(owner.inbox().recv_timeout(RECV).unwrap().payload, b"back");
+    client.send(NodeId(1), Channel::TEST, b"back").unwrap();
+    assert_eq!(owner.inbox(Channel::TEST).recv_timeout(RECV).unwrap().payload, b"back");
 }
 
 #[test]
@@ -341,14 +341,14 @@ fn messages_arrive_in_order_per_pair() {
                 for seq in 0..COUNT {
                     let mut payload = seq.to_le_bytes().to_vec();
                     payload.resize(4 + (seq as usize % 64), 0xab);
-                    fabric.send(NodeId(1), &payload).unwrap();
+                    fabric.send(NodeId(1), Channel::TEST, &payload).unwrap();
                 }
             })
         })
         .collect();
     let mut next = [0u32; 3];
     for _ in 0..2 * COUNT {
-        let message = nodes[1].inbox().recv_timeout(RECV).unwrap();
+        let message = nodes[1].inbox(Channel::TEST).recv_timeout(RECV).unwrap();
         let seq = u32::from_le_bytes(message.payload[..4].try_into().unwrap());
         assert_eq!(message.payload.len(), 4 + (seq as usize % 64));
         let from = message.from.0 as usize;
@@ -359,9 +359,9 @@ fn messages_arrive_in_order_per_pair() {
     for sender in senders {
         sender.join().unwrap();
     }
-    assert!(nodes[1].inbox().is_empty());
+    assert!(nodes[1].inbox(Channel::TEST).is_empty());
     assert_eq!(
-        nodes[0].send(NodeId(1), &vec![0; TRANSFER_BYTES_MAX + 1]),
+        nodes[0].send(NodeId(1), Channel::TEST, &vec![0; TRANSFER_BYTES_MAX + 1]),
         Err(FabricError::TransferTooLarge { len: TRANSFER_BYTES_MAX + 1 })
     );
 }
@@ -469,7 +469,7 @@ fn garbage_from_a_client_closes_only_that_connection() {
         assert!(remote.fetch_add(0, 1).is_ok(), "{what}: the owner still serves others");
     }
     assert_eq!(local.memory().load_u64(0).unwrap(), 10);
-    assert!(owner.inbox().is_empty(), "nothing from the garbage reached the inbox");
+    assert!(owner.inbox(Channel::TEST).is_empty(), "nothing from the garbage reached the inbox");
 }
 
 #[test]
@@ -494,7 +494,7 @@ fn shutdown_fails_everything_with_closed_and_stops_every_thread() {
     fabric.shutdown();
     assert!(no_threads_named(&prefix), "shutdown joined every thread");
     assert_eq!(to_peer.fetch_add(0, 1), Err(FabricError::Closed));
-    assert_eq!(fabric.send(peer.local_node(), b"x"), Err(FabricError::Closed));
+    assert_eq!(fabric.send(peer.local_node(), Channel::TEST, b"x"), Err(FabricError::Closed));
     assert_eq!(fabric.register("g", 8).err(), Some(FabricError::Closed));
     let err = from_peer.fetch_add(0, 1).unwrap_err();
     assert!(err.is_unreachable(), "the peer sees a dead node: {err:?}");

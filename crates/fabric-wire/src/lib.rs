@@ -684,7 +684,10 @@ mod tests {
         }
         let last = Channel::new(tierstack_base::limits::CHANNELS_MAX as u8 - 1).unwrap();
         body[LENGTH_PREFIX_BYTES + 1] = last.id();
-        assert_eq!(decode(&body[LENGTH_PREFIX_BYTES..]).unwrap(), Frame::Message { channel: last, payload: b"x".to_vec() });
+        assert_eq!(
+            decode(&body[LENGTH_PREFIX_BYTES..]).unwrap(),
+            Frame::Message { channel: last, payload: b"x".to_vec() }
+        );
     }
 
     #[test]

@@ -1,8 +1,8 @@
 //! Property tests of the codec: every frame round-trips, and no input panics.
 
 use proptest::prelude::*;
-use tierstack_base::NodeId;
 use tierstack_base::limits::CHANNELS_MAX;
+use tierstack_base::NodeId;
 use tierstack_fabric::{Channel, FabricError, Op, OpResult};
 use tierstack_fabric_wire::{decode, encode, read_frame, write_frame, Frame, LENGTH_PREFIX_BYTES};
 

@@ -278,7 +278,8 @@ mod tests {
 
     #[test]
     fn named_channels_are_distinct_and_valid() {
-        let named = [Channel::LOCKS, Channel::COOP_CACHE, Channel::PRESS, Channel::MONITOR, Channel::APP, Channel::TEST];
+        let named =
+            [Channel::LOCKS, Channel::COOP_CACHE, Channel::PRESS, Channel::MONITOR, Channel::APP, Channel::TEST];
         let mut ids: Vec<u8> = named.iter().map(|c| c.id()).collect();
         ids.sort_unstable();
         ids.dedup();

@@ -9,6 +9,7 @@ use std::io::{BufRead, Write};
 use std::sync::Arc;
 use tierstack_base::NodeId;
 use tierstack_fabric::seqlock::SeqRecord;
+use tierstack_fabric::Channel;
 
 #[derive(Args)]
 pub struct TargetArgs {
@@ -213,10 +214,10 @@ fn serve(node: &NodeArgs, regions: &[(String, u64)], busy_threads: usize, seq_re
     }
     let responder_fabric = fabric.clone();
     std::thread::spawn(move || loop {
-        match responder_fabric.inbox().recv_timeout(std::time::Duration::from_secs(3600)) {
+        match responder_fabric.inbox(Channel::APP).recv_timeout(std::time::Duration::from_secs(3600)) {
             Ok(message) => {
                 if message.payload.first() == Some(&1) {
-                    if let Err(e) = responder_fabric.send(message.from, &[1]) {
+                    if let Err(e) = responder_fabric.send(message.from, Channel::APP, &[1]) {
                         tracing::warn!(error = %e, "acknowledgement failed");
                     }
                 }

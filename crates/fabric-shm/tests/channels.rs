@@ -1,0 +1,71 @@
+//! Message channels on the `shm` backend: the backend-neutral scenarios of
+//! `crates/fabric/tests/support/channels.rs`, on nodes of one process.
+
+#[path = "../../fabric/tests/support/channels.rs"]
+mod channels;
+
+use channels::{RawStream, BOUND, SEND_TIMEOUT};
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::sync::Arc;
+use tierstack_base::NodeId;
+use tierstack_fabric::Fabric;
+use tierstack_fabric_shm::{ShmConfig, ShmFabric};
+
+/// Nodes `0..n` under a fresh root, every send bounded by [`SEND_TIMEOUT`].
+fn nodes(n: u32) -> (tempfile::TempDir, Vec<Arc<dyn Fabric>>) {
+    let dir = tempfile::tempdir().unwrap();
+    let ids: Vec<NodeId> = (0..n).map(NodeId).collect();
+    let fabrics = ids
+        .iter()
+        .map(|&id| {
+            let config = ShmConfig::new(dir.path(), id).with_nodes(ids.clone()).with_send_timeout(SEND_TIMEOUT);
+            ShmFabric::open(config).unwrap() as Arc<dyn Fabric>
+        })
+        .collect();
+    (dir, fabrics)
+}
+
+/// A raw connection to `node`'s message socket (the layout `ShmFabric` documents).
+fn raw_to(root: &Path, node: NodeId) -> Box<dyn RawStream> {
+    let stream = UnixStream::connect(root.join(format!("node-{}", node.0)).join("msg.sock")).unwrap();
+    stream.set_read_timeout(Some(BOUND)).unwrap();
+    Box::new(stream)
+}
+
+#[test]
+fn messages_stay_on_their_channel() {
+    let (_dir, nodes) = nodes(2);
+    channels::messages_stay_on_their_channel(nodes[0].clone(), nodes[1].clone());
+}
+
+#[test]
+fn per_sender_order_holds_per_channel_with_several_senders() {
+    let (_dir, nodes) = nodes(4);
+    channels::per_sender_order_holds_per_channel(nodes[1..].to_vec(), nodes[0].clone());
+}
+
+#[test]
+fn out_of_range_channels_are_typed_errors() {
+    let (_dir, nodes) = nodes(2);
+    channels::out_of_range_channels_are_typed_errors(nodes[0].as_ref(), nodes[1].as_ref());
+}
+
+#[test]
+fn a_bad_channel_byte_on_the_wire_closes_that_connection_only() {
+    let (dir, nodes) = nodes(3);
+    let open_raw = || raw_to(dir.path(), NodeId(1));
+    channels::a_bad_channel_byte_on_the_wire_closes_that_connection_only(
+        &open_raw,
+        NodeId(2),
+        nodes[0].as_ref(),
+        nodes[1].as_ref(),
+    );
+}
+
+#[test]
+fn a_full_channel_holds_back_only_itself() {
+    let (_dir, nodes) = nodes(2);
+    let outcome = channels::a_full_channel_holds_back_only_itself(nodes[0].clone(), nodes[1].clone());
+    assert_eq!(outcome, channels::FullChannelOutcome::EXPECTED);
+}
