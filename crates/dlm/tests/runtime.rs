@@ -10,6 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tierstack_base::{seeded_rng, NodeId};
 use tierstack_dlm::{LockError, LockId, LockManager, LockMode, Scheme, Wait};
+use tierstack_fabric::Channel;
 
 /// Long enough that a grant that should come always comes on a loaded
 /// machine; a test only waits this long when something is wrong.
@@ -444,5 +445,77 @@ impl FencedResource {
         }
         *largest = token;
         true
+    }
+}
+
+/// The lock manager shares its nodes with another service: while every node
+/// takes turns on a contended lock, a "cache" service on each node sends
+/// messages to the others on `Channel::COOP_CACHE`, including payloads that
+/// look like lock messages. The locks work; no lock manager ever handles a
+/// cache message (none fails to decode, and messages handled equal messages
+/// sent once settled); and each cache inbox holds exactly the messages sent
+/// to it, in order.
+#[test]
+fn the_lock_manager_shares_its_node_with_another_service() {
+    const CACHE_MESSAGES: u32 = 300;
+    for backend in [Backend::Shm, Backend::Tcp] {
+        for scheme in [Scheme::CoShed, Scheme::Srsl] {
+            let cluster = Cluster::new(backend, 3);
+            let m = Arc::new(cluster.managers(scheme, &[0]));
+            let id = LockId(21);
+            m[0].create_lock(id).unwrap();
+            // A cache payload: the lock manager's tag and length, so that a
+            // lock manager reading this channel would try to handle it.
+            let cache_payload = |from: usize, seq: u32| {
+                let mut payload = vec![tierstack_dlm::msg::SERVICE_TAG; tierstack_dlm::msg::MESSAGE_BYTES];
+                payload[1] = from as u8;
+                payload[2..6].copy_from_slice(&seq.to_le_bytes());
+                payload
+            };
+            std::thread::scope(|s| {
+                for who in 0..3usize {
+                    let fabric = cluster.fabric(who);
+                    s.spawn(move || {
+                        for seq in 0..CACHE_MESSAGES {
+                            let to = NodeId(((who + 1 + seq as usize % 2) % 3) as u32);
+                            fabric.send(to, Channel::COOP_CACHE, &cache_payload(who, seq)).unwrap();
+                        }
+                    });
+                    let m = m.clone();
+                    s.spawn(move || {
+                        for _ in 0..20 {
+                            m[who].acquire_exclusive(id, PATIENT).unwrap().release().unwrap();
+                        }
+                    });
+                }
+            });
+            settled_messages(&m);
+            for (who, manager) in m.iter().enumerate() {
+                let stats = manager.stats();
+                assert_eq!(stats.message_errors, 0, "{backend:?} {scheme:?} node {who}: only lock messages handled");
+            }
+            assert_eq!(
+                m.iter().map(|x| x.stats().messages_handled).sum::<u64>(),
+                m.iter().map(|x| x.stats().messages_sent).sum::<u64>(),
+                "{backend:?} {scheme:?}"
+            );
+            // Sender `from` sends its even seqs to `from + 1` and its odd ones to `from + 2` (mod 3).
+            for to in 0..3usize {
+                let fabric = cluster.fabric(to);
+                let inbox = fabric.inbox(Channel::COOP_CACHE);
+                let mut received = [0u32; 3];
+                for _ in 0..CACHE_MESSAGES {
+                    let message = inbox.recv_timeout(PATIENT).unwrap();
+                    let from = message.from.0 as usize;
+                    let parity = if (from + 1) % 3 == to { 0 } else { 1 };
+                    let seq = 2 * received[from] + parity;
+                    assert_eq!(message.payload, cache_payload(from, seq), "{backend:?} {scheme:?}: in order");
+                    received[from] += 1;
+                }
+                assert!(inbox.is_empty(), "{backend:?} {scheme:?}: nothing more");
+                assert_eq!(received[to], 0);
+                assert_eq!(received.iter().sum::<u32>(), CACHE_MESSAGES);
+            }
+        }
     }
 }

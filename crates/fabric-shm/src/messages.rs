@@ -112,15 +112,18 @@ fn receive_loop(stream: UnixStream, inboxes: Arc<Inboxes>) {
 pub(crate) struct MessageLinks {
     node: NodeId,
     send_timeout: Duration,
-    links: Mutex<HashMap<(NodeId, Channel), Arc<Mutex<UnixStream>>>>,
+    links: Mutex<HashMap<(NodeId, Channel), Link>>,
 }
+
+/// One outgoing connection; its lock keeps each frame whole and in order.
+type Link = Arc<Mutex<UnixStream>>;
 
 impl MessageLinks {
     pub(crate) fn new(node: NodeId, send_timeout: Duration) -> Self {
         Self { node, send_timeout, links: Mutex::new(HashMap::new()) }
     }
 
-    fn link(&self, to: NodeId, channel: Channel, socket: &Path) -> Result<Arc<Mutex<UnixStream>>> {
+    fn link(&self, to: NodeId, channel: Channel, socket: &Path) -> Result<Link> {
         let mut links = self.links.lock().map_err(|_| FabricError::Closed)?;
         if let Some(link) = links.get(&(to, channel)) {
             return Ok(link.clone());
