@@ -359,7 +359,11 @@ pub(crate) fn build(trace: PublishedTrace, scale: f64, seed: u64) -> Result<Trac
                 .sizes_by_rank
                 .iter()
                 .enumerate()
-                .map(|(k, &size_bytes)| Document { name: format!("{}f{k}", press.name()), size_bytes, source_path: None })
+                .map(|(k, &size_bytes)| Document {
+                    name: format!("{}f{k}", press.name()),
+                    size_bytes,
+                    source_path: None,
+                })
                 .collect();
             let report = SizeModelReport {
                 shape: SizeShape { tail_index: ranked.tail_index, ..WEB_FILE_SHAPE },
