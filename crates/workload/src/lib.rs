@@ -44,6 +44,17 @@
 //!   server, 99.9 % total for PRESS) depend on its cache sizes, node count
 //!   and the real trace's temporal locality, so they are not used as
 //!   synthesis targets; [`worldcup::model`] reports the achieved means.
+//! - The seeds' traces ([`published`]): `press:clarknet|nasa|rutgers|usask|wc98`
+//!   from PRESS Table 1 (files, mean file size, mean request size, α, the
+//!   nominal request count and the per-node cache of §4.1), with heavy-tailed
+//!   sizes assigned to popularity ranks so that both means match
+//!   ([`sizes`]) and independent Zipf(α) requests; and `coop:8k|16k|32k|64k`
+//!   from the cooperative-caching seed (10 000 files of one size, uniform
+//!   requests, 64 MB per node). Both take a scale factor (`press:nasa@0.1`)
+//!   that shrinks the file count and the cache together. `docs/traces.md`
+//!   has the table of targets against synthesized values
+//!   (`tierstack trace show`), and [`write_clf`] exports any trace's requests
+//!   as a log that [`Trace::clf`] replays.
 //! - [`Trace::clf`]: Common Log Format replay ([`clf`]): the GET requests
 //!   with status 2xx or 304, documents = distinct paths (`c<i>`, the original
 //!   path kept in [`Document::source_path`]), sizes from the bytes field;
@@ -60,6 +71,7 @@
 //! ([`ZipfTable`]), not a rejection sampler: one uniform draw and a binary
 //! search, exact for every α ≥ 0, and its frequencies are tested with a
 //! chi-square bound.
+//! [`fit_zipf_alpha`] recovers α from request counts by maximum likelihood.
 
 pub mod clf;
 mod fit;

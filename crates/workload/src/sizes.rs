@@ -33,9 +33,10 @@
 //! figure, recalled, not checked), so the lowered index is not implausible.
 //! Below an index of 1 the cap `max_bytes` is what bounds the mean. The
 //! index used is reported; the other four traces keep 1.1. A trace too small
-//! for its row (Usask below ≈ 500 files, i.e. scale < 0.04) cannot meet its
-//! request mean at all: the index stops at the minimum, ρ at 1, and the
-//! summary shows the miss.
+//! for its row cannot meet its request mean at all: the index stops at the
+//! minimum, ρ at 1, and the summary shows the miss. Of the seeds' traces only
+//! Usask hits this, below 275 files (scale < 0.02: +1 % at 0.015, +3 to +4 %
+//! at 0.01).
 //!
 //! **Assignment to ranks.** A Gaussian copula, as in [`crate::worldcup`]:
 //! file `i` gets the key `ρ·ζ_i + √(1−ρ²)·e_i`, where `ζ_i` is the normal

@@ -211,6 +211,24 @@ fn scaling_shrinks_files_and_cache_and_keeps_the_ratios() {
 }
 
 #[test]
+fn usask_too_small_misses_its_request_mean_visibly() {
+    // The documented limit (crate::sizes): under Zipf(0.61) over 138 files no
+    // assignment reaches 6.2 KB per request; the construction saturates and
+    // the summary shows the miss instead of hiding it.
+    let t = build("press:usask@0.01", 1);
+    let s = t.summary();
+    let p = s.published.as_ref().unwrap();
+    let model = p.size_model.as_ref().unwrap();
+    assert_eq!(model.size_rank_correlation, 1.0);
+    assert_eq!(model.shape.tail_index, tierstack_workload::sizes::TAIL_INDEX_MIN);
+    assert!(s.mean_request_bytes > 1.01 * p.target.mean_request_bytes, "{s:?}");
+    assert!(relative_error(s.mean_document_bytes, p.target.mean_file_bytes) < MEAN_TOLERANCE);
+    // At scale 0.02 it is met again.
+    let t = build("press:usask@0.02", 1);
+    check_against(&t, &t.published().unwrap().target, 1);
+}
+
+#[test]
 fn names_and_scales_parse_and_bad_ones_are_typed_errors() {
     assert_eq!(
         TraceSpec::parse("press:nasa", 0.75, 20).unwrap(),
