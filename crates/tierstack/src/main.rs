@@ -39,6 +39,9 @@ enum Command {
     /// Lock-manager node driven by `bench dlm` over its standard input (see tierstack_bench::dlm_nodes).
     #[command(hide = true)]
     DlmBenchNode(cmd::dlm::BenchNodeArgs),
+    /// Workload traces: the seeds' numbers beside the synthesized ones (show), Common Log Format export (export).
+    #[command(subcommand)]
+    Trace(cmd::trace::TraceCommand),
 }
 
 fn main() -> std::process::ExitCode {
@@ -62,6 +65,7 @@ fn main() -> std::process::ExitCode {
         Command::DlmNode(args) => cmd::dlm::run_node(args),
         Command::DlmBenchNode(args) => cmd::dlm::run_bench_node(args),
         Command::Load(args) => cmd::load::run(args),
+        Command::Trace(command) => cmd::trace::run(command),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -14,7 +14,7 @@
 use crate::{Document, Source, Trace, WorkloadError};
 use serde::Serialize;
 use std::collections::HashMap;
-use std::io::BufRead;
+use std::io::{BufRead, Write};
 use std::path::Path;
 
 /// Longest line accepted; longer lines are malformed.
@@ -191,6 +191,60 @@ impl ClfBuilder {
     }
 }
 
+/// Host written in exported logs.
+const EXPORT_HOST: &str = "10.0.0.1";
+/// Exported logs start at 1998-06-01 00:00:00 UTC (unix seconds) and advance
+/// one second per request.
+const EXPORT_START_UNIX_S: u64 = 896_659_200;
+
+/// Writes the first `requests` requests of `trace` (worker 0 of 1's stream
+/// for `seed`, [`Trace::sample`]) as Common Log Format, one
+/// `host - - [date] "GET /doc/<name> HTTP/1.0" 200 <size>` line each, which
+/// [`Trace::clf`] reads back as the same sequence of paths and sizes. Returns
+/// the number of lines written. A log of more than
+/// [`crate::REPLAY_REQUESTS_MAX`] lines is written but cannot be replayed.
+pub fn write_clf<W: Write>(trace: &Trace, requests: usize, seed: u64, out: W) -> std::io::Result<u64> {
+    let mut out = std::io::BufWriter::new(out);
+    let documents = trace.documents();
+    let mut written = 0u64;
+    for (i, index) in trace.stream(seed, 0, 1).take(requests).enumerate() {
+        let Some(doc) = documents.get(index) else { continue };
+        writeln!(
+            out,
+            "{EXPORT_HOST} - - [{}] \"GET {} HTTP/1.0\" 200 {}",
+            clf_date(EXPORT_START_UNIX_S + i as u64),
+            doc.path(),
+            doc.size_bytes
+        )?;
+        written += 1;
+    }
+    out.flush()?;
+    Ok(written)
+}
+
+/// `dd/Mon/yyyy:hh:mm:ss +0000` for a UTC unix time.
+fn clf_date(unix_s: u64) -> String {
+    const MONTHS: [&str; 12] = ["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"];
+    let (days, secs) = (unix_s / 86_400, unix_s % 86_400);
+    // Civil date from days since 1970-01-01 (Hinnant's algorithm).
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let day_of_era = z.rem_euclid(146_097);
+    let year_of_era = (day_of_era - day_of_era / 1460 + day_of_era / 36_524 - day_of_era / 146_096) / 365;
+    let day_of_year = day_of_era - (365 * year_of_era + year_of_era / 4 - year_of_era / 100);
+    let mp = (5 * day_of_year + 2) / 153;
+    let day = day_of_year - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = year_of_era + era * 400 + i64::from(month <= 2);
+    format!(
+        "{day:02}/{}/{year}:{:02}:{:02}:{:02} +0000",
+        MONTHS[(month - 1) as usize],
+        secs / 3600,
+        secs % 3600 / 60,
+        secs % 60
+    )
+}
+
 /// Replays a log held in memory.
 pub(crate) fn from_str(text: &str) -> Result<Trace, WorkloadError> {
     let mut builder = ClfBuilder::default();
@@ -305,6 +359,14 @@ mod tests {
         for (line, reason) in cases {
             assert_eq!(parse_line(line), Err(*reason), "line {line:?}");
         }
+    }
+
+    #[test]
+    fn dates_are_civil_utc() {
+        assert_eq!(clf_date(0), "01/Jan/1970:00:00:00 +0000");
+        assert_eq!(clf_date(EXPORT_START_UNIX_S), "01/Jun/1998:00:00:00 +0000");
+        assert_eq!(clf_date(951_782_400 + 3_661), "29/Feb/2000:01:01:01 +0000");
+        assert_eq!(clf_date(1_704_067_199), "31/Dec/2023:23:59:59 +0000");
     }
 
     #[test]

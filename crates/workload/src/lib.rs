@@ -44,6 +44,17 @@
 //!   server, 99.9 % total for PRESS) depend on its cache sizes, node count
 //!   and the real trace's temporal locality, so they are not used as
 //!   synthesis targets; [`worldcup::model`] reports the achieved means.
+//! - The seeds' traces ([`published`]): `press:clarknet|nasa|rutgers|usask|wc98`
+//!   from PRESS Table 1 (files, mean file size, mean request size, α, the
+//!   nominal request count and the per-node cache of §4.1), with heavy-tailed
+//!   sizes assigned to popularity ranks so that both means match
+//!   ([`sizes`]) and independent Zipf(α) requests; and `coop:8k|16k|32k|64k`
+//!   from the cooperative-caching seed (10 000 files of one size, uniform
+//!   requests, 64 MB per node). Both take a scale factor (`press:nasa@0.1`)
+//!   that shrinks the file count and the cache together. `docs/traces.md`
+//!   has the table of targets against synthesized values
+//!   (`tierstack trace show`), and [`write_clf`] exports any trace's requests
+//!   as a log that [`Trace::clf`] replays.
 //! - [`Trace::clf`]: Common Log Format replay ([`clf`]): the GET requests
 //!   with status 2xx or 304, documents = distinct paths (`c<i>`, the original
 //!   path kept in [`Document::source_path`]), sizes from the bytes field;
@@ -60,13 +71,19 @@
 //! ([`ZipfTable`]), not a rejection sampler: one uniform draw and a binary
 //! search, exact for every α ≥ 0, and its frequencies are tested with a
 //! chi-square bound.
+//! [`fit_zipf_alpha`] recovers α from request counts by maximum likelihood.
 
 pub mod clf;
+mod fit;
+pub mod published;
+pub mod sizes;
 pub mod target;
 pub mod worldcup;
 mod zipf;
 
-pub use clf::ClfStats;
+pub use clf::{write_clf, ClfStats};
+pub use fit::fit_zipf_alpha;
+pub use published::{CoopTrace, PressTrace, PublishedProfile, PublishedTrace};
 pub use target::{TargetChoice, TargetChooser};
 pub use worldcup::WorldCupParams;
 pub use zipf::ZipfTable;
@@ -111,8 +128,13 @@ pub enum WorkloadError {
     InvalidDocumentSize { size_bytes: u64 },
     #[error("invalid parameter: {what}")]
     InvalidParameter { what: &'static str },
-    #[error("unknown trace {0:?} (expected single, zipf, worldcup or clf:PATH)")]
+    #[error(
+        "unknown trace {0:?} (expected single, zipf, worldcup, clf:PATH, \
+         press:{{clarknet,nasa,rutgers,usask,wc98}}[@SCALE] or coop:{{8k,16k,32k,64k}}[@SCALE])"
+    )]
     UnknownTrace(String),
+    #[error("invalid scale {0:?} (need a number in (0, 1])")]
+    InvalidScale(String),
     #[error("log has no usable request ({lines} lines, {malformed} malformed)")]
     EmptyLog { lines: u64, malformed: u64 },
     #[error("log has more than {max} requests")]
@@ -161,31 +183,72 @@ pub enum TraceSpec {
     Clf {
         path: PathBuf,
     },
+    /// A PRESS trace (seed Table 1) at `scale` (see [`published`]).
+    Press {
+        trace: PressTrace,
+        scale: f64,
+    },
+    /// A cooperative-caching trace (seed §4) at `scale` (see [`published`]).
+    Coop {
+        trace: CoopTrace,
+        scale: f64,
+    },
 }
 
 impl TraceSpec {
-    /// Parses the command-line form: `single`, `zipf`, `worldcup` or
-    /// `clf:PATH`; `alpha` and `docs` apply to `zipf`.
+    /// Parses the command-line form: `single`, `zipf`, `worldcup`,
+    /// `clf:PATH`, `press:NAME[@SCALE]` or `coop:NAME[@SCALE]` (NAME as in
+    /// [`published`]; SCALE in (0, 1], default 1, e.g. `press:nasa@0.1`);
+    /// `alpha` and `docs` apply to `zipf`.
     pub fn parse(kind: &str, alpha: f64, docs: usize) -> Result<Self, WorkloadError> {
         match kind {
-            "single" => Ok(Self::Single { size_bytes: SINGLE_DOC_BYTES }),
-            "zipf" => Ok(Self::Zipf { alpha, docs }),
-            "worldcup" => Ok(Self::WorldCup(WorldCupParams::default())),
-            other => match other.strip_prefix("clf:") {
-                Some(path) if !path.is_empty() => Ok(Self::Clf { path: PathBuf::from(path) }),
-                _ => Err(WorkloadError::UnknownTrace(other.to_string())),
-            },
+            "single" => return Ok(Self::Single { size_bytes: SINGLE_DOC_BYTES }),
+            "zipf" => return Ok(Self::Zipf { alpha, docs }),
+            "worldcup" => return Ok(Self::WorldCup(WorldCupParams::default())),
+            _ => {}
+        }
+        if let Some(path) = kind.strip_prefix("clf:") {
+            return match path.is_empty() {
+                false => Ok(Self::Clf { path: PathBuf::from(path) }),
+                true => Err(WorkloadError::UnknownTrace(kind.to_string())),
+            };
+        }
+        let (name, scale) = match kind.split_once('@') {
+            Some((name, scale_text)) => {
+                let scale = scale_text.parse::<f64>().map_err(|_| WorkloadError::InvalidScale(scale_text.to_string()));
+                (name, published::check_scale(scale?)?)
+            }
+            None => (kind, 1.0),
+        };
+        match PublishedTrace::parse(name) {
+            Some(Ok(PublishedTrace::Press(trace))) => Ok(Self::Press { trace, scale }),
+            Some(Ok(PublishedTrace::Coop(trace))) => Ok(Self::Coop { trace, scale }),
+            Some(Err(e)) => Err(e),
+            None => Err(WorkloadError::UnknownTrace(kind.to_string())),
         }
     }
 
-    /// Builds the trace. `seed` matters for `worldcup` (the synthesis); the
-    /// other document sets do not depend on it.
+    /// The same trace at `scale` (for `press` and `coop`; an error for the
+    /// others, which have no scale).
+    pub fn with_scale(self, scale: f64) -> Result<Self, WorkloadError> {
+        let scale = published::check_scale(scale)?;
+        match self {
+            Self::Press { trace, .. } => Ok(Self::Press { trace, scale }),
+            Self::Coop { trace, .. } => Ok(Self::Coop { trace, scale }),
+            _ => Err(WorkloadError::InvalidParameter { what: "only press:* and coop:* traces take a scale" }),
+        }
+    }
+
+    /// Builds the trace. `seed` matters for `worldcup` and `press` (the
+    /// synthesis); the other document sets do not depend on it.
     pub fn build(&self, seed: u64) -> Result<Trace, WorkloadError> {
         match self {
             Self::Single { size_bytes } => Trace::single_sized(*size_bytes),
             Self::Zipf { alpha, docs } => Trace::zipf(*alpha, *docs),
             Self::WorldCup(params) => Trace::worldcup_like(params, seed),
             Self::Clf { path } => Trace::clf(path),
+            Self::Press { trace, scale } => published::build(PublishedTrace::Press(*trace), *scale, seed),
+            Self::Coop { trace, scale } => published::build(PublishedTrace::Coop(*trace), *scale, seed),
         }
     }
 }
@@ -205,6 +268,7 @@ struct TraceInner {
     documents: Vec<Document>,
     source: Source,
     clf_stats: Option<ClfStats>,
+    published: Option<PublishedProfile>,
 }
 
 /// A document set and a source of requests over it. Cheap to clone (shared).
@@ -226,6 +290,11 @@ pub struct TraceSummary {
     /// Length of the replayed list, if the trace replays one.
     pub replay_requests: Option<usize>,
     pub clf: Option<ClfStats>,
+    /// For the seeds' traces (`press:*`, `coop:*`): the seed's numbers and
+    /// the scaled targets (files, means, α, per-node cache) to read beside
+    /// the synthesized values above.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub published: Option<PublishedProfile>,
 }
 
 impl Trace {
@@ -235,7 +304,16 @@ impl Trace {
         source: Source,
         clf_stats: Option<ClfStats>,
     ) -> Self {
-        Self { inner: Arc::new(TraceInner { label, documents, source, clf_stats }) }
+        Self { inner: Arc::new(TraceInner { label, documents, source, clf_stats, published: None }) }
+    }
+
+    /// Attaches the profile of a trace built from a seed's table (only while
+    /// the trace is not yet shared).
+    pub(crate) fn with_published(mut self, profile: PublishedProfile) -> Self {
+        if let Some(inner) = Arc::get_mut(&mut self.inner) {
+            inner.published = Some(profile);
+        }
+        self
     }
 
     /// The paper's Trace 1: one 8 KiB document named `single`.
@@ -301,6 +379,26 @@ impl Trace {
         self.inner.clf_stats.as_ref()
     }
 
+    /// The seed's numbers and the targets, for the seeds' traces.
+    pub fn published(&self) -> Option<&PublishedProfile> {
+        self.inner.published.as_ref()
+    }
+
+    /// The memory cache per node the seed pairs with this trace (scaled with
+    /// it), for the seeds' traces.
+    pub fn cache_bytes_per_node(&self) -> Option<u64> {
+        self.published().map(|p| p.target.cache_bytes_per_node)
+    }
+
+    /// The Zipf exponent of the request popularity, for traces that draw
+    /// requests from one (0 = uniform).
+    pub fn popularity_alpha(&self) -> Option<f64> {
+        match &self.inner.source {
+            Source::Popularity(table) => Some(table.alpha()),
+            Source::Replay(_) => None,
+        }
+    }
+
     /// Probability that a request asks for document `index` (over one full
     /// cycle of a replayed list).
     pub fn probability(&self, index: usize) -> f64 {
@@ -333,6 +431,7 @@ impl Trace {
             mean_request_bytes,
             replay_requests,
             clf: self.inner.clf_stats.clone(),
+            published: self.inner.published.clone(),
         }
     }
 

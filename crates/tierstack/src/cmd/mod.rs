@@ -5,6 +5,7 @@ pub mod dlm;
 pub mod fabric;
 pub mod load;
 pub mod tiers;
+pub mod trace;
 
 use anyhow::{Context, Result};
 use std::sync::Arc;
