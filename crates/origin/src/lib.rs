@@ -68,6 +68,11 @@ pub fn synthetic_last_modified_default() -> SystemTime {
     UNIX_EPOCH + Duration::from_secs(946_684_800)
 }
 
+/// Parses an HTTP-date (RFC 9110 §5.6.7, any of its three formats).
+pub fn parse_http_date(text: &str) -> Option<SystemTime> {
+    httpdate::parse_http_date(text.trim()).ok()
+}
+
 /// Errors starting an origin.
 #[derive(Debug, thiserror::Error)]
 pub enum OriginError {
