@@ -222,25 +222,33 @@ pub fn synthetic_prefix(path: &str, size: u64) -> String {
     format!("tierstack-origin {path} {size} bytes\n")
 }
 
+/// Bytes of filler generated per body; the rest repeats them (a copy, so
+/// large bodies cost little to build).
+const FILLER_BLOCK_BYTES: usize = 4096;
+
 /// The synthetic body of `path`: exactly `size` bytes, starting with
-/// [`synthetic_prefix`], then printable bytes drawn from a generator seeded
-/// by the path (a newline every 64 bytes). The same path and size always
-/// give the same body.
+/// [`synthetic_prefix`], then a block of printable bytes drawn from a
+/// generator seeded by the path (lines of 64 bytes), repeated. The same path
+/// and size always give the same body.
 pub fn synthetic_body(path: &str, size: u64) -> Bytes {
     let size = usize::try_from(size).unwrap_or(usize::MAX);
     let mut body = Vec::with_capacity(size);
     let prefix = synthetic_prefix(path, size as u64);
     body.extend_from_slice(&prefix.as_bytes()[..prefix.len().min(size)]);
+    if body.len() == size {
+        return Bytes::from(body);
+    }
+    let mut block = Vec::with_capacity(FILLER_BLOCK_BYTES);
     let mut state = fnv1a64(path.as_bytes());
-    while body.len() < size {
+    while block.len() < FILLER_BLOCK_BYTES {
         state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let word = splitmix64(state);
-        for byte in word.to_le_bytes() {
-            if body.len() == size {
-                break;
-            }
-            body.push(if body.len() % 64 == 63 { b'\n' } else { FILLER[usize::from(byte & 63)] });
+        for byte in splitmix64(state).to_le_bytes() {
+            block.push(if block.len() % 64 == 63 { b'\n' } else { FILLER[usize::from(byte & 63)] });
         }
+    }
+    while body.len() < size {
+        let take = (size - body.len()).min(FILLER_BLOCK_BYTES);
+        body.extend_from_slice(&block[..take]);
     }
     Bytes::from(body)
 }
@@ -285,7 +293,7 @@ mod tests {
 
     #[test]
     fn synthetic_bodies_have_the_exact_size_the_named_prefix_and_depend_on_the_path() {
-        for size in [0u64, 1, 10, 40, 63, 64, 65, 1000, 100_003] {
+        for size in [0u64, 1, 10, 40, 63, 64, 65, 1000, 4096 + 40, 100_003] {
             let body = synthetic_body("/doc/z1", size);
             assert_eq!(body.len() as u64, size);
             let prefix = synthetic_prefix("/doc/z1", size);

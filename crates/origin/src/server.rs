@@ -20,6 +20,10 @@ use std::time::{Duration, SystemTime};
 use tierstack_tier_http::{text, Body};
 use tokio::time::Instant;
 
+/// Synthetic bodies up to this size are built on the runtime thread; larger
+/// ones on the blocking pool, so a big body never stalls other connections.
+const INLINE_BODY_BYTES_MAX: u64 = 1 << 20;
+
 /// What one origin process shares between its connections.
 pub(crate) struct State {
     files: Content,
@@ -219,7 +223,18 @@ impl State {
             storage.read(now_ns, &representation.key, representation.size)
         };
         let body = match &representation.source {
-            Source::Synthetic => files::synthetic_body(&representation.key, representation.size),
+            Source::Synthetic if representation.size <= INLINE_BODY_BYTES_MAX => {
+                files::synthetic_body(&representation.key, representation.size)
+            }
+            Source::Synthetic => {
+                let (key, size) = (representation.key.clone(), representation.size);
+                match tokio::task::spawn_blocking(move || files::synthetic_body(&key, size)).await {
+                    Ok(body) => body,
+                    Err(e) => {
+                        return text(StatusCode::INTERNAL_SERVER_ERROR, format!("building the body failed: {e}\n"))
+                    }
+                }
+            }
             Source::File(path) => match tokio::fs::read(path).await {
                 Ok(bytes) => Bytes::from(bytes),
                 Err(e) => {

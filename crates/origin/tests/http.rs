@@ -142,6 +142,18 @@ async fn a_synthetic_object_carries_every_header_and_its_named_body() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_synthetic_body_is_whole_and_exact() {
+    const SIZE: u64 = (3 << 20) + 17;
+    let running = start(synthetic(&[("/big.bin", SIZE)]), no_storage()).await;
+    let reply = get(&running.url("/big.bin")).await;
+    assert_eq!(reply.header("content-length"), SIZE.to_string());
+    assert_eq!(reply.body.len() as u64, SIZE);
+    assert_eq!(reply.body, synthetic_body("/big.bin", SIZE));
+    assert_eq!(running.stats.snapshot().bytes_sent, SIZE);
+    running.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cache_control_and_the_synthetic_date_are_configurable() {
     let mut config = OriginConfig::new(loopback(), synthetic(&[("/a", 1)]));
     config.admin_listen = Some(loopback());
