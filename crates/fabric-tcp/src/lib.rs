@@ -66,7 +66,7 @@ use tierstack_fabric::{
     check_batch, validate_region_name, Completion, Fabric, FabricError, Inbox, LocalRegion, Op, PeerState,
     RegionMemory, RemoteRegion, Result,
 };
-use tierstack_fabric_wire::{encode, Frame};
+use tierstack_fabric_wire::{encode, try_encode, Frame, WireError};
 
 /// How often a responder waiting for room in the inbox checks for shutdown.
 pub(crate) const INBOX_WAIT_SLICE: Duration = Duration::from_millis(50);
@@ -495,7 +495,11 @@ impl TcpRegion {
         let expect: Vec<Shape> = ops.iter().map(Shape::of).collect();
         let request = self.shared.next_id();
         let RegionInfo { region, incarnation, .. } = self.info;
-        let bytes = encode(&Frame::Ops { request, region, incarnation, ops });
+        // A `WriteFrom`'s source is copied into the frame here, its one copy.
+        let bytes = try_encode(&Frame::Ops { request, region, incarnation, ops }).map_err(|e| match e {
+            WireError::Unencodable(error) => error,
+            other => FabricError::Io(format!("encoding a batch: {other}")),
+        })?;
         let (completion, sender) = Completion::pending();
         self.link.submit(request, self.shared.deadline_ns(), bytes, Waiter::Ops { sender, expect });
         Ok(completion)
