@@ -45,6 +45,11 @@
 //!   sender's `send` waits (up to the op timeout, then `Timeout`); no message
 //!   is dropped. Messages have their own connection, so this never delays
 //!   requests.
+//! - **Transfers naming local memory save the client's copy.** A
+//!   `WriteFrom` is serialized straight from its local region into the
+//!   request frame; a `ReadInto`'s answer is copied straight from the
+//!   received frame into its local region (see `client.rs`). The owner sees
+//!   plain `Write`/`Read` ops and serves them as before.
 //! - **A bad peer fails alone.** Garbage, oversized frames or protocol
 //!   violations close that connection (logged with `tracing`); nothing a peer
 //!   sends can panic or stop the node.

@@ -230,9 +230,16 @@ pub fn bounds_errors_are_typed_and_execute_nothing(owner: &dyn Fabric, peer: &dy
             Op::WriteFrom { offset: 0, source: slice(0, 8) },
             Op::ReadInto { offset: 8, target: slice(8, 8) },
             Op::FetchAdd { offset: 16, delta: 1 },
-            bad,
+            bad.clone(),
         ];
-        assert_eq!(remote.post(batch).wait(), Err(expected));
+        assert_eq!(remote.post(batch).wait(), Err(expected.clone()));
+        // The single-op helpers (which a backend may implement without a batch) check the same.
+        let single = match &bad {
+            Op::WriteFrom { offset, source } => remote.write_from(*offset, source),
+            Op::ReadInto { offset, target } => remote.read_into(*offset, target),
+            other => unreachable!("{other:?}"),
+        };
+        assert_eq!(single, Err(expected));
         assert_eq!(contents(at_owner.memory()), pattern(64, 3), "the remote region is untouched");
         assert_eq!(contents(local.memory()), pattern(32, 4), "the local region is untouched");
     }
@@ -254,7 +261,9 @@ pub fn alignment_follows_the_same_phase_rule(owner: &dyn Fabric, peer: &dyn Fabr
         let write = Op::WriteFrom { offset: remote_offset, source: slice(local_offset, 8) };
         assert_eq!(remote.post(batch(write)).wait(), Err(expected.clone()));
         let read = Op::ReadInto { offset: remote_offset, target: slice(local_offset, 8) };
-        assert_eq!(remote.post(batch(read)).wait(), Err(expected));
+        assert_eq!(remote.post(batch(read)).wait(), Err(expected.clone()));
+        assert_eq!(remote.write_from(remote_offset, &slice(local_offset, 8)), Err(expected.clone()));
+        assert_eq!(remote.read_into(remote_offset, &slice(local_offset, 8)), Err(expected));
     }
     assert_eq!(contents(at_owner.memory()), pattern(128, 5), "no refused batch executed");
     assert_eq!(contents(local.memory()), pattern(64, 6));
