@@ -2,7 +2,9 @@
 //! in the same run (read the ratio, not the absolute time: the machines are
 //! shared): one-sided operations on `shm` vs the two-sided `tcp` backend;
 //! a proxy's batched version check on both; an uncontended lock
-//! acquire+release under N-CoShED vs SRSL; parsing the dependency header.
+//! acquire+release under N-CoShED vs SRSL; parsing the dependency header;
+//! 64 KiB transfers between registered regions through a `Vec` (`Write`,
+//! `Read`) vs naming the local region (`WriteFrom`, `ReadInto`).
 //!
 //! `cargo bench -p tierstack-bench --bench micro` (add `-- <filter>` for one group).
 //! Every node is a thread of this process with its own fabric endpoint.
@@ -15,7 +17,7 @@ use tierstack_cluster::{local_cluster, Backend, LocalCluster};
 use tierstack_coherent::{DepsHeader, Incarnation, VersionChecker, VersionTable};
 use tierstack_dlm::bench::{start_managers, BENCH_LOCK};
 use tierstack_dlm::{LockMode, Scheme, Wait};
-use tierstack_fabric::RemoteRegion;
+use tierstack_fabric::{LocalSlice, Op, RemoteRegion};
 
 const BACKENDS: [Backend; 2] = [Backend::Shm, Backend::Tcp];
 
@@ -36,6 +38,46 @@ fn fabric_ops(c: &mut Criterion) {
         group.bench_function(format!("fetch_add/{name}"), |b| b.iter(|| black_box(region.fetch_add(0, 1).unwrap())));
         group.bench_function(format!("compare_swap/{name}"), |b| {
             b.iter(|| black_box(region.compare_swap(8, 0, 0).unwrap()))
+        });
+    }
+    group.finish();
+}
+
+/// Bytes moved between a local registered region of node 1 (a cache pool
+/// slot, say) and node 0's region, as before issue 11 (through a `Vec`: the
+/// local bytes copied out into one for a `Write`; a `Read`'s fresh `Vec`
+/// copied into the slot) and by naming the slot (`WriteFrom`, `ReadInto`).
+fn transfers(c: &mut Criterion) {
+    const BYTES: u32 = 64 << 10;
+    let mut group = c.benchmark_group("transfer");
+    group.throughput(criterion::Throughput::Bytes(u64::from(BYTES)));
+    for backend in BACKENDS {
+        let cluster = local_cluster(backend, 2).expect("cluster");
+        cluster.fabric(0).register("xfer", u64::from(BYTES)).expect("register");
+        let region = cluster.fabric(1).connect(NodeId(0), "xfer").expect("connect");
+        let pool = cluster.fabric(1).register("pool", u64::from(BYTES)).expect("register the pool");
+        pool.memory().write(0, &vec![7u8; BYTES as usize]).expect("fill the pool");
+        let slot = LocalSlice::new(pool.clone(), 0, BYTES);
+        let name = backend.name();
+        group.bench_function(format!("write_vec_64k/{name}"), |b| {
+            b.iter(|| {
+                let mut data = vec![0u8; BYTES as usize];
+                pool.memory().read(0, &mut data).unwrap();
+                black_box(region.post(vec![Op::Write { offset: 0, data }]).wait().unwrap())
+            })
+        });
+        group.bench_function(format!("write_from_64k/{name}"), |b| {
+            b.iter(|| black_box(region.post(vec![Op::WriteFrom { offset: 0, source: slot.clone() }]).wait().unwrap()))
+        });
+        group.bench_function(format!("read_vec_64k/{name}"), |b| {
+            b.iter(|| {
+                let results = region.post(vec![Op::Read { offset: 0, len: BYTES }]).wait().unwrap();
+                let data = results.into_iter().next().unwrap().into_bytes().unwrap();
+                pool.memory().write(0, &data).unwrap();
+            })
+        });
+        group.bench_function(format!("read_into_64k/{name}"), |b| {
+            b.iter(|| black_box(region.post(vec![Op::ReadInto { offset: 0, target: slot.clone() }]).wait().unwrap()))
         });
     }
     group.finish();
@@ -86,6 +128,6 @@ fn uncontended_lock(c: &mut Criterion) {
 criterion_group! {
     name = micro;
     config = Criterion::default().warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(2));
-    targets = fabric_ops, version_check, uncontended_lock
+    targets = fabric_ops, version_check, uncontended_lock, transfers
 }
 criterion_main!(micro);

@@ -14,7 +14,9 @@
 //! and from then on `read`, `write`, `fetch_add` and `compare_swap` are plain
 //! loads, stores and atomics on that mapping, executed by the caller's thread.
 //! **The owner's threads never run for a one-sided operation**: the tests
-//! stop the owner with SIGSTOP and keep operating on its regions.
+//! stop the owner with SIGSTOP and keep operating on its regions. A
+//! `WriteFrom` or `ReadInto` is one copy, from one mapping to the other (the
+//! caller's registered region and the peer's), word by word with atomics.
 //!
 //! Two-sided messages are genuinely two-sided here as in RDMA send/receive:
 //! they travel over the receiver's Unix socket in the frames of
@@ -46,7 +48,7 @@ use tierstack_base::limits::REGIONS_PER_NODE_MAX;
 use tierstack_base::NodeId;
 use tierstack_fabric::{
     check_batch, execute_on_memory, validate_region_bytes, validate_region_name, Channel, Completion, Fabric,
-    FabricError, Inbox, Inboxes, LocalRegion, Op, PeerState, RegionMemory, RemoteRegion, Result,
+    FabricError, Inbox, Inboxes, LocalRegion, LocalSlice, Op, PeerState, RegionMemory, RemoteRegion, Result,
 };
 
 /// How a node attaches to the `shm` fabric.
@@ -394,6 +396,18 @@ impl RemoteRegion for ShmRemote {
     fn write(&self, offset: u64, data: &[u8]) -> Result<()> {
         self.check_live()?;
         self.memory.write(offset, data)
+    }
+
+    fn write_from(&self, offset: u64, source: &LocalSlice) -> Result<()> {
+        self.check_live()?;
+        check_batch(&self.name, self.memory.len(), &[Op::WriteFrom { offset, source: source.clone() }])?;
+        self.memory.copy_from(offset, source.region().memory(), source.offset(), u64::from(source.len()))
+    }
+
+    fn read_into(&self, offset: u64, target: &LocalSlice) -> Result<()> {
+        self.check_live()?;
+        check_batch(&self.name, self.memory.len(), &[Op::ReadInto { offset, target: target.clone() }])?;
+        target.region().memory().copy_from(target.offset(), &self.memory, offset, u64::from(target.len()))
     }
 
     fn fetch_add(&self, offset: u64, delta: u64) -> Result<u64> {

@@ -3,6 +3,12 @@
 //! frames, a **reader** thread per request connection that completes answers
 //! by request id, and a separate message connection.
 //!
+//! Transfers naming local registered memory cost one copy on each side of
+//! the socket here: a `WriteFrom`'s source is copied into the request frame
+//! when it is posted, and a `ReadInto`'s answer is copied from the received
+//! frame straight into its local slice by the reader thread, just before
+//! the completion (never after a timeout or other failure).
+//!
 //! Posting only encodes, registers the waiter and queues the frame: dialing
 //! and writing happen on the writer thread, so a stalled or unreachable peer
 //! never blocks a poster (an async runtime's worker above all); its requests
@@ -16,15 +22,24 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use tierstack_base::limits::CHANNELS_MAX;
 use tierstack_base::NodeId;
-use tierstack_fabric::{Channel, CompletionSender, FabricError, Op, OpResult, Result};
-use tierstack_fabric_wire::{encode, read_frame, Frame};
-/// What an `Ops` answer must look like, op by op: a responder that answers
-/// with other shapes is a protocol error, not a panic in a caller that
-/// copies a read result into a buffer of the requested length.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+use tierstack_fabric::{Channel, CompletionSender, FabricError, LocalSlice, Op, OpResult, Result};
+use tierstack_fabric_wire::{decode_borrowed, encode, read_frame_body, BorrowedFrame, Frame, ResultRef};
+
+/// A reader keeps its frame buffer between frames up to this size; a larger
+/// one (a big read's answer) is given back after use.
+const FRAME_BUFFER_KEEP_BYTES: usize = 1 << 20;
+
+/// What an `Ops` answer must look like, op by op, and where each result
+/// goes: a responder that answers with other shapes is a protocol error, not
+/// a panic in a caller that copies a read result into a buffer of the
+/// requested length.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum Shape {
     Read(u32),
+    /// A read whose data goes straight into this local slice.
+    ReadInto(LocalSlice),
     Written,
+    WrittenFrom,
     FetchAdd,
     CompareSwap,
 }
@@ -33,21 +48,51 @@ impl Shape {
     pub(crate) fn of(op: &Op) -> Self {
         match op {
             Op::Read { len, .. } => Shape::Read(*len),
+            Op::ReadInto { target, .. } => Shape::ReadInto(target.clone()),
             Op::Write { .. } => Shape::Written,
+            Op::WriteFrom { .. } => Shape::WrittenFrom,
             Op::FetchAdd { .. } => Shape::FetchAdd,
             Op::CompareSwap { .. } => Shape::CompareSwap,
         }
     }
 
-    fn matches(self, result: &OpResult) -> bool {
+    fn matches(&self, result: &ResultRef<'_>) -> bool {
         match (self, result) {
-            (Shape::Read(len), OpResult::Read(data)) => data.len() == len as usize,
-            (Shape::Written, OpResult::Written)
-            | (Shape::FetchAdd, OpResult::FetchAdd(_))
-            | (Shape::CompareSwap, OpResult::CompareSwap(_)) => true,
+            (Shape::Read(len), ResultRef::Read(data)) => data.len() == *len as usize,
+            (Shape::ReadInto(target), ResultRef::Read(data)) => data.len() == target.len() as usize,
+            (Shape::Written | Shape::WrittenFrom, ResultRef::Written)
+            | (Shape::FetchAdd, ResultRef::FetchAdd(_))
+            | (Shape::CompareSwap, ResultRef::CompareSwap(_)) => true,
             _ => false,
         }
     }
+
+    /// The caller's result for a `result` that [`Shape::matches`]; a
+    /// `ReadInto`'s data is copied from the frame into its local slice.
+    fn complete(&self, result: ResultRef<'_>) -> Result<OpResult> {
+        match (self, result) {
+            (Shape::ReadInto(target), ResultRef::Read(data)) => {
+                target.region().memory().write(target.offset(), data)?;
+                Ok(OpResult::ReadInto)
+            }
+            (Shape::WrittenFrom, ResultRef::Written) => Ok(OpResult::WrittenFrom),
+            (_, result) => Ok(result.into_owned()),
+        }
+    }
+}
+
+/// The results of a batch answered with `results`, or why the answer does
+/// not fit the batch. Checks every result before copying any, so a bad
+/// answer writes no local slice.
+fn complete_ops(expect: &[Shape], results: Vec<ResultRef<'_>>) -> std::result::Result<Vec<OpResult>, String> {
+    if expect.len() != results.len() || !expect.iter().zip(&results).all(|(shape, result)| shape.matches(result)) {
+        return Err("the results do not match the posted operations".to_string());
+    }
+    expect
+        .iter()
+        .zip(results)
+        .map(|(shape, result)| shape.complete(result).map_err(|e| format!("completing a result: {e}")))
+        .collect()
 }
 
 /// Where a region lives at its owner: what a `Lookup` answers.
@@ -301,14 +346,16 @@ impl Link {
 
     /// Handles one frame from the owner. `Err` means the owner broke the
     /// protocol and the connection must end.
-    fn on_frame(&self, frame: Frame) -> std::result::Result<(), String> {
+    fn on_frame(&self, frame: BorrowedFrame<'_>) -> std::result::Result<(), String> {
         let (request, outcome) = match frame {
-            Frame::OpsOk { request, results } => (request, Answer::Ops(results)),
-            Frame::LookupOk { request, region, incarnation, len } => {
+            BorrowedFrame::OpsOk { request, results } => (request, Answer::Ops(results)),
+            BorrowedFrame::Owned(Frame::LookupOk { request, region, incarnation, len }) => {
                 (request, Answer::Lookup(RegionInfo { region, incarnation, len }))
             }
-            Frame::Error { request, error } => (request, Answer::Error(error)),
-            other => return Err(format!("unexpected {} frame from the owner", frame_name(&other))),
+            BorrowedFrame::Owned(Frame::Error { request, error }) => (request, Answer::Error(error)),
+            BorrowedFrame::Owned(other) => {
+                return Err(format!("unexpected {} frame from the owner", frame_name(&other)))
+            }
         };
         let Some(waiter) = lock(&self.pending).take(request) else {
             tracing::debug!(peer = %self.peer, request, "dropping a late answer");
@@ -318,11 +365,7 @@ impl Link {
         match (waiter, outcome) {
             (waiter, Answer::Error(error)) => waiter.fail(error),
             (Waiter::Ops { sender, expect }, Answer::Ops(results)) => {
-                if expect.len() == results.len() && expect.iter().zip(&results).all(|(s, r)| s.matches(r)) {
-                    sender.complete(Ok(results));
-                } else {
-                    sender.complete(Err(protocol("the results do not match the posted operations")));
-                }
+                sender.complete(complete_ops(&expect, results).map_err(|reason| protocol(&reason)));
             }
             (Waiter::Lookup(tx), Answer::Lookup(info)) => {
                 let _ = tx.send(Ok(info));
@@ -382,8 +425,8 @@ pub(crate) fn run_writer(shared: &Arc<Shared>, link: &Arc<Link>, queue: &flume::
     }
 }
 
-enum Answer {
-    Ops(Vec<OpResult>),
+enum Answer<'a> {
+    Ops(Vec<ResultRef<'a>>),
     Lookup(RegionInfo),
     Error(FabricError),
 }
@@ -404,15 +447,23 @@ pub(crate) fn frame_name(frame: &Frame) -> &'static str {
 /// then ends the connection (failing what was written on it with `PeerDead`).
 fn run_reader(shared: &Shared, link: &Link, conn: &Conn, stream: TcpStream) {
     let mut reader = BufReader::with_capacity(crate::READ_BUFFER_BYTES, stream);
+    // The one buffer a frame is read into; answers are decoded from it in place.
+    let mut body = Vec::new();
     let reason = loop {
-        match read_frame(&mut reader) {
-            Ok(Some(frame)) => {
-                if let Err(reason) = link.on_frame(frame) {
+        match read_frame_body(&mut reader, &mut body) {
+            Ok(true) => {
+                let handled = decode_borrowed(&body)
+                    .map_err(|e| format!("decoding a frame: {e}"))
+                    .and_then(|frame| link.on_frame(frame));
+                if let Err(reason) = handled {
                     tracing::warn!(peer = %link.peer, %reason, "closing a connection to a misbehaving owner");
                     break reason;
                 }
+                if body.capacity() > FRAME_BUFFER_KEEP_BYTES {
+                    body = Vec::new();
+                }
             }
-            Ok(None) => break "the connection was closed".to_string(),
+            Ok(false) => break "the connection was closed".to_string(),
             Err(e) => break format!("reading from the connection: {e}"),
         }
     };

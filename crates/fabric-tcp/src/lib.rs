@@ -46,6 +46,11 @@
 //!   the sender's `send` waits (up to the op timeout, then `Timeout`); no
 //!   message is dropped. Each channel has its own connection, so this never
 //!   delays requests nor the sender's other channels.
+//! - **Transfers naming local memory save the client's copy.** A
+//!   `WriteFrom` is serialized straight from its local region into the
+//!   request frame; a `ReadInto`'s answer is copied straight from the
+//!   received frame into its local region (see `client.rs`). The owner sees
+//!   plain `Write`/`Read` ops and serves them as before.
 //! - **A bad peer fails alone.** Garbage, oversized frames or protocol
 //!   violations close that connection (logged with `tracing`); nothing a peer
 //!   sends can panic or stop the node.
@@ -67,7 +72,7 @@ use tierstack_fabric::{
     check_batch, validate_region_name, Channel, Completion, Fabric, FabricError, Inbox, Inboxes, LocalRegion, Op,
     PeerState, RegionMemory, RemoteRegion, Result,
 };
-use tierstack_fabric_wire::{encode, Frame};
+use tierstack_fabric_wire::{encode, try_encode, Frame, WireError};
 
 /// How often a responder waiting for room in the inbox checks for shutdown.
 pub(crate) const INBOX_WAIT_SLICE: Duration = Duration::from_millis(50);
@@ -496,7 +501,11 @@ impl TcpRegion {
         let expect: Vec<Shape> = ops.iter().map(Shape::of).collect();
         let request = self.shared.next_id();
         let RegionInfo { region, incarnation, .. } = self.info;
-        let bytes = encode(&Frame::Ops { request, region, incarnation, ops });
+        // A `WriteFrom`'s source is copied into the frame here, its one copy.
+        let bytes = try_encode(&Frame::Ops { request, region, incarnation, ops }).map_err(|e| match e {
+            WireError::Unencodable(error) => error,
+            other => FabricError::Io(format!("encoding a batch: {other}")),
+        })?;
         let (completion, sender) = Completion::pending();
         self.link.submit(request, self.shared.deadline_ns(), bytes, Waiter::Ops { sender, expect });
         Ok(completion)

@@ -14,6 +14,14 @@
 //! never reads past its body, rejects trailing bytes, and never panics on
 //! arbitrary input (a property test feeds it random bytes).
 //!
+//! Transfers that name local registered memory need no frames of their own:
+//! an [`Op::WriteFrom`] is encoded as a `Write` whose data is copied straight
+//! from its local slice into the frame, and an [`Op::ReadInto`] as a `Read`;
+//! a client decodes the answer with [`decode_borrowed`], whose read data
+//! still points into the received frame, and copies it straight into the
+//! local slice. The owner cannot tell them from plain writes and reads, as
+//! an RDMA target cannot tell which local buffer the initiator named.
+//!
 //! Key choice: **bounded before allocated.** The length prefix is checked
 //! against [`FRAME_BYTES_MAX`] before any buffer is allocated, and counts
 //! inside a body (ops, results, bytes) only size allocations up to what the
@@ -23,7 +31,7 @@
 use std::io::{self, Read, Write};
 use tierstack_base::limits::{BATCH_OPS_MAX, TRANSFER_BYTES_MAX};
 use tierstack_base::NodeId;
-use tierstack_fabric::{Channel, FabricError, Op, OpResult};
+use tierstack_fabric::{Channel, FabricError, LocalSlice, Op, OpResult};
 
 /// Bytes a frame may carry besides transferred data: the kind, request ids,
 /// counts, and the per-op headers of a maximal batch (at most 25 bytes each).
@@ -115,6 +123,9 @@ mod error_code {
     pub const IO: u8 = 18;
     pub const NODE_IN_USE: u8 = 19;
     pub const UNKNOWN_CHANNEL: u8 = 20;
+    // Client-side errors (a responder never sends them), coded like every variant.
+    pub const LOCAL_OUT_OF_BOUNDS: u8 = 21;
+    pub const LOCAL_MISALIGNED: u8 = 22;
 }
 
 /// Why a frame could not be read or decoded.
@@ -135,6 +146,11 @@ pub enum WireError {
     /// A `Message` names a channel id at or above `CHANNELS_MAX`.
     #[error("a message on channel {0}, which does not exist")]
     UnknownChannel(u8),
+    /// The frame names something that cannot travel: a `WriteFrom` whose
+    /// local slice is outside its region, or a result that exists only at a
+    /// client (`WrittenFrom`, `ReadInto`).
+    #[error("the frame cannot be encoded: {0}")]
+    Unencodable(FabricError),
 }
 
 // ---------------------------------------------------------------------------
@@ -145,19 +161,20 @@ pub enum WireError {
 /// Encoding cannot fail; a frame whose body exceeds [`FRAME_BYTES_MAX`] (only
 /// possible for a batch or message beyond the fabric's limits) is encoded
 /// anyway and rejected by [`write_frame`], [`try_encode`] and every reader.
+/// So is a frame that cannot be encoded at all ([`WireError::Unencodable`],
+/// which `check_batch` rules out for a client's batches): its length prefix
+/// is `u32::MAX`.
 pub fn encode(frame: &Frame) -> Vec<u8> {
-    let mut out = Vec::with_capacity(LENGTH_PREFIX_BYTES + body_capacity_hint(frame));
-    out.extend_from_slice(&[0u8; LENGTH_PREFIX_BYTES]);
-    encode_body(frame, &mut out);
-    let body_len = out.len() - LENGTH_PREFIX_BYTES;
-    let prefix = u32::try_from(body_len).unwrap_or(u32::MAX);
-    out[..LENGTH_PREFIX_BYTES].copy_from_slice(&prefix.to_le_bytes());
-    out
+    encode_checked(frame).unwrap_or_else(|(mut unencodable, _)| {
+        unencodable[..LENGTH_PREFIX_BYTES].copy_from_slice(&u32::MAX.to_le_bytes());
+        unencodable
+    })
 }
 
-/// Like [`encode`], but refuses a frame larger than [`FRAME_BYTES_MAX`].
+/// Like [`encode`], but refuses a frame larger than [`FRAME_BYTES_MAX`] or
+/// one that cannot be encoded.
 pub fn try_encode(frame: &Frame) -> Result<Vec<u8>, WireError> {
-    let bytes = encode(frame);
+    let bytes = encode_checked(frame).map_err(|(_, error)| WireError::Unencodable(error))?;
     let body_len = bytes.len() - LENGTH_PREFIX_BYTES;
     if body_len > FRAME_BYTES_MAX {
         return Err(WireError::TooLarge { len: body_len });
@@ -165,12 +182,34 @@ pub fn try_encode(frame: &Frame) -> Result<Vec<u8>, WireError> {
     Ok(bytes)
 }
 
+/// The frame, or the partial bytes and why it cannot be encoded.
+fn encode_checked(frame: &Frame) -> Result<Vec<u8>, (Vec<u8>, FabricError)> {
+    let mut out = Vec::with_capacity(LENGTH_PREFIX_BYTES + body_capacity_hint(frame));
+    out.extend_from_slice(&[0u8; LENGTH_PREFIX_BYTES]);
+    if let Err(error) = encode_body(frame, &mut out) {
+        return Err((out, error));
+    }
+    let body_len = out.len() - LENGTH_PREFIX_BYTES;
+    let prefix = u32::try_from(body_len).unwrap_or(u32::MAX);
+    out[..LENGTH_PREFIX_BYTES].copy_from_slice(&prefix.to_le_bytes());
+    Ok(out)
+}
+
 fn body_capacity_hint(frame: &Frame) -> usize {
     match frame {
         Frame::Message { payload, .. } => 6 + payload.len(),
         Frame::Lookup { name, .. } => 11 + name.len(),
         Frame::Ops { ops, .. } => {
-            25 + ops.iter().map(|op| 25 + if let Op::Write { data, .. } = op { data.len() } else { 0 }).sum::<usize>()
+            25 + ops
+                .iter()
+                .map(|op| {
+                    25 + match op {
+                        Op::Write { data, .. } => data.len(),
+                        Op::WriteFrom { source, .. } => source.len() as usize,
+                        _ => 0,
+                    }
+                })
+                .sum::<usize>()
         }
         Frame::OpsOk { results, .. } => {
             13 + results.iter().map(|r| 9 + if let OpResult::Read(data) = r { data.len() } else { 0 }).sum::<usize>()
@@ -206,7 +245,8 @@ fn put_usize(out: &mut Vec<u8>, v: usize) {
     put_u64(out, v as u64);
 }
 
-fn encode_body(frame: &Frame, out: &mut Vec<u8>) {
+/// Fails only for what cannot travel at all ([`WireError::Unencodable`]).
+fn encode_body(frame: &Frame, out: &mut Vec<u8>) -> Result<(), FabricError> {
     match frame {
         Frame::Hello { node } => {
             put_u8(out, kind::HELLO);
@@ -242,7 +282,7 @@ fn encode_body(frame: &Frame, out: &mut Vec<u8>) {
             put_u64(out, *incarnation);
             put_len(out, ops.len());
             for op in ops {
-                encode_op(op, out);
+                encode_op(op, out)?;
             }
         }
         Frame::OpsOk { request, results } => {
@@ -250,7 +290,7 @@ fn encode_body(frame: &Frame, out: &mut Vec<u8>) {
             put_u64(out, *request);
             put_len(out, results.len());
             for result in results {
-                encode_result(result, out);
+                encode_result(result, out)?;
             }
         }
         Frame::Error { request, error } => {
@@ -259,9 +299,10 @@ fn encode_body(frame: &Frame, out: &mut Vec<u8>) {
             encode_error(error, out);
         }
     }
+    Ok(())
 }
 
-fn encode_op(op: &Op, out: &mut Vec<u8>) {
+fn encode_op(op: &Op, out: &mut Vec<u8>) -> Result<(), FabricError> {
     match op {
         Op::Read { offset, len } => {
             put_u8(out, op_tag::READ);
@@ -272,6 +313,18 @@ fn encode_op(op: &Op, out: &mut Vec<u8>) {
             put_u8(out, op_tag::WRITE);
             put_u64(out, *offset);
             put_bytes(out, data);
+        }
+        // A write whose data is copied from the local region into the frame.
+        Op::WriteFrom { offset, source } => {
+            put_u8(out, op_tag::WRITE);
+            put_u64(out, *offset);
+            put_local_slice(out, source)?;
+        }
+        // Only the client knows where the answer's bytes go.
+        Op::ReadInto { offset, target } => {
+            put_u8(out, op_tag::READ);
+            put_u64(out, *offset);
+            put_u32(out, target.len());
         }
         Op::FetchAdd { offset, delta } => {
             put_u8(out, op_tag::FETCH_ADD);
@@ -285,9 +338,20 @@ fn encode_op(op: &Op, out: &mut Vec<u8>) {
             put_u64(out, *new);
         }
     }
+    Ok(())
 }
 
-fn encode_result(result: &OpResult, out: &mut Vec<u8>) {
+/// A `bytes` field filled straight from `slice`'s region: the one copy of a
+/// `WriteFrom`'s data on the client.
+fn put_local_slice(out: &mut Vec<u8>, slice: &LocalSlice) -> Result<(), FabricError> {
+    slice.check_bounds()?;
+    put_u32(out, slice.len());
+    let start = out.len();
+    out.resize(start + slice.len() as usize, 0);
+    slice.region().memory().read(slice.offset(), &mut out[start..])
+}
+
+fn encode_result(result: &OpResult, out: &mut Vec<u8>) -> Result<(), FabricError> {
     match result {
         OpResult::Read(data) => {
             put_u8(out, op_tag::READ);
@@ -302,7 +366,13 @@ fn encode_result(result: &OpResult, out: &mut Vec<u8>) {
             put_u8(out, op_tag::COMPARE_SWAP);
             put_u64(out, *previous);
         }
+        OpResult::WrittenFrom | OpResult::ReadInto => {
+            return Err(FabricError::Io(format!(
+                "{result:?} is a client-side result; an owner answers Written or Read"
+            )))
+        }
     }
+    Ok(())
 }
 
 fn encode_error(error: &FabricError, out: &mut Vec<u8>) {
@@ -318,6 +388,18 @@ fn encode_error(error: &FabricError, out: &mut Vec<u8>) {
         FabricError::Misaligned { offset } => {
             put_u8(out, c::MISALIGNED);
             put_u64(out, *offset);
+        }
+        FabricError::LocalOutOfBounds { region, offset, len, region_len } => {
+            put_u8(out, c::LOCAL_OUT_OF_BOUNDS);
+            put_str(out, region);
+            put_u64(out, *offset);
+            put_u64(out, *len);
+            put_u64(out, *region_len);
+        }
+        FabricError::LocalMisaligned { local_offset, remote_offset } => {
+            put_u8(out, c::LOCAL_MISALIGNED);
+            put_u64(out, *local_offset);
+            put_u64(out, *remote_offset);
         }
         FabricError::UnknownRegion { node, name } => {
             put_u8(out, c::UNKNOWN_REGION);
@@ -451,13 +533,8 @@ pub fn decode(body: &[u8]) -> Result<Frame, WireError> {
             Frame::Ops { request, region, incarnation, ops }
         }
         kind::OPS_OK => {
-            let request = cur.u64()?;
-            let count = cur.count(MIN_RESULT_BYTES)?;
-            let mut results = Vec::with_capacity(count);
-            for _ in 0..count {
-                results.push(decode_result(&mut cur)?);
-            }
-            Frame::OpsOk { request, results }
+            let (request, results) = decode_ops_ok(&mut cur)?;
+            Frame::OpsOk { request, results: results.into_iter().map(ResultRef::into_owned).collect() }
         }
         kind::ERROR => Frame::Error { request: cur.u64()?, error: decode_error(&mut cur)? },
         other => return Err(WireError::UnknownKind(other)),
@@ -543,14 +620,76 @@ fn decode_op(cur: &mut Cursor<'_>) -> Result<Op, WireError> {
     })
 }
 
-fn decode_result(cur: &mut Cursor<'_>) -> Result<OpResult, WireError> {
+/// The body of an `OpsOk` after its kind byte, read data borrowed.
+fn decode_ops_ok<'a>(cur: &mut Cursor<'a>) -> Result<(u64, Vec<ResultRef<'a>>), WireError> {
+    let request = cur.u64()?;
+    let count = cur.count(MIN_RESULT_BYTES)?;
+    let mut results = Vec::with_capacity(count);
+    for _ in 0..count {
+        results.push(decode_result(cur)?);
+    }
+    Ok((request, results))
+}
+
+fn decode_result<'a>(cur: &mut Cursor<'a>) -> Result<ResultRef<'a>, WireError> {
     Ok(match cur.u8()? {
-        op_tag::READ => OpResult::Read(cur.bytes()?),
-        op_tag::WRITE => OpResult::Written,
-        op_tag::FETCH_ADD => OpResult::FetchAdd(cur.u64()?),
-        op_tag::COMPARE_SWAP => OpResult::CompareSwap(cur.u64()?),
+        op_tag::READ => {
+            let len = cur.u32()? as usize;
+            ResultRef::Read(cur.take(len)?)
+        }
+        op_tag::WRITE => ResultRef::Written,
+        op_tag::FETCH_ADD => ResultRef::FetchAdd(cur.u64()?),
+        op_tag::COMPARE_SWAP => ResultRef::CompareSwap(cur.u64()?),
         other => return Err(WireError::Malformed(format!("unknown result tag {other}"))),
     })
+}
+
+/// One result of an `OpsOk`, as it lies in the received frame: a read's
+/// data is borrowed from the frame's body, so a client can copy it straight
+/// to where it belongs (a `ReadInto`'s local slice) with no `Vec` between.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ResultRef<'a> {
+    Read(&'a [u8]),
+    Written,
+    FetchAdd(u64),
+    CompareSwap(u64),
+}
+
+impl ResultRef<'_> {
+    /// The owned result (a read's data copied into a `Vec`).
+    pub fn into_owned(self) -> OpResult {
+        match self {
+            ResultRef::Read(data) => OpResult::Read(data.to_vec()),
+            ResultRef::Written => OpResult::Written,
+            ResultRef::FetchAdd(previous) => OpResult::FetchAdd(previous),
+            ResultRef::CompareSwap(previous) => OpResult::CompareSwap(previous),
+        }
+    }
+}
+
+/// A frame decoded by [`decode_borrowed`]: an `OpsOk` with its results still
+/// in the frame's body, or any other frame, owned.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum BorrowedFrame<'a> {
+    OpsOk { request: u64, results: Vec<ResultRef<'a>> },
+    Owned(Frame),
+}
+
+/// Decodes one frame from `body` as [`decode`] does (same checks, same
+/// errors), except that an `OpsOk`'s read data stays borrowed from `body`.
+pub fn decode_borrowed(body: &[u8]) -> Result<BorrowedFrame<'_>, WireError> {
+    if body.first() != Some(&kind::OPS_OK) {
+        return decode(body).map(BorrowedFrame::Owned);
+    }
+    if body.len() > FRAME_BYTES_MAX {
+        return Err(WireError::TooLarge { len: body.len() });
+    }
+    let mut cur = Cursor { buf: &body[1..] };
+    let (request, results) = decode_ops_ok(&mut cur)?;
+    if !cur.buf.is_empty() {
+        return Err(WireError::Malformed(format!("{} trailing bytes after the frame", cur.buf.len())));
+    }
+    Ok(BorrowedFrame::OpsOk { request, results })
 }
 
 fn decode_error(cur: &mut Cursor<'_>) -> Result<FabricError, WireError> {
@@ -563,6 +702,13 @@ fn decode_error(cur: &mut Cursor<'_>) -> Result<FabricError, WireError> {
             region_len: cur.u64()?,
         },
         c::MISALIGNED => FabricError::Misaligned { offset: cur.u64()? },
+        c::LOCAL_OUT_OF_BOUNDS => FabricError::LocalOutOfBounds {
+            region: cur.string()?,
+            offset: cur.u64()?,
+            len: cur.u64()?,
+            region_len: cur.u64()?,
+        },
+        c::LOCAL_MISALIGNED => FabricError::LocalMisaligned { local_offset: cur.u64()?, remote_offset: cur.u64()? },
         c::UNKNOWN_REGION => FabricError::UnknownRegion { node: cur.node()?, name: cur.string()? },
         c::UNKNOWN_NODE => FabricError::UnknownNode { node: cur.node()? },
         c::REGION_EXISTS => FabricError::RegionExists { name: cur.string()? },
@@ -601,11 +747,24 @@ pub fn write_frame(w: &mut impl Write, frame: &Frame) -> io::Result<()> {
 /// `TooLarge` — before allocating — for a prefix over [`FRAME_BYTES_MAX`].
 /// Wrap sockets in a `BufReader` so a small frame costs one `read` syscall.
 pub fn read_frame(r: &mut impl Read) -> Result<Option<Frame>, WireError> {
+    let mut body = Vec::new();
+    if !read_frame_body(r, &mut body)? {
+        return Ok(None);
+    }
+    decode(&body).map(Some)
+}
+
+/// Reads one frame's body (the bytes after the length prefix, kind byte
+/// first) into `body`, reusing its allocation, for [`decode`] or
+/// [`decode_borrowed`]. Returns `Ok(false)` on a clean end of stream before
+/// the first byte of a frame; otherwise fails as [`read_frame`] does, and
+/// likewise never allocates for a prefix over [`FRAME_BYTES_MAX`].
+pub fn read_frame_body(r: &mut impl Read, body: &mut Vec<u8>) -> Result<bool, WireError> {
     let mut prefix = [0u8; LENGTH_PREFIX_BYTES];
     let mut filled = 0;
     while filled < prefix.len() {
         match r.read(&mut prefix[filled..]) {
-            Ok(0) if filled == 0 => return Ok(None),
+            Ok(0) if filled == 0 => return Ok(false),
             Ok(0) => return Err(WireError::Truncated),
             Ok(n) => filled += n,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
@@ -619,12 +778,13 @@ pub fn read_frame(r: &mut impl Read) -> Result<Option<Frame>, WireError> {
     if len == 0 {
         return Err(WireError::Malformed("empty frame (no kind byte)".to_string()));
     }
-    let mut body = vec![0u8; len];
-    r.read_exact(&mut body).map_err(|e| match e.kind() {
+    body.clear();
+    body.resize(len, 0);
+    r.read_exact(body).map_err(|e| match e.kind() {
         io::ErrorKind::UnexpectedEof => WireError::Truncated,
         _ => WireError::Io(e),
     })?;
-    decode(&body).map(Some)
+    Ok(true)
 }
 
 #[cfg(test)]

@@ -1,10 +1,16 @@
-//! Property tests of the codec: every frame round-trips, and no input panics.
+//! Property tests of the codec: every frame round-trips, and no input panics;
+//! transfers naming local memory encode exactly as the plain ops they stand
+//! for, and the borrowed decoder agrees with the owned one.
 
 use proptest::prelude::*;
+use std::sync::Arc;
 use tierstack_base::limits::CHANNELS_MAX;
 use tierstack_base::NodeId;
-use tierstack_fabric::{Channel, FabricError, Op, OpResult};
-use tierstack_fabric_wire::{decode, encode, read_frame, write_frame, Frame, LENGTH_PREFIX_BYTES};
+use tierstack_fabric::{Channel, FabricError, LocalRegion, LocalSlice, Op, OpResult, RegionMemory};
+use tierstack_fabric_wire::{
+    decode, decode_borrowed, encode, read_frame, read_frame_body, try_encode, write_frame, BorrowedFrame, Frame,
+    ResultRef, WireError, FRAME_BYTES_MAX, LENGTH_PREFIX_BYTES,
+};
 
 fn node() -> impl Strategy<Value = NodeId> {
     any::<u32>().prop_map(NodeId)
@@ -47,6 +53,11 @@ fn fabric_error() -> impl Strategy<Value = FabricError> {
             FabricError::OutOfBounds { region, offset, len, region_len }
         }),
         any::<u64>().prop_map(|offset| FabricError::Misaligned { offset }),
+        (s(), any::<u64>(), any::<u64>(), any::<u64>()).prop_map(|(region, offset, len, region_len)| {
+            FabricError::LocalOutOfBounds { region, offset, len, region_len }
+        }),
+        (any::<u64>(), any::<u64>())
+            .prop_map(|(local_offset, remote_offset)| FabricError::LocalMisaligned { local_offset, remote_offset }),
         (node(), s()).prop_map(|(node, name)| FabricError::UnknownRegion { node, name }),
         node().prop_map(|node| FabricError::UnknownNode { node }),
         s().prop_map(|name| FabricError::RegionExists { name }),
@@ -131,5 +142,138 @@ proptest! {
         let _ = decode(&mutated);
         let cut = index.index(body.len());
         prop_assert!(decode(&body[..cut]).is_err());
+    }
+}
+
+const LOCAL_BYTES: u64 = 256;
+
+/// A local region holding `pattern` bytes (a different value at each offset).
+fn local_region() -> Arc<LocalRegion> {
+    let region = Arc::new(LocalRegion::new("local", RegionMemory::heap("local", LOCAL_BYTES).unwrap()));
+    let bytes: Vec<u8> = (0..LOCAL_BYTES).map(|i| (i as u8).wrapping_mul(7).wrapping_add(3)).collect();
+    region.memory().write(0, &bytes).unwrap();
+    region
+}
+
+fn body(frame_bytes: &[u8]) -> &[u8] {
+    &frame_bytes[LENGTH_PREFIX_BYTES..]
+}
+
+proptest! {
+    /// A `WriteFrom` is encoded exactly as the `Write` of its slice's bytes
+    /// and a `ReadInto` exactly as the `Read` of its length: the owner sees
+    /// plain writes and reads, and no new op tags exist.
+    #[test]
+    fn local_transfers_encode_as_the_plain_ops(
+        request in any::<u64>(),
+        remote in any::<u64>(),
+        local_offset in 0..LOCAL_BYTES,
+        len in 0..LOCAL_BYTES,
+    ) {
+        let len = len.min(LOCAL_BYTES - local_offset);
+        let region = local_region();
+        let slice = LocalSlice::new(region.clone(), local_offset, len as u32);
+        let mut data = vec![0u8; len as usize];
+        region.memory().read(local_offset, &mut data).unwrap();
+        let frame = |ops| Frame::Ops { request, region: 3, incarnation: 9, ops };
+        prop_assert_eq!(
+            encode(&frame(vec![Op::WriteFrom { offset: remote, source: slice.clone() }])),
+            encode(&frame(vec![Op::Write { offset: remote, data: data.clone() }]))
+        );
+        prop_assert_eq!(
+            try_encode(&frame(vec![Op::ReadInto { offset: remote, target: slice.clone() }])).unwrap(),
+            encode(&frame(vec![Op::Read { offset: remote, len: len as u32 }]))
+        );
+        // What the owner decodes.
+        let sent = encode(&frame(vec![Op::WriteFrom { offset: remote, source: slice.clone() }, Op::ReadInto { offset: remote, target: slice }]));
+        prop_assert_eq!(
+            decode(body(&sent)).unwrap(),
+            frame(vec![Op::Write { offset: remote, data }, Op::Read { offset: remote, len: len as u32 }])
+        );
+    }
+
+    /// The borrowed decoder accepts and rejects exactly what `decode` does,
+    /// and yields the same frame.
+    #[test]
+    fn decode_borrowed_agrees_with_decode(frame in frame()) {
+        let bytes = encode(&frame);
+        match decode_borrowed(body(&bytes)).unwrap() {
+            BorrowedFrame::OpsOk { request, results } => {
+                let owned = Frame::OpsOk { request, results: results.into_iter().map(ResultRef::into_owned).collect() };
+                prop_assert_eq!(owned, frame);
+            }
+            BorrowedFrame::Owned(owned) => {
+                prop_assert!(!matches!(owned, Frame::OpsOk { .. }), "an OpsOk is always borrowed");
+                prop_assert_eq!(owned, frame);
+            }
+        }
+    }
+
+    #[test]
+    fn decode_borrowed_fails_exactly_when_decode_does(frame in frame(), index in any::<prop::sample::Index>(), byte in any::<u8>()) {
+        let bytes = encode(&frame);
+        let mut mutated = body(&bytes).to_vec();
+        let i = index.index(mutated.len());
+        mutated[i] = byte;
+        let cut = index.index(mutated.len());
+        for candidate in [&mutated[..], &mutated[..cut]] {
+            prop_assert_eq!(decode(candidate).is_ok(), decode_borrowed(candidate).is_ok());
+        }
+    }
+
+    /// Frames read one after another into one reused body buffer.
+    #[test]
+    fn frame_bodies_reuse_one_buffer(frames in proptest::collection::vec(frame(), 0..8)) {
+        let mut stream = Vec::new();
+        for frame in &frames {
+            write_frame(&mut stream, frame).unwrap();
+        }
+        let mut reader: &[u8] = &stream;
+        let mut buffer = Vec::new();
+        for frame in &frames {
+            prop_assert!(read_frame_body(&mut reader, &mut buffer).unwrap());
+            prop_assert_eq!(&decode(&buffer).unwrap(), frame);
+        }
+        prop_assert!(!read_frame_body(&mut reader, &mut buffer).unwrap(), "a clean end of stream");
+    }
+}
+
+#[test]
+fn an_ops_ok_read_is_borrowed_from_the_frame() {
+    let bytes = encode(&Frame::OpsOk { request: 4, results: vec![OpResult::Written, OpResult::Read(vec![5, 6, 7])] });
+    let body = body(&bytes);
+    let BorrowedFrame::OpsOk { request: 4, results } = decode_borrowed(body).unwrap() else { panic!("not an OpsOk") };
+    let ResultRef::Read(data) = results[1] else { panic!("not a read") };
+    assert_eq!(data, [5, 6, 7]);
+    let inside = body.as_ptr_range();
+    assert!(inside.contains(&data.as_ptr()), "the data points into the frame's body, not a copy");
+    assert_eq!(results[0], ResultRef::Written);
+}
+
+#[test]
+fn what_cannot_travel_is_refused_and_poisoned() {
+    let region = local_region();
+    let outside = LocalSlice::new(region, LOCAL_BYTES - 4, 8);
+    let frame =
+        Frame::Ops { request: 1, region: 0, incarnation: 0, ops: vec![Op::WriteFrom { offset: 0, source: outside }] };
+    let expected = FabricError::LocalOutOfBounds {
+        region: "local".into(),
+        offset: LOCAL_BYTES - 4,
+        len: 8,
+        region_len: LOCAL_BYTES,
+    };
+    assert!(matches!(try_encode(&frame), Err(WireError::Unencodable(error)) if error == expected));
+    // `encode` cannot fail: its frame is one no writer sends and no reader accepts.
+    let poisoned = encode(&frame);
+    assert_eq!(poisoned[..LENGTH_PREFIX_BYTES], u32::MAX.to_le_bytes());
+    assert!(matches!(read_frame(&mut &poisoned[..]), Err(WireError::TooLarge { len }) if len > FRAME_BYTES_MAX));
+    let mut sink = Vec::new();
+    assert!(write_frame(&mut sink, &frame).is_err());
+    assert!(sink.is_empty());
+
+    for client_only in [OpResult::WrittenFrom, OpResult::ReadInto] {
+        let frame = Frame::OpsOk { request: 2, results: vec![OpResult::Written, client_only] };
+        assert!(matches!(try_encode(&frame), Err(WireError::Unencodable(_))), "{frame:?}");
+        assert_eq!(encode(&frame)[..LENGTH_PREFIX_BYTES], u32::MAX.to_le_bytes());
     }
 }

@@ -8,6 +8,15 @@ pub enum FabricError {
     OutOfBounds { region: String, offset: u64, len: u64, region_len: u64 },
     #[error("offset {offset} is not 8-byte aligned, as a 64-bit atomic requires")]
     Misaligned { offset: u64 },
+    /// The local slice of a `WriteFrom`/`ReadInto` lies outside its region.
+    #[error("local offset {offset} + length {len} is outside local region {region:?} of {region_len} bytes")]
+    LocalOutOfBounds { region: String, offset: u64, len: u64, region_len: u64 },
+    /// A `WriteFrom`/`ReadInto` whose local and remote offsets differ modulo 8.
+    #[error(
+        "local offset {local_offset} and remote offset {remote_offset} differ modulo 8: a transfer between \
+         registered regions moves whole aligned words"
+    )]
+    LocalMisaligned { local_offset: u64, remote_offset: u64 },
     #[error("{node} has no region named {name:?}")]
     UnknownRegion { node: NodeId, name: String },
     #[error("{node} is not a node of this cluster")]

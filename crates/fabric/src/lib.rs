@@ -27,7 +27,12 @@
 //!   transferred atomically (never torn), so a record whose other words never
 //!   change (such as a key fingerprint beside a version) needs no seqlock.
 //! - **Memory is accessed only through atomics** ([`memory::RegionMemory`]),
-//!   because other processes read and write it concurrently.
+//!   because other processes read and write it concurrently. The one audited
+//!   exception is [`RegionBytes`], a plain-bytes view for socket writes,
+//!   sound under its slot's ownership rule.
+//! - **Transfers can name local registered memory** ([`Op::WriteFrom`],
+//!   [`Op::ReadInto`] with a [`LocalSlice`]), as RDMA work requests do, so
+//!   bytes move region to region without a `Vec` of the caller's.
 
 mod completion;
 mod error;
@@ -39,9 +44,9 @@ pub mod sync;
 
 pub use completion::{Completion, CompletionSender};
 pub use error::FabricError;
-pub use memory::RegionMemory;
+pub use memory::{RegionBytes, RegionMemory};
 pub use message::{Channel, Inbox, Inboxes, Message};
-pub use op::{check_batch, Op, OpResult};
+pub use op::{check_batch, LocalSlice, Op, OpResult};
 pub use tierstack_base::NodeId;
 
 use std::sync::Arc;
@@ -176,6 +181,20 @@ pub trait RemoteRegion: Send + Sync {
         Ok(())
     }
 
+    /// Writes the bytes of `source`, a slice of a region of this node, at
+    /// `offset` (not atomic across words; see [`Op::WriteFrom`]).
+    fn write_from(&self, offset: u64, source: &LocalSlice) -> Result<()> {
+        self.post(vec![Op::WriteFrom { offset, source: source.clone() }]).wait()?;
+        Ok(())
+    }
+
+    /// Reads `target.len()` bytes at `offset` straight into `target`, a slice
+    /// of a region of this node (not atomic across words; see [`Op::ReadInto`]).
+    fn read_into(&self, offset: u64, target: &LocalSlice) -> Result<()> {
+        self.post(vec![Op::ReadInto { offset, target: target.clone() }]).wait()?;
+        Ok(())
+    }
+
     /// Adds `delta` (wrapping) to the word at `offset`; returns the previous value.
     fn fetch_add(&self, offset: u64, delta: u64) -> Result<u64> {
         self.post(vec![Op::FetchAdd { offset, delta }]).wait()?.remove(0).into_u64()
@@ -202,6 +221,15 @@ pub fn execute_on_memory(memory: &RegionMemory, ops: &[Op]) -> Result<Vec<OpResu
             Op::Write { offset, data } => {
                 memory.write(*offset, data)?;
                 Ok(OpResult::Written)
+            }
+            // One copy, memory to memory (on `shm`, mapping to mapping).
+            Op::WriteFrom { offset, source } => {
+                memory.copy_from(*offset, source.region().memory(), source.offset(), u64::from(source.len()))?;
+                Ok(OpResult::WrittenFrom)
+            }
+            Op::ReadInto { offset, target } => {
+                target.region().memory().copy_from(target.offset(), memory, *offset, u64::from(target.len()))?;
+                Ok(OpResult::ReadInto)
             }
             Op::FetchAdd { offset, delta } => Ok(OpResult::FetchAdd(memory.fetch_add(*offset, *delta)?)),
             Op::CompareSwap { offset, expected, new } => {

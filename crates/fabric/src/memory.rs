@@ -7,10 +7,19 @@
 //! edges. Relaxed word copies compile to ordinary moves; the fences around a
 //! copy give it the ordering the [`crate::seqlock`] protocol needs:
 //! a read ends with an acquire fence, a write begins with a release fence.
+//!
+//! **The one exception** is [`RegionBytes`]: a plain `&[u8]` view of a slice
+//! of a local region, for code that must hand registered bytes to a socket
+//! write (a cached file served straight from its slot). Its constructor is
+//! `unsafe`, and its safety contract is the ownership rule of the protocol
+//! that owns the slot: no writer touches the slot's bytes between their
+//! arrival and their release. This is the only place that reads registered
+//! memory without atomics.
 
-use crate::{FabricError, Result};
+use crate::{FabricError, LocalRegion, LocalSlice, Result};
 use std::ptr::NonNull;
 use std::sync::atomic::{fence, AtomicU64, AtomicU8, Ordering};
+use std::sync::Arc;
 
 /// A registered region's memory: a base pointer, 8-byte aligned, and a
 /// length that is a multiple of 8. All accessors check bounds and alignment
@@ -145,6 +154,37 @@ impl RegionMemory {
         Ok(())
     }
 
+    /// Copies `len` bytes at `source_offset` of `source` to `offset` of this
+    /// memory: one pass, no intermediate buffer. `offset` and `source_offset`
+    /// must be equal modulo 8 ([`FabricError::Misaligned`] otherwise), so that
+    /// each aligned word is moved with one atomic load and one atomic store.
+    /// Begins with a release fence (it writes) and ends with an acquire fence
+    /// (it reads). If both ranges are the same memory and overlap, the
+    /// result is unspecified (every word holds some word's value), as with
+    /// RDMA.
+    pub fn copy_from(&self, offset: u64, source: &RegionMemory, source_offset: u64, len: u64) -> Result<()> {
+        self.check(offset, len)?;
+        source.check(source_offset, len)?;
+        if offset % 8 != source_offset % 8 {
+            return Err(FabricError::Misaligned { offset });
+        }
+        fence(Ordering::Release);
+        let (mut to, mut from, end) = (offset, source_offset, offset + len);
+        while to < end {
+            if to.is_multiple_of(8) && end - to >= 8 {
+                self.word(to).store(source.word(from).load(Ordering::Relaxed), Ordering::Relaxed);
+                to += 8;
+                from += 8;
+            } else {
+                self.byte(to).store(source.byte(from).load(Ordering::Relaxed), Ordering::Relaxed);
+                to += 1;
+                from += 1;
+            }
+        }
+        fence(Ordering::Acquire);
+        Ok(())
+    }
+
     pub fn load_u64(&self, offset: u64) -> Result<u64> {
         self.check_word(offset)?;
         Ok(self.word(offset).load(Ordering::Acquire))
@@ -174,6 +214,99 @@ impl RegionMemory {
 impl std::fmt::Debug for RegionMemory {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RegionMemory").field("name", &self.name).field("len", &self.len).finish()
+    }
+}
+
+/// A read-only view of a slice of a local registered region as plain bytes:
+/// what a socket write needs to send a cached file straight out of its slot
+/// (for example as `bytes::Bytes::from_owner(view)`). It holds the region,
+/// so the memory stays mapped for as long as the view or any owner of it
+/// lives.
+///
+/// This is the single audited exception to "memory shared across processes
+/// is touched only through atomics" (see the module docs and
+/// ARCHITECTURE.md). It is sound only under the ownership rule stated on
+/// [`RegionBytes::new`], which the protocol handing out slots (a receive
+/// ring's head and tail words, a cache pool's free list) must guarantee.
+pub struct RegionBytes {
+    slice: LocalSlice,
+}
+
+impl RegionBytes {
+    /// A view of `slice`'s bytes. Fails with
+    /// [`FabricError::LocalOutOfBounds`] if the slice is outside its region.
+    /// Ends with an acquire fence, so writes that the caller has observed to
+    /// be complete (through an atomic or a waited completion) are visible.
+    ///
+    /// # Safety
+    /// **The ownership rule: no writer touches the slot between its arrival
+    /// and its release.**
+    /// - *Arrival*: every write that filled `slice` (a local store, a peer's
+    ///   one-sided `Write`/`WriteFrom`, a `ReadInto` targeting it) has
+    ///   completed and happens-before this call: the caller waited on the
+    ///   completion, or observed an arrival word written after the bytes
+    ///   with an acquire load.
+    /// - *Release*: the view and every owner it was moved into (a `Bytes`, a
+    ///   buffer queued on a socket) are dropped.
+    ///
+    /// Between the two, nothing may write any byte of `slice`: not this
+    /// process (stores, atomics, a `ReadInto` or `copy_from` into an
+    /// overlapping range), and not any peer (on `shm` a peer's one-sided
+    /// writes land in this memory directly, with no owner code to stop them).
+    /// A write in that interval is a data race: undefined behaviour.
+    pub unsafe fn new(slice: LocalSlice) -> Result<Self> {
+        slice.check_bounds()?;
+        fence(Ordering::Acquire);
+        Ok(Self { slice })
+    }
+
+    /// The slice this view shows.
+    pub fn slice(&self) -> &LocalSlice {
+        &self.slice
+    }
+
+    /// The region holding the bytes.
+    pub fn region(&self) -> &Arc<LocalRegion> {
+        self.slice.region()
+    }
+
+    pub fn as_slice(&self) -> &[u8] {
+        let memory = self.slice.region().memory();
+        // SAFETY: the constructor checked that the slice lies inside the
+        // region, whose memory stays valid while `self` holds the region's
+        // Arc; the offset fits usize since it is below the region's length,
+        // which was allocated or mapped in this address space. Nothing
+        // writes these bytes while the view lives (the constructor's safety
+        // contract), so a shared non-atomic read is race-free.
+        unsafe { std::slice::from_raw_parts(memory.base.as_ptr().add(self.slice.offset() as usize), self.len()) }
+    }
+
+    pub fn len(&self) -> usize {
+        self.slice.len() as usize
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.slice.is_empty()
+    }
+}
+
+impl AsRef<[u8]> for RegionBytes {
+    fn as_ref(&self) -> &[u8] {
+        self.as_slice()
+    }
+}
+
+impl std::ops::Deref for RegionBytes {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        self.as_slice()
+    }
+}
+
+impl std::fmt::Debug for RegionBytes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RegionBytes").field("slice", &self.slice).finish()
     }
 }
 

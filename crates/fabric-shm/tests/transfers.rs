@@ -1,0 +1,66 @@
+//! Transfers naming local registered memory on the shm backend: the shared
+//! conformance suite (`crates/fabric/tests/backend_suite/transfers.rs`),
+//! one pair of nodes per test. Here every transfer is one copy, mapping to
+//! mapping, executed by the caller's thread.
+
+#[path = "../../fabric/tests/backend_suite/transfers.rs"]
+mod suite;
+
+use std::sync::Arc;
+use tierstack_base::NodeId;
+use tierstack_fabric_shm::{ShmConfig, ShmFabric};
+
+/// Node 0 owns the remote regions; node 1 operates on them.
+fn pair() -> (tempfile::TempDir, Arc<ShmFabric>, Arc<ShmFabric>) {
+    let dir = tempfile::tempdir().unwrap();
+    let nodes = vec![NodeId(0), NodeId(1)];
+    let owner = ShmFabric::open(ShmConfig::new(dir.path(), NodeId(0)).with_nodes(nodes.clone())).unwrap();
+    let peer = ShmFabric::open(ShmConfig::new(dir.path(), NodeId(1)).with_nodes(nodes)).unwrap();
+    (dir, owner, peer)
+}
+
+#[test]
+fn round_trips_match_plain_reads_and_writes() {
+    let (_dir, owner, peer) = pair();
+    suite::round_trips_match_plain_reads_and_writes(owner.as_ref(), peer.as_ref());
+}
+
+#[test]
+fn large_transfers_round_trip() {
+    let (_dir, owner, peer) = pair();
+    suite::large_transfers_round_trip(owner.as_ref(), peer.as_ref());
+}
+
+#[test]
+fn bounds_errors_are_typed_and_execute_nothing() {
+    let (_dir, owner, peer) = pair();
+    suite::bounds_errors_are_typed_and_execute_nothing(owner.as_ref(), peer.as_ref());
+}
+
+#[test]
+fn alignment_follows_the_same_phase_rule() {
+    let (_dir, owner, peer) = pair();
+    suite::alignment_follows_the_same_phase_rule(owner.as_ref(), peer.as_ref());
+}
+
+#[test]
+fn a_batch_mixes_old_and_new_ops() {
+    let (_dir, owner, peer) = pair();
+    suite::a_batch_mixes_old_and_new_ops(owner.as_ref(), peer.as_ref());
+}
+
+#[test]
+fn a_view_sees_the_bytes_that_arrived_before_it() {
+    let (_dir, owner, peer) = pair();
+    suite::a_view_sees_the_bytes_that_arrived_before_it(owner.as_ref(), peer.as_ref());
+}
+
+/// The owner closes its node (its regions are revoked): the peer's mapping
+/// is still there, but every transfer fails with `PeerDead`.
+#[test]
+fn read_into_a_dead_peer_is_peer_dead() {
+    let (_dir, owner, peer) = pair();
+    let (remote, local) = suite::before_the_owner_dies(owner.as_ref(), peer.as_ref());
+    drop(owner);
+    suite::read_into_a_dead_peer_fails_and_writes_nothing(remote.as_ref(), &local);
+}
