@@ -155,6 +155,8 @@ pub struct LoadShape {
     pub new_connection_per_request: bool,
     /// `None`: closed loop (`connections` workers, one request in flight each).
     pub open_loop: Option<OpenLoopSummary>,
+    /// 2xx responses without `X-Tierstack-Deps` were accepted (static content).
+    pub static_content: bool,
 }
 
 /// The open loop's parameters and how well the client kept its schedule.
@@ -177,7 +179,7 @@ pub struct TargetCounts {
     pub target: String,
     /// Requests to it that ended (counted as in [`LoadReport::requests`]).
     pub requests: u64,
-    /// TCP connections to it that opened (handshake done).
+    /// TCP connections to it opened by requests that ended.
     pub connections_opened: u64,
 }
 
@@ -206,12 +208,14 @@ pub struct LoadReport {
     /// Requests still in flight (or connecting) when the run was stopped by
     /// its duration or a shutdown: not counted in `requests`.
     pub abandoned: u64,
-    /// TCP connections opened, over all targets.
+    /// TCP connections opened by requests that ended, over all targets (a
+    /// request abandoned at the stop may have opened one more).
     pub connections_opened: u64,
     /// Per target, in the order of `targets`.
     pub per_target: Vec<TargetCounts>,
     /// 2xx responses that passed every check (header, and body when
-    /// checked) and were checked for staleness.
+    /// checked) and were checked for staleness; with static content, also
+    /// the 2xx responses without a header.
     pub checked_ok: u64,
     /// Of `checked_ok`, responses whose self-checking body was verified.
     pub bodies_checked: u64,
@@ -278,6 +282,7 @@ impl LoadReport {
             TargetChoice::Random => "random",
         };
         let reuse = if self.shape.new_connection_per_request { ", a new connection per request" } else { "" };
+        let reuse = if self.shape.static_content { format!("{reuse}, static content") } else { reuse.to_string() };
         let load = match &self.shape.open_loop {
             None => format!("closed loop, {} connections, target choice {choice}{reuse}", self.connections),
             Some(o) => format!(

@@ -124,6 +124,12 @@ pub struct LoadConfig {
     pub new_connection_per_request: bool,
     /// `Some`: an open loop at a rate; `None` (default): the closed loop.
     pub open_loop: Option<OpenLoop>,
+    /// The targets serve static content without `X-Tierstack-Deps` (e.g.
+    /// `tierstack origin`, for the cooperative-caching and PRESS
+    /// experiments): a 2xx without the header counts as checked (there is
+    /// nothing to be stale against) instead of as `missing_deps`. A header,
+    /// when present, is still checked. Needs `update_interval_ms = 0`.
+    pub static_content: bool,
 }
 
 impl LoadConfig {
@@ -147,6 +153,7 @@ impl LoadConfig {
             target_choice: TargetChoice::Fixed,
             new_connection_per_request: false,
             open_loop: None,
+            static_content: false,
         }
     }
 }
@@ -205,15 +212,17 @@ where
 {
     let plan = Plan::validate(&config)?;
     let clock = SystemClock;
-    // `started` and `run_start_ns` are read together: the open loop's
-    // schedule is kept on the first and its latencies measured on the second.
+    // The open loop keeps its schedule on `started` and measures latencies
+    // from `run_start_ns`; reading the clock first keeps every request's
+    // send time at or after its scheduled time on both.
+    let run_start_ns = clock.now_ns();
     let started = Instant::now();
     let shared = Arc::new(Shared {
         state: Mutex::new(CheckState::default()),
         live,
         records_taken: AtomicU64::new(0),
         budget_used: AtomicU64::new(0),
-        run_start_ns: clock.now_ns(),
+        run_start_ns,
     });
     // `stop` ends the requests in flight (deadline or shutdown); `halt` only
     // stops the open loop's dispatching early (shutdown), so that a run with a
@@ -298,6 +307,9 @@ impl Plan {
         }
         if config.trace.documents().is_empty() {
             return invalid("the trace has no documents");
+        }
+        if config.static_content && config.update_interval_ms > 0 {
+            return invalid("static content takes no updates: set update_interval_ms to 0");
         }
         if let Some(open) = &config.open_loop {
             if !(open.rate_rps > 0.0 && open.rate_rps <= RATE_RPS_MAX) {
@@ -682,6 +694,17 @@ impl Client {
                     }
                     Self::note_check_error(tally, name, &e);
                     (DepsState::Rejected, Deps::None)
+                }
+                (DepsState::Missing, _, _) if self.config.static_content => {
+                    // Static content has nothing to be stale against: the
+                    // response is checked (trivially) so the identities hold.
+                    let mut st = self.shared.lock();
+                    let id = st.next_response;
+                    st.next_response += 1;
+                    st.checker.response(id, doc, start_ns, Deps::None);
+                    drop(st);
+                    tally.checked_ok += 1;
+                    (DepsState::Missing, Deps::None)
                 }
                 (DepsState::Missing, _, _) => {
                     tally.errors.missing_deps += 1;
@@ -1176,6 +1199,7 @@ fn assemble(
     let shape = LoadShape {
         target_choice: config.target_choice,
         new_connection_per_request: config.new_connection_per_request,
+        static_content: config.static_content,
         open_loop: config.open_loop.map(|o| OpenLoopSummary {
             rate_rps: o.rate_rps,
             arrivals: o.arrivals,
