@@ -310,13 +310,17 @@ async fn a_new_connection_per_request_opens_exactly_one_connection_per_request()
     assert!(report.accounted());
 
     // Against that: persistent connections, two workers, two targets in
-    // turn: each worker opens one connection per target, once.
+    // turn: each worker opens one connection per target it used, once.
+    // (The workers share the budget, so how it splits is up to timing.)
     let cluster = Cluster::start(&trace(), 2, Behaviour::default());
     let mut c = config(&cluster, trace(), 40);
     (c.connections, c.target_choice) = (2, TargetChoice::RoundRobin);
     let report = run(c).await.unwrap();
-    assert_eq!(cluster.connections(), [2, 2]);
-    assert_eq!(report.connections_opened, 4);
+    let log = report.records.as_ref().unwrap();
+    let used: u64 = (0..2).map(|w| log.responses.iter().filter(|r| r.stream == w).count().min(2) as u64).sum();
+    assert_eq!(cluster.connections().iter().sum::<u64>(), used);
+    assert_eq!(report.connections_opened, used);
+    assert!(used <= 4 && report.requests == 40);
     assert!(report.accounted());
 }
 
