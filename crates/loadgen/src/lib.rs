@@ -9,6 +9,36 @@
 //! that proves no response was older than an update that had completed
 //! before the request began.
 //!
+//! It also issues load the way the cooperative-caching and PRESS
+//! experiments assume (seed-notes §0 item 5):
+//!
+//! - **Target choice** per request ([`LoadConfig::target_choice`]): fixed,
+//!   round-robin or uniformly random, by the rule
+//!   [`tierstack_workload::TargetChooser`] that the simulator shares. Worker
+//!   (or open-loop stream) `w` of `W` takes, per request, exactly one
+//!   `next()` of `trace.stream(seed, w, W)` and one of
+//!   `TargetChooser::new(choice, targets, seed, w)`, whatever happens to the
+//!   request afterwards.
+//! - **A new connection per request** ([`LoadConfig::new_connection_per_request`]),
+//!   closed after the response (`Connection: close`); otherwise persistent
+//!   connections (a closed-loop worker keeps at most one per target; the
+//!   open loop pools idle ones per target).
+//! - **An open loop** ([`LoadConfig::open_loop`]): requests dispatched at
+//!   the points of a seeded schedule ([`arrival`]: constant or Poisson, and
+//!   which stream and target each request takes), whatever the state of
+//!   earlier ones, with latency measured from the scheduled time (no
+//!   coordinated omission: a stall, or the client itself running late, is
+//!   charged to every request due behind it). A request due while
+//!   `max_in_flight` are in flight is not sent and ends as an
+//!   `over_max_in_flight` error. A run with a duration dispatches exactly the
+//!   points due before it ends.
+//! - **Static content** ([`LoadConfig::static_content`]): against a target
+//!   without the dependency header (`tierstack origin`), a 2xx is not an
+//!   error.
+//!
+//! The report counts requests and connections per target
+//! ([`LoadReport::per_target`]).
+//!
 //! Main types: [`LoadConfig`] → [`run`] / [`run_with`] → [`LoadReport`]
 //! (throughput, latency p50/p99, hit rate, errors by kind, updates, stale
 //! responses, a per-second series, and optionally every record,
@@ -17,7 +47,7 @@
 //! [`staleness`] (offline and online checkers), [`stats`] — do no I/O.
 //!
 //! Each connection is hyper's low-level `client::conn::http1` over its own
-//! `TcpStream`, persistent, re-opened after any error (with a bounded
+//! `TcpStream`, re-opened after any error (in the closed loop with a bounded
 //! back-off after failed connects). Times are nanoseconds of one monotonic
 //! clock (`tierstack_base::SystemClock`) shared by the workers and the
 //! updater, so response start times and update completion times compare.
@@ -42,11 +72,14 @@
 //! **Strict accounting**: every request that ends is counted exactly once,
 //! as a checked 2xx ([`LoadReport::checked_ok`], of which
 //! [`LoadReport::stale_responses`] were stale) or as one error category, so
-//! `requests == checked_ok + errors.total()`. A failed connect counts as
-//! one failed request; a connection the server closed while idle is
-//! reopened without losing a request; requests in flight when the run is
-//! stopped are abandoned and not counted.
+//! `requests == checked_ok + errors.total()`, and once under its target. A
+//! failed connect counts as one failed request; a connection the server
+//! closed while idle is reopened without losing a request; requests in
+//! flight when the run is stopped are abandoned, not counted in `requests`
+//! but in [`LoadReport::abandoned`], so `issued == requests + abandoned`
+//! ([`LoadReport::accounted`] checks all of these).
 
+pub mod arrival;
 pub mod body;
 pub mod deps;
 mod http;
@@ -56,12 +89,18 @@ mod run;
 pub mod staleness;
 pub mod stats;
 
+pub use arrival::{ArrivalSchedule, Arrivals};
 pub use http::Endpoint;
-pub use report::{ErrorCounts, IncarnationSeen, LoadReport, SecondPoint, StaleExample, UpdateSummary};
-pub use run::{
-    run, run_with, LiveSnapshot, LiveStats, LoadConfig, CONNECTIONS_DEFAULT, CONNECTIONS_MAX, CONNECT_BACKOFF_MS_MAX,
-    CONNECT_BACKOFF_MS_MIN, RECORDS_MAX_DEFAULT, REQUEST_TIMEOUT_MS_DEFAULT, UPDATE_INTERVAL_MS_DEFAULT,
+pub use report::{
+    ErrorCounts, IncarnationSeen, LoadReport, LoadShape, OpenLoopSummary, SecondPoint, StaleExample, TargetCounts,
+    UpdateSummary,
 };
+pub use run::{
+    run, run_with, LiveSnapshot, LiveStats, LoadConfig, OpenLoop, CONNECTIONS_DEFAULT, CONNECTIONS_MAX,
+    CONNECT_BACKOFF_MS_MAX, CONNECT_BACKOFF_MS_MIN, MAX_IN_FLIGHT_DEFAULT, MAX_IN_FLIGHT_MAX, RATE_RPS_MAX,
+    RECORDS_MAX_DEFAULT, REQUEST_TIMEOUT_MS_DEFAULT, TARGETS_MAX, UPDATE_INTERVAL_MS_DEFAULT,
+};
+pub use tierstack_workload::{TargetChoice, TargetChooser};
 
 /// Errors that stop a run before or instead of a report. Failures of
 /// individual requests are counted in the report, not returned.
