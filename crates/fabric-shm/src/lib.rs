@@ -7,7 +7,11 @@
 //! <root>/node-<id>/owner.pid     the owning process id (liveness check)
 //! <root>/node-<id>/r.<name>      one file per registered region: a 64-byte
 //!                                header (magic, revoked word), then the data
-//! <root>/node-<id>/msg.sock      Unix socket for two-sided messages
+//! <root>/node-<id>/msg.ctl       the message control file: revoked word,
+//!                                ring generation, per channel a doorbell
+//! <root>/node-<id>/q.<c>.<from>.<incarnation>
+//!                                a message ring from node <from> on channel
+//!                                <c>, created by that sender
 //! ```
 //!
 //! A peer that connects to a region maps its file into its own address space,
@@ -19,10 +23,15 @@
 //! caller's registered region and the peer's), word by word with atomics.
 //!
 //! Two-sided messages are genuinely two-sided here as in RDMA send/receive:
-//! they travel over the receiver's Unix socket in the frames of
-//! `tierstack-fabric-wire`, and a receiver thread per connection delivers
-//! them to the inbox of their channel. A sender keeps one connection per
-//! receiver and channel, so a full channel holds back that channel only.
+//! the sender writes a message into a ring in the receiver's memory and the
+//! receiver's thread takes it out; neither side runs code for the other.
+//! There is one single-producer single-consumer ring per sender, receiver
+//! and channel ([`messages`](crate::messages)), so a full channel holds back
+//! that channel only. A receiving thread polls its rings for a while
+//! ([`ShmConfig::receive_spin`]) and then sleeps on a futex that senders ring
+//! only when someone sleeps: no receiver thread, no system call on the busy
+//! path, no CPU when idle. The word protocol (`ring`) is model-checked with
+//! loom.
 //!
 //! Liveness: `connect` reads `owner.pid` and refuses a dead owner with
 //! `PeerDead`. A node directory left by a dead process is reclaimed when the
@@ -34,9 +43,11 @@
 //! node and when a crashed owner's node id is reclaimed; every operation on a
 //! peer's handle checks it (one load) and fails with `PeerDead` once it is set.
 
-mod messages;
+pub mod messages;
+pub mod ring;
+mod sys;
 
-use messages::{MessageLinks, MessageListener};
+use messages::{revoke_control_file, RingReceiver, RingSenders};
 use std::collections::HashMap;
 use std::fs::{self, OpenOptions};
 use std::path::{Path, PathBuf};
@@ -62,11 +73,27 @@ pub struct ShmConfig {
     pub nodes: Option<Vec<NodeId>>,
     /// Bound on blocking message sends to a receiver that does not drain.
     pub send_timeout: Duration,
+    /// How long a thread waiting on an inbox polls the rings before it
+    /// sleeps (zero: sleep at once). Polling answers a message within
+    /// nanoseconds and costs a CPU meanwhile; a sleeping receiver is woken
+    /// by the sender's futex wake, some microseconds later.
+    pub receive_spin: Duration,
 }
+
+/// The default [`ShmConfig::receive_spin`]: longer than a message round
+/// trip between polling nodes, so a conversation stays on the fast path,
+/// short enough that an idle receiver's polling costs nothing measurable.
+pub const RECEIVE_SPIN_DEFAULT: Duration = Duration::from_micros(50);
 
 impl ShmConfig {
     pub fn new(root: impl Into<PathBuf>, node: NodeId) -> Self {
-        Self { root: root.into(), node, nodes: None, send_timeout: Duration::from_millis(1000) }
+        Self {
+            root: root.into(),
+            node,
+            nodes: None,
+            send_timeout: Duration::from_millis(1000),
+            receive_spin: RECEIVE_SPIN_DEFAULT,
+        }
     }
 
     pub fn with_nodes(mut self, nodes: Vec<NodeId>) -> Self {
@@ -78,6 +105,11 @@ impl ShmConfig {
         self.send_timeout = timeout;
         self
     }
+
+    pub fn with_receive_spin(mut self, spin: Duration) -> Self {
+        self.receive_spin = spin;
+        self
+    }
 }
 
 /// A node attached to the `shm` fabric.
@@ -86,8 +118,8 @@ pub struct ShmFabric {
     node_dir: PathBuf,
     regions: Mutex<HashMap<String, (Arc<LocalRegion>, RegionFile)>>,
     inboxes: Arc<Inboxes>,
-    links: MessageLinks,
-    listener: MessageListener,
+    receiver: Arc<RingReceiver>,
+    senders: RingSenders,
 }
 
 fn node_dir(root: &Path, node: NodeId) -> PathBuf {
@@ -96,24 +128,6 @@ fn node_dir(root: &Path, node: NodeId) -> PathBuf {
 
 fn region_path(node_dir: &Path, name: &str) -> PathBuf {
     node_dir.join(format!("r.{name}"))
-}
-
-/// True if `pid` names a live (possibly stopped) process.
-fn process_alive(pid: u32) -> bool {
-    let Ok(pid_t) = libc::pid_t::try_from(pid) else { return false };
-    // SAFETY: kill with signal 0 only checks for existence and permission.
-    let exists =
-        unsafe { libc::kill(pid_t, 0) } == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM);
-    if !exists {
-        return false;
-    }
-    // A zombie has exited; its pid still answers kill(0).
-    match fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(stat) => {
-            !matches!(stat.rsplit(')').next().and_then(|rest| rest.trim_start().chars().next()), Some('Z' | 'X'))
-        }
-        Err(_) => true,
-    }
 }
 
 fn read_owner_pid(node_dir: &Path) -> Option<u32> {
@@ -132,7 +146,7 @@ impl ShmFabric {
         let dir = node_dir(&config.root, config.node);
         if dir.exists() {
             match read_owner_pid(&dir) {
-                Some(pid) if process_alive(pid) => return Err(FabricError::NodeInUse { node: config.node, pid }),
+                Some(pid) if sys::process_alive(pid) => return Err(FabricError::NodeInUse { node: config.node, pid }),
                 _ => {
                     tracing::info!(node = %config.node, "reclaiming the directory of a dead node");
                     revoke_directory(&dir);
@@ -142,10 +156,17 @@ impl ShmFabric {
         }
         fs::create_dir(&dir)?;
         fs::write(dir.join("owner.pid"), std::process::id().to_string())?;
-        let inboxes = Arc::new(Inboxes::new(config.node));
-        let listener = MessageListener::start(&dir.join("msg.sock"), config.node, inboxes.clone())?;
-        let links = MessageLinks::new(config.node, config.send_timeout);
-        Ok(Arc::new(ShmFabric { config, node_dir: dir, regions: Mutex::new(HashMap::new()), inboxes, links, listener }))
+        let receiver = Arc::new(RingReceiver::create(&dir, config.node, config.nodes.clone(), config.receive_spin)?);
+        let inboxes = Arc::new(Inboxes::with_source(config.node, receiver.clone()));
+        let senders = RingSenders::new(config.node, config.send_timeout);
+        Ok(Arc::new(ShmFabric {
+            config,
+            node_dir: dir,
+            regions: Mutex::new(HashMap::new()),
+            inboxes,
+            receiver,
+            senders,
+        }))
     }
 
     /// The node directory of `node`, after the cluster-membership check.
@@ -162,7 +183,7 @@ impl ShmFabric {
     fn check_alive(&self, node: NodeId, dir: &Path) -> Result<()> {
         match read_owner_pid(dir) {
             None => Err(FabricError::PeerDead { node, reason: "not running (no node directory)".into() }),
-            Some(pid) if !process_alive(pid) => {
+            Some(pid) if !sys::process_alive(pid) => {
                 Err(FabricError::PeerDead { node, reason: format!("its process {pid} has exited") })
             }
             Some(_) => Ok(()),
@@ -220,8 +241,10 @@ impl RegionFile {
     }
 }
 
-/// Marks every region of a dead owner's directory revoked.
+/// Marks every region, and the message endpoint, of a dead owner's
+/// directory revoked.
 fn revoke_directory(dir: &Path) {
+    revoke_control_file(&dir.join(messages::layout::CONTROL_FILE));
     let Ok(entries) = fs::read_dir(dir) else { return };
     for entry in entries.flatten() {
         if !entry.file_name().to_string_lossy().starts_with("r.") {
@@ -303,7 +326,7 @@ impl Fabric for ShmFabric {
 
     fn send(&self, to: NodeId, channel: Channel, payload: &[u8]) -> Result<()> {
         let dir = self.peer_dir(to)?;
-        self.links.send(to, channel, &dir.join("msg.sock"), payload)
+        self.senders.send(to, &dir, channel, payload)
     }
 
     fn inbox(&self, channel: Channel) -> &Inbox {
@@ -326,7 +349,8 @@ impl Fabric for ShmFabric {
 
 impl Drop for ShmFabric {
     fn drop(&mut self) {
-        self.listener.stop();
+        self.receiver.close();
+        self.senders.close();
         if let Ok(regions) = self.regions.lock() {
             for (_, file) in regions.values() {
                 file.revoke();

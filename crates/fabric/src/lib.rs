@@ -45,7 +45,7 @@ pub mod sync;
 pub use completion::{Completion, CompletionSender};
 pub use error::FabricError;
 pub use memory::{RegionBytes, RegionMemory};
-pub use message::{Channel, Inbox, Inboxes, Message};
+pub use message::{Channel, Inbox, InboxSource, Inboxes, Message};
 pub use op::{check_batch, LocalSlice, Op, OpResult};
 pub use tierstack_base::NodeId;
 

@@ -2,7 +2,10 @@
 //! receive queues a backend delivers into.
 
 use crate::{FabricError, Result};
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::task::{Poll, Waker};
+use std::time::{Duration, Instant};
 use tierstack_base::limits::{CHANNELS_MAX, INBOX_MESSAGES_MAX};
 use tierstack_base::NodeId;
 
@@ -129,17 +132,62 @@ pub struct Message {
 ///
 /// [`Inbox::deliver`], which refuses with [`FabricError::InboxFull`], is for
 /// a service that hands a message to itself on its own node.
+///
+/// **An inbox backed by its backend** ([`Inboxes::with_source`]): a backend
+/// whose messages wait in memory the receiver can read itself (the `shm`
+/// backend's rings) needs no thread of its own to move them. The thread
+/// that receives ([`Inbox::recv_timeout`], [`Inbox::try_recv`],
+/// [`Inbox::len`]) takes them from the [`InboxSource`] into the queue, and
+/// waits through the source (which may poll before it sleeps). The rules
+/// above hold unchanged: the queue is bounded by [`INBOX_MESSAGES_MAX`], and
+/// messages the queue has no room for stay in the source, holding their
+/// sender back.
 pub struct Inbox {
     node: NodeId,
     channel: Channel,
     tx: flume::Sender<Message>,
     rx: flume::Receiver<Message>,
+    source: Option<Arc<dyn InboxSource>>,
+    /// Async receivers of a backed inbox, and the thread that wakes them.
+    async_waiters: Arc<AsyncWaiters>,
+}
+
+/// The messages of a backend that keeps them outside the inbox's queue
+/// until a receiving thread takes them (see [`Inbox`]).
+pub trait InboxSource: Send + Sync {
+    /// Moves the messages of `channel` that have arrived into `sink`, in
+    /// order per sender, until `sink` refuses one (hands it back: the source
+    /// keeps it and offers it first next time) or none is left.
+    fn take(&self, channel: Channel, sink: &mut dyn FnMut(Message) -> std::result::Result<(), Message>);
+
+    /// Returns once a message of `channel` may have arrived, `ready()`
+    /// holds, the source closed, or `timeout` passed; it may also return
+    /// early. With `spin` it may poll for a while before it sleeps.
+    fn wait(&self, channel: Channel, timeout: Duration, spin: bool, ready: &dyn Fn() -> bool);
+
+    /// Wakes the waiters of `channel`: a message was put straight into its
+    /// queue, where [`InboxSource::wait`] looks only through `ready`.
+    fn notify(&self, channel: Channel);
+
+    /// True once the backend closed; waits end at once.
+    fn is_closed(&self) -> bool;
+}
+
+/// How long the thread that wakes async receivers of a backed inbox sleeps
+/// in one wait before it looks at its waiters again.
+const ASYNC_WAIT_SLICE: Duration = Duration::from_millis(200);
+
+#[derive(Default)]
+struct AsyncWaiters {
+    wakers: Mutex<Vec<Waker>>,
+    changed: Condvar,
+    thread_started: AtomicBool,
 }
 
 impl Inbox {
-    fn new(node: NodeId, channel: Channel) -> Self {
+    fn new(node: NodeId, channel: Channel, source: Option<Arc<dyn InboxSource>>) -> Self {
         let (tx, rx) = flume::bounded(INBOX_MESSAGES_MAX);
-        Self { node, channel, tx, rx }
+        Self { node, channel, tx, rx, source, async_waiters: Arc::default() }
     }
 
     /// The channel this inbox receives.
@@ -151,7 +199,9 @@ impl Inbox {
     /// [`FabricError::InboxFull`] if there is no room. For a service that
     /// sends to itself without a round trip through the backend.
     pub fn deliver(&self, from: NodeId, payload: Vec<u8>) -> Result<()> {
-        self.try_put(Message { from, channel: self.channel, payload })
+        self.try_put(Message { from, channel: self.channel, payload })?;
+        self.notify();
+        Ok(())
     }
 
     fn try_put(&self, message: Message) -> Result<()> {
@@ -161,33 +211,144 @@ impl Inbox {
         })
     }
 
+    fn notify(&self) {
+        if let Some(source) = &self.source {
+            source.notify(self.channel);
+        }
+    }
+
+    /// Moves what the source holds into the queue, as far as it has room.
+    fn refill(&self) {
+        if let Some(source) = &self.source {
+            source.take(self.channel, &mut |message| {
+                self.tx.try_send(message).map_err(|e| match e {
+                    flume::TrySendError::Full(m) | flume::TrySendError::Disconnected(m) => m,
+                })
+            });
+        }
+    }
+
     /// Waits up to `timeout` for the next message.
     pub fn recv_timeout(&self, timeout: Duration) -> Result<Message> {
-        self.rx.recv_timeout(timeout).map_err(|e| match e {
-            flume::RecvTimeoutError::Timeout => {
-                FabricError::RecvTimeout { timeout_ms: u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX) }
+        let timeout_error =
+            || FabricError::RecvTimeout { timeout_ms: u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX) };
+        let Some(source) = &self.source else {
+            return self.rx.recv_timeout(timeout).map_err(|e| match e {
+                flume::RecvTimeoutError::Timeout => timeout_error(),
+                flume::RecvTimeoutError::Disconnected => FabricError::Closed,
+            });
+        };
+        let start = Instant::now();
+        loop {
+            if let Some(message) = self.try_recv() {
+                return Ok(message);
             }
-            flume::RecvTimeoutError::Disconnected => FabricError::Closed,
-        })
+            if source.is_closed() {
+                return Err(FabricError::Closed);
+            }
+            let waited = start.elapsed();
+            if waited >= timeout {
+                return Err(timeout_error());
+            }
+            source.wait(self.channel, timeout - waited, true, &|| !self.rx.is_empty());
+        }
     }
 
     /// The next message if one is queued.
     pub fn try_recv(&self) -> Option<Message> {
+        if let Ok(message) = self.rx.try_recv() {
+            return Some(message);
+        }
+        self.source.as_ref()?;
+        self.refill();
         self.rx.try_recv().ok()
     }
 
     /// Waits for the next message without blocking the async runtime.
     pub async fn recv_async(&self) -> Result<Message> {
-        self.rx.recv_async().await.map_err(|_| FabricError::Closed)
+        let Some(source) = &self.source else {
+            return self.rx.recv_async().await.map_err(|_| FabricError::Closed);
+        };
+        std::future::poll_fn(|cx| {
+            if let Some(message) = self.try_recv() {
+                return Poll::Ready(Ok(message));
+            }
+            if source.is_closed() {
+                return Poll::Ready(Err(FabricError::Closed));
+            }
+            if let Err(e) = self.register_async_waiter(source, cx.waker()) {
+                return Poll::Ready(Err(e));
+            }
+            // A message that arrived before the waker was registered has not
+            // woken it: look once more.
+            match self.try_recv() {
+                Some(message) => Poll::Ready(Ok(message)),
+                None => Poll::Pending,
+            }
+        })
+        .await
     }
 
-    /// Messages queued now.
+    /// Registers `waker` to be woken when a message may have arrived, and
+    /// starts, once per inbox, the thread that waits on the source for async
+    /// receivers (a thread cannot be woken by a futex and a task can).
+    fn register_async_waiter(&self, source: &Arc<dyn InboxSource>, waker: &Waker) -> Result<()> {
+        let waiters = &self.async_waiters;
+        if let Ok(mut wakers) = waiters.wakers.lock() {
+            if !wakers.iter().any(|w| w.will_wake(waker)) {
+                wakers.push(waker.clone());
+            }
+        }
+        waiters.changed.notify_all();
+        if waiters.thread_started.swap(true, Ordering::AcqRel) {
+            return Ok(());
+        }
+        let (waiters, source, rx, channel) = (self.async_waiters.clone(), source.clone(), self.rx.clone(), self.channel);
+        let spawned = std::thread::Builder::new()
+            .name(format!("inbox-async-{}", channel.id()))
+            .spawn(move || wake_async_waiters(&waiters, source.as_ref(), &rx, channel));
+        if let Err(e) = spawned {
+            // Without the thread this receiver would wait forever: fail it,
+            // and let the next registration try again.
+            self.async_waiters.thread_started.store(false, Ordering::Release);
+            return Err(e.into());
+        }
+        Ok(())
+    }
+
+    /// Messages queued now (with a backed inbox, after taking what has
+    /// arrived, as far as the queue has room).
     pub fn len(&self) -> usize {
+        self.refill();
         self.rx.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.rx.is_empty()
+        self.len() == 0
+    }
+}
+
+/// The async-waiter thread of a backed inbox: while tasks wait, waits on the
+/// source and wakes them; while none waits, sleeps on a condition variable.
+/// Ends when the source closes.
+fn wake_async_waiters(waiters: &AsyncWaiters, source: &dyn InboxSource, rx: &flume::Receiver<Message>, channel: Channel) {
+    while !source.is_closed() {
+        let Ok(mut wakers) = waiters.wakers.lock() else { return };
+        while wakers.is_empty() && !source.is_closed() {
+            wakers = match waiters.changed.wait_timeout(wakers, ASYNC_WAIT_SLICE) {
+                Ok((wakers, _)) => wakers,
+                Err(_) => return,
+            };
+        }
+        drop(wakers);
+        source.wait(channel, ASYNC_WAIT_SLICE, false, &|| !rx.is_empty());
+        let woken = match waiters.wakers.lock() {
+            Ok(mut wakers) => std::mem::take(&mut *wakers),
+            Err(_) => return,
+        };
+        for waker in woken {
+            waker.wake();
+        }
     }
 }
 
@@ -210,9 +371,19 @@ pub struct Inboxes {
 
 impl Inboxes {
     pub fn new(node: NodeId) -> Self {
+        Self::build(node, None)
+    }
+
+    /// Receive queues backed by `source`: receiving threads take its
+    /// messages themselves (see [`Inbox`]).
+    pub fn with_source(node: NodeId, source: Arc<dyn InboxSource>) -> Self {
+        Self::build(node, Some(source))
+    }
+
+    fn build(node: NodeId, source: Option<Arc<dyn InboxSource>>) -> Self {
         let by_channel = std::array::from_fn(|index| {
             // `index < CHANNELS_MAX <= 256`, so the id fits.
-            Inbox::new(node, Channel(u8::try_from(index).unwrap_or(u8::MAX)))
+            Inbox::new(node, Channel(u8::try_from(index).unwrap_or(u8::MAX)), source.clone())
         });
         Self { by_channel }
     }
@@ -226,14 +397,20 @@ impl Inboxes {
     /// Delivers a message to its channel's inbox without waiting:
     /// [`FabricError::InboxFull`] if that inbox has no room.
     pub fn deliver(&self, message: Message) -> Result<()> {
-        self.get(message.channel).try_put(message)
+        let inbox = self.get(message.channel);
+        inbox.try_put(message)?;
+        inbox.notify();
+        Ok(())
     }
 
     /// Delivers a message to its channel's inbox, waiting while that inbox
     /// is full: for socket readers, whose waiting pushes back on the sender
     /// instead of dropping messages.
     pub fn deliver_wait(&self, message: Message) -> Result<()> {
-        self.get(message.channel).tx.send(message).map_err(|_| FabricError::Closed)
+        let inbox = self.get(message.channel);
+        inbox.tx.send(message).map_err(|_| FabricError::Closed)?;
+        inbox.notify();
+        Ok(())
     }
 
     /// Delivers a message to its channel's inbox, waiting up to `timeout`
@@ -241,8 +418,12 @@ impl Inboxes {
     /// undelivered when the time ran out, so a reader that must also watch
     /// for its own shutdown can check and wait again without losing it.
     pub fn deliver_timeout(&self, message: Message, timeout: Duration) -> Result<Option<Message>> {
-        match self.get(message.channel).tx.send_timeout(message, timeout) {
-            Ok(()) => Ok(None),
+        let inbox = self.get(message.channel);
+        match inbox.tx.send_timeout(message, timeout) {
+            Ok(()) => {
+                inbox.notify();
+                Ok(None)
+            }
             Err(flume::SendTimeoutError::Timeout(message)) => Ok(Some(message)),
             Err(flume::SendTimeoutError::Disconnected(_)) => Err(FabricError::Closed),
         }
