@@ -71,6 +71,55 @@ pub struct BackendResults {
     pub curves: BTreeMap<String, Vec<SizePoint>>,
     /// Per number of busy owner threads.
     pub load: Vec<LoadPoint>,
+    /// Messages per way of receiving (shm: polling, sleeping, the default).
+    pub messages: Vec<MessagePoint>,
+}
+
+/// Messages with the receivers waiting one way: round trips, one-way
+/// throughput, and what an idle receiver costs.
+#[derive(Serialize)]
+pub struct MessagePoint {
+    /// `polling`, `sleeping` or `default` (shm: how long a receiver polls
+    /// before it sleeps, [`MessageMode::spin_us`]); `threads` (tcp).
+    pub receiver: String,
+    /// The receive spin the topology set (shm), in µs.
+    pub spin_us: Option<u64>,
+    /// A 1-byte message and its 1-byte acknowledgement.
+    pub round_trip: Summary,
+    /// 64-byte messages streamed one way (bursts of [`THROUGHPUT_BURST`],
+    /// each ended by one acknowledged message), messages per second.
+    pub one_way_64b_per_sec: f64,
+    /// CPU time the owner process (the receiver) used while idle, ms per
+    /// second of wall time, over [`MessageMode`]'s idle window right after
+    /// its last message.
+    pub idle_receiver_cpu_ms_per_sec: Option<f64>,
+}
+
+/// Messages streamed per acknowledgement in the one-way throughput.
+pub const THROUGHPUT_BURST: usize = 4096;
+
+/// One way for receivers to wait.
+pub struct MessageMode {
+    pub name: &'static str,
+    /// shm: `shm_receive_spin_us` of the topology (`None`: the default).
+    pub spin_us: Option<u64>,
+}
+
+impl MessageMode {
+    /// The ways measured on `backend`. shm: receivers that poll for a second
+    /// before sleeping (busy: every message of a benchmark finds its
+    /// receiver polling), that sleep at once (every message wakes its
+    /// receiver's thread with a futex), and the default spin.
+    pub fn for_backend(backend: Backend) -> Vec<MessageMode> {
+        match backend {
+            Backend::Shm => vec![
+                MessageMode { name: "polling", spin_us: Some(1_000_000) },
+                MessageMode { name: "sleeping", spin_us: Some(0) },
+                MessageMode { name: "default", spin_us: None },
+            ],
+            Backend::Tcp => vec![MessageMode { name: "threads", spin_us: None }],
+        }
+    }
 }
 
 #[derive(Serialize)]
@@ -154,17 +203,28 @@ fn measure_with(
 }
 
 struct Session {
-    _owner: ChildNode,
+    owner: ChildNode,
     fabric: Arc<dyn Fabric>,
     region: Arc<dyn RemoteRegion>,
 }
 
-fn start_session(config: &FabricBenchConfig, dir: &Path, backend: Backend, busy_threads: usize) -> Result<Session> {
+fn start_session(
+    config: &FabricBenchConfig,
+    dir: &Path,
+    backend: Backend,
+    busy_threads: usize,
+    mode: Option<&MessageMode>,
+) -> Result<Session> {
     let cpus = tierstack_cluster::online_cpus();
     let (owner_cpu, reader_cpu) = if cpus >= 2 { (Some(0), Some(1)) } else { (None, None) };
-    let name = format!("fabric-{}-{busy_threads}", backend.name());
+    let name = format!("fabric-{}-{busy_threads}{}", backend.name(), mode.map(|m| format!("-{}", m.name)).unwrap_or_default());
     let nodes = [NodeLine { id: 0, role: "app", cpu: owner_cpu }, NodeLine { id: 1, role: "proxy", cpu: None }];
     let topology_path = write_topology(dir, &name, backend, 2000, &nodes)?;
+    if let Some(spin_us) = mode.and_then(|m| m.spin_us) {
+        let text = std::fs::read_to_string(&topology_path)?;
+        let text = text.replacen("[cluster]\n", &format!("[cluster]\nshm_receive_spin_us = {spin_us}\n"), 1);
+        std::fs::write(&topology_path, text)?;
+    }
     let owner = spawn_owner(&config.exe, &topology_path, OWNER.0, &[("bench", REGION_BYTES)], busy_threads)?;
     if let Some(cpu) = reader_cpu {
         pin_to_cpu(cpu)?;
@@ -172,7 +232,7 @@ fn start_session(config: &FabricBenchConfig, dir: &Path, backend: Backend, busy_
     let topology = Topology::load(&topology_path)?;
     let fabric = open_fabric(&topology, READER)?;
     let region = fabric.connect(OWNER, "bench")?;
-    Ok(Session { _owner: owner, fabric, region })
+    Ok(Session { owner, fabric, region })
 }
 
 fn latency_table(config: &FabricBenchConfig, s: &Session, results: &mut BackendResults) -> Result<()> {
@@ -229,6 +289,41 @@ fn message_burst(fabric: &dyn Fabric, bytes: usize, burst: usize) -> Result<()> 
     message_round_trip(fabric, bytes)
 }
 
+/// Round trips, one-way throughput and idle cost with the receivers of
+/// `session` waiting as `mode` says.
+fn message_point(config: &FabricBenchConfig, session: &Session, mode: &MessageMode) -> Result<MessagePoint> {
+    let fabric = session.fabric.as_ref();
+    let round_trip = measure(config.budget, || message_round_trip(fabric, 1))?;
+    let bursts = measure(config.budget, || message_burst(fabric, 64, THROUGHPUT_BURST))?;
+    // A last message, then nothing: the owner's receiver polls (as long as
+    // its spin says), then sleeps.
+    message_round_trip(fabric, 1)?;
+    let window = if config.budget < Duration::from_millis(500) { Duration::from_secs(2) } else { Duration::from_secs(3) };
+    let before = process_cpu_ms(session.owner.pid());
+    std::thread::sleep(window);
+    let after = process_cpu_ms(session.owner.pid());
+    let idle_receiver_cpu_ms_per_sec = before.zip(after).map(|(before, after)| (after - before) / window.as_secs_f64());
+    Ok(MessagePoint {
+        receiver: mode.name.to_string(),
+        spin_us: mode.spin_us,
+        round_trip,
+        one_way_64b_per_sec: bursts.ops_per_sec * THROUGHPUT_BURST as f64,
+        idle_receiver_cpu_ms_per_sec,
+    })
+}
+
+/// User and system CPU time `pid` has used, in ms (`None` off Linux).
+fn process_cpu_ms(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command's closing parenthesis: state is the 3rd
+    // field, utime the 14th and stime the 15th.
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    let ticks: f64 = fields.get(11)?.parse::<f64>().ok()? + fields.get(12)?.parse::<f64>().ok()?;
+    // SAFETY: sysconf has no preconditions.
+    let per_sec = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    (per_sec > 0).then(|| ticks * 1000.0 / per_sec as f64)
+}
+
 fn curves(config: &FabricBenchConfig, s: &Session, results: &mut BackendResults) -> Result<()> {
     let r = s.region.as_ref();
     let budget = config.budget / 2;
@@ -263,7 +358,7 @@ pub fn run(config: &FabricBenchConfig) -> Result<FabricReport> {
         let mut results = BackendResults::default();
         for &busy_threads in &config.loads {
             eprintln!("bench fabric: {} with {busy_threads} busy owner threads", backend.name());
-            let session = start_session(config, scratch.path(), backend, busy_threads)?;
+            let session = start_session(config, scratch.path(), backend, busy_threads, None)?;
             if busy_threads == 0 {
                 latency_table(config, &session, &mut results)?;
                 curves(config, &session, &mut results)?;
@@ -273,6 +368,11 @@ pub fn run(config: &FabricBenchConfig) -> Result<FabricReport> {
             let read_8b = measure(config.budget, || Ok(r.read(64, &mut buf8)?))?;
             let fetch_add = measure(config.budget, || r.fetch_add(0, 1).map(|_| ()).map_err(Into::into))?;
             results.load.push(LoadPoint { busy_threads, read_8b, fetch_add });
+        }
+        for mode in MessageMode::for_backend(backend) {
+            eprintln!("bench fabric: {} messages, {} receivers", backend.name(), mode.name);
+            let session = start_session(config, scratch.path(), backend, 0, Some(&mode))?;
+            results.messages.push(message_point(config, &session, &mode)?);
         }
         report.backends.insert(backend.name().to_string(), results);
     }
@@ -334,6 +434,25 @@ fn print_and_plot(config: &FabricBenchConfig, report: &FabricReport) -> Result<(
         }
     }
     println!("{}", load.render());
+
+    let mut messages = Table::new(
+        "Messages by how receivers wait: round trip (µs), one-way 64 B messages/s, idle receiver CPU (ms/s)",
+        &["backend", "receivers", "spin µs", "round trip p50", "p99", "one-way 64 B msg/s", "idle CPU ms/s"],
+    );
+    for (backend, results) in &report.backends {
+        for p in &results.messages {
+            messages.row(vec![
+                backend.clone(),
+                p.receiver.clone(),
+                p.spin_us.map(|s| s.to_string()).unwrap_or_else(|| "default".into()),
+                us(p.round_trip.p50_ns),
+                us(p.round_trip.p99_ns),
+                format!("{:.0}", p.one_way_64b_per_sec),
+                p.idle_receiver_cpu_ms_per_sec.map(|c| format!("{c:.1}")).unwrap_or_default(),
+            ]);
+        }
+    }
+    println!("{}", messages.render());
 
     write_json(&config.out_dir.join("fabric.json"), report)?;
     let mut lat_series = Vec::new();

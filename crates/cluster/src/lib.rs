@@ -7,6 +7,7 @@
 //! name = "demo"            # names the shm directory
 //! fabric = "shm"           # shm | tcp: every node uses the same backend
 //! op_timeout_ms = 1000     # bound on a remote operation (tcp) or a message send
+//! shm_receive_spin_us = 50 # optional, shm: how long a receiver polls before it sleeps
 //!
 //! [[node]]
 //! id = 0
@@ -84,6 +85,10 @@ pub struct ClusterSection {
     /// Root directory of the shm backend; default `/dev/shm/tierstack/<name>`.
     #[serde(default)]
     pub shm_root: Option<PathBuf>,
+    /// shm: how long a thread waiting for a message polls before it sleeps
+    /// (`ShmConfig::receive_spin`); default the backend's.
+    #[serde(default)]
+    pub shm_receive_spin_us: Option<u64>,
 }
 
 fn default_op_timeout_ms() -> u64 {
@@ -226,9 +231,12 @@ pub fn open_fabric(topology: &Topology, node: NodeId) -> Result<Arc<dyn Fabric>,
     let spec = topology.node(node)?;
     match topology.cluster.fabric {
         Backend::Shm => {
-            let config = ShmConfig::new(topology.shm_root(), node)
+            let mut config = ShmConfig::new(topology.shm_root(), node)
                 .with_nodes(topology.node_ids())
                 .with_send_timeout(topology.op_timeout());
+            if let Some(spin_us) = topology.cluster.shm_receive_spin_us {
+                config = config.with_receive_spin(Duration::from_micros(spin_us));
+            }
             Ok(ShmFabric::open(config)?)
         }
         Backend::Tcp => {

@@ -325,8 +325,12 @@ impl Fabric for ShmFabric {
     }
 
     fn send(&self, to: NodeId, channel: Channel, payload: &[u8]) -> Result<()> {
-        let dir = self.peer_dir(to)?;
-        self.senders.send(to, &dir, channel, payload)
+        if let Some(nodes) = &self.config.nodes {
+            if !nodes.contains(&to) {
+                return Err(FabricError::UnknownNode { node: to });
+            }
+        }
+        self.senders.send(to, &|| node_dir(&self.config.root, to), channel, payload)
     }
 
     fn inbox(&self, channel: Channel) -> &Inbox {

@@ -3,7 +3,7 @@
 //!
 //! **Files.** A receiver creates its control file (`msg.ctl`, [`layout`]) in
 //! its node directory when it opens: its revoked word, a ring generation
-//! word, and per channel a `sleepers` and a `doorbell` word. A sender
+//! word, and per channel a doorbell word (a futex). A sender
 //! creates a ring file `q.<channel>.<sender>.<incarnation>` in the
 //! *receiver's* directory on its first message to that receiver on that
 //! channel (written under a staging name, then renamed, so the receiver
@@ -50,9 +50,10 @@
 //! that restarts under the same node id starts a new ring; the receiver
 //! drains the old one and deletes it once its sender is gone.
 
-use crate::ring::{begin_wait, end_wait, ring_doorbell, Consumer, Producer, RecordHeader, RingCorrupt, RingWords};
-use crate::sys::{futex_wait, process_alive, wake_all, ProcessWatch};
+use crate::ring::{begin_wait, ring_doorbell, Consumer, Producer, RecordHeader, RingCorrupt, RingWords};
+use crate::sys::{coarse_now, futex_wait, process_alive, wake_all, ProcessWatch};
 use std::collections::{HashMap, HashSet};
+use std::hash::{BuildHasherDefault, Hasher};
 use std::fs::{self, OpenOptions};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -77,8 +78,8 @@ pub mod layout {
     pub const CONTROL_GENERATION_OFFSET: usize = 16;
     /// The receiver's process id.
     pub const CONTROL_PID_OFFSET: usize = 24;
-    /// Channel `c`'s waiting receivers: the word at `channel_line(c)`; its
-    /// doorbell (a futex) the word after it.
+    /// Channel `c`'s doorbell (a futex its receivers sleep on) is the
+    /// word at `channel_line(c)`, alone on its cache line.
     pub const fn channel_line(channel_index: usize) -> usize {
         64 * (1 + channel_index)
     }
@@ -104,9 +105,8 @@ pub mod layout {
     /// The ring protocol's words, each on its own cache line.
     pub const RING_HEAD_OFFSET: usize = 64;
     pub const RING_TAIL_OFFSET: usize = 128;
-    /// A sender waiting for room, and the doorbell (a futex) it sleeps on.
-    pub const RING_SPACE_SLEEPERS_OFFSET: usize = 192;
-    pub const RING_SPACE_DOORBELL_OFFSET: usize = 200;
+    /// The doorbell (a futex) a sender waiting for room sleeps on.
+    pub const RING_SPACE_DOORBELL_OFFSET: usize = 192;
     pub const RING_DATA_OFFSET: usize = 256;
     /// Data bytes of every ring a sender creates.
     pub const RING_DATA_BYTES: usize = 64 << 10;
@@ -114,12 +114,15 @@ pub mod layout {
     pub const FRAGMENT_BYTES_MAX: usize = RING_DATA_BYTES / 4;
 }
 
-/// How often, at most, a sender that keeps sending checks that its receiver's
-/// process still runs (a crashed receiver revokes nothing).
-pub const LIVENESS_CHECK_INTERVAL: Duration = Duration::from_millis(1);
+/// How long a sender that keeps sending goes without checking that its
+/// receiver's process still runs (a crashed receiver revokes nothing), on
+/// the kernel's coarse clock (a few ms more).
+pub const LIVENESS_CHECK_INTERVAL: Duration = Duration::from_millis(2);
 /// The longest a sender sleeps waiting for room before it checks its
 /// receiver's liveness again.
 pub const WAIT_SLICE: Duration = Duration::from_millis(5);
+/// Send timeouts beyond this (a year) count as this, so a deadline always fits the clock.
+const SEND_TIMEOUT_MAX: Duration = Duration::from_secs(365 * 24 * 3600);
 /// Polls of a full ring before a sender sleeps: a busy receiver frees room
 /// within microseconds.
 const ROOM_SPINS: u32 = 2_000;
@@ -202,9 +205,15 @@ impl SharedFile {
 /// [`SharedFile::word`]), so that a bug cannot turn into a wild access.
 static DETACHED_WORD: AtomicU64 = AtomicU64::new(0);
 
-fn channel_words(control: &SharedFile, channel: Channel) -> (&AtomicU64, &AtomicU64) {
-    let line = layout::channel_line(channel.index());
-    (control.word(line), control.word(line + 8))
+fn channel_doorbell(control: &SharedFile, channel: Channel) -> &AtomicU64 {
+    control.word(layout::channel_line(channel.index()))
+}
+
+/// Makes every futex wait on `doorbell` return (its count moves, its
+/// sleeping bit stays) and wakes its sleepers.
+fn ring_for_everyone(doorbell: &AtomicU64) {
+    doorbell.fetch_add(2, Ordering::Release);
+    wake_all(doorbell);
 }
 
 /// Marks a control file revoked if it is one (the reclaiming of a crashed
@@ -287,13 +296,9 @@ impl RingReceiver {
         self.closed.store(true, Ordering::Release);
         self.control.word(layout::CONTROL_REVOKED_OFFSET).store(1, Ordering::Release);
         for channel in Channel::all() {
-            let (_, doorbell) = channel_words(&self.control, channel);
-            doorbell.fetch_add(1, Ordering::Release);
-            wake_all(doorbell);
+            ring_for_everyone(channel_doorbell(&self.control, channel));
             for ring in &self.lock(channel).rings {
-                let doorbell = ring.file.word(layout::RING_SPACE_DOORBELL_OFFSET);
-                doorbell.fetch_add(1, Ordering::Release);
-                wake_all(doorbell);
+                ring_for_everyone(ring.file.word(layout::RING_SPACE_DOORBELL_OFFSET));
             }
         }
     }
@@ -461,9 +466,8 @@ impl RxRing {
         }
         if self.consumer.has_unreleased() {
             self.consumer.release(&ring);
-            let sleepers = self.file.word(layout::RING_SPACE_SLEEPERS_OFFSET);
             let doorbell = self.file.word(layout::RING_SPACE_DOORBELL_OFFSET);
-            if ring_doorbell(sleepers, doorbell) {
+            if ring_doorbell(doorbell) {
                 wake_all(doorbell);
             }
         }
@@ -522,32 +526,32 @@ impl InboxSource for RingReceiver {
         let start = Instant::now();
         if spin && !self.spin.is_zero() {
             let spin_for = self.spin.min(timeout);
-            loop {
-                if ready() || self.has_pending(channel) || self.is_closed() {
-                    return;
+            'spin: loop {
+                // The clock every few polls: a poll costs less than a read of it.
+                for _ in 0..8 {
+                    if ready() || self.has_pending(channel) || self.is_closed() {
+                        return;
+                    }
+                    std::hint::spin_loop();
                 }
                 if start.elapsed() >= spin_for {
-                    break;
-                }
-                for _ in 0..32 {
-                    std::hint::spin_loop();
+                    break 'spin;
                 }
             }
         }
-        let (sleepers, doorbell) = channel_words(&self.control, channel);
-        let expected = begin_wait(sleepers, doorbell);
+        let doorbell = channel_doorbell(&self.control, channel);
+        let expected = begin_wait(doorbell);
         if !ready() && !self.has_pending(channel) && !self.is_closed() {
             let left = timeout.saturating_sub(start.elapsed());
             if !left.is_zero() {
                 futex_wait(doorbell, expected, left);
             }
         }
-        end_wait(sleepers);
     }
 
     fn notify(&self, channel: Channel) {
-        let (sleepers, doorbell) = channel_words(&self.control, channel);
-        if ring_doorbell(sleepers, doorbell) {
+        let doorbell = channel_doorbell(&self.control, channel);
+        if ring_doorbell(doorbell) {
             wake_all(doorbell);
         }
     }
@@ -569,7 +573,26 @@ pub(crate) struct RingSenders {
     /// Rings this node has created, to name each apart.
     rings_created: AtomicU64,
     send_timeout: Duration,
-    peers: Mutex<HashMap<NodeId, Arc<PeerLink>>>,
+    peers: Mutex<HashMap<NodeId, Arc<PeerLink>, BuildHasherDefault<NodeIdHasher>>>,
+}
+
+/// Hashes a node id with one multiplication: the sender looks its link up
+/// on every send, and SipHash would be a noticeable part of one.
+#[derive(Default)]
+struct NodeIdHasher(u64);
+
+impl Hasher for NodeIdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for byte in bytes {
+            self.write_u32(u32::from(*byte));
+        }
+    }
+    fn write_u32(&mut self, n: u32) {
+        self.0 = (self.0.rotate_left(32) ^ u64::from(n)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
 }
 
 /// One receiver incarnation as a sender holds it.
@@ -586,7 +609,8 @@ struct PeerLink {
 struct TxRing {
     file: SharedFile,
     producer: Producer,
-    next_liveness_check: Instant,
+    /// On the coarse clock ([`coarse_now`]).
+    next_liveness_check: Duration,
 }
 
 /// Why a send on a link failed.
@@ -613,7 +637,7 @@ impl RingSenders {
             incarnation,
             rings_created: AtomicU64::new(0),
             send_timeout,
-            peers: Mutex::new(HashMap::new()),
+            peers: Mutex::new(HashMap::default()),
         }
     }
 
@@ -621,15 +645,24 @@ impl RingSenders {
         FabricError::Timeout { node: to, timeout_ms: u64::try_from(self.send_timeout.as_millis()).unwrap_or(u64::MAX) }
     }
 
-    /// Sends `payload` to `to` (whose node directory is `dir`) on `channel`.
-    pub(crate) fn send(&self, to: NodeId, dir: &Path, channel: Channel, payload: &[u8]) -> Result<()> {
+    /// Sends `payload` to `to` on `channel`; `dir` names `to`'s node
+    /// directory (asked only to reach a receiver for the first time).
+    pub(crate) fn send(
+        &self,
+        to: NodeId,
+        dir: &dyn Fn() -> PathBuf,
+        channel: Channel,
+        payload: &[u8],
+    ) -> Result<()> {
         if payload.len() > TRANSFER_BYTES_MAX {
             return Err(FabricError::TransferTooLarge { len: payload.len() });
         }
-        let deadline = Instant::now().checked_add(self.send_timeout);
+        // Set when the send first waits for room (the clock is not read on
+        // the fast path); the bound covers all of the send's waits.
+        let mut deadline = None;
         for _ in 0..2 {
             let link = self.link(to, dir)?;
-            match link.send(self, channel, payload, deadline) {
+            match link.send(self, channel, payload, &mut deadline) {
                 Ok(()) => return Ok(()),
                 Err(LinkFailure::Revoked) => self.forget(&link),
                 Err(LinkFailure::Error(e)) => {
@@ -643,11 +676,12 @@ impl RingSenders {
         Err(FabricError::PeerDead { node: to, reason: "its message endpoint was closed".into() })
     }
 
-    fn link(&self, to: NodeId, dir: &Path) -> Result<Arc<PeerLink>> {
+    fn link(&self, to: NodeId, dir: &dyn Fn() -> PathBuf) -> Result<Arc<PeerLink>> {
         let mut peers = self.peers.lock().map_err(|_| FabricError::Closed)?;
         if let Some(link) = peers.get(&to) {
             return Ok(link.clone());
         }
+        let dir = dir();
         let dead = |reason: String| FabricError::PeerDead { node: to, reason };
         let pid = fs::read_to_string(dir.join("owner.pid"))
             .ok()
@@ -667,7 +701,7 @@ impl RingSenders {
         }
         let link = Arc::new(PeerLink {
             to,
-            dir: dir.to_path_buf(),
+            dir,
             control,
             watch,
             channels: std::array::from_fn(|_| Mutex::new(None)),
@@ -721,7 +755,7 @@ impl PeerLink {
         senders: &RingSenders,
         channel: Channel,
         payload: &[u8],
-        deadline: Option<Instant>,
+        deadline: &mut Option<Instant>,
     ) -> std::result::Result<(), LinkFailure> {
         let mut slot = self.channels[channel.index()].lock().map_err(|_| FabricError::Closed)?;
         if self.revoked() {
@@ -736,7 +770,7 @@ impl PeerLink {
             Some(ring) => ring,
             None => slot.insert(self.create_ring(senders, channel)?),
         };
-        let now = Instant::now();
+        let now = coarse_now();
         if now >= ring.next_liveness_check {
             if !self.watch.alive() {
                 return Err(self.dead().into());
@@ -754,8 +788,8 @@ impl PeerLink {
             while !producer.push(&words, header, fragment).map_err(|e| self.corrupt(e))? {
                 self.wait_for_room(senders, producer, file, &words, header.record_words(), deadline)?;
             }
-            let (sleepers, doorbell) = channel_words(&self.control, channel);
-            if ring_doorbell(sleepers, doorbell) {
+            let doorbell = channel_doorbell(&self.control, channel);
+            if ring_doorbell(doorbell) {
                 wake_all(doorbell);
             }
         }
@@ -788,7 +822,7 @@ impl PeerLink {
         let producer = Producer::attach(&file.ring().map_err(|e| self.corrupt(e))?).map_err(|e| self.corrupt(e))?;
         // Tell the receiver to look for it (it does before its next take).
         self.control.word(layout::CONTROL_GENERATION_OFFSET).fetch_add(1, Ordering::Release);
-        Ok(TxRing { file, producer, next_liveness_check: Instant::now() + LIVENESS_CHECK_INTERVAL })
+        Ok(TxRing { file, producer, next_liveness_check: coarse_now() + LIVENESS_CHECK_INTERVAL })
     }
 
     /// Waits until the ring has `need` free words: polls a little, then
@@ -801,7 +835,7 @@ impl PeerLink {
         file: &SharedFile,
         words: &RingWords<'_, AtomicU64>,
         need: u64,
-        deadline: Option<Instant>,
+        deadline: &mut Option<Instant>,
     ) -> std::result::Result<(), LinkFailure> {
         for _ in 0..ROOM_SPINS {
             if producer.free_words(words, need).map_err(|e| self.corrupt(e))? >= need {
@@ -809,7 +843,6 @@ impl PeerLink {
             }
             std::hint::spin_loop();
         }
-        let sleepers = file.word(layout::RING_SPACE_SLEEPERS_OFFSET);
         let doorbell = file.word(layout::RING_SPACE_DOORBELL_OFFSET);
         loop {
             if self.revoked() {
@@ -819,16 +852,16 @@ impl PeerLink {
                 return Err(self.dead().into());
             }
             let now = Instant::now();
-            let left = deadline.map_or(WAIT_SLICE, |deadline| deadline.saturating_duration_since(now));
+            let deadline = *deadline.get_or_insert_with(|| now + senders.send_timeout.min(SEND_TIMEOUT_MAX));
+            let left = deadline.saturating_duration_since(now);
             if left.is_zero() {
                 return Err(senders.timeout(self.to).into());
             }
-            let expected = begin_wait(sleepers, doorbell);
+            let expected = begin_wait(doorbell);
             let room = producer.free_words(words, need).map_err(|e| self.corrupt(e));
             if !matches!(room, Ok(free) if free >= need) && !self.revoked() {
                 futex_wait(doorbell, expected, left.min(WAIT_SLICE));
             }
-            end_wait(sleepers);
             if producer.free_words(words, need).map_err(|e| self.corrupt(e))? >= need {
                 return Ok(());
             }

@@ -28,15 +28,18 @@
 //!
 //! **The doorbell.** A side that found nothing to do (a consumer with an
 //! empty ring, a producer with a full one) may sleep on a futex instead of
-//! polling. [`begin_wait`] announces it on a `sleepers` word and returns the
-//! `doorbell` value to sleep on; the waiter then checks its condition once
-//! more and sleeps only if it still does not hold. The other side, after
-//! making the condition true, calls [`ring_doorbell`]: if anyone announced
-//! itself, it increments the doorbell and the caller wakes the futex. A
-//! sequentially consistent fence on each side, between its write and its
-//! read of the other's word, makes at least one of them see the other, so
-//! no wake-up is lost; incrementing the doorbell makes a futex wait that
-//! started late return at once.
+//! polling. The doorbell is one word: bit 0 says "someone may sleep", the
+//! rest counts rings. [`begin_wait`] sets bit 0 and returns the value to
+//! sleep on; the waiter then checks its condition once more and sleeps
+//! (a futex wait on that value) only if it still does not hold. The other
+//! side, after making the condition true, calls [`ring_doorbell`]: if bit 0
+//! is set it clears it and counts a ring in one compare-and-swap, and the
+//! one that succeeded wakes the futex. So a sleeping side costs its
+//! partner exactly one wake-up system call, and a side that never sleeps
+//! costs none. A sequentially consistent fence on each side, between its
+//! write and its read of the other's word, makes at least one of them see
+//! the other, so no wake-up is lost; a futex wait whose value changed
+//! returns at once.
 
 use std::sync::atomic::Ordering;
 
@@ -44,8 +47,8 @@ use std::sync::atomic::Ordering;
 pub trait Word {
     fn load(&self, order: Ordering) -> u64;
     fn store(&self, value: u64, order: Ordering);
-    fn fetch_add(&self, delta: u64, order: Ordering) -> u64;
-    fn fetch_sub(&self, delta: u64, order: Ordering) -> u64;
+    fn fetch_or(&self, bits: u64, order: Ordering) -> u64;
+    fn compare_exchange(&self, current: u64, new: u64, success: Ordering, failure: Ordering) -> Result<u64, u64>;
     fn fence(order: Ordering);
 }
 
@@ -56,11 +59,11 @@ impl Word for std::sync::atomic::AtomicU64 {
     fn store(&self, value: u64, order: Ordering) {
         std::sync::atomic::AtomicU64::store(self, value, order)
     }
-    fn fetch_add(&self, delta: u64, order: Ordering) -> u64 {
-        std::sync::atomic::AtomicU64::fetch_add(self, delta, order)
+    fn fetch_or(&self, bits: u64, order: Ordering) -> u64 {
+        std::sync::atomic::AtomicU64::fetch_or(self, bits, order)
     }
-    fn fetch_sub(&self, delta: u64, order: Ordering) -> u64 {
-        std::sync::atomic::AtomicU64::fetch_sub(self, delta, order)
+    fn compare_exchange(&self, current: u64, new: u64, success: Ordering, failure: Ordering) -> Result<u64, u64> {
+        std::sync::atomic::AtomicU64::compare_exchange(self, current, new, success, failure)
     }
     fn fence(order: Ordering) {
         std::sync::atomic::fence(order)
@@ -75,11 +78,11 @@ impl Word for loom::sync::atomic::AtomicU64 {
     fn store(&self, value: u64, order: Ordering) {
         loom::sync::atomic::AtomicU64::store(self, value, order)
     }
-    fn fetch_add(&self, delta: u64, order: Ordering) -> u64 {
-        loom::sync::atomic::AtomicU64::fetch_add(self, delta, order)
+    fn fetch_or(&self, bits: u64, order: Ordering) -> u64 {
+        loom::sync::atomic::AtomicU64::fetch_or(self, bits, order)
     }
-    fn fetch_sub(&self, delta: u64, order: Ordering) -> u64 {
-        loom::sync::atomic::AtomicU64::fetch_sub(self, delta, order)
+    fn compare_exchange(&self, current: u64, new: u64, success: Ordering, failure: Ordering) -> Result<u64, u64> {
+        loom::sync::atomic::AtomicU64::compare_exchange(self, current, new, success, failure)
     }
     fn fence(order: Ordering) {
         loom::sync::atomic::fence(order)
@@ -355,32 +358,35 @@ impl Consumer {
     }
 }
 
-/// The waiter's half of the doorbell protocol (see the module docs):
-/// announces the waiter on `sleepers` and returns the doorbell value to
-/// sleep on. The caller then checks its condition and sleeps on `doorbell`
-/// with this value only if the condition still does not hold; either way
-/// it calls [`end_wait`] afterwards.
-pub fn begin_wait<W: Word>(sleepers: &W, doorbell: &W) -> u64 {
-    sleepers.fetch_add(1, Ordering::Relaxed);
+/// Bit 0 of a doorbell: someone may sleep on it.
+pub const DOORBELL_SLEEPING: u64 = 1;
+
+/// The waiter's half of the doorbell protocol (see the module docs): marks
+/// the doorbell as slept on and returns the value to sleep on. The caller
+/// then checks its condition and sleeps on `doorbell` with this value
+/// (a futex wait) only if the condition still does not hold.
+pub fn begin_wait<W: Word>(doorbell: &W) -> u64 {
+    let value = doorbell.fetch_or(DOORBELL_SLEEPING, Ordering::Relaxed) | DOORBELL_SLEEPING;
     W::fence(Ordering::SeqCst);
-    doorbell.load(Ordering::Acquire)
+    value
 }
 
-/// Ends a wait that [`begin_wait`] announced.
-pub fn end_wait<W: Word>(sleepers: &W) {
-    sleepers.fetch_sub(1, Ordering::Relaxed);
-}
-
-/// The notifier's half, called after making a waiter's condition true: if a
-/// waiter may be asleep, increments the doorbell and returns true, and the
-/// caller must then wake the doorbell's sleepers.
-pub fn ring_doorbell<W: Word>(sleepers: &W, doorbell: &W) -> bool {
+/// The notifier's half, called after making a waiter's condition true: if
+/// someone may sleep on `doorbell`, rings it (clears the sleeping bit and
+/// counts a ring, so a wait on the old value returns) and returns true, and
+/// the caller must then wake the doorbell's sleepers. Of several notifiers,
+/// one rings; a doorbell no one sleeps on costs a fence and a load.
+pub fn ring_doorbell<W: Word>(doorbell: &W) -> bool {
     W::fence(Ordering::SeqCst);
-    if sleepers.load(Ordering::Relaxed) == 0 {
-        return false;
+    let mut value = doorbell.load(Ordering::Relaxed);
+    while value & DOORBELL_SLEEPING != 0 {
+        let rung = (value | DOORBELL_SLEEPING).wrapping_add(1);
+        match doorbell.compare_exchange(value, rung, Ordering::Release, Ordering::Relaxed) {
+            Ok(_) => return true,
+            Err(current) => value = current,
+        }
     }
-    doorbell.fetch_add(1, Ordering::Release);
-    true
+    false
 }
 
 #[cfg(test)]
@@ -486,13 +492,18 @@ mod tests {
     }
 
     #[test]
-    fn the_doorbell_rings_only_for_announced_waiters() {
-        let (sleepers, doorbell) = (AtomicU64::new(0), AtomicU64::new(0));
-        assert!(!ring_doorbell(&sleepers, &doorbell));
-        let d = begin_wait(&sleepers, &doorbell);
-        assert!(ring_doorbell(&sleepers, &doorbell));
-        assert_ne!(doorbell.load(Ordering::Relaxed), d, "a futex wait on d returns at once");
-        end_wait(&sleepers);
-        assert!(!ring_doorbell(&sleepers, &doorbell));
+    fn the_doorbell_rings_once_per_wait_and_only_for_waiters() {
+        let doorbell = AtomicU64::new(0);
+        assert!(!ring_doorbell(&doorbell), "no one waits");
+        let first = begin_wait(&doorbell);
+        assert_eq!(begin_wait(&doorbell), first, "two waiters sleep on the same value");
+        assert!(ring_doorbell(&doorbell));
+        let rung = doorbell.load(Ordering::Relaxed);
+        assert_ne!(rung, first, "a futex wait on the old value returns at once");
+        assert_eq!(rung & DOORBELL_SLEEPING, 0);
+        assert!(!ring_doorbell(&doorbell), "rung once: the next notifier makes no system call");
+        let second = begin_wait(&doorbell);
+        assert!(second > first);
+        assert!(ring_doorbell(&doorbell));
     }
 }

@@ -57,6 +57,16 @@ pub fn wake_all(word: &AtomicU64) {
     }
 }
 
+/// A monotonic clock read at the cost of a memory load (the kernel's
+/// coarse clock: it advances once per scheduler tick, a few ms), for checks
+/// on hot paths that only need to happen every few milliseconds.
+pub fn coarse_now() -> Duration {
+    let mut now = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime writes one timespec we own.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut now) };
+    Duration::new(u64::try_from(now.tv_sec).unwrap_or(0), u32::try_from(now.tv_nsec).unwrap_or(0))
+}
+
 /// True if `pid` names a live (possibly stopped) process.
 pub fn process_alive(pid: u32) -> bool {
     let Ok(pid_t) = libc::pid_t::try_from(pid) else { return false };

@@ -5,7 +5,9 @@
 //! - a producer that stops between writing a record and publishing it (as
 //!   a crash would) leaves nothing readable;
 //! - the doorbell: a waiter that decides to sleep is always either woken
-//!   (the doorbell moved past the value it sleeps on) or finds the record.
+//!   (the doorbell moved past the value it sleeps on, and the producer that
+//!   moved it makes the wake-up call) or finds the record; of two notifiers
+//!   of one sleeper exactly one makes the call.
 //!
 //! Run with: RUSTFLAGS="--cfg tierstack_loom" cargo test -p tierstack-fabric-shm --test loom_ring --release
 #![cfg(tierstack_loom)]
@@ -13,7 +15,7 @@
 use loom::sync::atomic::AtomicU64;
 use loom::sync::Arc;
 use std::sync::atomic::Ordering;
-use tierstack_fabric_shm::ring::{begin_wait, end_wait, ring_doorbell, Consumer, Producer, RecordHeader, RingWords};
+use tierstack_fabric_shm::ring::{begin_wait, ring_doorbell, Consumer, Producer, RecordHeader, RingWords};
 
 /// head, tail, then the data words.
 fn ring_words(data: usize) -> Arc<Vec<AtomicU64>> {
@@ -107,28 +109,44 @@ fn a_record_written_but_never_published_is_never_read() {
 #[test]
 fn a_waiter_that_sleeps_is_always_woken_or_sees_the_record() {
     loom::model(|| {
-        // head, tail, data (2 words), sleepers, doorbell.
-        let words: Arc<Vec<AtomicU64>> = Arc::new((0..6).map(|_| AtomicU64::new(0)).collect());
+        // head, tail, data (2 words), doorbell.
+        let words: Arc<Vec<AtomicU64>> = Arc::new((0..5).map(|_| AtomicU64::new(0)).collect());
         let producer_words = words.clone();
         let producer = loom::thread::spawn(move || {
             let ring = RingWords::new(&producer_words[0], &producer_words[1], &producer_words[2..4]).unwrap();
             let mut producer = Producer::attach(&ring).unwrap();
             assert!(producer.push(&ring, header(0), &[]).unwrap());
-            ring_doorbell(&producer_words[4], &producer_words[5])
+            ring_doorbell(&producer_words[4])
         });
         let ring = RingWords::new(&words[0], &words[1], &words[2..4]).unwrap();
         let mut consumer = Consumer::attach(&ring).unwrap();
-        let (sleepers, doorbell) = (&words[4], &words[5]);
-        let expected = begin_wait(sleepers, doorbell);
+        let doorbell = &words[4];
+        let expected = begin_wait(doorbell);
         let found = consumer.has_records(&ring).unwrap();
-        // If not found, the waiter sleeps now (announced until it wakes):
-        // the producer runs to its end meanwhile.
-        producer.join().unwrap();
-        end_wait(sleepers);
+        // If not found, the waiter sleeps now: the producer runs to its end
+        // meanwhile.
+        let rang = producer.join().unwrap();
         if !found {
-            // The waiter sleeps on `expected`: a futex wait returns only
-            // if the doorbell moved past it.
+            // A futex wait on `expected` returns only if the doorbell moved.
             assert_ne!(doorbell.load(Ordering::Relaxed), expected, "lost wake-up: asleep with a record waiting");
+            assert!(rang, "the producer that moved it wakes the sleeper");
         }
+    });
+}
+
+#[test]
+fn of_two_notifiers_exactly_one_wakes_a_sleeper() {
+    loom::model(|| {
+        let doorbell = Arc::new(AtomicU64::new(0));
+        let expected = begin_wait(&*doorbell);
+        let notifiers: Vec<_> = (0..2)
+            .map(|_| {
+                let doorbell = doorbell.clone();
+                loom::thread::spawn(move || ring_doorbell(&*doorbell))
+            })
+            .collect();
+        let rang: Vec<bool> = notifiers.into_iter().map(|t| t.join().unwrap()).collect();
+        assert_eq!(rang.iter().filter(|r| **r).count(), 1, "one wake-up call, not two, not none");
+        assert_ne!(doorbell.load(Ordering::Relaxed), expected);
     });
 }

@@ -238,6 +238,10 @@ impl Inbox {
                 flume::RecvTimeoutError::Disconnected => FabricError::Closed,
             });
         };
+        // The clock only once nothing is there: the busy path reads none.
+        if let Some(message) = self.try_recv() {
+            return Ok(message);
+        }
         let start = Instant::now();
         loop {
             if let Some(message) = self.try_recv() {
@@ -259,9 +263,22 @@ impl Inbox {
         if let Ok(message) = self.rx.try_recv() {
             return Some(message);
         }
-        self.source.as_ref()?;
-        self.refill();
-        self.rx.try_recv().ok()
+        let source = self.source.as_ref()?;
+        // The source's first message goes straight to the caller if the
+        // queue is still empty (the sink runs under the source's lock, so no
+        // earlier message of the source can be queued meanwhile); the rest
+        // into the queue.
+        let mut first = None;
+        source.take(self.channel, &mut |message| {
+            if first.is_none() && self.rx.is_empty() {
+                first = Some(message);
+                return Ok(());
+            }
+            self.tx.try_send(message).map_err(|e| match e {
+                flume::TrySendError::Full(m) | flume::TrySendError::Disconnected(m) => m,
+            })
+        });
+        first.or_else(|| self.rx.try_recv().ok())
     }
 
     /// Waits for the next message without blocking the async runtime.
