@@ -217,7 +217,8 @@ fn start_session(
 ) -> Result<Session> {
     let cpus = tierstack_cluster::online_cpus();
     let (owner_cpu, reader_cpu) = if cpus >= 2 { (Some(0), Some(1)) } else { (None, None) };
-    let name = format!("fabric-{}-{busy_threads}{}", backend.name(), mode.map(|m| format!("-{}", m.name)).unwrap_or_default());
+    let name =
+        format!("fabric-{}-{busy_threads}{}", backend.name(), mode.map(|m| format!("-{}", m.name)).unwrap_or_default());
     let nodes = [NodeLine { id: 0, role: "app", cpu: owner_cpu }, NodeLine { id: 1, role: "proxy", cpu: None }];
     let topology_path = write_topology(dir, &name, backend, 2000, &nodes)?;
     if let Some(spin_us) = mode.and_then(|m| m.spin_us) {
@@ -298,7 +299,8 @@ fn message_point(config: &FabricBenchConfig, session: &Session, mode: &MessageMo
     // A last message, then nothing: the owner's receiver polls (as long as
     // its spin says), then sleeps.
     message_round_trip(fabric, 1)?;
-    let window = if config.budget < Duration::from_millis(500) { Duration::from_secs(2) } else { Duration::from_secs(3) };
+    let window =
+        if config.budget < Duration::from_millis(500) { Duration::from_secs(2) } else { Duration::from_secs(3) };
     let before = process_cpu_ms(session.owner.pid());
     std::thread::sleep(window);
     let after = process_cpu_ms(session.owner.pid());

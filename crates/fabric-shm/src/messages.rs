@@ -13,12 +13,14 @@
 //!
 //! **Receiving needs no thread.** The thread that receives on an inbox
 //! ([`tierstack_fabric::Inbox`], backed by [`RingReceiver`]) takes messages
-//! out of the channel's rings itself: it polls them for a while (the
-//! configured spin) and then sleeps on the channel's doorbell, a futex in
-//! the control file that a sender rings after publishing only if someone
-//! sleeps (the protocol in [`crate::ring`]). An idle receiver therefore
-//! sleeps in the kernel and burns no CPU; a busy one sees a message within
-//! a poll.
+//! out of the channel's rings itself: it polls them for a while and then
+//! sleeps on the channel's doorbell, a futex in the control file that a
+//! sender rings after publishing only if someone sleeps (the protocol in
+//! [`crate::ring`]). How long it polls adapts per channel ([`next_spin`]),
+//! up to the configured most: a conversation keeps its receiver polling, a
+//! receiver whose messages come seldom soon sleeps at once. An idle
+//! receiver therefore sleeps in the kernel and burns no CPU; a busy one
+//! sees a message within a poll.
 //!
 //! **Order and backpressure.** One ring per sender and channel keeps a
 //! channel's messages from one sender in order and lets a full channel hold
@@ -53,8 +55,8 @@
 use crate::ring::{begin_wait, ring_doorbell, Consumer, Producer, RecordHeader, RingCorrupt, RingWords};
 use crate::sys::{coarse_now, futex_wait, process_alive, wake_all, ProcessWatch};
 use std::collections::{HashMap, HashSet};
-use std::hash::{BuildHasherDefault, Hasher};
 use std::fs::{self, OpenOptions};
+use std::hash::{BuildHasherDefault, Hasher};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -236,7 +238,10 @@ pub struct RingReceiver {
     nodes: Option<Vec<NodeId>>,
     control: SharedFile,
     channels: [Mutex<ChannelRings>; CHANNELS_MAX],
+    /// The most a waiting receiver polls ([`crate::ShmConfig::receive_spin`]).
     spin: Duration,
+    /// Per channel, how long its next wait polls ([`next_spin`]), in ns.
+    spin_ns: [AtomicU64; CHANNELS_MAX],
     closed: AtomicBool,
 }
 
@@ -280,6 +285,7 @@ impl RingReceiver {
             control,
             channels: std::array::from_fn(|_| Mutex::new(ChannelRings::default())),
             spin,
+            spin_ns: std::array::from_fn(|_| AtomicU64::new(u64::try_from(spin.as_nanos()).unwrap_or(u64::MAX))),
             closed: AtomicBool::new(false),
         })
     }
@@ -395,11 +401,8 @@ impl RxRing {
         if self.broken {
             return false;
         }
-        match self.file.ring().and_then(|ring| self.consumer.has_records(&ring)) {
-            Ok(records) => records,
-            // The next take finds the corruption and reports it.
-            Err(_) => true,
-        }
+        // On corruption: true, and the next take finds and reports it.
+        self.file.ring().and_then(|ring| self.consumer.has_records(&ring)).unwrap_or(true)
     }
 
     fn sender_gone_and_drained(&mut self) -> bool {
@@ -524,12 +527,16 @@ impl InboxSource for RingReceiver {
 
     fn wait(&self, channel: Channel, timeout: Duration, spin: bool, ready: &dyn Fn() -> bool) {
         let start = Instant::now();
-        if spin && !self.spin.is_zero() {
-            let spin_for = self.spin.min(timeout);
+        let pending = || ready() || self.has_pending(channel) || self.is_closed();
+        let spin_ns = &self.spin_ns[channel.index()];
+        let spin_for =
+            if spin { Duration::from_nanos(spin_ns.load(Ordering::Relaxed)).min(timeout) } else { Duration::ZERO };
+        if !spin_for.is_zero() {
             'spin: loop {
                 // The clock every few polls: a poll costs less than a read of it.
                 for _ in 0..8 {
-                    if ready() || self.has_pending(channel) || self.is_closed() {
+                    if pending() {
+                        self.adapt_spin(spin_ns, WaitEnd::DuringSpin);
                         return;
                     }
                     std::hint::spin_loop();
@@ -541,11 +548,15 @@ impl InboxSource for RingReceiver {
         }
         let doorbell = channel_doorbell(&self.control, channel);
         let expected = begin_wait(doorbell);
-        if !ready() && !self.has_pending(channel) && !self.is_closed() {
+        if !pending() {
             let left = timeout.saturating_sub(start.elapsed());
             if !left.is_zero() {
                 futex_wait(doorbell, expected, left);
             }
+        }
+        if spin {
+            let end = if pending() { WaitEnd::AfterSleep { waited: start.elapsed() } } else { WaitEnd::Nothing };
+            self.adapt_spin(spin_ns, end);
         }
     }
 
@@ -558,6 +569,44 @@ impl InboxSource for RingReceiver {
 
     fn is_closed(&self) -> bool {
         self.closed.load(Ordering::Acquire)
+    }
+}
+
+/// How a receiver's wait ended, for [`next_spin`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WaitEnd {
+    /// Something arrived while it polled.
+    DuringSpin,
+    /// Something arrived after it went to sleep, `waited` after the wait began.
+    AfterSleep { waited: Duration },
+    /// Nothing arrived (the wait timed out or woke for nothing).
+    Nothing,
+}
+
+/// The shortest spin that adapting up starts from.
+pub const SPIN_FLOOR: Duration = Duration::from_micros(2);
+
+/// How long a channel's next wait polls, given the current spin, the
+/// configured most and how the last wait ended: adaptive, as adaptive
+/// mutexes spin. Polling that pays (a message arrived while polling, or so
+/// soon after sleeping that polling longer would have caught it) keeps or
+/// doubles the spin, up to `max`; polling that did not halves it, so a
+/// receiver whose messages come seldom (a lock waiter between rounds, an
+/// idle server) soon stops polling, and on a host with more runnable
+/// threads than CPUs does not take CPU from the threads it waits for.
+pub fn next_spin(current: Duration, max: Duration, end: WaitEnd) -> Duration {
+    match end {
+        WaitEnd::DuringSpin => current.saturating_mul(2).min(max),
+        WaitEnd::AfterSleep { waited } if waited <= max => current.saturating_mul(2).max(SPIN_FLOOR).min(max),
+        WaitEnd::AfterSleep { .. } | WaitEnd::Nothing => current / 2,
+    }
+}
+
+impl RingReceiver {
+    fn adapt_spin(&self, spin_ns: &AtomicU64, end: WaitEnd) {
+        let current = Duration::from_nanos(spin_ns.load(Ordering::Relaxed));
+        let next = next_spin(current, self.spin, end);
+        spin_ns.store(u64::try_from(next.as_nanos()).unwrap_or(u64::MAX), Ordering::Relaxed);
     }
 }
 
@@ -647,13 +696,7 @@ impl RingSenders {
 
     /// Sends `payload` to `to` on `channel`; `dir` names `to`'s node
     /// directory (asked only to reach a receiver for the first time).
-    pub(crate) fn send(
-        &self,
-        to: NodeId,
-        dir: &dyn Fn() -> PathBuf,
-        channel: Channel,
-        payload: &[u8],
-    ) -> Result<()> {
+    pub(crate) fn send(&self, to: NodeId, dir: &dyn Fn() -> PathBuf, channel: Channel, payload: &[u8]) -> Result<()> {
         if payload.len() > TRANSFER_BYTES_MAX {
             return Err(FabricError::TransferTooLarge { len: payload.len() });
         }
@@ -699,13 +742,7 @@ impl RingSenders {
         if control.word(layout::CONTROL_REVOKED_OFFSET).load(Ordering::Acquire) != 0 {
             return Err(dead("its message endpoint was closed".into()));
         }
-        let link = Arc::new(PeerLink {
-            to,
-            dir,
-            control,
-            watch,
-            channels: std::array::from_fn(|_| Mutex::new(None)),
-        });
+        let link = Arc::new(PeerLink { to, dir, control, watch, channels: std::array::from_fn(|_| Mutex::new(None)) });
         peers.insert(to, link.clone());
         Ok(link)
     }
@@ -816,7 +853,10 @@ impl PeerLink {
             if self.revoked() {
                 LinkFailure::Revoked
             } else {
-                LinkFailure::Error(FabricError::PeerDead { node: self.to, reason: format!("cannot create a ring: {e}") })
+                LinkFailure::Error(FabricError::PeerDead {
+                    node: self.to,
+                    reason: format!("cannot create a ring: {e}"),
+                })
             }
         })?;
         let producer = Producer::attach(&file.ring().map_err(|e| self.corrupt(e))?).map_err(|e| self.corrupt(e))?;
@@ -865,6 +905,36 @@ impl PeerLink {
             if producer.free_words(words, need).map_err(|e| self.corrupt(e))? >= need {
                 return Ok(());
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MAX: Duration = Duration::from_micros(50);
+
+    #[test]
+    fn polling_that_pays_keeps_its_spin_and_polling_that_does_not_fades() {
+        assert_eq!(next_spin(MAX, MAX, WaitEnd::DuringSpin), MAX, "capped at the most");
+        assert_eq!(next_spin(Duration::from_micros(4), MAX, WaitEnd::DuringSpin), Duration::from_micros(8));
+        // Slept, but the message came soon enough for a longer poll to catch it.
+        let soon = WaitEnd::AfterSleep { waited: Duration::from_micros(30) };
+        assert_eq!(next_spin(Duration::ZERO, MAX, soon), SPIN_FLOOR, "from nothing, back to polling");
+        assert_eq!(next_spin(Duration::from_micros(20), MAX, soon), Duration::from_micros(40));
+        // Slept long, or nothing came: halve.
+        let late = WaitEnd::AfterSleep { waited: Duration::from_millis(3) };
+        assert_eq!(next_spin(MAX, MAX, late), MAX / 2);
+        assert_eq!(next_spin(MAX, MAX, WaitEnd::Nothing), MAX / 2);
+        let mut spin = MAX;
+        for _ in 0..20 {
+            spin = next_spin(spin, MAX, late);
+        }
+        assert!(spin < Duration::from_nanos(100), "a receiver of seldom messages stops polling: {spin:?}");
+        // Zero configured: never polls, whatever happens.
+        for end in [WaitEnd::DuringSpin, soon, late, WaitEnd::Nothing] {
+            assert_eq!(next_spin(Duration::ZERO, Duration::ZERO, end), Duration::ZERO);
         }
     }
 }

@@ -133,11 +133,7 @@ impl RecordHeader {
         if word >> TAG_SHIFT != RECORD_TAG || word & !known != 0 {
             return None;
         }
-        Some(RecordHeader {
-            len: (word & LEN_MASK) as u32,
-            first: word & FIRST_BIT != 0,
-            last: word & LAST_BIT != 0,
-        })
+        Some(RecordHeader { len: (word & LEN_MASK) as u32, first: word & FIRST_BIT != 0, last: word & LAST_BIT != 0 })
     }
 
     /// Words the record occupies: the header and the padded payload.

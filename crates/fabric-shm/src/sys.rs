@@ -23,7 +23,8 @@ fn futex_address(word: &AtomicU64) -> *const u32 {
 pub fn futex_wait(word: &AtomicU64, expected: u64, timeout: Duration) {
     let timeout = libc::timespec {
         tv_sec: libc::time_t::try_from(timeout.as_secs()).unwrap_or(libc::time_t::MAX),
-        tv_nsec: libc::c_long::try_from(timeout.subsec_nanos()).unwrap_or(0),
+        // Below 10^9: fits a c_long of any width.
+        tv_nsec: timeout.subsec_nanos() as libc::c_long,
     };
     // SAFETY: the address is a valid, aligned u32 inside `word`, which
     // outlives the call; FUTEX_WAIT only reads it. The result (woken,

@@ -32,7 +32,9 @@ const NODES: [u32; 5] = [0, 1, 2, 3, 4];
 const NEVER: u32 = u32::MAX;
 
 fn config(root: &Path, node: u32, send_timeout: Duration) -> ShmConfig {
-    ShmConfig::new(root, NodeId(node)).with_nodes(NODES.iter().copied().map(NodeId).collect()).with_send_timeout(send_timeout)
+    ShmConfig::new(root, NodeId(node))
+        .with_nodes(NODES.iter().copied().map(NodeId).collect())
+        .with_send_timeout(send_timeout)
 }
 
 /// The stress senders' channels, and which one message `i` of `sender` takes.
@@ -45,7 +47,7 @@ fn stress_channel(sender: u32, i: u32) -> Channel {
 
 /// Message `i`'s size: mostly small, every 97th larger than a ring fragment.
 fn stress_len(sender: u32, i: u32) -> usize {
-    if (i + sender) % 97 == 0 {
+    if (i + sender).is_multiple_of(97) {
         20_000 + (i as usize * 7919) % 30_000
     } else {
         12 + (i as usize * 31 + sender as usize) % 200
@@ -237,7 +239,8 @@ fn wait_for_ring_fill(root: &Path, node: u32, from: u32, words: u64) -> PathBuf 
             // SAFETY: a read-only test mapping, read through atomics only.
             let map = unsafe { memmap2::Mmap::map(&file).unwrap() };
             // SAFETY: both offsets are aligned words inside the ring's header.
-            let word = |offset: usize| unsafe { &*map.as_ptr().add(offset).cast::<AtomicU64>() }.load(Ordering::Acquire);
+            let word =
+                |offset: usize| unsafe { &*map.as_ptr().add(offset).cast::<AtomicU64>() }.load(Ordering::Acquire);
             if word(layout::RING_HEAD_OFFSET) - word(layout::RING_TAIL_OFFSET) >= words {
                 return entry.path();
             }

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
-use tierstack_base::limits::TRANSFER_BYTES_MAX;
+use tierstack_base::limits::{INBOX_MESSAGES_MAX, TRANSFER_BYTES_MAX};
 use tierstack_base::NodeId;
 use tierstack_fabric::{Channel, Fabric, FabricError};
 use tierstack_fabric_shm::messages::layout;
@@ -62,7 +62,7 @@ impl MappedFile {
     }
 
     fn word(&self, offset: usize) -> &AtomicU64 {
-        assert!(offset % 8 == 0 && offset + 8 <= self.map.len());
+        assert!(offset.is_multiple_of(8) && offset + 8 <= self.map.len());
         // SAFETY: in bounds, aligned (the mapping is page aligned), atomics only.
         unsafe { &*self.map.as_ptr().add(offset).cast::<AtomicU64>() }
     }
@@ -97,6 +97,47 @@ fn a_full_ring_holds_its_sender_then_times_out_and_loses_nothing_that_was_sent()
 }
 
 #[test]
+fn a_full_inbox_leaves_the_rest_in_its_rings_and_loses_none() {
+    let dir = tempfile::tempdir().unwrap();
+    let sender = open(dir.path(), 0, &[0, 1], BOUND);
+    let receiver = open(dir.path(), 1, &[0, 1], BOUND);
+    let total = INBOX_MESSAGES_MAX as u32 + 5000;
+    let sending = {
+        let sender = sender.clone();
+        std::thread::spawn(move || {
+            for seq in 0..total {
+                sender.send(NodeId(1), Channel::TEST, &numbered(seq, 16)).unwrap();
+            }
+        })
+    };
+    let inbox = receiver.inbox(Channel::TEST);
+    let deadline = std::time::Instant::now() + BOUND;
+    while inbox.len() < INBOX_MESSAGES_MAX {
+        assert!(std::time::Instant::now() < deadline, "the inbox fills");
+        std::thread::yield_now();
+    }
+    // Full: the rest waits in the ring, which fills and holds the sender;
+    // what the inbox is offered and has no room for is kept, not lost.
+    let ring = MappedFile::open(&ring_files(dir.path(), 1, Channel::TEST, 0)[0]);
+    loop {
+        let used = ring.word(layout::RING_HEAD_OFFSET).load(Ordering::Acquire)
+            - ring.word(layout::RING_TAIL_OFFSET).load(Ordering::Acquire);
+        assert_eq!(inbox.len(), INBOX_MESSAGES_MAX);
+        if used + 3 > (layout::RING_DATA_BYTES / 8) as u64 {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "the ring fills");
+        std::thread::yield_now();
+    }
+    assert!(!sending.is_finished(), "the sender is held");
+    for seq in 0..total {
+        assert_eq!(inbox.recv_timeout(BOUND).unwrap().payload, numbered(seq, 16), "in order, none lost");
+    }
+    sending.join().unwrap();
+    assert!(inbox.is_empty());
+}
+
+#[test]
 fn a_message_that_times_out_half_sent_is_never_delivered_and_the_next_one_is_whole() {
     let dir = tempfile::tempdir().unwrap();
     let sender = open(dir.path(), 0, &[0, 1], Duration::from_millis(200));
@@ -127,7 +168,8 @@ fn messages_of_every_size_arrive_whole_and_too_large_ones_are_refused() {
     let sender = open(dir.path(), 0, &[0, 1], BOUND);
     let receiver = open(dir.path(), 1, &[0, 1], BOUND);
     let f = layout::FRAGMENT_BYTES_MAX;
-    let sizes = [0, 1, 7, 8, 9, f - 1, f, f + 1, 3 * f, layout::RING_DATA_BYTES, 5 * f + 3, 1 << 20, TRANSFER_BYTES_MAX];
+    let sizes =
+        [0, 1, 7, 8, 9, f - 1, f, f + 1, 3 * f, layout::RING_DATA_BYTES, 5 * f + 3, 1 << 20, TRANSFER_BYTES_MAX];
     let receiving = {
         let receiver = receiver.clone();
         std::thread::spawn(move || {

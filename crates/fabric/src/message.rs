@@ -320,7 +320,8 @@ impl Inbox {
         if waiters.thread_started.swap(true, Ordering::AcqRel) {
             return Ok(());
         }
-        let (waiters, source, rx, channel) = (self.async_waiters.clone(), source.clone(), self.rx.clone(), self.channel);
+        let (waiters, source, rx, channel) =
+            (self.async_waiters.clone(), source.clone(), self.rx.clone(), self.channel);
         let spawned = std::thread::Builder::new()
             .name(format!("inbox-async-{}", channel.id()))
             .spawn(move || wake_async_waiters(&waiters, source.as_ref(), &rx, channel));
@@ -348,7 +349,12 @@ impl Inbox {
 /// The async-waiter thread of a backed inbox: while tasks wait, waits on the
 /// source and wakes them; while none waits, sleeps on a condition variable.
 /// Ends when the source closes.
-fn wake_async_waiters(waiters: &AsyncWaiters, source: &dyn InboxSource, rx: &flume::Receiver<Message>, channel: Channel) {
+fn wake_async_waiters(
+    waiters: &AsyncWaiters,
+    source: &dyn InboxSource,
+    rx: &flume::Receiver<Message>,
+    channel: Channel,
+) {
     while !source.is_closed() {
         let Ok(mut wakers) = waiters.wakers.lock() else { return };
         while wakers.is_empty() && !source.is_closed() {
