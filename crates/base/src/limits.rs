@@ -22,11 +22,13 @@ pub const TRANSFER_BYTES_MAX: usize = 16 << 20;
 pub const BATCH_OPS_MAX: usize = 1024;
 
 /// Messages queued at a receiver, per message channel, before its senders
-/// are held back (a full channel's inbox stops reading their connections).
+/// are held back (a full channel's inbox stops taking from their
+/// connections or rings).
 pub const INBOX_MESSAGES_MAX: usize = 65_536;
 
 /// Number of message channels a node has; channel ids are `0..CHANNELS_MAX`.
 /// Each channel is one receive queue of [`INBOX_MESSAGES_MAX`] messages, and
-/// each ordered pair of nodes may keep one message connection per channel, so
-/// this also bounds those connections and their receiving threads.
+/// each ordered pair of nodes may keep one message path per channel (`tcp`: a
+/// connection and its receiving thread; `shm`: a ring), so this also bounds
+/// those.
 pub const CHANNELS_MAX: usize = 8;

@@ -27,15 +27,19 @@
 //! receiver's thread takes it out; neither side runs code for the other.
 //! There is one single-producer single-consumer ring per sender, receiver
 //! and channel ([`messages`](crate::messages)), so a full channel holds back
-//! that channel only. A receiving thread polls its rings for a while
-//! ([`ShmConfig::receive_spin`]) and then sleeps on a futex that senders ring
-//! only when someone sleeps: no receiver thread, no system call on the busy
-//! path, no CPU when idle. The word protocol (`ring`) is model-checked with
-//! loom.
+//! that channel only. A receiving thread polls its rings for a while (an
+//! adaptive spin up to [`ShmConfig::receive_spin`]) and then sleeps on a
+//! futex that senders ring only when someone sleeps: no receiver thread, no
+//! system call on the busy path, no CPU when idle. Messages larger than a
+//! ring fragment are split and streamed. The word protocols ([`ring`]: the
+//! ring's head/tail and the doorbell) are model-checked with loom.
 //!
 //! Liveness: `connect` reads `owner.pid` and refuses a dead owner with
-//! `PeerDead`. A node directory left by a dead process is reclaimed when the
-//! node id is opened again.
+//! `PeerDead`; `send` does too, and a send to a receiver that closed (its
+//! control file's revoked word) or crashed (its pid, checked every few ms
+//! of sending and of waiting for room) fails with `PeerDead`, never hangs.
+//! A node directory left by a dead process is reclaimed when the node id
+//! is opened again.
 //!
 //! Revocation: a mapping outlives its owner, so a peer could keep reading a
 //! dead owner's frozen memory. As RDMA invalidates a dead owner's keys, every
@@ -73,16 +77,19 @@ pub struct ShmConfig {
     pub nodes: Option<Vec<NodeId>>,
     /// Bound on blocking message sends to a receiver that does not drain.
     pub send_timeout: Duration,
-    /// How long a thread waiting on an inbox polls the rings before it
-    /// sleeps (zero: sleep at once). Polling answers a message within
+    /// The longest a thread waiting on an inbox polls the rings before it
+    /// sleeps (zero: sleep at once). Polling sees a message within
     /// nanoseconds and costs a CPU meanwhile; a sleeping receiver is woken
-    /// by the sender's futex wake, some microseconds later.
+    /// by the sender's futex wake, some microseconds later. Each channel
+    /// adapts its spin below this most (`messages::next_spin`): polling that
+    /// catches messages goes on, polling that does not fades to nothing.
     pub receive_spin: Duration,
 }
 
 /// The default [`ShmConfig::receive_spin`]: longer than a message round
 /// trip between polling nodes, so a conversation stays on the fast path,
-/// short enough that an idle receiver's polling costs nothing measurable.
+/// short enough (and adaptive) that an idle receiver's polling costs
+/// nothing measurable.
 pub const RECEIVE_SPIN_DEFAULT: Duration = Duration::from_micros(50);
 
 impl ShmConfig {

@@ -1,8 +1,9 @@
 //! The fabric's wire format: length-prefixed binary frames, and nothing else.
 //!
 //! Every byte stream between two tierstack nodes that is not shared memory —
-//! the `tcp` backend's request/response connections, the `shm` backend's
-//! two-sided messages over Unix sockets — carries a sequence of [`Frame`]s
+//! the `tcp` backend's request/response connections and messages — carries
+//! a sequence of [`Frame`]s (the `shm` backend's messages travel in
+//! shared-memory rings instead, `tierstack_fabric_shm::messages`)
 //! encoded here. This crate owns the codec ([`encode`], [`decode`]) and two
 //! blocking helpers over `std::io` ([`write_frame`], [`read_frame`]); it opens
 //! no sockets and starts no threads. The format is specified field by field

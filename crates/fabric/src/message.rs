@@ -116,19 +116,21 @@ pub struct Message {
 /// The rule every backend follows when it is full: **the sender is held
 /// back, no message is dropped.** A backend's receiving side waits for room
 /// ([`Inboxes::deliver_wait`], [`Inboxes::deliver_timeout`]) and stops
-/// reading the sender's connection meanwhile, so the sender's `send` waits;
+/// reading the sender's connection meanwhile (`tcp`), or leaves the
+/// message in its ring (`shm`, see below), so the sender's `send` waits;
 /// a send that cannot finish within the backend's bound fails with a typed
 /// error (`Timeout`) that the sender sees.
 ///
 /// **A full channel holds back that channel only.** Every backend keeps one
-/// message connection per ordered pair of nodes *and channel*, so a full
-/// inbox stops the connections of its channel and nothing else: the same
-/// sender's messages on other channels, and other senders' messages on
-/// other channels, keep arriving; other senders on the full channel are held
-/// back too, each on its own connection. The price is up to
-/// [`CHANNELS_MAX`] message connections per ordered pair (opened on first
-/// use of a channel) and no order between channels: messages of one channel
-/// from one sender arrive in send order, and that is the only order.
+/// message path per ordered pair of nodes *and channel* (`tcp`: a
+/// connection; `shm`: a ring), so a full inbox stops the paths of its
+/// channel and nothing else: the same sender's messages on other channels,
+/// and other senders' messages on other channels, keep arriving; other
+/// senders on the full channel are held back too, each on its own path. The
+/// price is up to [`CHANNELS_MAX`] message paths per ordered pair (opened
+/// on first use of a channel) and no order between channels: messages of
+/// one channel from one sender arrive in send order, and that is the only
+/// order.
 ///
 /// [`Inbox::deliver`], which refuses with [`FabricError::InboxFull`], is for
 /// a service that hands a message to itself on its own node.
