@@ -32,6 +32,8 @@ pub enum CostsError {
     Parse { source_name: String, message: String },
     #[error("cost file {source_name}: {what}")]
     Invalid { source_name: String, what: String },
+    #[error("transport choice: {0}")]
+    Choice(String),
     #[error("no cost file {0:?} (and it is not a built-in name: measured, seeds)")]
     NotFound(String),
 }
@@ -174,7 +176,7 @@ impl Costs {
     /// Replaces the transport choice (e.g. from the command line), checking it.
     pub fn with_choice(mut self, choice: TransportChoice) -> Result<Self, CostsError> {
         self.cluster = choice;
-        self.validate().map_err(|what| CostsError::Invalid { source_name: "command line".to_string(), what })?;
+        self.validate().map_err(CostsError::Choice)?;
         Ok(self)
     }
 
@@ -346,7 +348,8 @@ receiver_cpu_ns = 10
         let missing = minimal("").replace("request_ns = 10\n", "");
         let e = Costs::parse(&missing, "x").unwrap_err().to_string();
         assert!(e.contains("request_ns"), "{e}");
-        let zero_bw = minimal("").replace("bandwidth_bytes_per_s = 1000\nrequest_bytes", "bandwidth_bytes_per_s = 0\nrequest_bytes");
+        let zero_bw = minimal("")
+            .replace("bandwidth_bytes_per_s = 1000\nrequest_bytes", "bandwidth_bytes_per_s = 0\nrequest_bytes");
         let e = Costs::parse(&zero_bw, "x").unwrap_err().to_string();
         assert!(e.contains("client_network.bandwidth_bytes_per_s must be positive"), "{e}");
         let bad_name = minimal("").replace("messages = \"t\"", "messages = \"nope\"");

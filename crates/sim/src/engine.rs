@@ -424,7 +424,8 @@ impl<'c, P: Policy> Engine<'c, P> {
                     Via::Message => self.costs.messages(),
                     Via::RemoteWrite => self.costs.remote_write(),
                 };
-                let end = self.nics[message.from].submit(self.now, transfer_ns(message.bytes, transport.bandwidth_bytes_per_s));
+                let end = self.nics[message.from]
+                    .submit(self.now, transfer_ns(message.bytes, transport.bandwidth_bytes_per_s));
                 let arrive = end + transport.wire_ns(message.via == Via::Message);
                 self.schedule(arrive, Event::SendArrived { message });
             }
@@ -630,10 +631,17 @@ impl<'c, P: Policy> Engine<'c, P> {
             }
             Action::CacheInsert { node, doc, token } => {
                 self.node_ok(node, "cache insert")?;
-                let bytes = self.doc_bytes.get(doc).copied().ok_or_else(|| self.violation(format!("unknown document {doc}")))?;
+                let bytes = self
+                    .doc_bytes
+                    .get(doc)
+                    .copied()
+                    .ok_or_else(|| self.violation(format!("unknown document {doc}")))?;
                 let inserted = self.caches[node].insert(doc, bytes);
                 self.counts[node].evictions += inserted.evicted.len() as u64;
-                self.schedule(self.now, Event::Done { done: Done { node, outcome: Outcome::Inserted(inserted), token } });
+                self.schedule(
+                    self.now,
+                    Event::Done { done: Done { node, outcome: Outcome::Inserted(inserted), token } },
+                );
             }
             Action::CacheTouch { node, doc, token } => {
                 self.node_ok(node, "cache touch")?;

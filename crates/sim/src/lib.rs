@@ -33,6 +33,7 @@ pub use policy::{
     Via, View,
 };
 pub use report::{LatencySummary, MessageCount, NodeCounts, SimReport, Utilization};
+pub use tierstack_model::DiskModel;
 
 /// The policies the command line can name.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -57,7 +58,11 @@ impl std::str::FromStr for PolicyName {
 }
 
 /// Runs the named policy.
-pub fn run_named(name: PolicyName, config: &SimConfig, trace: &tierstack_workload::Trace) -> Result<SimReport, SimError> {
+pub fn run_named(
+    name: PolicyName,
+    config: &SimConfig,
+    trace: &tierstack_workload::Trace,
+) -> Result<SimReport, SimError> {
     match name {
         PolicyName::Independent => run(config, trace, Independent),
     }

@@ -229,15 +229,18 @@ impl SimReport {
         let load = match &self.load {
             Load::Closed { .. } => format!("closed loop, {} clients", self.clients),
             Load::Open { rate_per_s, arrivals, .. } => {
-                format!("open loop, {rate_per_s} req/s {arrivals:?} over {} streams", self.clients)
+                format!("open loop, {rate_per_s} req/s ({arrivals:?} arrivals) over {} streams", self.clients)
             }
         };
         let _ = writeln!(
             s,
-            "tierstack sim: policy {}, {} nodes, {load}, target choice {:?}{}",
+            "tierstack sim: policy {}, {} nodes, {load}, target choice {}{}",
             self.policy,
             self.nodes,
-            self.target_choice,
+            serde_json::to_value(self.target_choice)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_string))
+                .unwrap_or_default(),
             if self.new_connection_per_request { ", a new connection per request" } else { "" }
         );
         let _ = writeln!(
