@@ -16,9 +16,9 @@ use crate::policy::{
 use crate::report::{MessageCount, NodeCounts, SimReport};
 use rand::Rng;
 use std::cmp::Ordering;
-use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap};
 use tierstack_base::{seeded_rng, SeededRng};
-use tierstack_model::{ByteLru, DiskQueue};
+use tierstack_model::{ByteLru, DiskQueue, Inserted};
 use tierstack_workload::{RequestStream, TargetChooser, Trace};
 
 /// Salt separating the open loop's arrival schedule from every other stream.
@@ -153,10 +153,9 @@ enum Event<M, T> {
     AtNode { request: u64 },
     /// Its parse is done: the policy decides.
     Parsed { request: u64 },
-    /// A `Serve` hit: the document is in memory.
-    ServeHit { node: usize, request: u64, token: T },
-    /// A `Serve` miss's disk read completed.
-    ServeDisk { node: usize, request: u64, caching: Caching, token: T },
+    /// A `Serve` has the document in memory: a hit (at once, or when the
+    /// read that brought the object in completes), or a miss's disk read.
+    ServeReady { node: usize, request: u64, hit: bool, inserted: Option<Inserted<DocId>>, token: T },
     /// The reply body is copied; it goes to the NIC.
     ReplyCopied { node: usize, request: u64 },
     /// The reply reached the client.
@@ -202,6 +201,9 @@ struct Engine<'c, P: Policy> {
     counts: Vec<NodeCounts>,
     doc_bytes: Vec<u64>,
     max_object_bytes: u64,
+    /// Per node: when each cached document's bytes are in memory (the
+    /// completion of the read that inserted it).
+    ready_at: Vec<HashMap<DocId, u64>>,
     new_connection_per_request: bool,
     requests: Vec<RequestState>,
     clients: Vec<Client>,
@@ -264,7 +266,10 @@ impl<'c, P: Policy> Engine<'c, P> {
             nics: (0..nodes).map(|_| Fifo::default()).collect(),
             counts: vec![NodeCounts::default(); nodes],
             doc_bytes: trace.documents().iter().map(|d| d.size_bytes).collect(),
-            max_object_bytes: config.cache_max_object_bytes.unwrap_or(config.cache_bytes),
+            // As `tierstack origin`: the object bound never exceeds the cache,
+            // and a zero-byte cache caches nothing.
+            max_object_bytes: config.cache_max_object_bytes.unwrap_or(config.cache_bytes).min(config.cache_bytes),
+            ready_at: vec![HashMap::new(); nodes],
             new_connection_per_request: config.new_connection_per_request,
             requests: Vec::with_capacity(usize::try_from(expected).unwrap_or(0).min(1 << 24)),
             clients,
@@ -385,20 +390,8 @@ impl<'c, P: Policy> Engine<'c, P> {
                 let req = self.request_view(request as usize);
                 self.call(|policy, view, out| policy.on_request(view, req.initial, req, out))?;
             }
-            Event::ServeHit { node, request, token } => {
-                self.served(node, request, true, None, token)?;
-            }
-            Event::ServeDisk { node, request, caching, token } => {
-                let req = self.request_view(request as usize);
-                let inserted = match caching {
-                    Caching::Normal if req.bytes <= self.max_object_bytes => {
-                        let inserted = self.caches[node].insert(req.doc, req.bytes);
-                        self.counts[node].evictions += inserted.evicted.len() as u64;
-                        Some(inserted)
-                    }
-                    _ => None,
-                };
-                self.served(node, request, false, inserted, token)?;
+            Event::ServeReady { node, request, hit, inserted, token } => {
+                self.served(node, request, hit, inserted, token)?;
             }
             Event::ReplyCopied { node, request } => {
                 let state = &self.requests[request as usize];
@@ -500,7 +493,7 @@ impl<'c, P: Policy> Engine<'c, P> {
         node: usize,
         request: u64,
         hit: bool,
-        inserted: Option<tierstack_model::Inserted<DocId>>,
+        inserted: Option<Inserted<DocId>>,
         token: P::Token,
     ) -> Result<(), SimError> {
         let req = self.request_view(request as usize);
@@ -557,16 +550,37 @@ impl<'c, P: Policy> Engine<'c, P> {
                         self.forwarded += 1;
                     }
                 }
+                // The order of `tierstack origin`'s storage, decided at the
+                // request's arrival: lookup (touch); on a miss, queue the disk
+                // read and insert at once, so a later request for the same
+                // object is a hit that waits for this read.
                 if self.caches[node].touch(&req.doc) {
                     self.counts[node].hits += 1;
-                    self.schedule(self.now, Event::ServeHit { node, request: request.0, token });
+                    let ready = self.ready_at[node].get(&req.doc).copied().unwrap_or(self.now).max(self.now);
+                    let event = Event::ServeReady { node, request: request.0, hit: true, inserted: None, token };
+                    self.schedule(ready, event);
                 } else {
                     let counts = &mut self.counts[node];
                     counts.misses += 1;
                     counts.disk_reads += 1;
                     counts.disk_bytes += req.bytes;
-                    let end = self.disks[node].submit(self.now, req.bytes);
-                    self.schedule(end, Event::ServeDisk { node, request: request.0, caching, token });
+                    let done = self.disks[node].submit(self.now, req.bytes);
+                    let inserted = match caching {
+                        Caching::Normal if self.max_object_bytes > 0 && req.bytes <= self.max_object_bytes => {
+                            let inserted = self.caches[node].insert(req.doc, req.bytes);
+                            self.counts[node].evictions += inserted.evicted.len() as u64;
+                            for (evicted, _) in &inserted.evicted {
+                                self.ready_at[node].remove(evicted);
+                            }
+                            if inserted.stored {
+                                self.ready_at[node].insert(req.doc, done);
+                            }
+                            Some(inserted)
+                        }
+                        _ => None,
+                    };
+                    let event = Event::ServeReady { node, request: request.0, hit: false, inserted, token };
+                    self.schedule(done, event);
                 }
             }
             Action::Reply { node, request } => {
@@ -638,6 +652,11 @@ impl<'c, P: Policy> Engine<'c, P> {
                     .ok_or_else(|| self.violation(format!("unknown document {doc}")))?;
                 let inserted = self.caches[node].insert(doc, bytes);
                 self.counts[node].evictions += inserted.evicted.len() as u64;
+                // The policy inserts bytes it already has: ready now.
+                self.ready_at[node].remove(&doc);
+                for (evicted, _) in &inserted.evicted {
+                    self.ready_at[node].remove(evicted);
+                }
                 self.schedule(
                     self.now,
                     Event::Done { done: Done { node, outcome: Outcome::Inserted(inserted), token } },
@@ -651,6 +670,7 @@ impl<'c, P: Policy> Engine<'c, P> {
             Action::CacheRemove { node, doc } => {
                 self.node_ok(node, "cache remove")?;
                 self.caches[node].remove(&doc);
+                self.ready_at[node].remove(&doc);
             }
         }
         Ok(())

@@ -83,9 +83,12 @@ pub struct Copies {
 #[derive(Clone, Debug, PartialEq)]
 pub enum Action<M, T> {
     /// Get the request's document into `node`'s memory the way
-    /// `tierstack origin` does: lookup (touch) → on a miss, a read through the
-    /// node's FIFO disk → insert (unless [`Caching::Bypass`]). Completes with
-    /// [`Policy::on_served`].
+    /// `tierstack origin`'s storage does, decided now: lookup (touch); on a
+    /// miss, a read queued at the node's FIFO disk and an insert at once
+    /// (unless [`Caching::Bypass`] or the object is above the node's object
+    /// bound), so a later request for it is a hit that waits for the read in
+    /// flight. Completes with [`Policy::on_served`] when the bytes are in
+    /// memory.
     Serve { node: usize, request: RequestId, caching: Caching, token: T },
     /// Send the reply (header + body) from `node` to the request's client:
     /// one copy of the body on `node`'s CPU, then its NIC, then the client
@@ -120,8 +123,8 @@ pub struct Served<T> {
     pub request: Request,
     /// Found in the cache (no disk read).
     pub hit: bool,
-    /// After a miss with [`Caching::Normal`]: what the insert did (the
-    /// evictions a PRESS node would broadcast).
+    /// After a miss with [`Caching::Normal`]: what the insert (made at the
+    /// miss) did, e.g. the evictions a PRESS node would broadcast.
     pub inserted: Option<Inserted<DocId>>,
     pub token: T,
 }

@@ -53,26 +53,50 @@ fn a_new_connection_per_request_costs_a_round_trip_and_a_setup() {
     assert_eq!(report.per_node[0].connections, 2);
 }
 
+/// Four documents `/a` … `/d` of 1000 bytes, replayed in that order.
+fn four_docs() -> Trace {
+    let log: String = ["a", "b", "c", "d"]
+        .iter()
+        .map(|p| format!("h - - [01/Jul/1995:00:00:01 -0400] \"GET /{p} HTTP/1.0\" 200 1000\n"))
+        .collect();
+    Trace::clf_from_str(&log).unwrap()
+}
+
 #[test]
 fn concurrent_misses_queue_at_the_disk_and_their_service_times_add_up() {
-    // Four clients ask for the one document at once; the parses are
-    // serialized by the CPU (15 µs each: 75_100, 90_100, 105_100, 120_100),
-    // every lookup happens before the first insert, so all four miss (no
-    // coalescing, as in tierstack origin) and queue at the disk: they end
-    // one service time (1_001_000) apart.
+    // Four clients start at offsets 0..4 of the replayed list, so they ask
+    // for /a, /b, /c, /d at once. The parses are serialized by the CPU (15 µs
+    // each: 75_100, 90_100, 105_100, 120_100); all four miss and queue at the
+    // disk, so they end one service time (1_001_000) apart.
     let clients = 4;
     let config = closed(1, clients, clients as u64, 1 << 20);
-    let report = run(&config, &one_doc(), Independent).unwrap();
+    let report = run(&config, &four_docs(), Independent).unwrap();
     let node = &report.per_node[0];
     assert_eq!((node.misses, node.disk_reads, node.hits), (4, 4, 0));
     assert_eq!(node.disk_busy_ns, 4 * 1_001_000);
-    // The last disk read ends at 75_100 + 4 × 1_001_000; reply: copy, NIC, wire.
+    // The last read ends at 75_100 + 4 × 1_001_000; reply: copy, NIC, wire.
     let last_disk_end = 75_100 + 4 * 1_001_000;
     assert_eq!(report.makespan_ns, last_disk_end + 1_000 + 1_200 + 20_000);
     assert!(report.makespan_ns >= 4 * 1_001_000, "four reads of 1.001 ms take at least 4.004 ms");
     assert_eq!(report.latency.max_ns, report.makespan_ns);
     assert_eq!(report.latency.p50_ns, 75_100 + 2 * 1_001_000 + 22_200, "the second of four ends second");
     assert!((report.utilization.disk_max - 4_004_000.0 / report.makespan_ns as f64).abs() < 1e-12);
+}
+
+#[test]
+fn requests_for_an_object_being_read_hit_and_wait_for_that_read() {
+    // As tierstack origin: the first request misses and inserts at once; the
+    // three others (parsed at 90_100 … 120_100) hit and wait for the read,
+    // which ends at 1_076_100. Then four copies (1 µs each) and four NIC
+    // transfers (1.2 µs each, the NIC the bottleneck from the second on):
+    // the last reply leaves at 1_077_100 + 4 × 1_200 = 1_081_900.
+    let clients = 4;
+    let config = closed(1, clients, clients as u64, 1 << 20);
+    let report = run(&config, &one_doc(), Independent).unwrap();
+    let node = &report.per_node[0];
+    assert_eq!((node.misses, node.disk_reads, node.hits), (1, 1, 3));
+    assert_eq!(report.makespan_ns, 1_081_900 + 20_000);
+    assert_eq!(report.latency.p50_ns - 1_078_300 - 20_000, 1_200, "the second reply waits one NIC transfer");
 }
 
 #[test]
