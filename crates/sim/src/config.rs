@@ -35,9 +35,12 @@ pub enum Load {
     /// `TargetChooser::new(choice, nodes, seed, w)`, one `next()` each per
     /// request.
     Closed { clients: usize, budget: Budget },
-    /// Requests arrive on a seeded schedule at `rate_per_s`, whatever the
-    /// state of earlier ones; arrival `k` takes the next document and target
-    /// of stream `k % streams` (built as a closed-loop worker's).
+    /// Requests arrive at `rate_per_s` on `tierstack load`'s seeded schedule
+    /// ([`crate::arrival`]), whatever the state of earlier ones; request `k`
+    /// takes the next document and target of stream `k % streams` (built as
+    /// a closed-loop worker's). Persistent connections come from a pool of
+    /// idle ones per node, as the load client's. No bound on requests in
+    /// flight is modelled.
     Open { rate_per_s: f64, requests: u64, streams: usize, arrivals: Arrivals },
 }
 

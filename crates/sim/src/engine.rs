@@ -8,21 +8,17 @@
 //! is submitted; jobs are submitted only at the current event's time, so each
 //! FIFO sees arrivals in time order, as `DiskQueue` requires.
 
-use crate::config::{Arrivals, Budget, ConfigError, Load, SimConfig};
+use crate::arrival::{stream_of, ArrivalSchedule};
+use crate::config::{Budget, ConfigError, Load, SimConfig};
 use crate::costs::{transfer_ns, Costs};
 use crate::policy::{
     Action, Actions, Caching, Copies, Delivery, DocId, Done, Outcome, Policy, Request, RequestId, Served, Via, View,
 };
 use crate::report::{MessageCount, NodeCounts, SimReport};
-use rand::Rng;
 use std::cmp::Ordering;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap};
-use tierstack_base::{seeded_rng, SeededRng};
 use tierstack_model::{ByteLru, DiskQueue, Inserted};
 use tierstack_workload::{RequestStream, TargetChooser, Trace};
-
-/// Salt separating the open loop's arrival schedule from every other stream.
-const ARRIVALS_SALT: u64 = 0x0A7E_5C4E_D01E_A3B1;
 
 /// A run that could not complete.
 #[derive(Debug, thiserror::Error)]
@@ -136,12 +132,12 @@ struct Client {
 }
 
 struct OpenLoop {
-    rng: SeededRng,
-    rate_per_s: f64,
-    arrivals: Arrivals,
+    schedule: ArrivalSchedule,
     total: u64,
     next: u64,
     streams: usize,
+    /// Per node: idle persistent connections (the load client's pool).
+    idle: Vec<u64>,
 }
 
 enum Event<M, T> {
@@ -239,12 +235,11 @@ impl<'c, P: Policy> Engine<'c, P> {
             Load::Open { rate_per_s, requests, streams, arrivals } => (
                 None,
                 Some(OpenLoop {
-                    rng: seeded_rng(config.seed ^ ARRIVALS_SALT),
-                    rate_per_s: *rate_per_s,
-                    arrivals: *arrivals,
+                    schedule: ArrivalSchedule::new(*arrivals, *rate_per_s, config.seed),
                     total: *requests,
                     next: 0,
                     streams: *streams,
+                    idle: vec![0; nodes],
                 }),
             ),
         };
@@ -291,8 +286,9 @@ impl<'c, P: Policy> Engine<'c, P> {
     }
 
     fn start(&mut self) {
-        if self.open.is_some() {
-            self.schedule(0, Event::Arrival);
+        if let Some(open) = self.open.as_mut() {
+            let first = open.schedule.next().unwrap_or(0);
+            self.schedule(first, Event::Arrival);
         } else {
             for client in 0..self.clients.len() {
                 self.schedule(0, Event::Start { client });
@@ -352,7 +348,19 @@ impl<'c, P: Policy> Engine<'c, P> {
         // Non-empty traces never end a stream (checked in `run`).
         let doc = c.stream.next().unwrap_or(0);
         let node = c.chooser.next().unwrap_or(0);
-        let new_connection = self.new_connection_per_request || c.connected.insert(node);
+        // Persistent connections: a closed-loop client keeps one per node it
+        // has used; the open loop takes an idle one from the node's pool.
+        let new_connection = self.new_connection_per_request
+            || match self.open.as_mut() {
+                None => c.connected.insert(node),
+                Some(open) => match open.idle.get_mut(node) {
+                    Some(idle) if *idle > 0 => {
+                        *idle -= 1;
+                        false
+                    }
+                    _ => true,
+                },
+            };
         let net = &self.costs.client_network;
         let connect = if new_connection { 2 * net.latency_ns } else { 0 };
         let arrive = self.now + connect + net.latency_ns + transfer_ns(net.request_bytes, net.bandwidth_bytes_per_s);
@@ -408,8 +416,14 @@ impl<'c, P: Policy> Engine<'c, P> {
                 self.latencies.push(self.now - state.issued_ns);
                 self.completed += 1;
                 self.last_completion_ns = self.now;
-                if self.open.is_none() {
-                    self.issue_closed(client);
+                match self.open.as_mut() {
+                    None => self.issue_closed(client),
+                    Some(open) if !self.new_connection_per_request => {
+                        if let Some(idle) = open.idle.get_mut(state.initial) {
+                            *idle += 1;
+                        }
+                    }
+                    Some(_) => {}
                 }
             }
             Event::SendPosted { message } => {
@@ -468,20 +482,9 @@ impl<'c, P: Policy> Engine<'c, P> {
 
     fn arrival(&mut self) {
         let Some(open) = self.open.as_mut() else { return };
-        let k = open.next;
+        let stream = stream_of(open.next, open.streams);
         open.next += 1;
-        let stream = (k % open.streams as u64) as usize;
-        let next_at = if open.next < open.total {
-            Some(match open.arrivals {
-                Arrivals::Constant => (open.next as f64 * 1e9 / open.rate_per_s).round() as u64,
-                Arrivals::Poisson => {
-                    let u: f64 = open.rng.gen();
-                    self.now + (-(1.0 - u).ln() * 1e9 / open.rate_per_s).round() as u64
-                }
-            })
-        } else {
-            None
-        };
+        let next_at = if open.next < open.total { open.schedule.next() } else { None };
         self.issue(stream);
         if let Some(at) = next_at {
             self.schedule(at.max(self.now), Event::Arrival);

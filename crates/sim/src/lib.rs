@@ -19,6 +19,7 @@
 //! pure function of its configuration, trace, policy and seed: the same inputs
 //! give a byte-identical [`SimReport`].
 
+pub mod arrival;
 pub mod config;
 pub mod costs;
 mod engine;

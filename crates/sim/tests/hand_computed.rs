@@ -127,13 +127,13 @@ fn an_open_loop_measures_latency_from_the_schedule() {
     config.load = Load::Open { rate_per_s: 500.0, requests: 10, streams: 1, arrivals: Arrivals::Constant };
     let report = run(&config, &one_doc(), Independent).unwrap();
     assert_eq!((report.latency.p50_ns, report.latency.max_ns), (FIRST_LATENCY, FIRST_LATENCY));
-    assert_eq!(report.makespan_ns, 9 * 2_000_000 + FIRST_LATENCY);
+    assert_eq!(report.makespan_ns, 10 * 2_000_000 + FIRST_LATENCY, "request k is due at (k + 1) × 2 ms");
     // At 2000 req/s (0.5 ms apart) the disk (1.001 ms) falls behind: request
-    // k's read ends at 75_100 + (k + 1) × 1_001_000 while it was scheduled at
-    // k × 500_000, and its latency counts from the schedule.
+    // k is due at (k + 1) × 500_000, its read ends at 575_100 + (k + 1) ×
+    // 1_001_000, and its latency counts from when it was due.
     config.load = Load::Open { rate_per_s: 2000.0, requests: 10, streams: 1, arrivals: Arrivals::Constant };
     let report = run(&config, &one_doc(), Independent).unwrap();
-    let last = 75_100 + 10 * 1_001_000 + 22_200 - 9 * 500_000;
+    let last = 575_100 + 10 * 1_001_000 + 22_200 - 10 * 500_000;
     assert_eq!(report.latency.max_ns, last);
     assert_eq!(report.requests, 10);
 }
