@@ -32,6 +32,8 @@ enum Command {
     AppServer(cmd::tiers::AppServerArgs),
     /// The caching proxy (HTTP) with one-sided version checks.
     Proxy(cmd::tiers::ProxyArgs),
+    /// A static origin web server (a directory or a synthetic file set) with an emulated disk and a memory cache.
+    Origin(cmd::origin::OriginArgs),
     /// DDSS node daemon: start the node's substrate and serve it to local processes on a socket.
     DdssDaemon(cmd::ddss::DaemonArgs),
     /// DDSS client process: run a randomized history through a node's daemon, print its events.
@@ -59,6 +61,7 @@ fn main() -> std::process::ExitCode {
         Command::AppModule(args) => cmd::tiers::app_module(args),
         Command::AppServer(args) => cmd::tiers::app_server(args),
         Command::Proxy(args) => cmd::tiers::proxy(args),
+        Command::Origin(args) => cmd::origin::run(args),
         Command::DdssDaemon(args) => cmd::ddss::run_daemon(args),
         Command::DdssClient(args) => cmd::ddss::run_client(args),
         Command::DlmNode(args) => cmd::dlm::run_node(args),

@@ -15,6 +15,7 @@ fn layer(name: &str) -> Option<u32> {
         "coherent" => 6,
         "pushpull" | "tier-http" => 7,
         "appserver" | "proxy" => 8,
+        "origin" => 8,
         "workload" => 9,
         "loadgen" => 10,
         "sim" => 10,
