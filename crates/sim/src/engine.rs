@@ -12,12 +12,13 @@ use crate::arrival::{stream_of, ArrivalSchedule};
 use crate::config::{Budget, ConfigError, Load, SimConfig};
 use crate::costs::{transfer_ns, Costs};
 use crate::policy::{
-    Action, Actions, Caching, Copies, Delivery, DocId, Done, Outcome, Policy, Request, RequestId, Served, Via, View,
+    Action, Actions, Copies, Delivery, DocId, Done, Outcome, Policy, Request, RequestId, Served, Via, View,
 };
 use crate::report::{MessageCount, NodeCounts, SimReport};
+use crate::store::NodeStore;
 use std::cmp::Ordering;
-use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap};
-use tierstack_model::{ByteLru, DiskQueue, Inserted};
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
+use tierstack_model::Inserted;
 use tierstack_workload::{RequestStream, TargetChooser, Trace};
 
 /// A run that could not complete.
@@ -189,17 +190,12 @@ struct Engine<'c, P: Policy> {
     now: u64,
     seq: u64,
     queue: BinaryHeap<Scheduled<EventOf<P>>>,
-    caches: Vec<ByteLru<DocId>>,
+    stores: Vec<NodeStore>,
     loads: Vec<u32>,
-    disks: Vec<DiskQueue>,
     cpus: Vec<Cores>,
     nics: Vec<Fifo>,
     counts: Vec<NodeCounts>,
     doc_bytes: Vec<u64>,
-    max_object_bytes: u64,
-    /// Per node: when each cached document's bytes are in memory (the
-    /// completion of the read that inserted it).
-    ready_at: Vec<HashMap<DocId, u64>>,
     new_connection_per_request: bool,
     requests: Vec<RequestState>,
     clients: Vec<Client>,
@@ -254,17 +250,14 @@ impl<'c, P: Policy> Engine<'c, P> {
             now: 0,
             seq: 0,
             queue: BinaryHeap::new(),
-            caches: (0..nodes).map(|_| ByteLru::new(config.cache_bytes)).collect(),
+            stores: (0..nodes)
+                .map(|_| NodeStore::new(config.cache_bytes, config.cache_max_object_bytes, config.disk))
+                .collect(),
             loads: vec![0; nodes],
-            disks: (0..nodes).map(|_| DiskQueue::new(config.disk)).collect(),
             cpus: (0..nodes).map(|_| Cores::new(config.costs.cpu.cores)).collect(),
             nics: (0..nodes).map(|_| Fifo::default()).collect(),
             counts: vec![NodeCounts::default(); nodes],
             doc_bytes: trace.documents().iter().map(|d| d.size_bytes).collect(),
-            // As `tierstack origin`: the object bound never exceeds the cache,
-            // and a zero-byte cache caches nothing.
-            max_object_bytes: config.cache_max_object_bytes.unwrap_or(config.cache_bytes).min(config.cache_bytes),
-            ready_at: vec![HashMap::new(); nodes],
             new_connection_per_request: config.new_connection_per_request,
             requests: Vec::with_capacity(usize::try_from(expected).unwrap_or(0).min(1 << 24)),
             clients,
@@ -301,8 +294,8 @@ impl<'c, P: Policy> Engine<'c, P> {
     }
 
     fn node_ok(&self, node: usize, action: &str) -> Result<(), SimError> {
-        if node >= self.caches.len() {
-            return Err(self.violation(format!("{action} names node {node} of {}", self.caches.len())));
+        if node >= self.stores.len() {
+            return Err(self.violation(format!("{action} names node {node} of {}", self.stores.len())));
         }
         Ok(())
     }
@@ -515,7 +508,7 @@ impl<'c, P: Policy> Engine<'c, P> {
         let mut out = std::mem::take(&mut self.actions);
         {
             let view =
-                View { now_ns: self.now, caches: &self.caches, loads: &self.loads, document_bytes: &self.doc_bytes };
+                View { now_ns: self.now, stores: &self.stores, loads: &self.loads, document_bytes: &self.doc_bytes };
             f(&mut self.policy, &view, &mut out);
         }
         let mut result = Ok(());
@@ -553,38 +546,20 @@ impl<'c, P: Policy> Engine<'c, P> {
                         self.forwarded += 1;
                     }
                 }
-                // The order of `tierstack origin`'s storage, decided at the
-                // request's arrival: lookup (touch); on a miss, queue the disk
-                // read and insert at once, so a later request for the same
-                // object is a hit that waits for this read.
-                if self.caches[node].touch(&req.doc) {
-                    self.counts[node].hits += 1;
-                    let ready = self.ready_at[node].get(&req.doc).copied().unwrap_or(self.now).max(self.now);
-                    let event = Event::ServeReady { node, request: request.0, hit: true, inserted: None, token };
-                    self.schedule(ready, event);
+                // Decided now, in `tierstack origin`'s order (see `store`).
+                let read = self.stores[node].read(self.now, req.doc, req.bytes, caching);
+                let counts = &mut self.counts[node];
+                if read.hit {
+                    counts.hits += 1;
                 } else {
-                    let counts = &mut self.counts[node];
                     counts.misses += 1;
                     counts.disk_reads += 1;
                     counts.disk_bytes += req.bytes;
-                    let done = self.disks[node].submit(self.now, req.bytes);
-                    let inserted = match caching {
-                        Caching::Normal if self.max_object_bytes > 0 && req.bytes <= self.max_object_bytes => {
-                            let inserted = self.caches[node].insert(req.doc, req.bytes);
-                            self.counts[node].evictions += inserted.evicted.len() as u64;
-                            for (evicted, _) in &inserted.evicted {
-                                self.ready_at[node].remove(evicted);
-                            }
-                            if inserted.stored {
-                                self.ready_at[node].insert(req.doc, done);
-                            }
-                            Some(inserted)
-                        }
-                        _ => None,
-                    };
-                    let event = Event::ServeReady { node, request: request.0, hit: false, inserted, token };
-                    self.schedule(done, event);
                 }
+                counts.evictions += read.inserted.as_ref().map_or(0, |i| i.evicted.len() as u64);
+                let event =
+                    Event::ServeReady { node, request: request.0, hit: read.hit, inserted: read.inserted, token };
+                self.schedule(read.ready_ns, event);
             }
             Action::Reply { node, request } => {
                 self.node_ok(node, "reply")?;
@@ -638,7 +613,7 @@ impl<'c, P: Policy> Engine<'c, P> {
                 let counts = &mut self.counts[node];
                 counts.disk_reads += 1;
                 counts.disk_bytes += bytes;
-                let end = self.disks[node].submit(self.now, bytes);
+                let end = self.stores[node].disk_read(self.now, bytes);
                 self.schedule(end, Event::Done { done: Done { node, outcome: Outcome::Completed, token } });
             }
             Action::Compute { node, ns, token } => {
@@ -653,13 +628,8 @@ impl<'c, P: Policy> Engine<'c, P> {
                     .get(doc)
                     .copied()
                     .ok_or_else(|| self.violation(format!("unknown document {doc}")))?;
-                let inserted = self.caches[node].insert(doc, bytes);
+                let inserted = self.stores[node].insert_now(doc, bytes);
                 self.counts[node].evictions += inserted.evicted.len() as u64;
-                // The policy inserts bytes it already has: ready now.
-                self.ready_at[node].remove(&doc);
-                for (evicted, _) in &inserted.evicted {
-                    self.ready_at[node].remove(evicted);
-                }
                 self.schedule(
                     self.now,
                     Event::Done { done: Done { node, outcome: Outcome::Inserted(inserted), token } },
@@ -667,13 +637,12 @@ impl<'c, P: Policy> Engine<'c, P> {
             }
             Action::CacheTouch { node, doc, token } => {
                 self.node_ok(node, "cache touch")?;
-                let hit = self.caches[node].touch(&doc);
+                let hit = self.stores[node].touch(doc);
                 self.schedule(self.now, Event::Done { done: Done { node, outcome: Outcome::Touched { hit }, token } });
             }
             Action::CacheRemove { node, doc } => {
                 self.node_ok(node, "cache remove")?;
-                self.caches[node].remove(&doc);
-                self.ready_at[node].remove(&doc);
+                self.stores[node].remove(doc);
             }
         }
         Ok(())
@@ -689,7 +658,7 @@ impl<'c, P: Policy> Engine<'c, P> {
         }
         for (node, counts) in self.counts.iter_mut().enumerate() {
             counts.cpu_busy_ns = self.cpus[node].busy_ns;
-            counts.disk_busy_ns = self.disks[node].busy_ns();
+            counts.disk_busy_ns = self.stores[node].disk_busy_ns();
             counts.nic_busy_ns = self.nics[node].busy_ns;
         }
         let messages = self.messages.iter().map(|(k, v)| (k.to_string(), v.clone())).collect();

@@ -25,6 +25,7 @@ pub mod costs;
 mod engine;
 pub mod policy;
 pub mod report;
+pub mod store;
 
 pub use config::{Arrivals, Budget, ConfigError, Load, SimConfig};
 pub use costs::{Costs, CostsError, TransportChoice};

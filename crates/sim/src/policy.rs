@@ -201,7 +201,7 @@ pub trait Policy {
 /// be written as baselines too.
 pub struct View<'a> {
     pub(crate) now_ns: u64,
-    pub(crate) caches: &'a [ByteLru<DocId>],
+    pub(crate) stores: &'a [crate::store::NodeStore],
     pub(crate) loads: &'a [u32],
     pub(crate) document_bytes: &'a [u64],
 }
@@ -213,12 +213,12 @@ impl View<'_> {
     }
 
     pub fn node_count(&self) -> usize {
-        self.caches.len()
+        self.stores.len()
     }
 
     /// `node`'s memory cache.
     pub fn cache(&self, node: usize) -> Option<&ByteLru<DocId>> {
-        self.caches.get(node)
+        self.stores.get(node).map(crate::store::NodeStore::cache)
     }
 
     /// Requests `node` holds now: client connections it accepted and has not
