@@ -99,18 +99,23 @@ impl Connection {
     }
 
     /// Sends `method path` and reads the whole response, counting (not
-    /// keeping) body bytes, and scanning the body if `scan_body`. Call
-    /// [`Connection::ready`] first, so that the caller's start time excludes
-    /// waiting for the connection.
+    /// keeping) body bytes, and scanning the body if `scan_body`; with
+    /// `last`, asks the server to close the connection after it
+    /// (`Connection: close`). Call [`Connection::ready`] first, so that the
+    /// caller's start time excludes waiting for the connection.
     pub(crate) async fn exchange(
         &mut self,
         method: Method,
         path: &str,
         scan_body: bool,
+        last: bool,
     ) -> Result<Exchange, ExchangeError> {
         let mut builder = Request::builder().method(method.clone()).uri(path).header(header::HOST, &self.authority);
         if method == Method::PUT || method == Method::POST {
             builder = builder.header(header::CONTENT_LENGTH, "0");
+        }
+        if last {
+            builder = builder.header(header::CONNECTION, "close");
         }
         let request = builder.body(Empty::<Bytes>::new()).map_err(|_| ExchangeError::Request)?;
         let response = self.sender.send_request(request).await.map_err(|_| ExchangeError::Io)?;

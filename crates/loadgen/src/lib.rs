@@ -47,6 +47,7 @@
 //! reopened without losing a request; requests in flight when the run is
 //! stopped are abandoned and not counted.
 
+pub mod arrival;
 pub mod body;
 pub mod deps;
 mod http;
@@ -56,12 +57,18 @@ mod run;
 pub mod staleness;
 pub mod stats;
 
+pub use arrival::{ArrivalSchedule, Arrivals};
 pub use http::Endpoint;
-pub use report::{ErrorCounts, IncarnationSeen, LoadReport, SecondPoint, StaleExample, UpdateSummary};
-pub use run::{
-    run, run_with, LiveSnapshot, LiveStats, LoadConfig, CONNECTIONS_DEFAULT, CONNECTIONS_MAX, CONNECT_BACKOFF_MS_MAX,
-    CONNECT_BACKOFF_MS_MIN, RECORDS_MAX_DEFAULT, REQUEST_TIMEOUT_MS_DEFAULT, UPDATE_INTERVAL_MS_DEFAULT,
+pub use report::{
+    ErrorCounts, IncarnationSeen, LoadReport, LoadShape, OpenLoopSummary, SecondPoint, StaleExample, TargetCounts,
+    UpdateSummary,
 };
+pub use run::{
+    run, run_with, LiveSnapshot, LiveStats, LoadConfig, OpenLoop, CONNECTIONS_DEFAULT, CONNECTIONS_MAX,
+    CONNECT_BACKOFF_MS_MAX, CONNECT_BACKOFF_MS_MIN, MAX_IN_FLIGHT_DEFAULT, MAX_IN_FLIGHT_MAX, RATE_RPS_MAX,
+    RECORDS_MAX_DEFAULT, REQUEST_TIMEOUT_MS_DEFAULT, TARGETS_MAX, UPDATE_INTERVAL_MS_DEFAULT,
+};
+pub use tierstack_workload::{TargetChoice, TargetChooser};
 
 /// Errors that stop a run before or instead of a report. Failures of
 /// individual requests are counted in the report, not returned.

@@ -186,7 +186,8 @@ pub enum DepsState {
 /// One response the load client received.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ResponseRecord {
-    /// Just before the request was handed to the connection.
+    /// Just before the request was handed to the connection (the staleness
+    /// checkers' "request began").
     pub start_ns: u64,
     /// When the last body byte arrived.
     pub end_ns: u64,
@@ -194,6 +195,14 @@ pub struct ResponseRecord {
     pub bytes: u64,
     /// Index into the trace's documents.
     pub doc: u32,
+    /// Index into the run's targets.
+    pub target: u16,
+    /// The request stream (closed loop: the worker) it came from, and its
+    /// 0-based position there (saturating at 2³² − 1): with the seed, these
+    /// determine `doc` and `target`, and in the open loop the scheduled
+    /// time (see [`crate::arrival`]).
+    pub stream: u16,
+    pub position: u32,
     pub status: u16,
     pub cache: CacheStatus,
     pub deps_state: DepsState,
@@ -234,6 +243,12 @@ struct JsonLine<'a> {
     start_ns: u64,
     end_ns: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
+    target: Option<u16>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    stream: Option<u16>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    position: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     bytes: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     cache: Option<CacheStatus>,
@@ -270,6 +285,9 @@ impl RecordLog {
                 status: u.status,
                 start_ns: u.start_ns,
                 end_ns: u.end_ns,
+                target: None,
+                stream: None,
+                position: None,
                 bytes: None,
                 cache: None,
                 deps_state: None,
@@ -286,6 +304,9 @@ impl RecordLog {
                 status: r.status,
                 start_ns: r.start_ns,
                 end_ns: r.end_ns,
+                target: Some(r.target),
+                stream: Some(r.stream),
+                position: Some(r.position),
                 bytes: Some(r.bytes),
                 cache: Some(r.cache),
                 deps_state: Some(r.deps_state),
@@ -352,6 +373,9 @@ mod tests {
             end_ns: 4,
             bytes: 10,
             doc: 0,
+            target: 1,
+            stream: 5,
+            position: 7,
             status: 200,
             cache: CacheStatus::Hit,
             deps_state: DepsState::Ok,
@@ -368,7 +392,7 @@ mod tests {
         );
         assert_eq!(
             lines[1],
-            r#"{"type":"response","path":"/doc/a","status":200,"start_ns":3,"end_ns":4,"bytes":10,"cache":"HIT","deps_state":"ok","deps":{"doc/a":2},"epochs":{"doc/a":1}}"#
+            r#"{"type":"response","path":"/doc/a","status":200,"start_ns":3,"end_ns":4,"target":1,"stream":5,"position":7,"bytes":10,"cache":"HIT","deps_state":"ok","deps":{"doc/a":2},"epochs":{"doc/a":1}}"#
         );
     }
 }

@@ -1,9 +1,10 @@
 //! What a load run reports.
 
+use crate::arrival::Arrivals;
 use crate::record::RecordLog;
 use crate::stats::LatencySummary;
 use serde::Serialize;
-use tierstack_workload::TraceSummary;
+use tierstack_workload::{TargetChoice, TraceSummary};
 
 /// Failed requests and bad responses, by kind.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
@@ -30,6 +31,9 @@ pub struct ErrorCounts {
     /// 2xx responses whose self-checking body disagrees with the request or
     /// the header, or whose content fails its hash (only with `check_bodies`).
     pub body_mismatch: u64,
+    /// Open loop: requests due while `max_in_flight` requests were already
+    /// in flight, so not sent (each is still one request of the run).
+    pub over_max_in_flight: u64,
 }
 
 impl ErrorCounts {
@@ -44,10 +48,11 @@ impl ErrorCounts {
         self.malformed_deps += o.malformed_deps;
         self.deps_wrong_key += o.deps_wrong_key;
         self.body_mismatch += o.body_mismatch;
+        self.over_max_in_flight += o.over_max_in_flight;
     }
 
     /// Every category with its count, zeros included, in a fixed order.
-    pub fn categories(&self) -> [(&'static str, u64); 10] {
+    pub fn categories(&self) -> [(&'static str, u64); 11] {
         [
             ("connect", self.connect),
             ("io", self.io),
@@ -59,6 +64,7 @@ impl ErrorCounts {
             ("malformed deps", self.malformed_deps),
             ("deps wrong key", self.deps_wrong_key),
             ("body mismatch", self.body_mismatch),
+            ("over max in flight", self.over_max_in_flight),
         ]
     }
 
@@ -74,6 +80,7 @@ impl ErrorCounts {
             + self.malformed_deps
             + self.deps_wrong_key
             + self.body_mismatch
+            + self.over_max_in_flight
     }
 }
 
@@ -140,6 +147,42 @@ pub struct IncarnationSeen {
     pub updates: u64,
 }
 
+/// How the requests were issued.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct LoadShape {
+    pub target_choice: TargetChoice,
+    /// Every request on a connection of its own, closed after the response.
+    pub new_connection_per_request: bool,
+    /// `None`: closed loop (`connections` workers, one request in flight each).
+    pub open_loop: Option<OpenLoopSummary>,
+    /// 2xx responses without `X-Tierstack-Deps` were accepted (static content).
+    pub static_content: bool,
+}
+
+/// The open loop's parameters and how well the client kept its schedule.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct OpenLoopSummary {
+    pub rate_rps: f64,
+    pub arrivals: Arrivals,
+    /// Request streams (`connections`); request `k` takes stream `k mod streams`.
+    pub streams: usize,
+    pub max_in_flight: usize,
+    /// The largest delay between a request's scheduled time and its dispatch
+    /// by the client (the client's own lag; latencies include it).
+    pub max_dispatch_lag_ns: u64,
+}
+
+/// What one target received.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct TargetCounts {
+    /// The target's URL, as configured.
+    pub target: String,
+    /// Requests to it that ended (counted as in [`LoadReport::requests`]).
+    pub requests: u64,
+    /// TCP connections to it opened by requests that ended.
+    pub connections_opened: u64,
+}
+
 /// The outcome of [`crate::run`].
 #[derive(Debug, Serialize)]
 pub struct LoadReport {
@@ -147,13 +190,32 @@ pub struct LoadReport {
     pub targets: Vec<String>,
     pub connections: usize,
     pub seed: u64,
+    /// Closed or open loop, target choice, connection reuse.
+    pub shape: LoadShape,
+    /// When the run started, on the clock of the records
+    /// (`tierstack_base::SystemClock`): the open loop's request `k` was due
+    /// at `start_ns + t_k` ([`crate::arrival`]).
+    pub start_ns: u64,
     /// From the start of the run until every worker stopped.
     pub elapsed_s: f64,
     /// Requests that ended: a response (any status) or a transport failure
-    /// (`connect`, `io`, `timeout`). Always `checked_ok + errors.total()`.
+    /// (`connect`, `io`, `timeout`), or, in the open loop, a request refused
+    /// for the in-flight bound. Always `checked_ok + errors.total()`.
     pub requests: u64,
+    /// Requests begun: each took the next document of its stream and the
+    /// next target of its chooser. Always `requests + abandoned`.
+    pub issued: u64,
+    /// Requests still in flight (or connecting) when the run was stopped by
+    /// its duration or a shutdown: not counted in `requests`.
+    pub abandoned: u64,
+    /// TCP connections opened by requests that ended, over all targets (a
+    /// request abandoned at the stop may have opened one more).
+    pub connections_opened: u64,
+    /// Per target, in the order of `targets`.
+    pub per_target: Vec<TargetCounts>,
     /// 2xx responses that passed every check (header, and body when
-    /// checked) and were checked for staleness.
+    /// checked) and were checked for staleness; with static content, also
+    /// the 2xx responses without a header.
     pub checked_ok: u64,
     /// Of `checked_ok`, responses whose self-checking body was verified.
     pub bodies_checked: u64,
@@ -161,7 +223,10 @@ pub struct LoadReport {
     pub ok: u64,
     /// 2xx responses per second of `elapsed_s`.
     pub throughput_rps: f64,
-    /// Latency of 2xx responses (request handed to the connection → last body byte).
+    /// Latency of 2xx responses, to the last body byte, from the moment the
+    /// request was handed to its connection (closed loop) or from its
+    /// scheduled time (open loop: so connecting, waiting behind a slow
+    /// response, or a client running late all count).
     pub latency: LatencySummary,
     /// Body bytes of all responses.
     pub bytes: u64,
@@ -197,28 +262,67 @@ pub struct LoadReport {
 
 impl LoadReport {
     /// Does every request that ended appear exactly once, as a checked 2xx
-    /// or in one error category?
+    /// or in one error category, and once under its target? Does every
+    /// request begun either end or count as abandoned?
     pub fn accounted(&self) -> bool {
-        self.requests == self.checked_ok + self.errors.total() && self.checked_responses == self.checked_ok
+        self.requests == self.checked_ok + self.errors.total()
+            && self.checked_responses == self.checked_ok
+            && self.issued == self.requests + self.abandoned
+            && self.per_target.iter().map(|t| t.requests).sum::<u64>() == self.requests
+            && self.per_target.iter().map(|t| t.connections_opened).sum::<u64>() == self.connections_opened
     }
 
     /// A plain-text summary table.
     pub fn summary_table(&self) -> String {
         let ms = |ns: u64| ns as f64 / 1e6;
         let hit = self.hit_rate.map_or_else(|| "n/a".to_string(), |h| format!("{:.1} %", h * 100.0));
-        let rows: Vec<(&str, String)> = vec![
-            ("trace", self.trace.label.clone()),
-            ("targets", self.targets.join(", ")),
-            ("connections", self.connections.to_string()),
-            ("elapsed", format!("{:.2} s", self.elapsed_s)),
-            ("requests", format!("{} ({} ok, {} checked ok)", self.requests, self.ok, self.checked_ok)),
-            ("throughput", format!("{:.0} req/s", self.throughput_rps)),
-            ("latency p50", format!("{:.3} ms", ms(self.latency.p50_ns))),
-            ("latency p99", format!("{:.3} ms", ms(self.latency.p99_ns))),
-            ("hit rate", hit),
-            ("errors", format_errors(&self.errors)),
+        let choice = match self.shape.target_choice {
+            TargetChoice::Fixed => "fixed",
+            TargetChoice::RoundRobin => "round-robin",
+            TargetChoice::Random => "random",
+        };
+        let reuse = if self.shape.new_connection_per_request { ", a new connection per request" } else { "" };
+        let reuse = if self.shape.static_content { format!("{reuse}, static content") } else { reuse.to_string() };
+        let load = match &self.shape.open_loop {
+            None => format!("closed loop, {} connections, target choice {choice}{reuse}", self.connections),
+            Some(o) => format!(
+                "open loop, {} req/s {}, {} streams, at most {} in flight, target choice {choice}{reuse}",
+                o.rate_rps,
+                match o.arrivals {
+                    Arrivals::Constant => "constant",
+                    Arrivals::Poisson => "poisson",
+                },
+                o.streams,
+                o.max_in_flight
+            ),
+        };
+        let mut rows: Vec<(String, String)> = vec![("trace".into(), self.trace.label.clone()), ("load".into(), load)];
+        if let Some(o) = &self.shape.open_loop {
+            rows.push(("max dispatch lag".into(), format!("{:.3} ms", ms(o.max_dispatch_lag_ns))));
+        }
+        for t in &self.per_target {
+            rows.push((
+                format!("target {}", t.target),
+                format!("{} requests, {} connections opened", t.requests, t.connections_opened),
+            ));
+        }
+        rows.extend(vec![
+            ("connections opened".into(), self.connections_opened.to_string()),
+            ("elapsed".into(), format!("{:.2} s", self.elapsed_s)),
             (
-                "updates",
+                "requests".into(),
+                format!(
+                    "{} ({} ok, {} checked ok; {} abandoned at the stop)",
+                    self.requests, self.ok, self.checked_ok, self.abandoned
+                ),
+            ),
+            ("throughput".into(), format!("{:.0} req/s", self.throughput_rps)),
+            ("latency p50".into(), format!("{:.3} ms", ms(self.latency.p50_ns))),
+            ("latency p99".into(), format!("{:.3} ms", ms(self.latency.p99_ns))),
+            ("hit rate".into(), hit),
+            ("errors".into(), format_errors(&self.errors)),
+            (
+                "updates".into(),
                 format!(
                     "{} done / {} attempted (p50 {:.3} ms){}",
                     self.updates.done,
@@ -231,9 +335,9 @@ impl LoadReport {
                     }
                 ),
             ),
-            ("checked responses", self.checked_responses.to_string()),
-            ("stale responses", self.stale_responses.to_string()),
-        ];
+            ("checked responses".into(), self.checked_responses.to_string()),
+            ("stale responses".into(), self.stale_responses.to_string()),
+        ]);
         let width = rows.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
         let mut out = String::new();
         for (k, v) in rows {

@@ -1,10 +1,15 @@
-//! The run: closed-loop workers, the updater, the online checker, the report.
+//! The run: closed-loop workers or the open-loop dispatcher, the updater,
+//! the online checker, the report.
 
+use crate::arrival::{stream_of, ArrivalSchedule, Arrivals};
 use crate::body::{self, BodyCheckError};
 use crate::deps;
-use crate::http::{Connection, Endpoint, Exchange, ExchangeError};
+use crate::http::{Connection, Endpoint, Exchange};
 use crate::record::{CacheStatus, Deps, DepsState, KeyTable, RecordLog, ResponseRecord, Stamp, UpdateRecord};
-use crate::report::{ErrorCounts, IncarnationSeen, LoadReport, SecondPoint, StaleExample, UpdateSummary};
+use crate::report::{
+    ErrorCounts, IncarnationSeen, LoadReport, LoadShape, OpenLoopSummary, SecondPoint, StaleExample, TargetCounts,
+    UpdateSummary,
+};
 use crate::staleness::{self, OnlineChecker};
 use crate::stats::{percentile, Histogram};
 use crate::LoadError;
@@ -13,45 +18,79 @@ use rand::Rng;
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::future::Future;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 use tierstack_base::{seeded_rng, Clock, SystemClock};
-use tierstack_workload::Trace;
+use tierstack_workload::{RequestStream, TargetChoice, TargetChooser, Trace};
 use tokio::sync::watch;
+use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-/// Default concurrent connections.
+/// Default concurrent connections (closed loop) or request streams (open loop).
 pub const CONNECTIONS_DEFAULT: usize = 16;
-/// Most concurrent connections.
+/// Most concurrent connections (or streams).
 pub const CONNECTIONS_MAX: usize = 4096;
+/// Most targets.
+pub const TARGETS_MAX: usize = 4096;
 /// The paper's update rate: one update per second.
 pub const UPDATE_INTERVAL_MS_DEFAULT: u64 = 1000;
 /// Default per-request timeout.
 pub const REQUEST_TIMEOUT_MS_DEFAULT: u64 = 10_000;
-/// Default cap on kept response records (about 56 bytes each).
+/// Default cap on kept response records (64 bytes each).
 pub const RECORDS_MAX_DEFAULT: usize = 2_000_000;
 /// Reconnect back-off after a failed connect: starts here, doubles …
 pub const CONNECT_BACKOFF_MS_MIN: u64 = 5;
 /// … up to here.
 pub const CONNECT_BACKOFF_MS_MAX: u64 = 500;
+/// Open loop: default bound on requests in flight.
+pub const MAX_IN_FLIGHT_DEFAULT: usize = 1024;
+/// Open loop: largest accepted bound on requests in flight (each may hold a
+/// socket).
+pub const MAX_IN_FLIGHT_MAX: usize = 65_536;
+/// Open loop: largest accepted rate, requests per second.
+pub const RATE_RPS_MAX: f64 = 10_000_000.0;
 /// Salt separating the updater's random stream from the workers'.
 const UPDATER_SEED_SALT: u64 = 0x7570_6461_7465_7221; // "updater!"
 /// Most header/body check failures described in the report (all are counted).
 const CHECK_ERROR_EXAMPLES_MAX: usize = 16;
 
+/// An open loop: requests dispatched at scheduled times
+/// ([`crate::arrival`]), whatever the state of earlier ones.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct OpenLoop {
+    /// Requests per second over the whole client.
+    pub rate_rps: f64,
+    pub arrivals: Arrivals,
+    /// A request due while this many are in flight is not sent; it ends at
+    /// once as an `over_max_in_flight` error.
+    pub max_in_flight: usize,
+}
+
+impl OpenLoop {
+    /// Poisson arrivals at `rate_rps`, at most [`MAX_IN_FLIGHT_DEFAULT`] in flight.
+    pub fn new(rate_rps: f64) -> Self {
+        Self { rate_rps, arrivals: Arrivals::default(), max_in_flight: MAX_IN_FLIGHT_DEFAULT }
+    }
+}
+
 /// How to run a load. Build with [`LoadConfig::new`], then set fields.
 #[derive(Clone, Debug)]
 pub struct LoadConfig {
-    /// Base URLs (`http://host:port`) to load; connection `i` goes to
-    /// `targets[i % len]` (e.g. the three proxies of the paper's setup).
+    /// Base URLs (`http://host:port`) to load (e.g. the three proxies of the
+    /// paper's setup); `target_choice` says which one each request goes to.
     pub targets: Vec<String>,
     /// Where updates go (normally the application server, directly);
     /// `None` = `targets[0]`.
     pub update_target: Option<String>,
     /// The documents and request stream.
     pub trace: Trace,
-    /// Concurrent connections (closed loop: one request in flight each).
+    /// Closed loop: concurrent workers, one request in flight each. Open
+    /// loop: request streams, dealt to scheduled requests in turn. Either
+    /// way worker (stream) `w` of `W` takes its documents from
+    /// `trace.stream(seed, w, W)` and its targets from
+    /// `TargetChooser::new(target_choice, targets.len(), seed, w)`, one
+    /// `next()` of each per request.
     pub connections: usize,
     /// Stop after this long …
     pub duration_ms: Option<u64>,
@@ -60,7 +99,8 @@ pub struct LoadConfig {
     pub requests_max: Option<u64>,
     /// One update every this many milliseconds; 0 disables updates.
     pub update_interval_ms: u64,
-    /// Seeds the request streams and the updater's choices.
+    /// Seeds the request streams, the target choices, the arrivals and the
+    /// updater's choices.
     pub seed: u64,
     /// A request (or update) without a complete response by then fails.
     pub request_timeout_ms: u64,
@@ -73,11 +113,29 @@ pub struct LoadConfig {
     /// application server; off (the default) for other HTTP services, which
     /// need only emit the header.
     pub check_bodies: bool,
+    /// Which target each request goes to (default: worker `w` always uses
+    /// target `w % targets`).
+    pub target_choice: TargetChoice,
+    /// Open a new TCP connection for every request and close it after the
+    /// response (PRESS: "all requests in the traces require a new TCP
+    /// connection"). Otherwise connections are persistent: a closed-loop
+    /// worker keeps at most one per target, the open loop keeps a pool of
+    /// idle ones per target.
+    pub new_connection_per_request: bool,
+    /// `Some`: an open loop at a rate; `None` (default): the closed loop.
+    pub open_loop: Option<OpenLoop>,
+    /// The targets serve static content without `X-Tierstack-Deps` (e.g.
+    /// `tierstack origin`, for the cooperative-caching and PRESS
+    /// experiments): a 2xx without the header counts as checked (there is
+    /// nothing to be stale against) instead of as `missing_deps`. A header,
+    /// when present, is still checked. Needs `update_interval_ms = 0`.
+    pub static_content: bool,
 }
 
 impl LoadConfig {
     /// One target, the paper's defaults: 16 connections, 20 s, one update
-    /// per second sent to the same target, records off.
+    /// per second sent to the same target, records off, closed loop, fixed
+    /// targets, persistent connections.
     pub fn new(target: impl Into<String>, trace: Trace) -> Self {
         Self {
             targets: vec![target.into()],
@@ -92,6 +150,10 @@ impl LoadConfig {
             keep_records: false,
             records_max: RECORDS_MAX_DEFAULT,
             check_bodies: false,
+            target_choice: TargetChoice::Fixed,
+            new_connection_per_request: false,
+            open_loop: None,
+            static_content: false,
         }
     }
 }
@@ -142,34 +204,40 @@ pub async fn run(config: LoadConfig) -> Result<LoadReport, LoadError> {
 
 /// Runs a load, publishing progress to `live`, and stopping early when
 /// `shutdown` completes (e.g. on Ctrl-C). Requests in flight at the stop are
-/// abandoned and not counted; an update in flight is finished.
+/// abandoned and not counted (see [`LoadReport::abandoned`]); an update in
+/// flight is finished.
 pub async fn run_with<F>(config: LoadConfig, live: Arc<LiveStats>, shutdown: F) -> Result<LoadReport, LoadError>
 where
     F: Future<Output = ()> + Send,
 {
     let plan = Plan::validate(&config)?;
     let clock = SystemClock;
+    // The open loop keeps its schedule on `started` and measures latencies
+    // from `run_start_ns`; reading the clock first keeps every request's
+    // send time at or after its scheduled time on both.
+    let run_start_ns = clock.now_ns();
+    let started = Instant::now();
     let shared = Arc::new(Shared {
         state: Mutex::new(CheckState::default()),
         live,
         records_taken: AtomicU64::new(0),
-        issued: AtomicU64::new(0),
-        run_start_ns: clock.now_ns(),
+        budget_used: AtomicU64::new(0),
+        run_start_ns,
     });
+    // `stop` ends the requests in flight (deadline or shutdown); `halt` only
+    // stops the open loop's dispatching early (shutdown), so that a run with a
+    // duration dispatches exactly the points scheduled before its deadline.
     let (stop_tx, stop_rx) = watch::channel(false);
-    let started = Instant::now();
+    let (halt_tx, halt_rx) = watch::channel(false);
+    let client = Arc::new(Client::new(&config, &plan, shared.clone()));
 
-    let mut workers = Vec::with_capacity(config.connections);
-    for w in 0..config.connections {
-        let worker = Worker {
-            endpoint: plan.targets[w % plan.targets.len()].clone(),
-            stream: config.trace.stream(config.seed, w, config.connections),
-            shared: shared.clone(),
-            stop: stop_rx.clone(),
-            config: config.clone(),
-        };
-        workers.push(tokio::spawn(worker.run()));
-    }
+    let mut load = match config.open_loop {
+        None => tokio::spawn(closed_loop(client.clone(), stop_rx.clone())),
+        Some(open) => {
+            let driver = OpenLoopDriver { client: client.clone(), open, started, stop: stop_rx.clone(), halt: halt_rx };
+            tokio::spawn(driver.run())
+        }
+    };
     let updater = match &plan.update_target {
         Some(endpoint) if config.update_interval_ms > 0 && !config.trace.documents().is_empty() => {
             let u = Updater {
@@ -186,17 +254,9 @@ where
         _ => None,
     };
 
-    // Stop at the deadline or on shutdown, whichever comes first; the
-    // workers also stop by themselves when the request budget is spent.
+    // Stop at the deadline or on shutdown, whichever comes first; the load
+    // also ends by itself when the request budget is spent.
     let deadline = config.duration_ms.map(|ms| started + Duration::from_millis(ms));
-    let all_workers = async {
-        let mut tallies = Vec::with_capacity(workers.len());
-        for handle in workers {
-            tallies.push(handle.await);
-        }
-        tallies
-    };
-    tokio::pin!(all_workers);
     tokio::pin!(shutdown);
     let stop_timer = async {
         match deadline {
@@ -205,10 +265,14 @@ where
         }
     };
     tokio::pin!(stop_timer);
-    let tallies = tokio::select! {
-        tallies = &mut all_workers => tallies,
-        _ = &mut stop_timer => { let _ = stop_tx.send(true); all_workers.await }
-        _ = &mut shutdown => { let _ = stop_tx.send(true); all_workers.await }
+    let joined = tokio::select! {
+        joined = &mut load => joined,
+        _ = &mut stop_timer => { let _ = stop_tx.send(true); (&mut load).await }
+        _ = &mut shutdown => {
+            let _ = halt_tx.send(true);
+            let _ = stop_tx.send(true);
+            (&mut load).await
+        }
     };
     let elapsed = started.elapsed();
     let _ = stop_tx.send(true);
@@ -216,10 +280,7 @@ where
         Some(handle) => Some(handle.await.map_err(|_| LoadError::TaskFailed("updater"))?),
         None => None,
     };
-    let mut total = WorkerTally::default();
-    for tally in tallies {
-        total.merge(tally.map_err(|_| LoadError::TaskFailed("worker"))?);
-    }
+    let total = joined.map_err(|_| LoadError::TaskFailed("load"))??;
     Ok(assemble(&config, &plan, &shared, total, update_tally, elapsed))
 }
 
@@ -232,8 +293,8 @@ struct Plan {
 impl Plan {
     fn validate(config: &LoadConfig) -> Result<Self, LoadError> {
         let invalid = |what: &'static str| Err(LoadError::InvalidConfig(what));
-        if config.targets.is_empty() {
-            return invalid("at least one target is needed");
+        if config.targets.is_empty() || config.targets.len() > TARGETS_MAX {
+            return invalid("targets: between 1 and TARGETS_MAX are needed");
         }
         if config.connections == 0 || config.connections > CONNECTIONS_MAX {
             return invalid("connections must be in 1..=CONNECTIONS_MAX");
@@ -246,6 +307,17 @@ impl Plan {
         }
         if config.trace.documents().is_empty() {
             return invalid("the trace has no documents");
+        }
+        if config.static_content && config.update_interval_ms > 0 {
+            return invalid("static content takes no updates: set update_interval_ms to 0");
+        }
+        if let Some(open) = &config.open_loop {
+            if !(open.rate_rps > 0.0 && open.rate_rps <= RATE_RPS_MAX) {
+                return invalid("the open loop's rate must be in (0, RATE_RPS_MAX] requests per second");
+            }
+            if open.max_in_flight == 0 || open.max_in_flight > MAX_IN_FLIGHT_MAX {
+                return invalid("max_in_flight must be in 1..=MAX_IN_FLIGHT_MAX");
+            }
         }
         let targets = config.targets.iter().map(|t| Endpoint::parse(t)).collect::<Result<Vec<_>, _>>()?;
         let update_target = match &config.update_target {
@@ -261,7 +333,8 @@ struct Shared {
     state: Mutex<CheckState>,
     live: Arc<LiveStats>,
     records_taken: AtomicU64,
-    issued: AtomicU64,
+    /// Requests taken from `requests_max` by the closed-loop workers.
+    budget_used: AtomicU64,
     run_start_ns: u64,
 }
 
@@ -329,10 +402,12 @@ struct SecondTally {
     errors: u64,
 }
 
-/// What one worker saw.
+/// What one worker (or the whole open loop) saw.
 #[derive(Default)]
 struct WorkerTally {
     latency: Histogram,
+    issued: u64,
+    abandoned: u64,
     requests: u64,
     ok: u64,
     checked_ok: u64,
@@ -341,10 +416,29 @@ struct WorkerTally {
     hits: u64,
     misses: u64,
     errors: ErrorCounts,
+    /// Per target: requests that ended, and connections opened.
+    target_requests: Vec<u64>,
+    target_connections: Vec<u64>,
+    max_dispatch_lag_ns: u64,
     check_error_examples: Vec<String>,
     seconds: Vec<SecondTally>,
     records: Vec<ResponseRecord>,
     records_dropped: u64,
+}
+
+/// Adds `n` to `counts[i]`, growing the vector as needed.
+fn add_at(counts: &mut Vec<u64>, i: usize, n: u64) {
+    if counts.len() <= i {
+        counts.resize(i + 1, 0);
+    }
+    counts[i] += n;
+}
+
+/// Element-wise `a += b`.
+fn add_all(a: &mut Vec<u64>, b: &[u64]) {
+    for (i, &n) in b.iter().enumerate() {
+        add_at(a, i, n);
+    }
 }
 
 impl WorkerTally {
@@ -355,12 +449,23 @@ impl WorkerTally {
         &mut self.seconds[s]
     }
 
+    /// One request to `target` ended (a response or an error).
+    fn ended(&mut self, target: usize) {
+        self.requests += 1;
+        add_at(&mut self.target_requests, target, 1);
+    }
+
     fn merge(&mut self, o: WorkerTally) {
         self.latency.merge(&o.latency);
+        self.issued += o.issued;
+        self.abandoned += o.abandoned;
         self.requests += o.requests;
         self.ok += o.ok;
         self.checked_ok += o.checked_ok;
         self.bodies_checked += o.bodies_checked;
+        add_all(&mut self.target_requests, &o.target_requests);
+        add_all(&mut self.target_connections, &o.target_connections);
+        self.max_dispatch_lag_ns = self.max_dispatch_lag_ns.max(o.max_dispatch_lag_ns);
         let room = CHECK_ERROR_EXAMPLES_MAX.saturating_sub(self.check_error_examples.len());
         self.check_error_examples.extend(o.check_error_examples.into_iter().take(room));
         self.bytes += o.bytes;
@@ -392,113 +497,135 @@ fn classify_deps(raw: Option<&[u8]>) -> (DepsState, Option<deps::ParsedDeps<'_>>
     }
 }
 
-struct Worker {
-    endpoint: Endpoint,
-    stream: tierstack_workload::RequestStream,
-    shared: Arc<Shared>,
-    stop: watch::Receiver<bool>,
-    config: LoadConfig,
+/// One request: what it asks for, where, and who issued it.
+#[derive(Clone, Copy, Debug)]
+struct Request {
+    doc: usize,
+    target: usize,
+    stream: usize,
+    /// Its index in its stream.
+    position: u64,
+    /// Open loop: when it was due (its latency's origin).
+    scheduled_ns: Option<u64>,
 }
 
-impl Worker {
-    async fn run(mut self) -> WorkerTally {
-        let mut tally = WorkerTally::default();
-        let clock = SystemClock;
-        let timeout = Duration::from_millis(self.config.request_timeout_ms);
-        let documents = self.config.trace.documents().to_vec();
-        let paths: Vec<String> = documents.iter().map(|d| d.path()).collect();
-        let mut conn: Option<Connection> = None;
-        let mut backoff_ms = CONNECT_BACKOFF_MS_MIN;
-        loop {
-            if *self.stop.borrow() {
-                break;
-            }
-            if let Some(max) = self.config.requests_max {
-                if self.shared.issued.fetch_add(1, Ordering::Relaxed) >= max {
-                    break;
-                }
-            }
-            let Some(doc) = self.stream.next() else { break };
-            // A ready connection. One the server closed while idle is
-            // reopened: that loses no request. A failed (re)open fails this
-            // request as `connect`.
-            if let Some(connection) = conn.as_mut() {
-                let ready = tokio::select! {
-                    _ = self.stop.changed() => break,
-                    r = tokio::time::timeout(timeout, connection.ready()) => r,
-                };
-                if !matches!(ready, Ok(Ok(()))) {
-                    conn = None;
-                }
-            }
-            if conn.is_none() {
-                let opened = tokio::select! {
-                    _ = self.stop.changed() => break,
-                    r = tokio::time::timeout(timeout, Connection::open(&self.endpoint)) => r,
-                };
-                let ready = match opened {
-                    Ok(Ok(mut c)) => {
-                        let ready = tokio::select! {
-                            _ = self.stop.changed() => break,
-                            r = tokio::time::timeout(timeout, c.ready()) => r,
-                        };
-                        conn = Some(c);
-                        matches!(ready, Ok(Ok(())))
-                    }
-                    _ => false,
-                };
-                if ready {
-                    backoff_ms = CONNECT_BACKOFF_MS_MIN;
-                } else {
-                    conn = None;
-                    tally.requests += 1;
-                    tally.errors.connect += 1;
-                    self.error_at(&mut tally, clock.now_ns());
-                    tokio::select! {
-                        _ = self.stop.changed() => break,
-                        _ = tokio::time::sleep(Duration::from_millis(backoff_ms)) => {}
-                    }
-                    backoff_ms = (backoff_ms * 2).min(CONNECT_BACKOFF_MS_MAX);
-                    continue;
-                }
-            }
-            let Some(connection) = conn.as_mut() else { continue };
-            let path = paths.get(doc).map_or("/", String::as_str);
-            let start_ns = clock.now_ns();
-            let result = tokio::select! {
-                _ = self.stop.changed() => break,
-                r = tokio::time::timeout(timeout, connection.exchange(Method::GET, path, self.config.check_bodies)) => r,
-            };
-            let end_ns = clock.now_ns();
-            match result {
-                Ok(Ok(exchange)) => {
-                    if exchange.close {
-                        conn = None;
-                    }
-                    let name = documents.get(doc).map_or("", |d| d.name.as_str());
-                    self.record(&mut tally, doc as u32, name, start_ns, end_ns, exchange);
-                }
-                Ok(Err(e)) => {
-                    conn = None;
-                    match e {
-                        ExchangeError::Io | ExchangeError::Request => tally.errors.io += 1,
-                    }
-                    tally.requests += 1;
-                    self.error_at(&mut tally, end_ns);
-                }
-                Err(_elapsed) => {
-                    conn = None;
-                    tally.errors.timeout += 1;
-                    tally.requests += 1;
-                    self.error_at(&mut tally, end_ns);
-                }
-            }
+/// How an attempt ended.
+enum Outcome {
+    Response { sent_ns: u64, end_ns: u64, exchange: Exchange },
+    ConnectFailed { at_ns: u64 },
+    Io { at_ns: u64 },
+    Timeout { at_ns: u64 },
+}
+
+/// One request's attempt: its outcome, and whether it opened a connection.
+struct Attempt {
+    outcome: Outcome,
+    opened_connection: bool,
+}
+
+/// What every request needs, shared by the workers (or request tasks).
+struct Client {
+    config: LoadConfig,
+    targets: Vec<Endpoint>,
+    names: Vec<String>,
+    paths: Vec<String>,
+    shared: Arc<Shared>,
+    timeout: Duration,
+}
+
+impl Client {
+    fn new(config: &LoadConfig, plan: &Plan, shared: Arc<Shared>) -> Self {
+        let documents = config.trace.documents();
+        Self {
+            config: config.clone(),
+            targets: plan.targets.clone(),
+            names: documents.iter().map(|d| d.name.clone()).collect(),
+            paths: documents.iter().map(|d| d.path()).collect(),
+            shared,
+            timeout: Duration::from_millis(config.request_timeout_ms),
         }
-        tally
     }
 
-    /// Counts an error (already put in its category) in the series and the live stats.
-    fn error_at(&self, tally: &mut WorkerTally, at_ns: u64) {
+    /// Worker (stream) `w`'s documents and targets.
+    fn streams(&self, w: usize) -> (RequestStream, TargetChooser) {
+        let c = &self.config;
+        (c.trace.stream(c.seed, w, c.connections), TargetChooser::new(c.target_choice, self.targets.len(), c.seed, w))
+    }
+
+    /// Opens a connection to `target` and waits until it takes requests.
+    /// Returns it if ready, and whether a TCP connection opened at all.
+    async fn connect(&self, target: usize) -> (Option<Connection>, bool) {
+        let Some(endpoint) = self.targets.get(target) else { return (None, false) };
+        let Ok(Ok(mut conn)) = tokio::time::timeout(self.timeout, Connection::open(endpoint)).await else {
+            return (None, false);
+        };
+        let ready = tokio::time::timeout(self.timeout, conn.ready()).await;
+        (matches!(ready, Ok(Ok(()))).then_some(conn), true)
+    }
+
+    /// Sends `request` on `conn` (one the server closed while idle is
+    /// reopened: that loses no request) or on a new connection, and reads
+    /// the response. Returns the connection when it may be reused.
+    async fn attempt(&self, mut conn: Option<Connection>, request: &Request) -> (Attempt, Option<Connection>) {
+        let clock = SystemClock;
+        let last = self.config.new_connection_per_request;
+        if let Some(c) = conn.as_mut() {
+            if !matches!(tokio::time::timeout(self.timeout, c.ready()).await, Ok(Ok(()))) {
+                conn = None;
+            }
+        }
+        let (mut conn, opened_connection) = match conn {
+            Some(c) => (c, false),
+            None => match self.connect(request.target).await {
+                (Some(c), opened) => (c, opened),
+                (None, opened) => {
+                    let outcome = Outcome::ConnectFailed { at_ns: clock.now_ns() };
+                    return (Attempt { outcome, opened_connection: opened }, None);
+                }
+            },
+        };
+        let path = self.paths.get(request.doc).map_or("/", String::as_str);
+        let sent_ns = clock.now_ns();
+        let result =
+            tokio::time::timeout(self.timeout, conn.exchange(Method::GET, path, self.config.check_bodies, last)).await;
+        let end_ns = clock.now_ns();
+        let (outcome, reusable) = match result {
+            Ok(Ok(exchange)) => {
+                let reusable = !(exchange.close || last);
+                (Outcome::Response { sent_ns, end_ns, exchange }, reusable)
+            }
+            Ok(Err(_)) => (Outcome::Io { at_ns: end_ns }, false),
+            Err(_elapsed) => (Outcome::Timeout { at_ns: end_ns }, false),
+        };
+        (Attempt { outcome, opened_connection }, reusable.then_some(conn))
+    }
+
+    /// Counts an attempt: exactly one request, under its target.
+    fn settle(&self, tally: &mut WorkerTally, request: &Request, attempt: Attempt) {
+        if attempt.opened_connection {
+            add_at(&mut tally.target_connections, request.target, 1);
+        }
+        match attempt.outcome {
+            Outcome::Response { sent_ns, end_ns, exchange } => self.record(tally, request, sent_ns, end_ns, exchange),
+            Outcome::ConnectFailed { at_ns } => {
+                tally.errors.connect += 1;
+                self.error_at(tally, request.target, at_ns);
+            }
+            Outcome::Io { at_ns } => {
+                tally.errors.io += 1;
+                self.error_at(tally, request.target, at_ns);
+            }
+            Outcome::Timeout { at_ns } => {
+                tally.errors.timeout += 1;
+                self.error_at(tally, request.target, at_ns);
+            }
+        }
+    }
+
+    /// Counts an ended request that failed (already put in its error
+    /// category) in the per-target counts, the series and the live stats.
+    fn error_at(&self, tally: &mut WorkerTally, target: usize, at_ns: u64) {
+        tally.ended(target);
         tally.second(self.shared.second_of(at_ns)).errors += 1;
         self.shared.live.requests.fetch_add(1, Ordering::Relaxed);
         self.shared.live.errors.fetch_add(1, Ordering::Relaxed);
@@ -512,10 +639,15 @@ impl Worker {
     }
 
     /// Classifies one response: a checked 2xx or exactly one error category.
-    fn record(&self, tally: &mut WorkerTally, doc: u32, name: &str, start_ns: u64, end_ns: u64, ex: Exchange) {
+    fn record(&self, tally: &mut WorkerTally, request: &Request, start_ns: u64, end_ns: u64, ex: Exchange) {
         let live = &self.shared.live;
         let second = self.shared.second_of(end_ns);
-        tally.requests += 1;
+        let doc = request.doc as u32;
+        let name = self.names.get(request.doc).map_or("", String::as_str);
+        // The open loop measures from the schedule, so that a slow response
+        // also delays (in latency) every request due behind it.
+        let latency_from_ns = request.scheduled_ns.unwrap_or(start_ns);
+        tally.ended(request.target);
         tally.bytes += ex.body_bytes;
         let cache = CacheStatus::from_header(ex.cache.as_deref());
         match cache {
@@ -534,7 +666,7 @@ impl Worker {
         let status = ex.status.as_u16();
         let (deps_state, deps) = if ex.status.is_success() {
             tally.ok += 1;
-            tally.latency.record(end_ns.saturating_sub(start_ns));
+            tally.latency.record(end_ns.saturating_sub(latency_from_ns));
             tally.second(second).ok += 1;
             live.ok.fetch_add(1, Ordering::Relaxed);
             let (state, parsed) = classify_deps(ex.deps.as_deref());
@@ -562,6 +694,17 @@ impl Worker {
                     }
                     Self::note_check_error(tally, name, &e);
                     (DepsState::Rejected, Deps::None)
+                }
+                (DepsState::Missing, _, _) if self.config.static_content => {
+                    // Static content has nothing to be stale against: the
+                    // response is checked (trivially) so the identities hold.
+                    let mut st = self.shared.lock();
+                    let id = st.next_response;
+                    st.next_response += 1;
+                    st.checker.response(id, doc, start_ns, Deps::None);
+                    drop(st);
+                    tally.checked_ok += 1;
+                    (DepsState::Missing, Deps::None)
                 }
                 (DepsState::Missing, _, _) => {
                     tally.errors.missing_deps += 1;
@@ -591,11 +734,15 @@ impl Worker {
         if self.config.keep_records
             && self.shared.records_taken.fetch_add(1, Ordering::Relaxed) < self.config.records_max as u64
         {
+            // Targets and streams are at most TARGETS_MAX and CONNECTIONS_MAX.
             tally.records.push(ResponseRecord {
                 start_ns,
                 end_ns,
                 bytes: ex.body_bytes,
                 doc,
+                target: request.target as u16,
+                stream: request.stream as u16,
+                position: u32::try_from(request.position).unwrap_or(u32::MAX),
                 status,
                 cache,
                 deps_state,
@@ -603,6 +750,227 @@ impl Worker {
             });
         } else {
             tally.records_dropped += 1;
+        }
+    }
+}
+
+/// The closed loop: `connections` workers, each with one request in flight.
+async fn closed_loop(client: Arc<Client>, stop: watch::Receiver<bool>) -> Result<WorkerTally, LoadError> {
+    let workers: Vec<_> = (0..client.config.connections)
+        .map(|w| {
+            let (requests, targets) = client.streams(w);
+            let worker = Worker { client: client.clone(), index: w, requests, targets, stop: stop.clone() };
+            tokio::spawn(worker.run())
+        })
+        .collect();
+    let mut total = WorkerTally::default();
+    for handle in workers {
+        total.merge(handle.await.map_err(|_| LoadError::TaskFailed("worker"))?);
+    }
+    Ok(total)
+}
+
+/// A closed-loop worker.
+struct Worker {
+    client: Arc<Client>,
+    index: usize,
+    requests: RequestStream,
+    targets: TargetChooser,
+    stop: watch::Receiver<bool>,
+}
+
+impl Worker {
+    async fn run(mut self) -> WorkerTally {
+        let client = self.client.clone();
+        let mut tally = WorkerTally::default();
+        // At most one persistent connection per target.
+        let mut connections: Vec<Option<Connection>> = client.targets.iter().map(|_| None).collect();
+        let mut backoff_ms = CONNECT_BACKOFF_MS_MIN;
+        let mut position = 0u64;
+        loop {
+            if *self.stop.borrow() {
+                break;
+            }
+            if let Some(max) = client.config.requests_max {
+                if client.shared.budget_used.fetch_add(1, Ordering::Relaxed) >= max {
+                    break;
+                }
+            }
+            // Exactly one document and one target per request.
+            let (Some(doc), Some(target)) = (self.requests.next(), self.targets.next()) else { break };
+            let request = Request { doc, target, stream: self.index, position, scheduled_ns: None };
+            position += 1;
+            tally.issued += 1;
+            let Some(slot) = connections.get_mut(target) else {
+                // Unreachable: the chooser yields indices below the target count.
+                tally.abandoned += 1;
+                break;
+            };
+            let (attempt, reusable) = tokio::select! {
+                _ = self.stop.changed() => {
+                    tally.abandoned += 1;
+                    break;
+                }
+                r = client.attempt(slot.take(), &request) => r,
+            };
+            *slot = reusable;
+            let connect_failed = matches!(attempt.outcome, Outcome::ConnectFailed { .. });
+            client.settle(&mut tally, &request, attempt);
+            if connect_failed {
+                tokio::select! {
+                    _ = self.stop.changed() => break,
+                    _ = tokio::time::sleep(Duration::from_millis(backoff_ms)) => {}
+                }
+                backoff_ms = (backoff_ms * 2).min(CONNECT_BACKOFF_MS_MAX);
+            } else {
+                backoff_ms = CONNECT_BACKOFF_MS_MIN;
+            }
+        }
+        tally
+    }
+}
+
+/// Idle persistent connections of the open loop, per target.
+struct Pool {
+    idle: Mutex<Vec<Vec<Connection>>>,
+}
+
+impl Pool {
+    fn new(targets: usize) -> Self {
+        Self { idle: Mutex::new((0..targets).map(|_| Vec::new()).collect()) }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Vec<Vec<Connection>>> {
+        self.idle.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn take(&self, target: usize) -> Option<Connection> {
+        self.lock().get_mut(target)?.pop()
+    }
+
+    fn put(&self, target: usize, conn: Connection) {
+        if let Some(idle) = self.lock().get_mut(target) {
+            idle.push(conn);
+        }
+    }
+}
+
+/// Decrements the in-flight count when a request task ends, however it ends.
+struct InFlight(Arc<AtomicUsize>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// The open loop's dispatcher.
+struct OpenLoopDriver {
+    client: Arc<Client>,
+    open: OpenLoop,
+    /// The instant the schedule counts from.
+    started: Instant,
+    stop: watch::Receiver<bool>,
+    halt: watch::Receiver<bool>,
+}
+
+impl OpenLoopDriver {
+    async fn run(mut self) -> Result<WorkerTally, LoadError> {
+        let client = self.client.clone();
+        let config = &client.config;
+        let run_start_ns = client.shared.run_start_ns;
+        let streams = config.connections;
+        let mut sources: Vec<(RequestStream, TargetChooser, u64)> = (0..streams)
+            .map(|w| {
+                let (requests, targets) = client.streams(w);
+                (requests, targets, 0)
+            })
+            .collect();
+        let tally = Arc::new(Mutex::new(WorkerTally::default()));
+        let pool = Arc::new(Pool::new(client.targets.len()));
+        let in_flight = Arc::new(AtomicUsize::new(0));
+        let mut tasks = JoinSet::new();
+        let mut panicked = false;
+        let (mut issued, mut max_lag_ns) = (0u64, 0u64);
+        let duration_ns = config.duration_ms.map(|ms| ms.saturating_mul(1_000_000));
+        let schedule = ArrivalSchedule::new(self.open.arrivals, self.open.rate_rps, config.seed);
+        for (k, offset_ns) in (0u64..).zip(schedule) {
+            if duration_ns.is_some_and(|d| offset_ns >= d) || config.requests_max.is_some_and(|max| k >= max) {
+                break;
+            }
+            let due = self.started + Duration::from_nanos(offset_ns);
+            if due > Instant::now() {
+                tokio::select! {
+                    _ = self.halt.changed() => break,
+                    _ = tokio::time::sleep_until(due) => {}
+                }
+            } else if *self.halt.borrow() {
+                break;
+            }
+            max_lag_ns = max_lag_ns.max(Instant::now().saturating_duration_since(due).as_nanos() as u64);
+            let w = stream_of(k, streams);
+            let Some((requests, targets, position)) = sources.get_mut(w) else { break };
+            let (Some(doc), Some(target)) = (requests.next(), targets.next()) else { break };
+            let scheduled_ns = run_start_ns + offset_ns;
+            let request = Request { doc, target, stream: w, position: *position, scheduled_ns: Some(scheduled_ns) };
+            *position += 1;
+            issued += 1;
+            while let Some(joined) = tasks.try_join_next() {
+                panicked |= joined.is_err();
+            }
+            if in_flight.load(Ordering::Relaxed) >= self.open.max_in_flight {
+                let mut t = lock_tally(&tally);
+                t.errors.over_max_in_flight += 1;
+                client.error_at(&mut t, target, scheduled_ns);
+                continue;
+            }
+            in_flight.fetch_add(1, Ordering::Relaxed);
+            let guard = InFlight(in_flight.clone());
+            let task = (client.clone(), pool.clone(), tally.clone(), self.stop.clone());
+            tasks.spawn(open_loop_request(task, request, guard));
+        }
+        // A run with a duration lasts until its deadline (the `stop`), so
+        // that its throughput is over the whole duration.
+        if duration_ns.is_some() {
+            let _ = self.stop.wait_for(|stopped| *stopped).await;
+        }
+        while let Some(joined) = tasks.join_next().await {
+            panicked |= joined.is_err();
+        }
+        if panicked {
+            return Err(LoadError::TaskFailed("request"));
+        }
+        let mut total = std::mem::take(&mut *lock_tally(&tally));
+        total.issued = issued;
+        total.max_dispatch_lag_ns = max_lag_ns;
+        Ok(total)
+    }
+}
+
+fn lock_tally(tally: &Mutex<WorkerTally>) -> MutexGuard<'_, WorkerTally> {
+    tally.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// One open-loop request, on an idle pooled connection or a new one.
+async fn open_loop_request(
+    (client, pool, tally, mut stop): (Arc<Client>, Arc<Pool>, Arc<Mutex<WorkerTally>>, watch::Receiver<bool>),
+    request: Request,
+    _in_flight: InFlight,
+) {
+    let conn = if client.config.new_connection_per_request { None } else { pool.take(request.target) };
+    let attempt = tokio::select! {
+        _ = stop.wait_for(|stopped| *stopped) => None,
+        r = client.attempt(conn, &request) => Some(r),
+    };
+    let mut t = lock_tally(&tally);
+    match attempt {
+        None => t.abandoned += 1,
+        Some((attempt, reusable)) => {
+            client.settle(&mut t, &request, attempt);
+            drop(t);
+            if let Some(conn) = reusable {
+                pool.put(request.target, conn);
+            }
         }
     }
 }
@@ -662,7 +1030,8 @@ impl Updater {
             // finished so the checker learns its outcome.
             let start_ns = clock.now_ns();
             let ticket = self.shared.lock().checker.update_started(start_ns);
-            let result = tokio::time::timeout(self.timeout, connection.exchange(Method::PUT, &paths[doc], false)).await;
+            let result =
+                tokio::time::timeout(self.timeout, connection.exchange(Method::PUT, &paths[doc], false, false)).await;
             let end_ns = clock.now_ns();
             let exchange = match result {
                 Ok(Ok(ex)) => ex,
@@ -817,13 +1186,42 @@ fn assemble(
         (None, None)
     };
 
+    let per_target: Vec<TargetCounts> = plan
+        .targets
+        .iter()
+        .enumerate()
+        .map(|(i, e)| TargetCounts {
+            target: e.url.clone(),
+            requests: total.target_requests.get(i).copied().unwrap_or(0),
+            connections_opened: total.target_connections.get(i).copied().unwrap_or(0),
+        })
+        .collect();
+    let shape = LoadShape {
+        target_choice: config.target_choice,
+        new_connection_per_request: config.new_connection_per_request,
+        static_content: config.static_content,
+        open_loop: config.open_loop.map(|o| OpenLoopSummary {
+            rate_rps: o.rate_rps,
+            arrivals: o.arrivals,
+            streams: config.connections,
+            max_in_flight: o.max_in_flight,
+            max_dispatch_lag_ns: total.max_dispatch_lag_ns,
+        }),
+    };
+
     LoadReport {
         trace: config.trace.summary(),
         targets: plan.targets.iter().map(|e| e.url.clone()).collect(),
         connections: config.connections,
         seed: config.seed,
+        shape,
+        start_ns: shared.run_start_ns,
         elapsed_s,
         requests: total.requests,
+        issued: total.issued,
+        abandoned: total.abandoned,
+        connections_opened: total.target_connections.iter().sum(),
+        per_target,
         checked_ok: total.checked_ok,
         bodies_checked: total.bodies_checked,
         ok: total.ok,
