@@ -62,6 +62,9 @@ pub struct ClientNetwork {
     /// One-way wire latency of a small message (no CPU time).
     pub latency_ns: u64,
     pub bandwidth_bytes_per_s: u64,
+    /// What opening a connection adds before a request leaves the client
+    /// (the handshake); the node's CPU part is `cpu.connection_setup_ns`.
+    pub connect_ns: u64,
     /// Bytes of one HTTP request.
     pub request_bytes: u64,
     /// Bytes of one reply's status line and headers (the body is added).
@@ -218,6 +221,7 @@ impl Costs {
         let net = &self.client_network;
         positive("client_network.bandwidth_bytes_per_s", net.bandwidth_bytes_per_s)?;
         bounded("client_network.latency_ns", net.latency_ns)?;
+        bounded("client_network.connect_ns", net.connect_ns)?;
         if let Some(disk) = &self.disk {
             positive("disk.bandwidth_bytes_per_s", disk.bandwidth_bytes_per_s)?;
             bounded("disk.seek_ns", disk.seek_ns)?;
@@ -323,6 +327,7 @@ poll_ns = 0
 [client_network]
 latency_ns = 5
 bandwidth_bytes_per_s = 1000
+connect_ns = 10
 request_bytes = 10
 reply_header_bytes = 10
 [cluster]
@@ -348,8 +353,8 @@ receiver_cpu_ns = 10
         let missing = minimal("").replace("request_ns = 10\n", "");
         let e = Costs::parse(&missing, "x").unwrap_err().to_string();
         assert!(e.contains("request_ns"), "{e}");
-        let zero_bw = minimal("")
-            .replace("bandwidth_bytes_per_s = 1000\nrequest_bytes", "bandwidth_bytes_per_s = 0\nrequest_bytes");
+        let zero_bw =
+            minimal("").replace("bandwidth_bytes_per_s = 1000\nconnect_ns", "bandwidth_bytes_per_s = 0\nconnect_ns");
         let e = Costs::parse(&zero_bw, "x").unwrap_err().to_string();
         assert!(e.contains("client_network.bandwidth_bytes_per_s must be positive"), "{e}");
         let bad_name = minimal("").replace("messages = \"t\"", "messages = \"nope\"");

@@ -355,7 +355,7 @@ impl<'c, P: Policy> Engine<'c, P> {
                 },
             };
         let net = &self.costs.client_network;
-        let connect = if new_connection { 2 * net.latency_ns } else { 0 };
+        let connect = if new_connection { net.connect_ns } else { 0 };
         let arrive = self.now + connect + net.latency_ns + transfer_ns(net.request_bytes, net.bandwidth_bytes_per_s);
         let id = self.requests.len() as u64;
         self.requests.push(RequestState {

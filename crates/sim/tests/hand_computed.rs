@@ -16,7 +16,7 @@ fn one_doc() -> Trace {
 }
 
 // The independent timeline of one node, one client, two requests:
-// request 1: connect (2 × 20 µs) + 20 µs + 100 B → at the node at 60_100;
+// request 1: connect (40 µs) + 20 µs + 100 B → at the node at 60_100;
 //   parse 10 µs + setup 5 µs → 75_100; miss: disk 1_001_000 → 1_076_100;
 //   copy 1000 → 1_077_100; NIC 1200 B → 1_078_300; + 20 µs → 1_098_300.
 // request 2 (same connection), issued at 1_098_300: + 20_100 → 1_118_400;
@@ -49,7 +49,7 @@ fn a_new_connection_per_request_costs_a_round_trip_and_a_setup() {
     let mut config = closed(1, 1, 2, 1 << 20);
     config.new_connection_per_request = true;
     let report = run(&config, &one_doc(), Independent).unwrap();
-    assert_eq!(report.latency.p50_ns, HIT_LATENCY + 40_000 + 5_000);
+    assert_eq!(report.latency.p50_ns, HIT_LATENCY + 40_000 + 5_000, "connect_ns and the setup CPU");
     assert_eq!(report.per_node[0].connections, 2);
 }
 

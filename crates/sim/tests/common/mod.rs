@@ -9,7 +9,8 @@ use tierstack_workload::TargetChoice;
 /// Round costs: 1 byte/ns everywhere, so every time below is a sum of
 /// integers.
 /// - parse 10 µs, connection setup 5 µs, copy 1 B/ns;
-/// - client network 20 µs one way, 1 B/ns, requests 100 B, reply headers 200 B;
+/// - client network 20 µs one way, 1 B/ns, connect 40 µs, requests 100 B,
+///   reply headers 200 B;
 /// - messages: 50 µs one way of which 5 µs CPU at each end, 1 B/ns;
 /// - remote reads: 10 µs of which 1 µs CPU, 1 B/ns; remote writes: 8 µs, 1 µs CPU.
 pub const ROUND_COSTS: &str = r#"
@@ -22,6 +23,7 @@ poll_ns = 500
 [client_network]
 latency_ns = 20000
 bandwidth_bytes_per_s = 1000000000
+connect_ns = 40000
 request_bytes = 100
 reply_header_bytes = 200
 [cluster]
