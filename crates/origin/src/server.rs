@@ -2,7 +2,6 @@
 
 use crate::conditional::{self, Precondition};
 use crate::files::{self, FileSet, PathRefusal};
-use crate::storage::Storage;
 use crate::{OriginConfig, OriginError, OriginStats};
 use bytes::Bytes;
 use hyper::body::Incoming;
@@ -17,6 +16,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime};
+use tierstack_model::{Caching, Storage};
 use tierstack_tier_http::{text, Body};
 use tokio::time::Instant;
 
@@ -120,6 +120,16 @@ impl State {
         u64::try_from(self.started.elapsed().as_nanos()).unwrap_or(u64::MAX)
     }
 
+    /// Waits until `ready_ns` on the storage's clock, if it is still ahead.
+    /// A deadline already passed (every hit on a settled object, every read
+    /// without an emulated disk) must not reach tokio's timer, which rounds
+    /// any sleep up to its next 1 ms tick and would add that to the response.
+    async fn wait_until(&self, ready_ns: u64) {
+        if ready_ns > self.now_ns() {
+            tokio::time::sleep_until(self.started + Duration::from_nanos(ready_ns)).await;
+        }
+    }
+
     /// Looks the decoded path up; `Err` is the response to send instead.
     async fn resolve(&self, decoded: &[u8]) -> Result<Representation, Response<Body>> {
         let not_found = || text(StatusCode::NOT_FOUND, "not found\n");
@@ -217,10 +227,10 @@ impl State {
         }
         // Decide the read's cost at arrival (lookup, disk, insert), then
         // produce the bytes while the modelled read runs.
-        let outcome = {
+        let ready_ns = {
             let mut storage = self.storage.lock().unwrap_or_else(PoisonError::into_inner);
             let now_ns = self.now_ns();
-            storage.read(now_ns, &representation.key, representation.size)
+            storage.read(now_ns, &representation.key, representation.size, Caching::Normal).ready_ns()
         };
         let body = match &representation.source {
             Source::Synthetic if representation.size <= INLINE_BODY_BYTES_MAX => {
@@ -243,7 +253,7 @@ impl State {
                 }
             },
         };
-        tokio::time::sleep_until(self.started + Duration::from_nanos(outcome.ready_ns())).await;
+        self.wait_until(ready_ns).await;
         self.counters.bytes_sent.fetch_add(body.len() as u64, Ordering::Relaxed);
         *response.body_mut() = Body::new(body);
         response

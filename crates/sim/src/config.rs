@@ -3,7 +3,7 @@
 use crate::costs::Costs;
 use serde::Serialize;
 use tierstack_model::DiskModel;
-use tierstack_workload::TargetChoice;
+use tierstack_workload::{Arrivals, TargetChoice};
 
 /// Most clients (closed-loop workers or open-loop streams).
 pub const CLIENTS_MAX: usize = 1 << 20;
@@ -36,7 +36,7 @@ pub enum Load {
     /// request.
     Closed { clients: usize, budget: Budget },
     /// Requests arrive at `rate_per_s` on `tierstack load`'s seeded schedule
-    /// ([`crate::arrival`]), whatever the state of earlier ones; request `k`
+    /// (`tierstack_workload::arrival`, the rule both share), whatever the state of earlier ones; request `k`
     /// takes the next document and target of stream `k % streams` (built as
     /// a closed-loop worker's). Persistent connections come from a pool of
     /// idle ones per node, as the load client's. No bound on requests in
@@ -54,29 +54,6 @@ pub enum Budget {
     /// Worker `w` issues exactly `counts[w]` requests (replaying a real run's
     /// per-connection counts; the number of workers is `counts.len()`).
     PerClient(Vec<u64>),
-}
-
-/// The open loop's schedule.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Arrivals {
-    /// Exponential inter-arrival times from the run's seed.
-    #[default]
-    Poisson,
-    /// Exactly `1 / rate` apart.
-    Constant,
-}
-
-impl std::str::FromStr for Arrivals {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "poisson" => Ok(Self::Poisson),
-            "constant" => Ok(Self::Constant),
-            other => Err(format!("unknown arrivals {other:?} (poisson or constant)")),
-        }
-    }
 }
 
 /// Everything one run needs besides the trace and the policy.

@@ -8,17 +8,16 @@
 //! is submitted; jobs are submitted only at the current event's time, so each
 //! FIFO sees arrivals in time order, as `DiskQueue` requires.
 
-use crate::arrival::{stream_of, ArrivalSchedule};
 use crate::config::{Budget, ConfigError, Load, SimConfig};
 use crate::costs::{transfer_ns, Costs};
 use crate::policy::{
     Action, Actions, Copies, Delivery, DocId, Done, Outcome, Policy, Request, RequestId, Served, Via, View,
 };
 use crate::report::{MessageCount, NodeCounts, SimReport};
-use crate::store::NodeStore;
 use std::cmp::Ordering;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
-use tierstack_model::Inserted;
+use tierstack_model::{Inserted, ReadOutcome, Storage, StorageConfig};
+use tierstack_workload::arrival::{stream_of, ArrivalSchedule};
 use tierstack_workload::{RequestStream, TargetChooser, Trace};
 
 /// A run that could not complete.
@@ -190,7 +189,7 @@ struct Engine<'c, P: Policy> {
     now: u64,
     seq: u64,
     queue: BinaryHeap<Scheduled<EventOf<P>>>,
-    stores: Vec<NodeStore>,
+    stores: Vec<Storage<DocId>>,
     loads: Vec<u32>,
     cpus: Vec<Cores>,
     nics: Vec<Fifo>,
@@ -251,7 +250,13 @@ impl<'c, P: Policy> Engine<'c, P> {
             seq: 0,
             queue: BinaryHeap::new(),
             stores: (0..nodes)
-                .map(|_| NodeStore::new(config.cache_bytes, config.cache_max_object_bytes, config.disk))
+                .map(|_| {
+                    Storage::new(StorageConfig {
+                        cache_bytes: config.cache_bytes,
+                        cache_max_object_bytes: config.cache_max_object_bytes,
+                        disk: Some(config.disk),
+                    })
+                })
                 .collect(),
             loads: vec![0; nodes],
             cpus: (0..nodes).map(|_| Cores::new(config.costs.cpu.cores)).collect(),
@@ -546,20 +551,15 @@ impl<'c, P: Policy> Engine<'c, P> {
                         self.forwarded += 1;
                     }
                 }
-                // Decided now, in `tierstack origin`'s order (see `store`).
-                let read = self.stores[node].read(self.now, req.doc, req.bytes, caching);
-                let counts = &mut self.counts[node];
-                if read.hit {
-                    counts.hits += 1;
-                } else {
-                    counts.misses += 1;
-                    counts.disk_reads += 1;
-                    counts.disk_bytes += req.bytes;
-                }
-                counts.evictions += read.inserted.as_ref().map_or(0, |i| i.evicted.len() as u64);
-                let event =
-                    Event::ServeReady { node, request: request.0, hit: read.hit, inserted: read.inserted, token };
-                self.schedule(read.ready_ns, event);
+                // Decided now, by `tierstack origin`'s own storage code;
+                // its hits, misses, disk reads and evictions are the node's.
+                let read = self.stores[node].read(self.now, &req.doc, req.bytes, caching);
+                let ready_ns = read.ready_ns();
+                let (hit, inserted) = match read {
+                    ReadOutcome::Hit { .. } => (true, None),
+                    ReadOutcome::Miss { inserted, .. } => (false, inserted),
+                };
+                self.schedule(ready_ns, Event::ServeReady { node, request: request.0, hit, inserted, token });
             }
             Action::Reply { node, request } => {
                 self.node_ok(node, "reply")?;
@@ -610,9 +610,6 @@ impl<'c, P: Policy> Engine<'c, P> {
             }
             Action::DiskRead { node, bytes, token } => {
                 self.node_ok(node, "disk read")?;
-                let counts = &mut self.counts[node];
-                counts.disk_reads += 1;
-                counts.disk_bytes += bytes;
                 let end = self.stores[node].disk_read(self.now, bytes);
                 self.schedule(end, Event::Done { done: Done { node, outcome: Outcome::Completed, token } });
             }
@@ -629,7 +626,6 @@ impl<'c, P: Policy> Engine<'c, P> {
                     .copied()
                     .ok_or_else(|| self.violation(format!("unknown document {doc}")))?;
                 let inserted = self.stores[node].insert_now(doc, bytes);
-                self.counts[node].evictions += inserted.evicted.len() as u64;
                 self.schedule(
                     self.now,
                     Event::Done { done: Done { node, outcome: Outcome::Inserted(inserted), token } },
@@ -637,12 +633,12 @@ impl<'c, P: Policy> Engine<'c, P> {
             }
             Action::CacheTouch { node, doc, token } => {
                 self.node_ok(node, "cache touch")?;
-                let hit = self.stores[node].touch(doc);
+                let hit = self.stores[node].touch(&doc);
                 self.schedule(self.now, Event::Done { done: Done { node, outcome: Outcome::Touched { hit }, token } });
             }
             Action::CacheRemove { node, doc } => {
                 self.node_ok(node, "cache remove")?;
-                self.stores[node].remove(doc);
+                self.stores[node].remove(&doc);
             }
         }
         Ok(())
@@ -658,7 +654,13 @@ impl<'c, P: Policy> Engine<'c, P> {
         }
         for (node, counts) in self.counts.iter_mut().enumerate() {
             counts.cpu_busy_ns = self.cpus[node].busy_ns;
-            counts.disk_busy_ns = self.stores[node].disk_busy_ns();
+            let storage = self.stores[node].counts();
+            counts.hits = storage.cache_hits;
+            counts.misses = storage.cache_misses;
+            counts.evictions = storage.evictions;
+            counts.disk_reads = storage.disk_reads;
+            counts.disk_bytes = storage.disk_bytes;
+            counts.disk_busy_ns = storage.disk_busy_ns;
             counts.nic_busy_ns = self.nics[node].busy_ns;
         }
         let messages = self.messages.iter().map(|(k, v)| (k.to_string(), v.clone())).collect();

@@ -5,11 +5,13 @@
 //! - **clients**: a closed loop of workers (each with one request
 //!   outstanding, drawing documents from `Trace::stream(seed, w, workers)`
 //!   and targets from `TargetChooser`, exactly as `tierstack load` does), or
-//!   an open loop at a rate; persistent connections or one per request;
+//!   an open loop on its seeded schedule (`tierstack_workload::arrival`, the
+//!   load client's own rule); persistent connections or one per request;
 //! - **per node**: a CPU (FIFO, `cores` servers) charged per operation, a NIC
-//!   transmitter (FIFO), a disk ([`tierstack_model::DiskQueue`]) and a memory
-//!   cache ([`tierstack_model::ByteLru`]) used in `tierstack origin`'s order:
-//!   lookup (touch) → on a miss, disk read → insert;
+//!   transmitter (FIFO), and storage: [`tierstack_model::Storage`], a memory
+//!   cache ([`tierstack_model::ByteLru`]) before a disk
+//!   ([`tierstack_model::DiskQueue`]), the very code `tierstack origin` serves
+//!   with: lookup (touch) → on a miss, disk read → insert;
 //! - **networks**: the client network and named intra-cluster transports,
 //!   each a latency plus bytes over a bandwidth ([`costs`]).
 //!
@@ -19,15 +21,13 @@
 //! pure function of its configuration, trace, policy and seed: the same inputs
 //! give a byte-identical [`SimReport`].
 
-pub mod arrival;
 pub mod config;
 pub mod costs;
 mod engine;
 pub mod policy;
 pub mod report;
-pub mod store;
 
-pub use config::{Arrivals, Budget, ConfigError, Load, SimConfig};
+pub use config::{Budget, ConfigError, Load, SimConfig};
 pub use costs::{Costs, CostsError, TransportChoice};
 pub use engine::{run, SimError};
 pub use policy::{
@@ -36,6 +36,7 @@ pub use policy::{
 };
 pub use report::{LatencySummary, MessageCount, NodeCounts, SimReport, Utilization};
 pub use tierstack_model::DiskModel;
+pub use tierstack_workload::Arrivals;
 
 /// The policies the command line can name.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

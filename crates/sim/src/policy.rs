@@ -30,7 +30,7 @@
 //!   disk (the back end).
 
 use std::collections::BTreeMap;
-use tierstack_model::{ByteLru, Inserted};
+use tierstack_model::{ByteLru, Inserted, Storage};
 
 /// A document of the trace, by its index in `Trace::documents()`.
 pub type DocId = usize;
@@ -50,14 +50,11 @@ pub struct Request {
     pub bytes: u64,
 }
 
-/// Whether a [`Action::Serve`] may cache what it reads.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Caching {
-    /// Insert after a miss (objects above the node's max object size are not).
-    Normal,
-    /// Serve without inserting (PRESS: files of `max_size` or more).
-    Bypass,
-}
+/// Whether a [`Action::Serve`] may cache what it reads (the storage's own
+/// switch: `Normal` inserts after a miss unless the object is above the
+/// node's object bound; `Bypass` never inserts, as PRESS does for files of
+/// `max_size` or more).
+pub use tierstack_model::Caching;
 
 /// How a [`Action::Send`] travels.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -107,7 +104,10 @@ pub enum Action<M, T> {
     DiskRead { node: usize, bytes: u64, token: T },
     /// `ns` of `node`'s CPU (e.g. a lookup's cost).
     Compute { node: usize, ns: u64, token: T },
-    /// Store `doc` in `node`'s cache now; completes with [`Outcome::Inserted`].
+    /// Store `doc` in `node`'s cache now, its bytes already in memory;
+    /// completes with [`Outcome::Inserted`]. Like a `Serve`'s insert, it
+    /// never stores a document above the node's object bound (nor anything
+    /// in a cache of 0 bytes): then `stored` is false.
     CacheInsert { node: usize, doc: DocId, token: T },
     /// Look `doc` up in `node`'s cache now (a hit becomes most recent);
     /// completes with [`Outcome::Touched`].
@@ -201,7 +201,7 @@ pub trait Policy {
 /// be written as baselines too.
 pub struct View<'a> {
     pub(crate) now_ns: u64,
-    pub(crate) stores: &'a [crate::store::NodeStore],
+    pub(crate) stores: &'a [Storage<DocId>],
     pub(crate) loads: &'a [u32],
     pub(crate) document_bytes: &'a [u64],
 }
@@ -218,7 +218,7 @@ impl View<'_> {
 
     /// `node`'s memory cache.
     pub fn cache(&self, node: usize) -> Option<&ByteLru<DocId>> {
-        self.stores.get(node).map(crate::store::NodeStore::cache)
+        self.stores.get(node).map(Storage::cache)
     }
 
     /// Requests `node` holds now: client connections it accepted and has not

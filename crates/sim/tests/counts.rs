@@ -6,7 +6,7 @@ mod common;
 
 use common::closed;
 use proptest::prelude::*;
-use tierstack_model::ByteLru;
+use tierstack_model::{ByteLru, Storage, StorageConfig};
 use tierstack_sim::{
     costs::Costs, run, Action, Actions, Arrivals, Budget, Caching, Independent, Load, Policy, Request, Served,
     SimConfig, SimError, SimReport, View,
@@ -130,6 +130,44 @@ fn one_client_per_node_matches_a_direct_replay_of_each_stream_prefix() {
     let sequences: Vec<Vec<usize>> =
         (0..nodes).map(|k| trace.stream(seed, k, nodes).take(report.per_node[k].requests as usize).collect()).collect();
     assert_eq!(simulated(&report), recount(&sequences, &trace, capacity));
+}
+
+/// The node counts come from the storage `tierstack origin` serves with
+/// (`tierstack_model::Storage`): a node's hits, misses, evictions, disk reads,
+/// disk bytes and disk time equal those of a `Storage` fed the node's
+/// sequence (the origin's `/stats` reads the same counts; see
+/// `crates/origin/tests/http.rs`).
+#[test]
+fn the_node_counts_are_the_storages_counts() {
+    let (nodes, requests, capacity, seed) = (4, 3_000u64, 1u64 << 20, 23);
+    let trace = zipf();
+    let mut config = closed(nodes, 1, requests, capacity);
+    config.target_choice = TargetChoice::Random;
+    config.seed = seed;
+    config.cache_max_object_bytes = Some(200_000);
+    let report = run(&config, &trace, Independent).unwrap();
+    let mut storages: Vec<Storage<usize>> = (0..nodes)
+        .map(|_| {
+            Storage::new(StorageConfig {
+                cache_bytes: capacity,
+                cache_max_object_bytes: Some(200_000),
+                disk: Some(config.disk),
+            })
+        })
+        .collect();
+    let pairs = trace.stream(seed, 0, 1).zip(TargetChooser::new(TargetChoice::Random, nodes, seed, 0));
+    for (now, (doc, node)) in (0u64..).zip(pairs.take(requests as usize)) {
+        storages[node].read(now, &doc, trace.documents()[doc].size_bytes, Caching::Normal);
+    }
+    for (node, (got, storage)) in report.per_node.iter().zip(&storages).enumerate() {
+        let want = storage.counts();
+        assert_eq!(
+            (got.hits, got.misses, got.evictions, got.disk_reads, got.disk_bytes, got.disk_busy_ns),
+            (want.cache_hits, want.cache_misses, want.evictions, want.disk_reads, want.disk_bytes, want.disk_busy_ns),
+            "node {node}"
+        );
+        assert!(want.evictions > 0 && want.cache_hits > 0, "node {node} both evicts and hits: {want:?}");
+    }
 }
 
 proptest! {

@@ -9,8 +9,8 @@ use std::time::Instant;
 use tierstack_sim::{Arrivals, Budget, Costs, DiskModel, Load, PolicyName, SimConfig, TransportChoice};
 use tierstack_workload::{TargetChoice, TraceSpec, ZIPF_ALPHA_DEFAULT, ZIPF_DOCS_DEFAULT};
 
-/// Per-node memory cache when `--cache-bytes` is not given: the cooperative
-/// caching seed's 64 MB per node (coop §4).
+/// Per-node memory cache when `--cache-bytes` is not given and the trace
+/// publishes none: the cooperative caching seed's 64 MB per node (coop §4).
 const CACHE_BYTES_DEFAULT: u64 = 64 << 20;
 
 #[derive(Args)]
@@ -19,7 +19,8 @@ pub struct SimArgs {
     /// Simulated server nodes.
     #[arg(long)]
     nodes: usize,
-    /// single | zipf | worldcup | clf:PATH (and any trace `tierstack load` knows)
+    /// single | zipf | worldcup | clf:PATH | press:NAME[@SCALE] | coop:NAME[@SCALE]
+    /// (as `tierstack load --trace`; see `tierstack trace show`)
     #[arg(long)]
     trace: String,
     /// Zipf exponent (zipf trace).
@@ -54,7 +55,8 @@ pub struct SimArgs {
     /// Every request opens its own client connection.
     #[arg(long)]
     new_connection_per_request: bool,
-    /// Memory cache per node, bytes (default 64 MiB).
+    /// Memory cache per node, bytes. Default: the trace's published per-node
+    /// cache (press:NAME and coop:NAME, scaled with the trace), else 64 MiB.
     #[arg(long)]
     cache_bytes: Option<u64>,
     /// Larger documents are served but not cached (default: the cache size).
@@ -140,7 +142,7 @@ pub fn run(args: SimArgs) -> Result<()> {
         load,
         target_choice: args.target_choice,
         new_connection_per_request: args.new_connection_per_request,
-        cache_bytes: args.cache_bytes.unwrap_or(CACHE_BYTES_DEFAULT),
+        cache_bytes: args.cache_bytes.or(trace.cache_bytes_per_node()).unwrap_or(CACHE_BYTES_DEFAULT),
         cache_max_object_bytes: args.cache_max_object_bytes,
         disk,
         costs,
