@@ -10,13 +10,16 @@ use common::{closed, ROUND_COSTS};
 use std::cell::RefCell;
 use std::rc::Rc;
 use tierstack_sim::{run, Action, Actions, Arrivals, Caching, Costs, Load, Policy, Request, Served, View};
-use tierstack_workload::arrival::{stream_of, ArrivalSchedule};
+use tierstack_workload::arrival::ArrivalSchedule;
 use tierstack_workload::{TargetChoice, TargetChooser, Trace};
+
+/// A request as the policy first saw it: (id, time, initial node, document).
+type Seen = (u64, u64, usize, usize);
 
 /// Serves every request where it arrived, after writing down when the
 /// policy first saw it, where and for what.
 struct Recorder {
-    seen: Rc<RefCell<Vec<(u64, u64, usize, usize)>>>,
+    seen: Rc<RefCell<Vec<Seen>>>,
 }
 
 impl Policy for Recorder {
@@ -70,10 +73,11 @@ fn an_open_loop_issues_request_k_at_t_k_with_stream_k_mod_w() {
             let mut targets: Vec<_> =
                 (0..streams).map(|w| TargetChooser::new(TargetChoice::Random, nodes, seed, w)).collect();
             let schedule = ArrivalSchedule::new(arrivals, rate, seed);
-            let expected: Vec<(u64, u64, usize, usize)> = (0..requests)
+            let expected: Vec<Seen> = (0..requests)
                 .zip(schedule)
                 .map(|(k, t_k)| {
-                    let w = stream_of(k, streams);
+                    // The documented rule, written out: stream k mod W.
+                    let w = (k % streams as u64) as usize;
                     (k, t_k + after_issue_ns, targets[w].next().unwrap(), docs[w].next().unwrap())
                 })
                 .collect();
