@@ -23,10 +23,10 @@
 //!   (`tierstack_model::DiskQueue`, service = seek + size / bandwidth). Each
 //!   GET that sends a body decides, at its arrival and under one lock:
 //!   lookup (touch), on a miss a disk read, then insert. The response leaves
-//!   when the modelled read completes (`tokio::time::sleep_until`, skipped
-//!   when that time has passed, since tokio's timer would round it up to its
-//!   next 1 ms tick; no runtime thread blocks), so N concurrent misses take
-//!   N service times. HEAD and
+//!   when the modelled read completes, at once if that time has passed, else
+//!   woken by a deadline thread to well under a millisecond (tokio's timer
+//!   would round every wait up to its next 1 ms tick; no runtime thread
+//!   blocks), so N concurrent misses take N service times. HEAD and
 //!   304 answers read metadata only and touch neither cache nor disk. The
 //!   cache decides the cost only; bodies are always generated or read anew.
 //! - **Counters** ([`OriginStats`]) on an optional admin listener, `GET /stats`.
@@ -35,6 +35,7 @@
 //! into a [`SyntheticSet`].
 
 mod conditional;
+mod deadlines;
 mod files;
 mod server;
 

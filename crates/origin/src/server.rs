@@ -1,6 +1,7 @@
 //! The HTTP side: request handling, the admin listener and the counters.
 
 use crate::conditional::{self, Precondition};
+use crate::deadlines::Deadlines;
 use crate::files::{self, FileSet, PathRefusal};
 use crate::{OriginConfig, OriginError, OriginStats};
 use bytes::Bytes;
@@ -34,6 +35,8 @@ pub(crate) struct State {
     storage: Mutex<Storage<String>>,
     /// The origin of the disk queue's clock (monotonic nanoseconds).
     started: Instant,
+    /// Wakes a response at its read's modelled completion.
+    deadlines: Deadlines,
     counters: Counters,
 }
 
@@ -93,6 +96,7 @@ impl State {
             synthetic_last_modified: conditional::whole_seconds(config.synthetic_last_modified),
             storage: Mutex::new(Storage::new(config.storage)),
             started: Instant::now(),
+            deadlines: Deadlines::start(),
             counters: Counters::default(),
         })
     }
@@ -121,12 +125,13 @@ impl State {
     }
 
     /// Waits until `ready_ns` on the storage's clock, if it is still ahead.
-    /// A deadline already passed (every hit on a settled object, every read
-    /// without an emulated disk) must not reach tokio's timer, which rounds
-    /// any sleep up to its next 1 ms tick and would add that to the response.
+    /// Neither a deadline already passed (every hit on a settled object,
+    /// every read without an emulated disk) nor one ahead (a disk read) goes
+    /// to tokio's timer, which rounds every sleep up to its next 1 ms tick
+    /// (see `deadlines`).
     async fn wait_until(&self, ready_ns: u64) {
         if ready_ns > self.now_ns() {
-            tokio::time::sleep_until(self.started + Duration::from_nanos(ready_ns)).await;
+            self.deadlines.wait_until((self.started + Duration::from_nanos(ready_ns)).into_std()).await;
         }
     }
 
