@@ -19,11 +19,12 @@
 //! disk-bound (over 90 % of each request's modelled time is the emulated disk,
 //! whose service times are the same on both sides, checked exactly through
 //! disk busy time); the rest is per-request overhead (the real client, the
-//! loopback, and mostly the origin's wait on tokio's 1 ms timer), which
-//! `measured.toml` calibrates on hits at about 1.3 ms and which a miss pays
-//! somewhat more of, and which varies with the other work on this shared
-//! 2-core machine. Measured real/simulated: 0.97–0.98 (fixed) and 0.94–0.95
-//! (random, new connections), release and debug builds alike (docs/sim.md).
+//! loopback, the origin's wake-up at the read's completion), which
+//! `measured.toml` calibrates on hits at about 0.1 ms, which a miss pays
+//! somewhat more of (about 0.2 ms more: its wake-up), and which varies with
+//! the other work on this shared 2-core machine. Measured real/simulated:
+//! 0.92–0.99 (fixed) and 0.95–0.98 (random, new connections), the lowest at
+//! load average 41 (docs/sim.md).
 
 use serde_json::Value;
 use std::io::{BufRead, BufReader, Read, Write};
