@@ -97,31 +97,47 @@ fn rdma_sync_needs_no_back_end_thread_and_is_never_behind() {
     }
 }
 
-/// An async scheme whose monitor thread stops (a live node, its sampler
+/// RDMA-Async whose monitor thread stops (a live node, its sampler
 /// starved or gone) turns stale, not dead, and keeps its last value.
 #[test]
-fn a_silent_monitor_thread_makes_async_readings_stale_not_dead() {
-    for scheme in [Scheme::RdmaAsync, Scheme::SocketAsync] {
-        let mut rig = rig(Backend::Shm, scheme);
-        let _busy = rig.publisher.enter(Gauge::RunningThreads);
-        let fresh =
-            read_until(rig.source.as_ref(), |r| r.health == Health::Fresh && r.record.counters.running_threads == 1);
-        assert_eq!(fresh.health, Health::Fresh, "{scheme}");
-        // RDMA-Async: only the record stops; Socket-Async: the server closes
-        // too, so restart a server that never sends (keeps the node alive).
-        let keep_alive = if scheme == Scheme::SocketAsync {
-            let addr = rig.agent.as_ref().and_then(|a| a.socket_addr()).unwrap();
-            rig.agent = None;
-            Some(std::net::TcpListener::bind(addr).unwrap())
-        } else {
-            rig.agent = None;
-            None
-        };
-        let stale = read_until(rig.source.as_ref(), |r| r.health != Health::Fresh);
-        assert_eq!(stale.health, Health::Stale, "{scheme}");
-        assert_eq!(stale.record.counters.running_threads, 1, "{scheme}: the last value is kept");
-        drop(keep_alive);
-    }
+fn a_silent_sampler_makes_rdma_async_readings_stale_not_dead() {
+    let mut rig = rig(Backend::Shm, Scheme::RdmaAsync);
+    let _busy = rig.publisher.enter(Gauge::RunningThreads);
+    let fresh =
+        read_until(rig.source.as_ref(), |r| r.health == Health::Fresh && r.record.counters.running_threads == 1);
+    assert_eq!(fresh.health, Health::Fresh);
+    rig.agent = None;
+    let stale = read_until(rig.source.as_ref(), |r| r.health != Health::Fresh);
+    assert_eq!(stale.health, Health::Stale);
+    assert_eq!(stale.record.counters.running_threads, 1, "the last value is kept");
+}
+
+/// Socket-Async from a monitor that sent one frame and then fell silent
+/// with its connection open (a starved monitor thread): stale, not dead.
+#[test]
+fn a_silent_socket_monitor_makes_socket_async_readings_stale_not_dead() {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = std::thread::spawn(move || {
+        let (mut stream, _) = listener.accept().unwrap();
+        let mut request = [0u8; 1];
+        stream.read_exact(&mut request).unwrap();
+        assert_eq!(request[0], tierstack_monitor::agent::REQUEST_SUBSCRIBE);
+        let counters = tierstack_monitor::Counters { queue_len: 3, ..Default::default() };
+        let record = tierstack_monitor::LoadRecord { t_ns: host_monotonic_ns(), counters, ..Default::default() };
+        stream.write_all(&tierstack_monitor::agent::encode_frame(&record)).unwrap();
+        // Silent from now on, connection open, until the client leaves.
+        let _ = stream.read(&mut request);
+    });
+    let address = BackendAddress { node: None, socket: Some(addr) };
+    let source = open_source(Scheme::SocketAsync, None, &[address], config()).unwrap();
+    let fresh = read_until(source.as_ref(), |r| r.health == Health::Fresh);
+    assert_eq!((fresh.health, fresh.record.counters.queue_len), (Health::Fresh, 3));
+    let stale = read_until(source.as_ref(), |r| r.health != Health::Fresh);
+    assert_eq!((stale.health, stale.record.counters.queue_len), (Health::Stale, 3));
+    drop(source);
+    server.join().unwrap();
 }
 
 /// A back end that goes away is reported dead by every scheme.
