@@ -10,7 +10,7 @@
 //! byte 0      service tag 0x01
 //! byte 1      kind (see `Kind`)
 //! bytes 2..4  generation of the lock word (u16; 0 for SRSL)
-//! bytes 4..8  argument (u32): shared count, grant route, or SRSL mode bits
+//! bytes 4..8  argument (u32): shared count, grant route, notice kind, or SRSL mode bits
 //! bytes 8..16 lock id (u64)
 //! bytes 16..24 fencing token (u64; SRSL exclusive grants, else 0)
 //! ```
@@ -27,10 +27,8 @@ pub const MESSAGE_BYTES: usize = 24;
 /// A decoded lock-manager message.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DlmMessage {
-    /// N-CoShED / DQNL protocol traffic.
+    /// N-CoShED / DQNL protocol traffic (recovery notices included).
     Proto { lock: LockId, generation: u16, msg: ProtoMsg },
-    /// `break_lock` moved `lock` to `generation` (N-CoShED / DQNL).
-    Broken { lock: LockId, generation: u16 },
     /// SRSL traffic.
     Srsl { lock: LockId, msg: SrslMsg },
 }
@@ -46,7 +44,9 @@ const K_GRANT_EXCLUSIVE: u8 = 3;
 const K_GRANT_SHARED: u8 = 4;
 const K_SHARED_RELEASE: u8 = 5;
 const K_DRAINED: u8 = 6;
-const K_BROKEN: u8 = 7;
+const K_NOTICE: u8 = 7;
+const K_ACK: u8 = 8;
+const K_NACK: u8 = 9;
 const K_SRSL_ACQUIRE: u8 = 16;
 const K_SRSL_GRANT: u8 = 17;
 const K_SRSL_WOULD_BLOCK: u8 = 18;
@@ -85,10 +85,12 @@ impl DlmMessage {
                     ProtoMsg::GrantShared { via: SharedVia::Coordinator } => (K_GRANT_SHARED, 1),
                     ProtoMsg::SharedRelease => (K_SHARED_RELEASE, 0),
                     ProtoMsg::Drained => (K_DRAINED, 0),
+                    ProtoMsg::Notice { revoke } => (K_NOTICE, u32::from(revoke)),
+                    ProtoMsg::Ack => (K_ACK, 0),
+                    ProtoMsg::Nack => (K_NACK, 0),
                 };
                 (kind, lock, generation, arg, 0)
             }
-            DlmMessage::Broken { lock, generation } => (K_BROKEN, lock, generation, 0, 0),
             DlmMessage::Srsl { lock, msg } => {
                 let (kind, arg, token) = match msg {
                     SrslMsg::Acquire { mode, try_only } => {
@@ -142,7 +144,12 @@ impl DlmMessage {
             },
             K_SHARED_RELEASE => proto(ProtoMsg::SharedRelease),
             K_DRAINED => proto(ProtoMsg::Drained),
-            K_BROKEN => Ok(DlmMessage::Broken { lock, generation }),
+            K_NOTICE => match arg {
+                0 | 1 => proto(ProtoMsg::Notice { revoke: arg == 1 }),
+                other => Err(DecodeError(format!("notice kind {other}"))),
+            },
+            K_ACK => proto(ProtoMsg::Ack),
+            K_NACK => proto(ProtoMsg::Nack),
             K_SRSL_ACQUIRE => srsl(SrslMsg::Acquire { mode: bits_mode(arg), try_only: arg & ARG_TRY != 0 }),
             K_SRSL_GRANT => srsl(SrslMsg::Grant { mode: bits_mode(arg), token }),
             K_SRSL_WOULD_BLOCK => srsl(SrslMsg::WouldBlock),
@@ -169,7 +176,10 @@ mod tests {
             DlmMessage::Proto { lock, generation: 1, msg: ProtoMsg::GrantShared { via: SharedVia::Coordinator } },
             DlmMessage::Proto { lock, generation: 2, msg: ProtoMsg::SharedRelease },
             DlmMessage::Proto { lock, generation: u16::MAX, msg: ProtoMsg::Drained },
-            DlmMessage::Broken { lock, generation: 3 },
+            DlmMessage::Proto { lock, generation: 3, msg: ProtoMsg::Notice { revoke: true } },
+            DlmMessage::Proto { lock, generation: 3, msg: ProtoMsg::Notice { revoke: false } },
+            DlmMessage::Proto { lock, generation: 3, msg: ProtoMsg::Ack },
+            DlmMessage::Proto { lock, generation: 3, msg: ProtoMsg::Nack },
             DlmMessage::Srsl { lock, msg: SrslMsg::Acquire { mode: LockMode::Exclusive, try_only: true } },
             DlmMessage::Srsl { lock, msg: SrslMsg::Acquire { mode: LockMode::Shared, try_only: false } },
             DlmMessage::Srsl { lock, msg: SrslMsg::Grant { mode: LockMode::Exclusive, token: u64::MAX } },
