@@ -434,6 +434,11 @@ pub struct LockClient {
     /// Acknowledgements owed, per (mover, generation), once the hold of an
     /// older generation that a recovery kept ends.
     owed: Vec<(NodeId, u16)>,
+    /// The generation of a request [`LockClient::reset`] forgot. Messages
+    /// meant for it may still come, and would be taken for a later request
+    /// of the same generation; so before its next request this node moves
+    /// the lock past that generation, and they are all dropped.
+    tainted: Option<u16>,
 }
 
 type Out = Vec<Action>;
@@ -442,7 +447,7 @@ type Step = Result<(), ProtocolViolation>;
 impl LockClient {
     /// The client of `node`; `nodes` are every node that may use the lock.
     pub fn new(node: NodeId, kind: QueueKind, nodes: Arc<[NodeId]>) -> Self {
-        Self { node, kind, nodes, generation: 0, request: None, owed: Vec::new() }
+        Self { node, kind, nodes, generation: 0, request: None, owed: Vec::new(), tainted: None }
     }
 
     pub fn node(&self) -> NodeId {
@@ -535,9 +540,12 @@ impl LockClient {
     /// Forgets the request: the driver lost an atomic's result (the home is
     /// unreachable) and cannot tell whether it applied. If the lock word
     /// still names this node, whoever queues behind it is answered `Nack`
-    /// and recovers the lock.
+    /// and recovers the lock; this node's own next request first moves the
+    /// lock past the forgotten request's generation (see `tainted`).
     pub fn reset(&mut self) {
-        self.request = None;
+        if let Some(request) = self.request.take() {
+            self.tainted = Some(request.generation);
+        }
         self.owed.clear();
     }
 
@@ -634,6 +642,17 @@ impl LockClient {
     fn start(&mut self, mode: LockMode, try_only: bool, fencing: bool, out: &mut Out) -> Step {
         if self.request.is_some() {
             return Err(self.violation("acquire while a request is in progress"));
+        }
+        if let Some(tainted) = self.tainted {
+            if generation_newer(self.generation, tainted) {
+                self.tainted = None;
+            } else {
+                // Move the lock past the forgotten request first; the user's
+                // request is made again after the move.
+                out.push(Action::Aborted(AbortReason::Recovered { generation: tainted.wrapping_add(1) }));
+                self.tainted = None;
+                return self.start_move(false, out);
+            }
         }
         let generation = self.generation;
         let queued_as = if self.kind == QueueKind::Dqnl { LockMode::Exclusive } else { mode };
@@ -1853,6 +1872,42 @@ mod tests {
                 Action::Idle
             ]
         );
+    }
+
+    /// A client that forgot a request (its home atomic's result was lost)
+    /// moves the lock past that request's generation before it asks again,
+    /// so that late messages meant for the forgotten request are dropped
+    /// rather than taken for the new one; unless the lock moved on already.
+    #[test]
+    fn a_forgotten_request_is_moved_past_before_the_next_one() {
+        let mut c = client(2, QueueKind::CoShed);
+        step(&mut c, Input::Acquire { mode: LockMode::Exclusive, try_only: false, fencing: true });
+        c.reset();
+        let actions = step(&mut c, Input::Acquire { mode: LockMode::Shared, try_only: false, fencing: false });
+        let barrier = LockWord { generation: 1, tail: Some(n(2)), shared: 0 }.encode();
+        assert_eq!(
+            actions,
+            vec![
+                Action::Aborted(AbortReason::Recovered { generation: 1 }),
+                Action::Atomic(vec![AtomicOp::CompareSwap {
+                    word: WordKind::Lock,
+                    expected: LockWord::free(0).encode(),
+                    new: barrier
+                }])
+            ]
+        );
+        assert_eq!(c.state().0, ClientState::Moving);
+        // Once the lock has moved on, no move is needed.
+        let mut d = client(3, QueueKind::CoShed);
+        step(&mut d, Input::Acquire { mode: LockMode::Shared, try_only: false, fencing: false });
+        d.reset();
+        assert!(step(&mut d, notice(9, 1, false)).contains(&Action::Send {
+            to: n(9),
+            generation: 1,
+            msg: ProtoMsg::Ack
+        }));
+        let actions = step(&mut d, Input::Acquire { mode: LockMode::Shared, try_only: false, fencing: false });
+        assert_eq!(actions, vec![Action::Atomic(vec![AtomicOp::FetchAdd { word: WordKind::Lock, delta: 1 }])]);
     }
 
     /// A message of the current generation that finds no request is

@@ -253,9 +253,12 @@ impl Grant {
 pub struct DlmStats {
     /// Lock-manager messages this node has handled.
     pub messages_handled: u64,
-    /// Of those, messages whose handling failed (a protocol violation, or a
-    /// send to a dead peer while handling it).
+    /// Of those, messages whose handling failed (a protocol violation, a
+    /// send to a dead peer while handling it, or a home that died under it).
     pub message_errors: u64,
+    /// Of those, protocol violations: a bug, or a peer speaking another
+    /// protocol; 0 in a sound run, deaths and restarts included.
+    pub violations: u64,
     /// Lock-manager messages this node has handed to its fabric (to itself
     /// included). Counted before the send, so across a cluster the sum of
     /// `messages_sent` is never below the sum of `messages_handled`, and the
@@ -319,6 +322,8 @@ struct Slot {
     home: Arc<HomeMemory>,
     /// Byte offset of the lock's slot in the home table.
     base: u64,
+    /// The home's incarnation: every message about the lock carries it (see [`crate::msg`]).
+    epoch: u64,
 }
 
 /// This node's lease: the heartbeat thread's record of its own renewals.
@@ -390,12 +395,16 @@ struct Core {
     table_name: String,
     node_region_name: String,
     node_region: Arc<LocalRegion>,
+    /// This manager's incarnation (word 0 of its node region).
+    incarnation: u64,
     next_entry: AtomicU64,
     lease: Option<Arc<Lease>>,
-    homes: Mutex<HashMap<NodeId, Arc<HomeMemory>>>,
+    /// Per home node: its table and its incarnation.
+    homes: Mutex<HashMap<NodeId, (Arc<HomeMemory>, u64)>>,
     watches: Mutex<HashMap<NodeId, Watch>>,
     messages_handled: AtomicU64,
     message_errors: AtomicU64,
+    violations: AtomicU64,
     messages_sent: AtomicU64,
     moves: AtomicU64,
     peers_lost: AtomicU64,
@@ -410,11 +419,8 @@ impl Core {
         };
         let (prefix, scheme) = (&config.region_prefix, config.scheme.name());
         let (table_name, node_region_name) = (table_region(prefix, scheme), alive_region(prefix, scheme));
-        let table = if config.lock_servers.contains(&me) {
-            Some(register(&table_name, u64::from(config.table_slots) * SLOT_BYTES)?)
-        } else {
-            None
-        };
+        // The node region first, its incarnation written: whoever finds the
+        // table finds the incarnation it belongs to.
         let node_region = register(&node_region_name, node_region_bytes())?;
         let memory = node_region.memory();
         let incarnation = rand::random::<u64>() | 1;
@@ -422,6 +428,11 @@ impl Core {
         let setup = |e: FabricError| LockError::Config(format!("cannot write the node region: {e}"));
         memory.store_u64(INCARNATION_OFFSET, incarnation).map_err(setup)?;
         memory.store_u64(LEASE_OFFSET, lease_ms).map_err(setup)?;
+        let table = if config.lock_servers.contains(&me) {
+            Some(register(&table_name, u64::from(config.table_slots) * SLOT_BYTES)?)
+        } else {
+            None
+        };
         let lease = config.lease.map(|lease| {
             Arc::new(Lease { lease, lapses: AtomicU64::new(0), last_ns: AtomicU64::new(host_monotonic_ns()) })
         });
@@ -435,27 +446,40 @@ impl Core {
             table_name,
             node_region_name,
             node_region,
+            incarnation,
             next_entry: AtomicU64::new(0),
             lease,
             homes: Mutex::new(HashMap::new()),
             watches: Mutex::new(HashMap::new()),
             messages_handled: AtomicU64::new(0),
             message_errors: AtomicU64::new(0),
+            violations: AtomicU64::new(0),
             messages_sent: AtomicU64::new(0),
             moves: AtomicU64::new(0),
             peers_lost: AtomicU64::new(0),
         })
     }
 
-    fn home(&self, lock_id: LockId, node: NodeId) -> Result<Arc<HomeMemory>, LockError> {
+    /// `node`'s table and the incarnation it belongs to.
+    fn home(&self, lock_id: LockId, node: NodeId) -> Result<(Arc<HomeMemory>, u64), LockError> {
         if let Some(home) = lock(&self.homes).get(&node) {
             return Ok(home.clone());
         }
+        let fabric_err = |e| LockError::from_fabric(lock_id, node, e);
         let home = match (&self.table, node == self.me) {
-            (Some(table), true) => Arc::new(HomeMemory::Local(table.clone())),
-            _ => Arc::new(HomeMemory::Remote(
-                self.fabric.connect(node, &self.table_name).map_err(|e| LockError::from_fabric(lock_id, node, e))?,
-            )),
+            (Some(table), true) => (Arc::new(HomeMemory::Local(table.clone())), self.incarnation),
+            _ => {
+                let table = self.fabric.connect(node, &self.table_name).map_err(fabric_err)?;
+                // Registered before the table: the incarnation the table
+                // belongs to, or (if the home restarted just now) a newer one,
+                // whose table the first atomic then misses (PeerDead).
+                let epoch = self
+                    .fabric
+                    .connect(node, &self.node_region_name)
+                    .and_then(|region| region.read_u64(INCARNATION_OFFSET))
+                    .map_err(fabric_err)?;
+                (Arc::new(HomeMemory::Remote(table)), epoch)
+            }
         };
         Ok(lock(&self.homes).entry(node).or_insert(home).clone())
     }
@@ -464,7 +488,7 @@ impl Core {
     /// next use connects to the node's next incarnation.
     fn forget_home(&self, node: NodeId, home: &Arc<HomeMemory>) {
         let mut homes = lock(&self.homes);
-        if homes.get(&node).is_some_and(|h| Arc::ptr_eq(h, home)) {
+        if homes.get(&node).is_some_and(|(h, _)| Arc::ptr_eq(h, home)) {
             homes.remove(&node);
         }
     }
@@ -476,7 +500,7 @@ impl Core {
         }
         let home_node =
             home_of(id, &self.config.lock_servers).ok_or_else(|| LockError::Config("no lock servers".into()))?;
-        let home = self.home(id, home_node)?;
+        let (home, epoch) = self.home(id, home_node)?;
         let fabric_err = |e: FabricError| {
             if matches!(e, FabricError::PeerDead { .. }) {
                 self.forget_home(home_node, &home);
@@ -490,7 +514,7 @@ impl Core {
         } else {
             home.lookup(id).map_err(fabric_err)?.ok_or(LockError::UnknownLock { lock: id, home: home_node })?
         };
-        Ok(Slot { home_node, home, base })
+        Ok(Slot { home_node, home, base, epoch })
     }
 
     /// Sends a message on [`Channel::LOCKS`]; to ourselves it goes through our
@@ -530,52 +554,52 @@ impl Core {
         }
     }
 
-    /// `Some(reason)` if `node` is lost: its process ended, the incarnation
-    /// this node talked to ended, or (with leases, if `by_lease`) its
-    /// heartbeat has not advanced for a lease. Never for a node that is
-    /// merely slow within its lease, nor for this node.
-    fn lost(&self, node: NodeId) -> Option<String> {
-        self.lost_by(node, true)
+    /// Reads `node`'s incarnation, heartbeat and lease words through the
+    /// watch's handle. `Err(reason)` if the node is dead: its process ended,
+    /// or the incarnation the handle is bound to did; `Ok(None)` if it
+    /// could not be read (slow, stopped, no lock manager).
+    fn read_node(&self, node: NodeId) -> Result<Option<[u64; 3]>, String> {
+        if self.fabric.peer_state(node) == PeerState::Gone {
+            return Err("its process ended".into());
+        }
+        self.watch(node);
+        let Some(handle) = lock(&self.watches).get(&node).and_then(|w| w.handle.clone()) else { return Ok(None) };
+        let mut bytes = [0u8; 24];
+        match handle.read(INCARNATION_OFFSET, &mut bytes) {
+            Ok(()) => {
+                let word = |i: usize| u64::from_ne_bytes(bytes[i * 8..i * 8 + 8].try_into().unwrap_or([0; 8]));
+                Ok(Some([word(0), word(1), word(2)]))
+            }
+            Err(FabricError::PeerDead { reason, .. }) => {
+                if let Some(watch) = lock(&self.watches).get_mut(&node) {
+                    watch.handle = None;
+                }
+                Err(format!("the incarnation it talked to ended ({reason})"))
+            }
+            Err(_) => Ok(None),
+        }
     }
 
-    fn lost_by(&self, node: NodeId, by_lease: bool) -> Option<String> {
+    /// `Some(reason)` if `node` is lost: its process ended, the incarnation
+    /// this node talked to ended, or (with leases) its heartbeat has not
+    /// advanced for a lease. Never for a node that is merely slow within
+    /// its lease, nor for this node.
+    fn lost(&self, node: NodeId) -> Option<String> {
         if node == self.me {
             return None;
         }
-        if self.fabric.peer_state(node) == PeerState::Gone {
-            return Some("its process ended".into());
-        }
-        self.watch(node);
-        let handle = lock(&self.watches).get(&node).and_then(|w| w.handle.clone());
-        let mut beat = None;
-        let mut lease_ms = None;
-        if let Some(handle) = &handle {
-            let mut words = [0u8; 16];
-            match handle.read(HEARTBEAT_OFFSET, &mut words) {
-                Ok(()) => {
-                    let word = |i: usize| u64::from_ne_bytes(words[i * 8..i * 8 + 8].try_into().unwrap_or([0; 8]));
-                    beat = Some(word(0));
-                    lease_ms = Some(word(1));
-                }
-                Err(FabricError::PeerDead { reason, .. }) => {
-                    if let Some(watch) = lock(&self.watches).get_mut(&node) {
-                        watch.handle = None;
-                    }
-                    return Some(format!("the incarnation it talked to ended ({reason})"));
-                }
-                Err(_) => {}
-            }
-        }
-        if !by_lease {
-            return None;
-        }
+        let words = match self.read_node(node) {
+            Err(reason) => return Some(reason),
+            Ok(words) => words,
+        };
         // The node's own lease if it told us, else ours (every node shares
         // the configuration; a node we cannot read cannot renew either).
-        let lease = match lease_ms {
+        let lease = match words.map(|w| w[2]) {
             Some(0) => None,
             Some(ms) => Some(Duration::from_millis(ms)),
             None => self.config.lease,
         }?;
+        let beat = words.map(|w| w[1]);
         let mut watches = lock(&self.watches);
         let watch = watches.entry(node).or_insert_with(|| Watch { handle: None, beat: None, since: Instant::now() });
         if beat.is_some() && beat != watch.beat {
@@ -584,6 +608,28 @@ impl Core {
             return None;
         }
         (watch.since.elapsed() >= lease).then(|| format!("no heartbeat for its lease of {} ms", lease.as_millis()))
+    }
+
+    /// `Some(reason)` if the incarnation `epoch` of home `node` is over: its
+    /// process ended, or another incarnation runs now. Not a lease: a home's
+    /// table works while its process is stopped.
+    fn home_lost(&self, node: NodeId, epoch: u64) -> Option<String> {
+        if node == self.me {
+            return (epoch != self.incarnation).then(|| "this node restarted".into());
+        }
+        // A failed read may be of a handle older than the lock's incarnation:
+        // `read_node` dropped it, and a second read uses a fresh one.
+        let read = match self.read_node(node) {
+            Err(_) => self.read_node(node),
+            read => read,
+        };
+        match read {
+            Err(reason) => Some(reason),
+            Ok(Some([incarnation, ..])) if incarnation != epoch => {
+                Some(format!("it restarted (incarnation {incarnation:#x}, the lock was of {epoch:#x})"))
+            }
+            Ok(_) => None,
+        }
     }
 
     /// The error for a wait that ran out: `PeerDead` if the node we wait
@@ -612,8 +658,11 @@ impl Core {
 
     /// Counts a handled message (and its failure).
     fn counted(&self, result: Result<(), LockError>) -> Result<(), LockError> {
-        if result.is_err() {
+        if let Err(e) = &result {
             self.message_errors.fetch_add(1, Ordering::Relaxed);
+            if matches!(e, LockError::Protocol(_)) {
+                self.violations.fetch_add(1, Ordering::Relaxed);
+            }
         }
         self.messages_handled.fetch_add(1, Ordering::Release);
         result
@@ -623,6 +672,7 @@ impl Core {
         DlmStats {
             messages_handled: self.messages_handled.load(Ordering::Acquire),
             message_errors: self.message_errors.load(Ordering::Relaxed),
+            violations: self.violations.load(Ordering::Relaxed),
             messages_sent: self.messages_sent.load(Ordering::Acquire),
             moves: self.moves.load(Ordering::Relaxed),
             peers_lost: self.peers_lost.load(Ordering::Relaxed),
@@ -662,6 +712,8 @@ struct CellState<M> {
     moved: Option<u64>,
     /// The status entry last written.
     shown: u64,
+    /// An atomic reached the home since this was last cleared.
+    touched: bool,
 }
 
 /// The monitor's bookkeeping for one cell.
@@ -711,11 +763,15 @@ trait Engine: Send + Sync {
 }
 
 fn cell_of<E: Engine>(engine: &E, id: LockId) -> Result<Arc<Cell<E::Machine>>, LockError> {
-    if let Some(cell) = lock(engine.cells()).get(&id) {
+    let cached = lock(engine.cells()).get(&id).cloned();
+    if let Some(cell) = cached.as_ref().filter(|c| !c.retired.load(Ordering::Acquire)) {
         return Ok(cell.clone());
     }
     let slot = engine.core().locate(id, false)?;
     let mut cells = lock(engine.cells());
+    if cells.get(&id).is_some_and(|c| c.retired.load(Ordering::Acquire)) {
+        cells.remove(&id);
+    }
     let cell = cells.entry(id).or_insert_with(|| {
         Arc::new(Cell {
             id,
@@ -729,6 +785,7 @@ fn cell_of<E: Engine>(engine: &E, id: LockId) -> Result<Arc<Cell<E::Machine>>, L
                 progress: 0,
                 moved: None,
                 shown: u64::MAX,
+                touched: false,
             }),
             changed: Condvar::new(),
             retired: AtomicBool::new(false),
@@ -739,13 +796,31 @@ fn cell_of<E: Engine>(engine: &E, id: LockId) -> Result<Arc<Cell<E::Machine>>, L
     Ok(cell.clone())
 }
 
-/// Takes a cell out of use after its home's incarnation ended.
+/// Takes a cell out of use after its home's incarnation ended: the next
+/// acquire locates the lock afresh. It stays in the map until then, so the
+/// release of a hold it revoked still says `Broken`.
 fn retire<E: Engine>(engine: &E, cell: &Cell<E::Machine>) {
     cell.retired.store(true, Ordering::Release);
     engine.core().forget_home(cell.slot.home_node, &cell.slot.home);
-    let mut cells = lock(engine.cells());
-    if cells.get(&cell.id).is_some_and(|c| std::ptr::eq(Arc::as_ptr(c), cell)) {
-        cells.remove(&cell.id);
+}
+
+/// Whether the home incarnation a hold was granted at still stands, asked
+/// at the release of a hold that did not touch the home (a hand-over by
+/// message, an SRSL release): one read of the lock's slot. A home that
+/// restarted has created the lock again and may have granted it: a hold of
+/// its old incarnation overlapped that, and its release must not say it
+/// held. Its next incarnation exists only after the old table was revoked
+/// (shm: the node id's reclaim; tcp: the incarnation every request
+/// carries), so a read that succeeds proves no new incarnation granted
+/// before it. `PeerDead` if the home's incarnation ended; any other
+/// failure (a slow home) leaves the answer yes.
+fn home_stands<E: Engine>(engine: &E, cell: &Cell<E::Machine>) -> Result<(), LockError> {
+    match cell.slot.home.read_u64(cell.slot.base + crate::word::TAG_OFFSET) {
+        Err(e @ FabricError::PeerDead { .. }) => {
+            retire(engine, cell);
+            Err(LockError::from_fabric(cell.id, cell.slot.home_node, e))
+        }
+        _ => Ok(()),
     }
 }
 
@@ -918,7 +993,10 @@ impl QueueScheme {
             for action in actions {
                 match action {
                     Action::Atomic(ops) => match cell.slot.home.execute(cell.slot.base, &ops) {
-                        Ok(results) => next = Some(Input::AtomicDone { results, len: ops.len() }),
+                        Ok(results) => {
+                            st.touched = true;
+                            next = Some(Input::AtomicDone { results, len: ops.len() });
+                        }
                         Err(e) => {
                             // We cannot know whether the atomic applied: forget
                             // the request. Whoever queued behind it is told
@@ -933,7 +1011,9 @@ impl QueueScheme {
                             return Err(error);
                         }
                     },
-                    Action::Send { to, generation, msg } => self.send_proto(cell.id, to, generation, msg),
+                    Action::Send { to, generation, msg } => {
+                        self.send_proto(cell.id, cell.slot.epoch, to, generation, msg)
+                    }
                     Action::Granted { token, abandoned, .. } => {
                         if !abandoned {
                             st.outcome = Some(Outcome::Granted(token));
@@ -960,24 +1040,27 @@ impl QueueScheme {
         Ok(())
     }
 
-    fn send_proto(&self, lock_id: LockId, to: NodeId, generation: u16, msg: ProtoMsg) {
+    fn send_proto(&self, lock_id: LockId, epoch: u64, to: NodeId, generation: u16, msg: ProtoMsg) {
         self.core.watch(to);
-        let message = DlmMessage::Proto { lock: lock_id, generation, msg };
+        let message = DlmMessage::Proto { lock: lock_id, epoch, generation, msg };
         if let Err(e) = self.core.send(lock_id, to, &message) {
             tracing::info!(node = %self.core.me, %to, ?msg, error = %e, "lock message not delivered");
         }
     }
 
-    fn on_input(&self, lock_id: LockId, from: NodeId, input: Input) -> Result<(), LockError> {
-        let Some(cell) = lock(&self.cells).get(&lock_id).cloned() else {
-            // A lock this node never used (or forgot when its home died):
-            // it holds nothing of it, so it acknowledges a recovery, and a
-            // sender that expects a request here learns there is none.
+    fn on_input(&self, lock_id: LockId, from: NodeId, epoch: u64, input: Input) -> Result<(), LockError> {
+        let cell = lock(&self.cells).get(&lock_id).cloned().filter(|cell| cell.slot.epoch == epoch);
+        let Some(cell) = cell else {
+            // A lock this node never used (or not in this incarnation of its
+            // home): it holds nothing of it, so it acknowledges a recovery,
+            // and a sender that expects a request here learns there is none.
             if let Input::Message { generation, msg, .. } = input {
                 match msg {
-                    ProtoMsg::Notice { revoke: false } => self.send_proto(lock_id, from, generation, ProtoMsg::Ack),
+                    ProtoMsg::Notice { revoke: false } => {
+                        self.send_proto(lock_id, epoch, from, generation, ProtoMsg::Ack)
+                    }
                     ProtoMsg::Notice { revoke: true } | ProtoMsg::Ack | ProtoMsg::Nack => {}
-                    _ => self.send_proto(lock_id, from, generation, ProtoMsg::Nack),
+                    _ => self.send_proto(lock_id, epoch, from, generation, ProtoMsg::Nack),
                 }
             }
             return Ok(());
@@ -1009,7 +1092,7 @@ impl QueueScheme {
         let mut lost = Vec::new();
         // The home's process, not its lease: one-sided operations need no
         // thread of the home's, so a stopped home still serves N-CoShED.
-        if let Some(reason) = self.core.lost_by(cell.slot.home_node, false) {
+        if let Some(reason) = self.core.home_lost(cell.slot.home_node, cell.slot.epoch) {
             drop(watching);
             let mut st = lock(&cell.state);
             if st.progress == progress && !st.machine.is_idle() {
@@ -1052,7 +1135,7 @@ impl QueueScheme {
         drop(watching);
         if let Some((generation, pending)) = resend {
             for to in pending.into_iter().filter(|n| !lost.contains(n)) {
-                self.send_proto(cell.id, to, generation, ProtoMsg::Notice { revoke: false });
+                self.send_proto(cell.id, cell.slot.epoch, to, generation, ProtoMsg::Notice { revoke: false });
             }
         }
         if lost.is_empty() {
@@ -1119,11 +1202,17 @@ impl Engine for QueueScheme {
     }
 
     fn release(&self, cell: &Cell<LockClient>, st: &mut CellState<LockClient>) -> Result<(), LockError> {
+        st.touched = false;
         self.drive(cell, st, Input::Release)?;
         // The release itself may be what discovers a revoking break (its
         // atomic sees a newer generation).
         if st.broken == st.serial {
             return Err(LockError::Broken { lock: cell.id });
+        }
+        if !st.touched {
+            // Passed on by messages alone: make sure the home the hold was
+            // granted at still stands (see `home_stands`).
+            home_stands(self, cell)?;
         }
         Ok(())
     }
@@ -1173,8 +1262,8 @@ impl LockScheme for QueueScheme {
 
     fn handle_message(&self, from: NodeId, payload: &[u8]) -> Result<(), LockError> {
         let result = match DlmMessage::decode(payload).map_err(|e| LockError::Protocol(e.to_string())) {
-            Ok(DlmMessage::Proto { lock, generation, msg }) => {
-                self.on_input(lock, from, Input::Message { from, generation, msg })
+            Ok(DlmMessage::Proto { lock, epoch, generation, msg }) => {
+                self.on_input(lock, from, epoch, Input::Message { from, generation, msg })
             }
             Ok(DlmMessage::Srsl { lock, .. }) => {
                 Err(LockError::Protocol(format!("{lock}: SRSL message from {from} to a {} node", self.scheme().name())))
@@ -1241,7 +1330,7 @@ impl SrslScheme {
         for action in actions {
             match action {
                 ClientAction::Send(msg) => {
-                    let message = DlmMessage::Srsl { lock: cell.id, msg };
+                    let message = DlmMessage::Srsl { lock: cell.id, epoch: cell.slot.epoch, msg };
                     if let Err(e) = self.core.send(cell.id, cell.slot.home_node, &message) {
                         first_error.get_or_insert(e);
                     }
@@ -1306,7 +1395,8 @@ impl SrslScheme {
                 ServerAction::Refuse { to } => (to, SrslMsg::WouldBlock),
                 ServerAction::Broken { to, held } => (to, SrslMsg::Broken { held }),
             };
-            if let Err(e) = self.core.send(lock_id, to, &DlmMessage::Srsl { lock: lock_id, msg }) {
+            let message = DlmMessage::Srsl { lock: lock_id, epoch: self.core.incarnation, msg };
+            if let Err(e) = self.core.send(lock_id, to, &message) {
                 first_error.get_or_insert(e);
             }
         }
@@ -1341,12 +1431,30 @@ impl SrslScheme {
     }
 
     /// Client side of the monitor: a request that waits for a server whose
-    /// process ended (or whose lease expired) fails at once.
+    /// process ended (or whose lease expired) fails at once; a hold at a
+    /// server whose incarnation ended is revoked (its release says
+    /// `Broken`), since the server's next incarnation knows nothing of it.
     fn watch_cell(&self, cell: &Arc<Cell<SrslClient>>) {
-        let (waiting, progress) = {
+        let (waiting, holding, progress) = {
             let st = lock(&cell.state);
-            (!st.machine.is_idle() && !st.machine.is_holding(), st.progress)
+            (!st.machine.is_idle() && !st.machine.is_holding(), st.machine.is_holding(), st.progress)
         };
+        let home = cell.slot.home_node;
+        if holding {
+            let Some(reason) = self.core.home_lost(home, cell.slot.epoch) else { return };
+            let mut st = lock(&cell.state);
+            if st.progress == progress && st.machine.is_holding() {
+                tracing::warn!(node = %self.core.me, lock = %cell.id, %home, %reason, "SRSL: a hold's server is lost");
+                st.machine = SrslClient::new(self.core.me);
+                st.broken = st.serial;
+                st.progress = st.progress.wrapping_add(1);
+                show(self, cell, &mut st);
+                cell.changed.notify_all();
+                drop(st);
+                retire(self, cell);
+            }
+            return;
+        }
         let mut watching = lock(&cell.watching);
         if !waiting {
             *watching = Watching::default();
@@ -1357,8 +1465,11 @@ impl SrslScheme {
             return;
         }
         drop(watching);
-        let home = cell.slot.home_node;
-        let Some(reason) = self.core.lost(home) else { return };
+        // The server's thread serves every request: a stopped server is as
+        // good as dead once its lease runs out.
+        let Some(reason) = self.core.home_lost(home, cell.slot.epoch).or_else(|| self.core.lost(home)) else {
+            return;
+        };
         let mut st = lock(&cell.state);
         if st.progress == progress && !st.machine.is_idle() && !st.machine.is_holding() {
             tracing::warn!(node = %self.core.me, lock = %cell.id, %home, %reason, "SRSL: the server is lost");
@@ -1367,6 +1478,8 @@ impl SrslScheme {
             st.progress = st.progress.wrapping_add(1);
             show(self, cell, &mut st);
             cell.changed.notify_all();
+            drop(st);
+            retire(self, cell);
         }
     }
 }
@@ -1432,7 +1545,8 @@ impl Engine for SrslScheme {
     fn release(&self, cell: &Cell<SrslClient>, st: &mut CellState<SrslClient>) -> Result<(), LockError> {
         let mut actions = Vec::new();
         st.machine.release(&mut actions).map_err(Self::protocol)?;
-        self.drive(cell, st, actions)
+        self.drive(cell, st, actions)?;
+        home_stands(self, cell)
     }
 }
 
@@ -1466,7 +1580,8 @@ impl LockScheme for SrslScheme {
         );
         tracing::warn!(lock = %lock_id, floor, "lock broken");
         self.core.moves.fetch_add(1, Ordering::Relaxed);
-        self.core.send(lock_id, slot.home_node, &DlmMessage::Srsl { lock: lock_id, msg: SrslMsg::Break })?;
+        let message = DlmMessage::Srsl { lock: lock_id, epoch: slot.epoch, msg: SrslMsg::Break };
+        self.core.send(lock_id, slot.home_node, &message)?;
         Ok(floor)
     }
 
@@ -1492,10 +1607,16 @@ impl LockScheme for SrslScheme {
 
 impl SrslScheme {
     fn handle_srsl(&self, from: NodeId, payload: &[u8]) -> Result<(), LockError> {
-        let (lock_id, msg) = match DlmMessage::decode(payload).map_err(|e| LockError::Protocol(e.to_string()))? {
-            DlmMessage::Srsl { lock, msg } => (lock, msg),
+        let (lock_id, epoch, msg) = match DlmMessage::decode(payload).map_err(|e| LockError::Protocol(e.to_string()))? {
+            DlmMessage::Srsl { lock, epoch, msg } => (lock, epoch, msg),
             other => return Err(LockError::Protocol(format!("{other:?} from {from} to an SRSL node"))),
         };
+        let to_server = matches!(msg, SrslMsg::Acquire { .. } | SrslMsg::Release | SrslMsg::Break);
+        if to_server && epoch != self.core.incarnation {
+            // For an earlier incarnation of this server: nothing of it is left here.
+            tracing::debug!(lock = %lock_id, %from, ?msg, "SRSL: a message for an earlier incarnation of this server");
+            return Ok(());
+        }
         match msg {
             SrslMsg::Acquire { mode, try_only } => self.serve(lock_id, |q, out| q.acquire(from, mode, try_only, out)),
             SrslMsg::Release => self.serve(lock_id, |q, out| q.release(from, out)),
@@ -1507,6 +1628,10 @@ impl SrslScheme {
                 let cell = lock(&self.cells).get(&lock_id).cloned().ok_or_else(|| {
                     LockError::Protocol(format!("{lock_id}: {msg:?} for a lock this node never used"))
                 })?;
+                if cell.slot.epoch != epoch {
+                    // From another incarnation of the server than this cell's.
+                    return Ok(());
+                }
                 let mut st = lock(&cell.state);
                 let mut actions = Vec::new();
                 st.machine.message(msg, &mut actions).map_err(Self::protocol)?;

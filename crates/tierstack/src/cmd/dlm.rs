@@ -45,7 +45,8 @@
 //!   the count of lock messages this node has handled changes (a holder's
 //!   view of who queued behind it);
 //! - after the last operation the summary `{done, scheme, ops, holds,
-//!   errors, messages_handled, message_errors}`.
+//!   errors, messages_handled, message_errors, violations, moves,
+//!   peers_lost}` (see `DlmStats`).
 //!
 //! Then the node keeps serving lock traffic — it may be the home of locks
 //! others use, or the predecessor that passes a lock on — until its
@@ -76,6 +77,9 @@ pub const LOCK_SETUP_TIMEOUT_MS: u64 = 30_000;
 const LOCK_SETUP_RETRY_MS: u64 = 5;
 /// Poll interval of an announced hold (for `handled` events).
 const ANNOUNCE_POLL_US: u64 = 500;
+/// Pause after an acquire that failed for a reason other than a timeout
+/// (a home that is down, say), so the node does not spin on it.
+const FAILED_ACQUIRE_PAUSE_MS: u64 = 20;
 
 #[derive(Args)]
 pub struct LockNodeArgs {
@@ -305,6 +309,9 @@ pub fn run_node(args: LockNodeArgs) -> Result<()> {
             Err(e) => {
                 errors += 1;
                 emit(&error_line(node, lock, mode, "acquire", &e, start_ns))?;
+                if !matches!(e, LockError::Timeout { .. }) {
+                    std::thread::sleep(Duration::from_millis(FAILED_ACQUIRE_PAUSE_MS));
+                }
                 continue;
             }
         };
@@ -339,7 +346,7 @@ pub fn run_node(args: LockNodeArgs) -> Result<()> {
     emit(&json!({
         "done": node.0, "scheme": args.scheme.name(), "ops": args.ops, "holds": holds, "errors": errors,
         "messages_handled": stats.messages_handled, "message_errors": stats.message_errors,
-        "moves": stats.moves, "peers_lost": stats.peers_lost,
+        "moves": stats.moves, "peers_lost": stats.peers_lost, "violations": stats.violations,
     }))?;
 
     // Keep serving (the receive thread does) until standard input closes.
