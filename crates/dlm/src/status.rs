@@ -4,7 +4,7 @@
 //!
 //! ```text
 //! word 0   incarnation: a random nonzero number drawn at start-up
-//! word 1   heartbeat: advanced every lease / 4 while leases are on
+//! word 1   heartbeat: advanced every lease / 8 while leases are on
 //! word 2   lease in milliseconds (0: this node keeps no lease)
 //! word 3   reserved
 //! then STATUS_ENTRIES entries of four words:
