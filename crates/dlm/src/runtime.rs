@@ -554,12 +554,23 @@ impl Core {
         }
     }
 
+    /// Drops the handle to `node`'s node region: the next look connects to
+    /// the incarnation running then.
+    fn forget_watch(&self, node: NodeId) {
+        if let Some(watch) = lock(&self.watches).get_mut(&node) {
+            watch.handle = None;
+        }
+    }
+
     /// Reads `node`'s incarnation, heartbeat and lease words through the
     /// watch's handle. `Err(reason)` if the node is dead: its process ended,
     /// or the incarnation the handle is bound to did; `Ok(None)` if it
     /// could not be read (slow, stopped, no lock manager).
     fn read_node(&self, node: NodeId) -> Result<Option<[u64; 3]>, String> {
         if self.fabric.peer_state(node) == PeerState::Gone {
+            // A handle bound to the ended process must not outlive it: read
+            // through later, it would call the node's next incarnation dead.
+            self.forget_watch(node);
             return Err("its process ended".into());
         }
         self.watch(node);
@@ -1142,8 +1153,26 @@ impl QueueScheme {
             return;
         }
         let mut st = lock(&cell.state);
-        for node in lost {
+        for &node in &lost {
             self.core.peers_lost.fetch_add(1, Ordering::Relaxed);
+            if let Err(e) = self.drive(cell, &mut st, Input::PeerLost { node }) {
+                tracing::warn!(node = %self.core.me, lock = %cell.id, error = %e, "recovery step failed");
+            }
+        }
+        // A move just made (its atomics run inside `drive`) waits for every
+        // node's acknowledgement, the lost ones' included: they are still
+        // lost, so tell the barrier now rather than a look or two later.
+        // Looked at again first: a loss seen through a handle of an older
+        // incarnation than the one that runs now is not confirmed (the
+        // failed read dropped that handle, this one reads the live node), and
+        // the barrier must wait for a live node.
+        let pending_lost: Vec<NodeId> = st
+            .machine
+            .barrier()
+            .map(|(_, pending)| pending.iter().copied().filter(|n| lost.contains(n)).collect())
+            .unwrap_or_default();
+        let pending_lost: Vec<NodeId> = pending_lost.into_iter().filter(|&n| self.core.lost(n).is_some()).collect();
+        for node in pending_lost {
             if let Err(e) = self.drive(cell, &mut st, Input::PeerLost { node }) {
                 tracing::warn!(node = %self.core.me, lock = %cell.id, error = %e, "recovery step failed");
             }
@@ -1618,7 +1647,12 @@ impl SrslScheme {
             return Ok(());
         }
         match msg {
-            SrslMsg::Acquire { mode, try_only } => self.serve(lock_id, |q, out| q.acquire(from, mode, try_only, out)),
+            SrslMsg::Acquire { mode, try_only } => {
+                // The requester's incarnation runs now; a handle to an older
+                // one would later make the monitor revoke this live hold.
+                self.core.forget_watch(from);
+                self.serve(lock_id, |q, out| q.acquire(from, mode, try_only, out))
+            }
             SrslMsg::Release => self.serve(lock_id, |q, out| q.release(from, out)),
             SrslMsg::Break => self.serve(lock_id, |q, out| {
                 q.break_all(out);
