@@ -227,8 +227,13 @@ impl NodeProcess {
 }
 
 fn spawn_process(exe: &Path, topology: &Path, id: u32) -> Result<NodeProcess> {
-    let args =
-        vec!["dlm-bench-node".to_string(), "--topology".into(), topology.display().to_string(), "--node".into(), id.to_string()];
+    let args = vec![
+        "dlm-bench-node".to_string(),
+        "--topology".into(),
+        topology.display().to_string(),
+        "--node".into(),
+        id.to_string(),
+    ];
     let mut child = ChildNode::spawn(exe, &args).with_context(|| format!("starting lock node {id}"))?;
     let lines = child.take_lines()?;
     Ok(NodeProcess { child, lines, waiter_outcomes: VecDeque::new() })
