@@ -23,6 +23,15 @@
 //! On a machine with fewer cores than nodes, a cascade's latency includes
 //! waking every waiter's receive and waiting threads, which separate
 //! machines would do in parallel; compare schemes within one run.
+//! **Recovery after a kill** (processes only): the time from a node's
+//! SIGKILL to the next grant to a live node, for a dead holder (node 1
+//! holds, node 2 waits; node 1 is killed) and for a dead waiter in the
+//! middle of the queue (node 1 holds, node 3 waits behind it, node 2 behind
+//! node 3; node 3 is killed and node 1 releases at once), beside the plain
+//! hand-over from a release to the waiter's grant. Every manager runs the
+//! default recovery settings (probe every 50 ms, a 10 s lease that a kill
+//! does not wait for). The killed node is started again after each round.
+//!
 //! N-CoShED and DQNL run the same code for exclusive requests, so their
 //! exclusive columns show the run's noise floor. Contender threads may also
 //! run one after another instead of meeting (1000 uncontended pairs on `shm`
@@ -38,7 +47,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 use tierstack_cluster::{local_cluster, Backend};
-use tierstack_dlm::bench::{contended_throughput, figure5, uncontended_ns, LockNodes, ThreadNodes};
+use tierstack_dlm::bench::{contended_throughput, figure5, uncontended_ns, LockNodes, ThreadNodes, BENCH_WAIT};
 use tierstack_dlm::LockMode;
 
 pub use tierstack_dlm::Scheme;
@@ -94,6 +103,9 @@ pub struct DlmBenchConfig {
     pub contended_pairs_per_node: usize,
     /// Share of the contenders' requests that are shared, in percent, one run each.
     pub shared_percents: Vec<u32>,
+    /// Rounds of each recovery measurement per (backend, scheme); 0 skips
+    /// them (they need nodes that are processes).
+    pub recovery_rounds: usize,
 }
 
 impl DlmBenchConfig {
@@ -110,6 +122,7 @@ impl DlmBenchConfig {
             contenders: vec![2, 4, 8],
             contended_pairs_per_node: if quick { 200 } else { 1000 },
             shared_percents: vec![0, 50],
+            recovery_rounds: if quick { 3 } else { 15 },
         }
     }
 
@@ -212,6 +225,22 @@ pub struct DlmReport {
     /// Per backend: lock messages whose handling failed in the measured
     /// passes (a protocol violation; 0 in a sound run).
     pub message_errors: BTreeMap<String, u64>,
+    /// Recovery after a kill, per backend and scheme.
+    pub recovery: Vec<RecoveryResult>,
+}
+
+/// Recovery after a kill, one (backend, scheme): nanoseconds per round.
+#[derive(Clone, Debug, Serialize)]
+pub struct RecoveryResult {
+    pub backend: String,
+    pub scheme: String,
+    /// A release to the waiter's grant, nobody dead (the baseline).
+    pub handoff: Summary,
+    /// The holder's kill to its waiter's grant.
+    pub dead_holder: Summary,
+    /// A queued waiter's kill (the holder releasing at once) to the grant
+    /// of the live waiter behind it.
+    pub dead_waiter: Summary,
 }
 
 impl DlmReport {
@@ -266,6 +295,7 @@ pub fn run(config: &DlmBenchConfig) -> Result<DlmReport> {
         uncontended: Vec::new(),
         throughput: Vec::new(),
         message_errors: BTreeMap::new(),
+        recovery: Vec::new(),
     };
     let node_count = u32::try_from(nodes).context("node count")?;
     let max_waiters = config.waiters.iter().copied().max().unwrap_or(1);
@@ -290,6 +320,20 @@ pub fn run(config: &DlmBenchConfig) -> Result<DlmReport> {
             }
         }
         collect(backend, samples, &mut report);
+        if config.recovery_rounds > 0 && matches!(config.nodes, NodeKind::Processes { .. }) && nodes.count() >= 4 {
+            for &scheme in &config.schemes {
+                eprintln!("bench dlm: {} {} recovery after kills", backend.name(), scheme.name());
+                nodes.start(scheme, &format!("{RECOVERY_PREFIX}-{}", scheme.name()))?;
+                let (handoff, dead_holder, dead_waiter) = measure_recovery(nodes, config.recovery_rounds)?;
+                report.recovery.push(RecoveryResult {
+                    backend: backend.name().to_string(),
+                    scheme: scheme.name().to_string(),
+                    handoff: summary_of(handoff),
+                    dead_holder: summary_of(dead_holder),
+                    dead_waiter: summary_of(dead_waiter),
+                });
+            }
+        }
     }
     report.ratios = ratios(config, &report);
     print_and_plot(config, &report)?;
@@ -364,6 +408,60 @@ fn measure_pass(
     }
     samples.message_errors += nodes.totals()?.errors;
     Ok(())
+}
+
+/// Region prefix of the recovery measurements (the scheme follows).
+const RECOVERY_PREFIX: &str = "dlm-recovery";
+
+/// Waits until the lock messages handled reach `base + 1`: a request made
+/// after `base` was read has reached the node it queues at.
+fn await_queued(nodes: &mut dyn LockNodes, base: u64) -> Result<()> {
+    let started = Instant::now();
+    while nodes.totals()?.handled <= base {
+        if started.elapsed() > BENCH_WAIT {
+            bail!("a waiter's request was never handled");
+        }
+        std::thread::sleep(SETTLE_POLL);
+    }
+    Ok(())
+}
+
+/// Starts an exclusive waiter on `node` and waits until it is queued.
+fn queue_waiter(nodes: &mut dyn LockNodes, node: usize) -> Result<()> {
+    let base = nodes.totals()?.handled;
+    nodes.start_waiter(node, LockMode::Exclusive)?;
+    await_queued(nodes, base)
+}
+
+/// `rounds` of each recovery measurement (see the module docs): hand-over,
+/// dead holder, dead waiter, in nanoseconds.
+fn measure_recovery(nodes: &mut dyn LockNodes, rounds: usize) -> Result<(Vec<u64>, Vec<u64>, Vec<u64>)> {
+    let (mut handoff, mut dead_holder, mut dead_waiter) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..rounds {
+        settle(nodes)?;
+        nodes.hold(1)?;
+        queue_waiter(nodes, 2)?;
+        let released = nodes.release_hold(1)?;
+        handoff.push(nodes.finish_waiter(2)?.saturating_sub(released));
+
+        settle(nodes)?;
+        nodes.hold(1)?;
+        queue_waiter(nodes, 2)?;
+        let killed = nodes.kill(1)?;
+        dead_holder.push(nodes.finish_waiter(2)?.saturating_sub(killed));
+        nodes.restart(1)?;
+
+        settle(nodes)?;
+        nodes.hold(1)?;
+        queue_waiter(nodes, 3)?;
+        queue_waiter(nodes, 2)?;
+        let killed = nodes.kill(3)?;
+        nodes.release_hold(1)?;
+        dead_waiter.push(nodes.finish_waiter(2)?.saturating_sub(killed));
+        nodes.restart(3)?;
+    }
+    settle(nodes)?;
+    Ok((handoff, dead_holder, dead_waiter))
 }
 
 /// Waits until no lock message has been handled for [`SETTLE_QUIET`]
@@ -556,6 +654,33 @@ fn print_and_plot(config: &DlmBenchConfig, report: &DlmReport) -> Result<()> {
     }
     println!("{}", throughput.render());
 
+    if !report.recovery.is_empty() {
+        let ms = |ns: u64| format!("{:.1}", ns as f64 / 1e6);
+        let mut recovery = Table::new(
+            "Recovery after a kill (ms, p50; no operator): dead holder = kill to the waiter's grant; dead waiter = \
+             kill of the middle waiter (the holder releasing at once) to the grant of the waiter behind it",
+            &["backend", "scheme", "hand-over", "dead holder", "dead waiter", "dead holder / hand-over"],
+        );
+        for r in &report.recovery {
+            let ratio = r.dead_holder.p50_ns as f64 / r.handoff.p50_ns.max(1) as f64;
+            recovery.row(vec![
+                r.backend.clone(),
+                r.scheme.clone(),
+                ms(r.handoff.p50_ns),
+                ms(r.dead_holder.p50_ns),
+                ms(r.dead_waiter.p50_ns),
+                format!("{ratio:.0}"),
+            ]);
+        }
+        println!("{}", recovery.render());
+        println!(
+            "For comparison (documented, not run here): an etcd lock (clientv3 concurrency.Mutex) is a key \
+             attached to its session's lease (concurrency.NewSession: TTL 60 s unless set); a killed client's \
+             lock frees only when that lease expires, up to the TTL after the kill. A ZooKeeper lock's \
+             ephemeral node goes when the session times out: 2 to 20 times tickTime unless \
+             min/maxSessionTimeout say otherwise (tickTime 2 s in the sample configuration)."
+        );
+    }
     for (backend, &errors) in &report.message_errors {
         if errors > 0 {
             println!("WARNING: {errors} lock messages failed on {backend}: the numbers above are suspect");

@@ -226,6 +226,19 @@ impl NodeProcess {
     }
 }
 
+fn spawn_process(exe: &Path, topology: &Path, id: u32) -> Result<NodeProcess> {
+    let args = vec![
+        "dlm-bench-node".to_string(),
+        "--topology".into(),
+        topology.display().to_string(),
+        "--node".into(),
+        id.to_string(),
+    ];
+    let mut child = ChildNode::spawn(exe, &args).with_context(|| format!("starting lock node {id}"))?;
+    let lines = child.take_lines()?;
+    Ok(NodeProcess { child, lines, waiter_outcomes: VecDeque::new() })
+}
+
 fn numbers(index: usize, fields: &str) -> Result<Vec<u64>, LockError> {
     fields
         .split_whitespace()
@@ -239,6 +252,10 @@ fn numbers(index: usize, fields: &str) -> Result<Vec<u64>, LockError> {
 pub struct ProcessNodes {
     processes: Vec<NodeProcess>,
     scheme: Option<Scheme>,
+    /// The running managers' region prefix.
+    prefix: Option<String>,
+    exe: std::path::PathBuf,
+    topology: std::path::PathBuf,
 }
 
 impl ProcessNodes {
@@ -250,18 +267,9 @@ impl ProcessNodes {
         let topology = write_topology(dir, "dlm-bench", backend, OP_TIMEOUT_MS, &lines)?;
         let mut processes = Vec::new();
         for id in 0..count {
-            let args = vec![
-                "dlm-bench-node".to_string(),
-                "--topology".into(),
-                topology.display().to_string(),
-                "--node".into(),
-                id.to_string(),
-            ];
-            let mut child = ChildNode::spawn(exe, &args).with_context(|| format!("starting lock node {id}"))?;
-            let lines = child.take_lines()?;
-            processes.push(NodeProcess { child, lines, waiter_outcomes: VecDeque::new() });
+            processes.push(spawn_process(exe, &topology, id)?);
         }
-        Ok(Self { processes, scheme: None })
+        Ok(Self { processes, scheme: None, prefix: None, exe: exe.to_path_buf(), topology })
     }
 
     /// The node processes' ids, by node index.
@@ -294,7 +302,26 @@ impl LockNodes for ProcessNodes {
             self.processes[index].waiter_outcomes.clear();
         }
         self.scheme = Some(scheme);
+        self.prefix = Some(region_prefix.to_string());
         Ok(())
+    }
+
+    fn kill(&mut self, node: usize) -> Result<u64, LockError> {
+        let process = self.process(node)?;
+        let at = host_monotonic_ns();
+        process.child.kill().map_err(|e| LockError::Protocol(format!("killing node index {node}: {e:#}")))?;
+        Ok(at)
+    }
+
+    fn restart(&mut self, node: usize) -> Result<(), LockError> {
+        let (Some(scheme), Some(prefix)) = (self.scheme, self.prefix.clone()) else {
+            return Err(LockError::Config("no managers started".into()));
+        };
+        let id = u32::try_from(node).map_err(|_| LockError::Config(format!("node index {node}")))?;
+        let fresh = spawn_process(&self.exe, &self.topology, id)
+            .map_err(|e| LockError::Protocol(format!("restarting node index {node}: {e:#}")))?;
+        *self.process(node)? = fresh;
+        self.call(node, &format!("start {} {prefix}", scheme.name())).map(|_| ())
     }
 
     fn scheme(&self) -> Result<Scheme, LockError> {

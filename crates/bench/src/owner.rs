@@ -139,6 +139,13 @@ impl ChildNode {
         self.child.id()
     }
 
+    /// Kills the child (SIGKILL) and reaps it.
+    pub fn kill(&mut self) -> Result<()> {
+        self.child.kill()?;
+        self.child.wait()?;
+        Ok(())
+    }
+
     /// Sends one line to the child's standard input.
     pub fn send_line(&mut self, line: &str) -> Result<()> {
         let stdin = self.stdin.as_mut().context("stdin already closed")?;

@@ -85,6 +85,15 @@ pub trait LockNodes {
         pairs: usize,
         seed: u64,
     ) -> Result<(u64, u64), LockError>;
+    /// Kills `node` as a crash would (its process gets SIGKILL); returns the
+    /// host clock read just before. Only nodes that are processes can.
+    fn kill(&mut self, node: usize) -> Result<u64, LockError> {
+        Err(LockError::Config(format!("node index {node} cannot be killed: its node is not a process")))
+    }
+    /// Starts a killed `node` again, with a manager of the running scheme.
+    fn restart(&mut self, node: usize) -> Result<(), LockError> {
+        Err(LockError::Config(format!("node index {node} cannot be restarted: its node is not a process")))
+    }
 }
 
 /// Starts a `scheme` lock manager on every fabric (node 0 serves locks) and

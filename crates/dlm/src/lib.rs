@@ -84,35 +84,42 @@
 //! (up to three requests each) against a model home and a network that
 //! delivers messages in any order, exploring every interleaving of:
 //! atomics at the home; message deliveries; releases; abandons (a budget
-//! per run); **`break_lock`**, whose steps (fence bump, lock-word read,
-//! drain reset, lock-word swap, notices) interleave with everything else
-//! (one break per run); and, in the `split` configurations, **the parts of
-//! a batch** executed as separate steps (as `shm` executes a batch op by op)
-//! with other nodes' atomics and the break between them. It checks mutual
-//! exclusion, shared overlap, FIFO among exclusives, shared requests never
-//! overtaking or overtaken by exclusives, strictly increasing tokens, that
-//! a grant of a broken generation (one whose grant message overtook the
-//! notice) has a token below the floor, and that every terminal state has
-//! every request granted, refused or (after a break) aborted and the home
-//! words free in the current generation (no deadlock, no lost wake-up; the
-//! state graph has no cycles). It found, and the code now fixes, a node
-//! that learned the new generation from the drain word and then enqueued
-//! in the old lock word, never to be aborted; and old-generation grants
-//! whose tokens were above the floor.
+//! per run); **a node's death** at any point (holding exclusive or shared,
+//! queued, coordinating shared holders, moving the lock, holding a
+//! barrier; its in-flight messages may still arrive or be lost) and the
+//! monitor's report of it to each live node, so several waiters may race
+//! to move the lock; **`break_lock`**, whose steps (lock-word swap, drain
+//! reset, fence move, notices) interleave with everything else (one break
+//! or one death per run, or one of each in a small configuration); and, in
+//! the `split` configurations, **the parts of a batch** executed as
+//! separate steps (as `shm` executes a batch op by op) with other nodes'
+//! atomics and the move between them. It checks mutual exclusion among
+//! live unrevoked holds of every generation (what the barrier is for),
+//! shared overlap, FIFO among exclusives, shared requests never overtaking
+//! or overtaken by exclusives, fencing tokens strictly increasing across
+//! generations with each move's floor between the earlier and the later
+//! ones, one move per generation, and that every terminal state has every
+//! live node's request granted, refused or (after a break) revoked (a
+//! death never costs a live node its request: no deadlock, no lost
+//! wake-up; the state graph has no cycles). It found, and the code now
+//! fixes, a node that learned the new generation from the drain word and
+//! then enqueued in the old lock word, never to be aborted; and
+//! old-generation grants whose tokens were above the floor.
 //!
 //! `tests/model_check_srsl.rs` runs the real [`srsl::SrslQueue`] and
-//! [`srsl::SrslClient`]s over per-pair FIFO channels with a break at any
-//! point, checking the same properties among unrevoked holders. It found,
+//! [`srsl::SrslClient`]s over per-pair FIFO channels with a break, or a
+//! client's death and the server's recovery, at any point, checking the same properties among unrevoked holders. It found,
 //! and the code now fixes, a release that crossed a break (a protocol
 //! violation at the server) and a hold's break notice that aborted the
 //! holder's next request (leaving the server with a grant nobody held).
 //!
-//! **Not explored**: more than one break per run; more than 4 nodes or
+//! **Not explored**: more than one break or death per run; the death of a
+//! home (the model home never dies; see below); leases (a lost report is
+//! the same input whatever its cause); more than 4 nodes or
 //! three requests per node; DQNL with a break beyond 2 nodes; the
 //! runtime's own code around the machines (timeouts, the cell's queue of
 //! local callers, fabric errors and `reset`), which the runtime tests
-//! cover; the break's compare-and-swap loops are modeled by their effect
-//! (one swap), which is exact with one breaker. **Known window (SRSL)**: a
+//! and the recovery tests cover. **Known window (SRSL)**: a
 //! grant the server makes after the breaker's fence bump and before it
 //! handles `Break` is revoked with a token above the floor (a test pins
 //! it); closing it needs the floor to come from the server, a round trip.
@@ -141,7 +148,7 @@
 //! resource that remembers the largest token it has seen rejects a stale
 //! holder — the standard answer to the Redlock critique.
 
-//! # Timeouts, dead peers and `break_lock`
+//! # Timeouts, dead peers, automatic recovery and `break_lock`
 //!
 //! A timed-out request cannot leave the middle of a distributed queue, so it
 //! stays queued, marked abandoned, and is released the moment it is granted:
@@ -150,27 +157,100 @@
 //! that node's liveness word, and reports [`LockError::PeerDead`] if it is
 //! dead.
 //!
-//! A holder that dies wedges its lock: its successors' grants never come.
-//! Recovery is explicit — an administrator or supervisor that has decided
-//! the node is dead calls [`LockManager::break_lock`]. It bumps the fence
-//! word (returning the *floor*: every earlier token is below it, every later
-//! one above it), moves the drain word and then the lock word to a new
-//! generation, free, and tells every node. Old-generation participants fail:
-//! waiters get [`LockError::Broken`], a holder's release returns `Broken`,
-//! and any compare-and-swap they still attempt fails on the generation.
-//! Breaking is not automatic on purpose: a holder that is merely paused
-//! cannot be stopped by taking its lock away, only by fencing, so the
-//! decision that a node is dead belongs to whoever can make it; an automatic
-//! policy (break when the holder is probed dead) can be layered on top.
-//! A request of the broken generation can still be granted after the break
-//! (its predecessor's grant message overtakes the notice, or on `shm` the
-//! second atomic of its batch runs after the break): its token carries the
-//! old generation and so stays below the floor, which carries the new one.
+//! **Who detects.** A node that holds a lock or stands in its queue and
+//! dies would wedge the lock: its successors' grants never come. With
+//! recovery on ([`DlmConfig::recovery`], the default) each manager runs a
+//! *monitor* that looks every `probe_interval` (50 ms) at its own requests
+//! that are still waiting, and asks whether a node they wait for is
+//! **lost**: its process ended ([`tierstack_fabric::Fabric::peer_state`]
+//! says `Gone`, or a read through a handle bound to the incarnation the
+//! request talked to fails with `PeerDead`, even if the id runs again), or,
+//! with leases, its heartbeat word has not advanced for a whole lease. A
+//! request that waits for parties it cannot name (group-0 shared holders it
+//! drains, say) checks every node after `suspect_after` (1 s). Only the
+//! waiters look; nobody watches a lock nobody waits for, and a dead holder
+//! of an idle lock is found by the next request that queues behind it.
 //!
-//! A home that dies takes its lock table with it: requests fail with
-//! `PeerDead` on every backend (on `shm` the fabric revokes a closed or
-//! reclaimed owner's regions, as RDMA invalidates a dead owner's keys, so
-//! peers that mapped the table before cannot go on using orphaned memory).
+//! **Who acts: exactly one mover.** The detecting waiter feeds
+//! [`proto::Input::PeerLost`] to its machine, which *moves the lock*: it
+//! compare-and-swaps the lock word from the generation `g` it saw to
+//! `(g + 1, tail = itself)`. Several waiters may detect the same death;
+//! the swap picks one, and the others see a newer generation and stand
+//! down. The mover then moves the drain word and the fence word (one count
+//! more, the new generation: the **floor**, above every earlier token and
+//! below every later one), sends every node a `Notice`, and holds the new
+//! generation as a **barrier** until every other node has acknowledged or
+//! is itself lost; then it releases the barrier like any exclusive hold.
+//! SRSL has no queue in remote memory: the home's server thread is the one
+//! recoverer; its monitor takes a lost holder out (revoked) and a lost
+//! waiter's request off the queue, and grants the next.
+//!
+//! **What the survivors see.** A live node acknowledges a notice once it
+//! holds nothing of an older generation: a request still waiting is
+//! aborted internally and made again in the new generation, invisibly to
+//! its caller (a dead waiter in the middle of the queue is thereby spliced
+//! out: the live requests behind it, and their shared counts, are simply
+//! queued again, in their order of arrival at the new word); a live hold is
+//! **kept** until its user releases it, and only then acknowledged, so no
+//! grant of the new generation overlaps it. A recovery never revokes a live
+//! hold. The dead node's hold ends with its process; its token is below
+//! the floor, so a fenced resource rejects anything it still had in flight.
+//! The model check explores every interleaving of these steps with a death
+//! at any point (`tests/model_check.rs`, `tests/model_check_srsl.rs`).
+//!
+//! **Leases, for what `peer_state` cannot tell.** A holder that is stopped
+//! (SIGSTOP, a long pause) or partitioned is not dead to the fabric. With a
+//! lease ([`DlmConfig::lease`], default [`LEASE_MS_DEFAULT`] = 10 s; `None`
+//! turns leases off), each manager's heartbeat thread advances a word in its
+//! own node region every lease / 8, and waiters read it one-sidedly; a
+//! heartbeat that stood still for a whole lease makes the node lost, and
+//! the lock moves past it. The stopped holder cannot be stopped by taking
+//! its lock away: when it runs again its heartbeat thread sees its own
+//! lapse (a gap of three quarters of a lease, so it always notices before
+//! others could have judged it), and its release returns
+//! [`LockError::Broken`]; a grant arriving across such a gap is given back
+//! and requested again. What protects the resource is the **fencing
+//! token**: the new holder's token is above the floor, the stopped
+//! holder's below it. A lease alone is never safe (a process can pause
+//! right after checking it, the Redlock critique); lease plus fencing is.
+//! The trade-off of the default: a lock whose holder is stopped or
+//! partitioned is unavailable for up to one lease, and a holder paused for
+//! longer than a lease (a swap storm, a debugger) loses the lock; a kill is
+//! found by `peer_state` at once, whatever the lease.
+//!
+//! **`break_lock`** ([`LockManager::break_lock`], `tierstack dlm break`)
+//! is the administrator's move: the same steps, but every hold of an older
+//! generation is revoked (waiters get [`LockError::Broken`], a holder's
+//! release returns `Broken`, and any compare-and-swap they still attempt
+//! fails on the generation) and the mover waits for nobody. It is the tool
+//! for a lock whose holder is alive but wrong; with recovery off
+//! (`--no-recovery`) it is the only way out of a dead holder. A request of
+//! the broken generation can still be granted after the break (its
+//! predecessor's grant message overtakes the notice, or on `shm` the second
+//! atomic of its batch runs after the break): its fetch-and-add then
+//! returns the new generation, so it is not a hold, and no token handed to
+//! a user was fetched after the move.
+//!
+//! **A dead home is not re-homed.** A home that dies takes its lock table
+//! with it: waiting and new requests for its locks fail at once with
+//! `PeerDead` naming the home, on every backend (on `shm` the fabric
+//! revokes a closed or reclaimed owner's regions, as RDMA invalidates a
+//! dead owner's keys, so peers cannot go on using orphaned memory). The
+//! locks are not moved to the surviving servers because nothing could
+//! move them safely: the lock and fence words lived only in the dead
+//! home's memory, so a new home could not know the queue, the live holds
+//! (which a recovery must keep) or the highest token handed out; granting
+//! from a fresh table could overlap a live hold of the old one, and the
+//! clients cannot tell which home a peer used without a membership
+//! agreement this crate does not have. Instead a lock server is a process
+//! to keep running or restart: **the operator (or a supervisor) restarts
+//! the home under the same id**, which creates its locks again; every
+//! message carries the home's incarnation, so nothing of the old one is
+//! taken for the new, and the new fence word is seeded with the creation
+//! time ([`word::fence_seed`]), so its tokens are above the old
+//! incarnation's. Holders of the old incarnation see their release fail
+//! (`PeerDead`), and a fenced resource rejects their tokens once a new
+//! holder has written. The chaos test kills and restarts homes.
 //!
 //! # Limits and the runtime
 //!
@@ -193,14 +273,15 @@ pub mod msg;
 pub mod proto;
 mod runtime;
 pub mod srsl;
+pub mod status;
 pub mod table;
 pub mod word;
 
 pub use error::LockError;
 pub use proto::{LockMode, QueueKind};
 pub use runtime::{
-    DlmConfig, DlmStats, ExclusiveGuard, Grant, LockManager, LockScheme, Scheme, SharedGuard, Wait, RECEIVE_POLL_MS,
-    TRY_REPLY_TIMEOUT_MS_DEFAULT,
+    DlmConfig, DlmStats, ExclusiveGuard, Grant, LockManager, LockScheme, Scheme, SharedGuard, Wait, LEASE_MS_DEFAULT,
+    PROBE_INTERVAL_MS_DEFAULT, RECEIVE_POLL_MS, SUSPECT_AFTER_MS_DEFAULT, TRY_REPLY_TIMEOUT_MS_DEFAULT,
 };
 
 use std::fmt;

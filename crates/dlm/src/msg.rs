@@ -4,16 +4,23 @@
 //! what routes them to the lock manager. Every payload still starts with the
 //! service tag [`SERVICE_TAG`] (`0x01`), which the decoder checks, so a stray
 //! payload on the channel is refused rather than misread. The rest is a
-//! fixed 24-byte frame, little-endian:
+//! fixed 32-byte frame, little-endian:
 //!
 //! ```text
 //! byte 0      service tag 0x01
 //! byte 1      kind (see `Kind`)
 //! bytes 2..4  generation of the lock word (u16; 0 for SRSL)
-//! bytes 4..8  argument (u32): shared count, grant route, or SRSL mode bits
+//! bytes 4..8  argument (u32): shared count, grant route, notice kind, or SRSL mode bits
 //! bytes 8..16 lock id (u64)
 //! bytes 16..24 fencing token (u64; SRSL exclusive grants, else 0)
+//! bytes 24..32 epoch (u64): the incarnation of the lock's home the message belongs to
 //! ```
+//!
+//! **Why the epoch:** a home that restarts creates its locks again from
+//! generation 0, so a message of the old incarnation's protocol still in
+//! flight could pass for one of the new. Every message names the home
+//! incarnation (the random number in the home's node region) its sender's
+//! view of the lock belongs to, and receivers drop messages of another.
 
 use crate::proto::{LockMode, ProtoMsg, SharedVia};
 use crate::srsl::SrslMsg;
@@ -22,17 +29,15 @@ use crate::LockId;
 /// First byte of every lock-manager payload.
 pub const SERVICE_TAG: u8 = 0x01;
 /// Length of every lock-manager payload.
-pub const MESSAGE_BYTES: usize = 24;
+pub const MESSAGE_BYTES: usize = 32;
 
 /// A decoded lock-manager message.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DlmMessage {
-    /// N-CoShED / DQNL protocol traffic.
-    Proto { lock: LockId, generation: u16, msg: ProtoMsg },
-    /// `break_lock` moved `lock` to `generation` (N-CoShED / DQNL).
-    Broken { lock: LockId, generation: u16 },
+    /// N-CoShED / DQNL protocol traffic (recovery notices included).
+    Proto { lock: LockId, epoch: u64, generation: u16, msg: ProtoMsg },
     /// SRSL traffic.
-    Srsl { lock: LockId, msg: SrslMsg },
+    Srsl { lock: LockId, epoch: u64, msg: SrslMsg },
 }
 
 /// A payload that is not a well-formed lock-manager message.
@@ -46,7 +51,9 @@ const K_GRANT_EXCLUSIVE: u8 = 3;
 const K_GRANT_SHARED: u8 = 4;
 const K_SHARED_RELEASE: u8 = 5;
 const K_DRAINED: u8 = 6;
-const K_BROKEN: u8 = 7;
+const K_NOTICE: u8 = 7;
+const K_ACK: u8 = 8;
+const K_NACK: u8 = 9;
 const K_SRSL_ACQUIRE: u8 = 16;
 const K_SRSL_GRANT: u8 = 17;
 const K_SRSL_WOULD_BLOCK: u8 = 18;
@@ -75,8 +82,8 @@ fn bits_mode(arg: u32) -> LockMode {
 
 impl DlmMessage {
     pub fn encode(&self) -> [u8; MESSAGE_BYTES] {
-        let (kind, lock, generation, arg, token) = match *self {
-            DlmMessage::Proto { lock, generation, msg } => {
+        let (kind, lock, generation, arg, token, epoch) = match *self {
+            DlmMessage::Proto { lock, epoch, generation, msg } => {
                 let (kind, arg) = match msg {
                     ProtoMsg::Successor { shared } => (K_SUCCESSOR, shared),
                     ProtoMsg::SharedRequest => (K_SHARED_REQUEST, 0),
@@ -85,11 +92,13 @@ impl DlmMessage {
                     ProtoMsg::GrantShared { via: SharedVia::Coordinator } => (K_GRANT_SHARED, 1),
                     ProtoMsg::SharedRelease => (K_SHARED_RELEASE, 0),
                     ProtoMsg::Drained => (K_DRAINED, 0),
+                    ProtoMsg::Notice { revoke } => (K_NOTICE, u32::from(revoke)),
+                    ProtoMsg::Ack => (K_ACK, 0),
+                    ProtoMsg::Nack => (K_NACK, 0),
                 };
-                (kind, lock, generation, arg, 0)
+                (kind, lock, generation, arg, 0, epoch)
             }
-            DlmMessage::Broken { lock, generation } => (K_BROKEN, lock, generation, 0, 0),
-            DlmMessage::Srsl { lock, msg } => {
+            DlmMessage::Srsl { lock, epoch, msg } => {
                 let (kind, arg, token) = match msg {
                     SrslMsg::Acquire { mode, try_only } => {
                         (K_SRSL_ACQUIRE, mode_bits(mode) | if try_only { ARG_TRY } else { 0 }, 0)
@@ -100,7 +109,7 @@ impl DlmMessage {
                     SrslMsg::Break => (K_SRSL_BREAK, 0, 0),
                     SrslMsg::Broken { held } => (K_SRSL_BROKEN, u32::from(held), 0),
                 };
-                (kind, lock, 0, arg, token)
+                (kind, lock, 0, arg, token, epoch)
             }
         };
         let mut out = [0u8; MESSAGE_BYTES];
@@ -110,6 +119,7 @@ impl DlmMessage {
         out[4..8].copy_from_slice(&arg.to_le_bytes());
         out[8..16].copy_from_slice(&lock.0.to_le_bytes());
         out[16..24].copy_from_slice(&token.to_le_bytes());
+        out[24..32].copy_from_slice(&epoch.to_le_bytes());
         out
     }
 
@@ -129,8 +139,9 @@ impl DlmMessage {
         let arg = word(4..8) as u32;
         let lock = LockId(word(8..16));
         let token = word(16..24);
-        let proto = |msg| Ok(DlmMessage::Proto { lock, generation, msg });
-        let srsl = |msg| Ok(DlmMessage::Srsl { lock, msg });
+        let epoch = word(24..32);
+        let proto = |msg| Ok(DlmMessage::Proto { lock, epoch, generation, msg });
+        let srsl = |msg| Ok(DlmMessage::Srsl { lock, epoch, msg });
         match frame[1] {
             K_SUCCESSOR => proto(ProtoMsg::Successor { shared: arg }),
             K_SHARED_REQUEST => proto(ProtoMsg::SharedRequest),
@@ -142,7 +153,12 @@ impl DlmMessage {
             },
             K_SHARED_RELEASE => proto(ProtoMsg::SharedRelease),
             K_DRAINED => proto(ProtoMsg::Drained),
-            K_BROKEN => Ok(DlmMessage::Broken { lock, generation }),
+            K_NOTICE => match arg {
+                0 | 1 => proto(ProtoMsg::Notice { revoke: arg == 1 }),
+                other => Err(DecodeError(format!("notice kind {other}"))),
+            },
+            K_ACK => proto(ProtoMsg::Ack),
+            K_NACK => proto(ProtoMsg::Nack),
             K_SRSL_ACQUIRE => srsl(SrslMsg::Acquire { mode: bits_mode(arg), try_only: arg & ARG_TRY != 0 }),
             K_SRSL_GRANT => srsl(SrslMsg::Grant { mode: bits_mode(arg), token }),
             K_SRSL_WOULD_BLOCK => srsl(SrslMsg::WouldBlock),
@@ -162,22 +178,47 @@ mod tests {
     fn every_message_round_trips() {
         let lock = LockId(0x0102_0304_0506_0708);
         let all = [
-            DlmMessage::Proto { lock, generation: 7, msg: ProtoMsg::Successor { shared: 42 } },
-            DlmMessage::Proto { lock, generation: 7, msg: ProtoMsg::SharedRequest },
-            DlmMessage::Proto { lock, generation: 0, msg: ProtoMsg::GrantExclusive },
-            DlmMessage::Proto { lock, generation: 1, msg: ProtoMsg::GrantShared { via: SharedVia::Group0 } },
-            DlmMessage::Proto { lock, generation: 1, msg: ProtoMsg::GrantShared { via: SharedVia::Coordinator } },
-            DlmMessage::Proto { lock, generation: 2, msg: ProtoMsg::SharedRelease },
-            DlmMessage::Proto { lock, generation: u16::MAX, msg: ProtoMsg::Drained },
-            DlmMessage::Broken { lock, generation: 3 },
-            DlmMessage::Srsl { lock, msg: SrslMsg::Acquire { mode: LockMode::Exclusive, try_only: true } },
-            DlmMessage::Srsl { lock, msg: SrslMsg::Acquire { mode: LockMode::Shared, try_only: false } },
-            DlmMessage::Srsl { lock, msg: SrslMsg::Grant { mode: LockMode::Exclusive, token: u64::MAX } },
-            DlmMessage::Srsl { lock, msg: SrslMsg::WouldBlock },
-            DlmMessage::Srsl { lock, msg: SrslMsg::Release },
-            DlmMessage::Srsl { lock, msg: SrslMsg::Break },
-            DlmMessage::Srsl { lock, msg: SrslMsg::Broken { held: true } },
-            DlmMessage::Srsl { lock, msg: SrslMsg::Broken { held: false } },
+            DlmMessage::Proto { lock, epoch: 0xE9, generation: 7, msg: ProtoMsg::Successor { shared: 42 } },
+            DlmMessage::Proto { lock, epoch: 0xE9, generation: 7, msg: ProtoMsg::SharedRequest },
+            DlmMessage::Proto { lock, epoch: 0xE9, generation: 0, msg: ProtoMsg::GrantExclusive },
+            DlmMessage::Proto {
+                lock,
+                epoch: 0xE9,
+                generation: 1,
+                msg: ProtoMsg::GrantShared { via: SharedVia::Group0 },
+            },
+            DlmMessage::Proto {
+                lock,
+                epoch: 0xE9,
+                generation: 1,
+                msg: ProtoMsg::GrantShared { via: SharedVia::Coordinator },
+            },
+            DlmMessage::Proto { lock, epoch: 0xE9, generation: 2, msg: ProtoMsg::SharedRelease },
+            DlmMessage::Proto { lock, epoch: 0xE9, generation: u16::MAX, msg: ProtoMsg::Drained },
+            DlmMessage::Proto { lock, epoch: 0xE9, generation: 3, msg: ProtoMsg::Notice { revoke: true } },
+            DlmMessage::Proto { lock, epoch: 0xE9, generation: 3, msg: ProtoMsg::Notice { revoke: false } },
+            DlmMessage::Proto { lock, epoch: 0xE9, generation: 3, msg: ProtoMsg::Ack },
+            DlmMessage::Proto { lock, epoch: 0xE9, generation: 3, msg: ProtoMsg::Nack },
+            DlmMessage::Srsl {
+                lock,
+                epoch: u64::MAX,
+                msg: SrslMsg::Acquire { mode: LockMode::Exclusive, try_only: true },
+            },
+            DlmMessage::Srsl {
+                lock,
+                epoch: u64::MAX,
+                msg: SrslMsg::Acquire { mode: LockMode::Shared, try_only: false },
+            },
+            DlmMessage::Srsl {
+                lock,
+                epoch: u64::MAX,
+                msg: SrslMsg::Grant { mode: LockMode::Exclusive, token: u64::MAX },
+            },
+            DlmMessage::Srsl { lock, epoch: u64::MAX, msg: SrslMsg::WouldBlock },
+            DlmMessage::Srsl { lock, epoch: u64::MAX, msg: SrslMsg::Release },
+            DlmMessage::Srsl { lock, epoch: u64::MAX, msg: SrslMsg::Break },
+            DlmMessage::Srsl { lock, epoch: u64::MAX, msg: SrslMsg::Broken { held: true } },
+            DlmMessage::Srsl { lock, epoch: u64::MAX, msg: SrslMsg::Broken { held: false } },
         ];
         for m in all {
             let bytes = m.encode();
@@ -189,7 +230,7 @@ mod tests {
     #[test]
     fn malformed_payloads_are_typed_errors() {
         assert!(DlmMessage::decode(&[SERVICE_TAG; 3]).is_err());
-        let mut bytes = DlmMessage::Srsl { lock: LockId(1), msg: SrslMsg::Release }.encode();
+        let mut bytes = DlmMessage::Srsl { lock: LockId(1), epoch: 1, msg: SrslMsg::Release }.encode();
         bytes[0] = 0x02;
         assert!(DlmMessage::decode(&bytes).is_err(), "another service's tag");
         bytes[0] = SERVICE_TAG;

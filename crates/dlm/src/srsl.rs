@@ -14,6 +14,12 @@
 //! `Acquire` (the `Broken` notice for its old hold then reaches it while it
 //! waits: `Broken { held: true }` says the notice is for a hold, which a
 //! waiting client no longer has, so it is ignored).
+//!
+//! **Recovery** is the server's: it knows every holder and waiter, so a
+//! node the runtime judges dead (its process ended, or its lease expired)
+//! is simply taken out ([`SrslQueue::peer_lost`]): its hold is revoked (a
+//! release that still comes is consumed) and the requests behind it are
+//! granted. No generation is needed; the fence word keeps counting.
 
 use crate::proto::{LockMode, ProtocolViolation};
 use std::collections::VecDeque;
@@ -131,6 +137,44 @@ impl SrslQueue {
         } else {
             return Err(ProtocolViolation { node: from, phase: "SrslServer", what: "release by a non-holder".into() });
         }
+        self.grant_waiting(out);
+        Ok(())
+    }
+
+    /// Nodes holding the lock now, for the server's liveness checks.
+    pub fn holders(&self) -> Vec<NodeId> {
+        self.exclusive.iter().chain(&self.shared).copied().collect()
+    }
+
+    /// Some request waits behind the holders.
+    pub fn has_waiters(&self) -> bool {
+        !self.waiting.is_empty()
+    }
+
+    /// `node` is dead (or its lease expired): its hold is revoked and its
+    /// request dropped, each told so in case it still runs, and the requests
+    /// it blocked are granted.
+    pub fn peer_lost(&mut self, node: NodeId, out: &mut Vec<ServerAction>) {
+        let held = self.holds(node);
+        if held {
+            if self.exclusive == Some(node) {
+                self.exclusive = None;
+            }
+            self.shared.retain(|n| *n != node);
+            if !self.revoked.contains(&node) {
+                self.revoked.push(node);
+            }
+            out.push(ServerAction::Broken { to: node, held: true });
+        }
+        if self.waiting.iter().any(|(n, _)| *n == node) {
+            self.waiting.retain(|(n, _)| *n != node);
+            out.push(ServerAction::Broken { to: node, held: false });
+        }
+        self.grant_waiting(out);
+    }
+
+    /// Grants the waiters at the head of the queue while they are compatible.
+    fn grant_waiting(&mut self, out: &mut Vec<ServerAction>) {
         while let Some(&(to, mode)) = self.waiting.front() {
             if !self.compatible(mode) {
                 break;
@@ -138,7 +182,6 @@ impl SrslQueue {
             self.waiting.pop_front();
             self.take(to, mode, out);
         }
-        Ok(())
     }
 
     /// Forgets everybody, telling each participant.
@@ -330,6 +373,41 @@ mod tests {
         q.acquire(NodeId(1), LockMode::Shared, false, &mut out).unwrap();
         q.release(NodeId(1), &mut out).unwrap();
         assert!(q.release(NodeId(1), &mut out).is_err());
+    }
+
+    /// A lost holder is revoked and its waiters granted; a lost waiter is
+    /// dropped; a release the lost holder still sends is consumed.
+    #[test]
+    fn a_lost_holder_or_waiter_is_taken_out() {
+        let mut q = SrslQueue::default();
+        let mut out = Vec::new();
+        q.acquire(NodeId(1), LockMode::Exclusive, false, &mut out).unwrap();
+        q.acquire(NodeId(2), LockMode::Exclusive, false, &mut out).unwrap();
+        q.acquire(NodeId(3), LockMode::Shared, false, &mut out).unwrap();
+        assert_eq!(q.holders(), vec![NodeId(1)]);
+        assert!(q.has_waiters());
+        out.clear();
+        q.peer_lost(NodeId(2), &mut out);
+        assert_eq!(
+            out,
+            vec![ServerAction::Broken { to: NodeId(2), held: false }],
+            "a waiter: dropped, nothing granted"
+        );
+        out.clear();
+        q.peer_lost(NodeId(1), &mut out);
+        assert_eq!(
+            out,
+            vec![
+                ServerAction::Broken { to: NodeId(1), held: true },
+                ServerAction::Grant { to: NodeId(3), mode: LockMode::Shared }
+            ]
+        );
+        out.clear();
+        q.release(NodeId(1), &mut out).unwrap();
+        assert!(out.is_empty(), "the lost holder's late release is consumed");
+        q.peer_lost(NodeId(7), &mut out);
+        assert!(out.is_empty(), "a node with no request here: nothing to do");
+        assert!(!q.has_waiters());
     }
 
     #[test]

@@ -8,10 +8,12 @@
 //! home and slot. Slots are claimed by compare-and-swap on the tag and never
 //! freed, so a probe sequence never has holes: a lookup that meets a free
 //! tag knows the lock does not exist. A table with no free slot on the
-//! probe sequence is full ([`crate::LockError::TableFull`]).
+//! probe sequence is full ([`crate::LockError::TableFull`]). A claimer seeds
+//! a fresh slot's fence word ([`crate::word::fence_seed`]) before it claims
+//! the tag, so nobody fetches a token from an unseeded fence.
 
 use crate::proto::{AtomicOp, WordKind};
-use crate::word::{DRAIN_OFFSET, FENCE_OFFSET, LOCK_OFFSET, SLOT_BYTES, TAG_OFFSET};
+use crate::word::{DrainWord, FenceWord, LockWord, DRAIN_OFFSET, FENCE_OFFSET, LOCK_OFFSET, SLOT_BYTES, TAG_OFFSET};
 use crate::LockId;
 use std::sync::Arc;
 use tierstack_base::NodeId;
@@ -25,8 +27,8 @@ pub fn table_region(prefix: &str, scheme: &str) -> String {
     format!("{prefix}.{scheme}.locks")
 }
 
-/// Name of the 8-byte region every lock manager registers so that peers can
-/// probe whether it is alive.
+/// Name of the node region every lock manager registers: its incarnation,
+/// heartbeat and per-lock states (see [`crate::status`]).
 pub fn alive_region(prefix: &str, scheme: &str) -> String {
     format!("{prefix}.{scheme}.alive")
 }
@@ -152,13 +154,20 @@ impl HomeMemory {
         Ok(None)
     }
 
-    /// Claims a slot for `id` (or finds the one it has). `None`: the table is full.
-    pub(crate) fn claim(&self, id: LockId) -> Result<Option<u64>, FabricError> {
+    /// Claims a slot for `id` (or finds the one it has), seeding a fresh
+    /// slot's fence word with `fence_seed`. `None`: the table is full.
+    pub(crate) fn claim(&self, id: LockId, fence_seed: u64) -> Result<Option<u64>, FabricError> {
         let tag = id.0.wrapping_add(1);
         let slots = self.slots();
         let start = first_slot(id, slots);
         for probe in 0..slots {
             let base = ((start + probe) % slots) * SLOT_BYTES;
+            if self.read_u64(base + TAG_OFFSET)? == 0 {
+                // Seeded before the tag is claimed: a slot's fence is never
+                // zero once its lock exists. A seed left in a slot another
+                // lock then claims is just as good (both are "now").
+                self.compare_swap(base + FENCE_OFFSET, 0, fence_seed)?;
+            }
             match self.compare_swap(base + TAG_OFFSET, 0, tag)? {
                 0 => return Ok(Some(base)),
                 t if t == tag => return Ok(Some(base)),
@@ -167,6 +176,43 @@ impl HomeMemory {
         }
         Ok(None)
     }
+}
+
+/// One lock's words, as read from its home's table.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SlotView {
+    pub lock: LockId,
+    pub word: LockWord,
+    pub drain: DrainWord,
+    pub fence: FenceWord,
+}
+
+/// Reads every claimed slot of a home's lock table, one-sidedly (one read of
+/// the whole table: each word is read atomically, the slot as a whole is
+/// not a snapshot).
+pub fn read_table(region: &dyn RemoteRegion) -> Result<Vec<SlotView>, FabricError> {
+    let mut bytes = vec![0u8; usize::try_from(region.len()).unwrap_or(0)];
+    let chunk = 1 << 20;
+    for start in (0..bytes.len()).step_by(chunk) {
+        let end = (start + chunk).min(bytes.len());
+        region.read(start as u64, &mut bytes[start..end])?;
+    }
+    let word = |at: usize| {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(&bytes[at..at + 8]);
+        u64::from_ne_bytes(w)
+    };
+    let slot = SLOT_BYTES as usize;
+    Ok((0..bytes.len() / slot)
+        .map(|i| i * slot)
+        .filter(|&base| word(base + TAG_OFFSET as usize) != 0)
+        .map(|base| SlotView {
+            lock: LockId(word(base + TAG_OFFSET as usize).wrapping_sub(1)),
+            word: LockWord::decode(word(base + LOCK_OFFSET as usize)),
+            drain: DrainWord::decode(word(base + DRAIN_OFFSET as usize)),
+            fence: FenceWord::decode(word(base + FENCE_OFFSET as usize)),
+        })
+        .collect())
 }
 
 #[cfg(test)]
@@ -183,13 +229,15 @@ mod tests {
     fn claim_then_lookup_and_a_full_table() {
         let t = table(4);
         assert_eq!(t.lookup(LockId(10)).unwrap(), None);
-        let a = t.claim(LockId(10)).unwrap().unwrap();
-        assert_eq!(t.claim(LockId(10)).unwrap(), Some(a), "claiming twice finds the same slot");
+        let a = t.claim(LockId(10), 77).unwrap().unwrap();
+        assert_eq!(t.read_u64(a + FENCE_OFFSET).unwrap(), 77, "the fence is seeded");
+        assert_eq!(t.claim(LockId(10), 99).unwrap(), Some(a), "claiming twice finds the same slot");
+        assert_eq!(t.read_u64(a + FENCE_OFFSET).unwrap(), 77, "and keeps its fence");
         assert_eq!(t.lookup(LockId(10)).unwrap(), Some(a));
         for id in 11..14 {
-            assert!(t.claim(LockId(id)).unwrap().is_some());
+            assert!(t.claim(LockId(id), 1).unwrap().is_some());
         }
-        assert_eq!(t.claim(LockId(99)).unwrap(), None, "four slots, five locks");
+        assert_eq!(t.claim(LockId(99), 1).unwrap(), None, "four slots, five locks");
         assert_eq!(t.lookup(LockId(99)).unwrap(), None);
         for id in 10..14 {
             assert!(t.lookup(LockId(id)).unwrap().is_some());

@@ -9,7 +9,7 @@
 //! | 0  | tag: lock id + 1 (0 = free slot) | `create_lock`, once |
 //! | 8  | [`LockWord`] | every request and release |
 //! | 16 | [`DrainWord`] | only while an exclusive waits for group-0 shared holders |
-//! | 24 | fence: exclusive grants so far (+ breaks) | each exclusive grantee, `break_lock` |
+//! | 24 | [`FenceWord`]: token counter and its generation | each exclusive grantee; a recovery or break |
 
 use tierstack_base::NodeId;
 
@@ -65,9 +65,11 @@ fn decode_node(bits: u64) -> Option<NodeId> {
 ///     `n + 1` means node `n` enqueued the most recent exclusive request.
 ///     A node has at most one request per lock at a time, so the node names
 ///     the queue entry.
-///   - bits 63..48, `generation`: bumped (wrapping) only by `break_lock`.
-///     Every compare-and-swap copies it, so a participant that acted before a
-///     break can never complete a compare-and-swap after it.
+///   - bits 63..48, `generation`: bumped (wrapping) only by a recovery or
+///     a break, which then names its own node as the tail (it holds the new
+///     generation as a barrier; see `proto`). Every compare-and-swap copies
+///     it, so a participant that acted before a move can never complete a
+///     compare-and-swap after it.
 /// - **Lower 32 bits, the shared count**: shared requests enqueued (by
 ///   `fetch_add(1)`) since the last exclusive enqueue. An exclusive enqueue
 ///   swaps it to 0 and takes the old value along: that many shared requests
@@ -115,8 +117,8 @@ impl LockWord {
 /// +----------------+----------------+--------------------------------+
 /// ```
 ///
-/// - bits 63..48, `generation`: the lock word's generation; `break_lock`
-///   resets the word to its new generation, so stale releases fail.
+/// - bits 63..48, `generation`: the lock word's generation; a recovery or
+///   break resets the word to its new generation, so stale releases fail.
 /// - bits 47..32, `waiter node + 1`: 0 until the exclusive requester
 ///   registers; then its node + 1.
 /// - bits 31..0, `balance`: before registration, the number of group-0
@@ -175,30 +177,87 @@ impl DrainWord {
     }
 }
 
-/// Bits of a fencing token that carry the fence word's count; the bits
-/// above carry the lock-word generation the grant belongs to.
-const TOKEN_COUNT_BITS: u32 = 48;
-
-/// The fencing token of an exclusive grant of `generation` whose fetch-and-add
-/// on the fence word returned `previous`: `generation << 48 | previous + 1`.
+/// The fence word: the lock's fencing-token counter and the generation it
+/// counts for.
 ///
-/// Why the generation: a request of a generation that `break_lock` has
-/// already left may still be granted after the break (its predecessor's
-/// grant message, or the second half of its own batch, overtakes the break
-/// notice) and fetch its count after the break's. With the generation in
-/// the high bits its token is still below the floor
-/// ([`break_floor`]), and every token of the new generation is above it.
-/// (Tokens compare correctly for 65 536 breaks of one lock, until the
-/// 16-bit generation wraps.)
-pub fn fencing_token(generation: u16, previous: u64) -> u64 {
-    (u64::from(generation) << TOKEN_COUNT_BITS) | (previous.wrapping_add(1) & ((1 << TOKEN_COUNT_BITS) - 1))
+/// ```text
+///  63                                              16 15              0
+/// +--------------------------------------------------+----------------+
+/// |                      count                       |   generation   |
+/// +--------------------------------------------------+----------------+
+/// ```
+///
+/// - bits 63..16, `count`: exclusive grants and lock moves so far, on top of
+///   the seed the lock was created with ([`fence_seed`]). Every exclusive
+///   grantee adds [`FENCE_UNIT`] inside its hold; a recovery or break adds
+///   one when it moves the generation.
+/// - bits 15..0, `generation`: the lock-word generation the count belongs
+///   to, moved by a recovery or break *after* it moved the lock word.
+///
+/// **A fencing token is the fence word a grantee's fetch-and-add left**
+/// ([`fencing_token`]): `(count + 1) << 16 | generation`. Tokens therefore
+/// strictly increase in the order of the fetch-and-adds, whatever the
+/// generation. A grantee whose fetch-and-add returns a generation other than
+/// its request's was overtaken by a recovery or break: it does not hold (see
+/// `proto`), so no token handed to a user was fetched after the generation
+/// moved on, and every token of a revoked hold is below the floor the move
+/// leaves ([`FenceWord::moved_to`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct FenceWord {
+    /// 48 bits.
+    pub count: u64,
+    pub generation: u16,
 }
 
-/// The floor `break_lock` returns when it moved the lock to `generation`
-/// after its own fetch-and-add on the fence word returned `previous`: above
-/// every token of older generations, below every later token of `generation`.
-pub fn break_floor(generation: u16, previous: u64) -> u64 {
-    fencing_token(generation, previous)
+/// What an exclusive grantee adds to the fence word: one count.
+pub const FENCE_UNIT: u64 = 1 << FENCE_GENERATION_BITS;
+const FENCE_GENERATION_BITS: u32 = 16;
+const FENCE_COUNT_MASK: u64 = (1 << 48) - 1;
+
+impl FenceWord {
+    pub fn decode(bits: u64) -> Self {
+        Self { count: bits >> FENCE_GENERATION_BITS, generation: bits as u16 }
+    }
+
+    pub fn encode(self) -> u64 {
+        ((self.count & FENCE_COUNT_MASK) << FENCE_GENERATION_BITS) | u64::from(self.generation)
+    }
+
+    /// The word a recovery or break that moves the lock to `generation`
+    /// leaves: one count more, the new generation. Its encoding is the
+    /// move's *floor*: above every token fetched before, below every token
+    /// fetched after.
+    pub fn moved_to(self, generation: u16) -> Self {
+        Self { count: self.count.wrapping_add(1) & FENCE_COUNT_MASK, generation }
+    }
+}
+
+/// The fencing token of an exclusive grant whose fetch-and-add of
+/// [`FENCE_UNIT`] on the fence word returned `previous`.
+pub fn fencing_token(previous: u64) -> u64 {
+    previous.wrapping_add(FENCE_UNIT)
+}
+
+/// Milliseconds from the UNIX epoch to 2024-01-01, the origin of [`fence_seed`].
+pub const FENCE_SEED_EPOCH_MS: u64 = 1_704_067_200_000;
+/// Counts per millisecond of a lock's life that [`fence_seed`] leaves room for.
+pub const FENCE_SEED_COUNTS_PER_MS: u64 = 1 << 8;
+
+/// The fence word a lock is created with, given the wall-clock time in
+/// milliseconds since the UNIX epoch: count `(milliseconds since 2024) ×
+/// 256`, generation 0.
+///
+/// Why: a home that restarts has lost its table, and the lock is created
+/// again; its tokens must still be above the old incarnation's, or a
+/// resource that remembers the largest token would reject every new holder.
+/// Seeding the count with the creation time keeps the new tokens above the
+/// old ones unless the old incarnation averaged more than 256 exclusive
+/// grants per millisecond (256 000 per second) over its whole life, or the
+/// wall clock stepped back between the two creations. The count's 48 bits
+/// last until 2058.
+pub fn fence_seed(unix_ms: u64) -> u64 {
+    let count = unix_ms.saturating_sub(FENCE_SEED_EPOCH_MS).saturating_mul(FENCE_SEED_COUNTS_PER_MS);
+    FenceWord { count: count.min(FENCE_COUNT_MASK), generation: 0 }.encode()
 }
 
 /// Generation `a` is newer than `b` (wrapping, like TCP sequence numbers).
@@ -248,13 +307,40 @@ mod tests {
     }
 
     #[test]
-    fn tokens_of_a_broken_generation_stay_below_the_floor() {
-        assert_eq!(fencing_token(0, 41), 42, "generation 0: the plain count");
-        let floor = break_floor(1, 5);
-        assert!(fencing_token(0, 9) < floor, "an old grant that fetched after the break");
-        assert!(fencing_token(1, 5) > fencing_token(0, 4));
-        assert!(fencing_token(1, 6) > floor);
-        assert_eq!(fencing_token(3, u64::MAX >> 16), 3 << 48, "the count wraps inside its bits");
+    fn tokens_increase_with_every_fetch_and_add_and_moves_leave_a_floor_between() {
+        let fence = FenceWord { count: 41, generation: 3 };
+        assert_eq!(fence.encode(), 41 << 16 | 3);
+        assert_eq!(FenceWord::decode(fence.encode()), fence);
+        let token = fencing_token(fence.encode());
+        assert_eq!(FenceWord::decode(token), FenceWord { count: 42, generation: 3 });
+        assert_eq!(
+            FenceWord::decode(fence.encode() + FENCE_UNIT),
+            FenceWord::decode(token),
+            "a grant's token is the word it left"
+        );
+        // A move to generation 4 after that grant: its floor is above the
+        // grant's token, and the next grant's token above the floor.
+        let floor = FenceWord::decode(token).moved_to(4).encode();
+        assert!(floor > token);
+        assert!(fencing_token(floor) > floor);
+        assert_eq!(FenceWord::decode(fencing_token(floor)).generation, 4);
+        // The generation wraps; the count decides the order.
+        let wrapped = FenceWord { count: 7, generation: u16::MAX }.moved_to(0);
+        assert!(wrapped.encode() > FenceWord { count: 7, generation: u16::MAX }.encode());
+    }
+
+    #[test]
+    fn the_seed_puts_a_later_creation_above_an_earlier_one() {
+        let created = FENCE_SEED_EPOCH_MS + 1000;
+        let old = fence_seed(created);
+        assert_eq!(FenceWord::decode(old).generation, 0);
+        // The old incarnation issued a million tokens in 10 s; the lock is
+        // created again right then.
+        let old_last = old + 1_000_000 * FENCE_UNIT;
+        assert!(fence_seed(created + 10_000) > old_last);
+        assert!(fence_seed(created + 1) > old, "a millisecond later is enough for a quiet lock");
+        assert_eq!(fence_seed(0), 0, "before the epoch: zero, not a wrap");
+        assert!(FenceWord::decode(fence_seed(u64::MAX)).count <= FENCE_COUNT_MASK);
     }
 
     #[test]

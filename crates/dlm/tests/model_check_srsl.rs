@@ -8,7 +8,12 @@
 //! - a holder releases; a waiter abandons, within a per-run budget;
 //! - the run's `break_lock` (at most one): it bumps the fence word (the
 //!   floor) and sends `Break` to the home over its own channel, as
-//!   `LockManager::break_lock` does.
+//!   `LockManager::break_lock` does;
+//! - a node **dies** (at most one per run): it takes no step any more,
+//!   messages to it vanish, and the messages it had in flight to the server
+//!   may be lost from the end of its channel (what its writer had queued);
+//! - the server's monitor reports the dead node lost
+//!   ([`SrslQueue::peer_lost`]) while it holds or waits at the server.
 //!
 //! The server grants exclusive requests with a token from the fence word,
 //! as the runtime's server does. Checked at every step: mutual exclusion
@@ -16,9 +21,11 @@
 //! order their `Acquire` reached the server, shared requests never
 //! overtaking an exclusive that reached it earlier; tokens strictly
 //! increasing; no protocol violation, at the clients or at the server.
-//! Checked in terminal states: every script done, every client idle, the
-//! server idle, the network empty, every request granted, refused or
-//! aborted (aborted only if a break happened), no cycle.
+//! Checked in terminal states: every live node's script done, its client
+//! idle, the server idle, the network empty, every request granted, refused
+//! or aborted (aborted only if a break happened; without one, every
+//! request of a live node granted, a death notwithstanding), no cycle.
+//! Mutual exclusion counts only live holders.
 //!
 //! Not claimed: the break's floor bounds the tokens of holders the break
 //! revokes. A grant the server makes after the breaker's fetch-and-add and
@@ -58,6 +65,7 @@ struct Node {
     granted: u32,
     refused: u32,
     aborted: u32,
+    dead: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -77,6 +85,7 @@ struct World {
     floor: Option<u64>,
     abandons_left: u8,
     breaks_left: u8,
+    deaths_left: u8,
 }
 
 struct Config {
@@ -84,6 +93,7 @@ struct Config {
     scripts: Vec<Vec<Req>>,
     abandons: u8,
     breaks: u8,
+    deaths: u8,
     /// Check that every revoked exclusive holder's token is below the floor.
     check_floor: bool,
 }
@@ -98,6 +108,7 @@ impl World {
                 granted: 0,
                 refused: 0,
                 aborted: 0,
+                dead: false,
             })
             .collect();
         World {
@@ -112,10 +123,14 @@ impl World {
             floor: None,
             abandons_left: config.abandons,
             breaks_left: config.breaks,
+            deaths_left: config.deaths,
         }
     }
 
     fn send(&mut self, from: u32, to: u32, msg: SrslMsg) {
+        if to != HOME && self.nodes[to as usize].dead {
+            return;
+        }
         self.net.entry((from, to)).or_default().push(msg);
     }
 
@@ -170,7 +185,9 @@ impl World {
         let holders = |m: LockMode| {
             self.nodes
                 .iter()
-                .filter(|n| matches!(n.user, User::Holding { mode, epoch: e, .. } if mode == m && e == epoch))
+                .filter(|n| {
+                    !n.dead && matches!(n.user, User::Holding { mode, epoch: e, .. } if mode == m && e == epoch)
+                })
                 .count()
         };
         let (shared, exclusive) = (holders(LockMode::Shared), holders(LockMode::Exclusive));
@@ -233,6 +250,18 @@ impl World {
             }
             other => return Err(format!("server got {other:?}")),
         }
+        self.server_actions(out)
+    }
+
+    /// The server's monitor reports dead node `d` lost.
+    fn lose(&mut self, d: u32) -> Result<(), String> {
+        let mut out = Vec::new();
+        self.arrivals.retain(|(n, _)| *n != d);
+        self.server.peer_lost(NodeId(d), &mut out);
+        self.server_actions(out)
+    }
+
+    fn server_actions(&mut self, out: Vec<ServerAction>) -> Result<(), String> {
         for action in out {
             let (to, reply) = match action {
                 ServerAction::Grant { to, mode } => {
@@ -270,6 +299,33 @@ impl World {
         let mut next = Vec::new();
         for i in 0..self.nodes.len() {
             let node = &self.nodes[i];
+            if node.dead {
+                if self.server.participants().contains(&NodeId(i as u32)) {
+                    let mut w = self.clone();
+                    w.lose(i as u32)?;
+                    next.push(w);
+                }
+                if let Some(channel) = self.net.get(&(i as u32, HOME)) {
+                    // The last message it had queued is lost.
+                    let mut w = self.clone();
+                    let mut kept = channel.clone();
+                    kept.pop();
+                    if kept.is_empty() {
+                        w.net.remove(&(i as u32, HOME));
+                    } else {
+                        w.net.insert((i as u32, HOME), kept);
+                    }
+                    next.push(w);
+                }
+                continue;
+            }
+            if self.deaths_left > 0 {
+                let mut w = self.clone();
+                w.deaths_left -= 1;
+                w.nodes[i].dead = true;
+                w.net.remove(&(HOME, i as u32));
+                next.push(w);
+            }
             if node.client.is_idle() && node.user == User::Idle && node.next < config.scripts[i].len() {
                 let req = config.scripts[i][node.next];
                 let mut w = self.clone();
@@ -329,7 +385,7 @@ impl World {
     }
 
     fn check_terminal(&self, config: &Config) -> Result<(), String> {
-        for (i, node) in self.nodes.iter().enumerate() {
+        for (i, node) in self.nodes.iter().enumerate().filter(|(_, n)| !n.dead) {
             if node.next != config.scripts[i].len() || !node.client.is_idle() || node.user != User::Idle {
                 return Err(format!("deadlock: node {i} stuck at {node:?}"));
             }
@@ -338,6 +394,10 @@ impl World {
             }
             if self.floor.is_none() && node.aborted > 0 {
                 return Err(format!("node {i}: aborted without a break"));
+            }
+            let must_grant = config.scripts[i].iter().filter(|r| !r.try_only).count() as u32;
+            if self.floor.is_none() && node.granted < must_grant {
+                return Err(format!("node {i}: lost wake-up: {node:?}"));
             }
         }
         if !self.server.is_idle() || !self.net.is_empty() {
@@ -361,7 +421,7 @@ fn explore(config: &Config) -> Result<usize, String> {
 }
 
 fn check(name: &'static str, scripts: Vec<Vec<Req>>, abandons: u8, breaks: u8) {
-    let config = Config { name, scripts, abandons, breaks, check_floor: false };
+    let config = Config { name, scripts, abandons, breaks, deaths: 0, check_floor: false };
     explore(&config).unwrap_or_else(|e| panic!("{name}: {e}"));
 }
 
@@ -378,6 +438,20 @@ fn srsl_with_a_break() {
     check("srsl 2n E/E abandon break", vec![vec![E], vec![E, S]], 1, 1);
 }
 
+/// A node dies anywhere in its requests: the server takes it out, its
+/// waiters are granted, and no live holder overlaps another.
+#[test]
+fn srsl_with_a_death() {
+    for (name, scripts, abandons) in [
+        ("srsl 3n E/E/S death", vec![vec![E], vec![E], vec![S]], 0),
+        ("srsl 3n EE/S/SE death", vec![vec![E, E], vec![S], vec![S, E]], 0),
+        ("srsl 3n E/TE S/S death abandon", vec![vec![E], vec![TE, S], vec![S]], 1),
+    ] {
+        let config = Config { name, scripts, abandons, breaks: 0, deaths: 1, check_floor: false };
+        explore(&config).unwrap_or_else(|e| panic!("{name}: {e}"));
+    }
+}
+
 /// The documented window: a grant that races the break (made after the
 /// breaker's fetch-and-add, before the server handles `Break`) is revoked
 /// with a token above the floor. If this stops failing, the crate docs
@@ -389,6 +463,7 @@ fn break_floor_does_not_bound_grants_racing_the_break() {
         scripts: vec![vec![E], vec![E]],
         abandons: 0,
         breaks: 1,
+        deaths: 0,
         check_floor: true,
     };
     let found = explore(&config).expect_err("the window exists");

@@ -361,16 +361,18 @@ fn dead_home_is_a_peer_dead_error() {
     }
 }
 
-/// A holder dies: waiters see `PeerDead` naming it (N-CoShED, DQNL: the
-/// waiter knows its predecessor) or a `Timeout` at the live server (SRSL);
-/// `break_lock` then frees the lock, and the fencing floor makes the dead
-/// holder's token stale.
+/// With automatic recovery off, a holder dies: waiters see `PeerDead`
+/// naming it (N-CoShED, DQNL: the waiter knows its predecessor) or a
+/// `Timeout` at the live server (SRSL); `break_lock` then frees the lock,
+/// and the fencing floor makes the dead holder's token stale. (With
+/// recovery on, `tests/recovery.rs`.)
 #[test]
 fn dead_holder_is_detected_and_break_lock_fences_it_out() {
     for backend in [Backend::Shm, Backend::Tcp] {
         for scheme in Scheme::ALL {
             let mut cluster = Cluster::new(backend, 3);
-            let mut m: Vec<Option<LockManager>> = cluster.managers(scheme, &[0]).into_iter().map(Some).collect();
+            let mut m: Vec<Option<LockManager>> =
+                cluster.managers_with(scheme, &[0], |c| c.with_recovery(false)).into_iter().map(Some).collect();
             let id = LockId(6);
             node(&m, 0).create_lock(id).unwrap();
             let dead_guard = node(&m, 1).acquire_exclusive(id, PATIENT).unwrap();

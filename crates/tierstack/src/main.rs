@@ -40,6 +40,9 @@ enum Command {
     DdssClient(cmd::ddss::ClientArgs),
     /// Lock-manager node: run random shared/exclusive holds on a topology's locks, print each hold, serve until stdin closes.
     DlmNode(cmd::dlm::LockNodeArgs),
+    /// Lock-manager operator tools: `status` (every lock's and node's state, read one-sidedly), `break <lock>`.
+    #[command(subcommand)]
+    Dlm(cmd::dlm::DlmCommand),
     /// Lock-manager node driven by `bench dlm` over its standard input (see tierstack_bench::dlm_nodes).
     #[command(hide = true)]
     DlmBenchNode(cmd::dlm::BenchNodeArgs),
@@ -69,6 +72,7 @@ fn main() -> std::process::ExitCode {
         Command::DdssClient(args) => cmd::ddss::run_client(args),
         Command::DlmNode(args) => cmd::dlm::run_node(args),
         Command::DlmBenchNode(args) => cmd::dlm::run_bench_node(args),
+        Command::Dlm(command) => cmd::dlm::run(command),
         Command::Load(args) => cmd::load::run(args),
         Command::Trace(command) => cmd::trace::run(command),
         Command::Sim(args) => cmd::sim::run(args),

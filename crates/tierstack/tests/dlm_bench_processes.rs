@@ -1,6 +1,9 @@
 //! `bench dlm` with every lock-manager node a separate `tierstack
-//! dlm-bench-node` process (the default), on both backends; and a node
-//! process that dies mid-run ends the run with a clear error, not a hang.
+//! dlm-bench-node` process (the default), on both backends, including the
+//! recovery after a kill (the killed holder's and waiter's successors are
+//! granted without an operator, and the killed nodes start again); and a
+//! node process that dies mid-run, with nobody to restart it, ends the
+//! run with a clear error, not a hang.
 
 use std::path::PathBuf;
 use tierstack_bench::dlm::{run, DlmBenchConfig, NodeKind};
@@ -22,6 +25,7 @@ fn bench_dlm_drives_node_processes_on_both_backends() {
     config.uncontended_pairs = 20;
     config.contenders = vec![2];
     config.contended_pairs_per_node = 20;
+    config.recovery_rounds = 2;
     let report = run(&config).unwrap();
     assert!(report.nodes_are.contains("separate processes"), "{}", report.nodes_are);
     assert_eq!(report.nodes, 4, "home, holder and two waiters");
@@ -40,6 +44,16 @@ fn bench_dlm_drives_node_processes_on_both_backends() {
     // across the processes.
     for t in report.throughput.iter().filter(|t| t.scheme == "srsl") {
         assert!((t.messages_per_pair - 3.0).abs() < 0.1, "{t:?}");
+    }
+    // 2 backends × 3 schemes, each round's waiter granted after its
+    // holder's or predecessor's kill (a round that never recovered fails
+    // the run with an error instead).
+    assert_eq!(report.recovery.len(), 6);
+    for r in &report.recovery {
+        for summary in [&r.handoff, &r.dead_holder, &r.dead_waiter] {
+            assert_eq!(summary.count, 2, "{r:?}");
+            assert!(summary.p50_ns > 0, "{r:?}");
+        }
     }
     for backend in ["shm", "tcp"] {
         assert_eq!(report.message_errors.get(backend), Some(&0), "a lock message failed on {backend}");

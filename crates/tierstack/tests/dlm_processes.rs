@@ -16,19 +16,35 @@
 //! N-CoShED and SRSL, else the run would show little. A failing run prints
 //! its seed; `TIERSTACK_TEST_SEED=<seed>` replays the same operation mix.
 //!
-//! **A holder killed by SIGKILL.** A process holding a lock exclusively is
-//! killed while others wait for it. The crate's documented behaviour: under
-//! N-CoShED each waiter's request names the node it waits for (its
-//! predecessor, or the exclusive holder a shared request asked), and when
-//! its wait runs out it probes that node and fails with `PeerDead` naming
-//! the dead holder; under SRSL the waiters wait for the live server, which
-//! still counts the dead holder, and fail with `Timeout` naming the server.
-//! Nobody hangs. Recovery is explicit: an administrator node (this test
-//! process) calls `break_lock`, whose fencing floor is above the dead
-//! holder's token, and the lock is usable again with tokens above the floor.
+//! **A holder killed by SIGKILL, recovery off** (`--no-recovery`). A
+//! process holding a lock exclusively is killed while others wait for it.
+//! `tierstack dlm status` shows the holder holding and the waiters waiting
+//! for it, read one-sidedly. Under N-CoShED each waiter's request names the
+//! node it waits for (its predecessor, or the exclusive holder a shared
+//! request asked), and when its wait runs out it probes that node and
+//! fails with `PeerDead` naming the dead holder; under SRSL the waiters
+//! wait for the live server, which still counts the dead holder, and fail
+//! with `Timeout` naming the server. Nobody hangs. Recovery is the
+//! operator's: `tierstack dlm break 0`, whose fencing floor is above the
+//! dead holder's token, and the lock is usable again with tokens above it.
+//!
+//! **Chaos, recovery on.** Five processes (two lock servers) run random
+//! 2 ms holds on two locks for a fixed time while this test, on a seeded
+//! schedule, SIGKILLs nodes (a passive one, a lock server, any) and
+//! restarts them 300 ms later, and SIGSTOPs passive nodes for twice the
+//! lease. The checker demands: holds whose release succeeded never
+//! overlap conflictingly; fencing tokens increase with time (a hold before
+//! another in time has the smaller token, across home restarts too), and a
+//! hold that overlaps a later-token one was revoked (its release said
+//! `Broken`: a fenced resource would reject its late writes); after every
+//! kill, every node that was neither killed nor stopped meanwhile is
+//! granted a hold again within [`RECOVERY_BOUND`]; no node that saw the
+//! end met a protocol violation (a message of a restarted home's old
+//! incarnation taken for one of the new, say).
 //!
 //! Every wait is bounded; a child that misbehaves is killed when its handle drops.
 
+use rand::Rng;
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
@@ -406,8 +422,24 @@ const HOME: u32 = 0;
 const HOLDER: u32 = 1;
 /// Two shared waiters, then an exclusive one.
 const WAITERS: [(u32, bool); 3] = [(2, true), (3, true), (4, false)];
-/// This test process: the administrator that breaks the lock.
+/// The operator's node (the `dlm` tools, then this test process).
 const ADMIN: u32 = 5;
+
+/// Runs `tierstack dlm <words> --topology T --node ADMIN --scheme S` and
+/// returns its JSON output.
+fn dlm_tool(topology: &Path, scheme: Scheme, words: &[&str]) -> Value {
+    let output = Command::new(exe())
+        .arg("dlm")
+        .args(words)
+        .args(["--topology", &topology.display().to_string(), "--node", &ADMIN.to_string()])
+        .args(["--scheme", scheme.name()])
+        .stderr(Stdio::inherit())
+        .output()
+        .expect("running tierstack dlm");
+    assert!(output.status.success(), "tierstack dlm {words:?} failed");
+    let text = String::from_utf8(output.stdout).unwrap();
+    serde_json::from_str(text.trim()).unwrap_or_else(|e| panic!("tierstack dlm {words:?}: {text:?}: {e}"))
+}
 
 /// Waits until the holder reports having handled at least `n` lock messages.
 fn await_handled(holder: &Node, n: u64) {
@@ -424,11 +456,19 @@ fn killed_holder(backend: Backend, scheme: Scheme) {
     let label = format!("{} {}", scheme.name(), backend.name());
     let (_dir, topology) = topology(backend, &format!("dlm-kill-{}-{}", scheme.name(), backend.name()), 1, 6);
     let lock = "0..1";
-    let home = Node::spawn(&topology, HOME, scheme, lock, &args(&[("--ops", "0".into())]));
+    let no_recovery = vec!["--no-recovery".to_string()];
+    let home =
+        Node::spawn(&topology, HOME, scheme, lock, &[args(&[("--ops", "0".into())]), no_recovery.clone()].concat());
     home.expect_ready();
     let hold_forever =
         args(&[("--ops", "1".into()), ("--shared-percent", "0".into()), ("--hold-us", "600000000".into())]);
-    let mut holder = Node::spawn(&topology, HOLDER, scheme, lock, &[hold_forever, vec!["--announce".into()]].concat());
+    let mut holder = Node::spawn(
+        &topology,
+        HOLDER,
+        scheme,
+        lock,
+        &[hold_forever, vec!["--announce".into()], no_recovery.clone()].concat(),
+    );
     holder.expect_ready();
     let granted = holder.json(Instant::now() + STEP);
     assert_eq!(granted["event"], "granted", "{label}: {granted}");
@@ -443,6 +483,7 @@ fn killed_holder(backend: Backend, scheme: Scheme) {
                 ("--acquire-timeout-ms", WAITER_TIMEOUT_MS.to_string()),
             ]);
             extra.push("--wait-go".into());
+            extra.extend(no_recovery.clone());
             Node::spawn(&topology, id, scheme, lock, &extra)
         })
         .collect();
@@ -464,6 +505,21 @@ fn killed_holder(backend: Backend, scheme: Scheme) {
             waiter.go();
         }
     }
+    // The operator's view, read one-sidedly: the holder holds, and (N-CoShED)
+    // each waiter names the node it waits for.
+    let status = dlm_tool(&topology, scheme, &["status", "--json"]);
+    let entry = |node: u32| -> Value {
+        let view = status["nodes"].as_array().unwrap().iter().find(|n| n["node"] == node).unwrap().clone();
+        view["locks"][0].clone()
+    };
+    assert_eq!(entry(HOLDER)["state"], "Holding { mode: Exclusive }", "{label}: {status}");
+    if scheme == Scheme::CoShed {
+        for &(id, _) in &WAITERS {
+            assert!(entry(id)["state"].as_str().unwrap().starts_with("Waiting"), "{label}: {status}");
+            assert_eq!(entry(id)["waits_for"], HOLDER, "{label}: node {id}: {status}");
+        }
+        assert_eq!(status["homes"][0]["locks"][0]["tail"], WAITERS[2].0, "{label}: the last exclusive is the tail");
+    }
     holder.kill();
 
     // No waiter hangs: each fails with the documented typed error.
@@ -482,17 +538,20 @@ fn killed_holder(backend: Backend, scheme: Scheme) {
         assert_eq!(failure["peer"], expected_peer, "{label}: node {}: {failure}", waiter.id);
     }
 
-    // Recovery is explicit: the administrator breaks the lock. The floor
-    // fences the dead holder out, and the lock works again.
+    // Recovery is the operator's: `tierstack dlm break`. The floor fences
+    // the dead holder out, and the lock works again.
+    let broken = dlm_tool(&topology, scheme, &["break", "0", "--no-recovery"]);
+    let floor = broken["floor"].as_u64().expect("a floor");
+    assert!(floor > dead_token, "{label}: floor {floor} must exceed the dead holder's token {dead_token}");
     let topo = Topology::load(&topology).unwrap();
     let fabric = open_fabric(&topo, NodeId(ADMIN)).unwrap();
-    let admin = LockManager::start(fabric, DlmConfig::new(scheme, vec![NodeId(HOME)], topo.node_ids())).unwrap();
-    let floor = admin.break_lock(LockId(0)).unwrap();
-    assert!(floor > dead_token, "{label}: floor {floor} must exceed the dead holder's token {dead_token}");
+    let config = DlmConfig::new(scheme, vec![NodeId(HOME)], topo.node_ids()).with_recovery(false);
+    let admin = LockManager::start(fabric, config).unwrap();
     let guard = admin.acquire_exclusive(LockId(0), Duration::from_millis(OP_TIMEOUT_MS * 10)).unwrap();
     assert!(guard.fencing_token() > floor, "{label}: a token after the break is above the floor");
     guard.release().unwrap();
     admin.acquire_shared(LockId(0), Duration::from_millis(OP_TIMEOUT_MS * 10)).unwrap().release().unwrap();
+    drop(admin);
 
     for waiter in waiters {
         let id = waiter.id;
@@ -520,4 +579,361 @@ fn a_killed_holder_is_reported_dead_and_break_lock_recovers_ncoshed_tcp() {
 #[test]
 fn a_killed_holder_leaves_srsl_waiters_timing_out_at_the_server_shm() {
     killed_holder(Backend::Shm, Scheme::Srsl);
+}
+
+// ---------------------------------------------------------------- chaos
+
+/// How long after a kill every untouched node must have been granted again.
+const RECOVERY_BOUND: Duration = Duration::from_secs(4);
+const CHAOS_NODES: u32 = 5;
+const CHAOS_SERVERS: u32 = 2;
+const CHAOS_LEASE_MS: u64 = 600;
+/// Fabric operation bound in the chaos topology: short, so a read of a
+/// stopped node's heartbeat on tcp gives up well inside a lease.
+const CHAOS_OP_TIMEOUT_MS: u64 = 300;
+/// Time from the test's start to the first event, and between events.
+const CHAOS_FIRST_EVENT: Duration = Duration::from_millis(1000);
+const CHAOS_EVENT_GAP: Duration = Duration::from_millis(1500);
+/// How long a killed node stays down.
+const RESTART_AFTER: Duration = Duration::from_millis(300);
+
+/// One incarnation of a chaos node: its output lines are collected by a
+/// thread into a list shared with the test.
+struct Incarnation {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    reader: Option<std::thread::JoinHandle<()>>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Event {
+    Kill { node: u32, at_ns: u64, restarted_ns: u64 },
+    Stop { node: u32, at_ns: u64, continued_ns: u64 },
+}
+
+struct Chaos {
+    topology: PathBuf,
+    /// Where each incarnation's standard error goes (`node<id>-<n>.err`).
+    logs: PathBuf,
+    incarnations: u32,
+    scheme: Scheme,
+    common: Vec<String>,
+    lines: std::sync::Arc<std::sync::Mutex<Vec<(u32, String)>>>,
+    nodes: Vec<Incarnation>,
+}
+
+impl Chaos {
+    fn spawn(&mut self, id: u32) -> Incarnation {
+        self.incarnations += 1;
+        let log = std::fs::File::create(self.logs.join(format!("node{id}-{}.err", self.incarnations))).unwrap();
+        let mut child = Command::new(exe())
+            .args(["dlm-node", "--topology", &self.topology.display().to_string(), "--node", &id.to_string()])
+            .args(["--scheme", self.scheme.name(), "--locks", "0..2"])
+            .args(&self.common)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(log)
+            .env("TIERSTACK_LOG", "tierstack_dlm=info")
+            .spawn()
+            .expect("starting tierstack dlm-node");
+        let stdin = child.stdin.take();
+        let stdout = child.stdout.take().expect("a stdout pipe");
+        let lines = self.lines.clone();
+        let reader = std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { return };
+                lines.lock().unwrap().push((id, line));
+            }
+        });
+        Incarnation { child, stdin, reader: Some(reader) }
+    }
+
+    fn ready_count(&self, id: u32) -> usize {
+        self.lines.lock().unwrap().iter().filter(|(n, l)| *n == id && l == "ready").count()
+    }
+
+    fn signal(&self, id: u32, signal: libc::c_int) {
+        // SAFETY: signalling our own child process, which has not been reaped.
+        let rc = unsafe { libc::kill(self.nodes[id as usize].child.id() as libc::pid_t, signal) };
+        assert_eq!(rc, 0, "signal {signal} to node {id}");
+    }
+
+    fn kill_and_restart(&mut self, id: u32) -> (u64, u64) {
+        let at_ns = tierstack_base::host_monotonic_ns();
+        self.signal(id, libc::SIGKILL);
+        let node = &mut self.nodes[id as usize];
+        node.child.wait().expect("reaping a killed node");
+        if let Some(reader) = node.reader.take() {
+            reader.join().unwrap();
+        }
+        std::thread::sleep(RESTART_AFTER); // the schedule: the node stays down this long
+        let readies = self.ready_count(id);
+        self.nodes[id as usize] = self.spawn(id);
+        let deadline = Instant::now() + STEP;
+        while self.ready_count(id) == readies {
+            assert!(Instant::now() < deadline, "node {id} did not come back");
+            std::thread::yield_now();
+        }
+        (at_ns, tierstack_base::host_monotonic_ns())
+    }
+
+    fn stop_and_continue(&mut self, id: u32) -> (u64, u64) {
+        let at_ns = tierstack_base::host_monotonic_ns();
+        self.signal(id, libc::SIGSTOP);
+        std::thread::sleep(Duration::from_millis(2 * CHAOS_LEASE_MS)); // the schedule: stopped past its lease
+        self.signal(id, libc::SIGCONT);
+        (at_ns, tierstack_base::host_monotonic_ns())
+    }
+}
+
+/// Every hold of a chaos run: `valid` if its release succeeded, else
+/// revoked (its release said `Broken`).
+#[derive(Clone, Debug)]
+struct ChaosHold {
+    hold: Hold,
+    valid: bool,
+}
+
+fn chaos_holds(lines: &[(u32, String)]) -> (Vec<ChaosHold>, Vec<Value>) {
+    let mut holds = Vec::new();
+    let mut summaries = Vec::new();
+    for (_, line) in lines {
+        let Ok(value) = serde_json::from_str::<Value>(line) else { continue };
+        if value.get("done").is_some() {
+            summaries.push(value);
+        } else if value.get("granted_ns").is_some() && value.get("event").is_none() {
+            // A release that failed: the hold was revoked (a recovery went
+            // past it while its node was stopped), or lost with its home.
+            let valid = value.get("error").is_none();
+            if !valid {
+                let lost_home = value["error"] == "peer_dead" && value["peer"].as_u64() < Some(CHAOS_SERVERS.into());
+                assert!(value["error"] == "broken" || lost_home, "a release failed otherwise: {value}");
+            }
+            holds.push(ChaosHold { hold: Hold::parse(&value), valid });
+        }
+    }
+    (holds, summaries)
+}
+
+/// The chaos run's properties; see the module documentation.
+fn check_chaos(holds: &[ChaosHold], events: &[Event], end_ns: u64) -> Result<(), String> {
+    let valid: Vec<Hold> = holds.iter().filter(|h| h.valid).map(|h| h.hold.clone()).collect();
+    check(&valid, true)?;
+    let mut by_lock: BTreeMap<u64, Vec<&ChaosHold>> = BTreeMap::new();
+    for h in holds.iter().filter(|h| !h.hold.shared) {
+        by_lock.entry(h.hold.lock).or_default().push(h);
+    }
+    for (lock, exclusive) in &by_lock {
+        for a in exclusive {
+            for b in exclusive {
+                let (ta, tb) = (a.hold.token.unwrap_or(0), b.hold.token.unwrap_or(0));
+                if a.hold.released_ns <= b.hold.granted_ns && ta >= tb {
+                    return Err(format!("lock {lock}: token {tb} granted after {ta}: {a:?} then {b:?}"));
+                }
+                if ta < tb && a.hold.released_ns > b.hold.granted_ns && a.valid {
+                    return Err(format!("lock {lock}: a valid hold outlived a later-token one: {a:?} {b:?}"));
+                }
+            }
+        }
+    }
+    for event in events {
+        let Event::Kill { node: killed, at_ns, .. } = *event else { continue };
+        let window = at_ns..at_ns + RECOVERY_BOUND.as_nanos() as u64;
+        if window.end > end_ns {
+            continue;
+        }
+        for n in (0..CHAOS_NODES).filter(|&n| n != killed) {
+            let disturbed = events.iter().any(|e| match *e {
+                Event::Kill { node, at_ns, restarted_ns } => {
+                    node == n && at_ns < window.end && restarted_ns > window.start
+                }
+                Event::Stop { node, at_ns, continued_ns } => {
+                    node == n && at_ns < window.end && continued_ns > window.start
+                }
+            });
+            if disturbed {
+                continue;
+            }
+            let progressed =
+                holds.iter().any(|h| h.valid && h.hold.node == u64::from(n) && window.contains(&h.hold.granted_ns));
+            if !progressed {
+                return Err(format!(
+                    "node {n} made no progress within {RECOVERY_BOUND:?} after node {killed} was killed at {at_ns}"
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn chaos(backend: Backend, scheme: Scheme, run: Duration) {
+    let seed = seed();
+    let label = format!("chaos {} {} seed {seed}", scheme.name(), backend.name());
+    eprintln!("dlm_processes {label} (replay the schedule with TIERSTACK_TEST_SEED={seed})");
+    let dir = tempfile::tempdir().unwrap();
+    let lines_spec: Vec<NodeLine> = (0..CHAOS_NODES)
+        .map(|id| NodeLine { id, role: if id < CHAOS_SERVERS { "app" } else { "passive" }, cpu: None })
+        .collect();
+    let name = format!("dlm-chaos-{}-{}", scheme.name(), backend.name());
+    let topology = write_topology(dir.path(), &name, backend, CHAOS_OP_TIMEOUT_MS, &lines_spec).unwrap();
+    let start_ns = tierstack_base::host_monotonic_ns();
+    let end_ns = start_ns + run.as_nanos() as u64;
+    let common = args(&[
+        ("--ops", "100000000".into()),
+        ("--shared-percent", "50".into()),
+        ("--seed", seed.to_string()),
+        ("--hold-us", "2000".into()),
+        ("--acquire-timeout-ms", "3000".into()),
+        ("--run-until-ns", end_ns.to_string()),
+        ("--lease-ms", CHAOS_LEASE_MS.to_string()),
+        ("--probe-ms", "20".into()),
+        ("--suspect-ms", "300".into()),
+    ]);
+    let logs = dir.path().to_path_buf();
+    let mut chaos =
+        Chaos { topology, logs, incarnations: 0, scheme, common, lines: Default::default(), nodes: Vec::new() };
+    // Servers first: the others create their locks at the servers before `ready`.
+    for id in 0..CHAOS_NODES {
+        let node = chaos.spawn(id);
+        chaos.nodes.push(node);
+        let deadline = Instant::now() + STEP;
+        while chaos.ready_count(id) == 0 {
+            assert!(Instant::now() < deadline, "{label}: node {id} never ready");
+            std::thread::yield_now();
+        }
+    }
+    // The schedule: kill a passive node, stop one, kill a lock server,
+    // stop one, kill any node; which ones comes from the seed.
+    let mut rng = tierstack_base::seeded_rng(seed);
+    let passive = |rng: &mut tierstack_base::SeededRng| rng.gen_range(CHAOS_SERVERS..CHAOS_NODES);
+    let plan = [
+        ('k', passive(&mut rng)),
+        ('s', passive(&mut rng)),
+        ('k', rng.gen_range(0..CHAOS_SERVERS)),
+        ('s', passive(&mut rng)),
+        ('k', rng.gen_range(0..CHAOS_NODES)),
+    ];
+    let mut events = Vec::new();
+    let mut due = Instant::now() + CHAOS_FIRST_EVENT;
+    for (what, node) in plan {
+        std::thread::sleep(due.saturating_duration_since(Instant::now())); // the schedule
+        events.push(match what {
+            'k' => {
+                let (at_ns, restarted_ns) = chaos.kill_and_restart(node);
+                Event::Kill { node, at_ns, restarted_ns }
+            }
+            _ => {
+                let (at_ns, continued_ns) = chaos.stop_and_continue(node);
+                Event::Stop { node, at_ns, continued_ns }
+            }
+        });
+        due += CHAOS_EVENT_GAP;
+    }
+    // Every node ends its operations at `end_ns`; wait for their summaries.
+    let deadline = Instant::now() + run + STEP;
+    loop {
+        let done: std::collections::BTreeSet<u32> =
+            chaos.lines.lock().unwrap().iter().filter(|(_, l)| l.starts_with("{\"done\"")).map(|(n, _)| *n).collect();
+        if done.len() == CHAOS_NODES as usize {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{label}: only {done:?} finished");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    for node in &mut chaos.nodes {
+        node.stdin.take();
+    }
+    for node in &mut chaos.nodes {
+        let _ = node.child.wait();
+        if let Some(reader) = node.reader.take() {
+            reader.join().unwrap();
+        }
+    }
+    let lines = chaos.lines.lock().unwrap().clone();
+    let (holds, summaries) = chaos_holds(&lines);
+    let revoked = holds.iter().filter(|h| !h.valid).count();
+    let moves: u64 = summaries.iter().map(|s| s["moves"].as_u64().unwrap_or(0)).sum();
+    eprintln!(
+        "{label}: {} holds ({revoked} revoked), events {events:?}, moves at surviving nodes {moves}",
+        holds.len()
+    );
+    if let Err(violation) = check_chaos(&holds, &events, end_ns) {
+        // What each node reported after the last event before the failure, for diagnosis.
+        for (n, line) in lines.iter().filter(|(_, l)| !l.contains("\"released_ns\"") || l.contains("error")) {
+            eprintln!("node {n}: {line}");
+        }
+        print_warnings(dir.path());
+        panic!("{label}: {violation}");
+    }
+    for summary in &summaries {
+        if summary["violations"] != 0 {
+            print_warnings(dir.path());
+        }
+        assert_eq!(summary["violations"], 0, "{label}: {summary}");
+    }
+    assert!(holds.len() > 100, "{label}: the run did little");
+}
+
+/// Prints the nodes' warnings (their standard error), for a failing run.
+fn print_warnings(dir: &Path) {
+    let mut logs: Vec<_> = std::fs::read_dir(dir).unwrap().flatten().map(|e| e.path()).collect();
+    logs.sort();
+    for log in logs.iter().filter(|p| p.extension().is_some_and(|e| e == "err")) {
+        for line in std::fs::read_to_string(log).unwrap_or_default().lines().filter(|l| l.contains("WARN")) {
+            eprintln!("{}: {line}", log.file_name().unwrap().to_string_lossy());
+        }
+    }
+}
+
+/// Seconds of chaos per run: events take the first 7.5 s, and the last
+/// kill's recovery window must end before the run does.
+const CHAOS_RUN: Duration = Duration::from_secs(12);
+
+#[test]
+fn chaos_ncoshed_shm() {
+    chaos(Backend::Shm, Scheme::CoShed, CHAOS_RUN);
+}
+
+#[test]
+fn chaos_ncoshed_tcp() {
+    chaos(Backend::Tcp, Scheme::CoShed, CHAOS_RUN);
+}
+
+#[test]
+fn chaos_srsl_shm() {
+    chaos(Backend::Shm, Scheme::Srsl, CHAOS_RUN);
+}
+
+#[test]
+fn chaos_dqnl_shm() {
+    chaos(Backend::Shm, Scheme::Dqnl, CHAOS_RUN);
+}
+
+#[test]
+fn the_chaos_checker_rejects_what_it_must() {
+    let hold = |node, shared, token, granted_ns, released_ns, valid| ChaosHold {
+        hold: Hold { node, lock: 0, shared, token, start_ns: granted_ns, granted_ns, released_ns },
+        valid,
+    };
+    let end = 100_000_000_000;
+    // A stopped holder's hold, revoked, overlaps a later-token one: fine.
+    let revoked = [hold(1, false, Some(5), 10, 50, false), hold(2, false, Some(6), 30, 40, true)];
+    assert!(check_chaos(&revoked, &[], end).is_ok());
+    // The same overlap with both valid: mutual exclusion is broken.
+    let both = [hold(1, false, Some(5), 10, 50, true), hold(2, false, Some(6), 30, 40, true)];
+    assert!(check_chaos(&both, &[], end).is_err());
+    // A revoked hold whose token is the later one: fencing would not reject it.
+    let backwards = [hold(1, false, Some(7), 10, 50, false), hold(2, false, Some(6), 30, 40, true)];
+    assert!(check_chaos(&backwards, &[], end).is_err());
+    // Tokens that go down in time (a home restarted with a lower fence).
+    let down = [hold(1, false, Some(7), 10, 20, true), hold(2, false, Some(6), 30, 40, true)];
+    assert!(check_chaos(&down, &[], end).is_err());
+    // A kill after which an untouched node is never granted again.
+    let kill = Event::Kill { node: 4, at_ns: 1_000, restarted_ns: 2_000 };
+    let mut quiet: Vec<ChaosHold> = (0..CHAOS_NODES as u64).map(|n| hold(n, true, None, 5_000, 6_000, true)).collect();
+    assert!(check_chaos(&quiet, &[kill], end).is_ok());
+    quiet.retain(|h| h.hold.node != 2);
+    assert!(check_chaos(&quiet, &[kill], end).is_err(), "node 2 made no progress");
+    let stopped = Event::Stop { node: 2, at_ns: 1_500, continued_ns: 1_800 };
+    assert!(check_chaos(&quiet, &[kill, stopped], end).is_ok(), "a stopped node is excused");
 }

@@ -80,4 +80,26 @@ impl Cluster {
         assert_eq!(Arc::strong_count(&fabric), 1, "something still holds node {i}'s fabric");
         drop(fabric);
     }
+
+    /// Starts node `i` again after [`Cluster::kill`] (shm only): a new
+    /// incarnation of the same node id.
+    pub fn restart(&mut self, i: usize) {
+        let dir = self._dir.as_ref().expect("restart needs shm");
+        assert!(self.fabrics[i].is_none(), "node {i} still runs");
+        let fabric: Arc<dyn Fabric> = ShmFabric::open(ShmConfig::new(dir.path(), NodeId(i as u32))).unwrap();
+        self.fabrics[i] = Some(fabric);
+    }
+
+    /// Starts a lock manager on node `i` alone (after a restart).
+    pub fn manager(
+        &self,
+        i: usize,
+        scheme: Scheme,
+        servers: &[u32],
+        tweak: impl Fn(DlmConfig) -> DlmConfig,
+    ) -> LockManager {
+        let nodes: Vec<NodeId> = (0..self.fabrics.len() as u32).map(NodeId).collect();
+        let servers: Vec<NodeId> = servers.iter().map(|&s| NodeId(s)).collect();
+        LockManager::start(self.fabric(i), tweak(DlmConfig::new(scheme, servers, nodes))).unwrap()
+    }
 }

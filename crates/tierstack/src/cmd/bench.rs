@@ -63,6 +63,10 @@ pub enum BenchCommand {
         /// Run the nodes as threads of this process (each with its own fabric) instead of processes.
         #[arg(long)]
         threads: bool,
+        /// Rounds of the recovery-after-a-kill measurement per scheme and backend (default 15; 3 with
+        /// --quick; 0 skips it; processes only).
+        #[arg(long)]
+        recovery_rounds: Option<usize>,
     },
     /// Distributed data sharing substrate (services paper Fig. 3a): put latency by coherence model and value
     /// size, get latency, and Redis on loopback for comparison; the home node is a `ddss-daemon` process.
@@ -146,7 +150,7 @@ pub fn run(command: BenchCommand) -> Result<()> {
             run_fabric(&config)?;
             Ok(())
         }
-        BenchCommand::Dlm { out, quick, backends, schemes, waiters, rounds, threads } => {
+        BenchCommand::Dlm { out, quick, backends, schemes, waiters, rounds, threads, recovery_rounds } => {
             use tierstack_bench::dlm::NodeKind;
             let nodes = if threads { NodeKind::Threads } else { NodeKind::Processes { exe: std::env::current_exe()? } };
             let mut config = tierstack_bench::dlm::DlmBenchConfig::new(out, nodes, quick);
@@ -157,6 +161,9 @@ pub fn run(command: BenchCommand) -> Result<()> {
             }
             if let Some(rounds) = rounds {
                 config.rounds = rounds;
+            }
+            if let Some(recovery_rounds) = recovery_rounds {
+                config.recovery_rounds = recovery_rounds;
             }
             tierstack_bench::dlm::run(&config)?;
             Ok(())

@@ -1,6 +1,11 @@
 //! `tierstack dlm-node`: one node of the distributed lock manager as an OS
 //! process, running a random mix of shared and exclusive holds and printing
 //! every hold, for the multi-process lock tests (and a checker outside).
+//! And the operator's tools, `tierstack dlm status` (every lock's home
+//! words and every node's view, read one-sidedly) and `tierstack dlm break`.
+//!
+//! **Recovery** is on unless `--no-recovery`; `--lease-ms` sets the lease
+//! (0: none), `--probe-ms` the monitor's interval (see `DlmConfig`).
 //!
 //! **Lock servers.** The homes of the locks are the topology's non-passive
 //! nodes (at least one is required); passive nodes only use locks. Every
@@ -29,15 +34,19 @@
 //!   recorded intervals that overlap prove that the holds overlapped;
 //! - per failed acquire or release: `{node, lock, mode, phase, error, peer,
 //!   message, start_ns, failed_ns}` with `error` one of `timeout`,
-//!   `peer_dead`, `broken`, `other` and `peer` the node the error names
-//!   (the holder waited for, the dead node), or null; the node goes on
-//!   with its next operation;
+//!   `peer_dead`, `broken`, `would_block`, `other` and `peer` the node the
+//!   error names (the holder waited for, the dead node), or null; a failed
+//!   release also has the hold's `token`, `granted_ns` and `released_ns`
+//!   (a hold whose release says `broken` was revoked: a recovery went past
+//!   it while this node was stopped, or an operator broke the lock); the
+//!   node goes on with its next operation;
 //! - with `--announce`: `{event: "granted", ...}` as soon as a grant
 //!   returns, and during each hold `{event: "handled", messages}` whenever
 //!   the count of lock messages this node has handled changes (a holder's
 //!   view of who queued behind it);
 //! - after the last operation the summary `{done, scheme, ops, holds,
-//!   errors, messages_handled, message_errors}`.
+//!   errors, messages_handled, message_errors, violations, moves,
+//!   peers_lost}` (see `DlmStats`).
 //!
 //! Then the node keeps serving lock traffic — it may be the home of locks
 //! others use, or the predecessor that passes a lock on — until its
@@ -55,8 +64,10 @@ use std::time::{Duration, Instant};
 use tierstack_base::host_monotonic_ns as monotonic_ns;
 use tierstack_base::{seeded_rng, NodeId};
 use tierstack_cluster::{Role, Topology};
-use tierstack_dlm::table::home_of;
+use tierstack_dlm::status::{read_node_status, NodeStatus};
+use tierstack_dlm::table::{alive_region, home_of, read_table, table_region, SlotView};
 use tierstack_dlm::{DlmConfig, Grant, LockError, LockId, LockManager, LockMode, Scheme, Wait};
+use tierstack_fabric::PeerState;
 
 /// Most locks one node may operate on.
 pub const LOCKS_MAX: u64 = 1024;
@@ -66,6 +77,9 @@ pub const LOCK_SETUP_TIMEOUT_MS: u64 = 30_000;
 const LOCK_SETUP_RETRY_MS: u64 = 5;
 /// Poll interval of an announced hold (for `handled` events).
 const ANNOUNCE_POLL_US: u64 = 500;
+/// Pause after an acquire that failed for a reason other than a timeout
+/// (a home that is down, say), so the node does not spin on it.
+const FAILED_ACQUIRE_PAUSE_MS: u64 = 20;
 
 #[derive(Args)]
 pub struct LockNodeArgs {
@@ -99,6 +113,40 @@ pub struct LockNodeArgs {
     /// Print each grant as it happens, and the lock messages handled during each hold.
     #[arg(long)]
     announce: bool,
+    /// Stop starting operations at this CLOCK_MONOTONIC time (ns), even if
+    /// fewer than --ops ran (a chaos run's common end, restarts included).
+    #[arg(long)]
+    run_until_ns: Option<u64>,
+    #[command(flatten)]
+    recovery: RecoveryArgs,
+}
+
+/// How a lock manager recovers from dead and stopped peers (every node of a
+/// cluster must use the same).
+#[derive(Args, Clone, Debug)]
+pub struct RecoveryArgs {
+    /// Turn automatic recovery off: a dead holder wedges its lock until `tierstack dlm break`.
+    #[arg(long)]
+    no_recovery: bool,
+    /// The lease in milliseconds: a node whose heartbeat stands still this long counts as dead (0: no leases).
+    #[arg(long, default_value_t = tierstack_dlm::LEASE_MS_DEFAULT)]
+    lease_ms: u64,
+    /// How often the recovery monitor looks at waiting requests, in milliseconds.
+    #[arg(long, default_value_t = tierstack_dlm::PROBE_INTERVAL_MS_DEFAULT, value_parser = clap::value_parser!(u64).range(1..))]
+    probe_ms: u64,
+    /// How long a request may wait for parties it cannot name before every node is checked, in milliseconds.
+    #[arg(long, default_value_t = tierstack_dlm::SUSPECT_AFTER_MS_DEFAULT, value_parser = clap::value_parser!(u64).range(1..))]
+    suspect_ms: u64,
+}
+
+impl RecoveryArgs {
+    fn apply(&self, config: DlmConfig) -> DlmConfig {
+        config
+            .with_recovery(!self.no_recovery)
+            .with_lease((self.lease_ms > 0).then(|| Duration::from_millis(self.lease_ms)))
+            .with_probe_interval(Duration::from_millis(self.probe_ms))
+            .with_suspect_after(Duration::from_millis(self.suspect_ms))
+    }
 }
 
 /// `tierstack dlm-bench-node`: one node of `bench dlm`, run by the benchmark.
@@ -146,6 +194,7 @@ fn classify(error: &LockError) -> (&'static str, Option<NodeId>) {
         LockError::Timeout { blocked_on, .. } => ("timeout", *blocked_on),
         LockError::PeerDead { node, .. } => ("peer_dead", Some(*node)),
         LockError::Broken { .. } => ("broken", None),
+        LockError::WouldBlock { .. } => ("would_block", None),
         _ => ("other", None),
     }
 }
@@ -222,7 +271,7 @@ pub fn run_node(args: LockNodeArgs) -> Result<()> {
     if servers.is_empty() {
         bail!("the topology has no non-passive node to serve locks");
     }
-    let config = DlmConfig::new(args.scheme, servers.clone(), topology.node_ids());
+    let config = args.recovery.apply(DlmConfig::new(args.scheme, servers.clone(), topology.node_ids()));
     let manager = LockManager::start(fabric, config).with_context(|| format!("starting the lock manager on {node}"))?;
     let locks = || (args.locks.start..args.locks.end).map(LockId);
     let is_server = servers.contains(&node);
@@ -249,6 +298,9 @@ pub fn run_node(args: LockNodeArgs) -> Result<()> {
     let scheme = manager.scheme().clone();
     let (mut holds, mut errors) = (0usize, 0usize);
     for _ in 0..args.ops {
+        if args.run_until_ns.is_some_and(|end| monotonic_ns() >= end) {
+            break;
+        }
         let lock = LockId(rng.gen_range(args.locks.clone()));
         let mode = if rng.gen_range(0..100) < args.shared_percent { LockMode::Shared } else { LockMode::Exclusive };
         let start_ns = monotonic_ns();
@@ -257,6 +309,9 @@ pub fn run_node(args: LockNodeArgs) -> Result<()> {
             Err(e) => {
                 errors += 1;
                 emit(&error_line(node, lock, mode, "acquire", &e, start_ns))?;
+                if !matches!(e, LockError::Timeout { .. }) {
+                    std::thread::sleep(Duration::from_millis(FAILED_ACQUIRE_PAUSE_MS));
+                }
                 continue;
             }
         };
@@ -274,7 +329,11 @@ pub fn run_node(args: LockNodeArgs) -> Result<()> {
         let released_ns = monotonic_ns();
         if let Err(e) = scheme.release(&grant) {
             errors += 1;
-            emit(&error_line(node, lock, mode, "release", &e, start_ns))?;
+            let mut line = error_line(node, lock, mode, "release", &e, start_ns);
+            line["token"] = json!(token);
+            line["granted_ns"] = json!(granted_ns);
+            line["released_ns"] = json!(released_ns);
+            emit(&line)?;
             continue;
         }
         holds += 1;
@@ -287,6 +346,7 @@ pub fn run_node(args: LockNodeArgs) -> Result<()> {
     emit(&json!({
         "done": node.0, "scheme": args.scheme.name(), "ops": args.ops, "holds": holds, "errors": errors,
         "messages_handled": stats.messages_handled, "message_errors": stats.message_errors,
+        "moves": stats.moves, "peers_lost": stats.peers_lost, "violations": stats.violations,
     }))?;
 
     // Keep serving (the receive thread does) until standard input closes.
@@ -301,5 +361,200 @@ pub fn run_node(args: LockNodeArgs) -> Result<()> {
     if errors > 0 {
         bail!("{errors} of {} operations failed", args.ops);
     }
+    Ok(())
+}
+
+// ---------------------------------------------------------------- operator tools
+
+/// `tierstack dlm …`: the operator's tools.
+#[derive(clap::Subcommand)]
+pub enum DlmCommand {
+    /// Every lock's home words (generation, tail, shared count, drain, fence) and every node's view of
+    /// each lock (holding, waiting and for whom, moving, barrier), read one-sidedly; plus each node's
+    /// liveness, incarnation, heartbeat and lease.
+    Status(StatusArgs),
+    /// Break a lock: move it to a new generation from this node, revoking every hold and request
+    /// (their holders' releases say `Broken`); prints the fencing floor. For a holder that is alive
+    /// but stuck: a dead one is recovered without this.
+    Break(BreakArgs),
+}
+
+/// Which lock manager, on which cluster, as which node.
+#[derive(Args)]
+pub struct ManagerArgs {
+    /// This tool's node: a node of the topology that runs nothing else now.
+    #[command(flatten)]
+    at: super::NodeArgs,
+    /// The cluster's lock scheme.
+    #[arg(long, default_value = "ncoshed")]
+    scheme: Scheme,
+    /// The cluster's region prefix (`DlmConfig::region_prefix`).
+    #[arg(long, default_value = "dlm")]
+    prefix: String,
+}
+
+#[derive(Args)]
+pub struct StatusArgs {
+    #[command(flatten)]
+    manager: ManagerArgs,
+    /// Print JSON instead of tables.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
+pub struct BreakArgs {
+    #[command(flatten)]
+    manager: ManagerArgs,
+    /// The lock to break.
+    lock: u64,
+    #[command(flatten)]
+    recovery: RecoveryArgs,
+}
+
+pub fn run(command: DlmCommand) -> Result<()> {
+    match command {
+        DlmCommand::Status(args) => status(args),
+        DlmCommand::Break(args) => break_lock(args),
+    }
+}
+
+/// What `dlm status` read.
+struct Status {
+    /// Per lock server: its table, or why it could not be read.
+    homes: Vec<(NodeId, Result<Vec<SlotView>, String>)>,
+    /// Per node: its liveness and node region, or why it could not be read.
+    nodes: Vec<(NodeId, PeerState, Result<NodeStatus, String>)>,
+}
+
+fn read_status(args: &ManagerArgs) -> Result<Status> {
+    let (topology, fabric) = args.at.open()?;
+    let scheme = args.scheme.name();
+    let homes = lock_servers(&topology)
+        .into_iter()
+        .map(|home| {
+            let table = fabric
+                .connect(home, &table_region(&args.prefix, scheme))
+                .and_then(|region| read_table(region.as_ref()))
+                .map_err(|e| e.to_string());
+            (home, table)
+        })
+        .collect();
+    let nodes = topology
+        .node_ids()
+        .into_iter()
+        .filter(|&n| n != args.at.id())
+        .map(|n| {
+            let view = fabric
+                .connect(n, &alive_region(&args.prefix, scheme))
+                .and_then(|region| read_node_status(region.as_ref()))
+                .map_err(|e| e.to_string());
+            (n, fabric.peer_state(n), view)
+        })
+        .collect();
+    Ok(Status { homes, nodes })
+}
+
+fn status(args: StatusArgs) -> Result<()> {
+    let read = read_status(&args.manager)?;
+    if args.json {
+        let homes: Vec<Value> = read
+            .homes
+            .iter()
+            .map(|(home, table)| match table {
+                Ok(slots) => json!({ "home": home.0, "locks": slots.iter().map(slot_json).collect::<Vec<_>>() }),
+                Err(e) => json!({ "home": home.0, "error": e }),
+            })
+            .collect();
+        let nodes: Vec<Value> = read
+            .nodes
+            .iter()
+            .map(|(n, state, view)| match view {
+                Ok(v) => json!({
+                    "node": n.0, "process": format!("{state:?}"), "incarnation": v.incarnation,
+                    "heartbeat": v.heartbeat, "lease_ms": v.lease_ms,
+                    "locks": v.entries.iter().map(|e| json!({
+                        "lock": e.lock.0, "state": format!("{:?}", e.state), "generation": e.generation,
+                        "waits_for": e.peer.map(|p| p.0), "since_ns": e.since_ns, "requests": e.requests,
+                    })).collect::<Vec<_>>(),
+                }),
+                Err(e) => json!({ "node": n.0, "process": format!("{state:?}"), "error": e }),
+            })
+            .collect();
+        println!("{}", json!({ "homes": homes, "nodes": nodes }));
+        return Ok(());
+    }
+    let now = monotonic_ns();
+    println!("locks (home words, read one-sidedly):");
+    println!(
+        "  {:>8} {:>6} {:>4} {:>8} {:>7} {:>14} {:>20}",
+        "lock", "home", "gen", "tail", "shared", "drain waiter", "fence count/gen"
+    );
+    for (home, table) in &read.homes {
+        match table {
+            Ok(slots) => {
+                for slot in slots {
+                    let tail = slot.word.tail.map_or("-".to_string(), |t| t.to_string());
+                    let drain = slot.drain.waiter.map_or("-".to_string(), |w| w.to_string());
+                    println!(
+                        "  {:>8} {:>6} {:>4} {:>8} {:>7} {:>14} {:>20}",
+                        slot.lock.0,
+                        home.to_string(),
+                        slot.word.generation,
+                        tail,
+                        slot.word.shared,
+                        drain,
+                        format!("{}/{}", slot.fence.count, slot.fence.generation)
+                    );
+                }
+            }
+            Err(e) => println!("  {home}: table unreadable: {e}"),
+        }
+    }
+    println!("nodes (each node's own view, read one-sidedly):");
+    for (n, state, view) in &read.nodes {
+        match view {
+            Ok(v) => {
+                let lease = if v.lease_ms == 0 { "no lease".to_string() } else { format!("lease {} ms", v.lease_ms) };
+                println!(
+                    "  {n}: process {state:?}, incarnation {:#x}, heartbeat {}, {lease}",
+                    v.incarnation, v.heartbeat
+                );
+                for e in &v.entries {
+                    let peer = e.peer.map(|p| format!(" for {p}")).unwrap_or_default();
+                    let age = now.saturating_sub(e.since_ns) / 1_000_000;
+                    println!(
+                        "    lock {:>8}: {:?}{peer} in generation {} for {age} ms ({} requests)",
+                        e.lock.0, e.state, e.generation, e.requests
+                    );
+                }
+            }
+            Err(e) => println!("  {n}: process {state:?}, no lock manager readable: {e}"),
+        }
+    }
+    Ok(())
+}
+
+fn slot_json(slot: &SlotView) -> Value {
+    json!({
+        "lock": slot.lock.0, "generation": slot.word.generation, "tail": slot.word.tail.map(|t| t.0),
+        "shared": slot.word.shared, "drain_waiter": slot.drain.waiter.map(|w| w.0),
+        "drain_balance": slot.drain.balance, "fence_count": slot.fence.count,
+        "fence_generation": slot.fence.generation,
+    })
+}
+
+fn break_lock(args: BreakArgs) -> Result<()> {
+    let at = &args.manager;
+    let (topology, fabric) = at.at.open()?;
+    let servers = lock_servers(&topology);
+    let config = args
+        .recovery
+        .apply(DlmConfig::new(at.scheme, servers, topology.node_ids()))
+        .with_region_prefix(at.prefix.clone());
+    let manager = LockManager::start(fabric, config).context("starting a lock manager to break the lock")?;
+    let lock = LockId(args.lock);
+    let floor = manager.break_lock(lock).with_context(|| format!("breaking {lock}"))?;
+    println!("{}", json!({ "broken": lock.0, "floor": floor }));
     Ok(())
 }
