@@ -1,0 +1,150 @@
+//! Load balancing end to end, as processes on shm: the module, two
+//! application servers publishing their load (registered `monitor.load`
+//! and a monitor socket server), and four proxies balancing least-loaded
+//! over them, one per monitoring scheme. Every request is served, each
+//! proxy reads both loads for every choice; once one application server is
+//! SIGKILLed, every scheme reports it dead and its proxy stops sending to it.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+use tierstack_bench::owner::{free_loopback_port, write_topology, ChildNode, NodeLine};
+use tierstack_cluster::Backend;
+use tierstack_monitor::Scheme;
+use tierstack_proxy::ProxyStats;
+
+const DOCS: [&str; 6] = ["a", "b", "c", "d", "e", "f"];
+
+fn exe() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_tierstack"))
+}
+
+fn strings(list: &[&str]) -> Vec<String> {
+    list.iter().map(|s| s.to_string()).collect()
+}
+
+/// One GET over its own connection: the status and the body.
+fn get(addr: SocketAddr, path: &str) -> (u16, String) {
+    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(10)).unwrap();
+    stream.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    write!(stream, "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    let status = response.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let body = response.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
+    (status, body)
+}
+
+fn stats(admin: SocketAddr) -> ProxyStats {
+    let (status, body) = get(admin, "/_tierstack/stats");
+    assert_eq!(status, 200);
+    let stats: ProxyStats = serde_json::from_str(&body).unwrap();
+    assert_eq!(stats.accounting_error(), None, "{stats:?}");
+    stats
+}
+
+#[test]
+fn every_scheme_balances_and_skips_a_killed_server() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut nodes = vec![NodeLine { id: 0, role: "app", cpu: None }];
+    nodes.extend((1..=2).map(|id| NodeLine { id, role: "app", cpu: None }));
+    nodes.extend((3..=6).map(|id| NodeLine { id, role: "proxy", cpu: None }));
+    let topology = write_topology(dir.path(), "monitor", Backend::Shm, 1000, &nodes).unwrap().display().to_string();
+    let socket = dir.path().join("module.sock").display().to_string();
+    let documents = dir.path().join("docs.txt");
+    std::fs::write(&documents, DOCS.iter().map(|d| format!("{d} 200\n")).collect::<String>()).unwrap();
+    let documents = format!("file:{}", documents.display());
+
+    let _module = ChildNode::spawn(
+        &exe(),
+        &strings(&["app-module", "--topology", &topology, "--node", "0", "--socket", &socket]),
+    )
+    .unwrap();
+    let mut servers = Vec::new();
+    let mut upstreams = Vec::new();
+    for node in 1..=2u32 {
+        let (listen, monitor) = (free_loopback_port().unwrap(), free_loopback_port().unwrap());
+        let args = strings(&[
+            "app-server",
+            "--listen",
+            &listen.to_string(),
+            "--module-socket",
+            &socket,
+            "--documents",
+            &documents,
+            "--topology",
+            &topology,
+            "--node",
+            &node.to_string(),
+            "--publish-load",
+            "--monitor-listen",
+            &monitor.to_string(),
+            "--monitor-interval-ms",
+            "5",
+            "--cpu-cost",
+            "pareto:1.1,100,2000",
+        ]);
+        servers.push(ChildNode::spawn(&exe(), &args).unwrap());
+        upstreams.push((format!("http://{listen}"), format!("{node}@{monitor}")));
+    }
+    let mut proxies = Vec::new();
+    for (scheme, node) in Scheme::ALL.into_iter().zip(3u32..) {
+        let (listen, admin) = (free_loopback_port().unwrap(), free_loopback_port().unwrap());
+        let mut args = strings(&[
+            "proxy",
+            "--listen",
+            &listen.to_string(),
+            "--admin-listen",
+            &admin.to_string(),
+            "--mode",
+            "no-cache",
+            "--topology",
+            &topology,
+            "--node",
+            &node.to_string(),
+            "--balance",
+            "least-loaded",
+            "--monitor",
+            scheme.name(),
+            "--monitor-interval-ms",
+            "5",
+        ]);
+        for (url, monitor) in &upstreams {
+            args.extend(strings(&["--upstream", url, "--upstream-monitor", monitor]));
+        }
+        proxies.push((scheme, listen, admin, ChildNode::spawn(&exe(), &args).unwrap()));
+    }
+
+    for (scheme, listen, admin, _) in &proxies {
+        for doc in DOCS.iter().cycle().take(12) {
+            let (status, body) = get(*listen, &format!("/doc/{doc}"));
+            assert_eq!(status, 200, "{scheme}: {body}");
+            assert!(body.starts_with(&format!("doc={doc} ")), "{scheme}: {body}");
+        }
+        let stats = stats(*admin);
+        assert_eq!(stats.monitor, Some(*scheme));
+        assert_eq!(stats.routed.iter().sum::<u64>(), 12, "{scheme}: {stats:?}");
+        assert_eq!(stats.monitor_reads, 24, "{scheme}: both loads read for every choice");
+    }
+
+    servers[1].kill().unwrap();
+    for (scheme, listen, admin, _) in &proxies {
+        // Requests may fail until the scheme notices (a failed liveness
+        // check, a refused connection, a closed push stream); then none may.
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let mut streak = 0;
+        while streak < 5 {
+            assert!(Instant::now() < deadline, "{scheme} never stopped routing to the killed server");
+            let (status, _) = get(*listen, "/doc/a");
+            streak = if status == 200 { streak + 1 } else { 0 };
+        }
+        let before = stats(*admin).routed;
+        for doc in DOCS {
+            assert_eq!(get(*listen, &format!("/doc/{doc}")).0, 200, "{scheme}");
+        }
+        let after = stats(*admin).routed;
+        assert_eq!(after[1], before[1], "{scheme}: nothing more to the killed server");
+        assert_eq!(after[0], before[0] + DOCS.len() as u64, "{scheme}");
+    }
+}
