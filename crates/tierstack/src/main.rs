@@ -32,6 +32,8 @@ enum Command {
     AppServer(cmd::tiers::AppServerArgs),
     /// The caching proxy (HTTP) with one-sided version checks.
     Proxy(cmd::tiers::ProxyArgs),
+    /// Every node's published load (running threads, connections, requests, queue, kernel fields), read one-sidedly, redrawn live.
+    Top(cmd::top::TopArgs),
     /// A static origin web server (a directory or a synthetic file set) with an emulated disk and a memory cache.
     Origin(cmd::origin::OriginArgs),
     /// DDSS node daemon: start the node's substrate and serve it to local processes on a socket.
@@ -67,6 +69,7 @@ fn main() -> std::process::ExitCode {
         Command::AppModule(args) => cmd::tiers::app_module(args),
         Command::AppServer(args) => cmd::tiers::app_server(args),
         Command::Proxy(args) => cmd::tiers::proxy(args),
+        Command::Top(args) => cmd::top::run(args),
         Command::Origin(args) => cmd::origin::run(args),
         Command::DdssDaemon(args) => cmd::ddss::run_daemon(args),
         Command::DdssClient(args) => cmd::ddss::run_client(args),

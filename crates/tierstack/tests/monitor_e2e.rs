@@ -4,6 +4,8 @@
 //! over them, one per monitoring scheme. Every request is served, each
 //! proxy reads both loads for every choice; once one application server is
 //! SIGKILLed, every scheme reports it dead and its proxy stops sending to it.
+//! `tierstack top --once` from a node of its own shows exactly the two
+//! publishing servers, then the killed one as dead.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -15,6 +17,29 @@ use tierstack_monitor::Scheme;
 use tierstack_proxy::ProxyStats;
 
 const DOCS: [&str; 6] = ["a", "b", "c", "d", "e", "f"];
+const TOP_NODE: u32 = 7;
+
+/// `tierstack top --once --json`: (node, health now, sampled health, open connections) per row.
+fn top(topology: &str) -> Vec<(u64, String, String, u64)> {
+    let output = std::process::Command::new(exe())
+        .args(["top", "--topology", topology, "--node", &TOP_NODE.to_string(), "--once", "--json"])
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let rows: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    rows.as_array()
+        .unwrap()
+        .iter()
+        .map(|row| {
+            (
+                row["node"].as_u64().unwrap(),
+                row["now"]["health"].as_str().unwrap().to_string(),
+                row["sampled"]["health"].as_str().unwrap().to_string(),
+                row["now"]["record"]["counters"]["open_connections"].as_u64().unwrap(),
+            )
+        })
+        .collect()
+}
 
 fn exe() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_tierstack"))
@@ -50,6 +75,7 @@ fn every_scheme_balances_and_skips_a_killed_server() {
     let mut nodes = vec![NodeLine { id: 0, role: "app", cpu: None }];
     nodes.extend((1..=2).map(|id| NodeLine { id, role: "app", cpu: None }));
     nodes.extend((3..=6).map(|id| NodeLine { id, role: "proxy", cpu: None }));
+    nodes.push(NodeLine { id: TOP_NODE, role: "passive", cpu: None });
     let topology = write_topology(dir.path(), "monitor", Backend::Shm, 1000, &nodes).unwrap().display().to_string();
     let socket = dir.path().join("module.sock").display().to_string();
     let documents = dir.path().join("docs.txt");
@@ -128,6 +154,13 @@ fn every_scheme_balances_and_skips_a_killed_server() {
         assert_eq!(stats.monitor_reads, 24, "{scheme}: both loads read for every choice");
     }
 
+    let rows = top(&topology);
+    assert_eq!(rows.iter().map(|r| r.0).collect::<Vec<_>>(), [1, 2], "only the publishing servers: {rows:?}");
+    for (node, now, sampled, connections) in &rows {
+        assert_eq!((now.as_str(), sampled.as_str()), ("fresh", "fresh"), "node {node}");
+        assert!(*connections >= 1, "node {node}: the proxies keep connections open");
+    }
+
     servers[1].kill().unwrap();
     for (scheme, listen, admin, _) in &proxies {
         // Requests may fail until the scheme notices (a failed liveness
@@ -147,4 +180,8 @@ fn every_scheme_balances_and_skips_a_killed_server() {
         assert_eq!(after[1], before[1], "{scheme}: nothing more to the killed server");
         assert_eq!(after[0], before[0] + DOCS.len() as u64, "{scheme}");
     }
+    let rows = top(&topology);
+    assert_eq!(rows[1].0, 2);
+    assert_eq!((rows[1].1.as_str(), rows[1].2.as_str()), ("dead", "dead"), "{rows:?}");
+    assert_eq!(rows[0].1, "fresh");
 }

@@ -7,6 +7,7 @@ pub mod load;
 pub mod origin;
 pub mod sim;
 pub mod tiers;
+pub mod top;
 pub mod trace;
 
 use anyhow::{Context, Result};
