@@ -16,6 +16,7 @@ pub mod deploy;
 pub mod dlm;
 pub mod dlm_nodes;
 pub mod fabric;
+pub mod monitor;
 pub mod owner;
 pub mod pushpull;
 pub mod report;

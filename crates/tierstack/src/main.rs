@@ -48,6 +48,9 @@ enum Command {
     /// Lock-manager node driven by `bench dlm` over its standard input (see tierstack_bench::dlm_nodes).
     #[command(hide = true)]
     DlmBenchNode(cmd::dlm::BenchNodeArgs),
+    /// Monitored back end driven by `bench monitor` (a random walk of load; prints its truth log at the end).
+    #[command(hide = true)]
+    MonitorNode(cmd::monitor::MonitorNodeArgs),
     /// Workload traces: the seeds' numbers beside the synthesized ones (show), Common Log Format export (export).
     #[command(subcommand)]
     Trace(cmd::trace::TraceCommand),
@@ -70,6 +73,7 @@ fn main() -> std::process::ExitCode {
         Command::AppServer(args) => cmd::tiers::app_server(args),
         Command::Proxy(args) => cmd::tiers::proxy(args),
         Command::Top(args) => cmd::top::run(args),
+        Command::MonitorNode(args) => cmd::monitor::run_node(args),
         Command::Origin(args) => cmd::origin::run(args),
         Command::DdssDaemon(args) => cmd::ddss::run_daemon(args),
         Command::DdssClient(args) => cmd::ddss::run_client(args),

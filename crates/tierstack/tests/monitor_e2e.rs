@@ -185,3 +185,28 @@ fn every_scheme_balances_and_skips_a_killed_server() {
     assert_eq!((rows[1].1.as_str(), rows[1].2.as_str()), ("dead", "dead"), "{rows:?}");
     assert_eq!(rows[0].1, "fresh");
 }
+
+/// `tierstack bench monitor` end to end, one short run: a back-end process,
+/// the four schemes sampled, the join written as JSON and plots.
+#[test]
+fn the_accuracy_bench_runs_and_reports_every_scheme() {
+    let out = tempfile::tempdir().unwrap();
+    let status = std::process::Command::new(exe())
+        .args(["bench", "monitor", "--compute-threads", "0,4", "--duration-s", "1", "--out"])
+        .arg(out.path())
+        .stdout(std::process::Stdio::null())
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let report: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.path().join("monitor.json")).unwrap()).unwrap();
+    let points = report["accuracy"].as_array().unwrap();
+    assert_eq!(points.len(), 2 * Scheme::ALL.len());
+    for point in points {
+        assert!(point["deviation"]["samples"].as_u64().unwrap() > 0, "{point}");
+    }
+    for changes in report["walk_changes"].as_array().unwrap() {
+        assert!(changes[1].as_u64().unwrap() > 1, "the walk moved: {changes}");
+    }
+    assert!(out.path().join("fig8a_mean_deviation.svg").exists());
+}

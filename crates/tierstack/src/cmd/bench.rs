@@ -93,6 +93,25 @@ pub enum BenchCommand {
         #[arg(long)]
         no_redis: bool,
     },
+    /// Fine-grained resource monitoring (services paper Fig. 8a): |reported - actual| load of the four
+    /// schemes (socket-async, socket-sync, rdma-async, rdma-sync) vs compute threads on the back end.
+    Monitor {
+        /// Output folder for JSON and plots.
+        #[arg(long, default_value = "report/monitor")]
+        out: PathBuf,
+        /// Compute threads 0, 50, 200 and 1 s per run.
+        #[arg(long)]
+        quick: bool,
+        /// Compute-thread counts (default 0,25,50,100,200).
+        #[arg(long, value_delimiter = ',')]
+        compute_threads: Option<Vec<usize>>,
+        /// Seconds of sampling per run.
+        #[arg(long)]
+        duration_s: Option<u64>,
+        /// The back end's monitor interval (RDMA-Async, Socket-Async), ms.
+        #[arg(long, default_value_t = 10)]
+        interval_ms: u64,
+    },
     /// Adaptive push-pull (coherency paper Fig. 12-14): wasted updates, cache misses and response
     /// time of pull, push and the shared-cache-state hybrid at several fractions, per backend.
     PushPull {
@@ -131,6 +150,18 @@ pub enum BenchCommand {
 
 pub fn run(command: BenchCommand) -> Result<()> {
     match command {
+        BenchCommand::Monitor { out, quick, compute_threads, duration_s, interval_ms } => {
+            let mut config = tierstack_bench::monitor::MonitorBenchConfig::new(std::env::current_exe()?, out, quick);
+            if let Some(threads) = compute_threads {
+                config.compute_threads = threads;
+            }
+            if let Some(seconds) = duration_s {
+                config.duration = std::time::Duration::from_secs(seconds);
+            }
+            config.interval = std::time::Duration::from_millis(interval_ms.max(1));
+            tierstack_bench::monitor::run(&config)?;
+            Ok(())
+        }
         BenchCommand::Coherence { out, quick, compute_threads, duration_s } => {
             let mut config =
                 tierstack_bench::coherence::CoherenceBenchConfig::new(std::env::current_exe()?, out, quick);

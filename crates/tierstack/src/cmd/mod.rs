@@ -4,6 +4,7 @@ pub mod demo;
 pub mod dlm;
 pub mod fabric;
 pub mod load;
+pub mod monitor;
 pub mod origin;
 pub mod sim;
 pub mod tiers;

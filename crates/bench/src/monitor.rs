@@ -1,0 +1,258 @@
+//! `tierstack bench monitor`: fine-grained monitoring (services paper
+//! §5.2, Fig. 8a): how far each scheme's reported load is from the true
+//! load at the moment a front end uses it, as the back end gets busier.
+//!
+//! Per compute-thread count, one run: a `tierstack monitor-node` process
+//! (fabric node 0, pinned to the last CPU when there are two or more) runs a
+//! seeded random walk of requests in flight and logs every change with the
+//! host's `CLOCK_MONOTONIC`; this process (node 1) reads the four schemes,
+//! each from its own thread, every `sample_every`, stamping each value with the same clock when
+//! it has it. The walk's log and the samples are joined offline
+//! ([`tierstack_monitor::deviation`]). Compute threads burn CPU on the back
+//! end without counting in the load: they delay its monitor thread (the
+//! async schemes' sampler, Socket-Sync's answers), never RDMA-Sync's read.
+//!
+//! Not measured yet: Fig. 8b (throughput of balancing by each scheme).
+
+use crate::owner::{free_loopback_port, write_topology, ChildNode, NodeLine};
+use crate::report::{line_plot, write_json, Axes, Series, Table};
+use anyhow::{Context, Result};
+use serde::Serialize;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tierstack_base::{host_monotonic_ns, NodeId};
+use tierstack_cluster::{open_fabric, Backend, Topology};
+use tierstack_monitor::deviation::{deviations, summarize, Change, DeviationSummary, Sample};
+use tierstack_monitor::{open_source, BackendAddress, Health, LoadSource, Scheme, SourceConfig};
+
+const BACKEND: NodeId = NodeId(0);
+const FRONT: NodeId = NodeId(1);
+
+pub struct MonitorBenchConfig {
+    /// The `tierstack` executable, to start the back end.
+    pub exe: PathBuf,
+    pub out_dir: PathBuf,
+    pub compute_threads: Vec<usize>,
+    /// Sampling time per run.
+    pub duration: Duration,
+    /// The back end's monitor interval (RDMA-Async, Socket-Async).
+    pub interval: Duration,
+    /// How often the front end reads each scheme.
+    pub sample_every: Duration,
+    /// Mean time between two steps of the walk.
+    pub step: Duration,
+    pub seed: u64,
+}
+
+impl MonitorBenchConfig {
+    pub fn new(exe: PathBuf, out_dir: PathBuf, quick: bool) -> Self {
+        MonitorBenchConfig {
+            exe,
+            out_dir,
+            compute_threads: if quick { vec![0, 50, 200] } else { vec![0, 25, 50, 100, 200] },
+            duration: Duration::from_secs(if quick { 1 } else { 4 }),
+            interval: Duration::from_millis(10),
+            sample_every: Duration::from_millis(1),
+            step: Duration::from_millis(1),
+            seed: 1,
+        }
+    }
+}
+
+/// One scheme at one compute-thread count.
+#[derive(Clone, Debug, Serialize)]
+pub struct AccuracyPoint {
+    pub scheme: Scheme,
+    pub compute_threads: usize,
+    /// |reported − actual| at the time of use, over the fresh and stale readings.
+    pub deviation: DeviationSummary,
+    /// Readings by health.
+    pub fresh: u64,
+    pub stale: u64,
+    pub unusable: u64,
+    /// Mean time one read took at the front end, in µs.
+    pub read_us_mean: f64,
+}
+
+#[derive(Serialize)]
+pub struct MonitorReport {
+    pub interval_ms: u64,
+    pub sample_every_us: u64,
+    pub step_us: u64,
+    pub walk_changes: Vec<(usize, usize)>,
+    pub accuracy: Vec<AccuracyPoint>,
+}
+
+#[derive(Default)]
+struct SchemeLog {
+    samples: Vec<Sample>,
+    fresh: u64,
+    stale: u64,
+    unusable: u64,
+    read_ns: u64,
+    reads: u64,
+}
+
+/// Reads back end 0 through `source` every `sample_every` for `duration`.
+fn sample(source: &dyn LoadSource, config: &MonitorBenchConfig) -> SchemeLog {
+    let mut log = SchemeLog::default();
+    let started = Instant::now();
+    let mut next = started;
+    while started.elapsed() < config.duration {
+        let before = host_monotonic_ns();
+        let reading = source.read(0);
+        let used_ns = host_monotonic_ns();
+        log.read_ns += used_ns - before;
+        log.reads += 1;
+        match reading.health {
+            Health::Fresh => log.fresh += 1,
+            Health::Stale => log.stale += 1,
+            Health::Dead | Health::Unknown => log.unusable += 1,
+        }
+        if matches!(reading.health, Health::Fresh | Health::Stale) {
+            log.samples.push(Sample { used_ns, reported: i64::from(reading.record.counters.load()) });
+        }
+        next += config.sample_every;
+        if let Some(wait) = next.checked_duration_since(Instant::now()) {
+            std::thread::sleep(wait);
+        }
+    }
+    log
+}
+
+/// One run: the back end with `threads` compute threads, four schemes read.
+fn run_once(config: &MonitorBenchConfig, threads: usize) -> Result<(Vec<AccuracyPoint>, usize)> {
+    let scratch = tempfile::Builder::new().prefix("tierstack-bench-monitor-").tempdir()?;
+    let cpus = tierstack_cluster::online_cpus();
+    let back_cpu = (cpus >= 2).then(|| cpus - 1);
+    let nodes =
+        [NodeLine { id: BACKEND.0, role: "app", cpu: back_cpu }, NodeLine { id: FRONT.0, role: "proxy", cpu: None }];
+    let topology_path = write_topology(scratch.path(), "monitor", Backend::Shm, 1000, &nodes)?;
+    let socket = free_loopback_port()?;
+    let args: Vec<String> = [
+        "monitor-node",
+        "--topology",
+        &topology_path.display().to_string(),
+        "--node",
+        "0",
+        "--monitor-listen",
+        &socket.to_string(),
+        "--interval-ms",
+        &config.interval.as_millis().to_string(),
+        "--compute-threads",
+        &threads.to_string(),
+        "--step-us",
+        &config.step.as_micros().to_string(),
+        "--seed",
+        &config.seed.to_string(),
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let child = ChildNode::spawn(&config.exe, &args).context("starting the monitored back end")?;
+    let topology = Topology::load(&topology_path)?;
+    let fabric = open_fabric(&topology, FRONT)?;
+    let backends = [BackendAddress { node: Some(BACKEND), socket: Some(socket) }];
+    let source_config = SourceConfig::for_interval(config.interval);
+    let sources: Vec<Arc<dyn LoadSource>> = Scheme::ALL
+        .into_iter()
+        .map(|scheme| open_source(scheme, Some(fabric.clone()), &backends, source_config))
+        .collect::<Result<_, _>>()?;
+    // One sampling thread per scheme, so a slow scheme (Socket-Sync
+    // waiting on a busy back end) does not thin out the others' samples.
+    let logs: Vec<SchemeLog> = std::thread::scope(|scope| {
+        let threads: Vec<_> =
+            sources.iter().map(|source| scope.spawn(move || sample(source.as_ref(), config))).collect();
+        threads.into_iter().map(|t| t.join().unwrap_or_default()).collect()
+    });
+    drop(sources);
+    let truth_log = child.finish().context("stopping the back end")?;
+    let changes: Vec<Change> = truth_log
+        .lines()
+        .filter_map(|line| {
+            let (t, v) = line.split_once(' ')?;
+            Some(Change { t_ns: t.trim().parse().ok()?, value: v.trim().parse().ok()? })
+        })
+        .collect();
+    anyhow::ensure!(changes.len() > 1, "the back end logged no walk ({} lines)", truth_log.lines().count());
+    let points = Scheme::ALL
+        .into_iter()
+        .zip(logs)
+        .map(|(scheme, log)| AccuracyPoint {
+            scheme,
+            compute_threads: threads,
+            deviation: summarize(&deviations(&changes, &log.samples)),
+            fresh: log.fresh,
+            stale: log.stale,
+            unusable: log.unusable,
+            read_us_mean: log.read_ns as f64 / log.reads.max(1) as f64 / 1000.0,
+        })
+        .collect();
+    Ok((points, changes.len()))
+}
+
+pub fn run(config: &MonitorBenchConfig) -> Result<MonitorReport> {
+    std::fs::create_dir_all(&config.out_dir)?;
+    let mut report = MonitorReport {
+        interval_ms: config.interval.as_millis() as u64,
+        sample_every_us: config.sample_every.as_micros() as u64,
+        step_us: config.step.as_micros() as u64,
+        walk_changes: Vec::new(),
+        accuracy: Vec::new(),
+    };
+    for &threads in &config.compute_threads {
+        let (points, changes) = run_once(config, threads)?;
+        report.walk_changes.push((threads, changes));
+        report.accuracy.extend(points);
+    }
+    let mut table = Table::new(
+        "Fig. 8a: |reported - actual| load at the time of use (shm)",
+        &["compute", "scheme", "samples", "mean", "p99", "max", "exact %", "stale %", "read µs"],
+    );
+    for p in &report.accuracy {
+        let used = (p.fresh + p.stale).max(1);
+        table.row(vec![
+            p.compute_threads.to_string(),
+            p.scheme.name().to_string(),
+            p.deviation.samples.to_string(),
+            format!("{:.2}", p.deviation.mean_abs),
+            p.deviation.p99_abs.to_string(),
+            p.deviation.max_abs.to_string(),
+            format!("{:.1}", 100.0 * p.deviation.exact_share),
+            format!("{:.1}", 100.0 * p.stale as f64 / used as f64),
+            format!("{:.1}", p.read_us_mean),
+        ]);
+    }
+    println!("{}", table.render());
+    write_json(&config.out_dir.join("monitor.json"), &report)?;
+    let series = |value: fn(&AccuracyPoint) -> f64| -> Vec<Series> {
+        Scheme::ALL
+            .into_iter()
+            .map(|scheme| Series {
+                label: scheme.name().to_string(),
+                points: report
+                    .accuracy
+                    .iter()
+                    .filter(|p| p.scheme == scheme)
+                    .map(|p| (p.compute_threads as f64, value(p)))
+                    .collect(),
+            })
+            .collect()
+    };
+    let axes = |y_label| Axes { x_label: "compute threads on the back end", y_label, log_x: false, log_y: false };
+    line_plot(
+        &config.out_dir.join("fig8a_mean_deviation.svg"),
+        "Fig. 8a: mean |reported - actual| load",
+        axes("mean |deviation| (requests)"),
+        &series(|p| p.deviation.mean_abs),
+    )?;
+    line_plot(
+        &config.out_dir.join("fig8a_p99_deviation.svg"),
+        "Fig. 8a: p99 |reported - actual| load",
+        axes("p99 |deviation| (requests)"),
+        &series(|p| p.deviation.p99_abs as f64),
+    )?;
+    println!("wrote {}", config.out_dir.display());
+    Ok(report)
+}
