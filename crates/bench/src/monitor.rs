@@ -11,6 +11,10 @@
 //! ([`tierstack_monitor::deviation`]). Compute threads burn CPU on the back
 //! end without counting in the load: they delay its monitor thread (the
 //! async schemes' sampler, Socket-Sync's answers), never RDMA-Sync's read.
+//! [R] With two or more CPUs the walk's thread runs on CPU 0, away from the
+//! compute threads: otherwise a starved walk would barely move under load
+//! and every scheme would look accurate for the wrong reason (seen: at 200
+//! compute threads the walk made a fraction of its steps).
 //!
 //! **Fig. 8b** ([`run_throughput`]): throughput of a proxy balancing over
 //! two application servers, each pinned to its own CPU and publishing its
@@ -159,6 +163,11 @@ fn run_once(config: &MonitorBenchConfig, threads: usize) -> Result<(Vec<Accuracy
     .iter()
     .map(|s| s.to_string())
     .collect();
+    let mut args = args;
+    if back_cpu.is_some() {
+        // The truth moves at the pace it would without the compute threads.
+        args.extend(["--walk-cpu".to_string(), "0".to_string()]);
+    }
     let child = ChildNode::spawn(&config.exe, &args).context("starting the monitored back end")?;
     let topology = Topology::load(&topology_path)?;
     let fabric = open_fabric(&topology, FRONT)?;

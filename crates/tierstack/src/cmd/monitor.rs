@@ -3,7 +3,7 @@
 //! node and through a monitor socket server, runs a seeded random walk of
 //! requests in flight (the true value), and burns CPU with compute threads
 //! that do not count in the load but compete with the monitor thread for
-//! the CPU. It prints `ready`; when its standard input closes it stops and
+//! the CPU (the walk itself can be pinned elsewhere: `--walk-cpu`). It prints `ready`; when its standard input closes it stops and
 //! prints the truth log, one `<t_ns> <value>` line per change
 //! (`CLOCK_MONOTONIC`, the clock the front end stamps its samples with).
 
@@ -39,6 +39,10 @@ pub struct MonitorNodeArgs {
     step_us: u64,
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// Pin the walk's thread to this CPU (off the compute threads' CPU), so
+    /// the truth moves at the same pace whatever the load on the monitor's CPU.
+    #[arg(long)]
+    walk_cpu: Option<usize>,
 }
 
 pub fn run_node(args: MonitorNodeArgs) -> Result<()> {
@@ -66,7 +70,13 @@ pub fn run_node(args: MonitorNodeArgs) -> Result<()> {
         })
         .collect();
     let walking = stop.clone();
+    let walk_cpu = args.walk_cpu;
     let walker = std::thread::spawn(move || {
+        if let Some(cpu) = walk_cpu {
+            if let Err(e) = tierstack_cluster::pin_to_cpu(cpu) {
+                tracing::warn!(error = %e, cpu, "cannot pin the walk");
+            }
+        }
         let mut rng = seeded_rng(args.seed);
         let mut held = Vec::new();
         let mut log = vec![(host_monotonic_ns(), 0usize)];
