@@ -89,15 +89,35 @@ fn splitmix64(x: u64) -> u64 {
     z ^ (z >> 31)
 }
 
-/// Keeps this thread busy for `micros` of wall time.
+/// CPU time this thread has used (`CLOCK_THREAD_CPUTIME_ID`), in ns.
+pub fn thread_cpu_ns() -> Option<u64> {
+    let mut now = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `now` is a valid, writable timespec for the call's duration.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut now) };
+    (rc == 0).then(|| u64::try_from(now.tv_sec).unwrap_or(0) * 1_000_000_000 + u64::try_from(now.tv_nsec).unwrap_or(0))
+}
+
+/// Keeps this thread on the CPU until it has used `micros` of **CPU time**
+/// (not wall time: on a busy CPU the request takes longer, as a real one
+/// would, which is what makes a back end's load matter to a balancer).
+/// Falls back to wall time where the thread's CPU clock is unavailable.
 pub fn burn_cpu(micros: u64) {
-    let until = std::time::Instant::now() + std::time::Duration::from_micros(micros);
+    let budget_ns = micros.saturating_mul(1000);
+    let start_cpu = thread_cpu_ns();
+    let start_wall = std::time::Instant::now();
     let mut x: u64 = micros | 1;
-    while std::time::Instant::now() < until {
+    loop {
         for _ in 0..256 {
             x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
         }
         std::hint::black_box(x);
+        let used = match (start_cpu, thread_cpu_ns()) {
+            (Some(start), Some(now)) => now.saturating_sub(start),
+            _ => u64::try_from(start_wall.elapsed().as_nanos()).unwrap_or(u64::MAX),
+        };
+        if used >= budget_ns {
+            return;
+        }
     }
 }
 
@@ -140,6 +160,13 @@ mod tests {
         assert!(distinct.len() > 50);
         let reseeded = CpuCost { seed: 2, ..cost };
         assert!((0..100).any(|i| reseeded.cost_us("a", i) != cost.cost_us("a", i)));
+    }
+
+    #[test]
+    fn a_burn_uses_at_least_its_cost_in_cpu_time() {
+        let before = thread_cpu_ns().unwrap();
+        burn_cpu(3_000);
+        assert!(thread_cpu_ns().unwrap() - before >= 3_000_000);
     }
 
     #[test]
