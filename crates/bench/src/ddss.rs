@@ -24,8 +24,8 @@
 //! operation, back to back, on one thread; `ops_per_sec` in the JSON is
 //! therefore 1 / mean.
 
-use crate::owner::{write_topology, ChildNode, NodeLine};
 use crate::html::Page;
+use crate::owner::{write_topology, ChildNode, NodeLine};
 use crate::report::{line_plot, us, write_json, Axes, Series, Table};
 use crate::stats::{summarize, Summary};
 use anyhow::{bail, Context, Result};

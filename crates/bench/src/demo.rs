@@ -88,8 +88,17 @@ impl Row {
 }
 
 /// The comparison table's columns, as printed.
-pub const COLUMNS: [&str; 9] =
-    ["mode", "throughput req/s", "p50 µs", "p99 µs", "hit rate", "version checks", "updates", "errors", "stale responses"];
+pub const COLUMNS: [&str; 9] = [
+    "mode",
+    "throughput req/s",
+    "p50 µs",
+    "p99 µs",
+    "hit rate",
+    "version checks",
+    "updates",
+    "errors",
+    "stale responses",
+];
 
 /// The comparison table: one row per configuration.
 pub fn table(rows: &[Row]) -> Table {
@@ -231,10 +240,8 @@ pub fn write_report(
 
     page.heading("Response time");
     let path = dir.join("latency.svg");
-    let percentile = |label: &str, f: fn(&Row) -> f64| BarGroup {
-        label: label.to_string(),
-        values: rows.iter().map(f).collect(),
-    };
+    let percentile =
+        |label: &str, f: fn(&Row) -> f64| BarGroup { label: label.to_string(), values: rows.iter().map(f).collect() };
     bar_chart(
         &path,
         "Response time percentiles, by configuration (cf. coherency paper Fig. 9a)",
@@ -284,8 +291,12 @@ mod tests {
 
     #[test]
     fn the_verdict_compares_the_one_sided_cache_with_each_other_and_names_the_stale() {
-        let rows =
-            [row("no-cache", 400.0, 0), row("ttl", 40_000.0, 12_345), row("poll/tcp", 4_000.0, 0), row("poll/shm", 38_000.0, 0)];
+        let rows = [
+            row("no-cache", 400.0, 0),
+            row("ttl", 40_000.0, 12_345),
+            row("poll/tcp", 4_000.0, 0),
+            row("poll/shm", 38_000.0, 0),
+        ];
         assert_eq!(
             verdict(&rows),
             "verdict: poll/shm: 95x no-cache's throughput, 0.95x ttl's, 9.5x poll/tcp's, 0 stale; \
@@ -325,7 +336,10 @@ mod tests {
         assert_eq!(mode("poll", Backend::Tcp).unwrap().label(), "poll/tcp");
         assert_eq!(mode("no-cache", Backend::Shm).unwrap().label(), "no-cache");
         assert!(mode("polling", Backend::Shm).is_err());
-        assert_eq!(comparison().iter().map(Mode::label).collect::<Vec<_>>(), ["no-cache", "ttl", "poll/tcp", "poll/shm"]);
+        assert_eq!(
+            comparison().iter().map(Mode::label).collect::<Vec<_>>(),
+            ["no-cache", "ttl", "poll/tcp", "poll/shm"]
+        );
         assert!(!coherent(&comparison()[1]) && comparison().iter().filter(|m| coherent(m)).count() == 3);
     }
 }

@@ -21,6 +21,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 use tierstack_cluster::Backend;
 
+/// Warm-up fetches in flight at once (see [`Deployment::warm_up`]).
+pub const WARM_UP_CONCURRENCY: usize = 16;
+
 /// What to start.
 #[derive(Clone, Debug)]
 pub struct DeploymentConfig {
@@ -213,14 +216,26 @@ impl Deployment {
 
     /// Fetches each of `paths` once through every proxy, so that a timed run
     /// starts from warm caches (the paper measures steady state). Bounded by
-    /// the upstream's own timeout.
+    /// the upstream's own timeout. The fetches run [`WARM_UP_CONCURRENCY`]
+    /// at a time: with the application tier under load each one waits for
+    /// its CPU, and one after the other they would take longer than the run.
     pub fn warm_up(&self, paths: &[String]) -> Result<()> {
-        for addr in &self.proxy_addrs {
-            for path in paths {
-                get_status(*addr, path).with_context(|| format!("warming {path} at {addr}"))?;
+        let fetches: Vec<(SocketAddr, &String)> =
+            self.proxy_addrs.iter().flat_map(|addr| paths.iter().map(move |path| (*addr, path))).collect();
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        let fetch_all = || -> Result<()> {
+            loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let Some(&(addr, path)) = fetches.get(i) else { return Ok(()) };
+                get_status(addr, path).with_context(|| format!("warming {path} at {addr}"))?;
             }
-        }
-        Ok(())
+        };
+        std::thread::scope(|scope| {
+            let workers: Vec<_> = (0..WARM_UP_CONCURRENCY.min(fetches.len())).map(|_| scope.spawn(fetch_all)).collect();
+            workers
+                .into_iter()
+                .try_for_each(|w| w.join().unwrap_or_else(|_| Err(anyhow::anyhow!("a warm-up thread panicked"))))
+        })
     }
 
     /// Each proxy's `/_tierstack/stats`.

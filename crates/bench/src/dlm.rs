@@ -560,7 +560,9 @@ fn print_and_plot(config: &DlmBenchConfig, report: &DlmReport) -> Result<()> {
 
     for (backend, &errors) in &report.message_errors {
         if errors > 0 {
-            page.print_text(&format!("WARNING: {errors} lock messages failed on {backend}: the numbers above are suspect"));
+            page.print_text(&format!(
+                "WARNING: {errors} lock messages failed on {backend}: the numbers above are suspect"
+            ));
         }
     }
     write_json(&config.out_dir.join("dlm.json"), report)?;

@@ -15,8 +15,8 @@
 //! is a batch's time / N. So p50 and p99 are percentiles of per-batch means:
 //! exact per operation when N = 1, smoothed tails when N > 1.
 
-use crate::owner::{spawn_owner, write_topology, ChildNode, NodeLine};
 use crate::html::Page;
+use crate::owner::{spawn_owner, write_topology, ChildNode, NodeLine};
 use crate::report::{line_plot, us, write_json, Axes, Series, Table};
 use crate::stats::{summarize, Summary};
 use anyhow::{bail, Context, Result};
@@ -361,7 +361,12 @@ fn print_and_plot(config: &FabricBenchConfig, report: &FabricReport) -> Result<(
     let dir = &config.out_dir;
     line_plot(&dir.join("fabric-latency.svg"), "Fig. 8a: latency by size (p50)", log_log("latency (µs)"), &lat_series)?;
     page.plot(&dir.join("fabric-latency.svg"))?;
-    line_plot(&dir.join("fabric-bandwidth.svg"), "Fig. 8b: bandwidth by size", log_log("bandwidth (MB/s)"), &bw_series)?;
+    line_plot(
+        &dir.join("fabric-bandwidth.svg"),
+        "Fig. 8b: bandwidth by size",
+        log_log("bandwidth (MB/s)"),
+        &bw_series,
+    )?;
     page.plot(&dir.join("fabric-bandwidth.svg"))?;
     let load_series: Vec<Series> = report
         .backends
@@ -390,7 +395,9 @@ fn print_and_plot(config: &FabricBenchConfig, report: &FabricReport) -> Result<(
     line_plot(
         &dir.join("fabric-load.svg"),
         "p50 latency vs busy owner threads (beyond Fig. 8: the owner under load)",
-        Axes { x_label: "busy threads in the owner (threads)", y_label: "latency p50 (µs)", log_x: false, log_y: true },
+        Axes {
+            x_label: "busy threads in the owner (threads)", y_label: "latency p50 (µs)", log_x: false, log_y: true
+        },
         &load_series,
     )?;
     page.plot(&dir.join("fabric-load.svg"))?;

@@ -178,8 +178,13 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let svg = dir.path().join("p.svg");
         let series = vec![Series { label: "a <b>".into(), points: vec![(0.5, 1.0), (1.5, 2.0)] }];
-        line_plot(&svg, "Fig. 9b: throughput", Axes { x_label: "s", y_label: "req/s", log_x: false, log_y: false }, &series)
-            .unwrap();
+        line_plot(
+            &svg,
+            "Fig. 9b: throughput",
+            Axes { x_label: "s", y_label: "req/s", log_x: false, log_y: false },
+            &series,
+        )
+        .unwrap();
         assert!(std::fs::read_to_string(&svg).unwrap().contains("http://"), "plotters writes a namespace");
         let mut page = Page::new("bench <x> & y");
         page.paragraph("why \"this\"");

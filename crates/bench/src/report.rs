@@ -200,13 +200,7 @@ pub struct BarGroup {
 /// (left to right), one bar per group in each cluster, each bar labelled
 /// with its value (so a zero is seen, not guessed from a missing bar). On a
 /// log axis a bar with a value of zero or less is not drawn; its label is.
-pub fn bar_chart(
-    path: &Path,
-    title: &str,
-    axes: Axes<'_>,
-    categories: &[String],
-    groups: &[BarGroup],
-) -> Result<()> {
+pub fn bar_chart(path: &Path, title: &str, axes: Axes<'_>, categories: &[String], groups: &[BarGroup]) -> Result<()> {
     let plot_error = |e: &dyn std::fmt::Display| anyhow::anyhow!("plot {}: {e}", path.display());
     let values = || groups.iter().flat_map(|g| g.values.iter().copied());
     let (y_lo, y_hi) = bounds(values(), axes.log_y);
@@ -252,9 +246,9 @@ pub fn bar_chart(
                     .map(|&(x, v)| Rectangle::new([(x + width * 0.05, y_lo), (x + width * 0.95, v)], color.filled()));
                 let series = chart.draw_series(drawn).map_err(|e| plot_error(&e))?;
                 if groups.len() > 1 {
-                    series.label(group.label.clone()).legend(move |(x, y)| {
-                        Rectangle::new([(x, y - 5), (x + 16, y + 5)], color.filled())
-                    });
+                    series
+                        .label(group.label.clone())
+                        .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 16, y + 5)], color.filled()));
                 }
                 let style = ("sans-serif", 14).into_text_style(&root).pos(Pos::new(HPos::Center, VPos::Bottom));
                 let labels = bars.iter().map(|&(x, v)| {
@@ -310,7 +304,7 @@ pub fn thousands(value: i64) -> String {
     let digits = value.unsigned_abs().to_string();
     let mut out = String::new();
     for (i, digit) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i) % 3 == 0 {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
             out.push(',');
         }
         out.push(digit);
@@ -361,12 +355,16 @@ mod tests {
         assert!(lo > 0.0 && lo < 10.0 && hi > 1000.0, "log ignores zeros: {lo}..{hi}");
     }
 
-    /// The y-axis tick labels of a plotters SVG: the numbers written in
-    /// end-anchored `text` elements (right-aligned against the y axis).
-    fn y_ticks(svg: &str) -> Vec<f64> {
+    /// The y-axis ticks of a plotters SVG: each end-anchored `text` element
+    /// (right-aligned against the y axis) as (value, pixel row).
+    fn y_ticks(svg: &str) -> Vec<(f64, f64)> {
         svg.split("<text")
             .filter(|t| t.contains("text-anchor=\"end\""))
-            .filter_map(|t| t.split('>').nth(1)?.split('<').next()?.trim().replace(',', "").parse().ok())
+            .filter_map(|t| {
+                let value = t.split('>').nth(1)?.split('<').next()?.trim().replace(',', "").parse().ok()?;
+                let row = t.split(" y=\"").nth(1)?.split('"').next()?.parse().ok()?;
+                Some((value, row))
+            })
             .collect()
     }
 
@@ -378,13 +376,17 @@ mod tests {
         assert!(fitted > 100.0, "fitted, the axis runs past 100 %: {fitted}");
         let bounded = PlotOptions { y_range: Some((0.0, 100.0)) };
         assert_eq!(y_bounds(&series, axes, bounded), (0.0, 100.0));
-        // Drawn: every tick within the bounds, the top one at 100.
+        // Drawn: every tick within the bounds, and 100 % at the top of the
+        // axis, higher than where the fitted axis (running on to 105) puts it.
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("p.svg");
-        line_plot_with(&path, "bounded", axes, &series, bounded).unwrap();
-        let ticks = y_ticks(&std::fs::read_to_string(&path).unwrap());
-        assert!(ticks.iter().all(|&t| (0.0..=100.0).contains(&t)), "{ticks:?}");
-        assert_eq!(ticks.iter().copied().fold(0.0, f64::max), 100.0, "{ticks:?}");
+        let row_of_100 = |options| {
+            line_plot_with(&path, "hit rate", axes, &series, options).unwrap();
+            let ticks = y_ticks(&std::fs::read_to_string(&path).unwrap());
+            assert!(ticks.iter().all(|&(t, _)| (0.0..=100.0).contains(&t)), "{ticks:?}");
+            ticks.iter().find(|&&(t, _)| t == 100.0).map(|&(_, row)| row).expect("a tick at 100")
+        };
+        assert!(row_of_100(bounded) < row_of_100(PlotOptions::default()), "the bounded axis ends at 100");
     }
 
     #[test]

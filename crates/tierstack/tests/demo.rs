@@ -31,15 +31,25 @@ fn cells(line: &str) -> Vec<String> {
 /// The comparison table in `text`: its header's cells and its rows' cells,
 /// from the title line to the first blank line (or the end of a code block).
 fn comparison_table(text: &str) -> (Vec<String>, Vec<Vec<String>>) {
-    let mut lines = text.lines().skip_while(|l| !l.starts_with("== tierstack demo: the same load through each cache =="));
+    let mut lines =
+        text.lines().skip_while(|l| !l.starts_with("== tierstack demo: the same load through each cache =="));
     assert!(lines.next().is_some(), "a comparison table in {text}");
     let header = cells(lines.next().expect("a header line"));
     let rows = lines.take_while(|l| !l.trim().is_empty() && !l.starts_with("```")).map(cells).collect();
     (header, rows)
 }
 
-const COLUMNS: [&str; 9] =
-    ["mode", "throughput req/s", "p50 µs", "p99 µs", "hit rate", "version checks", "updates", "errors", "stale responses"];
+const COLUMNS: [&str; 9] = [
+    "mode",
+    "throughput req/s",
+    "p50 µs",
+    "p99 µs",
+    "hit rate",
+    "version checks",
+    "updates",
+    "errors",
+    "stale responses",
+];
 const MODES: [&str; 4] = ["no-cache", "ttl", "poll/tcp", "poll/shm"];
 
 fn number(cell: &str) -> u64 {

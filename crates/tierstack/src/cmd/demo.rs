@@ -187,10 +187,7 @@ pub fn run(args: DemoArgs) -> Result<()> {
     };
     let views: Vec<RunView<'_>> = runs.iter().map(|r| RunView { mode: r.mode.label(), load: &r.load }).collect();
     let index = story::write_report(&args.out, &setup, &rows, &views, &details)?;
-    println!(
-        "report: {} (throughput.svg, stale.svg, latency.svg, hit-rate.svg, demo.json beside it)",
-        index.display()
-    );
+    println!("report: {} (throughput.svg, stale.svg, latency.svg, hit-rate.svg, demo.json beside it)", index.display());
     for run in &runs {
         check(&run.mode, &run.load, &run.proxies).with_context(|| run.mode.label())?;
     }
@@ -451,7 +448,10 @@ mod tests {
         let stale = LoadReport { stale_responses: 1, ..clean() };
         assert!(check(&poll(), &stale, &proxies).is_err());
         assert!(check(&Mode { cache: "no-cache", backend: Backend::Shm }, &stale, &proxies).is_err());
-        assert!(check(&Mode { cache: "ttl", backend: Backend::Shm }, &stale, &proxies).is_ok(), "ttl is not coherent: its staleness is expected");
+        assert!(
+            check(&Mode { cache: "ttl", backend: Backend::Shm }, &stale, &proxies).is_ok(),
+            "ttl is not coherent: its staleness is expected"
+        );
         let mut failed = clean();
         (failed.requests, failed.errors.body_mismatch) = (11, 1);
         assert!(check(&poll(), &failed, &proxies).is_err(), "an accounted error still fails the demo");
