@@ -24,8 +24,8 @@
 //!   connections (a closed-loop worker keeps at most one per target; the
 //!   open loop pools idle ones per target).
 //! - **An open loop** ([`LoadConfig::open_loop`]): requests dispatched at
-//!   the points of a seeded schedule ([`arrival`]: constant or Poisson, and
-//!   which stream and target each request takes), whatever the state of
+//!   the points of a seeded schedule ([`arrival`], shared with the simulator:
+//!   constant or Poisson, and which stream and target each request takes), whatever the state of
 //!   earlier ones, with latency measured from the scheduled time (no
 //!   coordinated omission: a stall, or the client itself running late, is
 //!   charged to every request due behind it). A request due while
@@ -79,7 +79,6 @@
 //! but in [`LoadReport::abandoned`], so `issued == requests + abandoned`
 //! ([`LoadReport::accounted`] checks all of these).
 
-pub mod arrival;
 pub mod body;
 pub mod deps;
 mod http;
@@ -89,7 +88,6 @@ mod run;
 pub mod staleness;
 pub mod stats;
 
-pub use arrival::{ArrivalSchedule, Arrivals};
 pub use http::Endpoint;
 pub use report::{
     ErrorCounts, IncarnationSeen, LoadReport, LoadShape, OpenLoopSummary, SecondPoint, StaleExample, TargetCounts,
@@ -100,6 +98,10 @@ pub use run::{
     CONNECT_BACKOFF_MS_MAX, CONNECT_BACKOFF_MS_MIN, MAX_IN_FLIGHT_DEFAULT, MAX_IN_FLIGHT_MAX, RATE_RPS_MAX,
     RECORDS_MAX_DEFAULT, REQUEST_TIMEOUT_MS_DEFAULT, TARGETS_MAX, UPDATE_INTERVAL_MS_DEFAULT,
 };
+/// The open loop's schedule: `tierstack_workload::arrival`, the rule this
+/// client shares with the simulator, re-exported here as part of this API.
+pub use tierstack_workload::arrival;
+pub use tierstack_workload::arrival::{ArrivalSchedule, Arrivals};
 pub use tierstack_workload::{TargetChoice, TargetChooser};
 
 /// Errors that stop a run before or instead of a report. Failures of

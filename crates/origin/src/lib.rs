@@ -17,13 +17,16 @@
 //!   comparison, `*`) and If-Modified-Since give 304 (RFC 9110 §13.2.2;
 //!   If-None-Match decides alone when present). `Range` is ignored: the
 //!   answer is the whole representation with `Accept-Ranges: none`.
-//! - **Cost** ([`Storage`], pure): a byte-bounded LRU memory cache
+//! - **Cost** ([`Storage`], pure, from `tierstack_model`, the same code the
+//!   simulator's nodes run): a byte-bounded LRU memory cache
 //!   (`tierstack_model::ByteLru`) in front of a FIFO emulated disk
 //!   (`tierstack_model::DiskQueue`, service = seek + size / bandwidth). Each
 //!   GET that sends a body decides, at its arrival and under one lock:
 //!   lookup (touch), on a miss a disk read, then insert. The response leaves
-//!   when the modelled read completes (`tokio::time::sleep_until`; no runtime
-//!   thread blocks), so N concurrent misses take N service times. HEAD and
+//!   when the modelled read completes, at once if that time has passed, else
+//!   woken by a deadline thread to well under a millisecond (tokio's timer
+//!   would round every wait up to its next 1 ms tick; no runtime thread
+//!   blocks), so N concurrent misses take N service times. HEAD and
 //!   304 answers read metadata only and touch neither cache nor disk. The
 //!   cache decides the cost only; bodies are always generated or read anew.
 //! - **Counters** ([`OriginStats`]) on an optional admin listener, `GET /stats`.
@@ -32,17 +35,18 @@
 //! into a [`SyntheticSet`].
 
 mod conditional;
+mod deadlines;
 mod files;
 mod server;
-mod storage;
 
 pub use conditional::{evaluate, file_etag, list_matches, synthetic_etag, Precondition};
 pub use files::{
     content_type, decode_request_path, percent_decode, synthetic_body, synthetic_prefix, FileSet, PathRefusal,
     SyntheticSet, OBJECT_BYTES_MAX,
 };
-pub use storage::{ReadOutcome, Storage, StorageConfig, StorageCounts};
-pub use tierstack_model::DiskModel;
+/// The cost model (`tierstack_model`'s storage, which the simulator's nodes
+/// hold too), re-exported as part of this crate's API.
+pub use tierstack_model::{Caching, DiskModel, ReadOutcome, Storage, StorageConfig, StorageCounts};
 
 use serde::{Deserialize, Serialize};
 use server::State;

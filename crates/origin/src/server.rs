@@ -1,8 +1,8 @@
 //! The HTTP side: request handling, the admin listener and the counters.
 
 use crate::conditional::{self, Precondition};
+use crate::deadlines::Deadlines;
 use crate::files::{self, FileSet, PathRefusal};
-use crate::storage::Storage;
 use crate::{OriginConfig, OriginError, OriginStats};
 use bytes::Bytes;
 use hyper::body::Incoming;
@@ -17,6 +17,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime};
+use tierstack_model::{Caching, Storage};
 use tierstack_tier_http::{text, Body};
 use tokio::time::Instant;
 
@@ -34,6 +35,8 @@ pub(crate) struct State {
     storage: Mutex<Storage<String>>,
     /// The origin of the disk queue's clock (monotonic nanoseconds).
     started: Instant,
+    /// Wakes a response at its read's modelled completion.
+    deadlines: Deadlines,
     counters: Counters,
 }
 
@@ -93,6 +96,7 @@ impl State {
             synthetic_last_modified: conditional::whole_seconds(config.synthetic_last_modified),
             storage: Mutex::new(Storage::new(config.storage)),
             started: Instant::now(),
+            deadlines: Deadlines::start(),
             counters: Counters::default(),
         })
     }
@@ -118,6 +122,17 @@ impl State {
 
     fn now_ns(&self) -> u64 {
         u64::try_from(self.started.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    /// Waits until `ready_ns` on the storage's clock, if it is still ahead.
+    /// Neither a deadline already passed (every hit on a settled object,
+    /// every read without an emulated disk) nor one ahead (a disk read) goes
+    /// to tokio's timer, which rounds every sleep up to its next 1 ms tick
+    /// (see `deadlines`).
+    async fn wait_until(&self, ready_ns: u64) {
+        if ready_ns > self.now_ns() {
+            self.deadlines.wait_until((self.started + Duration::from_nanos(ready_ns)).into_std()).await;
+        }
     }
 
     /// Looks the decoded path up; `Err` is the response to send instead.
@@ -217,10 +232,10 @@ impl State {
         }
         // Decide the read's cost at arrival (lookup, disk, insert), then
         // produce the bytes while the modelled read runs.
-        let outcome = {
+        let ready_ns = {
             let mut storage = self.storage.lock().unwrap_or_else(PoisonError::into_inner);
             let now_ns = self.now_ns();
-            storage.read(now_ns, &representation.key, representation.size)
+            storage.read(now_ns, &representation.key, representation.size, Caching::Normal).ready_ns()
         };
         let body = match &representation.source {
             Source::Synthetic if representation.size <= INLINE_BODY_BYTES_MAX => {
@@ -243,7 +258,7 @@ impl State {
                 }
             },
         };
-        tokio::time::sleep_until(self.started + Duration::from_nanos(outcome.ready_ns())).await;
+        self.wait_until(ready_ns).await;
         self.counters.bytes_sent.fetch_add(body.len() as u64, Ordering::Relaxed);
         *response.body_mut() = Body::new(body);
         response

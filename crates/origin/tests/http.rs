@@ -13,8 +13,9 @@ use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::time::{Duration, Instant, SystemTime};
 use tierstack_origin::{
-    file_etag, synthetic_body, synthetic_etag, synthetic_last_modified_default, synthetic_prefix, DiskModel, FileSet,
-    Origin, OriginConfig, OriginError, OriginStats, StatsReader, StorageConfig, SyntheticSet, CACHE_CONTROL_DEFAULT,
+    file_etag, synthetic_body, synthetic_etag, synthetic_last_modified_default, synthetic_prefix, Caching, DiskModel,
+    FileSet, Origin, OriginConfig, OriginError, OriginStats, StatsReader, Storage, StorageConfig, SyntheticSet,
+    CACHE_CONTROL_DEFAULT,
 };
 use tierstack_tier_http::Stop;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -518,5 +519,40 @@ async fn counters_add_up_over_a_mixed_run() {
     assert_eq!((stats.cache_hits, stats.cache_misses, stats.disk_reads, stats.disk_bytes), (1, 2, 2, 300));
     assert_eq!(stats.bytes_sent, 400);
     assert_eq!(stats.disk_busy_ns, 0, "no emulated disk");
+    running.finish().await;
+}
+
+/// The counters `/stats` serves are the storage's (`tierstack_model::Storage`,
+/// which `tierstack sim`'s nodes hold too): a run of sequential GETs counts
+/// exactly what a `Storage` fed the same paths in the same order counts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_http_counters_are_the_storages_counts() {
+    let objects: Vec<(String, u64)> = (0..12u64).map(|i| (format!("/o{i}"), 100 + 97 * i)).collect();
+    let files = FileSet::Synthetic(SyntheticSet::new(objects.clone()).unwrap());
+    let disk = DiskModel::new(100_000, 100_000_000).unwrap();
+    let storage = StorageConfig { cache_bytes: 2_500, cache_max_object_bytes: Some(900), disk: Some(disk) };
+    let running = start(files, storage).await;
+    let mut model: Storage<String> = Storage::new(storage);
+    // A skewed, deterministic sequence: small indices come up more often.
+    let mut state = 7u64;
+    for now in 0..80u64 {
+        state = state.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+        let draw = (state >> 33) % 144;
+        let (path, size) = &objects[(draw as f64).sqrt() as usize % objects.len()];
+        assert_eq!(get(&running.url(path)).await.status, StatusCode::OK);
+        // One request at a time: each arrives after the previous read ended,
+        // so none waits for the disk, on either side.
+        model.read(now * 1_000_000_000, path, *size, Caching::Normal);
+    }
+    let (stats, want) = (admin_stats(&running).await, model.counts());
+    assert_eq!(
+        (stats.cache_hits, stats.cache_misses, stats.disk_reads, stats.disk_bytes),
+        (want.cache_hits, want.cache_misses, want.disk_reads, want.disk_bytes)
+    );
+    assert_eq!(
+        (stats.disk_busy_ns, stats.disk_wait_ns, stats.cache_bytes, stats.cache_objects),
+        (want.disk_busy_ns, want.disk_wait_ns, want.cache_bytes, want.cache_objects)
+    );
+    assert!(want.cache_hits > 0 && want.evictions > 0, "the run both hits and evicts: {want:?}");
     running.finish().await;
 }

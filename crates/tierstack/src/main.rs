@@ -24,6 +24,8 @@ enum Command {
     Fabric(cmd::fabric::FabricCommand),
     /// Load client: replay a trace over HTTP while an updater changes documents; checks staleness.
     Load(cmd::load::LoadArgs),
+    /// Trace-driven cluster simulator: N nodes with CPUs, NICs, disks and caches under a policy; exact counts, modelled throughput.
+    Sim(cmd::sim::SimArgs),
     /// The application module: version table owner and Table 1 queues, on a local socket.
     AppModule(cmd::tiers::ModuleArgs),
     /// The reference application server (HTTP), using the application module.
@@ -69,6 +71,7 @@ fn main() -> std::process::ExitCode {
         Command::DlmBenchNode(args) => cmd::dlm::run_bench_node(args),
         Command::Load(args) => cmd::load::run(args),
         Command::Trace(command) => cmd::trace::run(command),
+        Command::Sim(args) => cmd::sim::run(args),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -18,6 +18,7 @@ fn layer(name: &str) -> Option<u32> {
         "origin" => 8,
         "workload" => 9,
         "loadgen" => 10,
+        "sim" => 10,
         "bench" => 11,
         "tierstack" => 12,
         _ => return None,

@@ -10,7 +10,7 @@ use std::sync::mpsc;
 use std::time::Duration;
 use tierstack_bench::owner::free_loopback_port;
 use tierstack_origin::{synthetic_prefix, DiskModel, OriginStats};
-use tierstack_workload::Trace;
+use tierstack_workload::{Trace, TraceSpec, ZIPF_ALPHA_DEFAULT, ZIPF_DOCS_DEFAULT};
 
 /// Bound on a child becoming ready or exiting.
 const STEP: Duration = Duration::from_secs(30);
@@ -154,6 +154,45 @@ fn an_origin_serves_a_traces_documents_through_its_cache_and_disk_and_reports_it
     let line = child.exit_line();
     let at_exit: OriginStats = serde_json::from_str(&line).unwrap();
     assert_eq!(at_exit, stats, "the exit line: {line}");
+}
+
+/// Without `--cache-bytes`, `tierstack origin` and `tierstack sim` give each
+/// node the cache the trace publishes (coop: 64 MiB per node, scaled with
+/// the trace); `--cache-bytes` still decides when given.
+#[test]
+fn origin_and_sim_default_to_the_traces_published_cache() {
+    // 100 files of 8 KiB against 1 % of 64 MiB: the cache holds 81 of them.
+    const TRACE: &str = "coop:8k@0.01";
+    let trace = TraceSpec::parse(TRACE, ZIPF_ALPHA_DEFAULT, ZIPF_DOCS_DEFAULT).unwrap().build(1).unwrap();
+    let cache_bytes = trace.cache_bytes_per_node().expect("the coop traces publish a per-node cache");
+    let documents = trace.documents();
+    let fits = (cache_bytes / documents[0].size_bytes) as usize;
+    assert!(fits > 0 && fits < documents.len(), "the cache holds some documents, not all ({fits})");
+
+    for (flags, expected_objects) in [(&[][..], fits), (&["--cache-bytes", "0"][..], 0)] {
+        let child = OriginChild::start(&[&["--trace", TRACE][..], flags].concat());
+        for document in documents {
+            assert_eq!(http_get(child.listen, &document.path()).0, 200);
+        }
+        let (_, _, body) = http_get(child.admin, "/stats");
+        let stats: OriginStats = serde_json::from_slice(&body).unwrap();
+        assert_eq!(stats.cache_objects as usize, expected_objects, "origin {flags:?}");
+    }
+
+    let dir = tempfile::tempdir().unwrap();
+    for (flags, expected) in [(&[][..], cache_bytes), (&["--cache-bytes", "12345"][..], 12_345)] {
+        let json = dir.path().join("sim.json");
+        let status = Command::new(env!("CARGO_BIN_EXE_tierstack"))
+            .args(["sim", "--nodes", "1", "--trace", TRACE, "--requests", "10", "--costs", "seeds"])
+            .args(["--json", json.to_str().unwrap()])
+            .args(flags)
+            .stdout(Stdio::null())
+            .status()
+            .unwrap();
+        assert!(status.success());
+        let report: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+        assert_eq!(report["cache_bytes"].as_u64(), Some(expected), "sim {flags:?}");
+    }
 }
 
 #[test]

@@ -66,6 +66,9 @@
 //! indices: for a distribution, independent draws from a per-worker seeded
 //! RNG; for a replayed list, the list read cyclically from offset
 //! `w * len / W`, so workers spread over the trace instead of marching in step.
+//! Which target each request goes to ([`target`]) and, in an open loop, when
+//! it is due and which stream it belongs to ([`arrival`]) are rules of this
+//! crate too, so the load client and the simulator share them.
 //!
 //! Key design choice: Zipf sampling is an exact inverse-CDF table
 //! ([`ZipfTable`]), not a rejection sampler: one uniform draw and a binary
@@ -73,6 +76,7 @@
 //! chi-square bound.
 //! [`fit_zipf_alpha`] recovers α from request counts by maximum likelihood.
 
+pub mod arrival;
 pub mod clf;
 mod fit;
 pub mod published;
@@ -81,6 +85,7 @@ pub mod target;
 pub mod worldcup;
 mod zipf;
 
+pub use arrival::{stream_of, ArrivalSchedule, Arrivals};
 pub use clf::{write_clf, ClfStats};
 pub use fit::fit_zipf_alpha;
 pub use published::{CoopTrace, PressTrace, PublishedProfile, PublishedTrace};

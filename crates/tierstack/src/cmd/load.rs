@@ -40,7 +40,9 @@ pub struct LoadArgs {
     /// Where updates go: the application server's URL (default: the first target).
     #[arg(long)]
     update_target: Option<String>,
-    /// single | zipf | worldcup | clf:PATH
+    /// single | zipf | worldcup | clf:PATH | press:NAME[@SCALE] | coop:NAME[@SCALE]
+    /// (PRESS Table 1's clarknet, nasa, rutgers, usask, wc98; coop's 8k, 16k,
+    /// 32k, 64k; SCALE in (0, 1] shrinks files and cache; see `tierstack trace show`)
     #[arg(long, default_value = "single")]
     trace: String,
     /// Zipf exponent (zipf trace).

@@ -5,6 +5,7 @@ pub mod dlm;
 pub mod fabric;
 pub mod load;
 pub mod origin;
+pub mod sim;
 pub mod tiers;
 pub mod trace;
 

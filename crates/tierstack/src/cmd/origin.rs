@@ -30,7 +30,8 @@ pub struct OriginArgs {
     #[arg(long)]
     files: Option<PathBuf>,
     /// Serve a trace's documents (`/doc/<name>`, their sizes) as a synthetic
-    /// set: single | zipf | worldcup | clf:PATH (as `tierstack load --trace`).
+    /// set: single | zipf | worldcup | clf:PATH | press:NAME[@SCALE] |
+    /// coop:NAME[@SCALE] (as `tierstack load --trace`; see `tierstack trace show`).
     #[arg(long)]
     trace: Option<String>,
     /// Zipf exponent (zipf trace).
@@ -57,8 +58,10 @@ pub struct OriginArgs {
     #[arg(long, requires = "disk_seek_us")]
     disk_mb_per_s: Option<f64>,
     /// Memory cache in bytes (LRU); 0: none, every GET reads the disk.
-    #[arg(long, default_value_t = 0)]
-    cache_bytes: u64,
+    /// Default: the trace's published per-node cache (--trace press:NAME or
+    /// coop:NAME, scaled with the trace), else 0.
+    #[arg(long)]
+    cache_bytes: Option<u64>,
     /// Objects larger than this are not cached (default: the whole cache).
     #[arg(long)]
     cache_max_object_bytes: Option<u64>,
@@ -69,19 +72,21 @@ pub struct OriginArgs {
     cpu: Option<usize>,
 }
 
-fn file_set(args: &OriginArgs) -> Result<FileSet> {
+/// The content, and the per-node cache its trace publishes (if any).
+fn file_set(args: &OriginArgs) -> Result<(FileSet, Option<u64>)> {
     if let Some(root) = &args.root {
-        return Ok(FileSet::Root(root.clone()));
+        return Ok((FileSet::Root(root.clone()), None));
     }
     if let Some(list) = &args.files {
-        return Ok(FileSet::Synthetic(SyntheticSet::from_list_file(list)?));
+        return Ok((FileSet::Synthetic(SyntheticSet::from_list_file(list)?), None));
     }
     let Some(name) = &args.trace else { bail!("one of --root, --files or --trace is needed") };
     let trace = TraceSpec::parse(name, args.alpha, args.docs)?
         .build(args.seed)
         .with_context(|| format!("building trace {name}"))?;
     let objects = trace.documents().iter().map(|document| (document.path(), document.size_bytes));
-    Ok(FileSet::Synthetic(SyntheticSet::new(objects).with_context(|| format!("trace {name}'s documents"))?))
+    let files = SyntheticSet::new(objects).with_context(|| format!("trace {name}'s documents"))?;
+    Ok((FileSet::Synthetic(files), trace.cache_bytes_per_node()))
 }
 
 fn disk(args: &OriginArgs) -> Result<Option<DiskModel>> {
@@ -127,12 +132,13 @@ pub fn run(args: OriginArgs) -> Result<()> {
     if let Some(cpu) = args.cpu {
         pin_to_cpu(cpu)?;
     }
-    let mut config = OriginConfig::new(args.listen, file_set(&args)?);
+    let (files, trace_cache_bytes) = file_set(&args)?;
+    let mut config = OriginConfig::new(args.listen, files);
     config.admin_listen = args.admin;
     config.cache_control = Some(args.cache_control.clone());
     config.synthetic_last_modified = last_modified(args.last_modified.as_deref())?;
     config.storage = StorageConfig {
-        cache_bytes: args.cache_bytes,
+        cache_bytes: args.cache_bytes.or(trace_cache_bytes).unwrap_or(0),
         cache_max_object_bytes: args.cache_max_object_bytes,
         disk: disk(&args)?,
     };

@@ -1,6 +1,8 @@
-//! The open loop's schedule: when each request is due, and which stream and
-//! target it takes. Pure (no I/O, no clock), so the simulator can replay a
-//! real run request by request.
+//! The open loop's schedule: when each request is due, and which stream it
+//! belongs to. One rule shared by the load client (`tierstack load --rate`)
+//! and the simulator (`tierstack sim --rate`), so a simulated open loop issues
+//! the same requests at the same offsets as a real one. Pure (no I/O, no
+//! clock).
 //!
 //! # The rule
 //!
@@ -14,19 +16,19 @@
 //!   `tierstack_base::seeded_rng(seed ^ ARRIVAL_SEED_SALT)`: exponential
 //!   inter-arrival times of mean `1 / rate`.
 //!
-//! Request `k` (scheduled at `t_k`) belongs to **stream** `w = k mod W`, `W`
-//! being [`crate::LoadConfig::connections`]: it takes the next document of
-//! `trace.stream(seed, w, W)` and the next target of
-//! `TargetChooser::new(choice, targets, seed, w)`, one `next()` of each,
-//! whether it is then sent, refused for the in-flight bound, or abandoned at
-//! the end of the run. So the document and target of request `k` depend on
-//! `k` alone, never on timing.
+//! Request `k` (scheduled at `t_k`) belongs to **stream** `w = k mod W`
+//! ([`stream_of`]), `W` being the run's stream count: it takes the next
+//! document of `trace.stream(seed, w, W)` and the next target of
+//! `TargetChooser::new(choice, targets, seed, w)` ([`crate::target`]), one
+//! `next()` of each, whatever then happens to it (sent, refused for an
+//! in-flight bound, abandoned at the end of the run). So the document and
+//! target of request `k` depend on `k` alone, never on timing.
 //!
 //! A run with a duration `T` dispatches exactly the points with `t_k < T`;
 //! a run with a request budget `N` dispatches `t_0 … t_{N−1}`.
 
 use rand::Rng;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::str::FromStr;
 use tierstack_base::{seeded_rng, SeededRng};
 
@@ -34,7 +36,7 @@ use tierstack_base::{seeded_rng, SeededRng};
 pub const ARRIVAL_SEED_SALT: u64 = 0x6172_7269_7661_6c73; // "arrivals"
 
 /// How the open loop spaces its requests.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Arrivals {
     /// Evenly spaced, `1 / rate` apart.
@@ -71,11 +73,11 @@ pub struct ArrivalSchedule {
 }
 
 impl ArrivalSchedule {
-    /// The schedule of a run at `rate_rps` requests per second (must be
-    /// positive and finite; [`crate::run`] checks it) seeded by the run's
-    /// `seed`.
-    pub fn new(arrivals: Arrivals, rate_rps: f64, seed: u64) -> Self {
-        Self { arrivals, gap_ns: 1e9 / rate_rps, produced: 0, sum_ns: 0.0, rng: seeded_rng(seed ^ ARRIVAL_SEED_SALT) }
+    /// The schedule of a run at `rate_per_s` requests per second (must be
+    /// positive and finite; the load client and the simulator check it before
+    /// building one) seeded by the run's `seed`.
+    pub fn new(arrivals: Arrivals, rate_per_s: f64, seed: u64) -> Self {
+        Self { arrivals, gap_ns: 1e9 / rate_per_s, produced: 0, sum_ns: 0.0, rng: seeded_rng(seed ^ ARRIVAL_SEED_SALT) }
     }
 }
 
@@ -85,6 +87,7 @@ impl Iterator for ArrivalSchedule {
     fn next(&mut self) -> Option<u64> {
         self.produced += 1;
         let at_ns = match self.arrivals {
+            // Multiplied, not accumulated: no drift over a long run.
             Arrivals::Constant => self.produced as f64 * self.gap_ns,
             Arrivals::Poisson => {
                 let u: f64 = self.rng.gen();
@@ -98,7 +101,7 @@ impl Iterator for ArrivalSchedule {
 }
 
 /// The stream (and so the trace stream and target chooser) of scheduled
-/// request `k` when the run has `streams` streams.
+/// request `k` when the run has `streams` streams (zero is treated as one).
 pub fn stream_of(k: u64, streams: usize) -> usize {
     (k % streams.max(1) as u64) as usize
 }
@@ -111,9 +114,15 @@ mod tests {
     fn constant_points_are_evenly_spaced_from_the_first_gap() {
         let points: Vec<u64> = ArrivalSchedule::new(Arrivals::Constant, 4.0, 1).take(4).collect();
         assert_eq!(points, [250_000_000, 500_000_000, 750_000_000, 1_000_000_000]);
-        // 3 per second: rounded, with no drift from accumulation.
+        // 3 per second: each point rounded on its own …
+        let points: Vec<u64> = ArrivalSchedule::new(Arrivals::Constant, 3.0, 1).take(3).collect();
+        assert_eq!(points, [333_333_333, 666_666_667, 1_000_000_000]);
+        // … with no drift from accumulation.
         let third = ArrivalSchedule::new(Arrivals::Constant, 3.0, 1).nth(299).unwrap();
         assert_eq!(third, 100_000_000_000);
+        // The seed does not matter to a constant schedule.
+        let other_seed: Vec<u64> = ArrivalSchedule::new(Arrivals::Constant, 3.0, 99).take(3).collect();
+        assert_eq!(other_seed, [333_333_333, 666_666_667, 1_000_000_000]);
     }
 
     #[test]
@@ -136,6 +145,23 @@ mod tests {
     }
 
     #[test]
+    fn the_poisson_points_follow_the_documented_formula() {
+        // The rule written out independently of the iterator's state.
+        let (rate, seed) = (250.0, 17);
+        let mut rng = seeded_rng(seed ^ ARRIVAL_SEED_SALT);
+        let mut sum = 0.0f64;
+        let expected: Vec<u64> = (0..1_000)
+            .map(|_| {
+                let u: f64 = rng.gen();
+                sum += -(1.0 - u).ln() * (1e9 / rate);
+                sum.round() as u64
+            })
+            .collect();
+        let got: Vec<u64> = ArrivalSchedule::new(Arrivals::Poisson, rate, seed).take(1_000).collect();
+        assert_eq!(got, expected);
+    }
+
+    #[test]
     fn requests_are_dealt_to_streams_in_turn() {
         let streams: Vec<usize> = (0..7).map(|k| stream_of(k, 3)).collect();
         assert_eq!(streams, [0, 1, 2, 0, 1, 2, 0]);
@@ -143,9 +169,11 @@ mod tests {
     }
 
     #[test]
-    fn parses_the_command_line_names() {
+    fn parses_the_command_line_names_and_serializes_them_alike() {
         assert_eq!("constant".parse(), Ok(Arrivals::Constant));
         assert_eq!("poisson".parse(), Ok(Arrivals::Poisson));
-        assert!("bursty".parse::<Arrivals>().is_err());
+        assert!("bursty".parse::<Arrivals>().unwrap_err().contains("bursty"));
+        assert_eq!(serde_json::to_string(&Arrivals::Constant).unwrap(), "\"constant\"");
+        assert_eq!(serde_json::from_str::<Arrivals>("\"poisson\"").unwrap(), Arrivals::Poisson);
     }
 }

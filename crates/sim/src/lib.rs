@@ -1,0 +1,72 @@
+//! `tierstack sim`: a trace-driven discrete-event simulator of a cluster of
+//! web server nodes, where the cluster services' pure policies plug in.
+//!
+//! What is modelled (see `docs/sim.md` for the full account):
+//! - **clients**: a closed loop of workers (each with one request
+//!   outstanding, drawing documents from `Trace::stream(seed, w, workers)`
+//!   and targets from `TargetChooser`, exactly as `tierstack load` does), or
+//!   an open loop on its seeded schedule (`tierstack_workload::arrival`, the
+//!   load client's own rule); persistent connections or one per request;
+//! - **per node**: a CPU (FIFO, `cores` servers) charged per operation, a NIC
+//!   transmitter (FIFO), and storage: [`tierstack_model::Storage`], a memory
+//!   cache ([`tierstack_model::ByteLru`]) before a disk
+//!   ([`tierstack_model::DiskQueue`]), the very code `tierstack origin` serves
+//!   with: lookup (touch) → on a miss, disk read → insert;
+//! - **networks**: the client network and named intra-cluster transports,
+//!   each a latency plus bytes over a bandwidth ([`costs`]).
+//!
+//! A [`Policy`] decides, per request, what happens ([`policy`]); the engine
+//! ([`run`]) turns its actions into events and costs. Time is integer
+//! nanoseconds, events are ordered by (time, sequence number), and a run is a
+//! pure function of its configuration, trace, policy and seed: the same inputs
+//! give a byte-identical [`SimReport`].
+
+pub mod config;
+pub mod costs;
+mod engine;
+pub mod policy;
+pub mod report;
+
+pub use config::{Budget, ConfigError, Load, SimConfig};
+pub use costs::{Costs, CostsError, TransportChoice};
+pub use engine::{run, SimError};
+pub use policy::{
+    Action, Actions, Caching, Copies, Delivery, DocId, Done, Independent, Outcome, Policy, Request, RequestId, Served,
+    Via, View,
+};
+pub use report::{LatencySummary, MessageCount, NodeCounts, SimReport, Utilization};
+pub use tierstack_model::DiskModel;
+pub use tierstack_workload::Arrivals;
+
+/// The policies the command line can name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PolicyName {
+    /// [`Independent`].
+    Independent,
+}
+
+impl PolicyName {
+    pub const ALL: [&'static str; 1] = ["independent"];
+}
+
+impl std::str::FromStr for PolicyName {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "independent" => Ok(Self::Independent),
+            other => Err(format!("unknown policy {other:?} (known: {})", Self::ALL.join(", "))),
+        }
+    }
+}
+
+/// Runs the named policy.
+pub fn run_named(
+    name: PolicyName,
+    config: &SimConfig,
+    trace: &tierstack_workload::Trace,
+) -> Result<SimReport, SimError> {
+    match name {
+        PolicyName::Independent => run(config, trace, Independent),
+    }
+}
