@@ -6,6 +6,8 @@
 //! and so is `$CARGO_HOME/bin`), the real toolchain otherwise, and a stand-in
 //! for `cargo install` only: installing nextest for real takes minutes and
 //! the network. The stand-in either "installs" a recording nextest or fails.
+//! The fallback's real `cargo test` runs in a one-crate scratch project with
+//! its own target directory, so it never rebuilds binaries other tests run.
 
 use std::ffi::OsString;
 use std::os::unix::fs::{symlink, PermissionsExt};
@@ -154,13 +156,32 @@ fn without_nextest_the_script_installs_it_and_runs_the_tests_through_it() {
     );
 }
 
+/// A one-crate cargo project holding a copy of `scripts/test`, with its own
+/// target directory: the fallback's real `cargo test` builds it in a second
+/// and never rebuilds the workspace's binaries while other tests run them.
+fn scratch_project(dir: &Path) -> PathBuf {
+    let project = dir.join("project");
+    std::fs::create_dir_all(project.join("scripts")).unwrap();
+    std::fs::create_dir_all(project.join("src")).unwrap();
+    std::fs::copy(script(), project.join("scripts/test")).unwrap();
+    std::fs::write(
+        project.join("Cargo.toml"),
+        "[package]\nname = \"fallback-probe\"\nversion = \"0.1.0\"\nedition = \"2021\"\n\n[workspace]\n",
+    )
+    .unwrap();
+    std::fs::write(project.join("src/lib.rs"), "#[test]\nfn the_fallback_ran_me() {}\n").unwrap();
+    project
+}
+
 #[test]
 fn when_nextest_cannot_be_installed_the_script_runs_cargo_test_and_says_so() {
     let sandbox = Sandbox::new();
     assert!(!sandbox.nextest_found(), "the sandbox hides cargo-nextest from cargo");
-    // One small test target of the workspace, through the real toolchain:
-    // the workspace's build (already there when the suite runs) is reused.
-    let output = sandbox.run_script(false, &["--test", "layering"]);
+    let scratch = tempfile::tempdir().unwrap();
+    let project = scratch_project(scratch.path());
+    let mut command = sandbox.command(project.join("scripts/test"));
+    command.env("STAND_IN_INSTALL", "fail").env("CARGO_TARGET_DIR", project.join("target"));
+    let output = command.output().unwrap();
     let (stdout, stderr) = (text(&output.stdout), text(&output.stderr));
     assert!(output.status.success(), "{stdout}\n{stderr}");
     assert_eq!(sandbox.log(), ["cargo install --locked cargo-nextest"], "one install attempt");
@@ -168,5 +189,5 @@ fn when_nextest_cannot_be_installed_the_script_runs_cargo_test_and_says_so() {
         stderr.contains("notice: cargo-nextest is unavailable; running the same tests with cargo test"),
         "{stderr}"
     );
-    assert!(stdout.contains("test dependencies_point_down_the_layers ... ok"), "the tests ran: {stdout}");
+    assert!(stdout.contains("test the_fallback_ran_me ... ok"), "the tests ran, for real: {stdout}");
 }
