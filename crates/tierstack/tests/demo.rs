@@ -125,6 +125,9 @@ fn the_demo_compares_the_four_modes_and_writes_a_self_contained_report() {
         assert!(workers.iter().all(|t| t["cpus"] == "0"), "every runtime thread is pinned to CPU 0: {threads:?}");
     }
 
+    // What else the machine was doing is recorded beside the figures.
+    assert!(report["load_average_before"].as_f64().is_some_and(|l| l >= 0.0), "{}", report["load_average_before"]);
+
     // The page a person opens: the table, the verdict and four inline
     // plots, loading nothing from anywhere.
     let html = std::fs::read_to_string(out.path().join("index.html")).unwrap();

@@ -95,15 +95,18 @@ pub fn run(args: DemoArgs) -> Result<()> {
     let spec = TraceSpec::parse(&args.trace, 0.75, DOCS)?;
     let trace = spec.build(1)?;
     let labels: Vec<String> = modes.iter().map(Mode::label).collect();
+    // Read before any process of ours runs: what else this machine was doing.
+    let load_average = load_average_1min();
     eprintln!(
         "tierstack demo: {} ({} s each): module + application server ({} compute threads) + {} proxies, {} trace, \
-         an update every {} ms",
+         an update every {} ms; load average before the run: {}",
         labels.join(", "),
         args.duration_s,
         args.compute_threads,
         args.proxies,
         args.trace,
-        args.update_interval_ms
+        args.update_interval_ms,
+        load_average.map_or("unknown".to_string(), |l| format!("{l:.2}"))
     );
     // Ctrl-C is handled from the very start, so an interrupt during start-up
     // still stops every process cleanly (registration is synchronous).
@@ -172,6 +175,7 @@ pub fn run(args: DemoArgs) -> Result<()> {
                 "mode": r.mode.label(), "row": row, "load": r.load, "proxies": r.proxies,
             })).collect::<Vec<_>>(),
             "load_client_threads": load_client_threads,
+            "load_average_before": load_average,
         }),
     )?;
     let setup = Setup {
@@ -180,8 +184,17 @@ pub fn run(args: DemoArgs) -> Result<()> {
              proxies run as processes on this machine; the load client replays the {} trace ({DOCS} documents) \
              over {} connections spread over the proxies while an updater changes a document every {} ms. \
              Each configuration is a fresh deployment, its caches warmed first, measured for {} s; every \
-             response is checked against its self-checking body and for staleness.",
-            args.compute_threads, args.proxies, args.trace, args.connections, args.update_interval_ms, args.duration_s
+             response is checked against its self-checking body and for staleness. The load average before the \
+             run was {}: the configurations run one after another, so other work on this machine that starts or \
+             stops meanwhile shifts them unequally (pinning the application tier's busy threads to its CPU also \
+             drives other processes onto the proxies' CPU).",
+            args.compute_threads,
+            args.proxies,
+            args.trace,
+            args.connections,
+            args.update_interval_ms,
+            args.duration_s,
+            load_average.map_or("unknown".to_string(), |l| format!("{l:.2}"))
         ),
         command: command_line(),
     };
@@ -362,6 +375,11 @@ fn check(mode: &Mode, report: &LoadReport, proxies: &[ProxyStats]) -> Result<()>
         );
     }
     Ok(())
+}
+
+/// The machine's 1-minute load average (`/proc/loadavg`), if readable.
+fn load_average_1min() -> Option<f64> {
+    std::fs::read_to_string("/proc/loadavg").ok()?.split_whitespace().next()?.parse().ok()
 }
 
 /// The CPU the load client shares with the proxies.
