@@ -5,7 +5,11 @@
 //!
 //! With two or more CPUs the application tier (module, server and its
 //! compute threads) is pinned to the last CPU and the proxies to CPU 0, so
-//! the tiers act as separate nodes, as in the paper's testbed.
+//! the tiers act as separate nodes, as in the paper's testbed. The
+//! application tier also runs in a session of its own
+//! ([`ChildNode::spawn_in_own_session`]), so that Linux's per-session
+//! (autogroup) CPU weight does not let its compute threads starve the
+//! proxies and the load client on the other CPU.
 //!
 //! [`Deployment::start_with`] adds what [`DeploymentOptions`] asks for: a push
 //! policy (the application server then becomes fabric node P+1, reads the
@@ -123,7 +127,8 @@ impl Deployment {
         let mut module_args =
             args(&["app-module", "--topology", &topology_arg, "--node", "0", "--socket", &socket_arg]);
         module_args.extend(extra.app_module.iter().cloned());
-        let module = ChildNode::spawn(&config.exe, &module_args).context("starting the application module")?;
+        let module =
+            ChildNode::spawn_in_own_session(&config.exe, &module_args).context("starting the application module")?;
         children.push(module);
 
         let app_addr = free_loopback_port()?;
@@ -163,7 +168,9 @@ impl Deployment {
             }
         }
         app_args.extend(extra.app_server.iter().cloned());
-        children.push(ChildNode::spawn(&config.exe, &app_args).context("starting the application server")?);
+        children.push(
+            ChildNode::spawn_in_own_session(&config.exe, &app_args).context("starting the application server")?,
+        );
         let app_url = format!("http://{app_addr}");
 
         let mut proxy_children = Vec::new();
@@ -273,9 +280,11 @@ impl Deployment {
         while let Some(child) = self.children.pop() {
             drop(child);
         }
-        let module = ChildNode::spawn(&self.exe, &self.module_args).context("restarting the application module")?;
+        let module = ChildNode::spawn_in_own_session(&self.exe, &self.module_args)
+            .context("restarting the application module")?;
         self.children.push(module);
-        let server = ChildNode::spawn(&self.exe, &self.app_args).context("restarting the application server")?;
+        let server = ChildNode::spawn_in_own_session(&self.exe, &self.app_args)
+            .context("restarting the application server")?;
         self.children.push(server);
         Ok(())
     }

@@ -9,6 +9,7 @@ use anyhow::{bail, Context, Result};
 use std::io::{BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
+use std::os::unix::process::CommandExt;
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::time::{Duration, Instant};
 use tierstack_cluster::Backend;
@@ -106,7 +107,34 @@ pub struct ChildNode {
 impl ChildNode {
     /// Starts `exe args…` and waits (bounded) for its `ready` line.
     pub fn spawn(exe: &Path, args: &[String]) -> Result<ChildNode> {
-        let mut child = Command::new(exe)
+        Self::start(Command::new(exe), exe, args)
+    }
+
+    /// As [`ChildNode::spawn`], in a session of its own, as a process on
+    /// another machine would be. Linux's autogroup scheduling shares one
+    /// CPU weight among a session's processes, spread over the CPUs where
+    /// they run: busy threads of a child in our session (an application
+    /// tier's compute threads) would shrink the weight of our processes on
+    /// the other CPU, and any other session's work there would starve them.
+    /// The child still stops when its standard input closes.
+    pub fn spawn_in_own_session(exe: &Path, args: &[String]) -> Result<ChildNode> {
+        let mut command = Command::new(exe);
+        // SAFETY: setsid is async-signal-safe and touches no memory of ours;
+        // it fails only if the child already leads a process group, which a
+        // freshly forked child does not.
+        unsafe {
+            command.pre_exec(|| {
+                if libc::setsid() == -1 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        Self::start(command, exe, args)
+    }
+
+    fn start(mut command: Command, exe: &Path, args: &[String]) -> Result<ChildNode> {
+        let mut child = command
             .args(args)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
