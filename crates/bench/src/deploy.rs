@@ -5,11 +5,10 @@
 //!
 //! With two or more CPUs the application tier (module, server and its
 //! compute threads) is pinned to the last CPU and the proxies to CPU 0, so
-//! the tiers act as separate nodes, as in the paper's testbed. The
-//! application tier also runs in a session of its own
-//! ([`ChildNode::spawn_in_own_session`]), so that Linux's per-session
-//! (autogroup) CPU weight does not let its compute threads starve the
-//! proxies and the load client on the other CPU.
+//! the tiers act as separate nodes, as in the paper's testbed.
+//! [`DeploymentOptions::application_tier_sessions`] also runs the module
+//! and the application server each in a session of their own
+//! ([`ChildNode::spawn_in_own_session`]), as `tierstack demo` does.
 //!
 //! [`Deployment::start_with`] adds what [`DeploymentOptions`] asks for: a push
 //! policy (the application server then becomes fabric node P+1, reads the
@@ -56,6 +55,16 @@ pub struct DeploymentOptions {
     pub proxy_cache_bytes: Option<usize>,
     /// Each proxy's `--state-slots`; `None`: the proxy's default.
     pub state_slots: Option<u32>,
+    /// Start the module and the application server each in a session of
+    /// its own, as processes of another machine. Linux's autogroup
+    /// scheduling shares one CPU weight among a session's processes, spread
+    /// over the CPUs where they run: in our session the server's busy
+    /// compute threads would leave the proxies and the load client on the
+    /// other CPU almost no weight, and any other session's work there would
+    /// starve them. The cost: a session cannot be joined, so the module's
+    /// responder gets about half the busy CPU rather than one thread's
+    /// share, and two-sided checks wait less than on a loaded node.
+    pub application_tier_sessions: bool,
 }
 
 /// Extra command-line arguments for the application tier's processes (for
@@ -85,6 +94,7 @@ pub struct Deployment {
     exe: PathBuf,
     module_args: Vec<String>,
     app_args: Vec<String>,
+    application_tier_sessions: bool,
     _scratch: tempfile::TempDir,
 }
 
@@ -127,8 +137,9 @@ impl Deployment {
         let mut module_args =
             args(&["app-module", "--topology", &topology_arg, "--node", "0", "--socket", &socket_arg]);
         module_args.extend(extra.app_module.iter().cloned());
-        let module =
-            ChildNode::spawn_in_own_session(&config.exe, &module_args).context("starting the application module")?;
+        let spawn_tier =
+            if options.application_tier_sessions { ChildNode::spawn_in_own_session } else { ChildNode::spawn };
+        let module = spawn_tier(&config.exe, &module_args).context("starting the application module")?;
         children.push(module);
 
         let app_addr = free_loopback_port()?;
@@ -168,9 +179,7 @@ impl Deployment {
             }
         }
         app_args.extend(extra.app_server.iter().cloned());
-        children.push(
-            ChildNode::spawn_in_own_session(&config.exe, &app_args).context("starting the application server")?,
-        );
+        children.push(spawn_tier(&config.exe, &app_args).context("starting the application server")?);
         let app_url = format!("http://{app_addr}");
 
         let mut proxy_children = Vec::new();
@@ -217,6 +226,7 @@ impl Deployment {
             exe: config.exe.clone(),
             module_args,
             app_args,
+            application_tier_sessions: options.application_tier_sessions,
             _scratch: scratch,
         })
     }
@@ -280,11 +290,11 @@ impl Deployment {
         while let Some(child) = self.children.pop() {
             drop(child);
         }
-        let module = ChildNode::spawn_in_own_session(&self.exe, &self.module_args)
-            .context("restarting the application module")?;
+        let spawn_tier =
+            if self.application_tier_sessions { ChildNode::spawn_in_own_session } else { ChildNode::spawn };
+        let module = spawn_tier(&self.exe, &self.module_args).context("restarting the application module")?;
         self.children.push(module);
-        let server = ChildNode::spawn_in_own_session(&self.exe, &self.app_args)
-            .context("restarting the application server")?;
+        let server = spawn_tier(&self.exe, &self.app_args).context("restarting the application server")?;
         self.children.push(server);
         Ok(())
     }

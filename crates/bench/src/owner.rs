@@ -8,8 +8,8 @@
 use anyhow::{bail, Context, Result};
 use std::io::{BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpListener};
-use std::path::{Path, PathBuf};
 use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::time::{Duration, Instant};
 use tierstack_cluster::Backend;
@@ -248,4 +248,30 @@ pub fn spawn_owner(
         args.push(format!("{name}:{bytes}"));
     }
     ChildNode::spawn(exe, &args)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The session id of process `pid` (field 6 of `/proc/<pid>/stat`).
+    fn session_of(pid: u32) -> u32 {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+        let after_name = stat.rsplit(')').next().unwrap();
+        after_name.split_whitespace().nth(3).unwrap().parse().unwrap()
+    }
+
+    #[test]
+    fn a_child_in_its_own_session_leads_a_new_one_and_still_stops_when_its_stdin_closes() {
+        let shell = Path::new("/bin/sh");
+        let args = ["-c".to_string(), "echo ready; cat >/dev/null; echo bye".to_string()];
+        let ours = session_of(std::process::id());
+        let plain = ChildNode::spawn(shell, &args).unwrap();
+        assert_eq!(session_of(plain.pid()), ours, "a plain child shares our session");
+        let apart = ChildNode::spawn_in_own_session(shell, &args).unwrap();
+        assert_eq!(session_of(apart.pid()), apart.pid(), "it leads a session of its own");
+        assert_ne!(session_of(apart.pid()), ours);
+        assert_eq!(apart.finish().unwrap().trim(), "bye", "closing its stdin stopped it");
+        assert_eq!(plain.finish().unwrap().trim(), "bye");
+    }
 }

@@ -264,6 +264,7 @@ fn measure(config: &PushPullBenchConfig, backend: Backend, policy: &str) -> Resu
             push_policy: Some(policy.to_string()),
             proxy_cache_bytes: Some(config.cache_bytes),
             state_slots: None,
+            application_tier_sessions: false,
         },
     )?;
     let trace = Trace::zipf(config.alpha, config.docs)?;

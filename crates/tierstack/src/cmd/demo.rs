@@ -35,7 +35,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tierstack_bench::coherence::Mode;
 use tierstack_bench::demo::{self as story, RunView, Setup};
-use tierstack_bench::deploy::{Deployment, DeploymentConfig};
+use tierstack_bench::deploy::{Deployment, DeploymentConfig, DeploymentOptions};
 use tierstack_bench::report::{write_json, Table};
 use tierstack_cluster::{pin_to_cpu, Backend};
 use tierstack_loadgen::{run_with, LiveStats, LoadConfig, LoadReport};
@@ -217,17 +217,22 @@ fn run_mode(
     interrupted: &tokio::sync::watch::Receiver<bool>,
     pin: bool,
 ) -> Result<Option<ModeRun>> {
-    let deployment = Deployment::start(&DeploymentConfig {
-        exe: std::env::current_exe()?,
-        backend: mode.backend,
-        mode: mode.cache.to_string(),
-        proxies: args.proxies,
-        compute_threads: args.compute_threads,
-        documents: args.trace.clone(),
-        docs: DOCS,
-        seed: 1,
-        pin: true,
-    })?;
+    let deployment = Deployment::start_with(
+        &DeploymentConfig {
+            exe: std::env::current_exe()?,
+            backend: mode.backend,
+            mode: mode.cache.to_string(),
+            proxies: args.proxies,
+            compute_threads: args.compute_threads,
+            documents: args.trace.clone(),
+            docs: DOCS,
+            seed: 1,
+            pin: true,
+        },
+        // The application tier in sessions of its own, so its compute
+        // threads cannot starve the proxies and this load client.
+        &DeploymentOptions { application_tier_sessions: true, ..DeploymentOptions::default() },
+    )?;
     if pin {
         pin_to_cpu(LOAD_CLIENT_CPU)?;
     }
