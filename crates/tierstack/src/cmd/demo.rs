@@ -14,7 +14,8 @@
 //!
 //! Each configuration starts the application module, the application
 //! server and three proxies as processes (application tier and proxies on
-//! different CPUs), replays a Zipf trace through the proxies while an
+//! different CPUs; the module and the server each in a session of its own,
+//! so autogroup scheduling cannot let the compute threads starve the rest), replays a Zipf trace through the proxies while an
 //! updater changes a document every second, and checks every response: its
 //! self-checking body against its header, and its versions for staleness.
 //! Every process is stopped on exit or Ctrl-C. The demo exits non-zero if a
