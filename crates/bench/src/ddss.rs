@@ -24,6 +24,7 @@
 //! operation, back to back, on one thread; `ops_per_sec` in the JSON is
 //! therefore 1 / mean.
 
+use crate::html::Page;
 use crate::owner::{write_topology, ChildNode, NodeLine};
 use crate::report::{line_plot, us, write_json, Axes, Series, Table};
 use crate::stats::{summarize, Summary};
@@ -328,6 +329,8 @@ fn get_path(model: &Coherence) -> &'static str {
 }
 
 fn print_and_plot(config: &DdssBenchConfig, report: &DdssReport) -> Result<()> {
+    let mut page = Page::new("tierstack bench ddss: the data sharing substrate (services paper Fig. 3a)");
+    page.paragraph(&format!("Home node: {}. Latencies are p50 and p99 over each cell's operations.", report.home));
     let systems: Vec<String> = config.backends.iter().map(|b| format!("ddss-{}", b.name())).collect();
     let p50 = |cell: Option<&Cell>| cell.map(|c| us(c.latency.p50_ns)).unwrap_or_else(|| "-".into());
     let p99 = |cell: Option<&Cell>| cell.map(|c| us(c.latency.p99_ns)).unwrap_or_else(|| "-".into());
@@ -353,10 +356,10 @@ fn print_and_plot(config: &DdssBenchConfig, report: &DdssReport) -> Result<()> {
         }
         by_model.row(row);
     }
-    println!("{}", by_model.render());
+    page.print(&by_model);
     // The models share one put path, and three share one guarantee: say so
     // beside the numbers rather than let their noise read as differences.
-    println!("note: {}\n", tierstack_ddss::bench::MODEL_NOTE);
+    page.print_text(&format!("note: {}\n", tierstack_ddss::bench::MODEL_NOTE));
 
     let model_names: Vec<String> = config.models.iter().map(Coherence::to_string).collect();
     for system in &systems {
@@ -375,7 +378,7 @@ fn print_and_plot(config: &DdssBenchConfig, report: &DdssReport) -> Result<()> {
             row.extend(model_names.iter().map(|m| p50(report.cell(system, "grid", "put", m, bytes))));
             grid.row(row);
         }
-        println!("{}", grid.render());
+        page.print(&grid);
     }
 
     let mut compared: Vec<(String, String)> = Vec::new(); // (system, model)
@@ -410,8 +413,9 @@ fn print_and_plot(config: &DdssBenchConfig, report: &DdssReport) -> Result<()> {
         }
         by_size.row(row);
     }
-    println!("{}", by_size.render());
+    page.print(&by_size);
 
+    let mut paper = Table::new("The paper beside ours", &["quantity", "the paper (2006 InfiniBand)", "ours"]);
     for system in &systems {
         let worst = report
             .cells
@@ -424,10 +428,16 @@ fn print_and_plot(config: &DdssBenchConfig, report: &DdssReport) -> Result<()> {
                 us(worst.latency.p50_ns),
                 worst.model
             );
+            paper.row(vec![
+                format!("largest 1-byte put p50 over the models, {system}"),
+                "about 55 µs".to_string(),
+                format!("{} µs ({})", us(worst.latency.p50_ns), worst.model),
+            ]);
         }
     }
+    page.table(&paper);
     if let Some(reason) = &report.redis_skipped {
-        println!("redis: not measured: {reason}");
+        page.print_text(&format!("redis: not measured: {reason}"));
     }
 
     write_json(&config.out_dir.join("ddss.json"), report)?;
@@ -449,13 +459,15 @@ fn print_and_plot(config: &DdssBenchConfig, report: &DdssReport) -> Result<()> {
             ));
         }
     }
-    let log_log = Axes { x_label: "value bytes", y_label: "µs (p50)", log_x: true, log_y: true };
+    let log_log = Axes { x_label: "value size (bytes)", y_label: "latency p50 (µs)", log_x: true, log_y: true };
+    let dir = &config.out_dir;
     line_plot(
-        &config.out_dir.join("ddss-put-latency.svg"),
+        &dir.join("ddss-put-latency.svg"),
         "Fig. 3a: DDSS put latency by coherence model",
         log_log,
         &grid_series,
     )?;
+    page.plot(&dir.join("ddss-put-latency.svg"))?;
     let mut size_series = Vec::new();
     for (system, model) in &compared {
         for op in ["put", "get"] {
@@ -466,11 +478,13 @@ fn print_and_plot(config: &DdssBenchConfig, report: &DdssReport) -> Result<()> {
         }
     }
     line_plot(
-        &config.out_dir.join("ddss-size.svg"),
-        "Latency by value size: DDSS (write coherence) vs Redis",
+        &dir.join("ddss-size.svg"),
+        "Latency by value size: DDSS (write coherence) vs Redis (beyond Fig. 3a)",
         log_log,
         &size_series,
     )?;
-    println!("wrote {}/ddss.json and ddss-{{put-latency,size}}.svg", config.out_dir.display());
+    page.plot(&dir.join("ddss-size.svg"))?;
+    let index = page.write(dir)?;
+    println!("wrote {}/ddss.json, ddss-{{put-latency,size}}.svg and {}", config.out_dir.display(), index.display());
     Ok(())
 }

@@ -6,6 +6,9 @@
 //! With two or more CPUs the application tier (module, server and its
 //! compute threads) is pinned to the last CPU and the proxies to CPU 0, so
 //! the tiers act as separate nodes, as in the paper's testbed.
+//! [`DeploymentOptions::application_tier_sessions`] also runs the module
+//! and the application server each in a session of their own
+//! ([`ChildNode::spawn_in_own_session`]), as `tierstack demo` does.
 //!
 //! [`Deployment::start_with`] adds what [`DeploymentOptions`] asks for: a push
 //! policy (the application server then becomes fabric node P+1, reads the
@@ -20,6 +23,9 @@ use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 use tierstack_cluster::Backend;
+
+/// Warm-up fetches in flight at once (see [`Deployment::warm_up`]).
+pub const WARM_UP_CONCURRENCY: usize = 16;
 
 /// What to start.
 #[derive(Clone, Debug)]
@@ -49,6 +55,16 @@ pub struct DeploymentOptions {
     pub proxy_cache_bytes: Option<usize>,
     /// Each proxy's `--state-slots`; `None`: the proxy's default.
     pub state_slots: Option<u32>,
+    /// Start the module and the application server each in a session of
+    /// its own, as processes of another machine. Linux's autogroup
+    /// scheduling shares one CPU weight among a session's processes, spread
+    /// over the CPUs where they run: in our session the server's busy
+    /// compute threads would leave the proxies and the load client on the
+    /// other CPU almost no weight, and any other session's work there would
+    /// starve them. The cost: a session cannot be joined, so the module's
+    /// responder gets about half the busy CPU rather than one thread's
+    /// share, and two-sided checks wait less than on a loaded node.
+    pub application_tier_sessions: bool,
 }
 
 /// Extra command-line arguments for the application tier's processes (for
@@ -78,6 +94,7 @@ pub struct Deployment {
     exe: PathBuf,
     module_args: Vec<String>,
     app_args: Vec<String>,
+    application_tier_sessions: bool,
     _scratch: tempfile::TempDir,
 }
 
@@ -120,7 +137,9 @@ impl Deployment {
         let mut module_args =
             args(&["app-module", "--topology", &topology_arg, "--node", "0", "--socket", &socket_arg]);
         module_args.extend(extra.app_module.iter().cloned());
-        let module = ChildNode::spawn(&config.exe, &module_args).context("starting the application module")?;
+        let spawn_tier =
+            if options.application_tier_sessions { ChildNode::spawn_in_own_session } else { ChildNode::spawn };
+        let module = spawn_tier(&config.exe, &module_args).context("starting the application module")?;
         children.push(module);
 
         let app_addr = free_loopback_port()?;
@@ -160,7 +179,7 @@ impl Deployment {
             }
         }
         app_args.extend(extra.app_server.iter().cloned());
-        children.push(ChildNode::spawn(&config.exe, &app_args).context("starting the application server")?);
+        children.push(spawn_tier(&config.exe, &app_args).context("starting the application server")?);
         let app_url = format!("http://{app_addr}");
 
         let mut proxy_children = Vec::new();
@@ -207,20 +226,33 @@ impl Deployment {
             exe: config.exe.clone(),
             module_args,
             app_args,
+            application_tier_sessions: options.application_tier_sessions,
             _scratch: scratch,
         })
     }
 
     /// Fetches each of `paths` once through every proxy, so that a timed run
     /// starts from warm caches (the paper measures steady state). Bounded by
-    /// the upstream's own timeout.
+    /// the upstream's own timeout. The fetches run [`WARM_UP_CONCURRENCY`]
+    /// at a time: with the application tier under load each one waits for
+    /// its CPU, and one after the other they would take longer than the run.
     pub fn warm_up(&self, paths: &[String]) -> Result<()> {
-        for addr in &self.proxy_addrs {
-            for path in paths {
-                get_status(*addr, path).with_context(|| format!("warming {path} at {addr}"))?;
+        let fetches: Vec<(SocketAddr, &String)> =
+            self.proxy_addrs.iter().flat_map(|addr| paths.iter().map(move |path| (*addr, path))).collect();
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        let fetch_all = || -> Result<()> {
+            loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let Some(&(addr, path)) = fetches.get(i) else { return Ok(()) };
+                get_status(addr, path).with_context(|| format!("warming {path} at {addr}"))?;
             }
-        }
-        Ok(())
+        };
+        std::thread::scope(|scope| {
+            let workers: Vec<_> = (0..WARM_UP_CONCURRENCY.min(fetches.len())).map(|_| scope.spawn(fetch_all)).collect();
+            workers
+                .into_iter()
+                .try_for_each(|w| w.join().unwrap_or_else(|_| Err(anyhow::anyhow!("a warm-up thread panicked"))))
+        })
     }
 
     /// Each proxy's `/_tierstack/stats`.
@@ -258,9 +290,11 @@ impl Deployment {
         while let Some(child) = self.children.pop() {
             drop(child);
         }
-        let module = ChildNode::spawn(&self.exe, &self.module_args).context("restarting the application module")?;
+        let spawn_tier =
+            if self.application_tier_sessions { ChildNode::spawn_in_own_session } else { ChildNode::spawn };
+        let module = spawn_tier(&self.exe, &self.module_args).context("restarting the application module")?;
         self.children.push(module);
-        let server = ChildNode::spawn(&self.exe, &self.app_args).context("restarting the application server")?;
+        let server = spawn_tier(&self.exe, &self.app_args).context("restarting the application server")?;
         self.children.push(server);
         Ok(())
     }

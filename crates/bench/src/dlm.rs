@@ -39,6 +39,7 @@
 //! messages per pair, which N-CoShED and DQNL only send when requests meet.
 
 use crate::dlm_nodes::ProcessNodes;
+use crate::html::Page;
 use crate::report::{line_plot, us, write_json, Axes, Series, Table};
 use crate::stats::{summarize, Summary};
 use anyhow::{bail, Context, Result};
@@ -553,6 +554,7 @@ fn ratio_cell(ratio: Option<f64>) -> String {
 }
 
 fn print_and_plot(config: &DlmBenchConfig, report: &DlmReport) -> Result<()> {
+    let mut page = Page::new("tierstack bench dlm: the distributed lock manager (services paper Fig. 5)");
     let has = |scheme| config.schemes.contains(&scheme);
     let show_srsl = has(Scheme::CoShed) && has(Scheme::Srsl);
     let show_dqnl = has(Scheme::CoShed) && has(Scheme::Dqnl);
@@ -593,7 +595,7 @@ fn print_and_plot(config: &DlmBenchConfig, report: &DlmReport) -> Result<()> {
             cascade.row(row);
         }
     }
-    println!("{}", cascade.render());
+    page.print(&cascade);
 
     let mut uncontended =
         Table::new("Uncontended acquire+release latency (µs)", &["scheme", "mode", "backend", "p50", "p99", "mean"]);
@@ -617,7 +619,7 @@ fn print_and_plot(config: &DlmBenchConfig, report: &DlmReport) -> Result<()> {
             }
         }
     }
-    println!("{}", uncontended.render());
+    page.print(&uncontended);
 
     let mut header = vec!["contenders".to_string(), "% shared".to_string()];
     for backend in &config.backends {
@@ -652,7 +654,7 @@ fn print_and_plot(config: &DlmBenchConfig, report: &DlmReport) -> Result<()> {
             throughput.row(row);
         }
     }
-    println!("{}", throughput.render());
+    page.print(&throughput);
 
     if !report.recovery.is_empty() {
         let ms = |ns: u64| format!("{:.1}", ns as f64 / 1e6);
@@ -683,7 +685,9 @@ fn print_and_plot(config: &DlmBenchConfig, report: &DlmReport) -> Result<()> {
     }
     for (backend, &errors) in &report.message_errors {
         if errors > 0 {
-            println!("WARNING: {errors} lock messages failed on {backend}: the numbers above are suspect");
+            page.print_text(&format!(
+                "WARNING: {errors} lock messages failed on {backend}: the numbers above are suspect"
+            ));
         }
     }
     write_json(&config.out_dir.join("dlm.json"), report)?;
@@ -704,13 +708,21 @@ fn print_and_plot(config: &DlmBenchConfig, report: &DlmReport) -> Result<()> {
             })
             .collect();
         let name = mode.name();
+        let figure = if name == "shared" { "Fig. 5a" } else { "Fig. 5b" };
+        let path = config.out_dir.join(format!("dlm-cascade-{name}.svg"));
         line_plot(
-            &config.out_dir.join(format!("dlm-cascade-{name}.svg")),
-            &format!("Lock cascading latency, {name} lock queue (p50)"),
-            Axes { x_label: "waiters", y_label: "µs", log_x: true, log_y: true },
+            &path,
+            &format!("{figure}: lock cascading latency, {name} lock queue (p50)"),
+            Axes { x_label: "waiting nodes (count)", y_label: "cascade latency p50 (µs)", log_x: true, log_y: true },
             &series,
         )?;
+        page.plot(&path)?;
     }
-    println!("wrote {}/dlm.json and dlm-cascade-{{shared,exclusive}}.svg", config.out_dir.display());
+    let index = page.write(&config.out_dir)?;
+    println!(
+        "wrote {}/dlm.json, dlm-cascade-{{shared,exclusive}}.svg and {}",
+        config.out_dir.display(),
+        index.display()
+    );
     Ok(())
 }

@@ -15,6 +15,7 @@
 //! is a batch's time / N. So p50 and p99 are percentiles of per-batch means:
 //! exact per operation when N = 1, smoothed tails when N > 1.
 
+use crate::html::Page;
 use crate::owner::{spawn_owner, write_topology, ChildNode, NodeLine};
 use crate::report::{line_plot, us, write_json, Axes, Series, Table};
 use crate::stats::{summarize, Summary};
@@ -383,6 +384,12 @@ pub fn run(config: &FabricBenchConfig) -> Result<FabricReport> {
 }
 
 fn print_and_plot(config: &FabricBenchConfig, report: &FabricReport) -> Result<()> {
+    let mut page = Page::new("tierstack bench fabric: one-sided and two-sided operations (coherency paper Fig. 8)");
+    page.paragraph(&format!(
+        "Backends: {}. Owner process pinned to one CPU, the measuring process to another; busy owner threads: {:?}.",
+        config.backends.iter().map(|b| b.name()).collect::<Vec<_>>().join(", "),
+        config.loads
+    ));
     let mut latency =
         Table::new("Fig. 8a: latency of one operation (µs)", &["operation", "backend", "p50", "p99", "ops/s"]);
     for (backend, results) in &report.backends {
@@ -390,7 +397,7 @@ fn print_and_plot(config: &FabricBenchConfig, report: &FabricReport) -> Result<(
             latency.row(vec![op.clone(), backend.clone(), us(s.p50_ns), us(s.p99_ns), format!("{:.0}", s.ops_per_sec)]);
         }
     }
-    println!("{}", latency.render());
+    page.print(&latency);
 
     let mut header = vec!["bytes".to_string()];
     for backend in report.backends.keys() {
@@ -414,8 +421,8 @@ fn print_and_plot(config: &FabricBenchConfig, report: &FabricReport) -> Result<(
         lat_by_size.row(lat_row);
         bandwidth.row(bw_row);
     }
-    println!("{}", lat_by_size.render());
-    println!("{}", bandwidth.render());
+    page.print(&lat_by_size);
+    page.print(&bandwidth);
 
     let mut load = Table::new(
         "Owner under load: latency vs busy owner threads (µs)",
@@ -435,7 +442,7 @@ fn print_and_plot(config: &FabricBenchConfig, report: &FabricReport) -> Result<(
             ]);
         }
     }
-    println!("{}", load.render());
+    page.print(&load);
 
     let mut messages = Table::new(
         "Messages by how receivers wait: round trip (µs), one-way 64 B messages/s, idle receiver CPU (ms/s)",
@@ -471,9 +478,17 @@ fn print_and_plot(config: &FabricBenchConfig, report: &FabricReport) -> Result<(
             });
         }
     }
-    let log_log = |y: &'static str| Axes { x_label: "bytes", y_label: y, log_x: true, log_y: true };
-    line_plot(&config.out_dir.join("fabric-latency.svg"), "Latency by size (p50)", log_log("µs"), &lat_series)?;
-    line_plot(&config.out_dir.join("fabric-bandwidth.svg"), "Bandwidth by size", log_log("MB/s"), &bw_series)?;
+    let log_log = |y: &'static str| Axes { x_label: "size (bytes)", y_label: y, log_x: true, log_y: true };
+    let dir = &config.out_dir;
+    line_plot(&dir.join("fabric-latency.svg"), "Fig. 8a: latency by size (p50)", log_log("latency (µs)"), &lat_series)?;
+    page.plot(&dir.join("fabric-latency.svg"))?;
+    line_plot(
+        &dir.join("fabric-bandwidth.svg"),
+        "Fig. 8b: bandwidth by size",
+        log_log("bandwidth (MB/s)"),
+        &bw_series,
+    )?;
+    page.plot(&dir.join("fabric-bandwidth.svg"))?;
     let load_series: Vec<Series> = report
         .backends
         .iter()
@@ -499,12 +514,20 @@ fn print_and_plot(config: &FabricBenchConfig, report: &FabricReport) -> Result<(
         })
         .collect();
     line_plot(
-        &config.out_dir.join("fabric-load.svg"),
-        "p50 latency vs busy owner threads",
-        Axes { x_label: "busy threads in the owner", y_label: "µs", log_x: false, log_y: true },
+        &dir.join("fabric-load.svg"),
+        "p50 latency vs busy owner threads (beyond Fig. 8: the owner under load)",
+        Axes {
+            x_label: "busy threads in the owner (threads)", y_label: "latency p50 (µs)", log_x: false, log_y: true
+        },
         &load_series,
     )?;
-    println!("wrote {}/fabric.json and fabric-{{latency,bandwidth,load}}.svg", config.out_dir.display());
+    page.plot(&dir.join("fabric-load.svg"))?;
+    let index = page.write(dir)?;
+    println!(
+        "wrote {}/fabric.json, fabric-{{latency,bandwidth,load}}.svg and {}",
+        config.out_dir.display(),
+        index.display()
+    );
     Ok(())
 }
 

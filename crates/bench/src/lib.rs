@@ -7,15 +7,20 @@
 //! machines are shared and noisy.
 //!
 //! Shared pieces: [`stats`] (latency summaries), [`report`] (tables, JSON,
-//! plots), [`owner`] (a fabric node in a separate process, pinned to its own
-//! CPU, optionally loaded with busy threads). Experiments: [`fabric`].
+//! plots), [`html`] (the page a person opens: `index.html` per experiment),
+//! [`owner`] (a fabric node in a separate process, pinned to its own CPU,
+//! optionally loaded with busy threads), [`deploy`] (a 2-tier data-center
+//! as processes). Experiments: [`fabric`], [`coherence`], [`pushpull`],
+//! [`dlm`], [`ddss`], [`monitor`]; [`demo`] is the comparison `tierstack demo` tells.
 
 pub mod coherence;
 pub mod ddss;
+pub mod demo;
 pub mod deploy;
 pub mod dlm;
 pub mod dlm_nodes;
 pub mod fabric;
+pub mod html;
 pub mod monitor;
 pub mod owner;
 pub mod pushpull;

@@ -8,6 +8,7 @@
 use anyhow::{bail, Context, Result};
 use std::io::{BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpListener};
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -106,7 +107,34 @@ pub struct ChildNode {
 impl ChildNode {
     /// Starts `exe args…` and waits (bounded) for its `ready` line.
     pub fn spawn(exe: &Path, args: &[String]) -> Result<ChildNode> {
-        let mut child = Command::new(exe)
+        Self::start(Command::new(exe), exe, args)
+    }
+
+    /// As [`ChildNode::spawn`], in a session of its own, as a process on
+    /// another machine would be. Linux's autogroup scheduling shares one
+    /// CPU weight among a session's processes, spread over the CPUs where
+    /// they run: busy threads of a child in our session (an application
+    /// tier's compute threads) would shrink the weight of our processes on
+    /// the other CPU, and any other session's work there would starve them.
+    /// The child still stops when its standard input closes.
+    pub fn spawn_in_own_session(exe: &Path, args: &[String]) -> Result<ChildNode> {
+        let mut command = Command::new(exe);
+        // SAFETY: setsid is async-signal-safe and touches no memory of ours;
+        // it fails only if the child already leads a process group, which a
+        // freshly forked child does not.
+        unsafe {
+            command.pre_exec(|| {
+                if libc::setsid() == -1 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        Self::start(command, exe, args)
+    }
+
+    fn start(mut command: Command, exe: &Path, args: &[String]) -> Result<ChildNode> {
+        let mut child = command
             .args(args)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -227,4 +255,30 @@ pub fn spawn_owner(
         args.push(format!("{name}:{bytes}"));
     }
     ChildNode::spawn(exe, &args)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The session id of process `pid` (field 6 of `/proc/<pid>/stat`).
+    fn session_of(pid: u32) -> u32 {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+        let after_name = stat.rsplit(')').next().unwrap();
+        after_name.split_whitespace().nth(3).unwrap().parse().unwrap()
+    }
+
+    #[test]
+    fn a_child_in_its_own_session_leads_a_new_one_and_still_stops_when_its_stdin_closes() {
+        let shell = Path::new("/bin/sh");
+        let args = ["-c".to_string(), "echo ready; cat >/dev/null; echo bye".to_string()];
+        let ours = session_of(std::process::id());
+        let plain = ChildNode::spawn(shell, &args).unwrap();
+        assert_eq!(session_of(plain.pid()), ours, "a plain child shares our session");
+        let apart = ChildNode::spawn_in_own_session(shell, &args).unwrap();
+        assert_eq!(session_of(apart.pid()), apart.pid(), "it leads a session of its own");
+        assert_ne!(session_of(apart.pid()), ours);
+        assert_eq!(apart.finish().unwrap().trim(), "bye", "closing its stdin stopped it");
+        assert_eq!(plain.finish().unwrap().trim(), "bye");
+    }
 }

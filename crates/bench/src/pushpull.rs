@@ -22,6 +22,7 @@
 //! first exceeds the second by the most.
 
 use crate::deploy::{Deployment, DeploymentConfig, DeploymentOptions};
+use crate::html::Page;
 use crate::report::{line_plot, write_json, Axes, Series, Table};
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
@@ -263,6 +264,7 @@ fn measure(config: &PushPullBenchConfig, backend: Backend, policy: &str) -> Resu
             push_policy: Some(policy.to_string()),
             proxy_cache_bytes: Some(config.cache_bytes),
             state_slots: None,
+            application_tier_sessions: false,
         },
     )?;
     let trace = Trace::zipf(config.alpha, config.docs)?;
@@ -410,6 +412,7 @@ pub fn run(config: &PushPullBenchConfig) -> Result<PushPullReport> {
 }
 
 fn print_and_plot(config: &PushPullBenchConfig, report: &PushPullReport) -> Result<()> {
+    let mut page = Page::new("tierstack bench push-pull: adaptive push-pull (coherency paper Fig. 12-14)");
     let mut table = Table::new(
         &format!(
             "Fig. 12-14: wasted updates and cache misses ({} Zipf({}) documents, {} KiB caches, an update every {} ms, {} s)",
@@ -458,7 +461,7 @@ fn print_and_plot(config: &PushPullBenchConfig, report: &PushPullReport) -> Resu
             r.stale_responses.to_string(),
         ]);
     }
-    println!("{}", table.render());
+    page.print(&table);
     let mut per_proxy = Table::new(
         "Per proxy: misses, wasted updates, pushes",
         &["backend", "policy", "proxy", "misses", "wasted", "pushes", "push KiB"],
@@ -476,25 +479,29 @@ fn print_and_plot(config: &PushPullBenchConfig, report: &PushPullReport) -> Resu
             ]);
         }
     }
-    println!("{}", per_proxy.render());
-    println!("== The knee of the hybrid sweep (measured) ==");
+    page.print(&per_proxy);
+    let mut knees = vec!["== The knee of the hybrid sweep (measured) ==".to_string()];
     for backend in &config.backends {
         for metric in ["misses", "update-misses"] {
             match report.knees.iter().find(|k| k.backend == backend.name() && k.metric == metric) {
-                Some(k) => println!(
+                Some(k) => knees.push(format!(
                     "{} ({metric}): hybrid:{} achieves {:.0}% of push's reduction over pull at {:.0}% of push's wasted updates",
                     k.backend,
                     k.fraction,
                     100.0 * k.miss_reduction_share,
                     100.0 * k.wasted_share
-                ),
-                None => println!("{} ({metric}): no knee (push did not reduce them or wasted nothing)", backend.name()),
+                )),
+                None => knees.push(format!(
+                    "{} ({metric}): no knee (push did not reduce them or wasted nothing)",
+                    backend.name()
+                )),
             }
         }
     }
     let stale: u64 = report.runs.iter().map(|r| r.stale_responses).sum();
     let errors: u64 = report.runs.iter().map(|r| r.errors).sum();
-    println!("stale responses over all runs: {stale} (must be 0); errors: {errors}");
+    knees.push(format!("stale responses over all runs: {stale} (must be 0); errors: {errors}"));
+    page.print_text(&knees.join("\n"));
 
     write_json(&config.out_dir.join("pushpull.json"), report)?;
     let sweep = |f: fn(&PushPullRun) -> f64| -> Vec<Series> {
@@ -514,7 +521,7 @@ fn print_and_plot(config: &PushPullBenchConfig, report: &PushPullReport) -> Resu
             .collect()
     };
     let axes = |y| Axes {
-        x_label: "fraction of recently accessed documents pushed (pull = 0, push = 1)",
+        x_label: "fraction of recently accessed documents pushed (fraction; pull = 0, push = 1)",
         y_label: y,
         log_x: false,
         log_y: false,
@@ -526,24 +533,28 @@ fn print_and_plot(config: &PushPullBenchConfig, report: &PushPullReport) -> Resu
         axes("wasted updates per 100 updates"),
         &sweep(|r| r.wasted_per_100_updates),
     )?;
+    page.plot(&dir.join("pushpull-wasted.svg"))?;
     line_plot(
         &dir.join("pushpull-misses.svg"),
         "Fig. 12-14b: cache misses",
         axes("misses per 1000 requests"),
         &sweep(|r| r.misses_per_1k_requests),
     )?;
+    page.plot(&dir.join("pushpull-misses.svg"))?;
     line_plot(
         &dir.join("pushpull-update-misses.svg"),
-        "Misses on copies an update invalidated",
+        "Misses on copies an update invalidated (part of Fig. 12-14b)",
         axes("update misses per 1000 requests"),
         &sweep(update_misses_per_1k),
     )?;
+    page.plot(&dir.join("pushpull-update-misses.svg"))?;
     line_plot(
         &dir.join("pushpull-response-time.svg"),
-        "Response time",
+        "Response time (not in the paper)",
         axes("mean response time (µs)"),
         &sweep(|r| r.mean_us),
     )?;
+    page.plot(&dir.join("pushpull-response-time.svg"))?;
     let mut tradeoff = Vec::new();
     for b in &config.backends {
         let mut sweep_points: Vec<(f64, f64, f64)> = report
@@ -569,7 +580,7 @@ fn print_and_plot(config: &PushPullBenchConfig, report: &PushPullReport) -> Resu
     }
     line_plot(
         &dir.join("pushpull-tradeoff.svg"),
-        "Trade-off: misses vs wasted updates",
+        "Trade-off: misses vs wasted updates (Fig. 12-14a against 12-14b)",
         Axes {
             x_label: "wasted updates per 100 updates",
             y_label: "misses per 1000 requests",
@@ -578,9 +589,12 @@ fn print_and_plot(config: &PushPullBenchConfig, report: &PushPullReport) -> Resu
         },
         &tradeoff,
     )?;
+    page.plot(&dir.join("pushpull-tradeoff.svg"))?;
+    let index = page.write(dir)?;
     println!(
-        "wrote {}/pushpull.json and pushpull-{{wasted,misses,update-misses,response-time,tradeoff}}.svg",
-        config.out_dir.display()
+        "wrote {}/pushpull.json, pushpull-{{wasted,misses,update-misses,response-time,tradeoff}}.svg and {}",
+        config.out_dir.display(),
+        index.display()
     );
     Ok(())
 }

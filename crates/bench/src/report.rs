@@ -1,11 +1,19 @@
-//! Output of experiments: aligned tables, JSON files and SVG line plots.
+//! Output of experiments: aligned tables, JSON files, SVG line and bar
+//! plots; [`crate::html`] gathers them into a page a person opens.
+//!
+//! Plots are meant to be read without the code: every axis names its unit,
+//! a linear axis of a quantity that cannot be negative starts at zero, and
+//! a bounded quantity (a fraction, a percentage) gets its bounds
+//! ([`PlotOptions::y_range`]) rather than padding past them.
 
 use anyhow::{Context, Result};
 use plotters::prelude::*;
+use plotters::style::text_anchor::{HPos, Pos, VPos};
 use serde::Serialize;
 use std::path::Path;
 
 /// A printable table: a header and rows of cells.
+#[derive(Clone, Debug)]
 pub struct Table {
     pub title: String,
     pub header: Vec<String>,
@@ -63,6 +71,10 @@ pub struct Axes<'a> {
     pub log_y: bool,
 }
 
+/// The range an axis shows for `values`. Log: a factor of 1.5 beyond
+/// either end. Linear: from 0 when no value is negative (a throughput or a
+/// latency drawn from an arbitrary floor exaggerates its changes), with 5 %
+/// of room above the highest value.
 fn bounds(values: impl Iterator<Item = f64>, log: bool) -> (f64, f64) {
     let (mut lo, mut hi) = (f64::INFINITY, f64::NEG_INFINITY);
     for v in values.filter(|v| v.is_finite() && (!log || *v > 0.0)) {
@@ -74,19 +86,41 @@ fn bounds(values: impl Iterator<Item = f64>, log: bool) -> (f64, f64) {
     }
     if log {
         (lo / 1.5, hi * 1.5)
+    } else if lo >= 0.0 {
+        (0.0, if hi > 0.0 { hi * 1.05 } else { 1.0 })
     } else {
-        let pad = ((hi - lo) * 0.05).max(hi.abs() * 0.05).max(1e-9);
-        ((lo - pad).min(0.0_f64.max(lo - pad)), hi + pad)
+        let pad = ((hi - lo) * 0.05).max(1e-9);
+        (lo - pad, hi.max(0.0) + pad)
+    }
+}
+
+/// Choices of a plot beyond its [`Axes`].
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PlotOptions {
+    /// The y axis's range, for a quantity with known bounds (a hit rate in
+    /// percent: `Some((0.0, 100.0))`); `None`: fitted to the values.
+    pub y_range: Option<(f64, f64)>,
+}
+
+/// The y axis's range of a line plot: the options' range, or fitted.
+fn y_bounds(series: &[Series], axes: Axes<'_>, options: PlotOptions) -> (f64, f64) {
+    match options.y_range {
+        Some(range) => range,
+        None => bounds(series.iter().flat_map(|s| s.points.iter().map(|p| p.1)), axes.log_y),
     }
 }
 
 /// Draws a line plot with one line per series into an SVG file.
 pub fn line_plot(path: &Path, title: &str, axes: Axes<'_>, series: &[Series]) -> Result<()> {
+    line_plot_with(path, title, axes, series, PlotOptions::default())
+}
+
+/// As [`line_plot`], with `options`.
+pub fn line_plot_with(path: &Path, title: &str, axes: Axes<'_>, series: &[Series], options: PlotOptions) -> Result<()> {
     let (x_lo, x_hi) = bounds(series.iter().flat_map(|s| s.points.iter().map(|p| p.0)), axes.log_x);
-    let (y_lo, y_hi) = bounds(series.iter().flat_map(|s| s.points.iter().map(|p| p.1)), axes.log_y);
+    let (y_lo, y_hi) = y_bounds(series, axes, options);
     let root = SVGBackend::new(path, (900, 560)).into_drawing_area();
     root.fill(&WHITE).map_err(|e| anyhow::anyhow!("plot {}: {e}", path.display()))?;
-    let palette = [&BLUE, &RED, &GREEN, &MAGENTA, &CYAN, &BLACK, &RGBColor(255, 140, 0), &RGBColor(128, 0, 128)];
     macro_rules! draw {
         ($x:expr, $y:expr) => {{
             let mut chart = ChartBuilder::on(&root)
@@ -100,10 +134,15 @@ pub fn line_plot(path: &Path, title: &str, axes: Axes<'_>, series: &[Series]) ->
                 .configure_mesh()
                 .x_desc(axes.x_label)
                 .y_desc(axes.y_label)
+                .axis_desc_style(AXIS_DESC_FONT)
+                .label_style(TICK_FONT)
+                .light_line_style(LIGHT_GRID)
+                .x_label_formatter(&|v| compact(*v))
+                .y_label_formatter(&|v| compact(*v))
                 .draw()
                 .map_err(|e| anyhow::anyhow!("plot {}: {e}", path.display()))?;
             for (i, s) in series.iter().enumerate() {
-                let color = palette[i % palette.len()];
+                let color = PALETTE[i % PALETTE.len()];
                 let points: Vec<(f64, f64)> = s.points.clone();
                 chart
                     .draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))
@@ -130,6 +169,150 @@ pub fn line_plot(path: &Path, title: &str, axes: Axes<'_>, series: &[Series]) ->
     }
     root.present().map_err(|e| anyhow::anyhow!("plot {}: {e}", path.display()))?;
     Ok(())
+}
+
+/// Axis descriptions and tick labels: legible when the page is read at
+/// the SVG's own size or smaller.
+const AXIS_DESC_FONT: (&str, u32) = ("sans-serif", 17);
+const TICK_FONT: (&str, u32) = ("sans-serif", 15);
+/// The fine grid, faint enough to leave the lines in front.
+const LIGHT_GRID: RGBColor = RGBColor(242, 242, 242);
+
+/// Line and bar colours, in order (the "tab10" palette: distinguishable).
+const PALETTE: [RGBColor; 8] = [
+    RGBColor(31, 119, 180),
+    RGBColor(214, 39, 40),
+    RGBColor(44, 160, 44),
+    RGBColor(255, 127, 14),
+    RGBColor(148, 103, 189),
+    RGBColor(23, 190, 207),
+    RGBColor(0, 0, 0),
+    RGBColor(140, 86, 75),
+];
+
+/// One kind of bar in a bar chart: its value for each category.
+pub struct BarGroup {
+    pub label: String,
+    pub values: Vec<f64>,
+}
+
+/// Draws a bar chart into an SVG file: one cluster of bars per category
+/// (left to right), one bar per group in each cluster, each bar labelled
+/// with its value (so a zero is seen, not guessed from a missing bar). On a
+/// log axis a bar with a value of zero or less is not drawn; its label is.
+pub fn bar_chart(path: &Path, title: &str, axes: Axes<'_>, categories: &[String], groups: &[BarGroup]) -> Result<()> {
+    let plot_error = |e: &dyn std::fmt::Display| anyhow::anyhow!("plot {}: {e}", path.display());
+    let values = || groups.iter().flat_map(|g| g.values.iter().copied());
+    let (y_lo, y_hi) = bounds(values(), axes.log_y);
+    // Room above the tallest bar for its label.
+    let y_hi = if axes.log_y { y_hi * 1.5 } else { y_hi * 1.08 };
+    let root = SVGBackend::new(path, (900, 500)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| plot_error(&e))?;
+    let x_range = -0.5..(categories.len().max(1) as f64 - 0.5);
+    let cluster = 0.8;
+    let width = cluster / groups.len().max(1) as f64;
+    macro_rules! draw {
+        ($y:expr) => {{
+            let mut chart = ChartBuilder::on(&root)
+                .caption(title, ("sans-serif", 22))
+                .margin(12)
+                .x_label_area_size(56)
+                .y_label_area_size(80)
+                .build_cartesian_2d(x_range.clone(), $y)
+                .map_err(|e| plot_error(&e))?;
+            chart
+                .configure_mesh()
+                .disable_x_mesh()
+                .x_labels(0)
+                .x_desc(axes.x_label)
+                .y_desc(axes.y_label)
+                .axis_desc_style(AXIS_DESC_FONT)
+                .label_style(TICK_FONT)
+                .light_line_style(LIGHT_GRID)
+                .y_label_formatter(&|v| compact(*v))
+                .draw()
+                .map_err(|e| plot_error(&e))?;
+            for (j, group) in groups.iter().enumerate() {
+                let color = PALETTE[j % PALETTE.len()];
+                let bars: Vec<(f64, f64)> = group
+                    .values
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &v)| (i as f64 - cluster / 2.0 + j as f64 * width, v))
+                    .collect();
+                let drawn = bars
+                    .iter()
+                    .filter(|(_, v)| v.is_finite() && (!axes.log_y || *v > 0.0))
+                    .map(|&(x, v)| Rectangle::new([(x + width * 0.05, y_lo), (x + width * 0.95, v)], color.filled()));
+                let series = chart.draw_series(drawn).map_err(|e| plot_error(&e))?;
+                if groups.len() > 1 {
+                    series
+                        .label(group.label.clone())
+                        .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 16, y + 5)], color.filled()));
+                }
+                let style = ("sans-serif", 14).into_text_style(&root).pos(Pos::new(HPos::Center, VPos::Bottom));
+                let labels = bars.iter().map(|&(x, v)| {
+                    let at = if v.is_finite() && (!axes.log_y || v > 0.0) { v } else { y_lo };
+                    Text::new(compact(v), (x + width / 2.0, at), style.clone())
+                });
+                chart.draw_series(labels).map_err(|e| plot_error(&e))?;
+            }
+            let style = ("sans-serif", 16).into_text_style(&root).pos(Pos::new(HPos::Center, VPos::Top));
+            for (i, name) in categories.iter().enumerate() {
+                let (x, y) = chart.backend_coord(&(i as f64, y_lo));
+                root.draw(&Text::new(name.clone(), (x, y + 8), style.clone())).map_err(|e| plot_error(&e))?;
+            }
+            if groups.len() > 1 {
+                chart
+                    .configure_series_labels()
+                    .position(SeriesLabelPosition::UpperLeft)
+                    .background_style(WHITE.mix(0.85))
+                    .border_style(BLACK)
+                    .draw()
+                    .map_err(|e| plot_error(&e))?;
+            }
+        }};
+    }
+    if axes.log_y {
+        draw!((y_lo..y_hi).log_scale());
+    } else {
+        draw!(y_lo..y_hi);
+    }
+    root.present().map_err(|e| plot_error(&e))?;
+    Ok(())
+}
+
+/// A value as a bar's or a tick's label: whole numbers with thousands
+/// separators, small ones with the decimals that matter.
+pub fn compact(value: f64) -> String {
+    if !value.is_finite() {
+        "-".to_string()
+    } else if value.abs() >= 100.0 || value.fract() == 0.0 {
+        thousands(value.round() as i64)
+    } else if value.abs() >= 10.0 {
+        format!("{value:.1}")
+    } else {
+        // Three significant digits, without trailing zeros: 2.5, 0.125, 0.001.
+        let decimals = (2 - value.abs().log10().floor() as i32).clamp(1, 9) as usize;
+        let text = format!("{value:.decimals$}");
+        text.trim_end_matches('0').trim_end_matches('.').to_string()
+    }
+}
+
+/// An integer with commas between thousands: `12,345`.
+pub fn thousands(value: i64) -> String {
+    let digits = value.unsigned_abs().to_string();
+    let mut out = String::new();
+    for (i, digit) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(digit);
+    }
+    if value < 0 {
+        out.insert(0, '-');
+    }
+    out
 }
 
 /// Formats nanoseconds as microseconds with two decimals.
@@ -160,5 +343,87 @@ mod tests {
         let svg = std::fs::read_to_string(&path).unwrap();
         assert!(svg.starts_with("<svg") || svg.contains("<svg"), "not an svg");
         assert!(svg.contains("polyline") || svg.contains("path"), "no line drawn");
+    }
+
+    #[test]
+    fn linear_axes_of_non_negative_quantities_start_at_zero() {
+        assert_eq!(bounds([40.0, 50.0].into_iter(), false), (0.0, 52.5));
+        assert_eq!(bounds([0.0, 0.0].into_iter(), false), (0.0, 1.0), "all zeros still get a range");
+        let (lo, hi) = bounds([-10.0, 10.0].into_iter(), false);
+        assert!(lo < -10.0 && hi > 10.0, "negative values are padded: {lo}..{hi}");
+        let (lo, hi) = bounds([0.0, 10.0, 1000.0].into_iter(), true);
+        assert!(lo > 0.0 && lo < 10.0 && hi > 1000.0, "log ignores zeros: {lo}..{hi}");
+    }
+
+    /// The y-axis ticks of a plotters SVG: each end-anchored `text` element
+    /// (right-aligned against the y axis) as (value, pixel row).
+    fn y_ticks(svg: &str) -> Vec<(f64, f64)> {
+        svg.split("<text")
+            .filter(|t| t.contains("text-anchor=\"end\""))
+            .filter_map(|t| {
+                let value = t.split('>').nth(1)?.split('<').next()?.trim().replace(',', "").parse().ok()?;
+                let row = t.split(" y=\"").nth(1)?.split('"').next()?.parse().ok()?;
+                Some((value, row))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_bounded_quantity_is_drawn_within_its_bounds() {
+        let series = vec![Series { label: "hit rate".into(), points: vec![(0.5, 99.0), (1.5, 100.0)] }];
+        let axes = Axes { x_label: "time (s)", y_label: "hit rate (%)", log_x: false, log_y: false };
+        let (_, fitted) = y_bounds(&series, axes, PlotOptions::default());
+        assert!(fitted > 100.0, "fitted, the axis runs past 100 %: {fitted}");
+        let bounded = PlotOptions { y_range: Some((0.0, 100.0)) };
+        assert_eq!(y_bounds(&series, axes, bounded), (0.0, 100.0));
+        // Drawn: every tick within the bounds, and 100 % at the top of the
+        // axis, higher than where the fitted axis (running on to 105) puts it.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("p.svg");
+        let row_of_100 = |options| {
+            line_plot_with(&path, "hit rate", axes, &series, options).unwrap();
+            let ticks = y_ticks(&std::fs::read_to_string(&path).unwrap());
+            assert!(ticks.iter().all(|&(t, _)| (0.0..=100.0).contains(&t)), "{ticks:?}");
+            ticks.iter().find(|&&(t, _)| t == 100.0).map(|&(_, row)| row).expect("a tick at 100")
+        };
+        assert!(row_of_100(bounded) < row_of_100(PlotOptions::default()), "the bounded axis ends at 100");
+    }
+
+    #[test]
+    fn bar_charts_label_every_bar_and_category() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("bars.svg");
+        let categories = vec!["no-cache".to_string(), "ttl".to_string()];
+        let groups = vec![BarGroup { label: "stale".into(), values: vec![0.0, 12345.0] }];
+        let axes = Axes { x_label: "mode", y_label: "stale responses (count)", log_x: false, log_y: false };
+        bar_chart(&path, "stale", axes, &categories, &groups).unwrap();
+        let svg = std::fs::read_to_string(&path).unwrap();
+        for text in ["no-cache", "ttl", "\n12,345\n", "\n0\n", "stale responses (count)"] {
+            assert!(svg.contains(text), "{text} in the chart");
+        }
+        let log = Axes { log_y: true, ..axes };
+        let groups = vec![
+            BarGroup { label: "p50".into(), values: vec![0.0, 10.0] },
+            BarGroup { label: "p99".into(), values: vec![5.0, 100.0] },
+        ];
+        bar_chart(&path, "latency", log, &categories, &groups).unwrap();
+        let svg = std::fs::read_to_string(&path).unwrap();
+        assert!(svg.contains("p50") && svg.contains("p99"), "a legend names the groups");
+    }
+
+    #[test]
+    fn numbers_are_written_for_people() {
+        assert_eq!(thousands(0), "0");
+        assert_eq!(thousands(999), "999");
+        assert_eq!(thousands(1000), "1,000");
+        assert_eq!(thousands(-1234567), "-1,234,567");
+        assert_eq!(compact(12345.4), "12,345");
+        assert_eq!(compact(3.0), "3");
+        assert_eq!(compact(42.26), "42.3");
+        assert_eq!(compact(2.5), "2.5");
+        assert_eq!(compact(0.125), "0.125");
+        assert_eq!(compact(0.001), "0.001");
+        assert_eq!(compact(0.0314159), "0.0314");
+        assert_eq!(compact(f64::NAN), "-");
     }
 }

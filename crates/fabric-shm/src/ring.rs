@@ -42,52 +42,7 @@
 //! returns at once.
 
 use std::sync::atomic::Ordering;
-
-/// A 64-bit atomic word as the protocols need it.
-pub trait Word {
-    fn load(&self, order: Ordering) -> u64;
-    fn store(&self, value: u64, order: Ordering);
-    fn fetch_or(&self, bits: u64, order: Ordering) -> u64;
-    fn compare_exchange(&self, current: u64, new: u64, success: Ordering, failure: Ordering) -> Result<u64, u64>;
-    fn fence(order: Ordering);
-}
-
-impl Word for std::sync::atomic::AtomicU64 {
-    fn load(&self, order: Ordering) -> u64 {
-        std::sync::atomic::AtomicU64::load(self, order)
-    }
-    fn store(&self, value: u64, order: Ordering) {
-        std::sync::atomic::AtomicU64::store(self, value, order)
-    }
-    fn fetch_or(&self, bits: u64, order: Ordering) -> u64 {
-        std::sync::atomic::AtomicU64::fetch_or(self, bits, order)
-    }
-    fn compare_exchange(&self, current: u64, new: u64, success: Ordering, failure: Ordering) -> Result<u64, u64> {
-        std::sync::atomic::AtomicU64::compare_exchange(self, current, new, success, failure)
-    }
-    fn fence(order: Ordering) {
-        std::sync::atomic::fence(order)
-    }
-}
-
-#[cfg(tierstack_loom)]
-impl Word for loom::sync::atomic::AtomicU64 {
-    fn load(&self, order: Ordering) -> u64 {
-        loom::sync::atomic::AtomicU64::load(self, order)
-    }
-    fn store(&self, value: u64, order: Ordering) {
-        loom::sync::atomic::AtomicU64::store(self, value, order)
-    }
-    fn fetch_or(&self, bits: u64, order: Ordering) -> u64 {
-        loom::sync::atomic::AtomicU64::fetch_or(self, bits, order)
-    }
-    fn compare_exchange(&self, current: u64, new: u64, success: Ordering, failure: Ordering) -> Result<u64, u64> {
-        loom::sync::atomic::AtomicU64::compare_exchange(self, current, new, success, failure)
-    }
-    fn fence(order: Ordering) {
-        loom::sync::atomic::fence(order)
-    }
-}
+pub use tierstack_fabric::seqlock::Word;
 
 /// The shared words are inconsistent (another process wrote garbage, or a
 /// file is not a ring): the ring is unusable and nothing more is read from it.

@@ -25,10 +25,13 @@ use crate::{FabricError, Op, RegionMemory, RemoteRegion, Result};
 /// Torn reads tolerated before a read gives up with [`FabricError::TornRead`].
 pub const READ_ATTEMPTS_MAX: u32 = 10_000;
 
-/// A 64-bit atomic word as the protocol needs it.
+/// A 64-bit atomic word as the word protocols need it (this seqlock and the
+/// `shm` message rings), so that each is model-checked with loom.
 pub trait Word {
     fn load(&self, order: Ordering) -> u64;
     fn store(&self, value: u64, order: Ordering);
+    fn fetch_or(&self, bits: u64, order: Ordering) -> u64;
+    fn compare_exchange(&self, current: u64, new: u64, success: Ordering, failure: Ordering) -> Result<u64, u64>;
     fn fence(order: Ordering);
 }
 
@@ -38,6 +41,12 @@ impl Word for std::sync::atomic::AtomicU64 {
     }
     fn store(&self, value: u64, order: Ordering) {
         std::sync::atomic::AtomicU64::store(self, value, order)
+    }
+    fn fetch_or(&self, bits: u64, order: Ordering) -> u64 {
+        std::sync::atomic::AtomicU64::fetch_or(self, bits, order)
+    }
+    fn compare_exchange(&self, current: u64, new: u64, success: Ordering, failure: Ordering) -> Result<u64, u64> {
+        std::sync::atomic::AtomicU64::compare_exchange(self, current, new, success, failure)
     }
     fn fence(order: Ordering) {
         std::sync::atomic::fence(order)
@@ -51,6 +60,12 @@ impl Word for loom::sync::atomic::AtomicU64 {
     }
     fn store(&self, value: u64, order: Ordering) {
         loom::sync::atomic::AtomicU64::store(self, value, order)
+    }
+    fn fetch_or(&self, bits: u64, order: Ordering) -> u64 {
+        loom::sync::atomic::AtomicU64::fetch_or(self, bits, order)
+    }
+    fn compare_exchange(&self, current: u64, new: u64, success: Ordering, failure: Ordering) -> Result<u64, u64> {
+        loom::sync::atomic::AtomicU64::compare_exchange(self, current, new, success, failure)
     }
     fn fence(order: Ordering) {
         loom::sync::atomic::fence(order)

@@ -38,6 +38,12 @@ impl Word for Scripted {
         self.loads[self.next.fetch_add(1, Ordering::Relaxed).min(self.loads.len() - 1)]
     }
     fn store(&self, _: u64, _: Ordering) {}
+    fn fetch_or(&self, _: u64, _: Ordering) -> u64 {
+        unreachable!("the seqlock never calls fetch_or")
+    }
+    fn compare_exchange(&self, _: u64, _: u64, _: Ordering, _: Ordering) -> Result<u64, u64> {
+        unreachable!("the seqlock never calls compare_exchange")
+    }
     fn fence(_: Ordering) {}
 }
 

@@ -45,7 +45,12 @@ fn deploy(backend: Backend, options: DeploymentOptions) -> Deployment {
 }
 
 fn options(policy: &str, cache_bytes: usize) -> DeploymentOptions {
-    DeploymentOptions { push_policy: Some(policy.into()), proxy_cache_bytes: Some(cache_bytes), state_slots: None }
+    DeploymentOptions {
+        push_policy: Some(policy.into()),
+        proxy_cache_bytes: Some(cache_bytes),
+        state_slots: None,
+        ..Default::default()
+    }
 }
 
 fn load(targets: &[String], app_url: &str, requests: u64) -> LoadReport {
@@ -179,8 +184,12 @@ fn full_cache_states_and_caches_refuse_pushes_without_staleness() {
     // 8 slots (one bucket) track 8 of the 100 documents; a 64 KiB cache takes
     // entries of at most 8 KiB. Documents untracked or never cached are not
     // pushed (a 507 for a push too large is tested in the proxy's unit tests).
-    let options =
-        DeploymentOptions { push_policy: Some("push".into()), proxy_cache_bytes: Some(64 << 10), state_slots: Some(8) };
+    let options = DeploymentOptions {
+        push_policy: Some("push".into()),
+        proxy_cache_bytes: Some(64 << 10),
+        state_slots: Some(8),
+        ..Default::default()
+    };
     let deployment = deploy(Backend::Shm, options);
     let report = load(&deployment.proxy_urls, &deployment.app_url, 4000);
     assert_coherent("full", &report);

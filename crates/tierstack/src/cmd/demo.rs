@@ -1,16 +1,27 @@
 //! `tierstack demo`: the paper's 2-tier data-center on this machine, under
-//! load, with live progress and a checked result.
+//! load, told as a comparison with a checked result.
 //!
-//! Starts the application module, the application server and three proxies
-//! as processes (application tier and proxies on different CPUs), replays a
-//! Zipf trace through the proxies while an updater changes a document every
-//! second, and checks every response: its self-checking body against its
-//! header, and its versions for staleness. Prints a summary with every
-//! error category (zeros included), writes a report folder (JSON and
-//! plots), and stops every process on exit or Ctrl-C. Exits non-zero if any
-//! stale response was served (except in `ttl` mode, which is not coherent),
-//! if any request or update failed (nothing in a demo run explains a
-//! failure), or if a request is not accounted for.
+//! By default it runs the same trace and update rate through four ways of
+//! serving, one after the other, each a fresh deployment with warm caches
+//! and the application tier under load (busy compute threads on its CPU):
+//! `no-cache`, a `ttl` cache (serves copies without revalidating), and
+//! coherent polling over two-sided messages (`poll` on `tcp`) and over
+//! one-sided reads (`poll` on `shm`). It prints one comparison table
+//! (throughput, p50/p99, hit rate, version checks, updates, errors, stale
+//! responses) and a one-line verdict, and writes `index.html` with the
+//! plots beside `demo.json` in its report folder. `--mode` and/or
+//! `--backend` run one configuration instead, with its detailed summary.
+//!
+//! Each configuration starts the application module, the application
+//! server and three proxies as processes (application tier and proxies on
+//! different CPUs; the module and the server each in a session of its own,
+//! so autogroup scheduling cannot let the compute threads starve the rest), replays a Zipf trace through the proxies while an
+//! updater changes a document every second, and checks every response: its
+//! self-checking body against its header, and its versions for staleness.
+//! Every process is stopped on exit or Ctrl-C. The demo exits non-zero if a
+//! coherent configuration (every one but `ttl`) served a stale response, if
+//! any request or update failed (nothing in a demo run explains a failure),
+//! or if a request is not accounted for.
 //!
 //! The load client runs on CPU 0 with the proxies (the application tier
 //! has the last CPU): every thread of its runtime is pinned as it starts,
@@ -23,29 +34,34 @@ use serde_json::json;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tierstack_bench::deploy::{Deployment, DeploymentConfig};
-use tierstack_bench::report::{line_plot, write_json, Axes, Series, Table};
+use tierstack_bench::coherence::Mode;
+use tierstack_bench::demo::{self as story, RunView, Setup};
+use tierstack_bench::deploy::{Deployment, DeploymentConfig, DeploymentOptions};
+use tierstack_bench::report::{write_json, Table};
 use tierstack_cluster::{pin_to_cpu, Backend};
 use tierstack_loadgen::{run_with, LiveStats, LoadConfig, LoadReport};
 use tierstack_proxy::ProxyStats;
-use tierstack_workload::TraceSpec;
+use tierstack_workload::{Trace, TraceSpec};
 
 #[derive(Args)]
 pub struct DemoArgs {
-    #[arg(long, default_value_t = 20)]
+    /// Seconds of load per configuration.
+    #[arg(long, default_value_t = 6)]
     duration_s: u64,
-    /// Fabric backend: shm (one-sided) or tcp (two-sided).
-    #[arg(long, default_value = "shm")]
-    backend: Backend,
-    /// Proxy cache mode: poll, no-cache or ttl.
-    #[arg(long, default_value = "poll")]
-    mode: String,
+    /// Run one configuration only, on this fabric backend: shm (one-sided) or tcp (two-sided).
+    #[arg(long)]
+    backend: Option<Backend>,
+    /// Run one configuration only, with this proxy cache mode: poll, no-cache or ttl.
+    #[arg(long)]
+    mode: Option<String>,
     #[arg(long, default_value_t = 3)]
     proxies: u32,
     /// single, zipf or worldcup.
     #[arg(long, default_value = "zipf")]
     trace: String,
-    #[arg(long, default_value_t = 0)]
+    /// Busy threads on the application server's CPU: the load an application
+    /// tier carries, which two-sided version checks must wait behind.
+    #[arg(long, default_value_t = COMPUTE_THREADS_DEFAULT)]
     compute_threads: usize,
     #[arg(long, default_value_t = 12)]
     connections: usize,
@@ -56,23 +72,48 @@ pub struct DemoArgs {
     out: PathBuf,
 }
 
+/// Enough load on the application tier that two-sided checks and uncached
+/// requests wait for its CPU (`docs/results.md`, Fig. 9), while one-sided
+/// checks do not notice.
+const COMPUTE_THREADS_DEFAULT: usize = 50;
+
+/// Documents in the trace (all warmed into every proxy before a timed run).
+const DOCS: usize = 20;
+
+/// One configuration's measurements.
+struct ModeRun {
+    mode: Mode,
+    load: LoadReport,
+    proxies: Vec<ProxyStats>,
+}
+
 pub fn run(args: DemoArgs) -> Result<()> {
     std::fs::create_dir_all(&args.out).with_context(|| format!("creating {}", args.out.display()))?;
-    let spec = TraceSpec::parse(&args.trace, 0.75, 20)?;
+    let modes = match (&args.mode, args.backend) {
+        (None, None) => story::comparison(),
+        (mode, backend) => vec![story::mode(mode.as_deref().unwrap_or("poll"), backend.unwrap_or(Backend::Shm))?],
+    };
+    let spec = TraceSpec::parse(&args.trace, 0.75, DOCS)?;
     let trace = spec.build(1)?;
+    let labels: Vec<String> = modes.iter().map(Mode::label).collect();
+    // Read before any process of ours runs: what else this machine was doing.
+    let load_average = load_average_1min();
     eprintln!(
-        "tierstack demo: module + application server + {} proxies ({} fabric, {} mode), {} trace, {} s",
+        "tierstack demo: {} ({} s each): module + application server ({} compute threads) + {} proxies, {} trace, \
+         an update every {} ms; load average before the run: {}",
+        labels.join(", "),
+        args.duration_s,
+        args.compute_threads,
         args.proxies,
-        args.backend.name(),
-        args.mode,
         args.trace,
-        args.duration_s
+        args.update_interval_ms,
+        load_average.map_or("unknown".to_string(), |l| format!("{l:.2}"))
     );
     // Ctrl-C is handled from the very start, so an interrupt during start-up
     // still stops every process cleanly (registration is synchronous).
     // The runtime's threads exist from here on: they pin themselves as they
     // start (pinning the main thread later would not move them), while the
-    // main thread stays unpinned until the tiers it spawns have started.
+    // main thread stays unpinned until the first tiers it spawns have started.
     let pin = tierstack_cluster::online_cpus() >= 2;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -92,26 +133,121 @@ pub fn run(args: DemoArgs) -> Result<()> {
         sigint.recv().await;
         let _ = interrupted_tx.send(true);
     });
-    let deployment = Deployment::start(&DeploymentConfig {
-        exe: std::env::current_exe()?,
-        backend: args.backend,
-        mode: args.mode.clone(),
-        proxies: args.proxies,
-        compute_threads: args.compute_threads,
-        documents: args.trace.clone(),
-        docs: 20,
-        seed: 1,
-        pin: true,
-    })?;
-    if *interrupted.borrow() {
-        deployment.stop()?;
+
+    let mut runs = Vec::new();
+    for (index, mode) in modes.iter().enumerate() {
+        if *interrupted.borrow() {
+            break;
+        }
+        eprintln!("[{}/{}] {}", index + 1, modes.len(), mode.label());
+        let Some(run) = run_mode(&args, &runtime, *mode, &trace, &interrupted, pin)? else { break };
+        eprintln!(
+            "[{}/{}] {}: {:.0} req/s, {} stale responses",
+            index + 1,
+            modes.len(),
+            mode.label(),
+            run.load.throughput_rps,
+            run.load.stale_responses
+        );
+        runs.push(run);
+    }
+    if runs.is_empty() {
         eprintln!("tierstack demo: interrupted during start-up; every process stopped");
         return Ok(());
     }
+    let load_client_threads = thread_cpus();
+
+    let rows: Vec<story::Row> = runs.iter().map(|r| story::Row::of(&r.mode, &r.load, &r.proxies)).collect();
+    let details: Vec<Table> = runs.iter().map(|r| summary(&r.mode, &r.load, &r.proxies)).collect();
+    if let ([_], [only]) = (modes.as_slice(), details.as_slice()) {
+        println!("{}", only.render());
+    } else {
+        println!("{}", story::table(&rows).render());
+        println!("{}", story::verdict(&rows));
+    }
+    if runs.len() < modes.len() {
+        println!("interrupted: {} of {} configurations ran", runs.len(), modes.len());
+    }
+
+    write_json(
+        &args.out.join("demo.json"),
+        &json!({
+            "runs": runs.iter().zip(&rows).map(|(r, row)| json!({
+                "mode": r.mode.label(), "row": row, "load": r.load, "proxies": r.proxies,
+            })).collect::<Vec<_>>(),
+            "load_client_threads": load_client_threads,
+            "load_average_before": load_average,
+        }),
+    )?;
+    let setup = Setup {
+        description: format!(
+            "The application module, the application server ({} busy compute threads on its CPU) and {} caching \
+             proxies run as processes on this machine; the load client replays the {} trace ({DOCS} documents) \
+             over {} connections spread over the proxies while an updater changes a document every {} ms. \
+             Each configuration is a fresh deployment, its caches warmed first, measured for {} s; every \
+             response is checked against its self-checking body and for staleness. The load average before the \
+             run was {}: the configurations run one after another, so other work on this machine that starts or \
+             stops meanwhile shifts them unequally (pinning the application tier's busy threads to its CPU also \
+             drives other processes onto the proxies' CPU).",
+            args.compute_threads,
+            args.proxies,
+            args.trace,
+            args.connections,
+            args.update_interval_ms,
+            args.duration_s,
+            load_average.map_or("unknown".to_string(), |l| format!("{l:.2}"))
+        ),
+        command: command_line(),
+    };
+    let views: Vec<RunView<'_>> = runs.iter().map(|r| RunView { mode: r.mode.label(), load: &r.load }).collect();
+    let index = story::write_report(&args.out, &setup, &rows, &views, &details)?;
+    println!("report: {} (throughput.svg, stale.svg, latency.svg, hit-rate.svg, demo.json beside it)", index.display());
+    for run in &runs {
+        check(&run.mode, &run.load, &run.proxies).with_context(|| run.mode.label())?;
+    }
+    Ok(())
+}
+
+/// Deploys `mode`, warms its caches, runs the load with live progress, and
+/// stops every process. `None`: interrupted before the load started.
+fn run_mode(
+    args: &DemoArgs,
+    runtime: &tokio::runtime::Runtime,
+    mode: Mode,
+    trace: &Trace,
+    interrupted: &tokio::sync::watch::Receiver<bool>,
+    pin: bool,
+) -> Result<Option<ModeRun>> {
+    let deployment = Deployment::start_with(
+        &DeploymentConfig {
+            exe: std::env::current_exe()?,
+            backend: mode.backend,
+            mode: mode.cache.to_string(),
+            proxies: args.proxies,
+            compute_threads: args.compute_threads,
+            documents: args.trace.clone(),
+            docs: DOCS,
+            seed: 1,
+            pin: true,
+        },
+        // The application tier in sessions of its own, so its compute
+        // threads cannot starve the proxies and this load client.
+        &DeploymentOptions { application_tier_sessions: true, ..DeploymentOptions::default() },
+    )?;
     if pin {
         pin_to_cpu(LOAD_CLIENT_CPU)?;
     }
-    let mut load = LoadConfig::new(deployment.proxy_urls[0].clone(), trace);
+    // Steady state, as the paper measures: every document cached in every
+    // proxy before the clock starts (without a cache there is nothing to warm).
+    if mode.cache != "no-cache" && !*interrupted.borrow() {
+        let paths: Vec<String> = trace.documents().iter().map(|d| d.path()).collect();
+        deployment.warm_up(&paths)?;
+    }
+    if *interrupted.borrow() {
+        deployment.stop()?;
+        return Ok(None);
+    }
+    let mut load = LoadConfig::new(deployment.proxy_urls[0].clone(), trace.clone());
     load.targets = deployment.proxy_urls.clone();
     load.update_target = Some(deployment.app_url.clone());
     load.connections = args.connections;
@@ -122,7 +258,10 @@ pub fn run(args: DemoArgs) -> Result<()> {
 
     let live = Arc::new(LiveStats::default());
     let bar = ProgressBar::new(args.duration_s);
-    bar.set_style(ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {msg}")?.progress_chars("=> "));
+    bar.set_style(
+        ProgressStyle::with_template("{prefix:>9} {elapsed_precise} [{bar:30}] {msg}")?.progress_chars("=> "),
+    );
+    bar.set_prefix(mode.label());
     let report = runtime.block_on(async {
         let watcher = live.clone();
         let bar_task = bar.clone();
@@ -154,15 +293,19 @@ pub fn run(args: DemoArgs) -> Result<()> {
         result
     })?;
     bar.finish_and_clear();
-    let load_client_threads = thread_cpus();
     let proxies: Vec<ProxyStats> = deployment.proxy_stats()?;
     deployment.stop()?;
+    Ok(Some(ModeRun { mode, load: report, proxies }))
+}
 
+/// One configuration's detailed summary, every error category included
+/// (zeros too, so a reader sees what was counted).
+fn summary(mode: &Mode, report: &LoadReport, proxies: &[ProxyStats]) -> Table {
     let checks: u64 = proxies.iter().map(|p| p.checks).sum();
     let check_ns: u64 = proxies.iter().map(|p| p.check_ns).sum();
-    let mut summary = Table::new("tierstack demo: summary", &["metric", "value"]);
+    let mut summary = Table::new(&format!("tierstack demo: {} in detail", mode.label()), &["metric", "value"]);
     let rows: Vec<(&str, String)> = vec![
-        ("fabric / mode", format!("{} / {}", args.backend.name(), args.mode)),
+        ("fabric / mode", format!("{} / {}", mode.backend.name(), mode.cache)),
         ("2xx responses", report.ok.to_string()),
         ("throughput", format!("{:.0} req/s", report.throughput_rps)),
         (
@@ -192,45 +335,28 @@ pub fn run(args: DemoArgs) -> Result<()> {
         ("stale responses", report.stale_responses.to_string()),
     ];
     let mut rows: Vec<(String, String)> = rows.into_iter().map(|(k, v)| (k.to_string(), v)).collect();
-    // Every category, zeros included, so a reader sees what was counted.
     let at = rows.iter().position(|(k, _)| k == "errors").map_or(rows.len(), |i| i + 1);
     let categories = report.errors.categories().map(|(name, n)| (format!("  error: {name}"), n.to_string()));
     rows.splice(at..at, categories);
     for (metric, value) in rows {
         summary.row(vec![metric, value]);
     }
-    println!("{}", summary.render());
-
-    write_json(
-        &args.out.join("demo.json"),
-        &json!({ "load": report, "proxies": proxies, "load_client_threads": load_client_threads }),
-    )?;
-    let per_second = |f: fn(&tierstack_loadgen::SecondPoint) -> f64| {
-        report.series.iter().map(|p| (f64::from(p.second), f(p))).collect()
-    };
-    line_plot(
-        &args.out.join("throughput.svg"),
-        "Throughput over time",
-        Axes { x_label: "seconds", y_label: "requests/s", log_x: false, log_y: false },
-        &[Series { label: "2xx responses".into(), points: per_second(|p| p.throughput_rps) }],
-    )?;
-    line_plot(
-        &args.out.join("hit-rate.svg"),
-        "Cache hit rate over time",
-        Axes { x_label: "seconds", y_label: "hit rate", log_x: false, log_y: false },
-        &[Series { label: "hit rate".into(), points: per_second(|p| p.hit_rate.unwrap_or(0.0)) }],
-    )?;
-    println!("report: {}/demo.json, throughput.svg, hit-rate.svg", args.out.display());
-    verdict(&args.mode, &report, &proxies)
+    summary
 }
 
-/// Why the demo fails, if it does: a stale response in a coherent mode
-/// (every mode but `ttl`), a request not accounted for by the load client
-/// or by a proxy (`ProxyStats::accounting_error`: in poll mode every hit and
-/// coalesced response is one successful version check), or any error of a
-/// request or an update (nothing in a demo run explains one).
-fn verdict(mode: &str, report: &LoadReport, proxies: &[ProxyStats]) -> Result<()> {
-    if report.stale_responses > 0 && mode != "ttl" {
+/// How this run was started, as a person would type it again.
+fn command_line() -> String {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    format!("$ tierstack {}", args.join(" "))
+}
+
+/// Why a configuration fails the demo, if it does: a stale response in a
+/// coherent mode (every mode but `ttl`), a request not accounted for by the
+/// load client or by a proxy (`ProxyStats::accounting_error`: in poll mode
+/// every hit and coalesced response is one successful version check), or
+/// any error of a request or an update (nothing in a demo run explains one).
+fn check(mode: &Mode, report: &LoadReport, proxies: &[ProxyStats]) -> Result<()> {
+    if report.stale_responses > 0 && story::coherent(mode) {
         bail!("{} stale responses were served", report.stale_responses);
     }
     if !report.accounted() {
@@ -257,6 +383,11 @@ fn verdict(mode: &str, report: &LoadReport, proxies: &[ProxyStats]) -> Result<()
     Ok(())
 }
 
+/// The machine's 1-minute load average (`/proc/loadavg`), if readable.
+fn load_average_1min() -> Option<f64> {
+    std::fs::read_to_string("/proc/loadavg").ok()?.split_whitespace().next()?.parse().ok()
+}
+
 /// The CPU the load client shares with the proxies.
 const LOAD_CLIENT_CPU: usize = 0;
 
@@ -280,7 +411,6 @@ fn thread_cpus() -> Vec<serde_json::Value> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tierstack_workload::Trace;
 
     /// A clean run of 10 checked requests.
     fn clean() -> LoadReport {
@@ -321,6 +451,10 @@ mod tests {
         }
     }
 
+    fn poll() -> Mode {
+        Mode { cache: "poll", backend: Backend::Shm }
+    }
+
     #[test]
     fn the_demo_fails_on_stale_responses_errors_and_broken_accounting() {
         let proxy = ProxyStats {
@@ -334,21 +468,24 @@ mod tests {
         };
         assert_eq!(proxy.accounting_error(), None);
         let proxies = [proxy.clone()];
-        assert!(verdict("poll", &clean(), &proxies).is_ok());
+        assert!(check(&poll(), &clean(), &proxies).is_ok());
         let stale = LoadReport { stale_responses: 1, ..clean() };
-        assert!(verdict("poll", &stale, &proxies).is_err());
-        assert!(verdict("no-cache", &stale, &proxies).is_err());
-        assert!(verdict("ttl", &stale, &proxies).is_ok(), "ttl is not coherent: its staleness is expected");
+        assert!(check(&poll(), &stale, &proxies).is_err());
+        assert!(check(&Mode { cache: "no-cache", backend: Backend::Shm }, &stale, &proxies).is_err());
+        assert!(
+            check(&Mode { cache: "ttl", backend: Backend::Shm }, &stale, &proxies).is_ok(),
+            "ttl is not coherent: its staleness is expected"
+        );
         let mut failed = clean();
         (failed.requests, failed.errors.body_mismatch) = (11, 1);
-        assert!(verdict("poll", &failed, &proxies).is_err(), "an accounted error still fails the demo");
+        assert!(check(&poll(), &failed, &proxies).is_err(), "an accounted error still fails the demo");
         let mut update_failed = clean();
         update_failed.updates.errors.connect = 1;
-        assert!(verdict("poll", &update_failed, &proxies).is_err());
+        assert!(check(&poll(), &update_failed, &proxies).is_err());
         let unaccounted = LoadReport { requests: 11, ..clean() };
-        assert!(verdict("poll", &unaccounted, &proxies).is_err());
+        assert!(check(&poll(), &unaccounted, &proxies).is_err());
         // A hit served without a successful version check.
         let unchecked_hit = ProxyStats { hits: 4, requests: 5, ..proxy };
-        assert!(verdict("poll", &clean(), &[unchecked_hit]).is_err());
+        assert!(check(&poll(), &clean(), &[unchecked_hit]).is_err());
     }
 }
