@@ -51,6 +51,8 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 use tierstack_coherent::module::ModuleClient;
 use tierstack_coherent::{DepsHeader, DEPS_HEADER};
+use tierstack_fabric::LocalRegion;
+use tierstack_monitor::reconfig::{self, RoleStamp, ROLE_HEADER};
 use tierstack_monitor::{Gauge, GaugeGuard, LoadPublisher};
 use tierstack_tier_http::{collect_limited, serve_with_hook, text, Body, ConnectionHook, Stop};
 
@@ -104,6 +106,8 @@ struct Counters {
     cpu_cost_us: AtomicU64,
     /// Sequence numbers of reads, for the CPU cost draw.
     read_sequence: AtomicU64,
+    /// Requests refused for a role stamp that is not this node's role.
+    fenced: AtomicU64,
 }
 
 #[derive(Serialize)]
@@ -117,6 +121,13 @@ pub struct StatsSnapshot {
     /// CPU time burned as the requests' cost ([`AppServer::set_cpu_cost`]).
     #[serde(default)]
     pub cpu_cost_us: u64,
+    /// Requests refused (421) because their role stamp named another site
+    /// or an older epoch than this node's role word (reconfiguration).
+    #[serde(default)]
+    pub fenced: u64,
+    /// This node's role (`<site>.<epoch>`), when it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub role: Option<String>,
     /// The push path's counters, when pushing is configured.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub push: Option<PushStats>,
@@ -131,6 +142,10 @@ struct State {
     /// Where the load is published, if anywhere.
     load: OnceLock<Arc<LoadPublisher>>,
     cpu_cost: OnceLock<CpuCost>,
+    /// The node's role word (reconfiguration between sites).
+    role: OnceLock<Arc<LocalRegion>>,
+    /// Emulated node capacity: this many workers spend the cost in wall time.
+    workers: OnceLock<Arc<tokio::sync::Semaphore>>,
 }
 
 impl State {
@@ -207,6 +222,9 @@ async fn handle(state: Arc<State>, request: Request<Incoming>) -> Response<Body>
         state.counters.not_found.fetch_add(1, Ordering::Relaxed);
         return text(StatusCode::NOT_FOUND, "no such document\n");
     };
+    if let Some(refusal) = fence(&state, request.headers()) {
+        return refusal;
+    }
     let _in_flight = state.enter(Gauge::InFlightRequests);
     match *request.method() {
         Method::GET | Method::HEAD => {
@@ -230,20 +248,58 @@ async fn handle(state: Arc<State>, request: Request<Incoming>) -> Response<Body>
     }
 }
 
+/// The epoch fence: a request stamped with a role ([`ROLE_HEADER`]) that
+/// is not this node's current role was routed by a front end that has not
+/// seen its latest move; it is refused with 421 (Misdirected Request), so
+/// the front end routes it again. Unstamped requests are served.
+fn fence(state: &State, headers: &hyper::HeaderMap) -> Option<Response<Body>> {
+    let region = state.role.get()?;
+    let stamp = headers.get(ROLE_HEADER)?;
+    let role = match reconfig::local_role(region) {
+        Ok(role) => role,
+        Err(e) => return Some(text(StatusCode::INTERNAL_SERVER_ERROR, format!("reading the role word: {e}\n"))),
+    };
+    match stamp.to_str().ok().and_then(RoleStamp::parse) {
+        Some(stamp) if stamp.admitted_by(role) => None,
+        Some(_) => {
+            state.counters.fenced.fetch_add(1, Ordering::Relaxed);
+            Some(text(
+                StatusCode::MISDIRECTED_REQUEST,
+                format!("this node's role is {}\n", RoleStamp::of(role).to_header()),
+            ))
+        }
+        None => Some(text(StatusCode::BAD_REQUEST, format!("malformed {ROLE_HEADER} header\n"))),
+    }
+}
+
+/// Spends a read's cost: in CPU time on a blocking thread, or, with
+/// emulated workers, in wall time holding one of them (queued meanwhile).
+async fn spend_cost(state: &Arc<State>, micros: u64) -> bool {
+    if let Some(workers) = state.workers.get() {
+        let queued = state.enter(Gauge::QueueLength);
+        let Ok(_worker) = workers.acquire().await else { return false };
+        drop(queued);
+        let _running = state.enter(Gauge::RunningThreads);
+        tokio::time::sleep(Duration::from_micros(micros)).await;
+        return true;
+    }
+    let burning = state.clone();
+    // On a blocking thread: the cost must not stall the server's
+    // other requests, only compete with them for the CPU.
+    tokio::task::spawn_blocking(move || {
+        let _running = burning.enter(Gauge::RunningThreads);
+        cost::burn_cpu(micros);
+    })
+    .await
+    .is_ok()
+}
+
 /// READ_REQUEST … READ_PROCEED, the body, READ_DONE (off the response's path).
 async fn read_document(state: Arc<State>, name: String, size: usize, head_only: bool) -> Response<Body> {
     if let Some(cost) = state.cpu_cost.get().copied() {
         let sequence = state.counters.read_sequence.fetch_add(1, Ordering::Relaxed);
         let micros = cost.cost_us(&name, sequence);
-        let burning = state.clone();
-        // On a blocking thread: the cost must not stall the server's
-        // other requests, only compete with them for the CPU.
-        let burnt = tokio::task::spawn_blocking(move || {
-            let _running = burning.enter(Gauge::RunningThreads);
-            cost::burn_cpu(micros);
-        })
-        .await;
-        if burnt.is_ok() {
+        if spend_cost(&state, micros).await {
             state.counters.cpu_cost_us.fetch_add(micros, Ordering::Relaxed);
         }
     }
@@ -334,6 +390,12 @@ fn stats_response(state: &State) -> Response<Body> {
         module_wait_ns: load(&c.module_wait_ns),
         generate_ns: load(&c.generate_ns),
         cpu_cost_us: load(&c.cpu_cost_us),
+        fenced: load(&c.fenced),
+        role: state
+            .role
+            .get()
+            .and_then(|region| reconfig::local_role(region).ok())
+            .map(|role| RoleStamp::of(role).to_header()),
         push: state.pusher.as_ref().map(|p| p.stats()),
     };
     let mut response = text(StatusCode::OK, serde_json::to_string(&snapshot).unwrap_or_default());
@@ -427,6 +489,8 @@ impl AppServer {
             store,
             load: OnceLock::new(),
             cpu_cost: OnceLock::new(),
+            role: OnceLock::new(),
+            workers: OnceLock::new(),
         });
         Ok(AppServer { listener, state, compute_threads: config.compute_threads })
     }
@@ -449,6 +513,23 @@ impl AppServer {
     /// [`run`]: AppServer::run
     pub fn set_cpu_cost(&self, cost: CpuCost) -> bool {
         cost.validate().is_ok() && self.state.cpu_cost.set(cost).is_ok()
+    }
+
+    /// Serves requests stamped with `region`'s role word only ([`fence`]:
+    /// reconfiguration between sites, svc §3); call before [`run`]. False
+    /// if a role was already set.
+    ///
+    /// [`run`]: AppServer::run
+    pub fn set_role(&self, region: Arc<LocalRegion>) -> bool {
+        self.state.role.set(region).is_ok()
+    }
+
+    /// Emulates a node of `workers` workers: a read's cost is spent in wall
+    /// time holding one of them (waiting, it counts as queued), not in this
+    /// machine's CPU, so several emulated nodes on one small machine each
+    /// have their own capacity. False if zero or already set.
+    pub fn set_emulated_workers(&self, workers: usize) -> bool {
+        workers > 0 && self.state.workers.set(Arc::new(tokio::sync::Semaphore::new(workers))).is_ok()
     }
 
     /// Serves until `stop` fires.

@@ -79,7 +79,7 @@ pub enum Decision {
     Route(usize),
     /// Admission control: every candidate is at or above `admit_max`.
     Overloaded,
-    /// Every back end is dead.
+    /// Every back end is dead (or serves another site).
     NoBackend,
 }
 
@@ -91,6 +91,8 @@ struct Backend {
     /// The last value read and when it was sampled.
     value: Option<(u32, u64)>,
     dead: bool,
+    /// Serves another site now (reconfiguration): never chosen.
+    elsewhere: bool,
     /// This front end's requests in flight to it now.
     in_flight: u32,
     /// In-flight count just after each change since the sample, by time.
@@ -100,6 +102,10 @@ struct Backend {
 }
 
 impl Backend {
+    fn eligible(&self) -> bool {
+        !self.dead && !self.elsewhere
+    }
+
     fn note(&mut self, now_ns: u64) {
         if self.history.len() == HISTORY_MAX {
             if let Some((_, after)) = self.history.pop_front() {
@@ -182,6 +188,15 @@ impl Balancer {
         }
     }
 
+    /// Whether back end `index` belongs to this front end's site now
+    /// (reconfiguration moves nodes between sites); one that does not is
+    /// never chosen. Every back end does until told otherwise.
+    pub fn set_member(&mut self, index: usize, member: bool) {
+        if let Some(backend) = self.backends.get_mut(index) {
+            backend.elsewhere = !member;
+        }
+    }
+
     /// The estimated load of back end `index`.
     pub fn estimate(&self, index: usize) -> Option<u32> {
         self.backends.get(index).map(|b| b.estimate(self.config.correct))
@@ -195,16 +210,16 @@ impl Balancer {
     /// Picks the back end for a request with `key` (hash policy's input).
     pub fn choose(&mut self, key: &str) -> Decision {
         let n = self.backends.len();
-        if self.backends.iter().all(|b| b.dead) {
+        if !self.backends.iter().any(Backend::eligible) {
             return Decision::NoBackend;
         }
         let chosen = match self.config.policy {
             Policy::Hash => {
                 let start = (fnv1a(key) % n as u64) as usize;
-                (0..n).map(|i| (start + i) % n).find(|i| !self.backends[*i].dead)
+                (0..n).map(|i| (start + i) % n).find(|i| self.backends[*i].eligible())
             }
             Policy::RoundRobin => {
-                let found = (0..n).map(|i| (self.next + i) % n).find(|i| !self.backends[*i].dead);
+                let found = (0..n).map(|i| (self.next + i) % n).find(|i| self.backends[*i].eligible());
                 if let Some(i) = found {
                     self.next = (i + 1) % n;
                 }
@@ -212,7 +227,7 @@ impl Balancer {
             }
             Policy::LeastLoaded => {
                 let correct = self.config.correct;
-                let live = || self.backends.iter().enumerate().filter(|(_, b)| !b.dead);
+                let live = || self.backends.iter().enumerate().filter(|(_, b)| b.eligible());
                 let least = live().map(|(_, b)| b.estimate(correct)).min();
                 let tied: Vec<usize> =
                     live().filter(|(_, b)| Some(b.estimate(correct)) == least).map(|(i, _)| i).collect();
@@ -337,6 +352,25 @@ mod tests {
             assert_eq!(b.choose("a"), Decision::NoBackend, "{policy:?}");
             b.observe(1, &reading(0, 2, Health::Fresh));
             assert_eq!(b.choose("a"), Decision::Route(1), "a node that comes back is used again");
+        }
+    }
+
+    #[test]
+    fn back_ends_of_another_site_are_never_chosen() {
+        for policy in [Policy::Hash, Policy::RoundRobin, Policy::LeastLoaded] {
+            let mut b = Balancer::new(3, BalancerConfig::new(policy));
+            b.observe(2, &reading(0, 1, Health::Fresh));
+            b.observe(0, &reading(9, 1, Health::Fresh));
+            b.observe(1, &reading(9, 1, Health::Fresh));
+            b.set_member(2, false);
+            for key in ["a", "b", "c", "d", "e", "f"] {
+                assert!(matches!(b.choose(key), Decision::Route(0 | 1)), "{policy:?}");
+            }
+            b.set_member(0, false);
+            b.set_member(1, false);
+            assert_eq!(b.choose("a"), Decision::NoBackend, "{policy:?}");
+            b.set_member(2, true);
+            assert_eq!(b.choose("a"), Decision::Route(2), "{policy:?}: a node that joins is used");
         }
     }
 

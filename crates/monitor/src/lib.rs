@@ -29,6 +29,7 @@ pub mod scheme;
 pub use agent::{AgentConfig, MonitorAgent};
 pub use balance::{Balancer, BalancerConfig, Decision, Policy};
 pub use publisher::{GaugeGuard, LoadPublisher};
+pub use reconfig::{AgentEvent, ReconfigAgent, ReconfigConfig, RoleStamp, RoleWord, ROLE_HEADER};
 pub use record::{Counters, Gauge, KernelSample, LoadRecord};
 pub use scheme::{open_source, BackendAddress, Health, LoadSource, Reading, Scheme, SourceConfig};
 

@@ -22,6 +22,7 @@
 
 use crate::MonitorError;
 use std::sync::Arc;
+use tierstack_base::NodeId;
 use tierstack_fabric::{Fabric, LocalRegion, RemoteRegion};
 
 /// Name of the role region on every movable node.
@@ -148,6 +149,46 @@ pub fn release(region: &dyn RemoteRegion, claimed: RoleWord) -> Result<(), Monit
     Ok(())
 }
 
+/// The owner reads its own role word (plain local load, no fabric call).
+pub fn local_role(region: &LocalRegion) -> Result<RoleWord, MonitorError> {
+    Ok(RoleWord::from_word(region.memory().load_u64(ROLE_WORD_OFFSET)?))
+}
+
+/// The HTTP header a front end stamps on each request it forwards to a
+/// node of its site: `<site>.<epoch>` of the role word it routed by. The
+/// node refuses (421) a stamp that is not its current role: the fence
+/// against messages from before a move.
+pub const ROLE_HEADER: &str = "x-tierstack-role";
+
+/// A request's role stamp.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RoleStamp {
+    pub site: u16,
+    pub epoch: u32,
+}
+
+impl RoleStamp {
+    pub fn of(role: RoleWord) -> Self {
+        RoleStamp { site: role.site, epoch: role.epoch }
+    }
+
+    /// `<site>.<epoch>`, as in [`ROLE_HEADER`].
+    pub fn to_header(self) -> String {
+        format!("{}.{}", self.site, self.epoch)
+    }
+
+    pub fn parse(text: &str) -> Option<RoleStamp> {
+        let (site, epoch) = text.trim().split_once('.')?;
+        Some(RoleStamp { site: site.parse().ok()?, epoch: epoch.parse().ok()? })
+    }
+
+    /// Whether a node whose role is `role` serves this stamp: same site,
+    /// same epoch (a claim in progress does not change either).
+    pub fn admitted_by(self, role: RoleWord) -> bool {
+        self.site == role.site && role.admits(self.epoch)
+    }
+}
+
 /// Tuning of the agent's decisions.
 #[derive(Clone, Copy, Debug)]
 pub struct ReconfigConfig {
@@ -237,6 +278,90 @@ impl ReconfigPolicy {
             .min_by_key(|(i, n)| (n.load, *i))?;
         self.streak = None;
         Some(Move { node: donor.0, from_site: idle.0, to_site: busy.0 })
+    }
+}
+
+// --------------------------------------------------------------- agent ----
+
+/// What one step of a [`ReconfigAgent`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(tag = "event", rename_all = "kebab-case")]
+pub enum AgentEvent {
+    /// This agent moved `node` from `from_site` to `to_site`; its role now
+    /// carries `epoch`.
+    Moved { node: NodeId, from_site: u16, to_site: u16, epoch: u32 },
+    /// The policy asked for a move of `node` but another agent claimed or
+    /// moved it first (the CAS failed).
+    Lost { node: NodeId, found_site: u16, found_epoch: u32 },
+}
+
+/// The reconfiguration agent: every window it reads each node's role word
+/// and RDMA-Sync load (one-sided, no process on the node involved), feeds
+/// the pure [`ReconfigPolicy`], and carries out the move it asks for with
+/// [`claim`] and [`complete_move`]. Any number of agents may run over the
+/// same nodes: the CAS lets exactly one move a node.
+pub struct ReconfigAgent {
+    agent: u16,
+    nodes: Vec<NodeId>,
+    roles: Vec<Arc<dyn RemoteRegion>>,
+    load: Arc<dyn crate::LoadSource>,
+    policy: ReconfigPolicy,
+}
+
+impl ReconfigAgent {
+    /// Connects to the role region of every node in `nodes` (each must
+    /// have registered it) and to their load records.
+    pub fn connect(
+        fabric: Arc<dyn Fabric>,
+        agent: u16,
+        nodes: &[NodeId],
+        config: ReconfigConfig,
+        source: crate::SourceConfig,
+    ) -> Result<ReconfigAgent, MonitorError> {
+        if agent > AGENT_ID_MAX {
+            return Err(MonitorError::BadConfig(format!("agent id {agent} exceeds {AGENT_ID_MAX}")));
+        }
+        let roles = nodes.iter().map(|node| fabric.connect(*node, ROLE_REGION)).collect::<Result<Vec<_>, _>>()?;
+        let addresses: Vec<crate::BackendAddress> =
+            nodes.iter().map(|node| crate::BackendAddress { node: Some(*node), socket: None }).collect();
+        let load = crate::open_source(crate::Scheme::RdmaSync, Some(fabric), &addresses, source)?;
+        Ok(ReconfigAgent { agent, nodes: nodes.to_vec(), roles, load, policy: ReconfigPolicy::new(config) })
+    }
+
+    /// One window at `now_ns` (`CLOCK_MONOTONIC`): read, decide, act. Nodes
+    /// that are dead or never published are left out of the window.
+    pub fn step(&mut self, now_ns: u64) -> Result<Option<AgentEvent>, MonitorError> {
+        let mut views = Vec::with_capacity(self.nodes.len());
+        let mut seen = Vec::with_capacity(self.nodes.len());
+        for (index, role) in self.roles.iter().enumerate() {
+            let reading = self.load.read(index);
+            if !matches!(reading.health, crate::Health::Fresh | crate::Health::Stale) {
+                continue;
+            }
+            let view = match read_role(role.as_ref()) {
+                Ok(view) => view,
+                Err(MonitorError::Fabric(e)) if e.is_unreachable() => continue,
+                Err(e) => return Err(e),
+            };
+            views.push(NodeView {
+                site: view.role.site,
+                load: reading.record.counters.load(),
+                moved_at_ns: view.moved_at_ns,
+                claimed: view.role.holder.is_some(),
+            });
+            seen.push((index, view.role));
+        }
+        let Some(decided) = self.policy.window(now_ns, &views) else { return Ok(None) };
+        let (index, role) = seen[decided.node];
+        let node = self.nodes[index];
+        let region = self.roles[index].as_ref();
+        match claim(region, role, self.agent)? {
+            Claim::Won(mine) => {
+                let moved = complete_move(region, mine, decided.to_site, now_ns)?;
+                Ok(Some(AgentEvent::Moved { node, from_site: role.site, to_site: moved.site, epoch: moved.epoch }))
+            }
+            Claim::Lost(found) => Ok(Some(AgentEvent::Lost { node, found_site: found.site, found_epoch: found.epoch })),
+        }
     }
 }
 

@@ -83,8 +83,9 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 use tierstack_base::{host_monotonic_ns, Clock, SystemClock};
 use tierstack_coherent::{DepsHeader, VersionChecker, DEPS_HEADER};
-use tierstack_fabric::Fabric;
+use tierstack_fabric::{Fabric, RemoteRegion};
 use tierstack_monitor::balance::fnv1a;
+use tierstack_monitor::reconfig::{read_role, RoleStamp, ROLE_HEADER};
 pub use tierstack_monitor::{Balancer, BalancerConfig, Decision, LoadSource, Policy, Scheme};
 pub use tierstack_pushpull::state::CacheStateConfig;
 pub use tierstack_pushpull::SLOTS_DEFAULT as CACHE_STATE_SLOTS_DEFAULT;
@@ -97,6 +98,9 @@ pub const REQUEST_BODY_BYTES_MAX: usize = 16 << 20;
 pub const RESPONSE_BODY_BYTES_MAX: usize = 64 << 20;
 /// The response header telling clients whether the cache answered.
 pub const X_CACHE: &str = "x-cache";
+/// Tries of a forward whose upstream fences it (421) before the 421 is
+/// the answer.
+const FENCED_ATTEMPTS_MAX: u32 = 2;
 /// Present (`1`) on a response served from another request's concurrent
 /// fetch after validating it; such a response is labelled `X-Cache: MISS`.
 pub const X_CACHE_COALESCED: &str = "x-cache-coalesced";
@@ -170,6 +174,21 @@ pub enum ProxyError {
     SourceMismatch { sources: usize, upstreams: usize },
     #[error("balancing is already set")]
     BalancingSet,
+    #[error("a site needs balancing set first")]
+    SiteNeedsBalancing,
+    #[error("the site names {roles} role regions but the proxy has {upstreams} upstreams")]
+    RoleMismatch { roles: usize, upstreams: usize },
+    #[error("the site is already set")]
+    SiteSet,
+}
+
+/// This proxy's site among several that share the application servers
+/// ([`Proxy::set_site`]; reconfiguration, svc §3).
+#[derive(Clone)]
+pub struct Site {
+    pub site: u16,
+    /// Each upstream's role region, index for index.
+    pub roles: Vec<Arc<dyn RemoteRegion>>,
 }
 
 /// How the proxy picks an upstream ([`Proxy::set_balancing`]).
@@ -213,6 +232,7 @@ struct Counters {
     refused_no_backend: AtomicU64,
     monitor_reads: AtomicU64,
     monitor_read_ns: AtomicU64,
+    fenced: AtomicU64,
 }
 
 /// The proxy's counters, served at `/_tierstack/stats`.
@@ -235,7 +255,8 @@ struct Counters {
 ///   `ttl`: `checks == 0`; `no-cache`: `checks == hits == coalesced == 0`
 /// - `push_hits <= hits`
 /// - `refused_overloaded + refused_no_backend <= misses`
-/// - `routed` sums to at most `misses` (a request whose upstream was chosen)
+/// - `routed` sums to at most `misses + fenced` (a request whose upstream
+///   was chosen; a fenced one is chosen again)
 /// - `pushes_received == pushes_installed + pushes_redundant + pushes_stale`
 ///
 /// [`ProxyStats::accounting_error`] checks them. While requests are in
@@ -333,6 +354,13 @@ pub struct ProxyStats {
     pub monitor_reads: u64,
     #[serde(default)]
     pub monitor_read_ns: u64,
+    /// This proxy's site, when it routes only to its site's upstreams.
+    #[serde(default)]
+    pub site: Option<u16>,
+    /// Forwards refused by an upstream whose role had changed since this
+    /// proxy read it (421, the epoch fence); each was routed once more.
+    #[serde(default)]
+    pub fenced: u64,
 }
 
 impl ProxyStats {
@@ -378,7 +406,11 @@ impl ProxyStats {
         let refused = self.refused_overloaded + self.refused_no_backend;
         expect(refused <= self.misses, format!("refused {refused} > misses {}", self.misses));
         let routed: u64 = self.routed.iter().sum();
-        expect(routed <= self.misses, format!("routed {routed} > misses {}", self.misses));
+        // A fenced forward is routed once more.
+        expect(
+            routed <= self.misses + self.fenced,
+            format!("routed {routed} > misses {} + fenced {}", self.misses, self.fenced),
+        );
         let pushes_ended = self.pushes_installed + self.pushes_redundant + self.pushes_stale;
         expect(
             self.pushes_received == pushes_ended,
@@ -403,6 +435,7 @@ struct State {
     clock: SystemClock,
     flights: coalesce::Flights,
     balancing: OnceLock<BalancingState>,
+    site: OnceLock<Site>,
     routed: Vec<AtomicU64>,
     #[cfg(test)]
     hooks: testkit::Hooks,
@@ -413,6 +446,8 @@ struct State {
 struct Routed<'a> {
     index: usize,
     balancer: Option<&'a Mutex<Balancer>>,
+    /// The upstream's role as read when routing (with a site).
+    stamp: Option<RoleStamp>,
 }
 
 impl Drop for Routed<'_> {
@@ -465,7 +500,7 @@ impl State {
         let Some(balancing) = self.balancing.get() else {
             // FNV-1a: stable across runs, so a document keeps its upstream.
             let index = (fnv1a(key) % self.upstreams.len() as u64) as usize;
-            return Ok(self.routed(Routed { index, balancer: None }));
+            return Ok(self.routed(Routed { index, balancer: None, stamp: None }));
         };
         if let Some(source) = &balancing.source {
             let started = Instant::now();
@@ -477,11 +512,27 @@ impl State {
                 balancer.observe(index, reading);
             }
         }
+        // Each upstream's role, read one-sidedly: only this site's are
+        // eligible, and the request carries the role it was routed by.
+        let stamps: Vec<Option<RoleStamp>> = match self.site.get() {
+            Some(site) => site
+                .roles
+                .iter()
+                .map(|region| read_role(region.as_ref()).ok().map(|view| RoleStamp::of(view.role)))
+                .collect(),
+            None => Vec::new(),
+        };
         let Ok(mut balancer) = balancing.balancer.lock() else { return Err(poisoned()) };
+        if let Some(site) = self.site.get() {
+            for (index, stamp) in stamps.iter().enumerate() {
+                balancer.set_member(index, stamp.is_some_and(|s| s.site == site.site));
+            }
+        }
         match balancer.choose(key) {
             Decision::Route(index) => {
                 balancer.dispatched(index, host_monotonic_ns());
-                Ok(self.routed(Routed { index, balancer: Some(&balancing.balancer) }))
+                let stamp = stamps.get(index).copied().flatten();
+                Ok(self.routed(Routed { index, balancer: Some(&balancing.balancer), stamp }))
             }
             Decision::Overloaded => {
                 self.counters.refused_overloaded.fetch_add(1, Ordering::Relaxed);
@@ -646,6 +697,8 @@ impl State {
             refused_no_backend: load(&c.refused_no_backend),
             monitor_reads: load(&c.monitor_reads),
             monitor_read_ns: load(&c.monitor_read_ns),
+            site: self.site.get().map(|s| s.site),
+            fenced: load(&c.fenced),
         }
     }
 }
@@ -793,28 +846,47 @@ async fn forward(
     path: String,
     method: Method,
 ) -> (Response<Body>, Option<Arc<Entry>>) {
-    let routed = match state.route(&path).await {
-        Ok(routed) => routed,
-        Err(refused) => return (refused, None),
-    };
-    let upstream = &state.upstreams[routed.index];
-    let uri = match format!("{}{}", upstream.to_string().trim_end_matches('/'), path).parse::<Uri>() {
-        Ok(uri) => uri,
-        Err(_) => return (text(StatusCode::BAD_REQUEST, "unusable request target\n"), None),
-    };
     let (parts, body) = request.into_parts();
     let body = match collect_limited(body, REQUEST_BODY_BYTES_MAX).await {
         Ok(body) => body,
         Err(e) => return (text(StatusCode::PAYLOAD_TOO_LARGE, format!("request body: {e}\n")), None),
     };
-    let mut upstream_request = Request::new(Full::new(body));
-    *upstream_request.method_mut() = method.clone();
-    *upstream_request.uri_mut() = uri;
-    copy_end_to_end(&parts.headers, upstream_request.headers_mut());
-
-    let started = Instant::now();
-    let outcome = tokio::time::timeout(state.upstream_timeout, state.client.request(upstream_request)).await;
-    let response = match outcome {
+    let mut attempt = 0;
+    let (started, response, _routed) = loop {
+        attempt += 1;
+        let routed = match state.route(&path).await {
+            Ok(routed) => routed,
+            Err(refused) => return (refused, None),
+        };
+        let upstream = &state.upstreams[routed.index];
+        let uri = match format!("{}{}", upstream.to_string().trim_end_matches('/'), path).parse::<Uri>() {
+            Ok(uri) => uri,
+            Err(_) => return (text(StatusCode::BAD_REQUEST, "unusable request target\n"), None),
+        };
+        let mut upstream_request = Request::new(Full::new(body.clone()));
+        *upstream_request.method_mut() = method.clone();
+        *upstream_request.uri_mut() = uri;
+        copy_end_to_end(&parts.headers, upstream_request.headers_mut());
+        if let Some(stamp) = routed.stamp {
+            if let Ok(value) = HeaderValue::from_str(&stamp.to_header()) {
+                upstream_request.headers_mut().insert(ROLE_HEADER, value);
+            }
+        }
+        let started = Instant::now();
+        let outcome = tokio::time::timeout(state.upstream_timeout, state.client.request(upstream_request)).await;
+        // The upstream moved to another site after we read its role (the
+        // epoch fence refused the request): route it once more.
+        if let Ok(Ok(response)) = &outcome {
+            if response.status() == StatusCode::MISDIRECTED_REQUEST && routed.stamp.is_some() {
+                state.counters.fenced.fetch_add(1, Ordering::Relaxed);
+                if attempt < FENCED_ATTEMPTS_MAX {
+                    continue;
+                }
+            }
+        }
+        break (started, outcome, routed);
+    };
+    let response = match response {
         Ok(Ok(response)) => response,
         Ok(Err(e)) => {
             state.counters.upstream_errors.fetch_add(1, Ordering::Relaxed);
@@ -950,6 +1022,7 @@ impl Proxy {
             clock: SystemClock,
             flights: coalesce::Flights::default(),
             balancing: OnceLock::new(),
+            site: OnceLock::new(),
             routed: (0..config.upstreams.len()).map(|_| AtomicU64::new(0)).collect(),
             #[cfg(test)]
             hooks: testkit::Hooks::default(),
@@ -976,6 +1049,24 @@ impl Proxy {
             source: balancing.source,
         };
         self.state.balancing.set(state).map_err(|_| ProxyError::BalancingSet)
+    }
+
+    /// Routes only to the upstreams whose role word names `site.site`, read
+    /// one-sidedly before each choice, and stamps each forwarded request
+    /// with the role it routed by ([`ROLE_HEADER`]); a request the
+    /// upstream fences (421: it moved meanwhile) is routed again, once.
+    /// Call after [`Proxy::set_balancing`] and before [`run`].
+    ///
+    /// [`run`]: Proxy::run
+    pub fn set_site(&self, site: Site) -> Result<(), ProxyError> {
+        if self.state.balancing.get().is_none() {
+            return Err(ProxyError::SiteNeedsBalancing);
+        }
+        let upstreams = self.state.upstreams.len();
+        if site.roles.len() != upstreams {
+            return Err(ProxyError::RoleMismatch { roles: site.roles.len(), upstreams });
+        }
+        self.state.site.set(site).map_err(|_| ProxyError::SiteSet)
     }
 
     /// The admin listener's address, if it has one.

@@ -48,6 +48,8 @@ enum Command {
     /// Lock-manager node driven by `bench dlm` over its standard input (see tierstack_bench::dlm_nodes).
     #[command(hide = true)]
     DlmBenchNode(cmd::dlm::BenchNodeArgs),
+    /// Reconfiguration agent: moves back ends from the idlest site to the busiest (one CAS on the node's role word).
+    Reconfigure(cmd::reconfig::ReconfigureArgs),
     /// Monitored back end driven by `bench monitor` (a random walk of load; prints its truth log at the end).
     #[command(hide = true)]
     MonitorNode(cmd::monitor::MonitorNodeArgs),
@@ -73,6 +75,7 @@ fn main() -> std::process::ExitCode {
         Command::AppServer(args) => cmd::tiers::app_server(args),
         Command::Proxy(args) => cmd::tiers::proxy(args),
         Command::Top(args) => cmd::top::run(args),
+        Command::Reconfigure(args) => cmd::reconfig::run(args),
         Command::MonitorNode(args) => cmd::monitor::run_node(args),
         Command::Origin(args) => cmd::origin::run(args),
         Command::DdssDaemon(args) => cmd::ddss::run_daemon(args),

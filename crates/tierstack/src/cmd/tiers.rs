@@ -16,7 +16,7 @@ use tierstack_coherent::module::{ModuleOptions, ModuleServer};
 use tierstack_coherent::version_table::{Incarnation, VersionTable};
 use tierstack_monitor::{AgentConfig, BackendAddress, LoadPublisher, MonitorAgent, Scheme, SourceConfig};
 use tierstack_proxy::{
-    BalancerConfig, Balancing, CacheMode, CacheStateConfig, Policy, Proxy, ProxyConfig, ProxyOptions,
+    BalancerConfig, Balancing, CacheMode, CacheStateConfig, Policy, Proxy, ProxyConfig, ProxyOptions, Site,
 };
 use tierstack_tier_http::Stop;
 
@@ -150,6 +150,17 @@ pub struct AppServerArgs {
     /// drawn from --seed.
     #[arg(long)]
     cpu_cost: Option<String>,
+    /// Emulate a node of this many workers: each read's cost is spent in
+    /// wall time holding a worker (not this machine's CPU), so several
+    /// servers on one small machine each have their own capacity.
+    #[arg(long, requires = "cpu_cost")]
+    emulated_workers: Option<usize>,
+    /// Reconfiguration: this server's first site. It registers a role word
+    /// (`reconfig.role`) that agents (`tierstack reconfigure`) move between
+    /// sites, and refuses requests stamped with another role. Needs
+    /// --topology and --node.
+    #[arg(long)]
+    site: Option<u16>,
 }
 
 fn parse_push_target(text: &str) -> Result<PushTarget, String> {
@@ -223,8 +234,21 @@ pub fn app_server(args: AppServerArgs) -> Result<()> {
             .documents_in_store
             .then(|| StoreConfig { update_write_pause: Duration::from_millis(args.update_write_pause_ms) }),
     };
+    let role = match (args.site, &fabric) {
+        (None, _) => None,
+        (Some(site), Some(fabric)) => Some(
+            tierstack_monitor::reconfig::register_role(fabric.as_ref(), site).context("registering reconfig.role")?,
+        ),
+        (Some(_), None) => anyhow::bail!("--site needs --topology and --node"),
+    };
     runtime(2)?.block_on(async {
         let server = AppServer::bind_with_push(config, push).await?;
+        if let Some(role) = role {
+            server.set_role(role);
+        }
+        if let Some(workers) = args.emulated_workers {
+            anyhow::ensure!(server.set_emulated_workers(workers), "--emulated-workers must be at least 1");
+        }
         if let Some(publisher) = &publisher {
             server.publish_load(publisher.clone());
         }
@@ -296,6 +320,11 @@ pub struct ProxyArgs {
     /// Seed of the balancer's tie-breaking.
     #[arg(long, default_value_t = 1)]
     balance_seed: u64,
+    /// Reconfiguration: route only to the upstreams whose role word (read
+    /// one-sidedly before each choice) names this site. Needs --balance,
+    /// --topology/--node, and a fabric node in every --upstream-monitor.
+    #[arg(long, requires = "balance")]
+    site: Option<u16>,
 }
 
 fn parse_backend_address(text: &str) -> Result<BackendAddress, String> {
@@ -338,6 +367,28 @@ pub fn proxy(args: ProxyArgs) -> Result<()> {
         config: BalancerConfig { admit_max: args.admit_max, seed: args.balance_seed, ..BalancerConfig::new(policy) },
         source,
     });
+    let site = match (args.site, &fabric) {
+        (None, _) => None,
+        (Some(_), None) => anyhow::bail!("--site needs --topology and --node"),
+        (Some(site), Some(fabric)) => {
+            anyhow::ensure!(
+                args.upstream_monitors.len() == args.upstreams.len()
+                    && args.upstream_monitors.iter().all(|m| m.node.is_some()),
+                "--site needs one --upstream-monitor with a fabric node per --upstream"
+            );
+            let roles = args
+                .upstream_monitors
+                .iter()
+                .filter_map(|m| m.node)
+                .map(|node| {
+                    fabric
+                        .connect(node, tierstack_monitor::reconfig::ROLE_REGION)
+                        .with_context(|| format!("connecting to {node}'s role region"))
+                })
+                .collect::<Result<Vec<_>>>()?;
+            Some(Site { site, roles })
+        }
+    };
     let config = ProxyConfig {
         listen: args.listen,
         upstreams: args.upstreams,
@@ -357,6 +408,9 @@ pub fn proxy(args: ProxyArgs) -> Result<()> {
         let proxy = Proxy::bind_with(config, options).await?;
         if let Some(balancing) = balancing {
             proxy.set_balancing(balancing)?;
+        }
+        if let Some(site) = site {
+            proxy.set_site(site)?;
         }
         let stop = Stop::new();
         let serving = tokio::spawn(proxy.run(stop.clone()));
