@@ -140,7 +140,12 @@ fn exactly_one_agent_moves_the_idle_sites_node_and_it_serves_its_new_site() {
             site,
         ]);
         for (server, (listen, _)) in (1..).zip(&servers) {
-            args.extend(strings(&["--upstream", &format!("http://{listen}"), "--upstream-monitor", &format!("{server}@")]));
+            args.extend(strings(&[
+                "--upstream",
+                &format!("http://{listen}"),
+                "--upstream-monitor",
+                &format!("{server}@"),
+            ]));
         }
         proxies.push((listen, admin, ChildNode::spawn(&exe(), &args).unwrap()));
     }

@@ -112,8 +112,9 @@ pub enum BenchCommand {
         /// The back end's monitor interval (RDMA-Async, Socket-Async), ms.
         #[arg(long, default_value_t = 10)]
         interval_ms: u64,
-        /// Which figure: 8a (accuracy), 8b (throughput of balancing), or both.
-        #[arg(long, default_value = "both", value_parser = ["8a", "8b", "both"])]
+        /// Which figure: 8a (accuracy), 8b (throughput of balancing), both,
+        /// or reconfig (two sites, load shifting, with and without the agent).
+        #[arg(long, default_value = "both", value_parser = ["8a", "8b", "both", "reconfig"])]
         figure: String,
         /// Fig. 8b: Zipf exponents (default 0.25,0.5,0.75,0.9; 0.5,0.9 with --quick).
         #[arg(long, value_delimiter = ',')]
@@ -176,6 +177,15 @@ pub fn run(command: BenchCommand) -> Result<()> {
         } => {
             use tierstack_bench::monitor::{run, run_throughput, MonitorBenchConfig, ThroughputConfig};
             let interval = std::time::Duration::from_millis(interval_ms.max(1));
+            if figure == "reconfig" {
+                use tierstack_bench::monitor::{run_reconfig, ReconfigBenchConfig};
+                let mut config = ReconfigBenchConfig::new(std::env::current_exe()?, out, quick);
+                if let Some(seconds) = duration_s {
+                    config.phase = std::time::Duration::from_secs(seconds);
+                }
+                run_reconfig(&config)?;
+                return Ok(());
+            }
             if figure != "8b" {
                 let mut config = MonitorBenchConfig::new(std::env::current_exe()?, out.clone(), quick);
                 if let Some(threads) = compute_threads {
