@@ -306,17 +306,23 @@ pub struct ReconfigAgent {
     roles: Vec<Arc<dyn RemoteRegion>>,
     load: Arc<dyn crate::LoadSource>,
     policy: ReconfigPolicy,
+    /// After a lost claim, no decision before this (`CLOCK_MONOTONIC` ns).
+    backoff_until_ns: u64,
+    /// Length of one window (the unit of the back-off), ns.
+    window_ns: u64,
+    rng: tierstack_base::SeededRng,
 }
 
 impl ReconfigAgent {
     /// Connects to the role region of every node in `nodes` (each must
-    /// have registered it) and to their load records.
+    /// have registered it) and to their load records; `window` is the
+    /// period at which the caller will call [`ReconfigAgent::step`].
     pub fn connect(
         fabric: Arc<dyn Fabric>,
         agent: u16,
         nodes: &[NodeId],
         config: ReconfigConfig,
-        source: crate::SourceConfig,
+        window: std::time::Duration,
     ) -> Result<ReconfigAgent, MonitorError> {
         if agent > AGENT_ID_MAX {
             return Err(MonitorError::BadConfig(format!("agent id {agent} exceeds {AGENT_ID_MAX}")));
@@ -324,13 +330,26 @@ impl ReconfigAgent {
         let roles = nodes.iter().map(|node| fabric.connect(*node, ROLE_REGION)).collect::<Result<Vec<_>, _>>()?;
         let addresses: Vec<crate::BackendAddress> =
             nodes.iter().map(|node| crate::BackendAddress { node: Some(*node), socket: None }).collect();
+        let source = crate::SourceConfig::for_interval(window);
         let load = crate::open_source(crate::Scheme::RdmaSync, Some(fabric), &addresses, source)?;
-        Ok(ReconfigAgent { agent, nodes: nodes.to_vec(), roles, load, policy: ReconfigPolicy::new(config) })
+        Ok(ReconfigAgent {
+            agent,
+            nodes: nodes.to_vec(),
+            roles,
+            load,
+            policy: ReconfigPolicy::new(config),
+            backoff_until_ns: 0,
+            window_ns: u64::try_from(window.as_nanos()).unwrap_or(u64::MAX).max(1),
+            rng: tierstack_base::seeded_rng(u64::from(agent)),
+        })
     }
 
     /// One window at `now_ns` (`CLOCK_MONOTONIC`): read, decide, act. Nodes
     /// that are dead or never published are left out of the window.
     pub fn step(&mut self, now_ns: u64) -> Result<Option<AgentEvent>, MonitorError> {
+        if now_ns < self.backoff_until_ns {
+            return Ok(None);
+        }
         let mut views = Vec::with_capacity(self.nodes.len());
         let mut seen = Vec::with_capacity(self.nodes.len());
         for (index, role) in self.roles.iter().enumerate() {
@@ -360,7 +379,14 @@ impl ReconfigAgent {
                 let moved = complete_move(region, mine, decided.to_site, now_ns)?;
                 Ok(Some(AgentEvent::Moved { node, from_site: role.site, to_site: moved.site, epoch: moved.epoch }))
             }
-            Claim::Lost(found) => Ok(Some(AgentEvent::Lost { node, found_site: found.site, found_epoch: found.epoch })),
+            Claim::Lost(found) => {
+                // A randomized back-off (0 to 4 windows, seeded by the agent's
+                // id), so agents that lost to each other do not keep
+                // colliding in step (live-lock, seed-notes b.6).
+                let windows = rand::Rng::gen_range(&mut self.rng, 0..=4u64);
+                self.backoff_until_ns = now_ns.saturating_add(windows.saturating_mul(self.window_ns));
+                Ok(Some(AgentEvent::Lost { node, found_site: found.site, found_epoch: found.epoch }))
+            }
         }
     }
 }

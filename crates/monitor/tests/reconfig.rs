@@ -77,3 +77,43 @@ fn only_the_holder_completes_or_releases_and_a_claimed_word_is_not_claimed_again
     let b = cluster.fabric(1).connect(NodeId(2), tierstack_monitor::reconfig::ROLE_REGION).unwrap();
     assert!(matches!(read_role(b.as_ref()), Err(MonitorError::NotARoleRegion { .. })));
 }
+
+/// The agent over a real fabric: nodes 1 (site 0) and 2, 3 (site 1) publish
+/// their load and role; with node 1 busy, one step moves site 1's idlest
+/// node to site 0 with the next epoch; a second agent then finds nothing to
+/// do (site 1 keeps its last node), and a node that never published is left
+/// out of the window.
+#[test]
+fn the_agent_moves_the_idle_sites_least_loaded_node_once() {
+    use std::time::Duration;
+    use tierstack_monitor::{AgentEvent, Gauge, LoadPublisher, ReconfigAgent, ReconfigConfig};
+    let cluster = local_cluster(Backend::Shm, 6).unwrap();
+    let mut publishers = Vec::new();
+    let mut roles = Vec::new();
+    for (node, site) in [(1usize, 0u16), (2, 1), (3, 1)] {
+        publishers.push(LoadPublisher::register(cluster.fabric(node).as_ref()).unwrap());
+        roles.push(register_role(cluster.fabric(node).as_ref(), site).unwrap());
+    }
+    // Node 4 has a role but never publishes its load: not in any window.
+    let _silent = register_role(cluster.fabric(4).as_ref(), 1).unwrap();
+    let config = ReconfigConfig { ratio: 2.0, windows: 1, history_ns: 1_000_000_000, min_nodes_per_site: 1 };
+    let nodes = [NodeId(1), NodeId(2), NodeId(3), NodeId(4)];
+    let window = Duration::from_millis(10);
+    let mut first = ReconfigAgent::connect(cluster.fabric(0).clone(), 0, &nodes, config, window).unwrap();
+    let mut second = ReconfigAgent::connect(cluster.fabric(5).clone(), 1, &nodes, config, window).unwrap();
+    assert_eq!(first.step(1_000).unwrap(), None, "no load anywhere: nothing to move");
+    let _busy: Vec<_> = (0..10).map(|_| publishers[0].enter(Gauge::InFlightRequests)).collect();
+    let _some = publishers[1].enter(Gauge::InFlightRequests);
+    assert_eq!(
+        first.step(2_000).unwrap(),
+        Some(AgentEvent::Moved { node: NodeId(3), from_site: 1, to_site: 0, epoch: 2 }),
+        "site 1's least-loaded node goes to the busy site"
+    );
+    let region = cluster.fabric(0).connect(NodeId(3), tierstack_monitor::reconfig::ROLE_REGION).unwrap();
+    let view = read_role(region.as_ref()).unwrap();
+    assert_eq!((view.role, view.moved_at_ns), (RoleWord { site: 0, epoch: 2, holder: None }, 2_000));
+    // (10 + 0) / 2 against 1: still over the ratio, but site 1 has one
+    // published node left (the silent node 4 would otherwise be taken).
+    assert_eq!(second.step(3_000).unwrap(), None, "site 1 keeps its last published node");
+    assert_eq!(first.step(4_000).unwrap(), None);
+}

@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tierstack_base::{host_monotonic_ns, NodeId};
-use tierstack_monitor::{AgentEvent, ReconfigAgent, ReconfigConfig, SourceConfig};
+use tierstack_monitor::{AgentEvent, ReconfigAgent, ReconfigConfig};
 
 #[derive(Args)]
 pub struct ReconfigureArgs {
@@ -68,7 +68,7 @@ pub fn run(args: ReconfigureArgs) -> Result<()> {
         history_ns: args.history_ms.saturating_mul(1_000_000),
         min_nodes_per_site: args.min_nodes,
     };
-    let mut agent = ReconfigAgent::connect(fabric, args.agent_id, &nodes, config, SourceConfig::for_interval(window))
+    let mut agent = ReconfigAgent::connect(fabric, args.agent_id, &nodes, config, window)
         .context("connecting to the back ends' role regions")?;
     let stop = Arc::new(AtomicBool::new(false));
     let stopping = stop.clone();
