@@ -232,3 +232,32 @@ fn exactly_one_agent_moves_the_idle_sites_node_and_it_serves_its_new_site() {
     }
     eprintln!("events: {events:?}");
 }
+
+/// `tierstack bench monitor --figure reconfig` end to end, one short run:
+/// both configurations measured, ratios against static, the agent's moves
+/// recorded, JSON and plot written.
+#[test]
+fn the_reconfiguration_bench_runs_and_reports_both_configurations() {
+    let out = tempfile::tempdir().unwrap();
+    let status = std::process::Command::new(exe())
+        .args(["bench", "monitor", "--figure", "reconfig", "--quick", "--duration-s", "1", "--out"])
+        .arg(out.path())
+        .stdout(std::process::Stdio::null())
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let report: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.path().join("monitor_reconfig.json")).unwrap()).unwrap();
+    let points = report["points"].as_array().unwrap();
+    assert_eq!(points.len(), 8, "2 configurations x 2 phases x 2 sites");
+    for point in points {
+        assert!(point["requests"].as_u64().unwrap() > 0, "{point}");
+        if point["configuration"] == "static" {
+            assert_eq!(point["throughput_vs_static"], 1.0);
+        }
+    }
+    let moves = report["moves"].as_array().unwrap();
+    assert!(!moves.is_empty(), "the hot site of phase 1 is over the ratio for many windows");
+    assert!(moves.iter().all(|m| m["event"] == "moved"), "one agent never loses: {moves:?}");
+    assert!(out.path().join("reconfig_throughput.svg").exists());
+}
