@@ -5,8 +5,10 @@
 //! `tierstack reconfigure` agents racing over the same servers. One update
 //! held open on node 1 makes site 0 the busy one; the agents' policy then
 //! asks to move site 1's idlest node (2) to site 0. Exactly one agent moves
-//! it (one CAS; the others lose or see it moved), nothing else moves (site 1
-//! keeps its last node, and the history rule holds node 2), the moved node
+//! it (one CAS; the others lose or see it moved), nothing else moves while
+//! the load stays (site 1 keeps its last node, the history rule holds node
+//! 2; the agents are stopped before the test's own requests change the
+//! loads), the moved node
 //! serves site 0's proxy and no longer site 1's, and a request stamped with
 //! its old role is fenced.
 
@@ -203,6 +205,14 @@ fn exactly_one_agent_moves_the_idle_sites_node_and_it_serves_its_new_site() {
         }
     }
 
+    // Stop the agents now: the requests below would change the loads they
+    // read (a request being generated counts twice, as a running thread and
+    // in flight) and could rightly call for more moves.
+    for (agent, lines) in agents.drain(..) {
+        agent.finish().unwrap();
+        events.extend(lines.iter().map(|line| serde_json::from_str::<serde_json::Value>(&line).unwrap()));
+    }
+
     // The moved node serves its new site: site 0's proxy now alternates
     // between nodes 1 and 2; site 1's sends everything to node 3.
     let (before, after) = through(site0.0, site0.1, 8);
@@ -219,10 +229,6 @@ fn exactly_one_agent_moves_the_idle_sites_node_and_it_serves_its_new_site() {
 
     let (status, body) = update.join().unwrap();
     assert_eq!(status, 200, "{body}");
-    for (agent, lines) in agents.drain(..) {
-        agent.finish().unwrap();
-        events.extend(lines.iter().map(|line| serde_json::from_str::<serde_json::Value>(&line).unwrap()));
-    }
     let moved: Vec<_> = events.iter().filter(|e| e["event"] == "moved").collect();
     assert_eq!(moved.len(), 1, "exactly one move by exactly one agent: {events:?}");
     assert_eq!((moved[0]["node"].as_u64(), moved[0]["from_site"].as_u64()), (Some(2), Some(1)));
