@@ -19,12 +19,22 @@
 //! `/_tierstack/stats` answers the server's counters as JSON (time waiting
 //! for the module, time generating), for the response-time breakdown.
 //!
+//! **Published load** ([`AppServer::publish_load`], svc §5.2): the server
+//! keeps a [`LoadPublisher`]'s counters on the paths that change them —
+//! requests in flight (a `/doc/` request from arrival to answer), running
+//! threads (a request burning its CPU cost or generating its body, and each
+//! compute thread), queue length (a request waiting for the module's
+//! grant), open connections — so a front end reads them one-sidedly.
+//! **CPU cost** ([`AppServer::set_cpu_cost`], [`cost`]): each read first
+//! burns a heavy-tailed, seeded amount of CPU ("RUBiS-like").
+//!
 //! **Push** ([`AppServer::bind_with_push`], coherency paper §4.3): with a
 //! fabric node of its own, a list of proxies and a push policy, the server
 //! reads the proxies' shared cache states after every completed update and
 //! pushes the new version to the proxies the policy picks ([`push`]), off
 //! the update's response path. Its counters appear in the stats as `push`.
 
+pub mod cost;
 pub mod push;
 pub mod store;
 
@@ -37,12 +47,16 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 use tierstack_coherent::module::ModuleClient;
 use tierstack_coherent::{DepsHeader, DEPS_HEADER};
-use tierstack_tier_http::{collect_limited, serve, text, Body, Stop};
+use tierstack_fabric::LocalRegion;
+use tierstack_monitor::reconfig::{self, RoleStamp, ROLE_HEADER};
+use tierstack_monitor::{Gauge, GaugeGuard, LoadPublisher};
+use tierstack_tier_http::{collect_limited, serve_with_hook, text, Body, ConnectionHook, Stop};
 
+pub use cost::CpuCost;
 pub use push::{PushConfig, PushConfigError, PushStats, PushTarget, PUSH_TIMEOUT_DEFAULT};
 pub use store::{StoreConfig, UPDATE_WRITE_PAUSE_DEFAULT, UPDATE_WRITE_PAUSE_MAX};
 pub use tierstack_pushpull::PushPolicy;
@@ -89,6 +103,11 @@ struct Counters {
     module_errors: AtomicU64,
     module_wait_ns: AtomicU64,
     generate_ns: AtomicU64,
+    cpu_cost_us: AtomicU64,
+    /// Sequence numbers of reads, for the CPU cost draw.
+    read_sequence: AtomicU64,
+    /// Requests refused for a role stamp that is not this node's role.
+    fenced: AtomicU64,
 }
 
 #[derive(Serialize)]
@@ -99,6 +118,16 @@ pub struct StatsSnapshot {
     pub module_errors: u64,
     pub module_wait_ns: u64,
     pub generate_ns: u64,
+    /// CPU time burned as the requests' cost ([`AppServer::set_cpu_cost`]).
+    #[serde(default)]
+    pub cpu_cost_us: u64,
+    /// Requests refused (421) because their role stamp named another site
+    /// or an older epoch than this node's role word (reconfiguration).
+    #[serde(default)]
+    pub fenced: u64,
+    /// This node's role (`<site>.<epoch>`), when it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub role: Option<String>,
     /// The push path's counters, when pushing is configured.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub push: Option<PushStats>,
@@ -110,6 +139,21 @@ struct State {
     counters: Counters,
     pusher: Option<Arc<push::Pusher>>,
     store: Option<store::DocumentStore>,
+    /// Where the load is published, if anywhere.
+    load: OnceLock<Arc<LoadPublisher>>,
+    cpu_cost: OnceLock<CpuCost>,
+    /// The node's role word (reconfiguration between sites).
+    role: OnceLock<Arc<LocalRegion>>,
+    /// Emulated node capacity: this many workers spend the cost in wall time.
+    workers: OnceLock<Arc<tokio::sync::Semaphore>>,
+}
+
+impl State {
+    /// Counts one of `gauge` while the guard lives (nothing if the load
+    /// is not published).
+    fn enter(&self, gauge: Gauge) -> Option<GaugeGuard> {
+        self.load.get().map(|publisher| publisher.enter(gauge))
+    }
 }
 
 /// The document's dependency key.
@@ -178,6 +222,10 @@ async fn handle(state: Arc<State>, request: Request<Incoming>) -> Response<Body>
         state.counters.not_found.fetch_add(1, Ordering::Relaxed);
         return text(StatusCode::NOT_FOUND, "no such document\n");
     };
+    if let Some(refusal) = fence(&state, request.headers()) {
+        return refusal;
+    }
+    let _in_flight = state.enter(Gauge::InFlightRequests);
     match *request.method() {
         Method::GET | Method::HEAD => {
             let head_only = request.method() == Method::HEAD;
@@ -200,10 +248,64 @@ async fn handle(state: Arc<State>, request: Request<Incoming>) -> Response<Body>
     }
 }
 
+/// The epoch fence: a request stamped with a role ([`ROLE_HEADER`]) that
+/// is not this node's current role was routed by a front end that has not
+/// seen its latest move; it is refused with 421 (Misdirected Request), so
+/// the front end routes it again. Unstamped requests are served.
+fn fence(state: &State, headers: &hyper::HeaderMap) -> Option<Response<Body>> {
+    let region = state.role.get()?;
+    let stamp = headers.get(ROLE_HEADER)?;
+    let role = match reconfig::local_role(region) {
+        Ok(role) => role,
+        Err(e) => return Some(text(StatusCode::INTERNAL_SERVER_ERROR, format!("reading the role word: {e}\n"))),
+    };
+    match stamp.to_str().ok().and_then(RoleStamp::parse) {
+        Some(stamp) if stamp.admitted_by(role) => None,
+        Some(_) => {
+            state.counters.fenced.fetch_add(1, Ordering::Relaxed);
+            Some(text(
+                StatusCode::MISDIRECTED_REQUEST,
+                format!("this node's role is {}\n", RoleStamp::of(role).to_header()),
+            ))
+        }
+        None => Some(text(StatusCode::BAD_REQUEST, format!("malformed {ROLE_HEADER} header\n"))),
+    }
+}
+
+/// Spends a read's cost: in CPU time on a blocking thread, or, with
+/// emulated workers, in wall time holding one of them (queued meanwhile).
+async fn spend_cost(state: &Arc<State>, micros: u64) -> bool {
+    if let Some(workers) = state.workers.get() {
+        let queued = state.enter(Gauge::QueueLength);
+        let Ok(_worker) = workers.acquire().await else { return false };
+        drop(queued);
+        let _running = state.enter(Gauge::RunningThreads);
+        tokio::time::sleep(Duration::from_micros(micros)).await;
+        return true;
+    }
+    let burning = state.clone();
+    // On a blocking thread: the cost must not stall the server's
+    // other requests, only compete with them for the CPU.
+    tokio::task::spawn_blocking(move || {
+        let _running = burning.enter(Gauge::RunningThreads);
+        cost::burn_cpu(micros);
+    })
+    .await
+    .is_ok()
+}
+
 /// READ_REQUEST … READ_PROCEED, the body, READ_DONE (off the response's path).
 async fn read_document(state: Arc<State>, name: String, size: usize, head_only: bool) -> Response<Body> {
+    if let Some(cost) = state.cpu_cost.get().copied() {
+        let sequence = state.counters.read_sequence.fetch_add(1, Ordering::Relaxed);
+        let micros = cost.cost_us(&name, sequence);
+        if spend_cost(&state, micros).await {
+            state.counters.cpu_cost_us.fetch_add(micros, Ordering::Relaxed);
+        }
+    }
     let (name, keys) = (name.as_str(), [key_of(&name)]);
     let started = Instant::now();
+    let queued = state.enter(Gauge::QueueLength);
     let access = match state.module.read(&keys).await {
         Ok(access) => access,
         Err(e) => {
@@ -211,7 +313,9 @@ async fn read_document(state: Arc<State>, name: String, size: usize, head_only: 
             return text(StatusCode::SERVICE_UNAVAILABLE, format!("application module: {e}\n"));
         }
     };
+    drop(queued);
     state.counters.module_wait_ns.fetch_add(elapsed_ns(started), Ordering::Relaxed);
+    let running = state.enter(Gauge::RunningThreads);
     let generating = Instant::now();
     let version = version_of(&access.deps, &keys[0]).unwrap_or(0);
     let deps = access.deps.clone();
@@ -219,6 +323,7 @@ async fn read_document(state: Arc<State>, name: String, size: usize, head_only: 
     let stored = state.store.as_ref().and_then(|store| store.read(name, version, size));
     let body = stored.unwrap_or_else(|| generate_body(name, version, size));
     state.counters.generate_ns.fetch_add(elapsed_ns(generating), Ordering::Relaxed);
+    drop(running);
     // READ_DONE needs no answer on the request's path.
     let releasing = state.clone();
     tokio::spawn(async move {
@@ -284,6 +389,13 @@ fn stats_response(state: &State) -> Response<Body> {
         module_errors: load(&c.module_errors),
         module_wait_ns: load(&c.module_wait_ns),
         generate_ns: load(&c.generate_ns),
+        cpu_cost_us: load(&c.cpu_cost_us),
+        fenced: load(&c.fenced),
+        role: state
+            .role
+            .get()
+            .and_then(|region| reconfig::local_role(region).ok())
+            .map(|role| RoleStamp::of(role).to_header()),
         push: state.pusher.as_ref().map(|p| p.stats()),
     };
     let mut response = text(StatusCode::OK, serde_json::to_string(&snapshot).unwrap_or_default());
@@ -305,11 +417,14 @@ async fn connect_module(config: &AppServerConfig) -> Result<ModuleClient, AppSer
     }
 }
 
-/// Burns CPU until `stop` is set: the paper's compute threads.
-fn start_compute_threads(count: usize, stop: Arc<AtomicBool>) {
+/// Burns CPU until `stop` is set: the paper's compute threads (each a
+/// running thread in the published load).
+fn start_compute_threads(count: usize, stop: Arc<AtomicBool>, load: Option<Arc<LoadPublisher>>) {
     for i in 0..count {
         let stop = stop.clone();
+        let load = load.clone();
         let spawned = std::thread::Builder::new().name(format!("compute-{i}")).spawn(move || {
+            let _running = load.map(|publisher| publisher.enter(Gauge::RunningThreads));
             let mut x: u64 = i as u64 + 1;
             while !stop.load(Ordering::Relaxed) {
                 for _ in 0..1000 {
@@ -366,7 +481,17 @@ impl AppServer {
         let listener = tokio::net::TcpListener::bind(config.listen)
             .await
             .map_err(|source| AppServerError::Listen { addr: config.listen, source })?;
-        let state = Arc::new(State { module, documents, counters: Counters::default(), pusher, store });
+        let state = Arc::new(State {
+            module,
+            documents,
+            counters: Counters::default(),
+            pusher,
+            store,
+            load: OnceLock::new(),
+            cpu_cost: OnceLock::new(),
+            role: OnceLock::new(),
+            workers: OnceLock::new(),
+        });
         Ok(AppServer { listener, state, compute_threads: config.compute_threads })
     }
 
@@ -374,13 +499,49 @@ impl AppServer {
         self.listener.local_addr()
     }
 
+    /// Keeps `publisher`'s counters from now on (call before [`run`]);
+    /// false if a publisher was already set.
+    ///
+    /// [`run`]: AppServer::run
+    pub fn publish_load(&self, publisher: Arc<LoadPublisher>) -> bool {
+        self.state.load.set(publisher).is_ok()
+    }
+
+    /// Makes every read burn CPU as `cost` draws (call before [`run`]);
+    /// false if a cost was already set or `cost` is invalid.
+    ///
+    /// [`run`]: AppServer::run
+    pub fn set_cpu_cost(&self, cost: CpuCost) -> bool {
+        cost.validate().is_ok() && self.state.cpu_cost.set(cost).is_ok()
+    }
+
+    /// Serves requests stamped with `region`'s role word only ([`fence`]:
+    /// reconfiguration between sites, svc §3); call before [`run`]. False
+    /// if a role was already set.
+    ///
+    /// [`run`]: AppServer::run
+    pub fn set_role(&self, region: Arc<LocalRegion>) -> bool {
+        self.state.role.set(region).is_ok()
+    }
+
+    /// Emulates a node of `workers` workers: a read's cost is spent in wall
+    /// time holding one of them (waiting, it counts as queued), not in this
+    /// machine's CPU, so several emulated nodes on one small machine each
+    /// have their own capacity. False if zero or already set.
+    pub fn set_emulated_workers(&self, workers: usize) -> bool {
+        workers > 0 && self.state.workers.set(Arc::new(tokio::sync::Semaphore::new(workers))).is_ok()
+    }
+
     /// Serves until `stop` fires.
     pub async fn run(self, stop: Stop) -> std::io::Result<()> {
         let burning = Arc::new(AtomicBool::new(false));
-        start_compute_threads(self.compute_threads, burning.clone());
+        start_compute_threads(self.compute_threads, burning.clone(), self.state.load.get().cloned());
         let state = self.state.clone();
         let handler = Arc::new(move |request| handle(state.clone(), request));
-        let result = serve(self.listener, handler, stop).await;
+        let hook: Option<ConnectionHook> = self.state.load.get().cloned().map(|publisher| {
+            Arc::new(move || Box::new(publisher.enter(Gauge::OpenConnections)) as Box<dyn Send>) as ConnectionHook
+        });
+        let result = serve_with_hook(self.listener, handler, stop, hook).await;
         burning.store(true, Ordering::Relaxed);
         result
     }

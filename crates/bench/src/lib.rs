@@ -11,7 +11,7 @@
 //! [`owner`] (a fabric node in a separate process, pinned to its own CPU,
 //! optionally loaded with busy threads), [`deploy`] (a 2-tier data-center
 //! as processes). Experiments: [`fabric`], [`coherence`], [`pushpull`],
-//! [`dlm`], [`ddss`]; [`demo`] is the comparison `tierstack demo` tells.
+//! [`dlm`], [`ddss`], [`monitor`]; [`demo`] is the comparison `tierstack demo` tells.
 
 pub mod coherence;
 pub mod ddss;
@@ -21,6 +21,7 @@ pub mod dlm;
 pub mod dlm_nodes;
 pub mod fabric;
 pub mod html;
+pub mod monitor;
 pub mod owner;
 pub mod pushpull;
 pub mod report;

@@ -47,6 +47,17 @@
 //! versions (they are in every response's header) and have it served to
 //! everyone until the next update. Without an admin listener, nobody can
 //! push and the counters are not served.
+//!
+//! **Load balancing** ([`Proxy::set_balancing`], svc §5.2): without it a
+//! document goes to the upstream its path hashes to. With it, the upstream
+//! of every forwarded request is chosen by a [`tierstack_monitor::Balancer`]
+//! (`hash`, `round-robin` or `least-loaded`), fed before each choice with
+//! the upstreams' load as one of the four monitoring schemes reads it
+//! ([`LoadSource`]); upstreams reported dead are skipped. With admission
+//! control (`admit_max`), a request whose chosen upstream is estimated at or
+//! above the bound is answered 503 without being forwarded
+//! (`refused_overloaded`; every upstream dead: `refused_no_backend`). Both
+//! are misses: the request was not served from the cache.
 
 mod cache;
 mod coalesce;
@@ -68,11 +79,14 @@ use hyper_util::rt::TokioExecutor;
 use serde::Serialize;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
-use tierstack_base::{Clock, SystemClock};
+use tierstack_base::{host_monotonic_ns, Clock, SystemClock};
 use tierstack_coherent::{DepsHeader, VersionChecker, DEPS_HEADER};
-use tierstack_fabric::Fabric;
+use tierstack_fabric::{Fabric, RemoteRegion};
+use tierstack_monitor::balance::fnv1a;
+use tierstack_monitor::reconfig::{read_role, RoleStamp, ROLE_HEADER};
+pub use tierstack_monitor::{Balancer, BalancerConfig, Decision, LoadSource, Policy, Scheme};
 pub use tierstack_pushpull::state::CacheStateConfig;
 pub use tierstack_pushpull::SLOTS_DEFAULT as CACHE_STATE_SLOTS_DEFAULT;
 use tierstack_pushpull::{fingerprint, CacheStateWriter};
@@ -84,6 +98,9 @@ pub const REQUEST_BODY_BYTES_MAX: usize = 16 << 20;
 pub const RESPONSE_BODY_BYTES_MAX: usize = 64 << 20;
 /// The response header telling clients whether the cache answered.
 pub const X_CACHE: &str = "x-cache";
+/// Tries of a forward whose upstream fences it (421) before the 421 is
+/// the answer.
+const FENCED_ATTEMPTS_MAX: u32 = 2;
 /// Present (`1`) on a response served from another request's concurrent
 /// fetch after validating it; such a response is labelled `X-Cache: MISS`.
 pub const X_CACHE_COALESCED: &str = "x-cache-coalesced";
@@ -153,6 +170,39 @@ pub enum ProxyError {
     NoFabric,
     #[error("cannot listen on {addr}: {source}")]
     Listen { addr: SocketAddr, source: std::io::Error },
+    #[error("the load source reads {sources} back ends but the proxy has {upstreams} upstreams")]
+    SourceMismatch { sources: usize, upstreams: usize },
+    #[error("balancing is already set")]
+    BalancingSet,
+    #[error("a site needs balancing set first")]
+    SiteNeedsBalancing,
+    #[error("the site names {roles} role regions but the proxy has {upstreams} upstreams")]
+    RoleMismatch { roles: usize, upstreams: usize },
+    #[error("the site is already set")]
+    SiteSet,
+}
+
+/// This proxy's site among several that share the application servers
+/// ([`Proxy::set_site`]; reconfiguration, svc §3).
+#[derive(Clone)]
+pub struct Site {
+    pub site: u16,
+    /// Each upstream's role region, index for index.
+    pub roles: Vec<Arc<dyn RemoteRegion>>,
+}
+
+/// How the proxy picks an upstream ([`Proxy::set_balancing`]).
+#[derive(Clone)]
+pub struct Balancing {
+    pub config: BalancerConfig,
+    /// The upstreams' load, index for index; `None`: the balancer knows
+    /// only this proxy's own requests in flight.
+    pub source: Option<Arc<dyn LoadSource>>,
+}
+
+struct BalancingState {
+    balancer: Mutex<Balancer>,
+    source: Option<Arc<dyn LoadSource>>,
 }
 
 #[derive(Default)]
@@ -178,6 +228,11 @@ struct Counters {
     pushes_refused: AtomicU64,
     push_bytes: AtomicU64,
     push_hits: AtomicU64,
+    refused_overloaded: AtomicU64,
+    refused_no_backend: AtomicU64,
+    monitor_reads: AtomicU64,
+    monitor_read_ns: AtomicU64,
+    fenced: AtomicU64,
 }
 
 /// The proxy's counters, served at `/_tierstack/stats`.
@@ -199,6 +254,9 @@ struct Counters {
 ///   serves exactly one response, and nothing is served unchecked);
 ///   `ttl`: `checks == 0`; `no-cache`: `checks == hits == coalesced == 0`
 /// - `push_hits <= hits`
+/// - `refused_overloaded + refused_no_backend <= misses`
+/// - `routed` sums to at most `misses + fenced` (a request whose upstream
+///   was chosen; a fenced one is chosen again)
 /// - `pushes_received == pushes_installed + pushes_redundant + pushes_stale`
 ///
 /// [`ProxyStats::accounting_error`] checks them. While requests are in
@@ -276,6 +334,33 @@ pub struct ProxyStats {
     /// Cache state updates dropped under writer contention.
     #[serde(default)]
     pub cache_state_dropped: u64,
+    /// The balancing policy and monitoring scheme, when balancing is set.
+    #[serde(default)]
+    pub balance: Option<Policy>,
+    #[serde(default)]
+    pub monitor: Option<Scheme>,
+    /// Requests forwarded to each upstream (in `--upstream` order).
+    #[serde(default)]
+    pub routed: Vec<u64>,
+    /// Misses answered 503 by admission control (the chosen upstream was
+    /// estimated at or above `admit_max`).
+    #[serde(default)]
+    pub refused_overloaded: u64,
+    /// Misses answered 503 because every upstream was reported dead.
+    #[serde(default)]
+    pub refused_no_backend: u64,
+    /// Readings of one upstream's load taken for balancing, and their time.
+    #[serde(default)]
+    pub monitor_reads: u64,
+    #[serde(default)]
+    pub monitor_read_ns: u64,
+    /// This proxy's site, when it routes only to its site's upstreams.
+    #[serde(default)]
+    pub site: Option<u16>,
+    /// Forwards refused by an upstream whose role had changed since this
+    /// proxy read it (421, the epoch fence); each was routed once more.
+    #[serde(default)]
+    pub fenced: u64,
 }
 
 impl ProxyStats {
@@ -318,6 +403,14 @@ impl ProxyStats {
             None => {}
         }
         expect(self.push_hits <= self.hits, format!("push_hits {} > hits {}", self.push_hits, self.hits));
+        let refused = self.refused_overloaded + self.refused_no_backend;
+        expect(refused <= self.misses, format!("refused {refused} > misses {}", self.misses));
+        let routed: u64 = self.routed.iter().sum();
+        // A fenced forward is routed once more.
+        expect(
+            routed <= self.misses + self.fenced,
+            format!("routed {routed} > misses {} + fenced {}", self.misses, self.fenced),
+        );
         let pushes_ended = self.pushes_installed + self.pushes_redundant + self.pushes_stale;
         expect(
             self.pushes_received == pushes_ended,
@@ -341,8 +434,28 @@ struct State {
     cache_state: Option<CacheStateWriter>,
     clock: SystemClock,
     flights: coalesce::Flights,
+    balancing: OnceLock<BalancingState>,
+    site: OnceLock<Site>,
+    routed: Vec<AtomicU64>,
     #[cfg(test)]
     hooks: testkit::Hooks,
+}
+
+/// The upstream chosen for one request; tells the balancer the request
+/// ended when dropped (also when the request's handling is cancelled).
+struct Routed<'a> {
+    index: usize,
+    balancer: Option<&'a Mutex<Balancer>>,
+    /// The upstream's role as read when routing (with a site).
+    stamp: Option<RoleStamp>,
+}
+
+impl Drop for Routed<'_> {
+    fn drop(&mut self) {
+        if let Some(Ok(mut balancer)) = self.balancer.map(|b| b.lock()) {
+            balancer.completed(self.index, host_monotonic_ns());
+        }
+    }
 }
 
 fn elapsed_ns(since: Instant) -> u64 {
@@ -382,10 +495,61 @@ fn forbids_storing(headers: &HeaderMap) -> bool {
 }
 
 impl State {
-    fn upstream_for(&self, path: &str) -> &Uri {
-        // FNV-1a: stable across runs, so a document keeps its upstream.
-        let hash = path.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3));
-        &self.upstreams[(hash % self.upstreams.len() as u64) as usize]
+    /// Chooses the upstream for `key`, or the response refusing it.
+    async fn route(&self, key: &str) -> Result<Routed<'_>, Response<Body>> {
+        let Some(balancing) = self.balancing.get() else {
+            // FNV-1a: stable across runs, so a document keeps its upstream.
+            let index = (fnv1a(key) % self.upstreams.len() as u64) as usize;
+            return Ok(self.routed(Routed { index, balancer: None, stamp: None }));
+        };
+        if let Some(source) = &balancing.source {
+            let started = Instant::now();
+            let readings = read_loads(source).await;
+            self.counters.monitor_reads.fetch_add(readings.len() as u64, Ordering::Relaxed);
+            self.counters.monitor_read_ns.fetch_add(elapsed_ns(started), Ordering::Relaxed);
+            let Ok(mut balancer) = balancing.balancer.lock() else { return Err(poisoned()) };
+            for (index, reading) in readings.iter().enumerate() {
+                balancer.observe(index, reading);
+            }
+        }
+        // Each upstream's role, read one-sidedly: only this site's are
+        // eligible, and the request carries the role it was routed by.
+        let stamps: Vec<Option<RoleStamp>> = match self.site.get() {
+            Some(site) => site
+                .roles
+                .iter()
+                .map(|region| read_role(region.as_ref()).ok().map(|view| RoleStamp::of(view.role)))
+                .collect(),
+            None => Vec::new(),
+        };
+        let Ok(mut balancer) = balancing.balancer.lock() else { return Err(poisoned()) };
+        if let Some(site) = self.site.get() {
+            for (index, stamp) in stamps.iter().enumerate() {
+                balancer.set_member(index, stamp.is_some_and(|s| s.site == site.site));
+            }
+        }
+        match balancer.choose(key) {
+            Decision::Route(index) => {
+                balancer.dispatched(index, host_monotonic_ns());
+                let stamp = stamps.get(index).copied().flatten();
+                Ok(self.routed(Routed { index, balancer: Some(&balancing.balancer), stamp }))
+            }
+            Decision::Overloaded => {
+                self.counters.refused_overloaded.fetch_add(1, Ordering::Relaxed);
+                Err(text(StatusCode::SERVICE_UNAVAILABLE, "every application server is at its admission bound\n"))
+            }
+            Decision::NoBackend => {
+                self.counters.refused_no_backend.fetch_add(1, Ordering::Relaxed);
+                Err(text(StatusCode::SERVICE_UNAVAILABLE, "no application server is alive\n"))
+            }
+        }
+    }
+
+    fn routed<'a>(&self, routed: Routed<'a>) -> Routed<'a> {
+        if let Some(count) = self.routed.get(routed.index) {
+            count.fetch_add(1, Ordering::Relaxed);
+        }
+        routed
     }
 
     /// Looks `key` up, noting the request for the wasted-update metric.
@@ -526,7 +690,35 @@ impl State {
             wasted_updates,
             cache_state_slots: self.cache_state.as_ref().map_or(0, |w| u64::from(w.slots())),
             cache_state_dropped: self.cache_state.as_ref().map_or(0, |w| w.dropped()),
+            balance: self.balancing.get().and_then(|b| b.balancer.lock().ok().map(|b| b.config().policy)),
+            monitor: self.balancing.get().and_then(|b| b.source.as_ref().map(|s| s.scheme())),
+            routed: self.routed.iter().map(load).collect(),
+            refused_overloaded: load(&c.refused_overloaded),
+            refused_no_backend: load(&c.refused_no_backend),
+            monitor_reads: load(&c.monitor_reads),
+            monitor_read_ns: load(&c.monitor_read_ns),
+            site: self.site.get().map(|s| s.site),
+            fenced: load(&c.fenced),
         }
+    }
+}
+
+fn poisoned() -> Response<Body> {
+    text(StatusCode::INTERNAL_SERVER_ERROR, "the balancer's lock was poisoned\n")
+}
+
+/// Every upstream's load as `source` reads it. Socket-Sync asks each back
+/// end over TCP and waits for its answer: on a blocking thread, so the
+/// proxy's other requests go on. The other schemes return at once (the
+/// latest pushed frame, or a one-sided read of registered memory).
+async fn read_loads(source: &Arc<dyn LoadSource>) -> Vec<tierstack_monitor::Reading> {
+    let read_all = |source: &dyn LoadSource| (0..source.len()).map(|i| source.read(i)).collect::<Vec<_>>();
+    if source.scheme() == Scheme::SocketSync {
+        let source = source.clone();
+        let readings: Result<Vec<_>, _> = tokio::task::spawn_blocking(move || read_all(source.as_ref())).await;
+        readings.unwrap_or_default()
+    } else {
+        read_all(source.as_ref())
     }
 }
 
@@ -654,24 +846,47 @@ async fn forward(
     path: String,
     method: Method,
 ) -> (Response<Body>, Option<Arc<Entry>>) {
-    let upstream = state.upstream_for(&path);
-    let uri = match format!("{}{}", upstream.to_string().trim_end_matches('/'), path).parse::<Uri>() {
-        Ok(uri) => uri,
-        Err(_) => return (text(StatusCode::BAD_REQUEST, "unusable request target\n"), None),
-    };
     let (parts, body) = request.into_parts();
     let body = match collect_limited(body, REQUEST_BODY_BYTES_MAX).await {
         Ok(body) => body,
         Err(e) => return (text(StatusCode::PAYLOAD_TOO_LARGE, format!("request body: {e}\n")), None),
     };
-    let mut upstream_request = Request::new(Full::new(body));
-    *upstream_request.method_mut() = method.clone();
-    *upstream_request.uri_mut() = uri;
-    copy_end_to_end(&parts.headers, upstream_request.headers_mut());
-
-    let started = Instant::now();
-    let outcome = tokio::time::timeout(state.upstream_timeout, state.client.request(upstream_request)).await;
-    let response = match outcome {
+    let mut attempt = 0;
+    let (started, response, _routed) = loop {
+        attempt += 1;
+        let routed = match state.route(&path).await {
+            Ok(routed) => routed,
+            Err(refused) => return (refused, None),
+        };
+        let upstream = &state.upstreams[routed.index];
+        let uri = match format!("{}{}", upstream.to_string().trim_end_matches('/'), path).parse::<Uri>() {
+            Ok(uri) => uri,
+            Err(_) => return (text(StatusCode::BAD_REQUEST, "unusable request target\n"), None),
+        };
+        let mut upstream_request = Request::new(Full::new(body.clone()));
+        *upstream_request.method_mut() = method.clone();
+        *upstream_request.uri_mut() = uri;
+        copy_end_to_end(&parts.headers, upstream_request.headers_mut());
+        if let Some(stamp) = routed.stamp {
+            if let Ok(value) = HeaderValue::from_str(&stamp.to_header()) {
+                upstream_request.headers_mut().insert(ROLE_HEADER, value);
+            }
+        }
+        let started = Instant::now();
+        let outcome = tokio::time::timeout(state.upstream_timeout, state.client.request(upstream_request)).await;
+        // The upstream moved to another site after we read its role (the
+        // epoch fence refused the request): route it once more.
+        if let Ok(Ok(response)) = &outcome {
+            if response.status() == StatusCode::MISDIRECTED_REQUEST && routed.stamp.is_some() {
+                state.counters.fenced.fetch_add(1, Ordering::Relaxed);
+                if attempt < FENCED_ATTEMPTS_MAX {
+                    continue;
+                }
+            }
+        }
+        break (started, outcome, routed);
+    };
+    let response = match response {
         Ok(Ok(response)) => response,
         Ok(Err(e)) => {
             state.counters.upstream_errors.fetch_add(1, Ordering::Relaxed);
@@ -806,6 +1021,9 @@ impl Proxy {
             cache_state,
             clock: SystemClock,
             flights: coalesce::Flights::default(),
+            balancing: OnceLock::new(),
+            site: OnceLock::new(),
+            routed: (0..config.upstreams.len()).map(|_| AtomicU64::new(0)).collect(),
             #[cfg(test)]
             hooks: testkit::Hooks::default(),
         });
@@ -814,6 +1032,41 @@ impl Proxy {
 
     pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
         self.listener.local_addr()
+    }
+
+    /// Chooses upstreams by `balancing` from now on (call before [`run`]).
+    ///
+    /// [`run`]: Proxy::run
+    pub fn set_balancing(&self, balancing: Balancing) -> Result<(), ProxyError> {
+        let upstreams = self.state.upstreams.len();
+        if let Some(source) = &balancing.source {
+            if source.len() != upstreams {
+                return Err(ProxyError::SourceMismatch { sources: source.len(), upstreams });
+            }
+        }
+        let state = BalancingState {
+            balancer: Mutex::new(Balancer::new(upstreams, balancing.config)),
+            source: balancing.source,
+        };
+        self.state.balancing.set(state).map_err(|_| ProxyError::BalancingSet)
+    }
+
+    /// Routes only to the upstreams whose role word names `site.site`, read
+    /// one-sidedly before each choice, and stamps each forwarded request
+    /// with the role it routed by ([`ROLE_HEADER`]); a request the
+    /// upstream fences (421: it moved meanwhile) is routed again, once.
+    /// Call after [`Proxy::set_balancing`] and before [`run`].
+    ///
+    /// [`run`]: Proxy::run
+    pub fn set_site(&self, site: Site) -> Result<(), ProxyError> {
+        if self.state.balancing.get().is_none() {
+            return Err(ProxyError::SiteNeedsBalancing);
+        }
+        let upstreams = self.state.upstreams.len();
+        if site.roles.len() != upstreams {
+            return Err(ProxyError::RoleMismatch { roles: site.roles.len(), upstreams });
+        }
+        self.state.site.set(site).map_err(|_| ProxyError::SiteSet)
     }
 
     /// The admin listener's address, if it has one.

@@ -70,9 +70,28 @@ async fn stopped(mut watcher: watch::Receiver<bool>) {
     }
 }
 
+/// Called when a connection is accepted; what it returns is dropped when
+/// the connection ends (e.g. a guard counting open connections).
+pub type ConnectionHook = Arc<dyn Fn() -> Box<dyn Send> + Send + Sync>;
+
 /// Serves HTTP/1.1 on `listener` with `handler` until `stop` fires;
 /// connections in progress finish their current request.
 pub async fn serve<H, F>(listener: TcpListener, handler: Arc<H>, stop: Stop) -> std::io::Result<()>
+where
+    H: Fn(Request<Incoming>) -> F + Send + Sync + 'static,
+    F: Future<Output = Response<Body>> + Send + 'static,
+{
+    serve_with_hook(listener, handler, stop, None).await
+}
+
+/// As [`serve`], calling `on_connection` for every accepted connection and
+/// holding what it returns until the connection ends.
+pub async fn serve_with_hook<H, F>(
+    listener: TcpListener,
+    handler: Arc<H>,
+    stop: Stop,
+    on_connection: Option<ConnectionHook>,
+) -> std::io::Result<()>
 where
     H: Fn(Request<Incoming>) -> F + Send + Sync + 'static,
     F: Future<Output = Response<Body>> + Send + 'static,
@@ -94,7 +113,9 @@ where
         let _ = stream.set_nodelay(true);
         let handler = handler.clone();
         let conn_stop = watcher.clone();
+        let held = on_connection.as_ref().map(|hook| hook());
         tokio::spawn(async move {
+            let _held_while_connected = held;
             let service = service_fn(move |request| {
                 let response = handler(request);
                 async move { Ok::<_, Infallible>(response.await) }

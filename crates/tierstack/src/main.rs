@@ -32,6 +32,8 @@ enum Command {
     AppServer(cmd::tiers::AppServerArgs),
     /// The caching proxy (HTTP) with one-sided version checks.
     Proxy(cmd::tiers::ProxyArgs),
+    /// Every node's published load (running threads, connections, requests, queue, kernel fields), read one-sidedly, redrawn live.
+    Top(cmd::top::TopArgs),
     /// A static origin web server (a directory or a synthetic file set) with an emulated disk and a memory cache.
     Origin(cmd::origin::OriginArgs),
     /// DDSS node daemon: start the node's substrate and serve it to local processes on a socket.
@@ -46,6 +48,11 @@ enum Command {
     /// Lock-manager node driven by `bench dlm` over its standard input (see tierstack_bench::dlm_nodes).
     #[command(hide = true)]
     DlmBenchNode(cmd::dlm::BenchNodeArgs),
+    /// Reconfiguration agent: moves back ends from the idlest site to the busiest (one CAS on the node's role word).
+    Reconfigure(cmd::reconfig::ReconfigureArgs),
+    /// Monitored back end driven by `bench monitor` (a random walk of load; prints its truth log at the end).
+    #[command(hide = true)]
+    MonitorNode(cmd::monitor::MonitorNodeArgs),
     /// Workload traces: the seeds' numbers beside the synthesized ones (show), Common Log Format export (export).
     #[command(subcommand)]
     Trace(cmd::trace::TraceCommand),
@@ -67,6 +74,9 @@ fn main() -> std::process::ExitCode {
         Command::AppModule(args) => cmd::tiers::app_module(args),
         Command::AppServer(args) => cmd::tiers::app_server(args),
         Command::Proxy(args) => cmd::tiers::proxy(args),
+        Command::Top(args) => cmd::top::run(args),
+        Command::Reconfigure(args) => cmd::reconfig::run(args),
+        Command::MonitorNode(args) => cmd::monitor::run_node(args),
         Command::Origin(args) => cmd::origin::run(args),
         Command::DdssDaemon(args) => cmd::ddss::run_daemon(args),
         Command::DdssClient(args) => cmd::ddss::run_client(args),

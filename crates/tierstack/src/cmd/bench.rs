@@ -93,6 +93,39 @@ pub enum BenchCommand {
         #[arg(long)]
         no_redis: bool,
     },
+    /// Fine-grained resource monitoring (services paper Fig. 8): 8a, |reported - actual| load of the four
+    /// schemes (socket-async, socket-sync, rdma-async, rdma-sync) vs compute threads on the back end;
+    /// 8b, throughput of a proxy balancing by hash, round-robin and least-loaded by each scheme.
+    Monitor {
+        /// Output folder for JSON and plots.
+        #[arg(long, default_value = "report/monitor")]
+        out: PathBuf,
+        /// Compute threads 0, 50, 200 and 1 s per run.
+        #[arg(long)]
+        quick: bool,
+        /// Compute-thread counts (default 0,25,50,100,200).
+        #[arg(long, value_delimiter = ',')]
+        compute_threads: Option<Vec<usize>>,
+        /// Seconds of sampling per run.
+        #[arg(long)]
+        duration_s: Option<u64>,
+        /// The back end's monitor interval (RDMA-Async, Socket-Async), ms.
+        #[arg(long, default_value_t = 10)]
+        interval_ms: u64,
+        /// Which figure: 8a (accuracy), 8b (throughput of balancing), both,
+        /// or reconfig (two sites, load shifting, with and without the agent).
+        #[arg(long, default_value = "both", value_parser = ["8a", "8b", "both", "reconfig"])]
+        figure: String,
+        /// Fig. 8b: Zipf exponents (default 0.25,0.5,0.75,0.9; 0.5,0.9 with --quick).
+        #[arg(long, value_delimiter = ',')]
+        alphas: Option<Vec<f64>>,
+        /// Fig. 8b: per-read CPU cost of the application servers (`app-server --cpu-cost`).
+        #[arg(long, default_value = "rubis")]
+        cpu_cost: String,
+        /// Fig. 8b: closed-loop clients.
+        #[arg(long, default_value_t = 16)]
+        connections: usize,
+    },
     /// Adaptive push-pull (coherency paper Fig. 12-14): wasted updates, cache misses and response
     /// time of pull, push and the shared-cache-state hybrid at several fractions, per backend.
     PushPull {
@@ -131,6 +164,54 @@ pub enum BenchCommand {
 
 pub fn run(command: BenchCommand) -> Result<()> {
     match command {
+        BenchCommand::Monitor {
+            out,
+            quick,
+            compute_threads,
+            duration_s,
+            interval_ms,
+            figure,
+            alphas,
+            cpu_cost,
+            connections,
+        } => {
+            use tierstack_bench::monitor::{run, run_throughput, MonitorBenchConfig, ThroughputConfig};
+            let interval = std::time::Duration::from_millis(interval_ms.max(1));
+            if figure == "reconfig" {
+                use tierstack_bench::monitor::{run_reconfig, ReconfigBenchConfig};
+                let mut config = ReconfigBenchConfig::new(std::env::current_exe()?, out, quick);
+                if let Some(seconds) = duration_s {
+                    config.phase = std::time::Duration::from_secs(seconds);
+                }
+                run_reconfig(&config)?;
+                return Ok(());
+            }
+            if figure != "8b" {
+                let mut config = MonitorBenchConfig::new(std::env::current_exe()?, out.clone(), quick);
+                if let Some(threads) = compute_threads {
+                    config.compute_threads = threads;
+                }
+                if let Some(seconds) = duration_s {
+                    config.duration = std::time::Duration::from_secs(seconds);
+                }
+                config.interval = interval;
+                run(&config)?;
+            }
+            if figure != "8a" {
+                let mut config = ThroughputConfig::new(std::env::current_exe()?, out, quick);
+                if let Some(alphas) = alphas {
+                    config.alphas = alphas;
+                }
+                if let Some(seconds) = duration_s {
+                    config.duration = std::time::Duration::from_secs(seconds);
+                }
+                config.interval = interval;
+                config.cpu_cost = cpu_cost;
+                config.connections = connections;
+                run_throughput(&config)?;
+            }
+            Ok(())
+        }
         BenchCommand::Coherence { out, quick, compute_threads, duration_s } => {
             let mut config =
                 tierstack_bench::coherence::CoherenceBenchConfig::new(std::env::current_exe()?, out, quick);

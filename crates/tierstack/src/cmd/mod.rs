@@ -4,9 +4,12 @@ pub mod demo;
 pub mod dlm;
 pub mod fabric;
 pub mod load;
+pub mod monitor;
 pub mod origin;
+pub mod reconfig;
 pub mod sim;
 pub mod tiers;
+pub mod top;
 pub mod trace;
 
 use anyhow::{Context, Result};

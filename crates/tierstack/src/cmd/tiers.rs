@@ -9,12 +9,15 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
-use tierstack_appserver::{AppServer, AppServerConfig, PushConfig, PushPolicy, PushTarget, StoreConfig};
+use tierstack_appserver::{AppServer, AppServerConfig, CpuCost, PushConfig, PushPolicy, PushTarget, StoreConfig};
 use tierstack_base::NodeId;
 use tierstack_cluster::pin_to_cpu;
 use tierstack_coherent::module::{ModuleOptions, ModuleServer};
 use tierstack_coherent::version_table::{Incarnation, VersionTable};
-use tierstack_proxy::{CacheMode, CacheStateConfig, Proxy, ProxyConfig, ProxyOptions};
+use tierstack_monitor::{AgentConfig, BackendAddress, LoadPublisher, MonitorAgent, Scheme, SourceConfig};
+use tierstack_proxy::{
+    BalancerConfig, Balancing, CacheMode, CacheStateConfig, Policy, Proxy, ProxyConfig, ProxyOptions, Site,
+};
 use tierstack_tier_http::Stop;
 
 fn runtime(worker_threads: usize) -> Result<tokio::runtime::Runtime> {
@@ -125,11 +128,39 @@ pub struct AppServerArgs {
     /// Bound on each cache-state read and each push.
     #[arg(long, default_value_t = 5_000)]
     push_timeout_ms: u64,
-    /// Topology and fabric node id of this server (for reading the proxies' cache states).
+    /// Topology and fabric node id of this server (for reading the proxies'
+    /// cache states, and for publishing its load to the RDMA schemes).
     #[arg(long)]
     topology: Option<PathBuf>,
     #[arg(long)]
     node: Option<u32>,
+    /// Publish this server's load (`monitor.load`): in registered memory on
+    /// its fabric node when --topology/--node are given (RDMA-Sync,
+    /// RDMA-Async), and through --monitor-listen (Socket-Sync, Socket-Async).
+    #[arg(long)]
+    publish_load: bool,
+    /// Where the monitor's socket server listens (the socket schemes).
+    #[arg(long, requires = "publish_load")]
+    monitor_listen: Option<SocketAddr>,
+    /// The monitor thread's period (RDMA-Async record, Socket-Async pushes).
+    #[arg(long, default_value_t = 10, requires = "publish_load")]
+    monitor_interval_ms: u64,
+    /// Per-read CPU cost: `rubis` (a heavy-tailed "RUBiS-like" mix:
+    /// bounded Pareto, alpha 1.1, 0.2-50 ms) or `pareto:<alpha>,<min_us>,<max_us>`;
+    /// drawn from --seed.
+    #[arg(long)]
+    cpu_cost: Option<String>,
+    /// Emulate a node of this many workers: each read's cost is spent in
+    /// wall time holding a worker (not this machine's CPU), so several
+    /// servers on one small machine each have their own capacity.
+    #[arg(long, requires = "cpu_cost")]
+    emulated_workers: Option<usize>,
+    /// Reconfiguration: this server's first site. It registers a role word
+    /// (`reconfig.role`) that agents (`tierstack reconfigure`) move between
+    /// sites, and refuses requests stamped with another role. Needs
+    /// --topology and --node.
+    #[arg(long)]
+    site: Option<u16>,
 }
 
 fn parse_push_target(text: &str) -> Result<PushTarget, String> {
@@ -161,15 +192,38 @@ pub fn app_server(args: AppServerArgs) -> Result<()> {
     if let Some(cpu) = args.cpu {
         pin_to_cpu(cpu)?;
     }
-    let push = match (args.push_policy, &args.topology, args.node) {
-        (None, None, None) if args.push_proxies.is_empty() => None,
-        (Some(policy), Some(path), Some(node)) if !args.push_proxies.is_empty() => Some(PushConfig {
-            fabric: super::open_node(path, NodeId(node))?.1,
+    let fabric = match (&args.topology, args.node) {
+        (Some(path), Some(node)) => Some(super::open_node(path, NodeId(node))?.1),
+        (None, None) => None,
+        _ => anyhow::bail!("--topology and --node go together"),
+    };
+    let push = match (args.push_policy, &fabric) {
+        (None, _) if args.push_proxies.is_empty() => None,
+        (Some(policy), Some(fabric)) if !args.push_proxies.is_empty() => Some(PushConfig {
+            fabric: fabric.clone(),
             proxies: args.push_proxies.clone(),
             policy,
             timeout: Duration::from_millis(args.push_timeout_ms),
         }),
         _ => anyhow::bail!("--push-policy, --push-proxy, --topology and --node go together"),
+    };
+    let cpu_cost = args.cpu_cost.as_deref().map(|spec| CpuCost::parse(spec, args.seed)).transpose();
+    let cpu_cost = cpu_cost.map_err(anyhow::Error::msg).context("--cpu-cost")?;
+    let publisher = match (&fabric, args.publish_load) {
+        (_, false) => None,
+        (Some(fabric), true) => Some(LoadPublisher::register(fabric.as_ref()).context("registering monitor.load")?),
+        (None, true) => Some(LoadPublisher::unregistered()?),
+    };
+    let agent = match &publisher {
+        Some(publisher) => Some(MonitorAgent::start(
+            publisher.clone(),
+            AgentConfig {
+                interval: Duration::from_millis(args.monitor_interval_ms),
+                write_record: true,
+                socket_listen: args.monitor_listen,
+            },
+        )?),
+        None => None,
     };
     let config = AppServerConfig {
         listen: args.listen,
@@ -180,14 +234,34 @@ pub fn app_server(args: AppServerArgs) -> Result<()> {
             .documents_in_store
             .then(|| StoreConfig { update_write_pause: Duration::from_millis(args.update_write_pause_ms) }),
     };
+    let role = match (args.site, &fabric) {
+        (None, _) => None,
+        (Some(site), Some(fabric)) => Some(
+            tierstack_monitor::reconfig::register_role(fabric.as_ref(), site).context("registering reconfig.role")?,
+        ),
+        (Some(_), None) => anyhow::bail!("--site needs --topology and --node"),
+    };
     runtime(2)?.block_on(async {
         let server = AppServer::bind_with_push(config, push).await?;
+        if let Some(role) = role {
+            server.set_role(role);
+        }
+        if let Some(workers) = args.emulated_workers {
+            anyhow::ensure!(server.set_emulated_workers(workers), "--emulated-workers must be at least 1");
+        }
+        if let Some(publisher) = &publisher {
+            server.publish_load(publisher.clone());
+        }
+        if let Some(cost) = cpu_cost {
+            server.set_cpu_cost(cost);
+        }
         let stop = Stop::new();
         let serving = tokio::spawn(server.run(stop.clone()));
         announce_ready()?;
         until_stopped().await;
         stop.stop();
         serving.await??;
+        drop(agent);
         Ok(())
     })
 }
@@ -222,6 +296,48 @@ pub struct ProxyArgs {
     /// reads to decide pushes (a multiple of 8, at most 336; 0 = none).
     #[arg(long, default_value_t = tierstack_proxy::CACHE_STATE_SLOTS_DEFAULT)]
     state_slots: u32,
+    /// How to pick the upstream of a forwarded request: hash (by path, the
+    /// default routing), round-robin, least-loaded.
+    #[arg(long)]
+    balance: Option<Policy>,
+    /// Where the balancer's load comes from: socket-async, socket-sync,
+    /// rdma-async, rdma-sync. Needs one --upstream-monitor per --upstream.
+    #[arg(long, requires = "balance")]
+    monitor: Option<Scheme>,
+    /// Each upstream's monitor, in --upstream order, as
+    /// `<fabric node>@<socket address>` (either part may be empty:
+    /// `3@` for the RDMA schemes, `@127.0.0.1:9101` for the socket ones).
+    #[arg(long = "upstream-monitor", value_parser = parse_backend_address)]
+    upstream_monitors: Vec<BackendAddress>,
+    /// Socket-Async's and RDMA-Async's interval, to judge staleness (as the
+    /// app servers' --monitor-interval-ms).
+    #[arg(long, default_value_t = 10)]
+    monitor_interval_ms: u64,
+    /// Admission control: answer 503 when the chosen upstream's estimated
+    /// load (running threads + requests in flight) is at least this.
+    #[arg(long, requires = "balance")]
+    admit_max: Option<u32>,
+    /// Seed of the balancer's tie-breaking.
+    #[arg(long, default_value_t = 1)]
+    balance_seed: u64,
+    /// Reconfiguration: route only to the upstreams whose role word (read
+    /// one-sidedly before each choice) names this site. Needs --balance,
+    /// --topology/--node, and a fabric node in every --upstream-monitor.
+    #[arg(long, requires = "balance")]
+    site: Option<u16>,
+}
+
+fn parse_backend_address(text: &str) -> Result<BackendAddress, String> {
+    let (node, socket) = text.split_once('@').ok_or_else(|| format!("{text:?}: expected <node>@<socket>"))?;
+    let node = match node {
+        "" => None,
+        node => Some(NodeId(node.parse::<u32>().map_err(|_| format!("{text:?}: {node:?} is not a node id"))?)),
+    };
+    let socket = match socket {
+        "" => None,
+        socket => Some(socket.parse::<SocketAddr>().map_err(|_| format!("{text:?}: {socket:?} is not host:port"))?),
+    };
+    Ok(BackendAddress { node, socket })
 }
 
 pub fn proxy(args: ProxyArgs) -> Result<()> {
@@ -233,6 +349,46 @@ pub fn proxy(args: ProxyArgs) -> Result<()> {
     if let Some(cpu) = args.cpu {
         pin_to_cpu(cpu)?;
     }
+    let source = match args.monitor {
+        None if args.upstream_monitors.is_empty() => None,
+        None => anyhow::bail!("--upstream-monitor needs --monitor"),
+        Some(scheme) => {
+            anyhow::ensure!(
+                args.upstream_monitors.len() == args.upstreams.len(),
+                "--monitor needs one --upstream-monitor per --upstream ({} for {})",
+                args.upstream_monitors.len(),
+                args.upstreams.len()
+            );
+            let config = SourceConfig::for_interval(Duration::from_millis(args.monitor_interval_ms));
+            Some(tierstack_monitor::open_source(scheme, fabric.clone(), &args.upstream_monitors, config)?)
+        }
+    };
+    let balancing = args.balance.map(|policy| Balancing {
+        config: BalancerConfig { admit_max: args.admit_max, seed: args.balance_seed, ..BalancerConfig::new(policy) },
+        source,
+    });
+    let site = match (args.site, &fabric) {
+        (None, _) => None,
+        (Some(_), None) => anyhow::bail!("--site needs --topology and --node"),
+        (Some(site), Some(fabric)) => {
+            anyhow::ensure!(
+                args.upstream_monitors.len() == args.upstreams.len()
+                    && args.upstream_monitors.iter().all(|m| m.node.is_some()),
+                "--site needs one --upstream-monitor with a fabric node per --upstream"
+            );
+            let roles = args
+                .upstream_monitors
+                .iter()
+                .filter_map(|m| m.node)
+                .map(|node| {
+                    fabric
+                        .connect(node, tierstack_monitor::reconfig::ROLE_REGION)
+                        .with_context(|| format!("connecting to {node}'s role region"))
+                })
+                .collect::<Result<Vec<_>>>()?;
+            Some(Site { site, roles })
+        }
+    };
     let config = ProxyConfig {
         listen: args.listen,
         upstreams: args.upstreams,
@@ -250,6 +406,12 @@ pub fn proxy(args: ProxyArgs) -> Result<()> {
         }
         let options = ProxyOptions { cache_state };
         let proxy = Proxy::bind_with(config, options).await?;
+        if let Some(balancing) = balancing {
+            proxy.set_balancing(balancing)?;
+        }
+        if let Some(site) = site {
+            proxy.set_site(site)?;
+        }
         let stop = Stop::new();
         let serving = tokio::spawn(proxy.run(stop.clone()));
         announce_ready()?;

@@ -1,0 +1,246 @@
+//! The monitored node's monitor thread and socket server: the part of the
+//! three schemes other than RDMA-Sync that must run **on the back end**.
+//!
+//! - **RDMA-Async**: every `interval` the monitor thread samples `/proc` and
+//!   writes the seqlock record of `monitor.load` (read one-sidedly).
+//! - **Socket-Async**: on the same tick it sends the record to every front end
+//!   that subscribed over TCP.
+//! - **Socket-Sync**: a thread per front-end connection answers each request
+//!   with the counters at that moment (and the last kernel sample).
+//!
+//! Socket protocol (TCP): the front end sends one byte, [`REQUEST_SYNC`]
+//! (answered by one frame; repeatable) or [`REQUEST_SUBSCRIBE`] (then frames
+//! arrive every interval). A frame is [`FRAME_BYTES`] bytes: [`FRAME_MAGIC`]
+//! then the record's six words, little-endian.
+
+use crate::publisher::LoadPublisher;
+use crate::record::{KernelSample, LoadRecord, RECORD_WORDS};
+use crate::sampler::KernelSampler;
+use crate::MonitorError;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+use tierstack_base::host_monotonic_ns;
+
+/// Asks for one frame now.
+pub const REQUEST_SYNC: u8 = b'S';
+/// Asks for a frame every interval from now on.
+pub const REQUEST_SUBSCRIBE: u8 = b'A';
+/// `"tsmonfr1"`, the first word of every frame.
+pub const FRAME_MAGIC: u64 = u64::from_le_bytes(*b"tsmonfr1");
+pub const FRAME_BYTES: usize = 8 + RECORD_WORDS * 8;
+/// Longest the monitor thread waits on one subscriber's socket.
+const SEND_TIMEOUT: Duration = Duration::from_millis(50);
+/// How often an idle connection thread looks at the stop flag.
+const STOP_POLL: Duration = Duration::from_millis(100);
+
+/// Encodes a frame.
+pub fn encode_frame(record: &LoadRecord) -> [u8; FRAME_BYTES] {
+    let mut frame = [0u8; FRAME_BYTES];
+    frame[..8].copy_from_slice(&FRAME_MAGIC.to_le_bytes());
+    frame[8..].copy_from_slice(&record.to_le_bytes());
+    frame
+}
+
+/// Decodes a frame; `None` if its magic is wrong.
+pub fn decode_frame(frame: &[u8; FRAME_BYTES]) -> Option<LoadRecord> {
+    let mut magic = [0u8; 8];
+    magic.copy_from_slice(&frame[..8]);
+    if u64::from_le_bytes(magic) != FRAME_MAGIC {
+        return None;
+    }
+    let mut record = [0u8; RECORD_WORDS * 8];
+    record.copy_from_slice(&frame[8..]);
+    Some(LoadRecord::from_le_bytes(&record))
+}
+
+/// What the monitor thread and the socket server do.
+#[derive(Clone, Debug)]
+pub struct AgentConfig {
+    /// The monitor thread's period (RDMA-Async record, Socket-Async frames).
+    pub interval: Duration,
+    /// Write the seqlock record every tick (RDMA-Async).
+    pub write_record: bool,
+    /// Where the socket server listens; `None`: no socket schemes.
+    pub socket_listen: Option<SocketAddr>,
+}
+
+impl Default for AgentConfig {
+    fn default() -> Self {
+        AgentConfig { interval: Duration::from_millis(10), write_record: true, socket_listen: None }
+    }
+}
+
+struct Shared {
+    publisher: Arc<LoadPublisher>,
+    stop: AtomicBool,
+    kernel: Mutex<KernelSample>,
+    subscribers: Mutex<Vec<TcpStream>>,
+}
+
+impl Shared {
+    fn record_now(&self) -> LoadRecord {
+        let kernel = self.kernel.lock().map(|k| *k).unwrap_or_default();
+        LoadRecord { t_ns: host_monotonic_ns(), counters: self.publisher.counters(), kernel }
+    }
+}
+
+/// The running monitor thread and socket server of one node; stops and
+/// joins its threads when dropped.
+pub struct MonitorAgent {
+    shared: Arc<Shared>,
+    socket_addr: Option<SocketAddr>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl MonitorAgent {
+    pub fn start(publisher: Arc<LoadPublisher>, config: AgentConfig) -> Result<MonitorAgent, MonitorError> {
+        if config.interval.is_zero() {
+            return Err(MonitorError::BadConfig("the monitor interval must be above zero".into()));
+        }
+        let shared = Arc::new(Shared {
+            publisher,
+            stop: AtomicBool::new(false),
+            kernel: Mutex::new(KernelSample::default()),
+            subscribers: Mutex::new(Vec::new()),
+        });
+        let mut threads = Vec::new();
+        let mut socket_addr = None;
+        if let Some(listen) = config.socket_listen {
+            let listener =
+                TcpListener::bind(listen).map_err(|e| MonitorError::Io(format!("listen on {listen}: {e}")))?;
+            let addr = listener.local_addr().map_err(|e| MonitorError::Io(e.to_string()))?;
+            socket_addr = Some(addr);
+            let shared = shared.clone();
+            threads.push(spawn("monitor-accept", move || accept_loop(listener, shared))?);
+        }
+        let ticking = shared.clone();
+        threads.push(spawn("monitor-tick", move || tick_loop(ticking, config.interval, config.write_record))?);
+        Ok(MonitorAgent { shared, socket_addr, threads })
+    }
+
+    /// The socket server's address, if it has one.
+    pub fn socket_addr(&self) -> Option<SocketAddr> {
+        self.socket_addr
+    }
+}
+
+impl Drop for MonitorAgent {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::Relaxed);
+        if let Some(addr) = self.socket_addr {
+            // Wakes the acceptor out of accept().
+            let _ = TcpStream::connect_timeout(&addr, Duration::from_millis(200));
+        }
+        for thread in self.threads.drain(..) {
+            let _ = thread.join();
+        }
+    }
+}
+
+fn spawn(name: &str, body: impl FnOnce() + Send + 'static) -> Result<JoinHandle<()>, MonitorError> {
+    std::thread::Builder::new().name(name.into()).spawn(body).map_err(|e| MonitorError::Io(e.to_string()))
+}
+
+/// Every `interval`: sample the kernel, write the record, feed subscribers.
+fn tick_loop(shared: Arc<Shared>, interval: Duration, write_record: bool) {
+    let mut sampler = KernelSampler::new();
+    let mut next = Instant::now();
+    while !shared.stop.load(Ordering::Relaxed) {
+        let kernel = sampler.sample();
+        if let Ok(mut latest) = shared.kernel.lock() {
+            *latest = kernel;
+        }
+        if write_record {
+            if let Err(e) = shared.publisher.write_record(kernel, host_monotonic_ns()) {
+                tracing::warn!(error = %e, "cannot write the load record");
+            }
+        }
+        if let Ok(mut subscribers) = shared.subscribers.lock() {
+            if !subscribers.is_empty() {
+                let frame = encode_frame(&shared.record_now());
+                subscribers.retain_mut(|stream| stream.write_all(&frame).is_ok());
+            }
+        }
+        // The period is the monitor thread's: when it is starved of CPU its
+        // samples age, which is exactly what the async schemes suffer.
+        next += interval;
+        let now = Instant::now();
+        if next > now {
+            std::thread::sleep(next - now);
+        } else {
+            next = now;
+        }
+    }
+}
+
+fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
+    for stream in listener.incoming() {
+        if shared.stop.load(Ordering::Relaxed) {
+            return;
+        }
+        let Ok(stream) = stream else { continue };
+        let _ = stream.set_nodelay(true);
+        let serving = shared.clone();
+        if let Err(e) = spawn("monitor-conn", move || serve_connection(stream, serving)) {
+            tracing::warn!(error = %e, "cannot serve a monitor connection");
+        }
+    }
+}
+
+/// Answers sync requests until the peer leaves; hands a subscriber over to
+/// the monitor thread.
+fn serve_connection(mut stream: TcpStream, shared: Arc<Shared>) {
+    let _ = stream.set_read_timeout(Some(STOP_POLL));
+    let _ = stream.set_write_timeout(Some(SEND_TIMEOUT));
+    let mut request = [0u8; 1];
+    while !shared.stop.load(Ordering::Relaxed) {
+        match stream.read(&mut request) {
+            Ok(0) => return,
+            Ok(_) if request[0] == REQUEST_SYNC => {
+                if stream.write_all(&encode_frame(&shared.record_now())).is_err() {
+                    return;
+                }
+            }
+            Ok(_) if request[0] == REQUEST_SUBSCRIBE => {
+                if let Ok(mut subscribers) = shared.subscribers.lock() {
+                    subscribers.push(stream);
+                }
+                return;
+            }
+            Ok(_) => return, // not our protocol
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
+            Err(_) => return,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::record::Counters;
+
+    #[test]
+    fn frames_round_trip_and_a_wrong_magic_is_refused() {
+        let record = LoadRecord {
+            t_ns: 5,
+            counters: Counters { running_threads: 1, open_connections: 2, in_flight_requests: 3, queue_len: 4 },
+            kernel: KernelSample { procs_running: Some(9), ..KernelSample::default() },
+        };
+        let frame = encode_frame(&record);
+        assert_eq!(decode_frame(&frame), Some(record));
+        let mut bad = frame;
+        bad[0] ^= 1;
+        assert_eq!(decode_frame(&bad), None);
+    }
+
+    #[test]
+    fn a_zero_interval_is_refused() {
+        let publisher = LoadPublisher::unregistered().unwrap();
+        let config = AgentConfig { interval: Duration::ZERO, ..AgentConfig::default() };
+        assert!(matches!(MonitorAgent::start(publisher, config), Err(MonitorError::BadConfig(_))));
+    }
+}

@@ -1,0 +1,529 @@
+//! The front end's side: the four schemes (seed-notes b.2), each a
+//! [`LoadSource`] that reads the load of a list of back ends.
+//!
+//! | scheme | the value comes from | a back-end thread must run |
+//! |---|---|---|
+//! | [`Scheme::SocketAsync`] | the latest frame the monitor thread pushed | yes, every interval |
+//! | [`Scheme::SocketSync`] | a TCP request answered by a monitor thread | yes, to answer |
+//! | [`Scheme::RdmaAsync`] | a one-sided read of the sampled seqlock record | yes, the sampler |
+//! | [`Scheme::RdmaSync`] | a one-sided read of the counters word | **no** |
+//!
+//! The names come from the paper the seed cites ([19], Vaidyanathan et al.);
+//! the seed itself does not name them.
+//!
+//! A read never fails: it returns a [`Reading`] whose [`Health`] says how far
+//! to trust it. A back end whose process is gone is [`Health::Dead`] (a read
+//! fails with `PeerDead`, the fabric reports it `Gone`, or its socket server
+//! refuses connections), never stale forever.
+
+use crate::agent::{decode_frame, FRAME_BYTES, REQUEST_SUBSCRIBE, REQUEST_SYNC};
+use crate::publisher::{sampled_record, COUNTERS_OFFSET, MAGIC, MAGIC_OFFSET, REGION_NAME};
+use crate::record::{Counters, LoadRecord, RECORD_WORDS};
+use crate::MonitorError;
+use serde::Serialize;
+use std::io::{ErrorKind, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+use tierstack_base::{host_monotonic_ns, NodeId};
+use tierstack_fabric::{Fabric, FabricError, Op, PeerState, RemoteRegion};
+
+/// The four monitoring schemes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Scheme {
+    SocketAsync,
+    SocketSync,
+    RdmaAsync,
+    RdmaSync,
+}
+
+impl Scheme {
+    pub const ALL: [Scheme; 4] = [Scheme::SocketAsync, Scheme::SocketSync, Scheme::RdmaAsync, Scheme::RdmaSync];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Scheme::SocketAsync => "socket-async",
+            Scheme::SocketSync => "socket-sync",
+            Scheme::RdmaAsync => "rdma-async",
+            Scheme::RdmaSync => "rdma-sync",
+        }
+    }
+
+    /// Whether the scheme reads over the fabric (else over TCP sockets).
+    pub fn is_rdma(self) -> bool {
+        matches!(self, Scheme::RdmaAsync | Scheme::RdmaSync)
+    }
+}
+
+impl std::fmt::Display for Scheme {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for Scheme {
+    type Err = MonitorError;
+    fn from_str(s: &str) -> Result<Self, MonitorError> {
+        Scheme::ALL.into_iter().find(|scheme| scheme.name() == s).ok_or_else(|| {
+            MonitorError::BadConfig(format!(
+                "unknown monitoring scheme {s:?} (expected socket-async, socket-sync, rdma-async or rdma-sync)"
+            ))
+        })
+    }
+}
+
+/// How far a reading can be trusted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Health {
+    /// Read now, or sampled within the scheme's staleness bound.
+    Fresh,
+    /// The last value known, older than the bound (or the read failed in a
+    /// way that does not prove the node dead).
+    Stale,
+    /// The node's process is gone.
+    Dead,
+    /// Nothing has been read from it yet.
+    Unknown,
+}
+
+/// One reading of one back end's load.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct Reading {
+    /// The value (its `t_ns` is when it was sampled).
+    pub record: LoadRecord,
+    /// When the front end got it (`CLOCK_MONOTONIC`, ns).
+    pub read_ns: u64,
+    pub health: Health,
+}
+
+impl Reading {
+    /// How old the value was when it was read.
+    pub fn age_ns(&self) -> u64 {
+        self.read_ns.saturating_sub(self.record.t_ns)
+    }
+
+    fn unknown(read_ns: u64) -> Self {
+        Reading { record: LoadRecord::default(), read_ns, health: Health::Unknown }
+    }
+}
+
+/// Bounds every scheme applies.
+#[derive(Clone, Copy, Debug)]
+pub struct SourceConfig {
+    /// A value older than this is [`Health::Stale`] (async schemes).
+    pub stale_after: Duration,
+    /// RDMA-Sync: how often to ask the fabric whether the node still runs
+    /// (a one-sided read of a killed node's memory still succeeds on shm).
+    pub liveness_every: Duration,
+    /// Socket schemes: connect and answer timeout.
+    pub socket_timeout: Duration,
+}
+
+impl SourceConfig {
+    /// Defaults for an async interval: stale after three intervals (at
+    /// least 50 ms), liveness every 100 ms, sockets time out after 1 s.
+    pub fn for_interval(interval: Duration) -> Self {
+        SourceConfig {
+            stale_after: (interval * 3).max(Duration::from_millis(50)),
+            liveness_every: Duration::from_millis(100),
+            socket_timeout: Duration::from_secs(1),
+        }
+    }
+}
+
+/// A front end's view of several back ends' load through one scheme.
+pub trait LoadSource: Send + Sync {
+    fn scheme(&self) -> Scheme;
+    /// How many back ends it reads (indices `0..len`).
+    fn len(&self) -> usize;
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Reads back end `index`'s load now (as the scheme can).
+    fn read(&self, index: usize) -> Reading;
+}
+
+/// Where a back end is reached.
+#[derive(Clone, Debug)]
+pub struct BackendAddress {
+    /// Its fabric node (RDMA schemes).
+    pub node: Option<NodeId>,
+    /// Its monitor socket server (socket schemes).
+    pub socket: Option<SocketAddr>,
+}
+
+/// Builds the source of `scheme` over `backends`.
+pub fn open_source(
+    scheme: Scheme,
+    fabric: Option<Arc<dyn Fabric>>,
+    backends: &[BackendAddress],
+    config: SourceConfig,
+) -> Result<Arc<dyn LoadSource>, MonitorError> {
+    if scheme.is_rdma() {
+        let fabric = fabric.ok_or_else(|| MonitorError::BadConfig(format!("{scheme} needs a fabric node")))?;
+        let nodes = backends
+            .iter()
+            .map(|b| b.node.ok_or_else(|| MonitorError::BadConfig(format!("{scheme} needs every back end's node id"))))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Arc::new(RdmaSource::new(scheme, fabric, nodes, config)))
+    } else {
+        let sockets = backends
+            .iter()
+            .map(|b| {
+                b.socket
+                    .ok_or_else(|| MonitorError::BadConfig(format!("{scheme} needs every back end's monitor socket")))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(match scheme {
+            Scheme::SocketSync => Arc::new(SocketSyncSource::new(sockets, config)),
+            _ => Arc::new(SocketAsyncSource::start(sockets, config)?),
+        })
+    }
+}
+
+// ---------------------------------------------------------------- RDMA ----
+
+struct RdmaNode {
+    node: NodeId,
+    region: Option<Arc<dyn RemoteRegion>>,
+    last: Option<LoadRecord>,
+    liveness_checked_ns: u64,
+}
+
+/// RDMA-Sync and RDMA-Async: one-sided reads of `monitor.load`.
+pub struct RdmaSource {
+    scheme: Scheme,
+    fabric: Arc<dyn Fabric>,
+    nodes: Vec<Mutex<RdmaNode>>,
+    config: SourceConfig,
+}
+
+impl RdmaSource {
+    pub fn new(scheme: Scheme, fabric: Arc<dyn Fabric>, nodes: Vec<NodeId>, config: SourceConfig) -> Self {
+        let nodes = nodes
+            .into_iter()
+            .map(|node| Mutex::new(RdmaNode { node, region: None, last: None, liveness_checked_ns: 0 }))
+            .collect();
+        RdmaSource { scheme, fabric, nodes, config }
+    }
+
+    fn connect(&self, node: NodeId) -> Result<Arc<dyn RemoteRegion>, FabricError> {
+        let region = self.fabric.connect(node, REGION_NAME)?;
+        let mut magic = [0u8; 8];
+        region.read(MAGIC_OFFSET, &mut magic)?;
+        if u64::from_ne_bytes(magic) != MAGIC {
+            return Err(FabricError::Protocol { node, reason: format!("{REGION_NAME} holds no load record") });
+        }
+        Ok(region)
+    }
+
+    fn read_value(&self, region: &dyn RemoteRegion) -> Result<LoadRecord, FabricError> {
+        match self.scheme {
+            Scheme::RdmaSync => {
+                let word = region.post(vec![Op::Read { offset: COUNTERS_OFFSET, len: 8 }]).wait()?;
+                let bytes = word.into_iter().next().ok_or(FabricError::Closed)?.into_bytes()?;
+                let mut eight = [0u8; 8];
+                eight.copy_from_slice(bytes.get(..8).ok_or(FabricError::Closed)?);
+                let counters = Counters::from_word(u64::from_ne_bytes(eight));
+                Ok(LoadRecord { t_ns: host_monotonic_ns(), counters, ..LoadRecord::default() })
+            }
+            _ => {
+                let (_, payload) = sampled_record().read(region)?;
+                let mut words = [0u64; RECORD_WORDS];
+                for (word, chunk) in words.iter_mut().zip(payload.chunks_exact(8)) {
+                    let mut eight = [0u8; 8];
+                    eight.copy_from_slice(chunk);
+                    *word = u64::from_ne_bytes(eight);
+                }
+                Ok(LoadRecord::from_words(&words))
+            }
+        }
+    }
+
+    fn gone(&self, node: NodeId) -> bool {
+        self.fabric.peer_state(node) == PeerState::Gone
+    }
+}
+
+impl LoadSource for RdmaSource {
+    fn scheme(&self) -> Scheme {
+        self.scheme
+    }
+
+    fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    fn read(&self, index: usize) -> Reading {
+        let now = host_monotonic_ns();
+        let Some(slot) = self.nodes.get(index) else { return Reading::unknown(now) };
+        let Ok(mut state) = slot.lock() else { return Reading::unknown(now) };
+        let node = state.node;
+        let stale = |record: Option<LoadRecord>, health| Reading {
+            record: record.unwrap_or_default(),
+            read_ns: host_monotonic_ns(),
+            health,
+        };
+        let region = match state.region.clone() {
+            Some(region) => region,
+            None => match self.connect(node) {
+                Ok(region) => {
+                    state.region = Some(region.clone());
+                    region
+                }
+                Err(e) => {
+                    let dead = matches!(e, FabricError::PeerDead { .. }) || self.gone(node);
+                    let health = if dead {
+                        Health::Dead
+                    } else if state.last.is_some() {
+                        Health::Stale
+                    } else {
+                        Health::Unknown
+                    };
+                    return stale(state.last, health);
+                }
+            },
+        };
+        match self.read_value(region.as_ref()) {
+            Ok(record) => {
+                let read_ns = host_monotonic_ns();
+                state.last = Some(record);
+                let aged = Duration::from_nanos(read_ns.saturating_sub(record.t_ns)) > self.config.stale_after;
+                let check_liveness = aged
+                    || Duration::from_nanos(read_ns.saturating_sub(state.liveness_checked_ns))
+                        >= self.config.liveness_every;
+                if check_liveness {
+                    state.liveness_checked_ns = read_ns;
+                    if self.gone(node) {
+                        state.region = None;
+                        return Reading { record, read_ns, health: Health::Dead };
+                    }
+                }
+                let health = if record.t_ns == 0 {
+                    Health::Unknown // the sampler has not written yet
+                } else if aged {
+                    Health::Stale
+                } else {
+                    Health::Fresh
+                };
+                Reading { record, read_ns, health }
+            }
+            Err(e) => {
+                state.region = None;
+                let dead = matches!(e, FabricError::PeerDead { .. }) || self.gone(node);
+                stale(state.last, if dead { Health::Dead } else { Health::Stale })
+            }
+        }
+    }
+}
+
+// -------------------------------------------------------------- sockets ----
+
+fn refused(e: &std::io::Error) -> bool {
+    e.kind() == ErrorKind::ConnectionRefused
+}
+
+fn connect(addr: SocketAddr, timeout: Duration) -> std::io::Result<TcpStream> {
+    let stream = TcpStream::connect_timeout(&addr, timeout)?;
+    stream.set_nodelay(true)?;
+    stream.set_read_timeout(Some(timeout))?;
+    stream.set_write_timeout(Some(timeout))?;
+    Ok(stream)
+}
+
+fn read_frame(stream: &mut TcpStream) -> std::io::Result<LoadRecord> {
+    let mut frame = [0u8; FRAME_BYTES];
+    stream.read_exact(&mut frame)?;
+    decode_frame(&frame).ok_or_else(|| std::io::Error::new(ErrorKind::InvalidData, "not a monitor frame"))
+}
+
+struct SyncNode {
+    addr: SocketAddr,
+    stream: Option<TcpStream>,
+    last: Option<LoadRecord>,
+}
+
+/// Socket-Sync: a TCP request to the back end's monitor thread per read.
+pub struct SocketSyncSource {
+    nodes: Vec<Mutex<SyncNode>>,
+    config: SourceConfig,
+}
+
+impl SocketSyncSource {
+    pub fn new(sockets: Vec<SocketAddr>, config: SourceConfig) -> Self {
+        let nodes = sockets.into_iter().map(|addr| Mutex::new(SyncNode { addr, stream: None, last: None })).collect();
+        SocketSyncSource { nodes, config }
+    }
+}
+
+impl LoadSource for SocketSyncSource {
+    fn scheme(&self) -> Scheme {
+        Scheme::SocketSync
+    }
+
+    fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    fn read(&self, index: usize) -> Reading {
+        let now = host_monotonic_ns();
+        let Some(slot) = self.nodes.get(index) else { return Reading::unknown(now) };
+        let Ok(mut state) = slot.lock() else { return Reading::unknown(now) };
+        let mut dead = false;
+        let answer = (|| {
+            if state.stream.is_none() {
+                state.stream =
+                    Some(connect(state.addr, self.config.socket_timeout).inspect_err(|e| dead = refused(e))?);
+            }
+            let stream = state.stream.as_mut().ok_or_else(|| std::io::Error::from(ErrorKind::NotConnected))?;
+            stream.write_all(&[REQUEST_SYNC])?;
+            read_frame(stream)
+        })();
+        let read_ns = host_monotonic_ns();
+        match answer {
+            Ok(record) => {
+                state.last = Some(record);
+                Reading { record, read_ns, health: Health::Fresh }
+            }
+            Err(_) => {
+                // The connection is unusable; the next read reconnects, and a
+                // refusal there proves the monitor (its process) gone.
+                state.stream = None;
+                let health = if dead {
+                    Health::Dead
+                } else if state.last.is_some() {
+                    Health::Stale
+                } else {
+                    Health::Unknown
+                };
+                Reading { record: state.last.unwrap_or_default(), read_ns, health }
+            }
+        }
+    }
+}
+
+#[derive(Default)]
+struct AsyncSlot {
+    last: Option<LoadRecord>,
+    dead: bool,
+}
+
+/// Socket-Async: a receiver thread per back end keeps the latest frame the
+/// back end's monitor thread pushed.
+pub struct SocketAsyncSource {
+    slots: Vec<Arc<Mutex<AsyncSlot>>>,
+    stop: Arc<AtomicBool>,
+    threads: Vec<JoinHandle<()>>,
+    config: SourceConfig,
+}
+
+impl SocketAsyncSource {
+    pub fn start(sockets: Vec<SocketAddr>, config: SourceConfig) -> Result<Self, MonitorError> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut slots = Vec::new();
+        let mut threads = Vec::new();
+        for addr in sockets {
+            let slot = Arc::new(Mutex::new(AsyncSlot::default()));
+            let (receiving, stopping) = (slot.clone(), stop.clone());
+            let thread = std::thread::Builder::new()
+                .name("monitor-subscriber".into())
+                .spawn(move || subscribe_loop(addr, receiving, stopping, config))
+                .map_err(|e| MonitorError::Io(e.to_string()))?;
+            slots.push(slot);
+            threads.push(thread);
+        }
+        Ok(SocketAsyncSource { slots, stop, threads, config })
+    }
+}
+
+impl Drop for SocketAsyncSource {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        for thread in self.threads.drain(..) {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// Receives frames from `addr` into `slot`, reconnecting after failures.
+fn subscribe_loop(addr: SocketAddr, slot: Arc<Mutex<AsyncSlot>>, stop: Arc<AtomicBool>, config: SourceConfig) {
+    // Short read timeouts, so the loop sees `stop` soon.
+    let poll = config.stale_after.min(Duration::from_millis(100));
+    while !stop.load(Ordering::Relaxed) {
+        let stream = connect(addr, config.socket_timeout).and_then(|mut s| {
+            s.set_read_timeout(Some(poll))?;
+            s.write_all(&[REQUEST_SUBSCRIBE])?;
+            Ok(s)
+        });
+        let mut stream = match stream {
+            Ok(stream) => stream,
+            Err(e) => {
+                if let Ok(mut slot) = slot.lock() {
+                    slot.dead = refused(&e);
+                }
+                // Retry no faster than the staleness bound: a refusing node
+                // is reported dead meanwhile.
+                std::thread::sleep(poll);
+                continue;
+            }
+        };
+        if let Ok(mut slot) = slot.lock() {
+            slot.dead = false;
+        }
+        let mut frame = [0u8; FRAME_BYTES];
+        let mut filled = 0;
+        while !stop.load(Ordering::Relaxed) {
+            match stream.read(&mut frame[filled..]) {
+                Ok(0) => break,
+                Ok(n) => {
+                    filled += n;
+                    if filled == FRAME_BYTES {
+                        filled = 0;
+                        match decode_frame(&frame) {
+                            Some(record) => {
+                                if let Ok(mut slot) = slot.lock() {
+                                    slot.last = Some(record);
+                                }
+                            }
+                            None => break,
+                        }
+                    }
+                }
+                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
+                Err(_) => break,
+            }
+        }
+    }
+}
+
+impl LoadSource for SocketAsyncSource {
+    fn scheme(&self) -> Scheme {
+        Scheme::SocketAsync
+    }
+
+    fn len(&self) -> usize {
+        self.slots.len()
+    }
+
+    fn read(&self, index: usize) -> Reading {
+        let read_ns = host_monotonic_ns();
+        let Some(Ok(slot)) = self.slots.get(index).map(|s| s.lock()) else { return Reading::unknown(read_ns) };
+        let Some(record) = slot.last else {
+            let health = if slot.dead { Health::Dead } else { Health::Unknown };
+            return Reading { record: LoadRecord::default(), read_ns, health };
+        };
+        let aged = Duration::from_nanos(read_ns.saturating_sub(record.t_ns)) > self.config.stale_after;
+        let health = if slot.dead {
+            Health::Dead
+        } else if aged {
+            Health::Stale
+        } else {
+            Health::Fresh
+        };
+        Reading { record, read_ns, health }
+    }
+}

@@ -1,0 +1,185 @@
+//! The four schemes against a back end in the same process (nodes are
+//! fabric endpoints of an in-process cluster): what each reports, its
+//! staleness rule, and death.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tierstack_base::{host_monotonic_ns, NodeId};
+use tierstack_cluster::{local_cluster, Backend};
+use tierstack_monitor::{
+    open_source, AgentConfig, BackendAddress, Gauge, Health, LoadPublisher, LoadSource, MonitorAgent, Reading, Scheme,
+    SourceConfig,
+};
+
+const INTERVAL: Duration = Duration::from_millis(2);
+/// Bound on waiting for an async scheme to catch up: a hang guard, not a speed claim.
+const PATIENCE: Duration = Duration::from_secs(20);
+
+fn config() -> SourceConfig {
+    SourceConfig { stale_after: Duration::from_millis(200), ..SourceConfig::for_interval(INTERVAL) }
+}
+
+/// Reads until `done` holds (async schemes catch up within some intervals).
+fn read_until(source: &dyn LoadSource, done: impl Fn(&Reading) -> bool) -> Reading {
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let reading = source.read(0);
+        if done(&reading) || Instant::now() > deadline {
+            return reading;
+        }
+        std::thread::yield_now();
+    }
+}
+
+struct Rig {
+    _cluster: tierstack_cluster::LocalCluster,
+    publisher: Arc<LoadPublisher>,
+    agent: Option<MonitorAgent>,
+    source: Arc<dyn LoadSource>,
+}
+
+fn rig(backend: Backend, scheme: Scheme) -> Rig {
+    let cluster = local_cluster(backend, 2).unwrap();
+    let publisher = LoadPublisher::register(cluster.fabric(1).as_ref()).unwrap();
+    let agent_config =
+        AgentConfig { interval: INTERVAL, write_record: true, socket_listen: Some("127.0.0.1:0".parse().unwrap()) };
+    let agent = MonitorAgent::start(publisher.clone(), agent_config).unwrap();
+    let address = BackendAddress { node: Some(NodeId(1)), socket: agent.socket_addr() };
+    let source = open_source(scheme, Some(cluster.fabric(0).clone()), &[address], config()).unwrap();
+    Rig { _cluster: cluster, publisher, agent: Some(agent), source }
+}
+
+/// Every scheme: a value sampled after a change reflects it (the staleness
+/// rule: a reading is exactly as old as its `t_ns` says), and readings
+/// become fresh.
+#[test]
+fn every_scheme_reports_the_counters_as_of_its_sample_time() {
+    for backend in [Backend::Shm, Backend::Tcp] {
+        for scheme in Scheme::ALL {
+            let rig = rig(backend, scheme);
+            let what = format!("{scheme} on {}", backend.name());
+            let mut guards = Vec::new();
+            for step in 1..=5u16 {
+                guards.push(rig.publisher.enter(Gauge::RunningThreads));
+                guards.push(rig.publisher.enter(Gauge::InFlightRequests));
+                let changed = host_monotonic_ns();
+                let reading = read_until(rig.source.as_ref(), |r| r.record.t_ns > changed);
+                assert!(reading.record.t_ns > changed, "{what}: never sampled after the change");
+                assert_eq!(reading.health, Health::Fresh, "{what}");
+                assert_eq!(reading.record.counters.running_threads, step, "{what}");
+                assert_eq!(reading.record.counters.in_flight_requests, step, "{what}");
+                assert!(reading.read_ns >= reading.record.t_ns, "{what}: read before sampled");
+            }
+            guards.clear();
+            let changed = host_monotonic_ns();
+            let reading = read_until(rig.source.as_ref(), |r| r.record.t_ns > changed);
+            assert_eq!(reading.record.counters.load(), 0, "{what}");
+        }
+    }
+}
+
+/// RDMA-Sync reads the counters word itself: every read right after a
+/// change shows it (staleness 0), with no monitor thread on the back end.
+#[test]
+fn rdma_sync_needs_no_back_end_thread_and_is_never_behind() {
+    for backend in [Backend::Shm, Backend::Tcp] {
+        let cluster = local_cluster(backend, 2).unwrap();
+        let publisher = LoadPublisher::register(cluster.fabric(1).as_ref()).unwrap();
+        let address = BackendAddress { node: Some(NodeId(1)), socket: None };
+        let source = open_source(Scheme::RdmaSync, Some(cluster.fabric(0).clone()), &[address], config()).unwrap();
+        let mut guards = Vec::new();
+        for step in 1..=50u16 {
+            guards.push(publisher.enter(Gauge::QueueLength));
+            let reading = source.read(0);
+            assert_eq!(reading.health, Health::Fresh);
+            assert_eq!(reading.record.counters.queue_len, step, "{}", backend.name());
+        }
+    }
+}
+
+/// RDMA-Async whose monitor thread stops (a live node, its sampler
+/// starved or gone) turns stale, not dead, and keeps its last value.
+#[test]
+fn a_silent_sampler_makes_rdma_async_readings_stale_not_dead() {
+    let mut rig = rig(Backend::Shm, Scheme::RdmaAsync);
+    let _busy = rig.publisher.enter(Gauge::RunningThreads);
+    let fresh =
+        read_until(rig.source.as_ref(), |r| r.health == Health::Fresh && r.record.counters.running_threads == 1);
+    assert_eq!(fresh.health, Health::Fresh);
+    rig.agent = None;
+    let stale = read_until(rig.source.as_ref(), |r| r.health != Health::Fresh);
+    assert_eq!(stale.health, Health::Stale);
+    assert_eq!(stale.record.counters.running_threads, 1, "the last value is kept");
+}
+
+/// Socket-Async from a monitor that sent one frame and then fell silent
+/// with its connection open (a starved monitor thread): stale, not dead.
+#[test]
+fn a_silent_socket_monitor_makes_socket_async_readings_stale_not_dead() {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = std::thread::spawn(move || {
+        let (mut stream, _) = listener.accept().unwrap();
+        let mut request = [0u8; 1];
+        stream.read_exact(&mut request).unwrap();
+        assert_eq!(request[0], tierstack_monitor::agent::REQUEST_SUBSCRIBE);
+        let counters = tierstack_monitor::Counters { queue_len: 3, ..Default::default() };
+        let record = tierstack_monitor::LoadRecord { t_ns: host_monotonic_ns(), counters, ..Default::default() };
+        stream.write_all(&tierstack_monitor::agent::encode_frame(&record)).unwrap();
+        // Silent from now on, connection open, until the client leaves.
+        let _ = stream.read(&mut request);
+    });
+    let address = BackendAddress { node: None, socket: Some(addr) };
+    let source = open_source(Scheme::SocketAsync, None, &[address], config()).unwrap();
+    let fresh = read_until(source.as_ref(), |r| r.health == Health::Fresh);
+    assert_eq!((fresh.health, fresh.record.counters.queue_len), (Health::Fresh, 3));
+    let stale = read_until(source.as_ref(), |r| r.health != Health::Fresh);
+    assert_eq!((stale.health, stale.record.counters.queue_len), (Health::Stale, 3));
+    drop(source);
+    server.join().unwrap();
+}
+
+/// A back end that goes away is reported dead by every scheme.
+#[test]
+fn a_closed_back_end_is_reported_dead_by_every_scheme() {
+    for backend in [Backend::Shm, Backend::Tcp] {
+        for scheme in Scheme::ALL {
+            let cluster = local_cluster(backend, 2).unwrap();
+            let mut fabrics = cluster.fabrics().to_vec();
+            let publisher = LoadPublisher::register(fabrics[1].as_ref()).unwrap();
+            let agent_config = AgentConfig {
+                interval: INTERVAL,
+                write_record: true,
+                socket_listen: Some("127.0.0.1:0".parse().unwrap()),
+            };
+            let agent = MonitorAgent::start(publisher.clone(), agent_config).unwrap();
+            let address = BackendAddress { node: Some(NodeId(1)), socket: agent.socket_addr() };
+            let source = open_source(scheme, Some(fabrics[0].clone()), &[address], config()).unwrap();
+            let what = format!("{scheme} on {}", backend.name());
+            let first = read_until(source.as_ref(), |r| r.health == Health::Fresh);
+            assert_eq!(first.health, Health::Fresh, "{what}");
+            // The node ends: its monitor and its fabric endpoint close.
+            drop(agent);
+            drop(publisher);
+            drop(cluster);
+            fabrics.remove(1);
+            let after = read_until(source.as_ref(), |r| r.health == Health::Dead);
+            assert_eq!(after.health, Health::Dead, "{what}");
+        }
+    }
+}
+
+#[test]
+fn schemes_parse_by_name_and_refuse_missing_addresses() {
+    for scheme in Scheme::ALL {
+        assert_eq!(scheme.name().parse::<Scheme>().unwrap(), scheme);
+    }
+    assert!("rdma".parse::<Scheme>().is_err());
+    let no_socket = [BackendAddress { node: Some(NodeId(1)), socket: None }];
+    assert!(open_source(Scheme::SocketSync, None, &no_socket, config()).is_err());
+    let no_node = [BackendAddress { node: None, socket: Some("127.0.0.1:1".parse().unwrap()) }];
+    let cluster = local_cluster(Backend::Shm, 1).unwrap();
+    assert!(open_source(Scheme::RdmaSync, Some(cluster.fabric(0).clone()), &no_node, config()).is_err());
+    assert!(open_source(Scheme::RdmaSync, None, &no_socket, config()).is_err());
+}
