@@ -12,7 +12,7 @@
 //! bytes 2..4  generation of the lock word (u16; 0 for SRSL)
 //! bytes 4..8  argument (u32): shared count, grant route, notice kind, or SRSL mode bits
 //! bytes 8..16 lock id (u64)
-//! bytes 16..24 fencing token (u64; SRSL exclusive grants, else 0)
+//! bytes 16..24 fencing token (u64; SRSL exclusive grants), the requester's incarnation (SRSL acquires), else 0
 //! bytes 24..32 epoch (u64): the incarnation of the lock's home the message belongs to
 //! ```
 //!
@@ -100,8 +100,8 @@ impl DlmMessage {
             }
             DlmMessage::Srsl { lock, epoch, msg } => {
                 let (kind, arg, token) = match msg {
-                    SrslMsg::Acquire { mode, try_only } => {
-                        (K_SRSL_ACQUIRE, mode_bits(mode) | if try_only { ARG_TRY } else { 0 }, 0)
+                    SrslMsg::Acquire { mode, try_only, incarnation } => {
+                        (K_SRSL_ACQUIRE, mode_bits(mode) | if try_only { ARG_TRY } else { 0 }, incarnation)
                     }
                     SrslMsg::Grant { mode, token } => (K_SRSL_GRANT, mode_bits(mode), token),
                     SrslMsg::WouldBlock => (K_SRSL_WOULD_BLOCK, 0, 0),
@@ -159,7 +159,9 @@ impl DlmMessage {
             },
             K_ACK => proto(ProtoMsg::Ack),
             K_NACK => proto(ProtoMsg::Nack),
-            K_SRSL_ACQUIRE => srsl(SrslMsg::Acquire { mode: bits_mode(arg), try_only: arg & ARG_TRY != 0 }),
+            K_SRSL_ACQUIRE => {
+                srsl(SrslMsg::Acquire { mode: bits_mode(arg), try_only: arg & ARG_TRY != 0, incarnation: token })
+            }
             K_SRSL_GRANT => srsl(SrslMsg::Grant { mode: bits_mode(arg), token }),
             K_SRSL_WOULD_BLOCK => srsl(SrslMsg::WouldBlock),
             K_SRSL_RELEASE => srsl(SrslMsg::Release),
@@ -202,12 +204,12 @@ mod tests {
             DlmMessage::Srsl {
                 lock,
                 epoch: u64::MAX,
-                msg: SrslMsg::Acquire { mode: LockMode::Exclusive, try_only: true },
+                msg: SrslMsg::Acquire { mode: LockMode::Exclusive, try_only: true, incarnation: u64::MAX },
             },
             DlmMessage::Srsl {
                 lock,
                 epoch: u64::MAX,
-                msg: SrslMsg::Acquire { mode: LockMode::Shared, try_only: false },
+                msg: SrslMsg::Acquire { mode: LockMode::Shared, try_only: false, incarnation: 0x1234_5678_9abc },
             },
             DlmMessage::Srsl {
                 lock,

@@ -621,6 +621,20 @@ impl Core {
         (watch.since.elapsed() >= lease).then(|| format!("no heartbeat for its lease of {} ms", lease.as_millis()))
     }
 
+    /// The incarnation `node` runs now, if it can be read (a handle bound
+    /// to an ended incarnation is dropped by the first read and a fresh one
+    /// reads the next).
+    fn running_incarnation(&self, node: NodeId) -> Option<u64> {
+        let read = match self.read_node(node) {
+            Err(_) => self.read_node(node),
+            read => read,
+        };
+        match read {
+            Ok(Some([incarnation, ..])) => Some(incarnation),
+            _ => None,
+        }
+    }
+
     /// `Some(reason)` if the incarnation `epoch` of home `node` is over: its
     /// process ended, or another incarnation runs now. Not a lease: a home's
     /// table works while its process is stopped.
@@ -1444,6 +1458,23 @@ impl SrslScheme {
             .collect();
         for (lock_id, holders) in blocked {
             for holder in holders {
+                // Died and started again under the same id before anybody
+                // judged it dead: the hold is its old incarnation's.
+                let recorded = lock(&self.served).get(&lock_id).and_then(|(queue, _)| queue.incarnation_of(holder));
+                if let (Some(recorded), Some(running)) = (recorded, self.core.running_incarnation(holder)) {
+                    if running != recorded {
+                        tracing::warn!(node = %self.core.me, lock = %lock_id, restarted = %holder, "SRSL: a holder restarted");
+                        self.core.peers_lost.fetch_add(1, Ordering::Relaxed);
+                        let served = self.serve(lock_id, |queue, out| {
+                            queue.incarnation(holder, running, out);
+                            Ok(())
+                        });
+                        if let Err(e) = served {
+                            tracing::debug!(lock = %lock_id, error = %e, "SRSL: recovery messages");
+                        }
+                        continue;
+                    }
+                }
                 let Some(reason) = self.core.lost(holder) else { continue };
                 tracing::warn!(node = %self.core.me, lock = %lock_id, lost = %holder, %reason, "SRSL: a holder is lost");
                 self.core.peers_lost.fetch_add(1, Ordering::Relaxed);
@@ -1474,7 +1505,7 @@ impl SrslScheme {
             let mut st = lock(&cell.state);
             if st.progress == progress && st.machine.is_holding() {
                 tracing::warn!(node = %self.core.me, lock = %cell.id, %home, %reason, "SRSL: a hold's server is lost");
-                st.machine = SrslClient::new(self.core.me);
+                st.machine = SrslClient::new(self.core.me, self.core.incarnation);
                 st.broken = st.serial;
                 st.progress = st.progress.wrapping_add(1);
                 show(self, cell, &mut st);
@@ -1502,7 +1533,7 @@ impl SrslScheme {
         let mut st = lock(&cell.state);
         if st.progress == progress && !st.machine.is_idle() && !st.machine.is_holding() {
             tracing::warn!(node = %self.core.me, lock = %cell.id, %home, %reason, "SRSL: the server is lost");
-            st.machine = SrslClient::new(self.core.me);
+            st.machine = SrslClient::new(self.core.me, self.core.incarnation);
             st.outcome = Some(Outcome::Failed(LockError::PeerDead { lock: cell.id, node: home, reason }));
             st.progress = st.progress.wrapping_add(1);
             show(self, cell, &mut st);
@@ -1525,7 +1556,7 @@ impl Engine for SrslScheme {
     }
 
     fn new_machine(&self) -> SrslClient {
-        SrslClient::new(self.core.me)
+        SrslClient::new(self.core.me, self.core.incarnation)
     }
 
     fn idle(machine: &SrslClient) -> bool {
@@ -1562,7 +1593,7 @@ impl Engine for SrslScheme {
         let sent = self.drive(cell, st, actions);
         if sent.is_err() {
             // The request never reached the server: nothing is queued.
-            st.machine = SrslClient::new(self.core.me);
+            st.machine = SrslClient::new(self.core.me, self.core.incarnation);
         }
         sent
     }
@@ -1647,11 +1678,15 @@ impl SrslScheme {
             return Ok(());
         }
         match msg {
-            SrslMsg::Acquire { mode, try_only } => {
+            SrslMsg::Acquire { mode, try_only, incarnation } => {
                 // The requester's incarnation runs now; a handle to an older
                 // one would later make the monitor revoke this live hold.
                 self.core.forget_watch(from);
-                self.serve(lock_id, |q, out| q.acquire(from, mode, try_only, out))
+                self.serve(lock_id, |q, out| {
+                    // What an earlier incarnation of it left here goes first.
+                    q.incarnation(from, incarnation, out);
+                    q.acquire(from, mode, try_only, out)
+                })
             }
             SrslMsg::Release => self.serve(lock_id, |q, out| q.release(from, out)),
             SrslMsg::Break => self.serve(lock_id, |q, out| {

@@ -20,16 +20,26 @@
 //! is simply taken out ([`SrslQueue::peer_lost`]): its hold is revoked (a
 //! release that still comes is consumed) and the requests behind it are
 //! granted. No generation is needed; the fence word keeps counting.
+//!
+//! A node may also die and **start again under the same id** before
+//! anybody judged it dead: its old hold (or request) is then still queued,
+//! and the id runs again. Every `Acquire` names the requester's
+//! incarnation, which the server remembers per node
+//! ([`SrslQueue::incarnation`]); a request from another incarnation, or the
+//! monitor reading that the node runs another one now, drops what the old
+//! one left without telling anybody (its process is gone, and its successor
+//! never asked for it).
 
 use crate::proto::{LockMode, ProtocolViolation};
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use tierstack_base::NodeId;
 
 /// SRSL messages (carried with the lock id by [`crate::msg`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum SrslMsg {
-    /// Client → home.
-    Acquire { mode: LockMode, try_only: bool },
+    /// Client → home; `incarnation`: the requesting process's (its node
+    /// region's random incarnation number).
+    Acquire { mode: LockMode, try_only: bool, incarnation: u64 },
     /// Home → client; `token` is the fencing token of an exclusive grant (0 for shared).
     Grant { mode: LockMode, token: u64 },
     /// Home → client: a try-acquire found the lock busy.
@@ -69,6 +79,8 @@ pub struct SrslQueue {
     /// Holders a break revoked whose next message has not arrived: a
     /// `Release` from one of them crossed the break and is consumed.
     revoked: Vec<NodeId>,
+    /// The incarnation of each node's last request here.
+    incarnations: BTreeMap<NodeId, u64>,
 }
 
 impl SrslQueue {
@@ -173,6 +185,30 @@ impl SrslQueue {
         self.grant_waiting(out);
     }
 
+    /// The incarnation `node` made its last request here from, if any.
+    pub fn incarnation_of(&self, node: NodeId) -> Option<u64> {
+        self.incarnations.get(&node).copied()
+    }
+
+    /// `node` runs `incarnation` now (its request says so, or the monitor
+    /// read it). If an earlier incarnation of it left a hold or a request
+    /// here, that process is gone: they are dropped silently (the new
+    /// process never asked for them, so it is not told), no release of them
+    /// is expected, and the requests they blocked are granted.
+    pub fn incarnation(&mut self, node: NodeId, incarnation: u64, out: &mut Vec<ServerAction>) {
+        let previous = self.incarnations.insert(node, incarnation);
+        if previous.is_none_or(|seen| seen == incarnation) {
+            return;
+        }
+        if self.exclusive == Some(node) {
+            self.exclusive = None;
+        }
+        self.shared.retain(|n| *n != node);
+        self.waiting.retain(|(n, _)| *n != node);
+        self.revoked.retain(|n| *n != node);
+        self.grant_waiting(out);
+    }
+
     /// Grants the waiters at the head of the queue while they are compatible.
     fn grant_waiting(&mut self, out: &mut Vec<ServerAction>) {
         while let Some(&(to, mode)) = self.waiting.front() {
@@ -191,7 +227,8 @@ impl SrslQueue {
         out.extend(self.waiting.iter().map(|&(to, _)| ServerAction::Broken { to, held: false }));
         let mut revoked = std::mem::take(&mut self.revoked);
         revoked.extend(holders);
-        *self = Self { revoked, ..Self::default() };
+        let incarnations = std::mem::take(&mut self.incarnations);
+        *self = Self { revoked, incarnations, ..Self::default() };
     }
 }
 
@@ -221,12 +258,14 @@ enum ClientState {
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct SrslClient {
     node: NodeId,
+    /// This process's incarnation, named in every `Acquire`.
+    incarnation: u64,
     state: ClientState,
 }
 
 impl SrslClient {
-    pub fn new(node: NodeId) -> Self {
-        Self { node, state: ClientState::Idle }
+    pub fn new(node: NodeId, incarnation: u64) -> Self {
+        Self { node, incarnation, state: ClientState::Idle }
     }
 
     pub fn is_idle(&self) -> bool {
@@ -251,7 +290,7 @@ impl SrslClient {
             return Err(self.violation("acquire while a request is in progress"));
         }
         self.state = ClientState::Waiting { abandoned: false };
-        out.push(ClientAction::Send(SrslMsg::Acquire { mode, try_only }));
+        out.push(ClientAction::Send(SrslMsg::Acquire { mode, try_only, incarnation: self.incarnation }));
         Ok(())
     }
 
@@ -341,7 +380,7 @@ mod tests {
     /// consumed, and the hold's notice does not abort its next request.
     #[test]
     fn a_release_and_a_new_request_that_cross_a_break() {
-        let (mut q, mut c) = (SrslQueue::default(), SrslClient::new(NodeId(1)));
+        let (mut q, mut c) = (SrslQueue::default(), SrslClient::new(NodeId(1), 7));
         let mut out = Vec::new();
         q.acquire(NodeId(1), LockMode::Exclusive, false, &mut out).unwrap();
         q.acquire(NodeId(2), LockMode::Shared, false, &mut out).unwrap();
@@ -410,9 +449,44 @@ mod tests {
         assert!(!q.has_waiters());
     }
 
+    /// A node that died and started again under the same id: what its old
+    /// incarnation left (a hold, a request) goes silently when its new one
+    /// asks or is seen, and the requests it blocked are granted; the same
+    /// incarnation asking again is not a restart.
+    #[test]
+    fn a_restarted_node_replaces_what_its_old_incarnation_left() {
+        let mut q = SrslQueue::default();
+        let mut out = Vec::new();
+        q.incarnation(NodeId(3), 30, &mut out);
+        q.acquire(NodeId(3), LockMode::Exclusive, false, &mut out).unwrap();
+        q.incarnation(NodeId(1), 10, &mut out);
+        q.acquire(NodeId(1), LockMode::Exclusive, false, &mut out).unwrap();
+        out.clear();
+        q.incarnation(NodeId(3), 30, &mut out);
+        assert!(out.is_empty() && q.holders() == vec![NodeId(3)], "the same incarnation: nothing changes");
+        assert_eq!(q.incarnation_of(NodeId(3)), Some(30));
+
+        // Node 3's hold is its old incarnation's: dropped, node 1 granted,
+        // and node 3 is not told (its new process never held).
+        q.incarnation(NodeId(3), 31, &mut out);
+        assert_eq!(out, vec![ServerAction::Grant { to: NodeId(1), mode: LockMode::Exclusive }]);
+        assert_eq!(q.incarnation_of(NodeId(3)), Some(31));
+        // Its new request is a first request, not a second one.
+        out.clear();
+        q.acquire(NodeId(3), LockMode::Exclusive, false, &mut out).unwrap();
+        assert!(out.is_empty() && q.has_waiters(), "queued behind node 1");
+        // A waiter's old incarnation goes the same way; a release of the
+        // old hold is not expected (the process is gone).
+        q.incarnation(NodeId(3), 32, &mut out);
+        assert!(out.is_empty() && !q.has_waiters(), "{out:?}");
+        q.release(NodeId(1), &mut out).unwrap();
+        assert!(q.is_idle());
+        assert!(q.release(NodeId(3), &mut out).is_err(), "no hold of node 3 is left");
+    }
+
     #[test]
     fn an_abandoned_client_releases_its_late_grant() {
-        let mut c = SrslClient::new(NodeId(1));
+        let mut c = SrslClient::new(NodeId(1), 7);
         let mut out = Vec::new();
         c.acquire(LockMode::Exclusive, false, &mut out).unwrap();
         c.abandon();

@@ -102,7 +102,7 @@ impl World {
     fn new(config: &Config) -> Self {
         let nodes = (0..config.scripts.len() as u32)
             .map(|i| Node {
-                client: SrslClient::new(NodeId(i)),
+                client: SrslClient::new(NodeId(i), 1),
                 next: 0,
                 user: User::Idle,
                 granted: 0,
@@ -226,7 +226,7 @@ impl World {
         let mut out = Vec::new();
         let node = NodeId(from);
         match msg {
-            SrslMsg::Acquire { mode, try_only } => {
+            SrslMsg::Acquire { mode, try_only, .. } => {
                 self.server.acquire(node, mode, try_only, &mut out).map_err(|e| e.to_string())?;
                 self.arrivals.push((from, mode));
             }

@@ -198,6 +198,49 @@ fn a_waiter_that_dies_and_restarts_is_still_found_lost() {
     assert!(waits.nodes.contains(&NodeId(1)), "the barrier waits for the live holder: {waits:?}");
 }
 
+/// SRSL: a holder dies and its node id starts again before anybody judged
+/// it dead (the server had no reason to look: nobody waited). Its old hold
+/// is still queued at the server, and the id runs. The new incarnation's
+/// own request is granted (not refused as a second request from the node),
+/// and a waiter behind the old hold is granted once the server's monitor
+/// sees the id runs another incarnation.
+#[test]
+fn srsl_a_holder_that_restarts_before_it_is_found_dead_leaves_no_stale_hold() {
+    for waiter_first in [false, true] {
+        let mut cluster = Cluster::new(Backend::Shm, 4);
+        let mut m = managers(&cluster, Scheme::Srsl, by_hand);
+        let id = LockId(16);
+        node(&m, 0).create_lock(id).unwrap();
+        let dead_guard = node(&m, 3).acquire_exclusive(id, PATIENT).unwrap();
+        let dead_token = dead_guard.fencing_token();
+        std::mem::forget(dead_guard); // the process died holding it
+        drop(m[3].take());
+        cluster.kill(3);
+        cluster.restart(3);
+        m[3] = Some(Arc::new(cluster.manager(3, Scheme::Srsl, &[0], by_hand)));
+        let token = if waiter_first {
+            let waiter = wait_on(&m, 1, id);
+            until("the server to grant the waiter", || {
+                node(&m, 0).scheme().tick();
+                waiter.is_finished()
+            });
+            waiter.join().unwrap().unwrap_or_else(|e| panic!("the waiter behind a stale hold: {e}"))
+        } else {
+            let guard = node(&m, 3)
+                .acquire_exclusive(id, PATIENT)
+                .unwrap_or_else(|e| panic!("the restarted node's own request: {e}"));
+            let token = guard.fencing_token();
+            guard.release().unwrap();
+            token
+        };
+        assert!(token > dead_token, "{token} after the old incarnation's {dead_token}");
+        assert_eq!(node(&m, 0).stats().message_errors, 0, "waiter first: {waiter_first}");
+        // The lock works on for everybody.
+        node(&m, 2).acquire_exclusive(id, PATIENT).unwrap().release().unwrap();
+        node(&m, 3).acquire_shared(id, PATIENT).unwrap().release().unwrap();
+    }
+}
+
 /// The home dies: a request waiting for the lock fails at once with
 /// `PeerDead` naming the home, rather than waiting out its timeout. When
 /// the home comes back and creates the lock again, the lock works, and its
