@@ -143,7 +143,7 @@ fn measure(config: &CoherenceBenchConfig, mode: Mode, trace: &str, compute_threa
     load.check_bodies = true;
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     let report: LoadReport = runtime.block_on(run_load(load)).context("load run")?;
-    let proxies: Vec<ProxyStats> = deployment.proxy_stats()?;
+    let proxies: Vec<ProxyStats> = deployment.settled_proxy_stats()?;
     let app: AppStatsView = deployment.app_stats()?;
     deployment.stop()?;
 

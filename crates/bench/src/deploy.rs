@@ -21,8 +21,9 @@ use serde::de::DeserializeOwned;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tierstack_cluster::Backend;
+use tierstack_proxy::ProxyStats;
 
 /// Warm-up fetches in flight at once (see [`Deployment::warm_up`]).
 pub const WARM_UP_CONCURRENCY: usize = 16;
@@ -260,6 +261,23 @@ impl Deployment {
         self.admin_addrs.iter().map(|a| get_json(*a, "/_tierstack/stats")).collect()
     }
 
+    /// Every proxy's stats once none has a request in flight
+    /// ([`ProxyStats::in_flight`]), for checks of their accounting, which
+    /// holds only then: a load run's last requests, given up by the client
+    /// as it stopped, end at the proxy a moment later. After
+    /// [`SETTLE_TIMEOUT`] the stats are returned as they are (a proxy that
+    /// never settles fails its accounting check, with the numbers).
+    pub fn settled_proxy_stats(&self) -> Result<Vec<ProxyStats>> {
+        let deadline = Instant::now() + SETTLE_TIMEOUT;
+        loop {
+            let stats: Vec<ProxyStats> = self.proxy_stats()?;
+            if stats.iter().all(|p| p.in_flight() == 0) || Instant::now() >= deadline {
+                return Ok(stats);
+            }
+            std::thread::sleep(SETTLE_POLL);
+        }
+    }
+
     /// The `/_tierstack/stats` of proxy `index` (0-based; fabric node `index + 1`).
     pub fn proxy_stats_at<T: DeserializeOwned>(&self, index: usize) -> Result<T> {
         let addr = self.admin_addrs.get(index).with_context(|| format!("no proxy {index}"))?;
@@ -346,6 +364,11 @@ fn get_status(addr: SocketAddr, path: &str) -> Result<()> {
 }
 
 /// GET `path` and parse the body as JSON.
+/// How long [`Deployment::settled_proxy_stats`] waits for the proxies'
+/// last requests to end.
+pub const SETTLE_TIMEOUT: Duration = Duration::from_secs(10);
+const SETTLE_POLL: Duration = Duration::from_millis(20);
+
 pub fn get_json<T: DeserializeOwned>(addr: SocketAddr, path: &str) -> Result<T> {
     let (code, body) = get(addr, path)?;
     anyhow::ensure!(code == 200, "GET {path} from {addr}: status {code}");

@@ -364,6 +364,13 @@ pub struct ProxyStats {
 }
 
 impl ProxyStats {
+    /// Requests received and not yet ended (a hit, coalesced, a miss or
+    /// abandoned): handlers still running, e.g. of requests whose client
+    /// gave up as a load run ended and which hyper has not cancelled yet.
+    pub fn in_flight(&self) -> u64 {
+        self.requests.saturating_sub(self.hits + self.coalesced + self.misses + self.abandoned)
+    }
+
     /// `None` if the identities in the type's documentation hold, else
     /// which one fails and by how much. Meaningful once no request is in
     /// flight.

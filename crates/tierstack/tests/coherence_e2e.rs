@@ -78,7 +78,7 @@ fn sum(stats: &[Value], field: &str) -> u64 {
 /// and the client's `X-Cache: HIT` count is the proxies' hit count: the load
 /// is the proxies' only traffic.
 fn assert_proxies_accounted(deployment: &Deployment, report: &LoadReport, what: &str) {
-    let proxies: Vec<ProxyStats> = deployment.proxy_stats().unwrap();
+    let proxies: Vec<ProxyStats> = deployment.settled_proxy_stats().unwrap();
     for (index, proxy) in proxies.iter().enumerate() {
         assert_eq!(proxy.accounting_error(), None, "{what}: proxy {index}'s counters");
     }

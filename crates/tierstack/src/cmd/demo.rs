@@ -293,7 +293,7 @@ fn run_mode(
         result
     })?;
     bar.finish_and_clear();
-    let proxies: Vec<ProxyStats> = deployment.proxy_stats()?;
+    let proxies: Vec<ProxyStats> = deployment.settled_proxy_stats()?;
     deployment.stop()?;
     Ok(Some(ModeRun { mode, load: report, proxies }))
 }
@@ -467,6 +467,10 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(proxy.accounting_error(), None);
+        assert_eq!(proxy.in_flight(), 0);
+        let running = ProxyStats { requests: 7, ..proxy.clone() };
+        assert_eq!(running.in_flight(), 3, "received and not yet ended");
+        assert!(check(&poll(), &clean(), &[running]).is_err(), "a proxy that never settles fails the demo");
         let proxies = [proxy.clone()];
         assert!(check(&poll(), &clean(), &proxies).is_ok());
         let stale = LoadReport { stale_responses: 1, ..clean() };
