@@ -99,8 +99,27 @@ pub struct Deployment {
     _scratch: tempfile::TempDir,
 }
 
-fn args(list: &[&str]) -> Vec<String> {
+/// A command line's arguments, owned.
+pub fn strings(list: &[&str]) -> Vec<String> {
     list.iter().map(|s| s.to_string()).collect()
+}
+
+/// The start of every `tierstack proxy` command line a deployment runs:
+/// its client and admin listeners, cache mode, topology file and fabric node.
+pub fn proxy_args(listen: SocketAddr, admin: SocketAddr, mode: &str, topology: &str, node: u32) -> Vec<String> {
+    strings(&[
+        "proxy",
+        "--listen",
+        &listen.to_string(),
+        "--admin-listen",
+        &admin.to_string(),
+        "--mode",
+        mode,
+        "--topology",
+        topology,
+        "--node",
+        &node.to_string(),
+    ])
 }
 
 impl Deployment {
@@ -136,7 +155,7 @@ impl Deployment {
         let mut children = Vec::new();
 
         let mut module_args =
-            args(&["app-module", "--topology", &topology_arg, "--node", "0", "--socket", &socket_arg]);
+            strings(&["app-module", "--topology", &topology_arg, "--node", "0", "--socket", &socket_arg]);
         module_args.extend(extra.app_module.iter().cloned());
         let spawn_tier =
             if options.application_tier_sessions { ChildNode::spawn_in_own_session } else { ChildNode::spawn };
@@ -144,7 +163,7 @@ impl Deployment {
         children.push(module);
 
         let app_addr = free_loopback_port()?;
-        let mut app_args = args(&[
+        let mut app_args = strings(&[
             "app-server",
             "--listen",
             &app_addr.to_string(),
@@ -160,7 +179,7 @@ impl Deployment {
             &config.compute_threads.to_string(),
         ]);
         if let Some(cpu) = app_cpu {
-            app_args.extend(args(&["--cpu", &cpu.to_string()]));
+            app_args.extend(strings(&["--cpu", &cpu.to_string()]));
         }
         // With a push path the server must know the proxies' admin
         // addresses, so they are chosen now; otherwise each just before its
@@ -173,10 +192,10 @@ impl Deployment {
             }
         }
         if let Some(policy) = &options.push_policy {
-            app_args.extend(args(&["--push-policy", policy, "--topology", &topology_arg]));
-            app_args.extend(args(&["--node", &app_node.to_string()]));
+            app_args.extend(strings(&["--push-policy", policy, "--topology", &topology_arg]));
+            app_args.extend(strings(&["--node", &app_node.to_string()]));
             for (node, addr) in (1..=config.proxies).zip(&admin_addrs) {
-                app_args.extend(args(&["--push-proxy", &format!("{node}=http://{addr}")]));
+                app_args.extend(strings(&["--push-proxy", &format!("{node}=http://{addr}")]));
             }
         }
         app_args.extend(extra.app_server.iter().cloned());
@@ -192,26 +211,13 @@ impl Deployment {
             }
             let addr = free_loopback_port()?;
             proxy_addrs.push(addr);
-            let mut proxy_args = args(&[
-                "proxy",
-                "--listen",
-                &addr.to_string(),
-                "--admin-listen",
-                &admin_addrs[index].to_string(),
-                "--upstream",
-                &app_url,
-                "--mode",
-                &config.mode,
-                "--topology",
-                &topology_arg,
-                "--node",
-                &node.to_string(),
-            ]);
+            let mut proxy_args = proxy_args(addr, admin_addrs[index], &config.mode, &topology_arg, node);
+            proxy_args.extend(strings(&["--upstream", &app_url]));
             if let Some(bytes) = options.proxy_cache_bytes {
-                proxy_args.extend(args(&["--cache-bytes", &bytes.to_string()]));
+                proxy_args.extend(strings(&["--cache-bytes", &bytes.to_string()]));
             }
             if let Some(slots) = options.state_slots {
-                proxy_args.extend(args(&["--state-slots", &slots.to_string()]));
+                proxy_args.extend(strings(&["--state-slots", &slots.to_string()]));
             }
             let child = ChildNode::spawn(&config.exe, &proxy_args).with_context(|| format!("starting proxy {node}"))?;
             proxy_children.push(Some(child));

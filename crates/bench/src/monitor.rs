@@ -24,6 +24,7 @@
 //! end, under a closed-loop Zipf load at each α. Throughput and p99 are
 //! reported as ratios against hash at the same α, measured in the same run.
 
+use crate::deploy::{proxy_args, strings};
 use crate::owner::{free_loopback_port, write_topology, ChildNode, NodeLine};
 use crate::report::{line_plot, write_json, Axes, Series, Table};
 use anyhow::{Context, Result};
@@ -364,10 +365,6 @@ pub struct ThroughputReport {
     pub points: Vec<ThroughputPoint>,
 }
 
-fn strings(list: &[&str]) -> Vec<String> {
-    list.iter().map(|s| s.to_string()).collect()
-}
-
 /// Fig. 8b: one deployment of servers, a proxy per configuration and α.
 pub fn run_throughput(config: &ThroughputConfig) -> Result<ThroughputReport> {
     std::fs::create_dir_all(&config.out_dir)?;
@@ -429,23 +426,13 @@ pub fn run_throughput(config: &ThroughputConfig) -> Result<ThroughputReport> {
         let mut at_alpha = Vec::new();
         for balance in &configs {
             let (listen, admin) = (free_loopback_port()?, free_loopback_port()?);
-            let mut args = strings(&[
-                "proxy",
-                "--listen",
-                &listen.to_string(),
-                "--admin-listen",
-                &admin.to_string(),
-                "--mode",
-                "no-cache",
-                "--topology",
-                &topology,
-                "--node",
-                &proxy_node.to_string(),
+            let mut args = proxy_args(listen, admin, "no-cache", &topology, proxy_node);
+            args.extend(strings(&[
                 "--balance",
                 balance.policy,
                 "--monitor-interval-ms",
                 &config.interval.as_millis().to_string(),
-            ]);
+            ]));
             proxy_node += 1;
             for (url, monitor) in &upstreams {
                 args.extend(strings(&["--upstream", url]));
@@ -682,25 +669,8 @@ fn run_reconfig_once(
     let mut proxies = Vec::new();
     for site in 0..2u32 {
         let (listen, admin) = (free_loopback_port()?, free_loopback_port()?);
-        let mut args = strings(&[
-            "proxy",
-            "--listen",
-            &listen.to_string(),
-            "--admin-listen",
-            &admin.to_string(),
-            "--mode",
-            "no-cache",
-            "--topology",
-            &topology,
-            "--node",
-            &(proxy0 + site).to_string(),
-            "--balance",
-            "least-loaded",
-            "--monitor",
-            "rdma-sync",
-            "--site",
-            &site.to_string(),
-        ]);
+        let mut args = proxy_args(listen, admin, "no-cache", &topology, proxy0 + site);
+        args.extend(strings(&["--balance", "least-loaded", "--monitor", "rdma-sync", "--site", &site.to_string()]));
         for (url, monitor) in &upstreams {
             args.extend(strings(&["--upstream", url, "--upstream-monitor", monitor]));
         }

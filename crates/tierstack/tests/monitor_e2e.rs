@@ -11,6 +11,7 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
+use tierstack_bench::deploy::{proxy_args, strings};
 use tierstack_bench::owner::{free_loopback_port, write_topology, ChildNode, NodeLine};
 use tierstack_cluster::Backend;
 use tierstack_monitor::Scheme;
@@ -43,10 +44,6 @@ fn top(topology: &str) -> Vec<(u64, String, String, u64)> {
 
 fn exe() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_tierstack"))
-}
-
-fn strings(list: &[&str]) -> Vec<String> {
-    list.iter().map(|s| s.to_string()).collect()
 }
 
 /// One GET over its own connection: the status and the body.
@@ -117,25 +114,8 @@ fn every_scheme_balances_and_skips_a_killed_server() {
     let mut proxies = Vec::new();
     for (scheme, node) in Scheme::ALL.into_iter().zip(3u32..) {
         let (listen, admin) = (free_loopback_port().unwrap(), free_loopback_port().unwrap());
-        let mut args = strings(&[
-            "proxy",
-            "--listen",
-            &listen.to_string(),
-            "--admin-listen",
-            &admin.to_string(),
-            "--mode",
-            "no-cache",
-            "--topology",
-            &topology,
-            "--node",
-            &node.to_string(),
-            "--balance",
-            "least-loaded",
-            "--monitor",
-            scheme.name(),
-            "--monitor-interval-ms",
-            "5",
-        ]);
+        let mut args = proxy_args(listen, admin, "no-cache", &topology, node);
+        args.extend(strings(&["--balance", "least-loaded", "--monitor", scheme.name(), "--monitor-interval-ms", "5"]));
         for (url, monitor) in &upstreams {
             args.extend(strings(&["--upstream", url, "--upstream-monitor", monitor]));
         }

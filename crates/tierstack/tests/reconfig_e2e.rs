@@ -17,6 +17,7 @@ use std::net::{SocketAddr, TcpStream};
 use std::path::PathBuf;
 use std::sync::mpsc::Receiver;
 use std::time::{Duration, Instant};
+use tierstack_bench::deploy::{proxy_args, strings};
 use tierstack_bench::owner::{free_loopback_port, write_topology, ChildNode, NodeLine};
 use tierstack_cluster::Backend;
 use tierstack_proxy::ProxyStats;
@@ -27,10 +28,6 @@ const FIRST_AGENT_NODE: u32 = 6;
 
 fn exe() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_tierstack"))
-}
-
-fn strings(list: &[&str]) -> Vec<String> {
-    list.iter().map(|s| s.to_string()).collect()
 }
 
 /// One request over its own connection: the status and the body.
@@ -122,25 +119,8 @@ fn exactly_one_agent_moves_the_idle_sites_node_and_it_serves_its_new_site() {
     let mut proxies = Vec::new();
     for (site, node) in [("0", 4u32), ("1", 5)] {
         let (listen, admin) = (free_loopback_port().unwrap(), free_loopback_port().unwrap());
-        let mut args = strings(&[
-            "proxy",
-            "--listen",
-            &listen.to_string(),
-            "--admin-listen",
-            &admin.to_string(),
-            "--mode",
-            "no-cache",
-            "--topology",
-            &topology,
-            "--node",
-            &node.to_string(),
-            "--balance",
-            "round-robin",
-            "--monitor",
-            "rdma-sync",
-            "--site",
-            site,
-        ]);
+        let mut args = proxy_args(listen, admin, "no-cache", &topology, node);
+        args.extend(strings(&["--balance", "round-robin", "--monitor", "rdma-sync", "--site", site]));
         for (server, (listen, _)) in (1..).zip(&servers) {
             args.extend(strings(&[
                 "--upstream",
