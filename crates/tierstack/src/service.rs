@@ -36,7 +36,7 @@ pub struct ServiceArgs {
     /// Also stop when standard input reaches its end, as when a parent
     /// that owns this process through a pipe exits or drops it (tests, the
     /// demo). Without it, only SIGTERM or SIGINT stops the process.
-    #[arg(long, env = STOP_ON_STDIN_EOF_ENV)]
+    #[arg(long, env = STOP_ON_STDIN_EOF_ENV, value_parser = clap::builder::BoolishValueParser::new())]
     pub stop_on_stdin_eof: bool,
     /// After SIGTERM or SIGINT: how long requests in flight may take to
     /// finish (milliseconds) before the process exits anyway.
