@@ -44,6 +44,9 @@ pub struct Launch {
     pub args: Vec<String>,
     /// Where its `/healthz` and `/readyz` answer (none for the module).
     pub health: Option<SocketAddr>,
+    /// The module's socket: it is healthy and ready while that accepts a
+    /// connection.
+    pub socket: Option<PathBuf>,
 }
 
 /// The command lines of `topology`'s services, in start order: modules,
@@ -64,12 +67,13 @@ pub fn plan(topology: &Topology, topology_path: &Path) -> Result<Vec<Launch>> {
         for (node, service) in topology.services().filter(|(_, s)| s.kind == kind) {
             let id = node.id.0.to_string();
             let mut args = strings(&[kind.command(), "--topology", &path, "--node", &id]);
-            let mut health = None;
+            let (mut health, mut socket) = (None, None);
             let missing = |field: &str| format!("{}'s service has no {field}", node.id);
             match kind {
                 ServiceKind::AppModule => {
-                    let socket = service.socket.as_ref().with_context(|| missing("socket"))?;
-                    args.extend(strings(&["--socket", &socket.display().to_string()]));
+                    let path = service.socket.as_ref().with_context(|| missing("socket"))?;
+                    args.extend(strings(&["--socket", &path.display().to_string()]));
+                    socket = Some(path.clone());
                 }
                 ServiceKind::AppServer => {
                     let listen = service.listen.with_context(|| missing("listen"))?;
@@ -88,7 +92,7 @@ pub fn plan(topology: &Topology, topology_path: &Path) -> Result<Vec<Launch>> {
                 }
             }
             args.extend(service.args.iter().cloned());
-            launches.push(Launch { node: node.id.0, kind, args, health });
+            launches.push(Launch { node: node.id.0, kind, args, health, socket });
         }
     }
     if launches.is_empty() {
@@ -108,6 +112,9 @@ pub struct Started {
     pub health: Option<SocketAddr>,
     /// app-server and proxy: where `/_tierstack/stats` answers.
     pub stats: Option<SocketAddr>,
+    /// app-module: its socket.
+    #[serde(default)]
+    pub socket: Option<PathBuf>,
     pub log: PathBuf,
 }
 
@@ -220,6 +227,7 @@ fn start_one(launch: &Launch, config: &UpConfig) -> Result<Started> {
         start_time,
         health: launch.health,
         stats: launch.health,
+        socket: launch.socket.clone(),
         log: log_path.clone(),
     };
     let deadline = Instant::now() + READY_TIMEOUT;
@@ -293,14 +301,19 @@ pub fn status(run_dir: &Path) -> Result<Vec<NodeStatus>> {
 fn node_status(started: &Started) -> NodeStatus {
     let alive = started.alive();
     let probe = |path| started.health.filter(|_| alive).map(|addr| get(addr, path));
-    let healthy = probe(tierstack_tier_http_paths::HEALTHZ).map(|r| matches!(r, Ok((200, _))));
+    let mut healthy = probe(tierstack_tier_http_paths::HEALTHZ).map(|r| matches!(r, Ok((200, _))));
     let readiness = probe(tierstack_tier_http_paths::READYZ);
-    let ready = readiness.as_ref().map(|r| matches!(r, Ok((200, _))));
-    let not_ready = match &readiness {
+    let mut ready = readiness.as_ref().map(|r| matches!(r, Ok((200, _))));
+    let mut not_ready = match &readiness {
         Some(Ok((200, _))) | None => None,
         Some(Ok((code, body))) => Some(format!("{code}: {}", body.trim().replace('\n', "; "))),
         Some(Err(e)) => Some(format!("{e:#}")),
     };
+    if let Some(socket) = started.socket.as_ref().filter(|_| alive) {
+        let answered = std::os::unix::net::UnixStream::connect(socket);
+        (healthy, ready) = (Some(answered.is_ok()), Some(answered.is_ok()));
+        not_ready = answered.err().map(|e| format!("{}: {e}", socket.display()));
+    }
     let load = started.stats.filter(|_| alive).and_then(|addr| load_of(addr, &started.kind));
     NodeStatus {
         node: started.node,
@@ -440,6 +453,8 @@ socket = "/tmp/plan.sock"
              --upstream http://127.0.0.1:7600 --mode ttl"
         );
         assert_eq!(launches[0].health, None);
+        assert_eq!(launches[0].socket, Some(PathBuf::from("/tmp/plan.sock")));
+        assert_eq!(launches[1].socket, None);
         assert_eq!(launches[2].health, Some("127.0.0.1:7602".parse().unwrap()));
     }
 
@@ -461,6 +476,7 @@ socket = "/tmp/plan.sock"
             start_time,
             health: None,
             stats: None,
+            socket: None,
             log: PathBuf::new(),
         };
         assert!(started(start_time).alive());

@@ -97,7 +97,15 @@ fn cluster_up_serves_coherent_traffic_and_down_leaves_no_process_behind() {
 
     let status = tierstack(&["cluster", "status", &path_arg, "--run-dir", &run_arg]);
     assert!(status.status.success(), "cluster status: {}", text(&status));
-    assert_eq!(text(&status).lines().filter(|l| l.contains(" yes ")).count(), 4, "{}", text(&status));
+    let rows: Vec<&str> = status.stdout.split(|&b| b == b'\n').filter_map(|l| std::str::from_utf8(l).ok()).collect();
+    let healthy_ready = rows
+        .iter()
+        .filter(|l| {
+            let columns: Vec<&str> = l.split_whitespace().collect();
+            columns.len() > 6 && columns[3..6] == ["yes", "yes", "yes"]
+        })
+        .count();
+    assert_eq!(healthy_ready, 4, "every node alive, healthy and ready: {}", text(&status));
 
     let mut config = LoadConfig::new(proxy_urls[0].clone(), Trace::zipf(0.9, 5).unwrap());
     config.targets = proxy_urls;
