@@ -20,7 +20,7 @@
 //!
 //! [`plan`] (topology to command lines) is pure.
 
-use crate::deploy::{get, strings};
+use crate::deploy::{get, proxy_args, strings};
 use crate::owner::{spawn_service, READY_TIMEOUT};
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
@@ -34,6 +34,8 @@ pub const STATE_FILE: &str = "cluster.json";
 /// What `down` waits beyond the services' grace period before SIGKILL.
 pub const DOWN_MARGIN: Duration = Duration::from_secs(5);
 const POLL: Duration = Duration::from_millis(20);
+/// A proxy's cache mode when its service names none.
+pub const PROXY_MODE_DEFAULT: &str = "poll";
 
 /// One process to start.
 #[derive(Clone, Debug, PartialEq)]
@@ -66,25 +68,30 @@ pub fn plan(topology: &Topology, topology_path: &Path) -> Result<Vec<Launch>> {
     for kind in [ServiceKind::AppModule, ServiceKind::AppServer, ServiceKind::Proxy] {
         for (node, service) in topology.services().filter(|(_, s)| s.kind == kind) {
             let id = node.id.0.to_string();
-            let mut args = strings(&[kind.command(), "--topology", &path, "--node", &id]);
+            let at = strings(&["--topology", &path, "--node", &id]);
+            let mut args = strings(&[kind.command()]);
             let (mut health, mut socket) = (None, None);
             let missing = |field: &str| format!("{}'s service has no {field}", node.id);
             match kind {
                 ServiceKind::AppModule => {
                     let path = service.socket.as_ref().with_context(|| missing("socket"))?;
+                    args.extend(at);
                     args.extend(strings(&["--socket", &path.display().to_string()]));
                     socket = Some(path.clone());
                 }
                 ServiceKind::AppServer => {
                     let listen = service.listen.with_context(|| missing("listen"))?;
                     let module = service.module.with_context(|| missing("module"))?;
+                    args.extend(at);
                     args.extend(strings(&["--listen", &listen.to_string(), "--module-socket", &socket_of(module)?]));
                     health = Some(listen);
                 }
                 ServiceKind::Proxy => {
                     let listen = service.listen.with_context(|| missing("listen"))?;
                     let admin = service.admin.with_context(|| missing("admin"))?;
-                    args.extend(strings(&["--listen", &listen.to_string(), "--admin-listen", &admin.to_string()]));
+                    // The same command line as the demo's proxies.
+                    let mode = service.mode.as_deref().unwrap_or(PROXY_MODE_DEFAULT);
+                    args = proxy_args(listen, admin, mode, &path, node.id.0);
                     for upstream in &service.upstreams {
                         args.extend(strings(&["--upstream", &url_of(*upstream)?]));
                     }
@@ -417,7 +424,8 @@ kind = "proxy"
 listen = "127.0.0.1:7601"
 admin = "127.0.0.1:7602"
 upstreams = [1]
-args = ["--mode", "ttl"]
+mode = "ttl"
+args = ["--compute-nothing"]
 
 [[node]]
 id = 1
@@ -449,8 +457,8 @@ socket = "/tmp/plan.sock"
         );
         assert_eq!(
             launches[2].args.join(" "),
-            "proxy --topology /etc/t.toml --node 3 --listen 127.0.0.1:7601 --admin-listen 127.0.0.1:7602 \
-             --upstream http://127.0.0.1:7600 --mode ttl"
+            "proxy --listen 127.0.0.1:7601 --admin-listen 127.0.0.1:7602 --mode ttl --topology /etc/t.toml \
+             --node 3 --upstream http://127.0.0.1:7600 --compute-nothing"
         );
         assert_eq!(launches[0].health, None);
         assert_eq!(launches[0].socket, Some(PathBuf::from("/tmp/plan.sock")));

@@ -30,10 +30,11 @@
 //!   `module` (the node id of its `app-module`, on the same host: it uses
 //!   that node's socket).
 //! - `proxy`: `listen` (clients), `admin` (pushes, stats, `/healthz`,
-//!   `/readyz`), `upstreams` (node ids of `app-server` nodes).
+//!   `/readyz`), `upstreams` (node ids of `app-server` nodes), optionally
+//!   `mode` (`poll`, the default, `ttl` or `no-cache`).
 //!
 //! Every kind also takes `args`, further options of its `tierstack`
-//! subcommand appended verbatim (`["--mode", "ttl"]`, `["--docs", "50"]`).
+//! subcommand appended verbatim (`["--cache-bytes", "1000000"]`, `["--docs", "50"]`).
 //! [`Topology::parse`] checks that each reference names a node of the right
 //! kind and that no two services share a listener.
 //!
@@ -170,6 +171,9 @@ pub struct ServiceSpec {
     /// proxy: the app-server nodes it forwards to.
     #[serde(default)]
     pub upstreams: Vec<NodeId>,
+    /// proxy: its cache mode (`poll` when absent).
+    #[serde(default)]
+    pub mode: Option<String>,
     /// Further options of the subcommand, appended verbatim.
     #[serde(default)]
     pub args: Vec<String>,
@@ -288,6 +292,9 @@ impl Topology {
                 ServiceKind::AppServer => (true, false, false, true, false),
                 ServiceKind::Proxy => (true, true, false, false, true),
             };
+            if service.kind != ServiceKind::Proxy && service.mode.is_some() {
+                return Err(extra("mode"));
+            }
             for (needed, present, field) in [
                 (needs_listen, service.listen.is_some(), "listen"),
                 (needs_admin, service.admin.is_some(), "admin"),
@@ -592,6 +599,7 @@ role = "passive"
         assert!(e(SERVICES.replace("7502", "7500")).contains("both listen on"));
         assert!(e(SERVICES.replace("module = 0", "module = 0\nadmin = \"127.0.0.1:7600\"")).contains("does not apply"));
         assert!(e(SERVICES.replace("\"app-module\"", "\"mainframe\"")).contains("unknown variant"));
+        assert!(e(SERVICES.replace("module = 0", "module = 0\nmode = \"ttl\"")).contains("`mode` does not apply"));
     }
 
     #[test]

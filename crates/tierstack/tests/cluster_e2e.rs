@@ -63,7 +63,7 @@ kind = "proxy"
 listen = "{p1}"
 admin = "{a1}"
 upstreams = [1]
-args = ["--mode", "poll"]
+mode = "poll"
 "#,
         shm = dir.join("shm").display(),
         socket = dir.join("module.sock").display(),
