@@ -3,7 +3,9 @@
 //! container) each keeps serving; SIGTERM while requests are in flight lets
 //! them finish (no client sees a reset), exits 0 and revokes the process's
 //! regions (its shm node directory is gone); `/readyz` says ready only once
-//! the tier can serve; `--version`; `--log-format json`.
+//! the tier can serve; with `--stop-on-stdin-eof` (or the variable
+//! `ChildNode` sets) a tier stops cleanly when its standard input closes;
+//! SIGHUP is logged and ignored; `--version`; `--log-format json`.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -313,7 +315,7 @@ fn readyz_turns_ready_only_once_the_tier_can_serve() {
 }
 
 #[test]
-fn version_and_json_logs() {
+fn version_json_logs_and_sighup_ignored() {
     let output = Command::new(exe()).arg("--version").output().unwrap();
     assert!(output.status.success());
     let text = String::from_utf8_lossy(&output.stdout);
@@ -324,8 +326,13 @@ fn version_and_json_logs() {
     let args = ["--log-format", "json", "fabric", "serve", "--topology", &site.topology, "--node", "0"];
     let mut service = Service::start_with(&strings(&args), &[("TIERSTACK_LOG", "info")]);
     let stderr = service.stderr.take().unwrap();
+    // SIGHUP is logged and ignored: the service keeps running.
+    service.signal(libc::SIGHUP);
+    let mut lines = vec![stderr.recv_timeout(BOUND).expect("SIGHUP is logged")];
+    assert!(lines[0].contains("SIGHUP") && lines[0].contains("ignored"), "{lines:?}");
+    assert!(service.running(), "SIGHUP does not stop it");
     assert!(service.terminate().success());
-    let lines: Vec<String> = stderr.iter().collect();
+    lines.extend(stderr.iter());
     assert!(!lines.is_empty(), "it logged its stop");
     for line in &lines {
         let value: serde_json::Value =
@@ -333,4 +340,27 @@ fn version_and_json_logs() {
         assert!(value["level"].is_string() && value["fields"].is_object(), "{line}");
     }
     assert!(lines.iter().any(|l| l.contains("\"cause\":\"SIGTERM\"")), "the stop is logged with its cause: {lines:?}");
+}
+
+#[test]
+fn a_tier_owned_through_a_pipe_stops_when_its_standard_input_closes_if_asked() {
+    let dir = tempfile::tempdir().unwrap();
+    let site = site(dir.path(), 2);
+    let args = |node: &str| strings(&["fabric", "serve", "--topology", &site.topology, "--node", node]);
+    // By the option, and by the variable `ChildNode` sets (any boolish value).
+    let mut by_option = Command::new(exe());
+    by_option.args(args("0")).arg("--stop-on-stdin-eof").env_remove(STOP_ON_STDIN_EOF_ENV);
+    let mut by_variable = Command::new(exe());
+    by_variable.args(args("1")).env(STOP_ON_STDIN_EOF_ENV, "1");
+    for (node, mut command) in [(0, by_option), (1, by_variable)] {
+        let mut child = command.stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+        assert_eq!(line.trim(), "ready");
+        assert!(child.try_wait().unwrap().is_none(), "it serves while its standard input is open");
+        drop(child.stdin.take());
+        let mut service = Service { child, stderr: None };
+        assert!(service.wait().success(), "node {node} stopped cleanly when its standard input closed");
+        assert!(!site.node_dir(node).exists(), "node {node} revoked its regions");
+    }
 }
