@@ -28,6 +28,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use tierstack_cluster::{ServiceKind, Topology};
+use tierstack_tier_http::{HEALTHZ_PATH, READYZ_PATH};
 
 /// The state file in the run directory.
 pub const STATE_FILE: &str = "cluster.json";
@@ -255,7 +256,7 @@ fn start_one(launch: &Launch, config: &UpConfig) -> Result<Started> {
     }
     if let Some(addr) = launch.health {
         loop {
-            let answer = get(addr, tierstack_tier_http_paths::READYZ);
+            let answer = get(addr, READYZ_PATH);
             if matches!(answer, Ok((200, _))) {
                 break;
             }
@@ -267,13 +268,6 @@ fn start_one(launch: &Launch, config: &UpConfig) -> Result<Started> {
         }
     }
     Ok(started)
-}
-
-/// The health endpoints' paths (as `tierstack_tier_http` serves them; the
-/// bench crate does not depend on the HTTP plumbing).
-mod tierstack_tier_http_paths {
-    pub const HEALTHZ: &str = "/healthz";
-    pub const READYZ: &str = "/readyz";
 }
 
 /// One process as `status` sees it.
@@ -308,8 +302,8 @@ pub fn status(run_dir: &Path) -> Result<Vec<NodeStatus>> {
 fn node_status(started: &Started) -> NodeStatus {
     let alive = started.alive();
     let probe = |path| started.health.filter(|_| alive).map(|addr| get(addr, path));
-    let mut healthy = probe(tierstack_tier_http_paths::HEALTHZ).map(|r| matches!(r, Ok((200, _))));
-    let readiness = probe(tierstack_tier_http_paths::READYZ);
+    let mut healthy = probe(HEALTHZ_PATH).map(|r| matches!(r, Ok((200, _))));
+    let readiness = probe(READYZ_PATH);
     let mut ready = readiness.as_ref().map(|r| matches!(r, Ok((200, _))));
     let mut not_ready = match &readiness {
         Some(Ok((200, _))) | None => None,
