@@ -135,6 +135,8 @@ pub struct StatsSnapshot {
 
 struct State {
     module: ModuleClient,
+    /// For `/readyz`: the module answers a connection on it.
+    module_socket: PathBuf,
     documents: HashMap<String, usize>,
     counters: Counters,
     pusher: Option<Arc<push::Pusher>>,
@@ -214,6 +216,12 @@ async fn handle(state: Arc<State>, request: Request<Incoming>) -> Response<Body>
     let path = request.uri().path().to_string();
     if path == "/_tierstack/stats" {
         return stats_response(&state);
+    }
+    if path == tierstack_tier_http::HEALTHZ_PATH {
+        return tierstack_tier_http::alive();
+    }
+    if path == tierstack_tier_http::READYZ_PATH {
+        return readiness(&state).await;
     }
     let Some(name) = path.strip_prefix("/doc/") else {
         return text(StatusCode::NOT_FOUND, "no such document\n");
@@ -403,6 +411,21 @@ fn stats_response(state: &State) -> Response<Body> {
     response
 }
 
+/// How long `/readyz` waits for the module to accept a connection.
+const READYZ_MODULE_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// `/readyz`: ready while the module accepts connections on its socket
+/// (the server's own module connection is made at start and kept).
+async fn readiness(state: &State) -> Response<Body> {
+    let connect = tokio::net::UnixStream::connect(&state.module_socket);
+    let module = match tokio::time::timeout(READYZ_MODULE_TIMEOUT, connect).await {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(e)) => Err(format!("{}: {e}", state.module_socket.display())),
+        Err(_) => Err(format!("{}: no answer within {READYZ_MODULE_TIMEOUT:?}", state.module_socket.display())),
+    };
+    tierstack_tier_http::readiness(&[("module", module)])
+}
+
 /// Connects to the module, retrying while it starts (bounded).
 async fn connect_module(config: &AppServerConfig) -> Result<ModuleClient, AppServerError> {
     let deadline = Instant::now() + MODULE_CONNECT_TIMEOUT;
@@ -483,6 +506,7 @@ impl AppServer {
             .map_err(|source| AppServerError::Listen { addr: config.listen, source })?;
         let state = Arc::new(State {
             module,
+            module_socket: config.module_socket.clone(),
             documents,
             counters: Counters::default(),
             pusher,

@@ -351,7 +351,7 @@ impl Drop for Deployment {
 /// A minimal blocking HTTP/1.1 GET (`Connection: close`) returning the status
 /// line's code and the body: enough for stats endpoints and warm-up, without
 /// a runtime.
-fn get(addr: SocketAddr, path: &str) -> Result<(u16, String)> {
+pub fn get(addr: SocketAddr, path: &str) -> Result<(u16, String)> {
     let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
     stream.set_read_timeout(Some(Duration::from_secs(60)))?;
     write!(stream, "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n")?;

@@ -75,7 +75,9 @@ async fn stopped(mut watcher: watch::Receiver<bool>) {
 pub type ConnectionHook = Arc<dyn Fn() -> Box<dyn Send> + Send + Sync>;
 
 /// Serves HTTP/1.1 on `listener` with `handler` until `stop` fires;
-/// connections in progress finish their current request.
+/// connections in progress finish their current request (idle ones close)
+/// and the future resolves once every connection has ended. Bound the wait
+/// with a timeout for a grace period.
 pub async fn serve<H, F>(listener: TcpListener, handler: Arc<H>, stop: Stop) -> std::io::Result<()>
 where
     H: Fn(Request<Incoming>) -> F + Send + Sync + 'static,
@@ -97,6 +99,9 @@ where
     F: Future<Output = Response<Body>> + Send + 'static,
 {
     let mut watcher = stop.watcher();
+    // Every connection task holds a sender: once ours is dropped, `recv`
+    // returns `None` when the last connection has ended.
+    let (open_tx, mut open_rx) = tokio::sync::mpsc::channel::<()>(1);
     loop {
         let (stream, _) = tokio::select! {
             accepted = listener.accept() => match accepted {
@@ -108,14 +113,21 @@ where
                     continue;
                 }
             },
-            _ = stopped(watcher.clone()) => return Ok(()),
+            _ = stopped(watcher.clone()) => {
+                drop(listener);
+                drop(open_tx);
+                let _ = open_rx.recv().await;
+                return Ok(());
+            }
         };
         let _ = stream.set_nodelay(true);
         let handler = handler.clone();
         let conn_stop = watcher.clone();
         let held = on_connection.as_ref().map(|hook| hook());
+        let open = open_tx.clone();
         tokio::spawn(async move {
             let _held_while_connected = held;
+            let _open = open;
             let service = service_fn(move |request| {
                 let response = handler(request);
                 async move { Ok::<_, Infallible>(response.await) }
@@ -135,5 +147,30 @@ where
             }
         });
         let _ = watcher.borrow_and_update();
+    }
+}
+
+/// The path every tier answers `200 alive` on (its admin listener).
+pub const HEALTHZ_PATH: &str = "/healthz";
+/// The path every tier answers readiness on: 200 once it can serve, 503
+/// with the failed checks before.
+pub const READYZ_PATH: &str = "/readyz";
+
+/// `/healthz`'s answer: the process runs and its listener accepts.
+pub fn alive() -> Response<Body> {
+    text(StatusCode::OK, "alive\n")
+}
+
+/// `/readyz`'s answer from named checks: 200 `ready` if every one passed,
+/// else 503 listing each failure on a line of its own.
+pub fn readiness(checks: &[(&str, Result<(), String>)]) -> Response<Body> {
+    let failures: Vec<String> = checks
+        .iter()
+        .filter_map(|(name, outcome)| outcome.as_ref().err().map(|why| format!("{name}: {why}\n")))
+        .collect();
+    if failures.is_empty() {
+        text(StatusCode::OK, "ready\n")
+    } else {
+        text(StatusCode::SERVICE_UNAVAILABLE, format!("not ready\n{}", failures.concat()))
     }
 }

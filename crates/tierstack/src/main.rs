@@ -2,14 +2,36 @@
 //! open what the topology describes, call into the crates that do the work.
 
 mod cmd;
+mod service;
 
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
 #[command(name = "tierstack", version, about = "Multi-tier data-center services on one-sided remote memory operations")]
 struct Cli {
+    /// Log lines on standard error: `human` or `json` (one JSON object per
+    /// line, for log collectors). The filter comes from TIERSTACK_LOG
+    /// (default `warn`).
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Human)]
+    log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
+}
+
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+enum LogFormat {
+    Human,
+    Json,
+}
+
+fn init_logs(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("TIERSTACK_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let logs = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    match format {
+        LogFormat::Human => logs.init(),
+        LogFormat::Json => logs.json().with_current_span(false).init(),
+    }
 }
 
 #[derive(Subcommand)]
@@ -24,6 +46,9 @@ enum Command {
     Fabric(cmd::fabric::FabricCommand),
     /// Load client: replay a trace over HTTP while an updater changes documents; checks staleness.
     Load(cmd::load::LoadArgs),
+    /// Run a topology's services on this host as detached processes: `up`, `status` (health and load), `down` (graceful).
+    #[command(subcommand)]
+    Cluster(cmd::cluster::ClusterCommand),
     /// Trace-driven cluster simulator: N nodes with CPUs, NICs, disks and caches under a policy; exact counts, modelled throughput.
     Sim(cmd::sim::SimArgs),
     /// The application module: version table owner and Table 1 queues, on a local socket.
@@ -40,7 +65,7 @@ enum Command {
     DdssDaemon(cmd::ddss::DaemonArgs),
     /// DDSS client process: run a randomized history through a node's daemon, print its events.
     DdssClient(cmd::ddss::ClientArgs),
-    /// Lock-manager node: run random shared/exclusive holds on a topology's locks, print each hold, serve until stdin closes.
+    /// Lock-manager node: run random shared/exclusive holds on a topology's locks, print each hold, serve until SIGTERM.
     DlmNode(cmd::dlm::LockNodeArgs),
     /// Lock-manager operator tools: `status` (every lock's and node's state, read one-sidedly), `break <lock>`.
     #[command(subcommand)]
@@ -59,14 +84,8 @@ enum Command {
 }
 
 fn main() -> std::process::ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("TIERSTACK_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
     let cli = Cli::parse();
+    init_logs(cli.log_format);
     let result = match cli.command {
         Command::Demo(args) => cmd::demo::run(args),
         Command::Bench(command) => cmd::bench::run(command),
@@ -86,6 +105,7 @@ fn main() -> std::process::ExitCode {
         Command::Load(args) => cmd::load::run(args),
         Command::Trace(command) => cmd::trace::run(command),
         Command::Sim(args) => cmd::sim::run(args),
+        Command::Cluster(command) => cmd::cluster::run(command),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

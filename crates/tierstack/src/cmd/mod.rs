@@ -1,4 +1,5 @@
 pub mod bench;
+pub mod cluster;
 pub mod ddss;
 pub mod demo;
 pub mod dlm;

@@ -1,6 +1,7 @@
 //! The tier processes: `app-module`, `app-server`, `proxy`. Each prints
-//! `ready` once it serves, and serves until its standard input closes or it
-//! is interrupted.
+//! `ready` once it serves, and serves as a service (`crate::service`): until
+//! SIGTERM or SIGINT (or its standard input's end with
+//! `--stop-on-stdin-eof`), then drains its requests within the grace period.
 
 use anyhow::{Context, Result};
 use clap::Args;
@@ -20,6 +21,8 @@ use tierstack_proxy::{
 };
 use tierstack_tier_http::Stop;
 
+use crate::service::{drain, ServiceArgs};
+
 fn runtime(worker_threads: usize) -> Result<tokio::runtime::Runtime> {
     Ok(tokio::runtime::Builder::new_multi_thread().worker_threads(worker_threads.max(1)).enable_all().build()?)
 }
@@ -28,20 +31,6 @@ fn announce_ready() -> Result<()> {
     println!("ready");
     std::io::stdout().flush()?;
     Ok(())
-}
-
-/// Resolves when standard input reaches its end or Ctrl-C arrives.
-async fn until_stopped() {
-    let stdin_closed = tokio::task::spawn_blocking(|| {
-        let mut sink = String::new();
-        while std::io::stdin().read_line(&mut sink).map(|n| n > 0).unwrap_or(false) {
-            sink.clear();
-        }
-    });
-    tokio::select! {
-        _ = stdin_closed => {}
-        _ = tokio::signal::ctrl_c() => {}
-    }
 }
 
 #[derive(Args)]
@@ -60,6 +49,8 @@ pub struct ModuleArgs {
     /// checkers catch such a module.
     #[arg(long, hide = true)]
     test_only_admit_reads_during_updates: bool,
+    #[command(flatten)]
+    service: ServiceArgs,
 }
 
 pub fn app_module(args: ModuleArgs) -> Result<()> {
@@ -76,10 +67,11 @@ pub fn app_module(args: ModuleArgs) -> Result<()> {
     let server = ModuleServer::with_options(table, &options);
     runtime(1)?.block_on(async {
         let listener = ModuleServer::bind(&args.socket)?;
+        let signals = args.service.stop_signals()?;
         announce_ready()?;
         tokio::select! {
             result = server.serve_on(listener) => result.context("module server"),
-            _ = until_stopped() => Ok(()),
+            _ = signals.wait() => Ok(()),
         }
     })?;
     drop(fabric);
@@ -161,6 +153,8 @@ pub struct AppServerArgs {
     /// --topology and --node.
     #[arg(long)]
     site: Option<u16>,
+    #[command(flatten)]
+    service: ServiceArgs,
 }
 
 fn parse_push_target(text: &str) -> Result<PushTarget, String> {
@@ -256,11 +250,12 @@ pub fn app_server(args: AppServerArgs) -> Result<()> {
             server.set_cpu_cost(cost);
         }
         let stop = Stop::new();
+        let signals = args.service.stop_signals()?;
         let serving = tokio::spawn(server.run(stop.clone()));
         announce_ready()?;
-        until_stopped().await;
+        signals.wait().await;
         stop.stop();
-        serving.await??;
+        drain(serving, args.service.grace(), "application server").await?;
         drop(agent);
         Ok(())
     })
@@ -325,6 +320,8 @@ pub struct ProxyArgs {
     /// --topology/--node, and a fabric node in every --upstream-monitor.
     #[arg(long, requires = "balance")]
     site: Option<u16>,
+    #[command(flatten)]
+    service: ServiceArgs,
 }
 
 fn parse_backend_address(text: &str) -> Result<BackendAddress, String> {
@@ -413,11 +410,14 @@ pub fn proxy(args: ProxyArgs) -> Result<()> {
             proxy.set_site(site)?;
         }
         let stop = Stop::new();
+        let signals = args.service.stop_signals()?;
         let serving = tokio::spawn(proxy.run(stop.clone()));
         announce_ready()?;
-        until_stopped().await;
+        signals.wait().await;
         stop.stop();
-        serving.await??;
-        Ok(())
-    })
+        drain(serving, args.service.grace(), "proxy").await
+    })?;
+    // The proxy's fabric node went with its runtime's tasks: its regions
+    // (the cache state) are revoked.
+    Ok(())
 }
