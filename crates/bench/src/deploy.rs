@@ -66,6 +66,10 @@ pub struct DeploymentOptions {
     /// responder gets about half the busy CPU rather than one thread's
     /// share, and two-sided checks wait less than on a loaded node.
     pub application_tier_sessions: bool,
+    /// With a push policy: push each update before UPDATE_DONE
+    /// (`tierstack app-server --push-write-through`), the update waiting
+    /// at most this long for it.
+    pub write_through: Option<Duration>,
 }
 
 /// Extra command-line arguments for the application tier's processes (for
@@ -196,6 +200,10 @@ impl Deployment {
             app_args.extend(strings(&["--node", &app_node.to_string()]));
             for (node, addr) in (1..=config.proxies).zip(&admin_addrs) {
                 app_args.extend(strings(&["--push-proxy", &format!("{node}=http://{addr}")]));
+            }
+            if let Some(bound) = options.write_through {
+                let bound_ms = bound.as_millis().max(1).to_string();
+                app_args.extend(strings(&["--push-write-through", "--push-write-through-timeout-ms", &bound_ms]));
             }
         }
         app_args.extend(extra.app_server.iter().cloned());
