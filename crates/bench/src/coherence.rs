@@ -159,6 +159,9 @@ pub struct CoherenceBenchConfig {
     pub placements: Vec<Placement>,
     /// Write-through's bound on an update's wait for its pushes.
     pub write_through_bound: Duration,
+    /// `--hot`: compute threads of the Zipf and WorldCup-like runs
+    /// (`None`: the last of `compute_threads`).
+    pub trace_threads: Option<usize>,
 }
 
 impl CoherenceBenchConfig {
@@ -173,6 +176,7 @@ impl CoherenceBenchConfig {
             update_interval_ms: 1000,
             placements: vec![Placement::Shared, Placement::Own],
             write_through_bound: Duration::from_millis(500),
+            trace_threads: None,
         }
     }
 
@@ -651,8 +655,11 @@ pub fn run_hot(config: &CoherenceBenchConfig) -> Result<CoherenceReport> {
         pin_to_cpu(0)?;
     }
     let threads = config.compute_threads.last().copied().unwrap_or(200);
+    let trace_threads = config.trace_threads.unwrap_or(threads);
+    let mut plan: Vec<(&str, usize)> = config.compute_threads.iter().map(|&t| ("single", t)).collect();
+    plan.extend([("zipf", trace_threads), ("worldcup", trace_threads)]);
     let mut runs = Vec::new();
-    for trace in ["single", "zipf", "worldcup"] {
+    for (trace, threads) in plan {
         for mode in hot_modes() {
             eprintln!(
                 "bench coherence --hot: {} on {trace}, {threads} compute threads, {} connections (load {})",
@@ -666,8 +673,8 @@ pub fn run_hot(config: &CoherenceBenchConfig) -> Result<CoherenceReport> {
     let report = CoherenceReport { runs };
     let mut page = Page::new("tierstack bench coherence --hot: strong coherence without update stalls (issue 16)");
     page.paragraph(&format!(
-        "{} connections, {threads} compute threads on the application server, an update every {} ms, {:.0} s per \
-         run, warm caches, {} proxies; poll/shm+wt pushes each update's new version to the proxies before \
+        "{} connections, compute threads on the application server as in each row, an update every {} ms, {:.0} s \
+         per run, warm caches, {} proxies; poll/shm+wt pushes each update's new version to the proxies before \
          UPDATE_DONE (bound {:?}). Ratios are to ttl in the same run.",
         config.connections,
         config.update_interval_ms,
@@ -679,6 +686,7 @@ pub fn run_hot(config: &CoherenceBenchConfig) -> Result<CoherenceReport> {
         "Hot document and traces: client latency, throughput, update latency",
         &[
             "trace",
+            "compute threads",
             "mode",
             "p50 µs",
             "p99 µs",
@@ -697,6 +705,7 @@ pub fn run_hot(config: &CoherenceBenchConfig) -> Result<CoherenceReport> {
         let ratio = |a: f64, b: Option<f64>| b.map(|b| format!("{:.2}", a / b.max(1e-9))).unwrap_or_default();
         table.row(vec![
             r.trace.clone(),
+            r.compute_threads.to_string(),
             r.mode.clone(),
             format!("{:.0}", r.p50_us),
             format!("{:.0}", r.p99_us),

@@ -35,6 +35,13 @@ pub enum BenchCommand {
         /// Connections of the load client (default 16; 32 with --hot).
         #[arg(long)]
         connections: Option<usize>,
+        /// With --hot: compute threads of the Zipf and WorldCup-like runs (default: the last
+        /// of --compute-threads, 200).
+        #[arg(long, requires = "hot")]
+        trace_threads: Option<usize>,
+        /// Write-through's bound on an update's wait for its pushes.
+        #[arg(long, default_value_t = 500)]
+        write_through_bound_ms: u64,
     },
     /// Fabric micro-benchmarks (coherency paper Fig. 8) and owner-load sensitivity.
     Fabric {
@@ -224,7 +231,17 @@ pub fn run(command: BenchCommand) -> Result<()> {
             }
             Ok(())
         }
-        BenchCommand::Coherence { out, quick, compute_threads, duration_s, placements, hot, connections } => {
+        BenchCommand::Coherence {
+            out,
+            quick,
+            compute_threads,
+            duration_s,
+            placements,
+            hot,
+            connections,
+            trace_threads,
+            write_through_bound_ms,
+        } => {
             use tierstack_bench::coherence::{CoherenceBenchConfig, Placement};
             let exe = std::env::current_exe()?;
             let mut config = if hot {
@@ -236,6 +253,8 @@ pub fn run(command: BenchCommand) -> Result<()> {
             if let Some(connections) = connections {
                 config.connections = connections;
             }
+            config.trace_threads = trace_threads;
+            config.write_through_bound = std::time::Duration::from_millis(write_through_bound_ms);
             if let Some(threads) = compute_threads {
                 config.compute_threads = threads;
             }
