@@ -270,6 +270,14 @@ impl Deployment {
         })
     }
 
+    /// Updates `path` once at the application server (a PUT), e.g. so a
+    /// timed run does not include the push path's first connections.
+    pub fn update(&self, path: &str) -> Result<()> {
+        let (code, body) = exchange(self.app_addr, "PUT", path)?;
+        anyhow::ensure!(code == 200, "PUT {path} at the application server: status {code}: {body}");
+        Ok(())
+    }
+
     /// Each proxy's `/_tierstack/stats`.
     pub fn proxy_stats<T: DeserializeOwned>(&self) -> Result<Vec<T>> {
         self.admin_addrs.iter().map(|a| get_json(*a, "/_tierstack/stats")).collect()
@@ -360,9 +368,15 @@ impl Drop for Deployment {
 /// line's code and the body: enough for stats endpoints and warm-up, without
 /// a runtime.
 pub fn get(addr: SocketAddr, path: &str) -> Result<(u16, String)> {
+    exchange(addr, "GET", path)
+}
+
+/// As [`get`], with `method` and an empty body.
+fn exchange(addr: SocketAddr, method: &str, path: &str) -> Result<(u16, String)> {
     let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
     stream.set_read_timeout(Some(Duration::from_secs(60)))?;
-    write!(stream, "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n")?;
+    let length = if method == "GET" { "" } else { "Content-Length: 0\r\n" };
+    write!(stream, "{method} {path} HTTP/1.1\r\nHost: {addr}\r\n{length}Connection: close\r\n\r\n")?;
     let mut response = Vec::new();
     stream.read_to_end(&mut response)?;
     let text = String::from_utf8_lossy(&response);
