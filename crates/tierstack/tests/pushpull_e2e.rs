@@ -242,6 +242,56 @@ fn write_through_survives_a_dead_proxy_on_tcp() {
     write_through_survives_a_dead_proxy(Backend::Tcp);
 }
 
+/// The version in a self-checking body's first line (`doc=<name> version=<v> …`).
+fn body_version(body: &str) -> u64 {
+    let line = body.lines().next().unwrap();
+    let word = line.split_whitespace().find_map(|w| w.strip_prefix("version=")).unwrap();
+    word.parse().unwrap()
+}
+
+/// Updates the most popular document `rounds` times; after each update
+/// answers, a GET through every proxy. Returns the summed proxy counters'
+/// growth (hits, misses, push hits) over the rounds.
+fn gets_after_updates(options: DeploymentOptions, rounds: u64) -> (u64, u64, u64) {
+    let deployment = deploy(Backend::Shm, options);
+    let trace = Trace::zipf(0.9, DOCS).unwrap();
+    let path = trace.documents()[0].path();
+    deployment.warm_up(std::slice::from_ref(&path)).unwrap();
+    let before: Vec<ProxyStats> = deployment.proxy_stats().unwrap();
+    let mut last = 0;
+    for round in 0..rounds {
+        deployment.update(&path).unwrap();
+        let versions: Vec<u64> = deployment
+            .proxy_urls
+            .iter()
+            .map(|url| {
+                let addr: std::net::SocketAddr = url.trim_start_matches("http://").parse().unwrap();
+                let (code, body) = tierstack_bench::deploy::get(addr, &path).unwrap();
+                assert_eq!(code, 200, "round {round}: {body}");
+                body_version(&body)
+            })
+            .collect();
+        assert!(versions.iter().all(|&v| v == versions[0] && v > last), "round {round}: {versions:?} after {last}");
+        last = versions[0];
+    }
+    let after: Vec<ProxyStats> = deployment.proxy_stats().unwrap();
+    deployment.stop().unwrap();
+    let growth = |f: fn(&ProxyStats) -> u64| after.iter().map(f).sum::<u64>() - before.iter().map(f).sum::<u64>();
+    (growth(|p| p.hits), growth(|p| p.misses), growth(|p| p.push_hits))
+}
+
+/// Write-through's promise: a proxy holding a document has the new
+/// version when the update answers, so the first request after it is a
+/// validated hit on the pushed copy, never a miss. (Without write-through
+/// the push lands after the answer and these requests miss: seen failing.)
+#[test]
+fn write_through_leaves_no_miss_after_an_update() {
+    let rounds = 10;
+    let (hits, misses, push_hits) = gets_after_updates(write_through("push", 256 << 10), rounds);
+    assert_eq!(misses, 0, "a request after a write-through update missed");
+    assert_eq!((hits, push_hits), (2 * rounds, 2 * rounds), "every request hit a pushed copy");
+}
+
 #[test]
 fn full_cache_states_and_caches_refuse_pushes_without_staleness() {
     // 8 slots (one bucket) track 8 of the 100 documents; a 64 KiB cache takes
