@@ -193,6 +193,14 @@ impl Tally {
         charge
     }
 
+    /// Records a consequential message (sent by a node that did not initiate
+    /// the primitive it belongs to).
+    pub fn record_consequential(&mut self, kind: MsgKind, bytes: u64) {
+        *self.messages.entry(kind).or_default() += 1;
+        *self.bytes.entry(kind).or_default() += bytes;
+        *self.consequential.entry(kind).or_default() += 1;
+    }
+
     /// The tally of `primitive` (empty if never called).
     pub fn of(&self, primitive: Primitive) -> PrimitiveTally {
         self.primitives.get(&primitive).cloned().unwrap_or_default()

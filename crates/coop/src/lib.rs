@@ -30,6 +30,7 @@ pub mod model;
 pub mod node;
 pub mod placement;
 pub mod pool;
+pub mod service;
 
 pub use counts::{paper_table_2, Charge, MsgKind, Primitive, PrimitiveTally, Tally};
 pub use key::{fingerprint, HashRing, Homes, Key};
