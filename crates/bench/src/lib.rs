@@ -14,6 +14,7 @@
 //! [`dlm`], [`ddss`], [`monitor`]; [`demo`] is the comparison `tierstack demo` tells.
 
 pub mod coherence;
+pub mod coop;
 pub mod ddss;
 pub mod demo;
 pub mod deploy;

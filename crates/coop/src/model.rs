@@ -194,6 +194,13 @@ impl Model {
         self.versions.get(&key).copied().unwrap_or(0)
     }
 
+    /// Forgets the counts (tally and stats), keeping the caches: after a
+    /// warm-up, so that a run measures the steady state.
+    pub fn reset_counts(&mut self) {
+        self.tally = Tally::default();
+        self.stats = ModelStats::default();
+    }
+
     pub fn tally(&self) -> &Tally {
         &self.tally
     }
