@@ -47,6 +47,8 @@ pub struct CoopBenchConfig {
     /// Proxy CPU per miss (see `CoopSim::miss_cpu_ns`).
     pub miss_cpu_ns: u64,
     pub proxies: Vec<usize>,
+    /// HYBCC thresholds to sweep on the 8k and 16k traces.
+    pub hybcc_thresholds: Vec<u64>,
     pub seed: u64,
 }
 
@@ -63,6 +65,7 @@ impl CoopBenchConfig {
             lookup_ns: tierstack_sim::coop::LOOKUP_NS_DEFAULT,
             miss_cpu_ns: MISS_CPU_NS,
             proxies: vec![2, 8],
+            hybcc_thresholds: vec![4 << 10, 8 << 10, 16 << 10, 32 << 10],
             seed: 1,
         }
     }
@@ -110,9 +113,19 @@ pub struct Table2Row {
     pub calls: u64,
 }
 
+/// HYBCC's size threshold, swept (seed-notes a.7 #1).
+#[derive(Clone, Debug, Serialize)]
+pub struct SweepRow {
+    pub proxies: usize,
+    pub trace: String,
+    pub small_max_bytes: u64,
+    pub throughput_per_s: f64,
+}
+
 #[derive(Clone, Debug, Serialize)]
 pub struct CoopReport {
     pub rows: Vec<CoopRow>,
+    pub sweep: Vec<SweepRow>,
     pub table2: Vec<Table2Row>,
     pub scale: f64,
     pub disk_seek_us: f64,
@@ -159,37 +172,10 @@ pub fn run_bench(config: &CoopBenchConfig) -> Result<CoopReport> {
         for coop in CoopTrace::ALL {
             let spec = TraceSpec::parse(&format!("coop:{}@{}", coop.name(), config.scale), 0.0, 0)?;
             let trace = spec.build(config.seed)?;
-            let cache_bytes = trace.cache_bytes_per_node().context("coop traces name their cache")?;
-            let files = trace.documents().len() as u64;
             let mut group = Vec::new();
             for name in SCHEMES {
                 let scheme: Scheme = name.parse()?;
-                let sim = CoopSim {
-                    scheme,
-                    proxies,
-                    backends: WEB_SERVERS,
-                    cache_bytes,
-                    lookup_ns: config.lookup_ns,
-                    miss_cpu_ns: config.miss_cpu_ns,
-                };
-                let engine = SimConfig {
-                    nodes: proxies + WEB_SERVERS,
-                    client_nodes: Some(proxies),
-                    load: Load::Closed {
-                        clients: proxies * config.clients_per_proxy,
-                        budget: Budget::Total(files * config.requests_per_file),
-                    },
-                    target_choice: TargetChoice::Random,
-                    new_connection_per_request: false,
-                    cache_bytes: 0,
-                    cache_max_object_bytes: None,
-                    disk,
-                    costs: costs.clone(),
-                    seed: config.seed,
-                };
-                let mut policy = Coop::new(sim)?;
-                policy.warm_up(&trace, config.seed ^ WARM_UP_SALT, (files * config.warm_up_per_file) as usize);
-                let report = run(&engine, &trace, policy)?;
+                let report = simulate(config, &costs, disk, &trace, scheme, proxies)?;
                 let c = |k: &str| report.policy_counters.get(k).copied().unwrap_or(0) as f64;
                 let total = (c("coop_local_hits") + c("coop_remote_hits") + c("coop_misses")).max(1.0);
                 group.push(CoopRow {
@@ -215,9 +201,25 @@ pub fn run_bench(config: &CoopBenchConfig) -> Result<CoopReport> {
             rows.extend(group);
         }
     }
+    let mut sweep = Vec::new();
+    for &proxies in &config.proxies {
+        for coop in [CoopTrace::K8, CoopTrace::K16] {
+            let trace = TraceSpec::parse(&format!("coop:{}@{}", coop.name(), config.scale), 0.0, 0)?.build(config.seed)?;
+            for &small_max_bytes in &config.hybcc_thresholds {
+                let report = simulate(config, &costs, disk, &trace, Scheme::Hybcc { small_max_bytes }, proxies)?;
+                sweep.push(SweepRow {
+                    proxies,
+                    trace: coop.name().into(),
+                    small_max_bytes,
+                    throughput_per_s: report.throughput_per_s,
+                });
+            }
+        }
+    }
     let table2 = measure_table_2(config)?;
     let report = CoopReport {
         rows,
+        sweep,
         table2,
         scale: config.scale,
         disk_seek_us: config.disk_seek_us,
@@ -245,6 +247,46 @@ pub fn run_bench(config: &CoopBenchConfig) -> Result<CoopReport> {
         bar_chart(&config.out.join(format!("fig5-{proxies}p.svg")), &title, axes, &categories, &groups)?;
     }
     Ok(report)
+}
+
+/// One simulation: `scheme` on `proxies` proxies and the web servers,
+/// warmed up, then `requests_per_file` requests per document.
+fn simulate(
+    config: &CoopBenchConfig,
+    costs: &Costs,
+    disk: tierstack_sim::DiskModel,
+    trace: &tierstack_workload::Trace,
+    scheme: Scheme,
+    proxies: usize,
+) -> Result<tierstack_sim::SimReport> {
+    let cache_bytes = trace.cache_bytes_per_node().context("coop traces name their cache")?;
+    let files = trace.documents().len() as u64;
+    let sim = CoopSim {
+        scheme,
+        proxies,
+        backends: WEB_SERVERS,
+        cache_bytes,
+        lookup_ns: config.lookup_ns,
+        miss_cpu_ns: config.miss_cpu_ns,
+    };
+    let engine = SimConfig {
+        nodes: proxies + WEB_SERVERS,
+        client_nodes: Some(proxies),
+        load: Load::Closed {
+            clients: proxies * config.clients_per_proxy,
+            budget: Budget::Total(files * config.requests_per_file),
+        },
+        target_choice: TargetChoice::Random,
+        new_connection_per_request: false,
+        cache_bytes: 0,
+        cache_max_object_bytes: None,
+        disk,
+        costs: costs.clone(),
+        seed: config.seed,
+    };
+    let mut policy = Coop::new(sim)?;
+    policy.warm_up(trace, config.seed ^ WARM_UP_SALT, (files * config.warm_up_per_file) as usize);
+    Ok(run(&engine, trace, policy)?)
 }
 
 /// Table 2: one stream per trace through the model, per scheme, on 2
@@ -328,4 +370,14 @@ fn print_report(report: &CoopReport) {
         ]);
     }
     println!("{}", t2.render());
+    let mut sw = Table::new("HYBCC's size threshold (small: BCC on the proxies; larger: MTACC)", &["proxies", "trace", "small max", "TPS"]);
+    for r in &report.sweep {
+        sw.row(vec![
+            format!("{}+{WEB_SERVERS}", r.proxies),
+            r.trace.clone(),
+            format!("{} KiB", r.small_max_bytes >> 10),
+            format!("{:.0}", r.throughput_per_s),
+        ]);
+    }
+    println!("{}", sw.render());
 }
