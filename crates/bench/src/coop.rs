@@ -204,7 +204,8 @@ pub fn run_bench(config: &CoopBenchConfig) -> Result<CoopReport> {
     let mut sweep = Vec::new();
     for &proxies in &config.proxies {
         for coop in [CoopTrace::K8, CoopTrace::K16] {
-            let trace = TraceSpec::parse(&format!("coop:{}@{}", coop.name(), config.scale), 0.0, 0)?.build(config.seed)?;
+            let trace =
+                TraceSpec::parse(&format!("coop:{}@{}", coop.name(), config.scale), 0.0, 0)?.build(config.seed)?;
             for &small_max_bytes in &config.hybcc_thresholds {
                 let report = simulate(config, &costs, disk, &trace, Scheme::Hybcc { small_max_bytes }, proxies)?;
                 sweep.push(SweepRow {
@@ -370,7 +371,10 @@ fn print_report(report: &CoopReport) {
         ]);
     }
     println!("{}", t2.render());
-    let mut sw = Table::new("HYBCC's size threshold (small: BCC on the proxies; larger: MTACC)", &["proxies", "trace", "small max", "TPS"]);
+    let mut sw = Table::new(
+        "HYBCC's size threshold (small: BCC on the proxies; larger: MTACC)",
+        &["proxies", "trace", "small max", "TPS"],
+    );
     for r in &report.sweep {
         sw.row(vec![
             format!("{}+{WEB_SERVERS}", r.proxies),
