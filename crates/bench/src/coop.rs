@@ -122,9 +122,30 @@ pub struct SweepRow {
     pub throughput_per_s: f64,
 }
 
+/// The fabric service itself (in-process nodes), per backend and scheme.
+#[derive(Clone, Debug, Serialize)]
+pub struct ServiceRow {
+    pub backend: String,
+    pub scheme: String,
+    pub requests: u64,
+    pub local_hit_pct: f64,
+    pub remote_hit_pct: f64,
+    pub miss_pct: f64,
+    /// Table 2's maxima counted by the service: (control, data).
+    pub fetch_max: (u32, u32),
+    pub store_max: (u32, u32),
+    pub remote_hit_p50_us: f64,
+    pub remote_hit_p99_us: f64,
+    pub store_p50_us: f64,
+    /// Bodies served that did not match the document (must be 0).
+    pub wrong_bodies: u64,
+    pub load_average: String,
+}
+
 #[derive(Clone, Debug, Serialize)]
 pub struct CoopReport {
     pub rows: Vec<CoopRow>,
+    pub service: Vec<ServiceRow>,
     pub sweep: Vec<SweepRow>,
     pub table2: Vec<Table2Row>,
     pub scale: f64,
@@ -218,8 +239,10 @@ pub fn run_bench(config: &CoopBenchConfig) -> Result<CoopReport> {
         }
     }
     let table2 = measure_table_2(config)?;
+    let service = measure_service(config)?;
     let report = CoopReport {
         rows,
+        service,
         sweep,
         table2,
         scale: config.scale,
@@ -333,6 +356,97 @@ fn measure_table_2(config: &CoopBenchConfig) -> Result<Vec<Table2Row>> {
     Ok(out)
 }
 
+/// The trace of the service runs: small enough for in-process nodes.
+pub const SERVICE_TRACE: &str = "coop:16k@0.02";
+/// Requests per service run.
+pub const SERVICE_REQUESTS: usize = 3_000;
+
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default()
+}
+
+/// Runs the fabric service (`tierstack_coop::service`) in-process on shm
+/// and tcp: 2 proxies and 2 passive nodes, one request at a time alternating
+/// between the proxies, every body checked; counts Table 2 on the service's
+/// own counters and times remote hits and stores.
+fn measure_service(config: &CoopBenchConfig) -> Result<Vec<ServiceRow>> {
+    use std::sync::Arc;
+    use std::time::Instant;
+    use tierstack_cluster::{local_cluster, Backend};
+    use tierstack_coop::service::{CoopConfig, CoopNode, Lookup};
+    use tierstack_fabric::NodeId;
+    let trace = TraceSpec::parse(SERVICE_TRACE, 0.0, 0)?.build(config.seed)?;
+    let cache = trace.cache_bytes_per_node().context("coop traces name their cache")?;
+    let docs = trace.documents();
+    let body = |doc: usize| -> Vec<u8> {
+        let key = doc as u64;
+        (0..docs[doc].size_bytes).map(|i| (tierstack_coop::key::mix(key ^ (i / 8)) >> (8 * (i % 8))) as u8).collect()
+    };
+    let mut out = Vec::new();
+    for backend in [Backend::Shm, Backend::Tcp] {
+        for name in ["bcc", "ccwr", "mtacc", "hybcc"] {
+            let load = load_average();
+            let cluster = local_cluster(backend, 4)?;
+            let ids: Vec<NodeId> = (0..4).map(NodeId).collect();
+            let coop = CoopConfig::new(name.parse()?, ids[..2].to_vec(), ids[2..].to_vec(), cache);
+            let nodes = cluster
+                .fabrics()
+                .iter()
+                .map(|f| CoopNode::start(Arc::clone(f), coop.clone()))
+                .collect::<Result<Vec<_>, _>>()?;
+            let (mut remote_ns, mut store_ns, mut wrong) = (Vec::new(), Vec::new(), 0u64);
+            for (i, doc) in trace.stream(config.seed, 0, 1).take(SERVICE_REQUESTS).enumerate() {
+                let node = &nodes[i % 2];
+                let started = Instant::now();
+                match node.get(doc as u64)? {
+                    Lookup::Local { body: b, .. } => wrong += u64::from(b != body(doc)),
+                    Lookup::Remote { body: b, .. } => {
+                        remote_ns.push(started.elapsed().as_nanos() as u64);
+                        wrong += u64::from(b != body(doc));
+                    }
+                    Lookup::Miss => {
+                        let b = body(doc);
+                        let started = Instant::now();
+                        node.put(doc as u64, 0, &b)?;
+                        store_ns.push(started.elapsed().as_nanos() as u64);
+                    }
+                }
+            }
+            let mut tally = Tally::default();
+            let (mut local, mut remote, mut miss) = (0u64, 0u64, 0u64);
+            for n in &nodes {
+                let s = n.stats();
+                tally.merge(&s.tally);
+                local += s.local_hits;
+                remote += s.remote_hits;
+                miss += s.misses;
+            }
+            let total = (local + remote + miss).max(1) as f64;
+            let (r, st) = (crate::stats::summarize(remote_ns, 1), crate::stats::summarize(store_ns, 1));
+            let max = |p: Primitive| (tally.of(p).control_max, tally.of(p).data_max);
+            out.push(ServiceRow {
+                backend: backend.name().into(),
+                scheme: name.into(),
+                requests: SERVICE_REQUESTS as u64,
+                local_hit_pct: 100.0 * local as f64 / total,
+                remote_hit_pct: 100.0 * remote as f64 / total,
+                miss_pct: 100.0 * miss as f64 / total,
+                fetch_max: max(Primitive::Fetch),
+                store_max: max(Primitive::Store),
+                remote_hit_p50_us: r.p50_ns as f64 / 1e3,
+                remote_hit_p99_us: r.p99_ns as f64 / 1e3,
+                store_p50_us: st.p50_ns as f64 / 1e3,
+                wrong_bodies: wrong,
+                load_average: load,
+            });
+            drop(nodes);
+        }
+    }
+    Ok(out)
+}
+
 fn print_report(report: &CoopReport) {
     let mut table = Table::new(
         &format!(
@@ -371,6 +485,28 @@ fn print_report(report: &CoopReport) {
         ]);
     }
     println!("{}", t2.render());
+    let mut sv = Table::new(
+        &format!(
+            "the fabric service in-process ({SERVICE_TRACE}, 2 proxies + 2 passive, {SERVICE_REQUESTS} requests, every body checked; debug build)"
+        ),
+        &["backend", "scheme", "local %", "remote %", "miss %", "fetch max", "store max", "remote hit p50/p99 us", "store p50 us", "wrong", "load avg"],
+    );
+    for r in &report.service {
+        sv.row(vec![
+            r.backend.clone(),
+            r.scheme.to_uppercase(),
+            format!("{:.1}", r.local_hit_pct),
+            format!("{:.1}", r.remote_hit_pct),
+            format!("{:.1}", r.miss_pct),
+            format!("{},{}", r.fetch_max.0, r.fetch_max.1),
+            format!("{},{}", r.store_max.0, r.store_max.1),
+            format!("{:.0}/{:.0}", r.remote_hit_p50_us, r.remote_hit_p99_us),
+            format!("{:.0}", r.store_p50_us),
+            r.wrong_bodies.to_string(),
+            r.load_average.clone(),
+        ]);
+    }
+    println!("{}", sv.render());
     let mut sw = Table::new(
         "HYBCC's size threshold (small: BCC on the proxies; larger: MTACC)",
         &["proxies", "trace", "small max", "TPS"],
