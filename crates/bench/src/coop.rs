@@ -20,6 +20,7 @@
 //! alone (every message the schemes send, charged by the seed-notes a.3
 //! rule), per scheme, over each trace, and printed beside the paper's cell.
 
+use crate::html::Page;
 use crate::report::{bar_chart, write_json, Axes, BarGroup, Table};
 use anyhow::{Context, Result};
 use serde::Serialize;
@@ -250,7 +251,12 @@ pub fn run_bench(config: &CoopBenchConfig) -> Result<CoopReport> {
         miss_cpu_ns: config.miss_cpu_ns,
         lookup_ns: config.lookup_ns,
     };
-    print_report(&report);
+    let mut page = Page::new("tierstack bench coop: cooperative caching (coop seed Fig. 5/6 and Table 2)");
+    page.paragraph(
+        "Simulated with tierstack sim and the schemes' own decision code (tierstack_coop); the seed's values \
+         beside ours where it gives them. See docs/results.md for the calibration and each shape checked.",
+    );
+    print_report(&report, &mut page);
     write_json(&config.out.join("coop.json"), &report)?;
     for &proxies in &config.proxies {
         let categories: Vec<String> = CoopTrace::ALL.iter().map(|t| format!("{}-trace", t.name())).collect();
@@ -268,8 +274,11 @@ pub fn run_bench(config: &CoopBenchConfig) -> Result<CoopReport> {
             .collect();
         let axes = Axes { x_label: "trace", y_label: "throughput (requests/s, simulated)", log_x: false, log_y: false };
         let title = format!("Data-center throughput, {proxies} proxies + {WEB_SERVERS} web servers (coop Fig. 5)");
-        bar_chart(&config.out.join(format!("fig5-{proxies}p.svg")), &title, axes, &categories, &groups)?;
+        let svg = config.out.join(format!("fig5-{proxies}p.svg"));
+        bar_chart(&svg, &title, axes, &categories, &groups)?;
+        page.plot(&svg)?;
     }
+    page.write(&config.out)?;
     Ok(report)
 }
 
@@ -447,7 +456,7 @@ fn measure_service(config: &CoopBenchConfig) -> Result<Vec<ServiceRow>> {
     Ok(out)
 }
 
-fn print_report(report: &CoopReport) {
+fn print_report(report: &CoopReport, page: &mut Page) {
     let mut table = Table::new(
         &format!(
             "coop Fig. 5/6 (tierstack sim, scale {}, web-server disk seek {} us, proxy CPU per miss {} us, lookup {} ns per page table)",
@@ -469,7 +478,7 @@ fn print_report(report: &CoopReport) {
             r.paper.clone(),
         ]);
     }
-    println!("{}", table.render());
+    page.print(&table);
     let mut t2 = Table::new(
         "coop Table 2: messages per primitive (control, data): paper's maximum vs measured maximum and mean",
         &["scheme", "primitive", "paper max", "measured max", "measured mean", "calls"],
@@ -484,7 +493,7 @@ fn print_report(report: &CoopReport) {
             r.calls.to_string(),
         ]);
     }
-    println!("{}", t2.render());
+    page.print(&t2);
     let mut sv = Table::new(
         &format!(
             "the fabric service in-process ({SERVICE_TRACE}, 2 proxies + 2 passive, {SERVICE_REQUESTS} requests, every body checked; debug build)"
@@ -506,7 +515,7 @@ fn print_report(report: &CoopReport) {
             r.load_average.clone(),
         ]);
     }
-    println!("{}", sv.render());
+    page.print(&sv);
     let mut sw = Table::new(
         "HYBCC's size threshold (small: BCC on the proxies; larger: MTACC)",
         &["proxies", "trace", "small max", "TPS"],
@@ -519,5 +528,5 @@ fn print_report(report: &CoopReport) {
             format!("{:.0}", r.throughput_per_s),
         ]);
     }
-    println!("{}", sw.render());
+    page.print(&sw);
 }
