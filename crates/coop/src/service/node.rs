@@ -298,9 +298,12 @@ impl Shared {
         if to == self.me {
             return true;
         }
+        // Counted before it leaves, so a receiver never handles a message
+        // the counts do not show as sent yet (the quiescence check).
+        self.sent.fetch_add(1, Ordering::SeqCst);
         let ok = self.fabric.send(self.members[to], Channel::COOP_CACHE, &msg.encode()).is_ok();
-        if ok {
-            self.sent.fetch_add(1, Ordering::SeqCst);
+        if !ok {
+            self.sent.fetch_sub(1, Ordering::SeqCst);
         }
         ok
     }
@@ -349,8 +352,9 @@ impl Shared {
             if i != self.me {
                 state.stats.announces += 1;
                 state.stats.announce_bytes += msg.len() as u64;
-                if self.fabric.send(node, Channel::COOP_CACHE, &msg).is_ok() {
-                    self.sent.fetch_add(1, Ordering::SeqCst);
+                self.sent.fetch_add(1, Ordering::SeqCst);
+                if self.fabric.send(node, Channel::COOP_CACHE, &msg).is_err() {
+                    self.sent.fetch_sub(1, Ordering::SeqCst);
                 }
             }
         }
