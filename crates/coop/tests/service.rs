@@ -35,16 +35,21 @@ fn start(backend: Backend, scheme: Scheme, active: usize, passive: usize) -> Clu
 }
 
 impl Cluster {
-    /// Waits until every message sent has been handled (bounded).
+    /// Waits until every message sent has been handled (bounded): two
+    /// snapshots in a row, equal to each other, with as many handled as
+    /// sent (the counts are read node by node, so one snapshot taken while
+    /// messages still flow could balance by accident; two identical ones
+    /// cannot, as nothing moved between them).
     fn settle(&self) {
         let deadline = Instant::now() + Duration::from_secs(10);
+        let mut previous = None;
         loop {
-            let (sent, handled) =
-                self.nodes.iter().map(CoopNode::message_counts).fold((0, 0), |(a, b), (s, h)| (a + s, b + h));
-            if sent == handled {
+            let now = self.nodes.iter().map(CoopNode::message_counts).fold((0, 0), |(a, b), (s, h)| (a + s, b + h));
+            if now.0 == now.1 && previous == Some(now) {
                 return;
             }
-            assert!(Instant::now() < deadline, "the cluster never settled: {sent} sent, {handled} handled");
+            previous = Some(now);
+            assert!(Instant::now() < deadline, "the cluster never settled: {} sent, {} handled", now.0, now.1);
             std::thread::sleep(Duration::from_micros(200));
         }
     }
