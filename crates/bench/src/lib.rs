@@ -16,6 +16,7 @@
 
 pub mod cluster;
 pub mod coherence;
+pub mod coop;
 pub mod ddss;
 pub mod demo;
 pub mod deploy;

@@ -12,7 +12,7 @@ fn layer(name: &str) -> Option<u32> {
         "fabric-shm" | "fabric-tcp" => 3,
         "cluster" => 4,
         "dlm" | "ddss" => 5,
-        "coherent" | "monitor" => 6,
+        "coherent" | "monitor" | "coop" => 6,
         "pushpull" | "tier-http" => 7,
         "appserver" | "proxy" => 8,
         "origin" => 8,
