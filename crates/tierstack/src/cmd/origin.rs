@@ -112,7 +112,7 @@ fn last_modified(text: Option<&str>) -> Result<SystemTime> {
 }
 
 /// Resolves when standard input reaches its end, Ctrl-C or SIGTERM arrives.
-async fn until_stopped() -> Result<()> {
+pub(crate) async fn until_stopped() -> Result<()> {
     let stdin_closed = tokio::task::spawn_blocking(|| {
         let mut sink = String::new();
         while std::io::stdin().read_line(&mut sink).map(|n| n > 0).unwrap_or(false) {
