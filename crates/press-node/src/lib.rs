@@ -16,9 +16,11 @@
 //! is the same code without distribution or dissemination.
 //!
 //! Communication versions ([`TransportKind`]): `tcp` (fabric messages on the
-//! `tcp` backend) and `base` (fabric messages on the `shm` backend plus
-//! PRESS's window flow control). The remote-write versions (`rdma-1c`,
-//! `rdma`, `zero`) are not built yet and are refused by name.
+//! `tcp` backend), `base` (fabric messages on the `shm` backend plus
+//! PRESS's window flow control) and `rdma-1c` (one-sided writes into
+//! per-pair rings in the receiver's registered memory, polled, one copy at
+//! the receiver: [`rings`]). `rdma` and `zero` are not built yet and are
+//! refused by name.
 //!
 //! A peer whose process ended (`Fabric::peer_state` is `Gone`) after a
 //! failed or unanswered forward leaves the view, so its files are taken over
@@ -26,6 +28,7 @@
 //! node costs a bounded wait (`forward_timeout`), never a hung client.
 
 mod node;
+pub mod rings;
 pub mod transport;
 
 pub use transport::{TransportKind, Window, WINDOW_DEFAULT};
@@ -105,6 +108,8 @@ pub enum NodeError {
     Bind { addr: SocketAddr, source: std::io::Error },
     #[error("starting the receive thread: {0}")]
     Thread(std::io::Error),
+    #[error("setting up the transport: {0}")]
+    Link(transport::LinkError),
 }
 
 /// A node's counters (the admin listener's `GET /stats`, and the exit line).
@@ -158,6 +163,7 @@ pub struct PressNode {
     local_addr: SocketAddr,
     admin_addr: Option<SocketAddr>,
     receiver: Option<std::thread::JoinHandle<()>>,
+    poller: Option<std::thread::JoinHandle<()>>,
 }
 
 impl PressNode {
@@ -184,7 +190,15 @@ impl PressNode {
             None => None,
         };
         let admin_addr = admin.as_ref().and_then(|l| l.local_addr().ok());
-        let link = transport::Link::new(fabric, config.transport, config.nodes, config.window, config.forward_timeout);
+        let link = transport::Link::new(
+            fabric,
+            config.transport,
+            config.me,
+            config.nodes,
+            config.window,
+            config.forward_timeout,
+        )
+        .map_err(NodeError::Link)?;
         let shared = Arc::new(Shared {
             storage: Mutex::new(tierstack_origin::Storage::new(config.storage)),
             config,
@@ -204,6 +218,18 @@ impl PressNode {
                 .name("press-recv".into())
                 .spawn(move || shared.receive_loop())
                 .map_err(NodeError::Thread)?
+        };
+        let poller = match shared.link.rings() {
+            Some(_) => {
+                let shared = shared.clone();
+                Some(
+                    std::thread::Builder::new()
+                        .name("press-poll".into())
+                        .spawn(move || shared.poll_loop())
+                        .map_err(NodeError::Thread)?,
+                )
+            }
+            None => None,
         };
         let stop = Stop::new();
         let load = shared.load.clone();
@@ -229,7 +255,7 @@ impl PressNode {
             });
             tokio::spawn(serve(admin, handler, stop.clone()));
         }
-        Ok(PressNode { shared, stop, local_addr, admin_addr, receiver: Some(receiver) })
+        Ok(PressNode { shared, stop, local_addr, admin_addr, receiver: Some(receiver), poller })
     }
 
     pub fn local_addr(&self) -> SocketAddr {
@@ -250,6 +276,9 @@ impl PressNode {
         self.shared.stop.store(true, Ordering::Relaxed);
         if let Some(receiver) = self.receiver.take() {
             let _ = receiver.join();
+        }
+        if let Some(poller) = self.poller.take() {
+            let _ = poller.join();
         }
         self.shared.snapshot()
     }

@@ -334,6 +334,13 @@ impl Shared {
         }
     }
 
+    /// The remote-write versions' poll thread.
+    pub(crate) fn poll_loop(self: Arc<Self>) {
+        if let Some(rings) = self.link.rings() {
+            rings.poll_loop(&self.stop, self.link.counters(), |from, message| self.on_message(from, message));
+        }
+    }
+
     fn on_message(self: &Arc<Self>, from: Member, message: Message) {
         {
             let mut view = self.view();

@@ -29,6 +29,8 @@ pub const WINDOW_DEFAULT: u32 = 32;
 pub enum TransportKind {
     Tcp,
     Base,
+    /// One-sided writes into per-pair rings, one copy at the receiver.
+    Rdma1c,
 }
 
 impl TransportKind {
@@ -36,14 +38,16 @@ impl TransportKind {
         match self {
             TransportKind::Tcp => "tcp",
             TransportKind::Base => "base",
+            TransportKind::Rdma1c => "rdma-1c",
         }
     }
 
-    /// The fabric backend this version runs over.
+    /// The fabric backend this version runs over (`shm` is the one-sided
+    /// stand-in for RDMA on one host).
     pub fn backend(self) -> &'static str {
         match self {
             TransportKind::Tcp => "tcp",
-            TransportKind::Base => "shm",
+            TransportKind::Base | TransportKind::Rdma1c => "shm",
         }
     }
 }
@@ -54,8 +58,9 @@ impl std::str::FromStr for TransportKind {
         match s {
             "tcp" => Ok(TransportKind::Tcp),
             "base" => Ok(TransportKind::Base),
-            "rdma-1c" | "rdma" | "zero" => Err(format!("transport {s:?} is not built yet (tcp, base)")),
-            other => Err(format!("unknown transport {other:?} (expected tcp or base)")),
+            "rdma-1c" => Ok(TransportKind::Rdma1c),
+            "rdma" | "zero" => Err(format!("transport {s:?} is not built yet (tcp, base, rdma-1c)")),
+            other => Err(format!("unknown transport {other:?} (expected tcp, base or rdma-1c)")),
         }
     }
 }
@@ -69,6 +74,8 @@ pub enum LinkError {
     Fabric(#[from] FabricError),
     #[error("no flow-control credit from {to} within {waited_ms} ms (its receiver is not consuming)")]
     NoCredit { to: Member, waited_ms: u64 },
+    #[error("a message of {bytes} bytes does not fit the rings")]
+    TooLarge { bytes: u64 },
 }
 
 /// Window flow control, both halves: the credits this node may spend per
@@ -172,19 +179,32 @@ pub struct Link {
     kind: TransportKind,
     counters: Counters,
     window: Option<Window>,
+    rings: Option<Arc<crate::rings::Rings>>,
     credit_timeout: Duration,
 }
 
 impl Link {
+    /// The link of `kind`; the remote-write versions register their rings here.
     pub fn new(
         fabric: Arc<dyn Fabric>,
         kind: TransportKind,
+        me: Member,
         nodes: usize,
         window: u32,
         credit_timeout: Duration,
-    ) -> Link {
+    ) -> Result<Link, LinkError> {
+        let rings = match kind {
+            TransportKind::Rdma1c => {
+                Some(Arc::new(crate::rings::Rings::register(fabric.clone(), me, nodes, window, credit_timeout)?))
+            }
+            _ => None,
+        };
         let window = (kind == TransportKind::Base).then(|| Window::new(nodes, window));
-        Link { fabric, kind, counters: Counters::default(), window, credit_timeout }
+        Ok(Link { fabric, kind, counters: Counters::default(), window, rings, credit_timeout })
+    }
+
+    pub fn rings(&self) -> Option<&Arc<crate::rings::Rings>> {
+        self.rings.as_ref()
     }
 
     pub fn kind(&self) -> TransportKind {
@@ -207,6 +227,9 @@ impl Link {
     /// and for room at the receiver. Blocks: call it from a thread that may
     /// block (`spawn_blocking`, the receive thread), never from an async task.
     pub fn send(&self, to: Member, message: &Message) -> Result<(), LinkError> {
+        if let Some(rings) = &self.rings {
+            return rings.send(to, message, &self.counters);
+        }
         let bytes = encode(message)?;
         if let Some(window) = &self.window {
             if needs_credit(&message.body) {
@@ -268,6 +291,7 @@ mod tests {
         assert_eq!("tcp".parse::<TransportKind>().unwrap(), TransportKind::Tcp);
         assert_eq!("base".parse::<TransportKind>().unwrap().backend(), "shm");
         assert!("zero".parse::<TransportKind>().unwrap_err().contains("not built"));
+        assert_eq!("rdma-1c".parse::<TransportKind>().unwrap().backend(), "shm");
         assert!("udp".parse::<TransportKind>().is_err());
         assert!(needs_credit(&Body::Forward { request: 1, path: "/".into() }));
         assert!(!needs_credit(&Body::Flow { credits: 1 }));

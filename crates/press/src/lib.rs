@@ -27,6 +27,7 @@
 pub mod counters;
 pub mod policy;
 pub mod proto;
+pub mod ring;
 pub mod view;
 
 pub use counters::{Counters, Counts, Table2Row};

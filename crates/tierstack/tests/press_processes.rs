@@ -144,7 +144,7 @@ fn check_cluster(transport: &str) {
     assert!(counts.messages(MsgType::Caching) > 0);
     match transport {
         "tcp" => assert_eq!(counts.messages(MsgType::Flow), 0, "TCP has no flow-control messages"),
-        _ => assert!(counts.messages(MsgType::Flow) > 0, "Base returns credits in Flow messages"),
+        _ => assert!(counts.messages(MsgType::Flow) > 0, "Base and the rings return credits (Flow)"),
     }
     // Every served request was served exactly once somewhere.
     assert_eq!(sum(|s| s.served_local + s.served_uncached + s.forwarded), requests as u64);
@@ -166,9 +166,24 @@ fn a_tcp_cluster_serves_every_byte_and_counts_its_messages() {
 }
 
 #[test]
+fn an_rdma_1c_cluster_serves_every_byte_and_counts_its_messages() {
+    check_cluster("rdma-1c");
+}
+
+#[test]
 fn a_killed_nodes_files_are_served_by_the_others_without_a_hang() {
+    check_kill("base");
+}
+
+#[test]
+fn a_killed_nodes_files_are_served_by_the_others_without_a_hang_on_rdma_1c() {
+    check_kill("rdma-1c");
+}
+
+fn check_kill(transport: &str) {
     let dir = tempfile::tempdir().unwrap();
-    let mut cluster = start_cluster(dir.path(), "press-kill", "base", 3, &["--forward-timeout-ms", "1000"]);
+    let name = format!("press-kill-{transport}");
+    let mut cluster = start_cluster(dir.path(), &name, transport, 3, &["--forward-timeout-ms", "1000"]);
     let trace = trace();
     request_all(&cluster.iter().collect::<Vec<_>>(), &trace, 1);
     let held_by_2 = stats(&cluster[2]).cache_objects;
@@ -204,12 +219,21 @@ fn eventually(what: &str, mut check: impl FnMut() -> bool) {
 
 #[test]
 fn a_receiver_that_stops_consuming_holds_its_sender_to_the_window_and_nothing_hangs() {
+    check_full_window("base");
+}
+
+#[test]
+fn a_full_ring_holds_its_sender_and_nothing_hangs_on_rdma_1c() {
+    check_full_window("rdma-1c");
+}
+
+fn check_full_window(transport: &str) {
     const WINDOW: u64 = 4;
     let dir = tempfile::tempdir().unwrap();
     let cluster = start_cluster(
         dir.path(),
-        "press-flow",
-        "base",
+        &format!("press-flow-{transport}"),
+        transport,
         2,
         &["--window", &WINDOW.to_string(), "--forward-timeout-ms", "300"],
     );

@@ -27,7 +27,7 @@ pub struct PressNodeArgs {
     /// press (Fig. 1 distribution) or traditional (every node on its own).
     #[arg(long, default_value = "press")]
     mode: Mode,
-    /// Communication version: tcp (topology fabric tcp) or base (fabric shm).
+    /// Communication version: tcp (topology fabric tcp), base or rdma-1c (fabric shm).
     #[arg(long, default_value = "base")]
     transport: TransportKind,
     /// The documents served: a trace's (`/doc/<name>`, their sizes), as
@@ -58,7 +58,7 @@ pub struct PressNodeArgs {
     /// Longest wait for a forwarded request's reply, in ms, before serving it here.
     #[arg(long, default_value_t = 2000)]
     forward_timeout_ms: u64,
-    /// Base flow-control window (messages per ordered pair).
+    /// Flow-control window: messages in flight per ordered pair (base: credits; rdma-1c: ring entries).
     #[arg(long, default_value_t = WINDOW_DEFAULT)]
     window: u32,
     /// Runtime worker threads.
