@@ -2,6 +2,7 @@
 //! the one-hop service at the service node, caching broadcasts, piggy-backed
 //! loads, and the fallback when a service node is gone.
 
+use crate::rings::Arrival;
 use crate::transport::{node_id, Link};
 use crate::{Mode, NodeConfig, NodeStats};
 use bytes::Bytes;
@@ -24,7 +25,7 @@ use tokio::sync::oneshot;
 const RECV_SLICE: Duration = Duration::from_millis(50);
 
 /// What a forwarded request's reply brings back.
-type Reply = (FileStatus, Vec<u8>);
+type Reply = (FileStatus, Bytes);
 
 #[derive(Default)]
 pub(crate) struct Stats {
@@ -264,7 +265,7 @@ impl Shared {
                 match self.forward(service, &path).await {
                     Some((FileStatus::Ok, data)) => {
                         self.stats.replies_relayed.fetch_add(1, Ordering::Relaxed);
-                        Bytes::from(data)
+                        data
                     }
                     Some((FileStatus::NotFound, _)) => return text(StatusCode::NOT_FOUND, "not found\n"),
                     Some((FileStatus::Failed, _)) | None => {
@@ -337,22 +338,38 @@ impl Shared {
     /// The remote-write versions' poll thread.
     pub(crate) fn poll_loop(self: Arc<Self>) {
         if let Some(rings) = self.link.rings() {
-            rings.poll_loop(&self.stop, self.link.counters(), |from, message| self.on_message(from, message));
+            rings.poll_loop(&self.stop, self.link.counters(), |from, arrival| match arrival {
+                Arrival::Message(message) => self.on_message(from, message),
+                Arrival::File { load, request, status, data } => {
+                    self.note_sender(from, load);
+                    self.complete(request, status, data);
+                }
+            });
         }
     }
 
-    fn on_message(self: &Arc<Self>, from: Member, message: Message) {
-        {
-            let mut view = self.view();
-            if !view.is_alive(from) {
-                // A node we declared dead speaks again: it was restarted.
-                view.mark_alive(from);
-                if let Some(w) = self.link.window() {
-                    w.reset(from);
-                }
-            }
-            view.set_load(from, message.load);
+    /// A forwarded request's file arrived.
+    fn complete(&self, request: u64, status: FileStatus, data: Bytes) {
+        if let Some(tx) = self.pending.lock().unwrap_or_else(PoisonError::into_inner).remove(&request) {
+            let _ = tx.send((status, data));
         }
+    }
+
+    /// Every message updates its sender's load (piggy-backing); a sender
+    /// declared dead that speaks again was restarted.
+    fn note_sender(&self, from: Member, load: u32) {
+        let mut view = self.view();
+        if !view.is_alive(from) {
+            view.mark_alive(from);
+            if let Some(w) = self.link.window() {
+                w.reset(from);
+            }
+        }
+        view.set_load(from, load);
+    }
+
+    fn on_message(self: &Arc<Self>, from: Member, message: Message) {
+        self.note_sender(from, message.load);
         if let Some(w) = self.link.window() {
             if crate::transport::needs_credit(&message.body) {
                 if let Some(credits) = w.consumed(from) {
@@ -368,11 +385,7 @@ impl Shared {
                 let shared = self.clone();
                 self.runtime.spawn(shared.serve_forwarded(from, request, path));
             }
-            Body::File { request, status, data } => {
-                if let Some(tx) = self.pending.lock().unwrap_or_else(PoisonError::into_inner).remove(&request) {
-                    let _ = tx.send((status, data));
-                }
-            }
+            Body::File { request, status, data } => self.complete(request, status, Bytes::from(data)),
             Body::Caching { start, path } => {
                 let event = if start { CachingEvent::Start } else { CachingEvent::Stop };
                 self.view().on_caching(from, &path, event);

@@ -17,16 +17,23 @@
 //! buffer-management messages, which "can be overwritten". A sender whose
 //! rings are full polls its own credit words, bounded by its timeout.
 //!
+//! RDMA (`serve_from_ring`) skips that copy: the file reaches the initial
+//! node's client straight from the ring (a `Bytes` owning a `RegionBytes`
+//! view), and the data is released, in ring order, when the response body
+//! is dropped.
+//!
 //! Not handled: a peer that restarts (its new region starts at sequence 1
 //! while this node expects the old lap's next number); a killed peer is
 //! detected by the failed write and leaves the view.
 
 use crate::transport::{node_id, LinkError};
+use bytes::Bytes;
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
-use tierstack_fabric::{Fabric, LocalRegion, Op, RemoteRegion};
-use tierstack_press::proto::{decode, encode, Body, Message, MsgType};
+use tierstack_fabric::{Fabric, LocalRegion, LocalSlice, Op, RegionBytes, RemoteRegion};
+use tierstack_press::proto::{decode, encode, Body, FileStatus, Message, MsgType};
 use tierstack_press::ring::{Full, ReceiverRing, RingLayout, SenderRing, ENTRY_HEADER_BYTES, ENTRY_PAYLOAD_MAX};
 use tierstack_press::{Counters, Member};
 
@@ -45,6 +52,10 @@ pub struct Rings {
     out: Vec<Mutex<SenderRing>>,
     /// Per peer: the handle to its region (for messages and credits).
     handles: Mutex<Vec<Option<Arc<dyn RemoteRegion>>>>,
+    /// Per sender: what this node consumed and released of its rings.
+    inbound: Mutex<Vec<Inbound>>,
+    /// RDMA: serve files straight from the ring; RDMA-1c: copy them out.
+    serve_from_ring: bool,
     timeout: Duration,
 }
 
@@ -57,6 +68,7 @@ impl Rings {
         me: Member,
         nodes: usize,
         entries: u32,
+        serve_from_ring: bool,
         timeout: Duration,
     ) -> Result<Rings, LinkError> {
         let layout = RingLayout { nodes: nodes as u64, entries: u64::from(entries.max(2)), data_bytes: DATA_BYTES };
@@ -68,6 +80,8 @@ impl Rings {
             local,
             out: (0..nodes).map(|_| Mutex::new(SenderRing::new())).collect(),
             handles: Mutex::new(vec![None; nodes]),
+            inbound: Mutex::new((0..nodes).map(|_| Inbound::default()).collect()),
+            serve_from_ring,
             timeout,
         })
     }
@@ -169,7 +183,8 @@ impl Rings {
         Ok(())
     }
 
-    /// Overwrites this node's credit words in `sender`'s region.
+    /// Overwrites this node's credit words in `sender`'s region. Called with
+    /// the receive state locked, so the words only move forward.
     fn write_credits(&self, sender: Member, ring: &ReceiverRing, counters: &Counters) {
         let Ok(remote) = self.handle(sender) else { return };
         let mut words = Vec::with_capacity(16);
@@ -182,11 +197,38 @@ impl Rings {
         }
     }
 
+    fn inbound(&self) -> std::sync::MutexGuard<'_, Vec<Inbound>> {
+        self.inbound.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// A file served from the ring is done (its response body was dropped):
+    /// release it, and everything before it that is done, and tell the sender.
+    fn free(&self, sender: Member, start: u64, counters: &Counters) {
+        let mut inbound = self.inbound();
+        let Some(state) = inbound.get_mut(sender.index()) else { return };
+        if let Some(entry) = state.outstanding.iter_mut().find(|e| e.0 == start) {
+            entry.2 = true;
+        }
+        let mut advanced = false;
+        while let Some(&(start, len, true)) = state.outstanding.front() {
+            state.ring.release(start, len);
+            state.outstanding.pop_front();
+            advanced = true;
+        }
+        if advanced {
+            let ring = state.ring;
+            self.write_credits(sender, &ring, counters);
+        }
+    }
+
     /// The poll loop: delivers every complete entry to `deliver` until `stop`.
-    pub fn poll_loop(&self, stop: &AtomicBool, counters: &Counters, mut deliver: impl FnMut(Member, Message)) {
+    pub fn poll_loop(
+        self: &Arc<Self>,
+        stop: &AtomicBool,
+        counters: &Arc<Counters>,
+        mut deliver: impl FnMut(Member, Arrival),
+    ) {
         let nodes = self.layout.nodes as usize;
-        let mut inbound = vec![ReceiverRing::default(); nodes];
-        let mut unacknowledged = vec![0u64; nodes];
         let memory = self.local.memory();
         let mut idle_passes = 0u32;
         while !stop.load(Ordering::Relaxed) {
@@ -196,10 +238,11 @@ impl Rings {
                     continue;
                 }
                 let sender = Member(s as u16);
-                let ring = &mut inbound[s];
-                let seq = ring.last_seq + 1;
+                let mut inbound = self.inbound();
+                let state = &mut inbound[s];
+                let seq = state.ring.last_seq + 1;
                 let seq_word = memory.load_u64(self.layout.seq_offset(s as u64, seq)).unwrap_or(0);
-                if !ring.is_next(seq_word) {
+                if !state.ring.is_next(seq_word) {
                     continue;
                 }
                 found = true;
@@ -209,31 +252,57 @@ impl Rings {
                 let len = u64::from(u32::from_le_bytes([header[0], header[1], header[2], header[3]]));
                 let mut payload = vec![0u8; len.min(ENTRY_PAYLOAD_MAX) as usize];
                 let read = read.and_then(|()| memory.read(entry_offset + ENTRY_HEADER_BYTES, &mut payload));
-                ring.consume();
-                unacknowledged[s] += 1;
-                let mut release_now = false;
-                let message = match read.ok().and_then(|()| decode(&payload).ok()) {
+                state.ring.consume();
+                state.unacknowledged += 1;
+                let mut credit_now = false;
+                let arrival = match read.ok().and_then(|()| decode(&payload).ok()) {
                     Some(Message { load, body: Body::FileInfo { request, status, offset, len } })
                         if u64::from(len) <= self.layout.data_bytes =>
                     {
-                        // The one receiver copy: out of the ring at once.
-                        let mut data = vec![0u8; len as usize];
-                        let copied = memory.read(self.layout.data_offset(s as u64, offset), &mut data);
-                        ring.release(offset, u64::from(len));
-                        release_now = true;
-                        copied.ok().map(|()| Message { load, body: Body::File { request, status, data } })
+                        let at = self.layout.data_offset(s as u64, offset);
+                        let data = if self.serve_from_ring {
+                            // RDMA: no receiver copy; the client's response
+                            // is sent from the ring, released when dropped.
+                            state.outstanding.push_back((offset, u64::from(len), false));
+                            // SAFETY: arrival: the sender wrote these bytes
+                            // before the entry's sequence word in one
+                            // in-order batch, and we read that word (an
+                            // acquire load) as `last + 1`. Release: the
+                            // sender reuses them only once `released` passes
+                            // their end, which happens in `free`, called when
+                            // this view's last owner is dropped.
+                            match unsafe { RegionBytes::new(LocalSlice::new(self.local.clone(), at, len)) } {
+                                Ok(view) => Some(Bytes::from_owner(RingView {
+                                    view,
+                                    rings: self.clone(),
+                                    counters: counters.clone(),
+                                    sender,
+                                    start: offset,
+                                })),
+                                Err(_) => None,
+                            }
+                        } else {
+                            // RDMA-1c: the one receiver copy, out of the ring at once.
+                            let mut data = vec![0u8; len as usize];
+                            let copied = memory.read(at, &mut data);
+                            state.ring.release(offset, u64::from(len));
+                            credit_now = true;
+                            copied.ok().map(|()| Bytes::from(data))
+                        };
+                        data.map(|data| Arrival::File { load, request, status, data })
                     }
-                    other => other,
+                    other => other.map(Arrival::Message),
                 };
                 // Credits go back with every file's release (buffer
                 // management) and after a quarter of the window otherwise.
-                if release_now || unacknowledged[s] >= (self.layout.entries / 4).max(1) {
-                    unacknowledged[s] = 0;
-                    let snapshot = *ring;
-                    self.write_credits(sender, &snapshot, counters);
+                if credit_now || state.unacknowledged >= (self.layout.entries / 4).max(1) {
+                    state.unacknowledged = 0;
+                    let ring = state.ring;
+                    self.write_credits(sender, &ring, counters);
                 }
-                match message {
-                    Some(message) => deliver(sender, message),
+                drop(inbound);
+                match arrival {
+                    Some(arrival) => deliver(sender, arrival),
                     None => tracing::warn!(%sender, seq, "malformed ring entry skipped"),
                 }
             }
@@ -250,6 +319,49 @@ impl Rings {
                 }
             }
         }
+    }
+}
+
+/// What the poll loop hands the node.
+pub enum Arrival {
+    Message(Message),
+    /// A file transfer's data: copied (RDMA-1c) or a view of the ring (RDMA).
+    File {
+        load: u32,
+        request: u64,
+        status: FileStatus,
+        data: Bytes,
+    },
+}
+
+/// A receiver's state towards one sender.
+#[derive(Default)]
+struct Inbound {
+    ring: ReceiverRing,
+    /// Files served from the ring, in arrival order: (start, len, done).
+    outstanding: VecDeque<(u64, u64, bool)>,
+    unacknowledged: u64,
+}
+
+/// A file's bytes in the ring, owned by a response body; dropping it
+/// releases them to the sender.
+struct RingView {
+    view: RegionBytes,
+    rings: Arc<Rings>,
+    counters: Arc<Counters>,
+    sender: Member,
+    start: u64,
+}
+
+impl AsRef<[u8]> for RingView {
+    fn as_ref(&self) -> &[u8] {
+        self.view.as_slice()
+    }
+}
+
+impl Drop for RingView {
+    fn drop(&mut self) {
+        self.rings.free(self.sender, self.start, &self.counters);
     }
 }
 

@@ -31,6 +31,8 @@ pub enum TransportKind {
     Base,
     /// One-sided writes into per-pair rings, one copy at the receiver.
     Rdma1c,
+    /// As RDMA-1c, the reply served to the client straight from the ring.
+    Rdma,
 }
 
 impl TransportKind {
@@ -39,6 +41,7 @@ impl TransportKind {
             TransportKind::Tcp => "tcp",
             TransportKind::Base => "base",
             TransportKind::Rdma1c => "rdma-1c",
+            TransportKind::Rdma => "rdma",
         }
     }
 
@@ -47,7 +50,7 @@ impl TransportKind {
     pub fn backend(self) -> &'static str {
         match self {
             TransportKind::Tcp => "tcp",
-            TransportKind::Base | TransportKind::Rdma1c => "shm",
+            TransportKind::Base | TransportKind::Rdma1c | TransportKind::Rdma => "shm",
         }
     }
 }
@@ -59,8 +62,9 @@ impl std::str::FromStr for TransportKind {
             "tcp" => Ok(TransportKind::Tcp),
             "base" => Ok(TransportKind::Base),
             "rdma-1c" => Ok(TransportKind::Rdma1c),
-            "rdma" | "zero" => Err(format!("transport {s:?} is not built yet (tcp, base, rdma-1c)")),
-            other => Err(format!("unknown transport {other:?} (expected tcp, base or rdma-1c)")),
+            "rdma" => Ok(TransportKind::Rdma),
+            "zero" => Err(format!("transport {s:?} is not built yet (tcp, base, rdma-1c, rdma)")),
+            other => Err(format!("unknown transport {other:?} (expected tcp, base, rdma-1c or rdma)")),
         }
     }
 }
@@ -177,7 +181,7 @@ pub fn node_id(member: Member) -> NodeId {
 pub struct Link {
     fabric: Arc<dyn Fabric>,
     kind: TransportKind,
-    counters: Counters,
+    counters: Arc<Counters>,
     window: Option<Window>,
     rings: Option<Arc<crate::rings::Rings>>,
     credit_timeout: Duration,
@@ -194,13 +198,18 @@ impl Link {
         credit_timeout: Duration,
     ) -> Result<Link, LinkError> {
         let rings = match kind {
-            TransportKind::Rdma1c => {
-                Some(Arc::new(crate::rings::Rings::register(fabric.clone(), me, nodes, window, credit_timeout)?))
-            }
+            TransportKind::Rdma1c | TransportKind::Rdma => Some(Arc::new(crate::rings::Rings::register(
+                fabric.clone(),
+                me,
+                nodes,
+                window,
+                kind == TransportKind::Rdma,
+                credit_timeout,
+            )?)),
             _ => None,
         };
         let window = (kind == TransportKind::Base).then(|| Window::new(nodes, window));
-        Ok(Link { fabric, kind, counters: Counters::default(), window, rings, credit_timeout })
+        Ok(Link { fabric, kind, counters: Arc::default(), window, rings, credit_timeout })
     }
 
     pub fn rings(&self) -> Option<&Arc<crate::rings::Rings>> {
@@ -211,7 +220,7 @@ impl Link {
         self.kind
     }
 
-    pub fn counters(&self) -> &Counters {
+    pub fn counters(&self) -> &Arc<Counters> {
         &self.counters
     }
 

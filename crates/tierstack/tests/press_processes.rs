@@ -129,7 +129,14 @@ fn check_cluster(transport: &str) {
     let cluster = start_cluster(dir.path(), &format!("press-{transport}"), transport, 3, &[]);
     let trace = trace();
     let requests = request_all(&cluster.iter().collect::<Vec<_>>(), &trace, 3);
-    let all: Vec<NodeStats> = cluster.iter().map(stats).collect();
+    // A service node counts a sent file once its send returned, which may be
+    // just after the client had the response: wait for the counts to settle.
+    let mut all: Vec<NodeStats> = Vec::new();
+    eventually("the send counters settling", || {
+        all = cluster.iter().map(stats).collect();
+        let files: u64 = all.iter().map(|s| s.sent_messages[MsgType::File as usize]).sum();
+        files >= all.iter().map(|s| s.forwarded).sum::<u64>()
+    });
     let sum = |f: fn(&NodeStats) -> u64| all.iter().map(f).sum::<u64>();
     assert_eq!(sum(|s| s.requests), requests as u64);
     let forwarded = sum(|s| s.forwarded);
@@ -171,6 +178,16 @@ fn an_rdma_1c_cluster_serves_every_byte_and_counts_its_messages() {
 }
 
 #[test]
+fn an_rdma_cluster_serves_every_byte_from_its_rings_and_counts_its_messages() {
+    check_cluster("rdma");
+}
+
+#[test]
+fn a_full_ring_holds_its_sender_and_nothing_hangs_on_rdma() {
+    check_full_window("rdma");
+}
+
+#[test]
 fn a_killed_nodes_files_are_served_by_the_others_without_a_hang() {
     check_kill("base");
 }
@@ -206,6 +223,16 @@ fn check_kill(transport: &str) {
     let lost: u64 = all.iter().map(|s| s.forwarded - s.replies_relayed).sum();
     assert_eq!(lost, all.iter().map(|s| s.forward_fallbacks).sum::<u64>());
     assert!(lost <= 2 * survivors.len() as u64, "{lost} forwards lost to the dead node");
+}
+
+/// Whether every thread of `pid` is in the stopped state (`T` in
+/// `/proc/<pid>/task/<tid>/stat`).
+fn all_threads_stopped(pid: i32) -> bool {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return false };
+    tasks.filter_map(Result::ok).all(|task| {
+        let stat = std::fs::read_to_string(task.path().join("stat")).unwrap_or_default();
+        stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().next()) == Some("T")
+    })
 }
 
 /// Polls `check` until it holds, failing after `STEP`.
@@ -252,6 +279,9 @@ fn check_full_window(transport: &str) {
     let pid = cluster[1].child.id() as i32;
     // SAFETY: signalling our own child process, alive (held by `cluster`).
     assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
+    // A signal takes effect when the process is next scheduled: wait until
+    // the kernel shows it stopped (on a busy host that can take a while).
+    eventually("node 1 stopping", || all_threads_stopped(pid));
     let before = stats(&cluster[0]);
     // Distinct files, cached by node 1: each is forwarded while credits
     // last; then the sender waits for a credit (bounded), gives up, and the
