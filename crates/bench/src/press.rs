@@ -65,6 +65,10 @@ const PAPER_TABLE2_RDMA: [(MsgType, f64, f64, f64); 4] = [
     (MsgType::File, 842.9, 7417.8, 9012.0),
 ];
 
+/// The systems of Fig. 5 (the paper's: Traditional, PRESS-Base, PRESS-Zero
+/// and the hand-off servers; Zero and hand-off are not built here).
+const FIG5_SYSTEMS: [&str; 4] = ["traditional", "press-tcp", "press-base", "press-rdma"];
+
 /// What `bench press` runs.
 pub struct PressBenchConfig {
     /// The `tierstack` executable.
@@ -257,7 +261,7 @@ pub fn run(config: &PressBenchConfig) -> Result<Vec<PressRun>> {
     // Fig. 5: Clarknet (or the first trace) against the node count.
     let fig5_trace = config.traces.iter().find(|t| *t == "clarknet").unwrap_or(&config.traces[0]).clone();
     for &nodes in config.nodes.iter().filter(|&&n| n != largest) {
-        for system in ["press-tcp", "press-base", "traditional"] {
+        for system in FIG5_SYSTEMS {
             eprintln!("bench press: {fig5_trace} {system} on {nodes} nodes");
             runs.push(run_one(config, &fig5_trace, system, nodes)?);
         }
@@ -369,10 +373,10 @@ pub fn run(config: &PressBenchConfig) -> Result<Vec<PressRun>> {
     }
     let mut fig5 = Table::new(
         &format!("Fig. 5: throughput vs nodes, {fig5_trace} (req/s)"),
-        &["nodes", "traditional", "PRESS-TCP", "PRESS-Base", "load avg"],
+        &["nodes", "traditional", "PRESS-TCP", "PRESS-Base", "PRESS-RDMA", "load avg"],
     );
     let mut series: Vec<Series> = Vec::new();
-    for system in ["traditional", "press-tcp", "press-base"] {
+    for system in FIG5_SYSTEMS {
         let mut points = Vec::new();
         for &n in &config.nodes {
             if let Some(r) = find(&fig5_trace, system, n) {
@@ -384,7 +388,14 @@ pub fn run(config: &PressBenchConfig) -> Result<Vec<PressRun>> {
     for &n in &config.nodes {
         let cell = |s: &str| find(&fig5_trace, s, n).map(|r| format!("{:.0}", r.throughput_rps)).unwrap_or_default();
         let la = find(&fig5_trace, "press-base", n).map(|r| format!("{:.2}", r.load_average)).unwrap_or_default();
-        fig5.row(vec![n.to_string(), cell("traditional"), cell("press-tcp"), cell("press-base"), la]);
+        fig5.row(vec![
+            n.to_string(),
+            cell("traditional"),
+            cell("press-tcp"),
+            cell("press-base"),
+            cell("press-rdma"),
+            la,
+        ]);
     }
     println!("{}", fig5.render());
     let axes = Axes { x_label: "nodes", y_label: "throughput (requests/s)", log_x: false, log_y: false };
