@@ -119,6 +119,8 @@ impl SenderRing {
 
     /// Reserves `len` contiguous data bytes given the receiver's `released`
     /// position; returns the absolute start.
+    /// (Units are whatever `layout.data_bytes` counts: bytes at runtime,
+    /// words in the loom model.)
     pub fn reserve_data(&mut self, layout: &RingLayout, len: u64, released: u64) -> Result<u64, Full> {
         if len > layout.data_bytes {
             return Err(Full::TooLarge);
