@@ -25,6 +25,7 @@ pub mod config;
 pub mod costs;
 mod engine;
 pub mod policy;
+pub mod press;
 pub mod report;
 
 pub use config::{Budget, ConfigError, Load, SimConfig};
@@ -43,10 +44,12 @@ pub use tierstack_workload::Arrivals;
 pub enum PolicyName {
     /// [`Independent`].
     Independent,
+    /// [`press::Press`] in one of its communication versions (T = 256).
+    Press(press::PressVersion),
 }
 
 impl PolicyName {
-    pub const ALL: [&'static str; 1] = ["independent"];
+    pub const ALL: [&'static str; 5] = ["independent", "press-base", "press-rdma-1c", "press-rdma", "press-zero"];
 }
 
 impl std::str::FromStr for PolicyName {
@@ -55,6 +58,10 @@ impl std::str::FromStr for PolicyName {
     fn from_str(s: &str) -> Result<Self, String> {
         match s {
             "independent" => Ok(Self::Independent),
+            "press-base" => Ok(Self::Press(press::PressVersion::Base)),
+            "press-rdma-1c" => Ok(Self::Press(press::PressVersion::Rdma1c)),
+            "press-rdma" => Ok(Self::Press(press::PressVersion::Rdma)),
+            "press-zero" => Ok(Self::Press(press::PressVersion::Zero)),
             other => Err(format!("unknown policy {other:?} (known: {})", Self::ALL.join(", "))),
         }
     }
@@ -68,5 +75,10 @@ pub fn run_named(
 ) -> Result<SimReport, SimError> {
     match name {
         PolicyName::Independent => run(config, trace, Independent),
+        PolicyName::Press(version) => {
+            let policy = press::Press::new(config.nodes, version, tierstack_press::PolicyConfig::default())
+                .map_err(|e| SimError::Policy { policy: version.name(), what: e.to_string() })?;
+            run(config, trace, policy)
+        }
     }
 }

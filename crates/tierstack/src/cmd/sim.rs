@@ -80,7 +80,7 @@ pub struct SimArgs {
     /// Override the cost file's transport for one-sided writes.
     #[arg(long)]
     remote_write_transport: Option<String>,
-    /// independent
+    /// independent (PRESS's traditional server), press-base, press-rdma-1c, press-rdma, press-zero
     #[arg(long, default_value = "independent")]
     policy: PolicyName,
     /// Seed of the request streams, target choices, arrivals and trace synthesis.
