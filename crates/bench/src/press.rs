@@ -5,7 +5,8 @@
 //!   and `base` versions, with the paper's gain of Base over TCP beside ours.
 //! - **Fig. 4** (remote writes over Base): RDMA-1c's throughput gain over
 //!   Base per trace (the paper: "does not significantly improve") and
-//!   RDMA's (the paper: +11 % to +23 %); Zero is not built yet.
+//!   RDMA's (the paper: +11 % to +23 %) and Zero's (+15 % to +29 %; Zero
+//!   over TCP up to +52 %).
 //! - **Table 2**: messages and KiB per 1,000 requests, per type, summed over
 //!   the nodes' send counters, with the paper's Clarknet values beside ours.
 //! - **Fig. 5**: throughput against the number of nodes, traditional vs
@@ -66,8 +67,16 @@ const PAPER_TABLE2_RDMA: [(MsgType, f64, f64, f64); 4] = [
 ];
 
 /// The systems of Fig. 5 (the paper's: Traditional, PRESS-Base, PRESS-Zero
-/// and the hand-off servers; Zero and hand-off are not built here).
-const FIG5_SYSTEMS: [&str; 4] = ["traditional", "press-tcp", "press-base", "press-rdma"];
+/// and the hand-off servers; hand-off is not built here).
+const FIG5_SYSTEMS: [&str; 4] = ["traditional", "press-tcp", "press-base", "press-zero"];
+
+/// Table 2, version Zero, Clarknet.
+const PAPER_TABLE2_ZERO: [(MsgType, f64, f64, f64); 4] = [
+    (MsgType::Flow, 1477.1, 18.9, 13.1),
+    (MsgType::Forward, 844.1, 48.8, 59.2),
+    (MsgType::Caching, 0.002, 0.0001, 63.1),
+    (MsgType::File, 844.1, 7433.3, 9018.0),
+];
 
 /// What `bench press` runs.
 pub struct PressBenchConfig {
@@ -151,6 +160,7 @@ fn run_one(config: &PressBenchConfig, trace: &str, system: &str, nodes: usize) -
         "press-tcp" => ("press", "tcp"),
         "press-rdma-1c" => ("press", "rdma-1c"),
         "press-rdma" => ("press", "rdma"),
+        "press-zero" => ("press", "zero"),
         _ => ("press", "base"),
     };
     let backend = if transport == "tcp" { Backend::Tcp } else { Backend::Shm };
@@ -253,7 +263,7 @@ pub fn run(config: &PressBenchConfig) -> Result<Vec<PressRun>> {
     let mut runs = Vec::new();
     // Fig. 3, traditional comparison and Table 2: per trace on the largest cluster.
     for trace in &config.traces {
-        for system in ["press-tcp", "press-base", "press-rdma-1c", "press-rdma", "traditional"] {
+        for system in ["press-tcp", "press-base", "press-rdma-1c", "press-rdma", "press-zero", "traditional"] {
             eprintln!("bench press: {trace} {system} on {largest} nodes");
             runs.push(run_one(config, trace, system, largest)?);
         }
@@ -309,15 +319,20 @@ pub fn run(config: &PressBenchConfig) -> Result<Vec<PressRun>> {
     }
     println!("{}", fig3.render());
     let mut fig4 = Table::new(
-        &format!("Fig. 4: remote-write versions over Base, {largest} nodes (paper: 8 nodes; Zero not built here)"),
+        &format!("Fig. 4: remote-write versions over Base, {largest} nodes (paper: 8 nodes)"),
         &[
             "trace",
             "Base req/s",
             "RDMA-1c req/s",
             "RDMA req/s",
+            "Zero req/s",
             "RDMA-1c/Base",
             "paper",
             "RDMA/Base",
+            "paper",
+            "Zero/Base",
+            "paper",
+            "Zero/TCP",
             "paper",
             "load avg",
         ],
@@ -329,11 +344,20 @@ pub fn run(config: &PressBenchConfig) -> Result<Vec<PressRun>> {
         ("usask", "11..23 %"),
         ("wc98", "+11 %"),
     ];
+    const PAPER_FIG4_ZERO: [(&str, &str); 5] = [
+        ("clarknet", "15..29 %"),
+        ("nasa", "15..29 %"),
+        ("rutgers", "+29 %"),
+        ("usask", "15..29 %"),
+        ("wc98", "+15 %"),
+    ];
     for trace in &config.traces {
-        let (Some(base), Some(rdma1c), Some(rdma)) = (
+        let (Some(tcp), Some(base), Some(rdma1c), Some(rdma), Some(zero)) = (
+            find(trace, "press-tcp", largest),
             find(trace, "press-base", largest),
             find(trace, "press-rdma-1c", largest),
             find(trace, "press-rdma", largest),
+            find(trace, "press-zero", largest),
         ) else {
             continue;
         };
@@ -342,21 +366,27 @@ pub fn run(config: &PressBenchConfig) -> Result<Vec<PressRun>> {
             format!("{:.0}", base.throughput_rps),
             format!("{:.0}", rdma1c.throughput_rps),
             format!("{:.0}", rdma.throughput_rps),
+            format!("{:.0}", zero.throughput_rps),
             format!("{:+.1} %", gain(rdma1c.throughput_rps, base.throughput_rps)),
             "≈ 0".into(),
             format!("{:+.1} %", gain(rdma.throughput_rps, base.throughput_rps)),
             PAPER_FIG4_RDMA.iter().find(|p| p.0 == trace).map(|p| p.1).unwrap_or("").into(),
-            format!("{:.2}", rdma.load_average),
+            format!("{:+.1} %", gain(zero.throughput_rps, base.throughput_rps)),
+            PAPER_FIG4_ZERO.iter().find(|p| p.0 == trace).map(|p| p.1).unwrap_or("").into(),
+            format!("{:+.1} %", gain(zero.throughput_rps, tcp.throughput_rps)),
+            "up to +52 %".into(),
+            format!("{:.2}", zero.load_average),
         ]);
     }
     println!("{}", fig4.render());
     println!("{}", vs_trad.render());
     let table2_trace = &fig5_trace;
-    for system in ["press-base", "press-rdma-1c", "press-rdma", "press-tcp"] {
+    for system in ["press-base", "press-rdma-1c", "press-rdma", "press-zero", "press-tcp"] {
         let Some(run) = find(table2_trace, system, largest) else { continue };
         let (paper_rows, paper_total, paper_name) = match system {
             "press-rdma-1c" => (&PAPER_TABLE2_RDMA1C, ("2918.4", "6878.1"), "RDMA-1c"),
             "press-rdma" => (&PAPER_TABLE2_RDMA, ("3160.8", "7485.3"), "RDMA"),
+            "press-zero" => (&PAPER_TABLE2_ZERO, ("3165.3", "7501.0"), "Zero"),
             _ => (&PAPER_TABLE2_BASE, ("1969.5", "6689.0"), "Base"),
         };
         let mut t2 = Table::new(
@@ -394,7 +424,7 @@ pub fn run(config: &PressBenchConfig) -> Result<Vec<PressRun>> {
     }
     let mut fig5 = Table::new(
         &format!("Fig. 5: throughput vs nodes, {fig5_trace} (req/s)"),
-        &["nodes", "traditional", "PRESS-TCP", "PRESS-Base", "PRESS-RDMA", "load avg"],
+        &["nodes", "traditional", "PRESS-TCP", "PRESS-Base", "PRESS-Zero", "load avg"],
     );
     let mut series: Vec<Series> = Vec::new();
     for system in FIG5_SYSTEMS {
@@ -414,7 +444,7 @@ pub fn run(config: &PressBenchConfig) -> Result<Vec<PressRun>> {
             cell("traditional"),
             cell("press-tcp"),
             cell("press-base"),
-            cell("press-rdma"),
+            cell("press-zero"),
             la,
         ]);
     }
@@ -422,7 +452,7 @@ pub fn run(config: &PressBenchConfig) -> Result<Vec<PressRun>> {
     let axes = Axes { x_label: "nodes", y_label: "throughput (requests/s)", log_x: false, log_y: false };
     line_plot(&config.out.join("fig5.svg"), &format!("Fig. 5: throughput vs nodes, {fig5_trace}"), axes, &series)?;
     let categories: Vec<String> = config.traces.clone();
-    let groups: Vec<BarGroup> = ["press-tcp", "press-base", "press-rdma-1c", "press-rdma", "traditional"]
+    let groups: Vec<BarGroup> = ["press-tcp", "press-base", "press-rdma-1c", "press-rdma", "press-zero", "traditional"]
         .iter()
         .map(|s| BarGroup {
             label: s.to_string(),

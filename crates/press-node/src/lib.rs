@@ -17,10 +17,11 @@
 //!
 //! Communication versions ([`TransportKind`]): `tcp` (fabric messages on the
 //! `tcp` backend), `base` (fabric messages on the `shm` backend plus
-//! PRESS's window flow control) and `rdma-1c` (one-sided writes into
+//! PRESS's window flow control), `rdma-1c` (one-sided writes into
 //! per-pair rings in the receiver's registered memory, polled, one copy at
-//! the receiver: [`rings`]). `rdma` and `zero` are not built yet and are
-//! refused by name.
+//! the receiver: [`rings`]), `rdma` (the reply served to the client from
+//! the ring) and `zero` (as `rdma`, the file written from the sender's
+//! registered cache, [`slab`]).
 //!
 //! A peer whose process ended (`Fabric::peer_state` is `Gone`) after a
 //! failed or unanswered forward leaves the view, so its files are taken over
@@ -29,6 +30,7 @@
 
 mod node;
 pub mod rings;
+pub mod slab;
 pub mod transport;
 
 pub use transport::{TransportKind, Window, WINDOW_DEFAULT};
@@ -135,6 +137,11 @@ pub struct NodeStats {
     pub peers_declared_dead: u64,
     pub bad_messages: u64,
     pub send_failures: u64,
+    /// Zero: forwarded files sent by a copy because they were not in the
+    /// registered cache.
+    pub zero_copy_fallbacks: u64,
+    /// Zero: files whose bytes are in the registered cache.
+    pub slab_files: u64,
     pub caching_broadcasts: u64,
     pub cache_hits: u64,
     pub cache_misses: u64,
@@ -199,6 +206,13 @@ impl PressNode {
             config.forward_timeout,
         )
         .map_err(NodeError::Link)?;
+        let slab = match config.transport {
+            TransportKind::Zero if config.mode == Mode::Press => Some(
+                slab::Slab::register(link.fabric(), config.storage.cache_bytes)
+                    .map_err(|e| NodeError::Link(e.into()))?,
+            ),
+            _ => None,
+        };
         let shared = Arc::new(Shared {
             storage: Mutex::new(tierstack_origin::Storage::new(config.storage)),
             config,
@@ -211,6 +225,7 @@ impl PressNode {
             stats: Stats::default(),
             stop: AtomicBool::new(false),
             runtime: tokio::runtime::Handle::current(),
+            slab,
         });
         let receiver = {
             let shared = shared.clone();

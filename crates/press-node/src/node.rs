@@ -39,6 +39,7 @@ pub(crate) struct Stats {
     pub peers_declared_dead: AtomicU64,
     pub bad_messages: AtomicU64,
     pub send_failures: AtomicU64,
+    pub zero_copy_fallbacks: AtomicU64,
     pub caching_broadcasts: AtomicU64,
 }
 
@@ -72,6 +73,8 @@ pub(crate) struct Shared {
     pub stats: Stats,
     pub stop: AtomicBool,
     pub runtime: tokio::runtime::Handle,
+    /// Zero: the registered cache.
+    pub slab: Option<crate::slab::Slab>,
 }
 
 impl Shared {
@@ -110,6 +113,8 @@ impl Shared {
             peers_declared_dead: get(&s.peers_declared_dead),
             bad_messages: get(&s.bad_messages),
             send_failures: get(&s.send_failures),
+            zero_copy_fallbacks: get(&s.zero_copy_fallbacks),
+            slab_files: self.slab.as_ref().map_or(0, |slab| slab.files() as u64),
             caching_broadcasts: get(&s.caching_broadcasts),
             cache_hits: counts.cache_hits,
             cache_misses: counts.cache_misses,
@@ -189,6 +194,16 @@ impl Shared {
             let p = path.to_string();
             self.runtime.spawn_blocking(move || synthetic_body(&p, size)).await.unwrap_or_default()
         };
+        // Zero: the registered cache follows the storage's decisions, and
+        // holds the bytes the (emulated) disk read brought in.
+        if let (Some(slab), ReadOutcome::Miss { inserted: Some(inserted), .. }) = (&self.slab, &outcome) {
+            for (evicted, _) in &inserted.evicted {
+                slab.evict(evicted);
+            }
+            if inserted.stored {
+                slab.insert(path, &body);
+            }
+        }
         let now = self.now_ns();
         if ready_ns > now {
             tokio::time::sleep(Duration::from_nanos(ready_ns - now)).await;
@@ -296,8 +311,38 @@ impl Shared {
                 // the server set"); files of max_size or more are never
                 // forwarded by a correct initial node, and are not cached.
                 let caching = if size >= self.config.policy.max_size_bytes { Caching::Bypass } else { Caching::Normal };
+                let body = self.read_local(&path, size, caching).await;
+                if self.slab.is_some() {
+                    // Zero: written to the peer's ring straight from the
+                    // registered cache, pinned for the transfer.
+                    let shared = self.clone();
+                    let sent = self
+                        .runtime
+                        .spawn_blocking(move || {
+                            let slab = shared.slab.as_ref()?;
+                            let pinned = slab.pin(&path)?;
+                            let rings = shared.link.rings()?;
+                            let message = Message {
+                                load: shared.load_now(),
+                                body: Body::File { request, status: FileStatus::Ok, data: Vec::new() },
+                            };
+                            let result = rings.send_from(from, &message, &pinned.slice, shared.link.counters());
+                            if let Err(e) = &result {
+                                shared.stats.send_failures.fetch_add(1, Ordering::Relaxed);
+                                tracing::debug!(%from, error = %e, "zero-copy send failed");
+                                shared.check_peer(from);
+                            }
+                            Some(())
+                        })
+                        .await;
+                    if let Ok(Some(())) = sent {
+                        return;
+                    }
+                    // Not in the slab (no room): the copying path.
+                    self.stats.zero_copy_fallbacks.fetch_add(1, Ordering::Relaxed);
+                }
                 // Base copies the file into the message at the sender.
-                (FileStatus::Ok, self.read_local(&path, size, caching).await.to_vec())
+                (FileStatus::Ok, body.to_vec())
             }
         };
         self.send_detached(from, Body::File { request, status, data });

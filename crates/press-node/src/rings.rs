@@ -112,8 +112,31 @@ impl Rings {
         (memory.load_u64(off).unwrap_or(0), memory.load_u64(off + 8).unwrap_or(0))
     }
 
-    /// Writes `message` into `to`'s rings; returns the bytes moved.
+    /// Writes `message` into `to`'s rings.
     pub fn send(&self, to: Member, message: &Message, counters: &Counters) -> Result<(), LinkError> {
+        self.send_inner(to, message, None, counters)
+    }
+
+    /// Zero: writes a `File` message whose data is `source`, a slice of this
+    /// node's registered cache, straight into `to`'s data ring (no sender
+    /// copy). `message` is the `File` with empty data.
+    pub fn send_from(
+        &self,
+        to: Member,
+        message: &Message,
+        source: &LocalSlice,
+        counters: &Counters,
+    ) -> Result<(), LinkError> {
+        self.send_inner(to, message, Some(source), counters)
+    }
+
+    fn send_inner(
+        &self,
+        to: Member,
+        message: &Message,
+        source: Option<&LocalSlice>,
+        counters: &Counters,
+    ) -> Result<(), LinkError> {
         let Some(out) = self.out.get(to.index()) else {
             return Err(LinkError::Fabric(tierstack_fabric::FabricError::UnknownNode { node: node_id(to) }));
         };
@@ -124,22 +147,28 @@ impl Rings {
             Body::File { data, .. } => Some(data.as_slice()),
             _ => None,
         };
+        // The data's length: the registered source's, else the inline bytes'.
+        let data_len: Option<u64> = match (source, data) {
+            (Some(slice), Some(_)) => Some(u64::from(slice.len())),
+            (None, Some(d)) => Some(d.len() as u64),
+            _ => None,
+        };
         let start = Instant::now();
         // Wait (bounded) for a slot and, for a file, contiguous data room.
         let (seq, data_start) = loop {
             let (consumed, released) = self.credits(to);
             if ring.has_entry(&self.layout, consumed) {
-                let reserved = match data {
-                    Some(d) => ring.reserve_data(&self.layout, d.len() as u64, released).map(Some),
+                // Reservations are whole words, so every data start is
+                // 8-aligned, as a `WriteFrom` from an 8-aligned slab slot needs.
+                let reserved = match data_len {
+                    Some(len) => ring.reserve_data(&self.layout, len.div_ceil(8) * 8, released).map(Some),
                     None => Ok(None),
                 };
                 match reserved {
                     Ok(data_start) => {
                         break (ring.take_entry(&self.layout, consumed).map_err(|_| no_credit(to, start))?, data_start)
                     }
-                    Err(Full::TooLarge) => {
-                        return Err(LinkError::TooLarge { bytes: data.map_or(0, <[u8]>::len) as u64 })
-                    }
+                    Err(Full::TooLarge) => return Err(LinkError::TooLarge { bytes: data_len.unwrap_or(0) }),
                     Err(_) => {}
                 }
             }
@@ -149,9 +178,9 @@ impl Rings {
             std::thread::sleep(Duration::from_micros(100));
         };
         let entry_message = match (&message.body, data_start) {
-            (Body::File { request, status, data }, Some(offset)) => Message {
+            (Body::File { request, status, .. }, Some(offset)) => Message {
                 load: message.load,
-                body: Body::FileInfo { request: *request, status: *status, offset, len: data.len() as u32 },
+                body: Body::FileInfo { request: *request, status: *status, offset, len: data_len.unwrap_or(0) as u32 },
             },
             _ => message.clone(),
         };
@@ -165,9 +194,16 @@ impl Rings {
         entry.extend_from_slice(&payload);
         let mut ops = Vec::with_capacity(3);
         let mut moved = 0u64;
-        if let (Some(d), Some(offset)) = (data, data_start) {
-            ops.push(Op::Write { offset: self.layout.data_offset(me, offset), data: d.to_vec() });
-            moved += d.len() as u64;
+        match (source, data, data_start) {
+            (Some(slice), _, Some(offset)) => {
+                ops.push(Op::WriteFrom { offset: self.layout.data_offset(me, offset), source: slice.clone() });
+                moved += u64::from(slice.len());
+            }
+            (None, Some(d), Some(offset)) => {
+                ops.push(Op::Write { offset: self.layout.data_offset(me, offset), data: d.to_vec() });
+                moved += d.len() as u64;
+            }
+            _ => {}
         }
         moved += entry.len() as u64 + 8;
         ops.push(Op::Write { offset: self.layout.entry_offset(me, seq), data: entry });

@@ -20,6 +20,7 @@ fn bench_press_prints_its_tables_and_draws_its_plots() {
         "Table 2: press-base",
         "Table 2: press-rdma-1c",
         "Table 2: press-rdma,",
+        "Table 2: press-zero",
         "Fig. 5",
         "traditional",
     ] {
@@ -33,8 +34,8 @@ fn bench_press_prints_its_tables_and_draws_its_plots() {
     let runs: serde_json::Value =
         serde_json::from_slice(&std::fs::read(out.path().join("runs.json")).unwrap()).unwrap();
     let runs = runs.as_array().unwrap();
-    // Quick: clarknet, 5 systems on 2 nodes, 4 on 1 node.
-    assert_eq!(runs.len(), 5 + 4);
+    // Quick: clarknet, 6 systems on 2 nodes, 4 on 1 node.
+    assert_eq!(runs.len(), 6 + 4);
     for run in runs {
         assert_eq!(run["errors"], 0, "{run}");
         assert!(run["throughput_rps"].as_f64().unwrap() > 0.0, "{run}");

@@ -153,6 +153,13 @@ fn check_cluster(transport: &str) {
         "tcp" => assert_eq!(counts.messages(MsgType::Flow), 0, "TCP has no flow-control messages"),
         _ => assert!(counts.messages(MsgType::Flow) > 0, "Base and the rings return credits (Flow)"),
     }
+    if transport == "zero" {
+        // Files go out from the registered cache, not by a copy.
+        let fallbacks = sum(|s| s.zero_copy_fallbacks);
+        assert!(sum(|s| s.slab_files) > 0 && fallbacks * 4 < forwarded, "{fallbacks} copies of {forwarded}: {all:?}");
+    } else {
+        assert_eq!(sum(|s| s.slab_files), 0);
+    }
     // Every served request was served exactly once somewhere.
     assert_eq!(sum(|s| s.served_local + s.served_uncached + s.forwarded), requests as u64);
     // The initial node never caches a relayed file: cached objects across
@@ -180,6 +187,16 @@ fn an_rdma_1c_cluster_serves_every_byte_and_counts_its_messages() {
 #[test]
 fn an_rdma_cluster_serves_every_byte_from_its_rings_and_counts_its_messages() {
     check_cluster("rdma");
+}
+
+#[test]
+fn a_zero_cluster_serves_every_byte_from_its_registered_caches() {
+    check_cluster("zero");
+}
+
+#[test]
+fn a_full_ring_holds_its_sender_and_nothing_hangs_on_zero() {
+    check_full_window("zero");
 }
 
 #[test]

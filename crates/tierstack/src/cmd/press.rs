@@ -27,7 +27,7 @@ pub struct PressNodeArgs {
     /// press (Fig. 1 distribution) or traditional (every node on its own).
     #[arg(long, default_value = "press")]
     mode: Mode,
-    /// Communication version: tcp (topology fabric tcp), base or rdma-1c (fabric shm).
+    /// Communication version: tcp (topology fabric tcp), base, rdma-1c, rdma or zero (fabric shm).
     #[arg(long, default_value = "base")]
     transport: TransportKind,
     /// The documents served: a trace's (`/doc/<name>`, their sizes), as
