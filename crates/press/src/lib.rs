@@ -18,11 +18,14 @@
 //! - [`proto`]: the intra-cluster messages (forward, file, caching, flow
 //!   control, buffer management), each carrying the sender's load, and
 //!   their encoding (`docs/wire-format.md`);
-//! - [`counters`]: per-type message and byte counts, Table 2.
+//! - [`counters`]: per-type message and byte counts, Table 2;
+//! - [`ring`]: the remote-write versions' per-pair rings (layout, slots,
+//!   data reservations, releases), pure arithmetic, property-tested and
+//!   model-checked with loom (`tests/loom_ring.rs`).
 //!
-//! The HTTP node and its transports (TCP, Base, the remote-write versions)
-//! live in `tierstack-press-node`; the simulator can drive the same
-//! [`decide`] over the same view.
+//! The HTTP node and its transports (TCP, Base, RDMA-1c, RDMA, Zero) live
+//! in `tierstack-press-node`; the simulator (`tierstack_sim::press`) drives
+//! the same [`decide`] over the same view.
 
 pub mod counters;
 pub mod policy;
