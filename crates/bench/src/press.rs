@@ -21,12 +21,13 @@
 //! ratios measured in one invocation are compared, and the load average is
 //! printed beside them: this host's cores are shared.
 
+use crate::html::Page;
 use crate::owner::{write_topology, ChildNode, NodeLine};
 use crate::report::{bar_chart, line_plot, write_json, Axes, BarGroup, Series, Table};
 use anyhow::{Context, Result};
 use serde::Serialize;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use tierstack_cluster::Backend;
 use tierstack_loadgen::{LoadConfig, TargetChoice};
 use tierstack_press::{Counts, MsgType};
@@ -277,6 +278,12 @@ pub fn run(config: &PressBenchConfig) -> Result<Vec<PressRun>> {
         }
     }
     write_json(&config.out.join("runs.json"), &runs)?;
+    let mut page = Page::new("tierstack bench press: PRESS (Carrera and Bianchini), Fig. 3-5 and Table 2");
+    page.paragraph(&format!(
+        "{} nodes per trace, traces at scale {}, {} closed-loop connections (a new connection per request, random \
+         targets), {} s measured after {} s of warm-up per run; the load average is printed beside each row.",
+        largest, config.scale, config.connections, config.duration_s, config.warmup_s
+    ));
     let find = |trace: &str, system: &str, nodes: usize| {
         runs.iter().find(|r| r.trace == trace && r.system == system && r.nodes == nodes)
     };
@@ -317,7 +324,7 @@ pub fn run(config: &PressBenchConfig) -> Result<Vec<PressRun>> {
             format!("{:.1}", trad.hit_rate_pct),
         ]);
     }
-    println!("{}", fig3.render());
+    page.print(&fig3);
     let mut fig4 = Table::new(
         &format!("Fig. 4: remote-write versions over Base, {largest} nodes (paper: 8 nodes)"),
         &[
@@ -378,8 +385,8 @@ pub fn run(config: &PressBenchConfig) -> Result<Vec<PressRun>> {
             format!("{:.2}", zero.load_average),
         ]);
     }
-    println!("{}", fig4.render());
-    println!("{}", vs_trad.render());
+    page.print(&fig4);
+    page.print(&vs_trad);
     let table2_trace = &fig5_trace;
     for system in ["press-base", "press-rdma-1c", "press-rdma", "press-zero", "press-tcp"] {
         let Some(run) = find(table2_trace, system, largest) else { continue };
@@ -420,7 +427,7 @@ pub fn run(config: &PressBenchConfig) -> Result<Vec<PressRun>> {
             "–".into(),
             "–".into(),
         ]);
-        println!("{}", t2.render());
+        page.print(&t2);
     }
     let mut fig5 = Table::new(
         &format!("Fig. 5: throughput vs nodes, {fig5_trace} (req/s)"),
@@ -448,7 +455,7 @@ pub fn run(config: &PressBenchConfig) -> Result<Vec<PressRun>> {
             la,
         ]);
     }
-    println!("{}", fig5.render());
+    page.print(&fig5);
     let axes = Axes { x_label: "nodes", y_label: "throughput (requests/s)", log_x: false, log_y: false };
     line_plot(&config.out.join("fig5.svg"), &format!("Fig. 5: throughput vs nodes, {fig5_trace}"), axes, &series)?;
     let categories: Vec<String> = config.traces.clone();
@@ -467,10 +474,9 @@ pub fn run(config: &PressBenchConfig) -> Result<Vec<PressRun>> {
         &categories,
         &groups,
     )?;
+    for plot in ["fig3.svg", "fig5.svg"] {
+        page.plot(&config.out.join(plot))?;
+    }
+    page.write(&config.out)?;
     Ok(runs)
-}
-
-/// The output folder's plots, for the report page.
-pub fn plots(out: &Path) -> Vec<PathBuf> {
-    vec![out.join("fig3.svg"), out.join("fig5.svg")]
 }

@@ -1,6 +1,6 @@
 //! `tierstack bench press` runs end to end (one trace, one and two nodes,
 //! short runs) and prints every table with the paper's values beside ours,
-//! writes its JSON and draws its plots.
+//! writes its JSON, draws its plots and its report page.
 
 use std::process::Command;
 
@@ -28,7 +28,7 @@ fn bench_press_prints_its_tables_and_draws_its_plots() {
     }
     // The paper's Table 2 (Base, Clarknet) is printed beside ours.
     assert!(stdout.contains("766.7") && stdout.contains("1969.5"), "{stdout}");
-    for file in ["runs.json", "fig3.svg", "fig5.svg"] {
+    for file in ["runs.json", "fig3.svg", "fig5.svg", "index.html"] {
         assert!(out.path().join(file).is_file(), "{file} written");
     }
     let runs: serde_json::Value =
