@@ -26,6 +26,7 @@ pub mod fabric;
 pub mod html;
 pub mod monitor;
 pub mod owner;
+pub mod press;
 pub mod pushpull;
 pub mod report;
 pub mod stats;

@@ -26,6 +26,7 @@ pub mod coop;
 pub mod costs;
 mod engine;
 pub mod policy;
+pub mod press;
 pub mod report;
 
 pub use config::{Budget, ConfigError, Load, SimConfig};
@@ -48,11 +49,24 @@ pub enum PolicyName {
     /// `coop:mtacc`, `coop:hybcc`, `coop:groupcache`): the proxies are the
     /// client nodes (`SimConfig::client_nodes`), the other nodes web servers.
     Coop(tierstack_coop::Scheme),
+    /// [`press::Press`] in one of its communication versions (T = 256).
+    Press(press::PressVersion),
 }
 
 impl PolicyName {
-    pub const ALL: [&'static str; 7] =
-        ["independent", "coop:ac", "coop:bcc", "coop:ccwr", "coop:mtacc", "coop:hybcc", "coop:groupcache"];
+    pub const ALL: [&'static str; 11] = [
+        "independent",
+        "press-base",
+        "press-rdma-1c",
+        "press-rdma",
+        "press-zero",
+        "coop:ac",
+        "coop:bcc",
+        "coop:ccwr",
+        "coop:mtacc",
+        "coop:hybcc",
+        "coop:groupcache",
+    ];
 }
 
 impl std::str::FromStr for PolicyName {
@@ -61,6 +75,10 @@ impl std::str::FromStr for PolicyName {
     fn from_str(s: &str) -> Result<Self, String> {
         match s {
             "independent" => Ok(Self::Independent),
+            "press-base" => Ok(Self::Press(press::PressVersion::Base)),
+            "press-rdma-1c" => Ok(Self::Press(press::PressVersion::Rdma1c)),
+            "press-rdma" => Ok(Self::Press(press::PressVersion::Rdma)),
+            "press-zero" => Ok(Self::Press(press::PressVersion::Zero)),
             other => match other.strip_prefix("coop:").map(str::parse::<tierstack_coop::Scheme>) {
                 Some(Ok(scheme)) => Ok(Self::Coop(scheme)),
                 _ => Err(format!("unknown policy {other:?} (known: {})", Self::ALL.join(", "))),
@@ -98,6 +116,11 @@ pub fn run_named(
             let mut report = run(&engine_config, trace, policy)?;
             report.cache_bytes = config.cache_bytes;
             Ok(report)
+        }
+        PolicyName::Press(version) => {
+            let policy = press::Press::new(config.nodes, version, tierstack_press::PolicyConfig::default())
+                .map_err(|e| SimError::Policy { policy: version.name(), what: e.to_string() })?;
+            run(config, trace, policy)
         }
     }
 }

@@ -154,6 +154,31 @@ pub enum BenchCommand {
         #[arg(long, default_value_t = 16)]
         connections: usize,
     },
+    /// PRESS (Carrera and Bianchini): Fig. 3 (TCP vs Base), Table 2 (messages and bytes per type per
+    /// 1,000 requests), Fig. 5 (throughput vs nodes) and PRESS vs traditional, on press-node processes.
+    Press {
+        /// Output folder for JSON and plots.
+        #[arg(long, default_value = "report/press")]
+        out: PathBuf,
+        /// Clarknet only, 1 and 2 nodes, 2 s per run.
+        #[arg(long)]
+        quick: bool,
+        /// Traces (clarknet, nasa, rutgers, usask, wc98).
+        #[arg(long, value_delimiter = ',')]
+        traces: Option<Vec<String>>,
+        /// Node counts of Fig. 5 (the largest is used for the per-trace runs).
+        #[arg(long, value_delimiter = ',')]
+        nodes: Option<Vec<usize>>,
+        /// Scale of the synthesized traces (files and per-node caches).
+        #[arg(long)]
+        scale: Option<f64>,
+        /// Seconds measured per run.
+        #[arg(long)]
+        duration_s: Option<u64>,
+        /// Closed-loop client connections.
+        #[arg(long)]
+        connections: Option<usize>,
+    },
     /// Adaptive push-pull (coherency paper Fig. 12-14): wasted updates, cache misses and response
     /// time of pull, push and the shared-cache-state hybrid at several fractions, per backend.
     PushPull {
@@ -201,6 +226,26 @@ pub fn run(command: BenchCommand) -> Result<()> {
             config.miss_cpu_ns = miss_cpu_us.map_or(config.miss_cpu_ns, |us| us * 1000);
             config.proxies = proxies.unwrap_or(config.proxies);
             tierstack_bench::coop::run_bench(&config)?;
+            Ok(())
+        }
+        BenchCommand::Press { out, quick, traces, nodes, scale, duration_s, connections } => {
+            let mut config = tierstack_bench::press::PressBenchConfig::new(std::env::current_exe()?, out, quick);
+            if let Some(traces) = traces {
+                config.traces = traces;
+            }
+            if let Some(nodes) = nodes {
+                config.nodes = nodes;
+            }
+            if let Some(scale) = scale {
+                config.scale = scale;
+            }
+            if let Some(duration_s) = duration_s {
+                config.duration_s = duration_s;
+            }
+            if let Some(connections) = connections {
+                config.connections = connections;
+            }
+            tierstack_bench::press::run(&config)?;
             Ok(())
         }
         BenchCommand::Monitor {

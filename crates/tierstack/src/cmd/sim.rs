@@ -84,8 +84,9 @@ pub struct SimArgs {
     /// Override the cost file's transport for one-sided writes.
     #[arg(long)]
     remote_write_transport: Option<String>,
-    /// independent, or coop:ac|bcc|ccwr|mtacc|hybcc|groupcache (cooperative
-    /// caching on the client nodes, the others its web servers)
+    /// independent (PRESS's traditional server), press-base, press-rdma-1c, press-rdma, press-zero,
+    /// or coop:ac|bcc|ccwr|mtacc|hybcc|groupcache (cooperative caching on the
+    /// client nodes, the others its web servers)
     #[arg(long, default_value = "independent")]
     policy: PolicyName,
     /// Seed of the request streams, target choices, arrivals and trace synthesis.
