@@ -16,6 +16,7 @@
 
 pub mod cluster;
 pub mod coherence;
+pub mod coop;
 pub mod ddss;
 pub mod demo;
 pub mod deploy;
@@ -25,6 +26,7 @@ pub mod fabric;
 pub mod html;
 pub mod monitor;
 pub mod owner;
+pub mod press;
 pub mod pushpull;
 pub mod report;
 pub mod stats;

@@ -61,6 +61,8 @@ enum Command {
     Top(cmd::top::TopArgs),
     /// A static origin web server (a directory or a synthetic file set) with an emulated disk and a memory cache.
     Origin(cmd::origin::OriginArgs),
+    /// A PRESS cluster node (HTTP): locality-conscious request distribution (Fig. 1) over fabric messages.
+    PressNode(cmd::press::PressNodeArgs),
     /// DDSS node daemon: start the node's substrate and serve it to local processes on a socket.
     DdssDaemon(cmd::ddss::DaemonArgs),
     /// DDSS client process: run a randomized history through a node's daemon, print its events.
@@ -97,6 +99,7 @@ fn main() -> std::process::ExitCode {
         Command::Reconfigure(args) => cmd::reconfig::run(args),
         Command::MonitorNode(args) => cmd::monitor::run_node(args),
         Command::Origin(args) => cmd::origin::run(args),
+        Command::PressNode(args) => cmd::press::run(args),
         Command::DdssDaemon(args) => cmd::ddss::run_daemon(args),
         Command::DdssClient(args) => cmd::ddss::run_client(args),
         Command::DlmNode(args) => cmd::dlm::run_node(args),

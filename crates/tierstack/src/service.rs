@@ -1,6 +1,6 @@
 //! Service behaviour shared by every long-running command (`app-module`,
 //! `app-server`, `proxy`, `origin`, `ddss-daemon`, `dlm-node`,
-//! `fabric serve`, `monitor-node`, `reconfigure`).
+//! `fabric serve`, `monitor-node`, `reconfigure`, `press-node`).
 //!
 //! A service serves until SIGTERM or SIGINT, as systemd, container runtimes
 //! and a terminal's Ctrl-C ask it to stop; then it stops accepting, lets

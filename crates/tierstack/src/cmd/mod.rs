@@ -7,6 +7,7 @@ pub mod fabric;
 pub mod load;
 pub mod monitor;
 pub mod origin;
+pub mod press;
 pub mod reconfig;
 pub mod sim;
 pub mod tiers;
