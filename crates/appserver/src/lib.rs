@@ -32,7 +32,9 @@
 //! fabric node of its own, a list of proxies and a push policy, the server
 //! reads the proxies' shared cache states after every completed update and
 //! pushes the new version to the proxies the policy picks ([`push`]), off
-//! the update's response path. Its counters appear in the stats as `push`.
+//! the update's response path; or, in write-through mode, before
+//! UPDATE_DONE, the update waiting (bounded) for it. Its counters appear in
+//! the stats as `push`.
 
 pub mod cost;
 pub mod push;
@@ -57,7 +59,10 @@ use tierstack_monitor::{Gauge, GaugeGuard, LoadPublisher};
 use tierstack_tier_http::{collect_limited, serve_with_hook, text, Body, ConnectionHook, Stop};
 
 pub use cost::CpuCost;
-pub use push::{PushConfig, PushConfigError, PushStats, PushTarget, PUSH_TIMEOUT_DEFAULT};
+pub use push::{
+    PushConfig, PushConfigError, PushStats, PushTarget, PUSH_TIMEOUT_DEFAULT, WRITE_THROUGH_TIMEOUT_DEFAULT,
+    WRITE_THROUGH_TIMEOUT_MAX,
+};
 pub use store::{StoreConfig, UPDATE_WRITE_PAUSE_DEFAULT, UPDATE_WRITE_PAUSE_MAX};
 pub use tierstack_pushpull::PushPolicy;
 
@@ -364,6 +369,19 @@ async fn update_document(state: Arc<State>, name: String, size: usize) -> Respon
         _ => None,
     };
     let store_failed = state.store.is_some() && written.is_none();
+    // Write-through: the new version reaches the proxies before UPDATE_DONE
+    // (bounded), with the versions this grant produced.
+    let mut pushed = false;
+    if let Some(pusher) = state.pusher.as_ref().filter(|p| p.is_write_through()) {
+        if !store_failed {
+            let content = match &written {
+                Some((version, body)) => push::Content::Stored { version: *version, body: body.clone() },
+                None => push::Content::Generate { size },
+            };
+            pusher.write_through(name, content, access.deps.clone()).await;
+            pushed = true;
+        }
+    }
     match state.module.update_done(access).await {
         Ok(_) if store_failed => {
             state.counters.module_errors.fetch_add(1, Ordering::Relaxed);
@@ -371,7 +389,7 @@ async fn update_document(state: Arc<State>, name: String, size: usize) -> Respon
         }
         Ok(deps) => {
             state.counters.updates.fetch_add(1, Ordering::Relaxed);
-            if let Some(pusher) = &state.pusher {
+            if let Some(pusher) = state.pusher.as_ref().filter(|_| !pushed) {
                 let content = match written {
                     Some((version, body)) => push::Content::Stored { version, body },
                     None => push::Content::Generate { size },

@@ -51,6 +51,25 @@ pub enum BenchCommand {
         /// Seconds per run.
         #[arg(long)]
         duration_s: Option<u64>,
+        /// Placements of the module for poll/tcp and poll/shm: `shared` (in the compute
+        /// threads' scheduling group, the paper's node) and/or `own` (module and server
+        /// each in a session, so an autogroup, of its own).
+        #[arg(long, value_delimiter = ',', default_value = "shared,own")]
+        placements: Vec<String>,
+        /// The hot-document experiment instead (issue 16): ttl, poll/shm and poll/shm with
+        /// write-through push at 200 compute threads and 32 connections, single/zipf/worldcup.
+        #[arg(long)]
+        hot: bool,
+        /// Connections of the load client (default 16; 32 with --hot).
+        #[arg(long)]
+        connections: Option<usize>,
+        /// With --hot: compute threads of the Zipf and WorldCup-like runs (default: the last
+        /// of --compute-threads, 200).
+        #[arg(long, requires = "hot")]
+        trace_threads: Option<usize>,
+        /// Write-through's bound on an update's wait for its pushes.
+        #[arg(long, default_value_t = 500)]
+        write_through_bound_ms: u64,
     },
     /// Fabric micro-benchmarks (coherency paper Fig. 8) and owner-load sensitivity.
     Fabric {
@@ -296,16 +315,41 @@ pub fn run(command: BenchCommand) -> Result<()> {
             }
             Ok(())
         }
-        BenchCommand::Coherence { out, quick, compute_threads, duration_s } => {
-            let mut config =
-                tierstack_bench::coherence::CoherenceBenchConfig::new(std::env::current_exe()?, out, quick);
+        BenchCommand::Coherence {
+            out,
+            quick,
+            compute_threads,
+            duration_s,
+            placements,
+            hot,
+            connections,
+            trace_threads,
+            write_through_bound_ms,
+        } => {
+            use tierstack_bench::coherence::{CoherenceBenchConfig, Placement};
+            let exe = std::env::current_exe()?;
+            let mut config = if hot {
+                CoherenceBenchConfig::hot(exe, out, quick)
+            } else {
+                CoherenceBenchConfig::new(exe, out, quick)
+            };
+            config.placements = placements.iter().map(|p| Placement::parse(p)).collect::<Result<_>>()?;
+            if let Some(connections) = connections {
+                config.connections = connections;
+            }
+            config.trace_threads = trace_threads;
+            config.write_through_bound = std::time::Duration::from_millis(write_through_bound_ms);
             if let Some(threads) = compute_threads {
                 config.compute_threads = threads;
             }
             if let Some(seconds) = duration_s {
                 config.duration = std::time::Duration::from_secs(seconds);
             }
-            tierstack_bench::coherence::run(&config)?;
+            if hot {
+                tierstack_bench::coherence::run_hot(&config)?;
+            } else {
+                tierstack_bench::coherence::run(&config)?;
+            }
             Ok(())
         }
         BenchCommand::Fabric { out, quick, backends, loads } => {

@@ -120,6 +120,14 @@ pub struct AppServerArgs {
     /// Bound on each cache-state read and each push.
     #[arg(long, default_value_t = 5_000)]
     push_timeout_ms: u64,
+    /// Write-through: push each update to the proxies the policy picks
+    /// before UPDATE_DONE, the update waiting at most
+    /// --push-write-through-timeout-ms for it (then it goes on; counted).
+    #[arg(long, requires = "push_policy")]
+    push_write_through: bool,
+    #[arg(long, default_value_t = tierstack_appserver::WRITE_THROUGH_TIMEOUT_DEFAULT.as_millis() as u64,
+          requires = "push_write_through")]
+    push_write_through_timeout_ms: u64,
     /// Topology and fabric node id of this server (for reading the proxies'
     /// cache states, and for publishing its load to the RDMA schemes).
     #[arg(long)]
@@ -198,6 +206,7 @@ pub fn app_server(args: AppServerArgs) -> Result<()> {
             proxies: args.push_proxies.clone(),
             policy,
             timeout: Duration::from_millis(args.push_timeout_ms),
+            write_through: args.push_write_through.then(|| Duration::from_millis(args.push_write_through_timeout_ms)),
         }),
         _ => anyhow::bail!("--push-policy, --push-proxy, --topology and --node go together"),
     };
