@@ -791,7 +791,11 @@ impl Drop for Waiting<'_> {
 }
 
 /// The client listener's requests.
-async fn handle(state: Arc<State>, request: Request<Incoming>) -> Response<Body> {
+async fn handle<B>(state: Arc<State>, request: Request<B>) -> Response<Body>
+where
+    B: hyper::body::Body,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
     if request.uri().path().starts_with(ADMIN_PATH_PREFIX) {
         return text(StatusCode::NOT_FOUND, "admin endpoints are served on the proxy's admin listener only\n");
     }
@@ -847,12 +851,16 @@ async fn handle(state: Arc<State>, request: Request<Incoming>) -> Response<Body>
 
 /// Forwards to the upstream; returns the response and, for a cacheable GET,
 /// the entry now cached.
-async fn forward(
+async fn forward<B>(
     state: &State,
-    request: Request<Incoming>,
+    request: Request<B>,
     path: String,
     method: Method,
-) -> (Response<Body>, Option<Arc<Entry>>) {
+) -> (Response<Body>, Option<Arc<Entry>>)
+where
+    B: hyper::body::Body,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
     let (parts, body) = request.into_parts();
     let body = match collect_limited(body, REQUEST_BODY_BYTES_MAX).await {
         Ok(body) => body,
@@ -1074,6 +1082,20 @@ impl Proxy {
             return Err(ProxyError::RoleMismatch { roles: site.roles.len(), upstreams });
         }
         self.state.site.set(site).map_err(|_| ProxyError::SiteSet)
+    }
+
+    /// Benchmark support: stores a response to `GET path` as a miss from
+    /// the origin would (the headers must carry `X-Tierstack-Deps`).
+    #[doc(hidden)]
+    pub fn bench_store(&self, path: &str, headers: &HeaderMap, body: Bytes) -> bool {
+        maybe_store(&self.state, path, headers, &body).is_some()
+    }
+
+    /// Benchmark support: handles one client request as the client
+    /// listener would, without a connection.
+    #[doc(hidden)]
+    pub async fn bench_request(&self, request: Request<Full<Bytes>>) -> Response<Body> {
+        handle(self.state.clone(), request).await
     }
 
     /// The admin listener's address, if it has one.
