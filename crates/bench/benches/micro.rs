@@ -165,7 +165,7 @@ fn proxy_hit(c: &mut Criterion) {
         headers.insert(name, HeaderValue::from_static(value));
     }
     let body = Bytes::from(vec![b'x'; 4096]);
-    assert!(proxy.bench_store("/doc/a", &headers, body.clone()), "the page is cacheable");
+    assert!(proxy.bench_store("www.example.com", "/doc/a", &headers, body.clone()), "the page is cacheable");
     let request = || {
         let mut request = hyper::Request::new(Full::new(Bytes::new()));
         *request.uri_mut() = "/doc/a".parse().expect("uri");

@@ -1084,10 +1084,11 @@ impl Proxy {
         self.state.site.set(site).map_err(|_| ProxyError::SiteSet)
     }
 
-    /// Benchmark support: stores a response to `GET path` as a miss from
-    /// the origin would (the headers must carry `X-Tierstack-Deps`).
+    /// Benchmark support: stores a response to `GET path` at `authority`
+    /// as a miss from the origin would (the headers must carry
+    /// `X-Tierstack-Deps`; this proxy's cache keys by path only).
     #[doc(hidden)]
-    pub fn bench_store(&self, path: &str, headers: &HeaderMap, body: Bytes) -> bool {
+    pub fn bench_store(&self, _authority: &str, path: &str, headers: &HeaderMap, body: Bytes) -> bool {
         maybe_store(&self.state, path, headers, &body).is_some()
     }
 
