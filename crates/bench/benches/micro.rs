@@ -146,7 +146,7 @@ fn proxy_hit(c: &mut Criterion) {
                 fabric: None,
                 admin_listen: None,
             },
-            ProxyOptions { cache_state: None },
+            ProxyOptions { cache_state: None, ..ProxyOptions::default() },
         ))
         .expect("proxy");
     let mut headers = HeaderMap::new();

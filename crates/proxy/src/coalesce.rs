@@ -95,13 +95,12 @@ mod tests {
     use tierstack_coherent::{DepsHeader, Incarnation};
 
     fn entry() -> Arc<Entry> {
-        Arc::new(Entry {
-            body: Bytes::from_static(b"x"),
-            content_type: None,
-            deps_raw: HeaderValue::from_static("n=0;i=0000000000000001;a=1@0"),
-            deps: DepsHeader { node: tierstack_fabric::NodeId(0), incarnation: Incarnation(1), deps: vec![] },
-            pushed: false,
-        })
+        Arc::new(Entry::pushed(
+            Bytes::from_static(b"x"),
+            None,
+            HeaderValue::from_static("n=0;i=0000000000000001;a=1@0"),
+            DepsHeader { node: tierstack_fabric::NodeId(0), incarnation: Incarnation(1), deps: vec![] },
+        ))
     }
 
     #[tokio::test]

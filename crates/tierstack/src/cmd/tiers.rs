@@ -404,7 +404,7 @@ pub fn proxy(args: ProxyArgs) -> Result<()> {
         if let Some(state) = &cache_state {
             state.validate().context("--state-slots")?;
         }
-        let options = ProxyOptions { cache_state };
+        let options = ProxyOptions { cache_state, ..ProxyOptions::default() };
         let proxy = Proxy::bind_with(config, options).await?;
         if let Some(balancing) = balancing {
             proxy.set_balancing(balancing)?;
