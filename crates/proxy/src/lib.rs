@@ -70,7 +70,6 @@ mod tests;
 
 use bytes::Bytes;
 use cache::{Cache, Entry, InsertOutcome};
-use policy::{Usable, Vary};
 use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::header::{
@@ -82,10 +81,11 @@ use hyper::{Method, Request, Response, StatusCode, Uri};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
+use policy::{Usable, Vary};
 use serde::Serialize;
+use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::collections::HashSet;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 use tierstack_base::{host_monotonic_ns, Clock, SystemClock};
@@ -542,11 +542,11 @@ fn connection_named(headers: &HeaderMap) -> Vec<HeaderName> {
 }
 
 /// Copies every end-to-end field of `from` (not hop-by-hop, not named by
-/// `Connection`, not `Host`) into `to`, in order.
+/// `Connection`) into `to`, in order.
 fn copy_end_to_end(from: &HeaderMap, to: &mut HeaderMap) {
     let named = connection_named(from);
     for (name, value) in from {
-        if !is_hop_by_hop(name) && name != HOST && !named.contains(name) {
+        if !is_hop_by_hop(name) && !named.contains(name) {
             to.append(name.clone(), value.clone());
         }
     }
@@ -559,14 +559,10 @@ fn end_to_end(headers: &HeaderMap) -> HeaderMap {
     copy
 }
 
-/// The fields of the client's request sent upstream: the end-to-end ones
-/// and `Host` (so an upstream serving several sites knows which).
+/// The fields of the client's request sent upstream: the end-to-end ones,
+/// `Host` included (so an upstream serving several sites knows which).
 fn upstream_fields(request: &HeaderMap) -> HeaderMap {
-    let mut fields = end_to_end(request);
-    if let Some(host) = request.get(HOST) {
-        fields.insert(HOST, host.clone());
-    }
-    fields
+    end_to_end(request)
 }
 
 /// The request's conditional fields: a revalidation sends the cache's own
@@ -625,7 +621,8 @@ fn client_not_modified(entry: &Entry, request: &HeaderMap) -> bool {
         });
     }
     let Some(since) = policy::date_field(request, IF_MODIFIED_SINCE) else { return false };
-    let modified = policy::date_field(&entry.headers, LAST_MODIFIED).or_else(|| policy::date_field(&entry.headers, DATE));
+    let modified =
+        policy::date_field(&entry.headers, LAST_MODIFIED).or_else(|| policy::date_field(&entry.headers, DATE));
     modified.is_some_and(|modified| modified <= since)
 }
 
@@ -1093,7 +1090,13 @@ impl Fetched {
 /// the upstream chosen for `target`; the response read whole, or the
 /// error response to give the client (502 unreachable, 504 too slow, 503
 /// refused).
-async fn fetch(state: &State, method: &Method, target: &str, headers: &HeaderMap, body: Bytes) -> Result<Fetched, Response<Body>> {
+async fn fetch(
+    state: &State,
+    method: &Method,
+    target: &str,
+    headers: &HeaderMap,
+    body: Bytes,
+) -> Result<Fetched, Response<Body>> {
     let mut attempt = 0;
     let request_time = policy::now_secs();
     let (started, response, _routed) = loop {
@@ -1129,19 +1132,30 @@ async fn fetch(state: &State, method: &Method, target: &str, headers: &HeaderMap
     };
     let upstream_error = |response: Response<Body>| {
         state.counters.upstream_errors.fetch_add(1, Ordering::Relaxed);
-        Err(response)
+        response
     };
     let response = match response {
         Ok(Ok(response)) => response,
-        Ok(Err(e)) => return upstream_error(text(StatusCode::BAD_GATEWAY, format!("application server unreachable: {e}\n"))),
-        Err(_) => return upstream_error(text(StatusCode::GATEWAY_TIMEOUT, "application server did not answer in time\n")),
+        Ok(Err(e)) => {
+            return Err(upstream_error(text(StatusCode::BAD_GATEWAY, format!("application server unreachable: {e}\n"))))
+        }
+        Err(_) => {
+            return Err(upstream_error(text(
+                StatusCode::GATEWAY_TIMEOUT,
+                "application server did not answer in time\n",
+            )))
+        }
     };
     let (parts, body) = response.into_parts();
     let body = match tokio::time::timeout(state.upstream_timeout, collect_limited(body, RESPONSE_BODY_BYTES_MAX)).await
     {
         Ok(Ok(body)) => body,
-        Ok(Err(e)) => return upstream_error(text(StatusCode::BAD_GATEWAY, format!("application server response: {e}\n"))),
-        Err(_) => return upstream_error(text(StatusCode::GATEWAY_TIMEOUT, "application server response timed out\n")),
+        Ok(Err(e)) => {
+            return Err(upstream_error(text(StatusCode::BAD_GATEWAY, format!("application server response: {e}\n"))))
+        }
+        Err(_) => {
+            return Err(upstream_error(text(StatusCode::GATEWAY_TIMEOUT, "application server response timed out\n")))
+        }
     };
     state.counters.upstream_ns.fetch_add(elapsed_ns(started), Ordering::Relaxed);
     state.counters.upstream_bytes.fetch_add(body.len() as u64, Ordering::Relaxed);
@@ -1332,10 +1346,8 @@ fn maybe_store(state: &State, key: &str, request: &HeaderMap, fetched: &Fetched)
             {
                 return None;
             }
-            let parsed = raw
-                .to_str()
-                .map_err(|e| e.to_string())
-                .and_then(|s| DepsHeader::parse(s).map_err(|e| e.to_string()));
+            let parsed =
+                raw.to_str().map_err(|e| e.to_string()).and_then(|s| DepsHeader::parse(s).map_err(|e| e.to_string()));
             let deps = match parsed {
                 Ok(deps) => deps,
                 Err(e) => {
@@ -1357,21 +1369,14 @@ fn maybe_store(state: &State, key: &str, request: &HeaderMap, fetched: &Fetched)
             (freshness, Some(deps))
         }
         None => {
-            let freshness = policy::storable(
-                &Method::GET,
-                request,
-                status,
-                &headers,
-                fetched.request_time,
-                fetched.response_time,
-            )
-            .ok()?;
+            let freshness =
+                policy::storable(&Method::GET, request, status, &headers, fetched.request_time, fetched.response_time)
+                    .ok()?;
             (freshness, None)
         }
     };
     let vary = Vary::key(&Vary::of(&headers)?, request);
-    let entry =
-        Arc::new(Entry { status, headers, body: fetched.body.clone(), deps, pushed: false, vary, freshness });
+    let entry = Arc::new(Entry { status, headers, body: fetched.body.clone(), deps, pushed: false, vary, freshness });
     match state.cache_store(key, entry.clone()) {
         Some(InsertOutcome::Stored | InsertOutcome::KeptNewer) => Some(entry),
         Some(InsertOutcome::TooLarge) | None => None,

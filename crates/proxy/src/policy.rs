@@ -584,7 +584,14 @@ mod tests {
     #[test]
     fn invalid_or_conflicting_freshness_is_stale() {
         for cc in ["max-age=abc", "max-age=-1", "max-age=60, max-age=120", "max-age="] {
-            let f = storable(&Method::GET, &HeaderMap::new(), StatusCode::OK, &headers(&[("cache-control", cc), ("etag", "\"e\"")]), T, T);
+            let f = storable(
+                &Method::GET,
+                &HeaderMap::new(),
+                StatusCode::OK,
+                &headers(&[("cache-control", cc), ("etag", "\"e\"")]),
+                T,
+                T,
+            );
             assert_eq!(f.map(|f| f.lifetime), Ok(0), "{cc}");
         }
     }
@@ -595,8 +602,14 @@ mod tests {
         let date = at(T);
         assert_eq!(fresh_for(&[("date", &date), ("last-modified", &at(T - 1000))]), Ok(100));
         assert_eq!(fresh_for(&[("date", &date), ("last-modified", &at(T - 10_000_000))]), Ok(HEURISTIC_SECS_MAX));
-        let not_by_default =
-            storable(&Method::GET, &HeaderMap::new(), StatusCode::CREATED, &headers(&[("last-modified", &at(T - 1000))]), T, T);
+        let not_by_default = storable(
+            &Method::GET,
+            &HeaderMap::new(),
+            StatusCode::CREATED,
+            &headers(&[("last-modified", &at(T - 1000))]),
+            T,
+            T,
+        );
         assert_eq!(not_by_default, Err(NotStored::Status));
     }
 
@@ -620,7 +633,10 @@ mod tests {
         assert_eq!(get(&[], 206, &fresh), Some(NotStored::Status));
         assert_eq!(get(&[], 200, &[]), Some(NotStored::Useless));
         assert_eq!(get(&[], 200, &[("etag", "\"x\"")]), None, "stored to be revalidated");
-        assert_eq!(get(&[], 200, &[("cache-control", "max-age=60"), ("set-cookie", "a=b")]), Some(NotStored::SetCookie));
+        assert_eq!(
+            get(&[], 200, &[("cache-control", "max-age=60"), ("set-cookie", "a=b")]),
+            Some(NotStored::SetCookie)
+        );
         assert_eq!(get(&[], 200, &[("cache-control", "public, max-age=60"), ("set-cookie", "a=b")]), None);
         assert_eq!(get(&[], 200, &[("cache-control", "no-store, must-understand, max-age=60")]), None);
         assert_eq!(get(&[], 201, &[("cache-control", "must-understand, max-age=60")]), Some(NotStored::Status));
@@ -667,7 +683,8 @@ mod tests {
         assert_eq!(f.usable(&none, T + 30), Usable::Revalidate);
         assert!(f.usable_on_error(&none, T + 69));
         assert!(!f.usable_on_error(&none, T + 70));
-        let strict = headers(&[("cache-control", "max-age=10, must-revalidate, stale-while-revalidate=20, stale-if-error=60")]);
+        let strict =
+            headers(&[("cache-control", "max-age=10, must-revalidate, stale-while-revalidate=20, stale-if-error=60")]);
         let f = storable(&Method::GET, &HeaderMap::new(), StatusCode::OK, &strict, T, T).unwrap();
         assert_eq!(f.usable(&none, T + 15), Usable::Revalidate, "must-revalidate forbids stale");
         assert!(!f.usable_on_error(&none, T + 15));
@@ -687,8 +704,10 @@ mod tests {
 
     #[test]
     fn a_304_updates_stored_fields_but_not_the_framing() {
-        let stored = headers(&[("etag", "\"a\""), ("content-length", "5"), ("x-old", "1"), ("cache-control", "max-age=1")]);
-        let nm = headers(&[("etag", "\"a\""), ("content-length", "0"), ("cache-control", "max-age=60"), ("x-new", "2")]);
+        let stored =
+            headers(&[("etag", "\"a\""), ("content-length", "5"), ("x-old", "1"), ("cache-control", "max-age=1")]);
+        let nm =
+            headers(&[("etag", "\"a\""), ("content-length", "0"), ("cache-control", "max-age=60"), ("x-new", "2")]);
         assert!(not_modified_selects(&stored, &nm));
         let updated = updated_headers(&stored, &nm);
         assert_eq!(updated.get("content-length").unwrap(), "5");

@@ -106,7 +106,9 @@ pub(crate) async fn receive(state: &State, request: Request<Incoming>, path: Str
         state.counters.pushes_stale.fetch_add(1, Ordering::Relaxed);
         text(status, why)
     };
-    if existing.is_some_and(|e| e.deps.as_ref().is_some_and(|cached| entry.deps.as_ref().is_some_and(|pushed| at_least_as_new(cached, pushed)))) {
+    if existing.is_some_and(|e| {
+        e.deps.as_ref().is_some_and(|cached| entry.deps.as_ref().is_some_and(|pushed| at_least_as_new(cached, pushed)))
+    }) {
         return redundant();
     }
     if state.mode == CacheMode::Poll {

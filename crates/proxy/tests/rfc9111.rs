@@ -376,7 +376,10 @@ async fn no_store_responses_are_never_stored() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_with_no_store_is_not_stored() {
-    assert_eq!(origin_requests_for_two_gets(&[("cache-control", "max-age=300")], &[("cache-control", "no-store")]).await, 2);
+    assert_eq!(
+        origin_requests_for_two_gets(&[("cache-control", "max-age=300")], &[("cache-control", "no-store")]).await,
+        2
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -559,7 +562,10 @@ async fn a_304_updates_the_stored_fields() {
     let revalidated = rig.get("/u", &[]).await;
     assert_eq!((revalidated.field("x-version"), revalidated.body.as_str()), (Some("2"), "body"));
     let hit = rig.get("/u", &[]).await;
-    assert_eq!((hit.x_cache(), hit.field("x-version"), hit.field("cache-control")), ("HIT", Some("2"), Some("max-age=300")));
+    assert_eq!(
+        (hit.x_cache(), hit.field("x-version"), hit.field("cache-control")),
+        ("HIT", Some("2"), Some("max-age=300"))
+    );
     assert_eq!(hit.field("content-length"), Some("4"), "the framing is the stored body's");
     assert_eq!(rig.origin.requests(), 2);
 }
@@ -567,7 +573,8 @@ async fn a_304_updates_the_stored_fields() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_response_to_a_revalidation_replaces_the_stored_one() {
     let rig = Rig::new().await;
-    rig.origin.answer(|_, n| Reply::ok(&[("cache-control", "max-age=0"), ("etag", &format!("\"v{n}\""))], &format!("v{n}")));
+    rig.origin
+        .answer(|_, n| Reply::ok(&[("cache-control", "max-age=0"), ("etag", &format!("\"v{n}\""))], &format!("v{n}")));
     rig.get("/f", &[]).await;
     assert_eq!(rig.get("/f", &[]).await.body, "v1");
     rig.get("/f", &[]).await;
@@ -591,7 +598,10 @@ async fn the_clients_own_conditions_are_not_sent_on_a_revalidation() {
 async fn must_revalidate_forbids_serving_stale_on_error() {
     let rig = Rig::new().await;
     rig.origin.answer(|_, n| match n {
-        0 => Reply::ok(&[("cache-control", "max-age=1, must-revalidate, stale-if-error=600"), ("age", "5"), ("etag", "\"a\"")], "old"),
+        0 => Reply::ok(
+            &[("cache-control", "max-age=1, must-revalidate, stale-if-error=600"), ("age", "5"), ("etag", "\"a\"")],
+            "old",
+        ),
         _ => Reply::with(503, &[], "down"),
     });
     rig.get("/m", &[]).await;
@@ -633,7 +643,10 @@ async fn stale_if_error_serves_the_stored_response_when_the_origin_fails() {
 async fn stale_while_revalidate_serves_stale_at_once_and_refreshes_behind() {
     let rig = Rig::new().await;
     rig.origin.answer(|_, n| {
-        Reply::ok(&[("cache-control", "max-age=1, stale-while-revalidate=600"), ("age", "5"), ("etag", &format!("\"{n}\""))], &format!("v{n}"))
+        Reply::ok(
+            &[("cache-control", "max-age=1, stale-while-revalidate=600"), ("age", "5"), ("etag", &format!("\"{n}\""))],
+            &format!("v{n}"),
+        )
     });
     rig.get("/s", &[]).await;
     let stale = rig.get("/s", &[]).await;
@@ -755,7 +768,8 @@ async fn location_and_content_location_of_the_same_origin_are_invalidated() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn head_is_answered_from_a_stored_get() {
     let rig = Rig::new().await;
-    rig.origin.always(Reply::ok(&[("cache-control", "max-age=300"), ("etag", "\"h\""), ("x-field", "1")], "0123456789"));
+    rig.origin
+        .always(Reply::ok(&[("cache-control", "max-age=300"), ("etag", "\"h\""), ("x-field", "1")], "0123456789"));
     rig.get("/head", &[]).await;
     let head = rig.send(Method::HEAD, "/head", &[]).await;
     assert_eq!((head.status, head.x_cache(), head.body.as_str()), (StatusCode::OK, "HIT", ""));
@@ -769,10 +783,14 @@ async fn head_is_answered_from_a_stored_get() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hit_answers_if_none_match_with_304() {
     let rig = Rig::new().await;
-    rig.origin.always(Reply::ok(&[("cache-control", "max-age=300"), ("etag", "\"e1\""), ("x-body-field", "1")], "body"));
+    rig.origin
+        .always(Reply::ok(&[("cache-control", "max-age=300"), ("etag", "\"e1\""), ("x-body-field", "1")], "body"));
     rig.get("/c", &[]).await;
     let not_modified = rig.get("/c", &[("if-none-match", "\"zz\", W/\"e1\"")]).await;
-    assert_eq!((not_modified.status, not_modified.x_cache(), not_modified.body.as_str()), (StatusCode::NOT_MODIFIED, "HIT", ""));
+    assert_eq!(
+        (not_modified.status, not_modified.x_cache(), not_modified.body.as_str()),
+        (StatusCode::NOT_MODIFIED, "HIT", "")
+    );
     assert_eq!(not_modified.field("etag"), Some("\"e1\""));
     assert_eq!(not_modified.field("cache-control"), Some("max-age=300"));
     let star = rig.get("/c", &[("if-none-match", "*")]).await;
@@ -808,7 +826,10 @@ async fn range_requests_pass_through_to_the_origin() {
     });
     rig.get("/r", &[]).await;
     let partial = rig.get("/r", &[("range", "bytes=0-3")]).await;
-    assert_eq!((partial.status, partial.x_cache(), partial.body.as_str()), (StatusCode::PARTIAL_CONTENT, "MISS", "0123"));
+    assert_eq!(
+        (partial.status, partial.x_cache(), partial.body.as_str()),
+        (StatusCode::PARTIAL_CONTENT, "MISS", "0123")
+    );
     assert_eq!(rig.origin.last().headers.get("range").unwrap(), "bytes=0-3");
     let whole = rig.get("/r", &[]).await;
     assert_eq!((whole.x_cache(), whole.body.as_str()), ("HIT", "0123456789"), "the full response stays stored");
@@ -823,7 +844,11 @@ fn deps_origin(rig: &Rig, fields: &'static [(&'static str, &'static str)]) {
     rig.origin.answer(move |seen, _| {
         let slot = table.slot_of("doc/a").unwrap();
         let deps = table.header(&[("doc/a".to_string(), slot)]).unwrap().to_string();
-        let who = seen.headers.get("authorization").or(seen.headers.get("cookie")).map_or("-".into(), |v| v.to_str().unwrap().to_string());
+        let who = seen
+            .headers
+            .get("authorization")
+            .or(seen.headers.get("cookie"))
+            .map_or("-".into(), |v| v.to_str().unwrap().to_string());
         let mut all: Vec<(&str, &str)> = fields.to_vec();
         all.push((DEPS_HEADER, &deps));
         Reply::ok(&all, &format!("{deps} {who}"))
@@ -878,7 +903,11 @@ async fn vary_applies_to_responses_with_dependencies() {
 
 /// A leader's fetch held at the origin, then a second request; true if the
 /// second waited on the leader's fetch rather than making its own.
-async fn shares_the_fetch(rig: &Arc<Rig>, leader: &'static [(&'static str, &'static str)], second: &'static [(&'static str, &'static str)]) -> (Got, Got, usize) {
+async fn shares_the_fetch(
+    rig: &Arc<Rig>,
+    leader: &'static [(&'static str, &'static str)],
+    second: &'static [(&'static str, &'static str)],
+) -> (Got, Got, usize) {
     rig.origin.hold.store(true, Ordering::SeqCst);
     let before = rig.origin.requests();
     let r = rig.clone();
@@ -923,8 +952,12 @@ async fn a_coalesced_fetch_is_never_handed_across_credentials_or_varied_fields()
     assert!(second.field("x-cache-coalesced").is_none());
     rig.bump("doc/a");
     // Other credentials never even join the flight.
-    let (first, second, fetches) =
-        shares_the_fetch(&rig, &[("cookie", "u=1"), ("authorization", "Bearer a")], &[("cookie", "u=1"), ("authorization", "Bearer b")]).await;
+    let (first, second, fetches) = shares_the_fetch(
+        &rig,
+        &[("cookie", "u=1"), ("authorization", "Bearer a")],
+        &[("cookie", "u=1"), ("authorization", "Bearer b")],
+    )
+    .await;
     assert_eq!(fetches, 2);
     assert!(first.body.ends_with("Bearer a") && second.body.ends_with("Bearer b"), "{first:?} {second:?}");
     let stats = rig.stats().await;
@@ -959,4 +992,69 @@ async fn ttl_mode_still_follows_rfc_9111_for_responses_without_dependencies() {
     rig.origin.always(Reply::ok(&[("cache-control", "private, max-age=300")], "x"));
     rig.get("/t", &[]).await;
     assert_eq!(rig.get("/t", &[]).await.x_cache(), "MISS");
+}
+
+// ---- Header fidelity (property) -------------------------------------------
+
+/// Field names the proxy treats specially on the way back (framing, the
+/// cache's own, hop-by-hop) are left out of the random sets.
+fn special(name: &str) -> bool {
+    matches!(
+        name,
+        "connection"
+            | "keep-alive"
+            | "te"
+            | "trailer"
+            | "transfer-encoding"
+            | "upgrade"
+            | "proxy-authenticate"
+            | "proxy-authorization"
+            | "proxy-connection"
+            | "content-length"
+            | "age"
+            | "x-cache"
+            | "date"
+            | "cache-control"
+            | "vary"
+            | "set-cookie"
+            | "cdn-cache-control"
+            | "expires"
+    ) || name.starts_with("x-tierstack")
+}
+
+#[test]
+fn every_end_to_end_field_of_the_origin_appears_identically_on_the_hit() {
+    use proptest::prelude::*;
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let rig = runtime.block_on(Rig::new());
+    let field = ("[a-z][a-z0-9-]{0,14}", "[!-~]([ !-~]{0,30}[!-~])?");
+    let fields = proptest::collection::vec(field, 0..12);
+    let hops = proptest::collection::vec("x-hop-[a-z]{1,6}", 0..3);
+    let case = std::sync::atomic::AtomicU32::new(0);
+    proptest!(ProptestConfig::with_cases(48), |(fields in fields, hops in hops)| {
+        let target = format!("/prop/{}", case.fetch_add(1, Ordering::SeqCst));
+        let mut reply: Vec<(String, String)> = fields.into_iter().filter(|(n, _)| !special(n) && !n.starts_with("x-hop-")).collect();
+        reply.push(("cache-control".into(), "max-age=300".into()));
+        if !hops.is_empty() {
+            reply.push(("connection".into(), hops.join(", ")));
+            reply.extend(hops.iter().map(|h| (h.clone(), "hop".to_string())));
+        }
+        let script_reply = Reply { status: 200, fields: reply.clone(), body: "p".into() };
+        rig.origin.always(script_reply);
+        let (miss, hit) = runtime.block_on(async { (rig.get(&target, &[]).await, rig.get(&target, &[]).await) });
+        prop_assert_eq!(miss.x_cache(), "MISS");
+        prop_assert_eq!(hit.x_cache(), "HIT");
+        // What the origin sent, end to end, in order per field name.
+        for (name, _) in &reply {
+            let sent: Vec<&str> = reply.iter().filter(|(n, _)| n == name).map(|(_, v)| v.as_str()).collect();
+            let got: Vec<&str> = hit.headers.get_all(name.as_str()).iter().map(|v| v.to_str().unwrap()).collect();
+            if name == "connection" || hops.contains(name) {
+                prop_assert!(got.is_empty(), "hop-by-hop {} on the hit", name);
+                prop_assert!(miss.headers.get(name.as_str()).is_none(), "hop-by-hop {} on the miss", name);
+            } else {
+                prop_assert_eq!(got, sent, "field {}", name);
+            }
+        }
+        prop_assert_eq!(without_cache_fields(&hit.headers), without_cache_fields(&miss.headers));
+    });
 }
