@@ -1,8 +1,12 @@
 //! The proxy tier (`tierstack proxy`): a reverse proxy in front of
 //! application servers that caches dynamic content with strong coherence.
 //!
-//! A GET response is cached when it carries `X-Tierstack-Deps` (the versions
-//! it was generated at) and is not `no-store`/`private`. On every hit, in
+//! It is an RFC 9111 shared cache for every response (see `policy` and
+//! ARCHITECTURE.md: whole responses, key = authority + target, `Vary`,
+//! revalidation, invalidation, stale-while-revalidate / stale-if-error,
+//! `CDN-Cache-Control`; Range requests pass through). A GET response that
+//! carries `X-Tierstack-Deps` (the versions it was generated at) is instead
+//! cached as a 200 nothing forbids storing, with no freshness: on every hit, in
 //! `poll` mode, the proxy reads those versions from the application module's
 //! version table with **one batched one-sided read** and serves the copy only
 //! if all are still current; otherwise it drops the entry and forwards. This
