@@ -101,7 +101,7 @@ pub use tierstack_monitor::{Balancer, BalancerConfig, Decision, LoadSource, Poli
 pub use tierstack_pushpull::state::CacheStateConfig;
 pub use tierstack_pushpull::SLOTS_DEFAULT as CACHE_STATE_SLOTS_DEFAULT;
 use tierstack_pushpull::{fingerprint, CacheStateWriter};
-use tierstack_tier_http::{collect_limited, serve, text, Body, Stop};
+use tierstack_tier_http::{collect_limited, serve, serve_with_options, text, Body, ServeOptions, Stop};
 
 /// Largest request body forwarded.
 pub const REQUEST_BODY_BYTES_MAX: usize = 16 << 20;
@@ -167,11 +167,28 @@ pub struct ProxyOptions {
     /// which pushed documents are cached; `None`: the client listener's
     /// address (what a client naming the proxy by address sends as `Host`).
     pub default_authority: Option<String>,
+    /// The client listener closes a connection that has not sent a whole
+    /// request header this long after it began waiting for one (slow
+    /// clients, and idle keep-alive connections); `None`: never.
+    pub header_read_timeout: Option<Duration>,
+    /// At most this many client connections at once (more wait in the
+    /// listen backlog); `None`: no bound.
+    pub max_connections: Option<usize>,
 }
+
+/// [`ProxyOptions::header_read_timeout`]'s default.
+pub const HEADER_READ_TIMEOUT_DEFAULT: Duration = Duration::from_secs(30);
+/// [`ProxyOptions::max_connections`]'s default.
+pub const MAX_CONNECTIONS_DEFAULT: usize = 10_000;
 
 impl Default for ProxyOptions {
     fn default() -> Self {
-        Self { cache_state: Some(CacheStateConfig::default()), default_authority: None }
+        Self {
+            cache_state: Some(CacheStateConfig::default()),
+            default_authority: None,
+            header_read_timeout: Some(HEADER_READ_TIMEOUT_DEFAULT),
+            max_connections: Some(MAX_CONNECTIONS_DEFAULT),
+        }
     }
 }
 
@@ -1390,6 +1407,7 @@ fn maybe_store(state: &State, key: &str, request: &HeaderMap, fetched: &Fetched)
 /// A bound, ready proxy.
 pub struct Proxy {
     listener: tokio::net::TcpListener,
+    limits: ServeOptions,
     admin: Option<tokio::net::TcpListener>,
     state: Arc<State>,
 }
@@ -1463,7 +1481,11 @@ impl Proxy {
             #[cfg(test)]
             hooks: testkit::Hooks::default(),
         });
-        Ok(Proxy { listener, admin, state })
+        let limits = ServeOptions {
+            header_read_timeout: options.header_read_timeout,
+            max_connections: options.max_connections,
+        };
+        Ok(Proxy { listener, limits, admin, state })
     }
 
     pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
@@ -1533,7 +1555,7 @@ impl Proxy {
     pub async fn run(self, stop: Stop) -> std::io::Result<()> {
         let state = self.state.clone();
         let handler = Arc::new(move |request| handle(state.clone(), request));
-        let clients = serve(self.listener, handler, stop.clone());
+        let clients = serve_with_options(self.listener, handler, stop.clone(), None, self.limits);
         let Some(admin) = self.admin else { return clients.await };
         let state = self.state.clone();
         let admin_handler = Arc::new(move |request| handle_admin(state.clone(), request));

@@ -96,8 +96,44 @@ where
     H: Fn(Request<Incoming>) -> F + Send + Sync + 'static,
     F: Future<Output = Response<Body>> + Send + 'static,
 {
+    serve_with_options(listener, handler, stop, on_connection, ServeOptions::default()).await
+}
+
+/// Limits of a listener ([`serve_with_options`]); the default sets none.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ServeOptions {
+    /// A connection that has not sent a request's whole header this long
+    /// after it began waiting for one is closed: slow clients, and (hyper
+    /// starts the same clock while a kept-alive connection waits for its
+    /// next request) idle keep-alive connections.
+    pub header_read_timeout: Option<std::time::Duration>,
+    /// At most this many connections open at once; further ones wait in
+    /// the listen backlog until one closes.
+    pub max_connections: Option<usize>,
+}
+
+/// As [`serve_with_hook`], within `options`' limits.
+pub async fn serve_with_options<H, F>(
+    listener: TcpListener,
+    handler: Arc<H>,
+    stop: Stop,
+    on_connection: Option<ConnectionHook>,
+    options: ServeOptions,
+) -> std::io::Result<()>
+where
+    H: Fn(Request<Incoming>) -> F + Send + Sync + 'static,
+    F: Future<Output = Response<Body>> + Send + 'static,
+{
     let mut watcher = stop.watcher();
+    let slots = options.max_connections.map(|max| Arc::new(tokio::sync::Semaphore::new(max)));
     loop {
+        let slot = match &slots {
+            Some(slots) => tokio::select! {
+                slot = slots.clone().acquire_owned() => slot.ok(),
+                _ = stopped(watcher.clone()) => return Ok(()),
+            },
+            None => None,
+        };
         let (stream, _) = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok(accepted) => accepted,
@@ -115,12 +151,17 @@ where
         let conn_stop = watcher.clone();
         let held = on_connection.as_ref().map(|hook| hook());
         tokio::spawn(async move {
-            let _held_while_connected = held;
+            let _held_while_connected = (held, slot);
             let service = service_fn(move |request| {
                 let response = handler(request);
                 async move { Ok::<_, Infallible>(response.await) }
             });
-            let connection = http1::Builder::new().keep_alive(true).serve_connection(TokioIo::new(stream), service);
+            let mut builder = http1::Builder::new();
+            builder.keep_alive(true);
+            if let Some(timeout) = options.header_read_timeout {
+                builder.timer(hyper_util::rt::TokioTimer::new()).header_read_timeout(timeout);
+            }
+            let connection = builder.serve_connection(TokioIo::new(stream), service);
             tokio::pin!(connection);
             tokio::select! {
                 result = connection.as_mut() => {
