@@ -1481,10 +1481,8 @@ impl Proxy {
             #[cfg(test)]
             hooks: testkit::Hooks::default(),
         });
-        let limits = ServeOptions {
-            header_read_timeout: options.header_read_timeout,
-            max_connections: options.max_connections,
-        };
+        let limits =
+            ServeOptions { header_read_timeout: options.header_read_timeout, max_connections: options.max_connections };
         Ok(Proxy { listener, limits, admin, state })
     }
 
