@@ -65,6 +65,7 @@
 
 mod cache;
 mod coalesce;
+mod metrics;
 mod policy;
 mod push;
 #[cfg(test)]
@@ -109,6 +110,8 @@ pub const REQUEST_BODY_BYTES_MAX: usize = 16 << 20;
 pub const RESPONSE_BODY_BYTES_MAX: usize = 64 << 20;
 /// The response header telling clients whether the cache answered.
 pub const X_CACHE: &str = "x-cache";
+/// [`X_CACHE`] as a field name, parsed once.
+const X_CACHE_NAME: HeaderName = HeaderName::from_static(X_CACHE);
 /// Tries of a forward whose upstream fences it (421) before the 421 is
 /// the answer.
 const FENCED_ATTEMPTS_MAX: u32 = 2;
@@ -272,6 +275,7 @@ struct Counters {
     invalidations: AtomicU64,
     purges: AtomicU64,
     upstream_bytes: AtomicU64,
+    check_latency: metrics::Histogram,
 }
 
 /// The proxy's counters, served at `/_tierstack/stats`.
@@ -601,7 +605,8 @@ fn cache_key(uri: &Uri, headers: &HeaderMap, default: &str) -> String {
         .unwrap_or(default);
     let target = uri.path_and_query().map_or("/", |p| p.as_str());
     let mut key = String::with_capacity(authority.len() + target.len());
-    key.extend(authority.chars().map(|c| c.to_ascii_lowercase()));
+    key.push_str(authority);
+    key.make_ascii_lowercase();
     key.push_str(target);
     key
 }
@@ -673,7 +678,7 @@ fn respond(entry: &Entry, request: &HeaderMap, method: &Method, now: u64, label:
     };
     let headers = response.headers_mut();
     headers.insert(AGE, HeaderValue::from(entry.freshness.age(now)));
-    headers.insert(X_CACHE, HeaderValue::from_static(label));
+    headers.insert(X_CACHE_NAME, HeaderValue::from_static(label));
     response
 }
 
@@ -819,8 +824,10 @@ impl State {
         let verdict = checker.is_current(deps).await;
         #[cfg(test)]
         self.hooks.after_check().await;
+        let ns = elapsed_ns(started);
         self.counters.checks.fetch_add(1, Ordering::Relaxed);
-        self.counters.check_ns.fetch_add(elapsed_ns(started), Ordering::Relaxed);
+        self.counters.check_ns.fetch_add(ns, Ordering::Relaxed);
+        self.counters.check_latency.record(ns);
         match verdict {
             Ok(true) => {
                 self.counters.checks_ok.fetch_add(1, Ordering::Relaxed);
@@ -931,6 +938,11 @@ async fn handle_admin(state: Arc<State>, request: Request<Incoming>) -> Response
         response.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
         return response;
     }
+    if path == "/metrics" {
+        let mut response = text(StatusCode::OK, metrics::render(&state.stats(), &state.counters.check_latency));
+        response.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("text/plain; version=0.0.4"));
+        return response;
+    }
     if let Some(name) = path.strip_prefix(PUSH_PATH_PREFIX) {
         let path = format!("/doc/{name}");
         return push::receive(&state, request, path).await;
@@ -1009,7 +1021,10 @@ where
         return forward(&state, request, &key).await.0;
     }
     let now = policy::now_secs();
-    let request_cc = policy::request_directives(request.headers());
+    // Parsed only when a freshness decision needs it (not on a hit of a
+    // response with dependencies).
+    let request_cc = OnceLock::new();
+    let request_cc = || request_cc.get_or_init(|| policy::request_directives(request.headers()));
     let fingerprint = fingerprint(target_of(&key));
     let mut stale = None;
     if let Some(entry) = state.cache_lookup(&key, request.headers(), fingerprint) {
@@ -1023,7 +1038,7 @@ where
             // meanwhile), fetched below and cached again.
             state.cache_remove_entry(&key, &entry);
         } else {
-            match entry.freshness.usable(&request_cc, now) {
+            match entry.freshness.usable(request_cc(), now) {
                 Usable::Fresh => {
                     state.note_access(fingerprint, true);
                     unserved.pending = false;
@@ -1041,7 +1056,7 @@ where
         }
     }
     state.note_access(fingerprint, false);
-    if request_cc.only_if_cached {
+    if request_cc().only_if_cached {
         state.counters.misses.fetch_add(1, Ordering::Relaxed);
         unserved.pending = false;
         return text(StatusCode::GATEWAY_TIMEOUT, "not cached, and the request asked only-if-cached\n");
@@ -1049,6 +1064,7 @@ where
     if let Some(entry) = stale {
         state.counters.misses.fetch_add(1, Ordering::Relaxed);
         unserved.pending = false;
+        let request_cc = request_cc().clone();
         return revalidate(&state, request, &key, entry, &request_cc).await;
     }
     // Concurrent misses of one document share one upstream fetch; each
@@ -1064,7 +1080,7 @@ where
                     let now = policy::now_secs();
                     let usable = match entry.deps {
                         Some(_) => state.mode == CacheMode::Ttl || state.validate(&entry).await,
-                        None => entry.freshness.usable(&request_cc, now) == Usable::Fresh,
+                        None => entry.freshness.usable(request_cc(), now) == Usable::Fresh,
                     };
                     if usable {
                         state.counters.coalesced.fetch_add(1, Ordering::Relaxed);
@@ -1102,7 +1118,7 @@ impl Fetched {
         let mut response = Response::new(Full::new(self.body));
         *response.status_mut() = self.parts.status;
         copy_end_to_end(&self.parts.headers, response.headers_mut());
-        response.headers_mut().insert(X_CACHE, HeaderValue::from_static("MISS"));
+        response.headers_mut().insert(X_CACHE_NAME, HeaderValue::from_static("MISS"));
         response
     }
 }
@@ -1525,16 +1541,24 @@ impl Proxy {
         self.state.site.set(site).map_err(|_| ProxyError::SiteSet)
     }
 
-    /// Benchmark support: stores a response to `GET path` at `authority`
-    /// as a miss from the origin would.
+    /// Benchmark support: stores a response (`headers`, `body`) to `GET
+    /// path` at `authority` with the request fields `request`, as a miss
+    /// from the origin would.
     #[doc(hidden)]
-    pub fn bench_store(&self, authority: &str, path: &str, headers: &HeaderMap, body: Bytes) -> bool {
+    pub fn bench_store(
+        &self,
+        authority: &str,
+        path: &str,
+        request: &HeaderMap,
+        headers: &HeaderMap,
+        body: Bytes,
+    ) -> bool {
         let mut response = Response::new(());
         *response.headers_mut() = headers.clone();
         let (parts, ()) = response.into_parts();
         let now = policy::now_secs();
         let fetched = Fetched { parts, body, request_time: now, response_time: now };
-        maybe_store(&self.state, &format!("{authority}{path}"), &HeaderMap::new(), &fetched).is_some()
+        maybe_store(&self.state, &format!("{authority}{path}"), request, &fetched).is_some()
     }
 
     /// Benchmark support: handles one client request as the client

@@ -480,12 +480,32 @@ impl Vary {
 
     /// Does `request` select a response stored with this key?
     pub fn matches(&self, request: &HeaderMap) -> bool {
-        self.fields.iter().all(|(name, value)| normalized(request, name) == *value)
+        self.fields.iter().all(|(name, value)| same_members(request, name, value.as_deref()))
     }
 
     pub fn is_empty(&self) -> bool {
         self.fields.is_empty()
     }
+}
+
+/// `normalized(request, name) == stored`, without building the string (the
+/// hit path).
+fn same_members(request: &HeaderMap, name: &HeaderName, stored: Option<&str>) -> bool {
+    let mut lines = request.get_all(name).iter().peekable();
+    let Some(stored) = stored else { return lines.peek().is_none() };
+    if lines.peek().is_none() {
+        return false;
+    }
+    let mut expected = stored.split(", ");
+    for line in lines {
+        let Ok(line) = line.to_str() else { return false };
+        for member in line.split(',') {
+            if expected.next() != Some(member.trim()) {
+                return false;
+            }
+        }
+    }
+    expected.next().is_none()
 }
 
 fn normalized(request: &HeaderMap, name: &HeaderName) -> Option<String> {

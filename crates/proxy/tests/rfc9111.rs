@@ -1058,3 +1058,29 @@ fn every_end_to_end_field_of_the_origin_appears_identically_on_the_hit() {
         prop_assert_eq!(without_cache_fields(&hit.headers), without_cache_fields(&miss.headers));
     });
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prometheus_metrics_are_served_on_the_admin_listener_only() {
+    let rig = Rig::new().await;
+    deps_origin(&rig, &[]);
+    rig.get("/doc/a", &[]).await;
+    rig.get("/doc/a", &[]).await;
+    let uri = format!("http://{}/metrics", rig.admin).parse().unwrap();
+    let response = rig.client.get(uri).await.unwrap();
+    assert_eq!(response.headers().get("content-type").unwrap(), "text/plain; version=0.0.4");
+    let text = String::from_utf8(response.into_body().collect().await.unwrap().to_bytes().to_vec()).unwrap();
+    for line in [
+        "tierstack_proxy_requests_total 2",
+        "tierstack_proxy_hits_total 1",
+        "tierstack_proxy_misses_total 1",
+        "tierstack_proxy_version_checks_total 1",
+        "tierstack_proxy_objects 1",
+        "tierstack_proxy_version_check_seconds_count 1",
+        "tierstack_proxy_version_check_seconds_bucket{le=\"+Inf\"} 1",
+    ] {
+        assert!(text.lines().any(|l| l == line), "{line} missing from\n{text}");
+    }
+    // The client listener forwards /metrics like any page.
+    rig.origin.always(Reply::ok(&[], "the origin's page"));
+    assert_eq!(rig.get("/metrics", &[]).await.body, "the origin's page");
+}
