@@ -6,6 +6,7 @@ pub mod fabric;
 pub mod load;
 pub mod monitor;
 pub mod origin;
+pub mod proxy_config;
 pub mod reconfig;
 pub mod sim;
 pub mod tiers;
