@@ -160,7 +160,12 @@ impl Cache {
 
     /// True if an entry of this size can be cached at all.
     pub fn admits(&self, entry: &Entry) -> bool {
-        entry.bytes() <= self.bytes_max / 8
+        entry.bytes() <= self.object_bytes_max()
+    }
+
+    /// The largest entry the cache takes: an eighth of it.
+    pub fn object_bytes_max(&self) -> usize {
+        self.bytes_max / 8
     }
 
     /// Removes `key` with all its variants; true if it was cached.

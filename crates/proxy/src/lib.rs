@@ -68,6 +68,7 @@ mod coalesce;
 mod metrics;
 mod policy;
 mod push;
+mod stream;
 #[cfg(test)]
 mod testkit;
 #[cfg(test)]
@@ -118,6 +119,7 @@ const FENCED_ATTEMPTS_MAX: u32 = 2;
 /// Present (`1`) on a response served from another request's concurrent
 /// fetch after validating it; such a response is labelled `X-Cache: MISS`.
 pub const X_CACHE_COALESCED: &str = "x-cache-coalesced";
+pub use stream::{ProxyBody, StreamError};
 /// Where the application tier pushes documents: `PUT <prefix><name>`
 /// installs the body as the cached copy of `/doc/<name>`.
 pub use tierstack_pushpull::PUSH_PATH_PREFIX;
@@ -999,13 +1001,14 @@ impl Drop for Waiting<'_> {
 }
 
 /// The client listener's requests.
-async fn handle<B>(state: Arc<State>, request: Request<B>) -> Response<Body>
+async fn handle<B>(state: Arc<State>, request: Request<B>) -> Response<ProxyBody>
 where
     B: hyper::body::Body,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     if request.uri().path().starts_with(ADMIN_PATH_PREFIX) {
-        return text(StatusCode::NOT_FOUND, "admin endpoints are served on the proxy's admin listener only\n");
+        return text(StatusCode::NOT_FOUND, "admin endpoints are served on the proxy's admin listener only\n")
+            .map(Into::into);
     }
     state.counters.requests.fetch_add(1, Ordering::Relaxed);
     // Counts the request as abandoned unless it gets classified first.
@@ -1018,7 +1021,7 @@ where
     if !readable || state.mode == CacheMode::NoCache || request.headers().contains_key(RANGE) {
         state.counters.misses.fetch_add(1, Ordering::Relaxed);
         unserved.pending = false;
-        return forward(&state, request, &key).await.0;
+        return forward(&state, request, &key, None).await;
     }
     let now = policy::now_secs();
     // Parsed only when a freshness decision needs it (not on a hit of a
@@ -1032,7 +1035,7 @@ where
             if state.mode == CacheMode::Ttl || state.validate(&entry).await {
                 state.note_access(fingerprint, true);
                 unserved.pending = false;
-                return state.hit(&entry, request.headers(), &method, now);
+                return state.hit(&entry, request.headers(), &method, now).map(Into::into);
             }
             // Out of date: dropped here (unless a newer copy replaced it
             // meanwhile), fetched below and cached again.
@@ -1042,14 +1045,14 @@ where
                 Usable::Fresh => {
                     state.note_access(fingerprint, true);
                     unserved.pending = false;
-                    return state.hit(&entry, request.headers(), &method, now);
+                    return state.hit(&entry, request.headers(), &method, now).map(Into::into);
                 }
                 Usable::StaleWhileRevalidate => {
                     state.counters.stale_served.fetch_add(1, Ordering::Relaxed);
                     revalidate_in_background(&state, &key, request.headers(), &entry);
                     state.note_access(fingerprint, true);
                     unserved.pending = false;
-                    return state.hit(&entry, request.headers(), &method, now);
+                    return state.hit(&entry, request.headers(), &method, now).map(Into::into);
                 }
                 Usable::Revalidate => stale = Some(entry),
             }
@@ -1059,13 +1062,13 @@ where
     if request_cc().only_if_cached {
         state.counters.misses.fetch_add(1, Ordering::Relaxed);
         unserved.pending = false;
-        return text(StatusCode::GATEWAY_TIMEOUT, "not cached, and the request asked only-if-cached\n");
+        return text(StatusCode::GATEWAY_TIMEOUT, "not cached, and the request asked only-if-cached\n").map(Into::into);
     }
     if let Some(entry) = stale {
         state.counters.misses.fetch_add(1, Ordering::Relaxed);
         unserved.pending = false;
         let request_cc = request_cc().clone();
-        return revalidate(&state, request, &key, entry, &request_cc).await;
+        return revalidate(&state, request, &key, entry, &request_cc).await.map(Into::into);
     }
     // Concurrent misses of one document share one upstream fetch; each
     // waiter checks the result is its own variant, and validates it itself
@@ -1085,22 +1088,21 @@ where
                     if usable {
                         state.counters.coalesced.fetch_add(1, Ordering::Relaxed);
                         unserved.pending = false;
-                        return state.serve_shared(&entry, request.headers(), now);
+                        return state.serve_shared(&entry, request.headers(), now).map(Into::into);
                     }
                 }
             }
             coalesce::Role::Leader(leader) => {
                 state.counters.misses.fetch_add(1, Ordering::Relaxed);
                 unserved.pending = false;
-                let (response, stored) = forward(&state, request, &key).await;
-                leader.finish(stored);
-                return response;
+                // The leader finishes the flight once the body is stored.
+                return forward(&state, request, &key, Some(leader)).await;
             }
         }
     }
     state.counters.misses.fetch_add(1, Ordering::Relaxed);
     unserved.pending = false;
-    forward(&state, request, &key).await.0
+    forward(&state, request, &key, None).await
 }
 
 /// An upstream response, its body read, and when it was asked for and
@@ -1134,6 +1136,36 @@ async fn fetch(
     headers: &HeaderMap,
     body: Bytes,
 ) -> Result<Fetched, Response<Body>> {
+    let (response, started, request_time) = send(state, method, target, headers, body).await?;
+    let upstream_error = |response: Response<Body>| {
+        state.counters.upstream_errors.fetch_add(1, Ordering::Relaxed);
+        response
+    };
+    let (parts, body) = response.into_parts();
+    let body = match tokio::time::timeout(state.upstream_timeout, collect_limited(body, RESPONSE_BODY_BYTES_MAX)).await
+    {
+        Ok(Ok(body)) => body,
+        Ok(Err(e)) => {
+            return Err(upstream_error(text(StatusCode::BAD_GATEWAY, format!("application server response: {e}\n"))))
+        }
+        Err(_) => {
+            return Err(upstream_error(text(StatusCode::GATEWAY_TIMEOUT, "application server response timed out\n")))
+        }
+    };
+    state.counters.upstream_ns.fetch_add(elapsed_ns(started), Ordering::Relaxed);
+    state.counters.upstream_bytes.fetch_add(body.len() as u64, Ordering::Relaxed);
+    Ok(Fetched { parts, body, request_time, response_time: policy::now_secs() })
+}
+
+/// Sends the request upstream and waits for the response's head (the
+/// body still to read); also when it was sent (for its time and age).
+async fn send(
+    state: &State,
+    method: &Method,
+    target: &str,
+    headers: &HeaderMap,
+    body: Bytes,
+) -> Result<(Response<Incoming>, Instant, u64), Response<Body>> {
     let mut attempt = 0;
     let request_time = policy::now_secs();
     let (started, response, _routed) = loop {
@@ -1183,25 +1215,20 @@ async fn fetch(
             )))
         }
     };
-    let (parts, body) = response.into_parts();
-    let body = match tokio::time::timeout(state.upstream_timeout, collect_limited(body, RESPONSE_BODY_BYTES_MAX)).await
-    {
-        Ok(Ok(body)) => body,
-        Ok(Err(e)) => {
-            return Err(upstream_error(text(StatusCode::BAD_GATEWAY, format!("application server response: {e}\n"))))
-        }
-        Err(_) => {
-            return Err(upstream_error(text(StatusCode::GATEWAY_TIMEOUT, "application server response timed out\n")))
-        }
-    };
-    state.counters.upstream_ns.fetch_add(elapsed_ns(started), Ordering::Relaxed);
-    state.counters.upstream_bytes.fetch_add(body.len() as u64, Ordering::Relaxed);
-    Ok(Fetched { parts, body, request_time, response_time: policy::now_secs() })
+    Ok((response, started, request_time))
 }
 
-/// Forwards to the upstream; returns the response and, for a cacheable GET,
-/// the entry now cached. An unsafe method's success invalidates (§4.4).
-async fn forward<B>(state: &State, request: Request<B>, key: &str) -> (Response<Body>, Option<Arc<Entry>>)
+/// Forwards to the upstream and streams the answer back as it arrives. A
+/// GET's answer no larger than the cache's per-object limit is teed into a
+/// buffer and, once whole, stored if it may be (the flight's `leader`, if
+/// any, then hands it to its waiters); a larger one streams through
+/// uncached. An unsafe method's success invalidates (§4.4).
+async fn forward<B>(
+    state: &Arc<State>,
+    request: Request<B>,
+    key: &str,
+    leader: Option<coalesce::Leader>,
+) -> Response<ProxyBody>
 where
     B: hyper::body::Body,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
@@ -1209,19 +1236,133 @@ where
     let (parts, body) = request.into_parts();
     let body = match collect_limited(body, REQUEST_BODY_BYTES_MAX).await {
         Ok(body) => body,
-        Err(e) => return (text(StatusCode::PAYLOAD_TOO_LARGE, format!("request body: {e}\n")), None),
+        Err(e) => return text(StatusCode::PAYLOAD_TOO_LARGE, format!("request body: {e}\n")).map(Into::into),
     };
-    let fetched = match fetch(state, &parts.method, target_of(key), &upstream_fields(&parts.headers), body).await {
-        Ok(fetched) => fetched,
-        Err(response) => return (response, None),
+    let headers = upstream_fields(&parts.headers);
+    let (response, started, request_time) = match send(state, &parts.method, target_of(key), &headers, body).await {
+        Ok(sent) => sent,
+        Err(response) => return response.map(Into::into),
     };
-    let mut stored = None;
-    if parts.method == Method::GET && state.mode != CacheMode::NoCache && !parts.headers.contains_key(RANGE) {
-        stored = maybe_store(state, key, &parts.headers, &fetched);
-    } else if is_unsafe(&parts.method) && (fetched.parts.status.is_success() || fetched.parts.status.is_redirection()) {
-        invalidate(state, key, &fetched.parts.headers);
+    let (head, mut upstream_body) = response.into_parts();
+    let response_time = policy::now_secs();
+    if is_unsafe(&parts.method) && (head.status.is_success() || head.status.is_redirection()) {
+        invalidate(state, key, &head.headers);
     }
-    (fetched.into_response(), stored)
+    let declared = head
+        .headers
+        .get(hyper::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok());
+    let object_max = state.cache.lock().map_or(0, |cache| cache.object_bytes_max());
+    let mut tee = (parts.method == Method::GET
+        && state.mode != CacheMode::NoCache
+        && !parts.headers.contains_key(RANGE)
+        && declared.is_none_or(|length| length <= object_max))
+    .then(bytes::BytesMut::new);
+    let mut response = Response::new(ProxyBody::Whole(Body::default()));
+    *response.status_mut() = head.status;
+    copy_end_to_end(&head.headers, response.headers_mut());
+    response.headers_mut().insert(X_CACHE_NAME, HeaderValue::from_static("MISS"));
+    let (sender, receiver) = tokio::sync::mpsc::channel(stream::STREAM_FRAMES);
+    *response.body_mut() = ProxyBody::Streamed(receiver);
+    let (state, key, request_headers) = (state.clone(), key.to_string(), tee.as_ref().map(|_| parts.headers));
+    let mut finish = Some(Finish {
+        state,
+        key,
+        status: head.status,
+        headers: head.headers,
+        request_headers,
+        leader,
+        request_time,
+        response_time,
+        started,
+    });
+    tokio::spawn(async move {
+        use http_body_util::BodyExt;
+        let Some(state) = finish.as_ref().map(|f| f.state.clone()) else { return };
+        let deadline = tokio::time::Instant::now() + state.upstream_timeout;
+        let mut received = 0u64;
+        loop {
+            let frame = match tokio::time::timeout_at(deadline, upstream_body.frame()).await {
+                Ok(Some(Ok(frame))) => frame,
+                Ok(None) => {
+                    if let Some(finish) = finish.take() {
+                        finish.store(tee.take(), received);
+                    }
+                    return;
+                }
+                Ok(Some(Err(e))) => {
+                    state.counters.upstream_errors.fetch_add(1, Ordering::Relaxed);
+                    let _ = sender.send(Err(stream::StreamError(e.to_string()))).await;
+                    return;
+                }
+                Err(_) => {
+                    state.counters.upstream_errors.fetch_add(1, Ordering::Relaxed);
+                    let _ = sender.send(Err(stream::StreamError("timed out".into()))).await;
+                    return;
+                }
+            };
+            let Ok(data) = frame.into_data() else { continue };
+            received += data.len() as u64;
+            if let Some(buffer) = &mut tee {
+                if buffer.len() + data.len() > object_max {
+                    // Larger than any object the cache takes: through only.
+                    tee = None;
+                } else {
+                    buffer.extend_from_slice(&data);
+                }
+            }
+            // The last part: stored before the client has it all, so its
+            // next request finds it.
+            if hyper::body::Body::is_end_stream(&upstream_body) {
+                if let Some(finish) = finish.take() {
+                    finish.store(tee.take(), received);
+                }
+            }
+            if sender.send(Ok(data)).await.is_err() {
+                // The client went away: so does this fetch (and its flight).
+                return;
+            }
+        }
+    });
+    response
+}
+
+/// What a streamed miss does once its body is whole.
+struct Finish {
+    state: Arc<State>,
+    key: String,
+    status: StatusCode,
+    headers: HeaderMap,
+    /// The client's request fields, if the answer may be stored.
+    request_headers: Option<HeaderMap>,
+    leader: Option<coalesce::Leader>,
+    request_time: u64,
+    response_time: u64,
+    started: Instant,
+}
+
+impl Finish {
+    /// Counts the fetch and stores the body teed (if any); ends the flight.
+    fn store(self, tee: Option<bytes::BytesMut>, received: u64) {
+        let state = &self.state;
+        state.counters.upstream_ns.fetch_add(elapsed_ns(self.started), Ordering::Relaxed);
+        state.counters.upstream_bytes.fetch_add(received, Ordering::Relaxed);
+        let (Some(buffer), Some(request_headers)) = (tee, self.request_headers) else { return };
+        let mut head = Response::new(());
+        *head.status_mut() = self.status;
+        *head.headers_mut() = self.headers;
+        let fetched = Fetched {
+            parts: head.into_parts().0,
+            body: buffer.freeze(),
+            request_time: self.request_time,
+            response_time: self.response_time,
+        };
+        let stored = maybe_store(state, &self.key, &request_headers, &fetched);
+        if let Some(leader) = self.leader {
+            leader.finish(stored);
+        }
+    }
 }
 
 /// After an unsafe method succeeded: drops the target and the same-origin
@@ -1564,7 +1705,7 @@ impl Proxy {
     /// Benchmark support: handles one client request as the client
     /// listener would, without a connection.
     #[doc(hidden)]
-    pub async fn bench_request(&self, request: Request<Full<Bytes>>) -> Response<Body> {
+    pub async fn bench_request(&self, request: Request<Full<Bytes>>) -> Response<ProxyBody> {
         handle(self.state.clone(), request).await
     }
 

@@ -75,18 +75,21 @@ async fn stopped(mut watcher: watch::Receiver<bool>) {
 pub type ConnectionHook = Arc<dyn Fn() -> Box<dyn Send> + Send + Sync>;
 
 /// Serves HTTP/1.1 on `listener` with `handler` until `stop` fires;
-/// connections in progress finish their current request.
-pub async fn serve<H, F>(listener: TcpListener, handler: Arc<H>, stop: Stop) -> std::io::Result<()>
+/// connections in progress finish their current request. Responses may
+/// carry any body (usually [`Body`]; the proxy streams).
+pub async fn serve<H, F, B>(listener: TcpListener, handler: Arc<H>, stop: Stop) -> std::io::Result<()>
 where
     H: Fn(Request<Incoming>) -> F + Send + Sync + 'static,
-    F: Future<Output = Response<Body>> + Send + 'static,
+    F: Future<Output = Response<B>> + Send + 'static,
+    B: hyper::body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     serve_with_hook(listener, handler, stop, None).await
 }
 
 /// As [`serve`], calling `on_connection` for every accepted connection and
 /// holding what it returns until the connection ends.
-pub async fn serve_with_hook<H, F>(
+pub async fn serve_with_hook<H, F, B>(
     listener: TcpListener,
     handler: Arc<H>,
     stop: Stop,
@@ -94,7 +97,9 @@ pub async fn serve_with_hook<H, F>(
 ) -> std::io::Result<()>
 where
     H: Fn(Request<Incoming>) -> F + Send + Sync + 'static,
-    F: Future<Output = Response<Body>> + Send + 'static,
+    F: Future<Output = Response<B>> + Send + 'static,
+    B: hyper::body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     serve_with_options(listener, handler, stop, on_connection, ServeOptions::default()).await
 }
@@ -113,7 +118,7 @@ pub struct ServeOptions {
 }
 
 /// As [`serve_with_hook`], within `options`' limits.
-pub async fn serve_with_options<H, F>(
+pub async fn serve_with_options<H, F, B>(
     listener: TcpListener,
     handler: Arc<H>,
     stop: Stop,
@@ -122,7 +127,9 @@ pub async fn serve_with_options<H, F>(
 ) -> std::io::Result<()>
 where
     H: Fn(Request<Incoming>) -> F + Send + Sync + 'static,
-    F: Future<Output = Response<Body>> + Send + 'static,
+    F: Future<Output = Response<B>> + Send + 'static,
+    B: hyper::body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     let mut watcher = stop.watcher();
     let slots = options.max_connections.map(|max| Arc::new(tokio::sync::Semaphore::new(max)));
