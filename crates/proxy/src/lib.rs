@@ -63,6 +63,7 @@
 //! (`refused_overloaded`; every upstream dead: `refused_no_backend`). Both
 //! are misses: the request was not served from the cache.
 
+mod access_log;
 mod cache;
 mod coalesce;
 mod metrics;
@@ -103,7 +104,7 @@ pub use tierstack_monitor::{Balancer, BalancerConfig, Decision, LoadSource, Poli
 pub use tierstack_pushpull::state::CacheStateConfig;
 pub use tierstack_pushpull::SLOTS_DEFAULT as CACHE_STATE_SLOTS_DEFAULT;
 use tierstack_pushpull::{fingerprint, CacheStateWriter};
-use tierstack_tier_http::{collect_limited, serve, serve_with_options, text, Body, ServeOptions, Stop};
+use tierstack_tier_http::{collect_limited, serve, serve_with_options, text, Body, PeerAddr, ServeOptions, Stop};
 
 /// Largest request body forwarded.
 pub const REQUEST_BODY_BYTES_MAX: usize = 16 << 20;
@@ -179,6 +180,8 @@ pub struct ProxyOptions {
     /// At most this many client connections at once (more wait in the
     /// listen backlog); `None`: no bound.
     pub max_connections: Option<usize>,
+    /// Append a Combined Log Format line per client request to this file.
+    pub access_log: Option<std::path::PathBuf>,
 }
 
 /// [`ProxyOptions::header_read_timeout`]'s default.
@@ -193,6 +196,7 @@ impl Default for ProxyOptions {
             default_authority: None,
             header_read_timeout: Some(HEADER_READ_TIMEOUT_DEFAULT),
             max_connections: Some(MAX_CONNECTIONS_DEFAULT),
+            access_log: None,
         }
     }
 }
@@ -217,6 +221,8 @@ pub enum ProxyError {
     RoleMismatch { roles: usize, upstreams: usize },
     #[error("the site is already set")]
     SiteSet,
+    #[error("cannot open the access log {path}: {source}")]
+    AccessLog { path: std::path::PathBuf, source: std::io::Error },
 }
 
 /// This proxy's site among several that share the application servers
@@ -516,6 +522,7 @@ struct State {
     default_authority: String,
     /// Keys being revalidated in the background.
     revalidating: Mutex<HashSet<String>>,
+    access_log: Option<access_log::AccessLog>,
     #[cfg(test)]
     hooks: testkit::Hooks,
 }
@@ -1615,6 +1622,13 @@ impl Proxy {
             Some(addr) => Some(bind(addr).await?),
             None => None,
         };
+        let access_log = match &options.access_log {
+            Some(path) => Some(
+                access_log::AccessLog::open(path)
+                    .map_err(|source| ProxyError::AccessLog { path: path.clone(), source })?,
+            ),
+            None => None,
+        };
         let default_authority = match options.default_authority {
             Some(authority) => authority.to_ascii_lowercase(),
             None => listener.local_addr().map(|a| a.to_string()).unwrap_or_default(),
@@ -1635,6 +1649,7 @@ impl Proxy {
             routed: (0..config.upstreams.len()).map(|_| AtomicU64::new(0)).collect(),
             default_authority,
             revalidating: Mutex::new(HashSet::new()),
+            access_log,
             #[cfg(test)]
             hooks: testkit::Hooks::default(),
         });
@@ -1717,7 +1732,21 @@ impl Proxy {
     /// Serves both listeners until `stop` fires.
     pub async fn run(self, stop: Stop) -> std::io::Result<()> {
         let state = self.state.clone();
-        let handler = Arc::new(move |request| handle(state.clone(), request));
+        let handler = Arc::new(move |request: Request<Incoming>| {
+            let state = state.clone();
+            let pending = state.access_log.as_ref().map(|_| {
+                let peer = request.extensions().get::<PeerAddr>().map(|p| p.0);
+                let target = request.uri().path_and_query().map_or("/", |p| p.as_str());
+                access_log::Pending::of(peer, request.method(), target, request.headers())
+            });
+            async move {
+                let response = handle(state.clone(), request).await;
+                if let (Some(log), Some(pending)) = (&state.access_log, pending) {
+                    log.log(pending, response.status(), response.headers());
+                }
+                response
+            }
+        });
         let clients = serve_with_options(self.listener, handler, stop.clone(), None, self.limits);
         let Some(admin) = self.admin else { return clients.await };
         let state = self.state.clone();

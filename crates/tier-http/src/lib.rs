@@ -70,6 +70,10 @@ async fn stopped(mut watcher: watch::Receiver<bool>) {
     }
 }
 
+/// The client's address, in every request's extensions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PeerAddr(pub std::net::SocketAddr);
+
 /// Called when a connection is accepted; what it returns is dropped when
 /// the connection ends (e.g. a guard counting open connections).
 pub type ConnectionHook = Arc<dyn Fn() -> Box<dyn Send> + Send + Sync>;
@@ -141,7 +145,7 @@ where
             },
             None => None,
         };
-        let (stream, _) = tokio::select! {
+        let (stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok(accepted) => accepted,
                 Err(e) => {
@@ -159,7 +163,8 @@ where
         let held = on_connection.as_ref().map(|hook| hook());
         tokio::spawn(async move {
             let _held_while_connected = (held, slot);
-            let service = service_fn(move |request| {
+            let service = service_fn(move |mut request: Request<Incoming>| {
+                request.extensions_mut().insert(PeerAddr(peer));
                 let response = handler(request);
                 async move { Ok::<_, Infallible>(response.await) }
             });

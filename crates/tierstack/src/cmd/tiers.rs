@@ -336,6 +336,10 @@ pub struct ProxyArgs {
     /// At most this many client connections at once.
     #[arg(long, default_value_t = tierstack_proxy::MAX_CONNECTIONS_DEFAULT)]
     max_connections: usize,
+    /// Append a Combined Log Format line per client request to this file
+    /// (`tierstack load` replays it as the trace `clf:PATH`).
+    #[arg(long)]
+    access_log: Option<PathBuf>,
 }
 
 fn parse_backend_address(text: &str) -> Result<BackendAddress, String> {
@@ -422,6 +426,7 @@ pub fn proxy(args: ProxyArgs) -> Result<()> {
             cache_state,
             header_read_timeout: Some(Duration::from_millis(args.header_read_timeout_ms)),
             max_connections: Some(args.max_connections),
+            access_log: args.access_log.clone(),
             ..ProxyOptions::default()
         };
         let proxy = Proxy::bind_with(config, options).await?;
