@@ -1084,3 +1084,118 @@ async fn prometheus_metrics_are_served_on_the_admin_listener_only() {
     rig.origin.always(Reply::ok(&[], "the origin's page"));
     assert_eq!(rig.get("/metrics", &[]).await.body, "the origin's page");
 }
+
+// ---- More SHOULDs and edge cases -------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_permanent_redirect_with_freshness_is_stored() {
+    let rig = Rig::new().await;
+    rig.origin.always(Reply::with(301, &[("location", "/new"), ("cache-control", "max-age=300")], ""));
+    rig.get("/old", &[]).await;
+    let hit = rig.get("/old", &[]).await;
+    assert_eq!(
+        (hit.status, hit.x_cache(), hit.field("location")),
+        (StatusCode::MOVED_PERMANENTLY, "HIT", Some("/new"))
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s_maxage_forbids_serving_stale_even_with_stale_if_error() {
+    let rig = Rig::new().await;
+    rig.origin.answer(|_, n| match n {
+        0 => Reply::ok(&[("cache-control", "s-maxage=1, stale-if-error=600"), ("age", "5")], "old"),
+        _ => Reply::with(502, &[], "down"),
+    });
+    rig.get("/s", &[]).await;
+    assert_eq!(rig.get("/s", &[]).await.status, StatusCode::BAD_GATEWAY);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_allowing_max_stale_is_served_a_stale_response() {
+    let rig = Rig::new().await;
+    rig.origin.always(Reply::ok(&[("cache-control", "max-age=10"), ("age", "20")], "stale but fine"));
+    rig.get("/m", &[]).await;
+    let got = rig.get("/m", &[("cache-control", "max-stale=60")]).await;
+    assert_eq!((got.x_cache(), got.body.as_str()), ("HIT", "stale but fine"));
+    let strict = rig.get("/m", &[("cache-control", "max-stale=5")]).await;
+    assert_eq!(strict.x_cache(), "MISS");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_if_cached_with_only_a_stale_response_is_504() {
+    let rig = Rig::new().await;
+    rig.origin.always(Reply::ok(&[("cache-control", "max-age=10"), ("age", "20"), ("etag", "\"x\"")], "x"));
+    rig.get("/o", &[]).await;
+    assert_eq!(rig.get("/o", &[("cache-control", "only-if-cached")]).await.status, StatusCode::GATEWAY_TIMEOUT);
+    assert_eq!(rig.origin.requests(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_head_miss_is_forwarded_as_head_and_stores_nothing() {
+    let rig = Rig::new().await;
+    rig.origin.always(Reply::ok(&[("cache-control", "max-age=300")], "body"));
+    let head = rig.send(Method::HEAD, "/h", &[]).await;
+    assert_eq!((head.status, head.x_cache(), head.body.as_str()), (StatusCode::OK, "MISS", ""));
+    assert_eq!(rig.origin.last().method, Method::HEAD);
+    assert_eq!(rig.get("/h", &[]).await.x_cache(), "MISS");
+    assert_eq!(rig.get("/h", &[]).await.x_cache(), "HIT");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unsafe_method_invalidates_every_variant() {
+    let rig = Rig::new().await;
+    rig.origin.answer(|seen, _| match seen.method {
+        Method::GET => Reply::ok(&[("cache-control", "max-age=300"), ("vary", "accept-language")], "x"),
+        _ => Reply::with(204, &[], ""),
+    });
+    for lang in ["en", "fr"] {
+        rig.get("/v", &[("accept-language", lang)]).await;
+        assert_eq!(rig.get("/v", &[("accept-language", lang)]).await.x_cache(), "HIT");
+    }
+    rig.send(Method::PUT, "/v", &[]).await;
+    for lang in ["en", "fr"] {
+        assert_eq!(rig.get("/v", &[("accept-language", lang)]).await.x_cache(), "MISS", "{lang}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn options_is_neither_cached_nor_invalidating() {
+    let rig = Rig::new().await;
+    rig.origin.always(Reply::ok(&[("cache-control", "max-age=300")], "x"));
+    rig.get("/p", &[]).await;
+    for _ in 0..2 {
+        assert_eq!(rig.send(Method::OPTIONS, "/p", &[]).await.x_cache(), "MISS");
+    }
+    assert_eq!(rig.get("/p", &[]).await.x_cache(), "HIT");
+    assert_eq!(rig.origin.requests(), 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_304_for_another_representation_leads_to_an_unconditional_request() {
+    let rig = Rig::new().await;
+    rig.origin.answer(|seen, n| match (n, seen.headers.get("if-none-match")) {
+        (0, _) => Reply::ok(&[("cache-control", "max-age=0"), ("etag", "\"a\"")], "first"),
+        (_, Some(_)) => Reply::with(304, &[("etag", "\"b\"")], ""),
+        (_, None) => Reply::ok(&[("cache-control", "max-age=0"), ("etag", "\"b\"")], "second"),
+    });
+    rig.get("/r", &[]).await;
+    let got = rig.get("/r", &[]).await;
+    assert_eq!(got.body, "second", "the stored \"a\" was not served for a 304 about \"b\"");
+    assert!(rig.origin.last().headers.get("if-none-match").is_none());
+    assert_eq!(rig.origin.requests(), 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vary_on_two_fields_needs_both_to_match() {
+    let rig = Rig::new().await;
+    rig.origin.answer(|seen, _| {
+        let v = |n: &str| seen.headers.get(n).map_or("-".to_string(), |v| v.to_str().unwrap().to_string());
+        let body = format!("{} {}", v("accept-language"), v("accept-encoding"));
+        Reply::ok(&[("cache-control", "max-age=300"), ("vary", "Accept-Language"), ("vary", "Accept-Encoding")], &body)
+    });
+    rig.get("/v", &[("accept-language", "en"), ("accept-encoding", "gzip")]).await;
+    let other = rig.get("/v", &[("accept-language", "en"), ("accept-encoding", "br")]).await;
+    assert_eq!((other.x_cache(), other.body.as_str()), ("MISS", "en br"));
+    let same = rig.get("/v", &[("accept-encoding", "gzip"), ("accept-language", "en")]).await;
+    assert_eq!((same.x_cache(), same.body.as_str()), ("HIT", "en gzip"));
+}
