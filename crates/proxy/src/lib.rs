@@ -283,6 +283,8 @@ struct Counters {
     invalidations: AtomicU64,
     purges: AtomicU64,
     upstream_bytes: AtomicU64,
+    policy_hits: AtomicU64,
+    policy_coalesced: AtomicU64,
     check_latency: metrics::Histogram,
 }
 
@@ -301,13 +303,15 @@ struct Counters {
 ///
 /// - `requests == hits + coalesced + misses + abandoned`
 /// - `checks == checks_ok + stale_dropped + check_errors`
-/// - `poll` mode: `checks_ok == hits + coalesced` (every successful check
-///   serves exactly one response, and nothing is served unchecked);
+/// - `poll` mode: `checks_ok + policy_hits + policy_coalesced == hits +
+///   coalesced` (every successful check serves exactly one response, and
+///   nothing with dependencies is served unchecked);
 ///   `ttl`: `checks == 0`; `no-cache`: `checks == hits == coalesced == 0`
 /// - `push_hits <= hits`
 /// - `refused_overloaded + refused_no_backend <= misses`
-/// - `routed` sums to at most `misses + fenced` (a request whose upstream
-///   was chosen; a fenced one is chosen again)
+/// - `routed` sums to at most `misses + fenced + revalidations` (a request
+///   whose upstream was chosen; a fenced one is chosen again; each
+///   conditional or repeated request of a revalidation is chosen too)
 /// - `pushes_received == pushes_installed + pushes_redundant + pushes_stale`
 ///
 /// [`ProxyStats::accounting_error`] checks them. While requests are in
@@ -435,6 +439,13 @@ pub struct ProxyStats {
     /// Response body bytes received from upstreams.
     #[serde(default)]
     pub upstream_bytes: u64,
+    /// Hits and coalesced responses without dependencies: served by RFC
+    /// 9111 freshness, with no version check (included in `hits` and
+    /// `coalesced`).
+    #[serde(default)]
+    pub policy_hits: u64,
+    #[serde(default)]
+    pub policy_coalesced: u64,
 }
 
 impl ProxyStats {
@@ -473,8 +484,11 @@ impl ProxyStats {
         );
         match self.mode {
             Some(CacheMode::Poll) => expect(
-                self.checks_ok == self.hits + self.coalesced,
-                format!("poll: checks_ok {} != hits {} + coalesced {}", self.checks_ok, self.hits, self.coalesced),
+                self.checks_ok + self.policy_hits + self.policy_coalesced == self.hits + self.coalesced,
+                format!(
+                    "poll: checks_ok {} + policy_hits {} + policy_coalesced {} != hits {} + coalesced {}",
+                    self.checks_ok, self.policy_hits, self.policy_coalesced, self.hits, self.coalesced
+                ),
             ),
             Some(CacheMode::Ttl) => expect(self.checks == 0, format!("ttl: {} checks", self.checks)),
             Some(CacheMode::NoCache) => expect(
@@ -487,10 +501,15 @@ impl ProxyStats {
         let refused = self.refused_overloaded + self.refused_no_backend;
         expect(refused <= self.misses, format!("refused {refused} > misses {}", self.misses));
         let routed: u64 = self.routed.iter().sum();
-        // A fenced forward is routed once more.
+        // A fenced forward is routed once more; a revalidation (also in the
+        // background, for stale-while-revalidate) is routed too.
+        let routable = self.misses + self.fenced + self.revalidations;
         expect(
-            routed <= self.misses + self.fenced,
-            format!("routed {routed} > misses {} + fenced {}", self.misses, self.fenced),
+            routed <= routable,
+            format!(
+                "routed {routed} > misses {} + fenced {} + revalidations {}",
+                self.misses, self.fenced, self.revalidations
+            ),
         );
         let pushes_ended = self.pushes_installed + self.pushes_redundant + self.pushes_stale;
         expect(
@@ -808,6 +827,9 @@ impl State {
     /// Serves the proxy's own cached copy (counted by the caller's check).
     fn hit(&self, entry: &Entry, request: &HeaderMap, method: &Method, now: u64) -> Response<Body> {
         self.counters.hits.fetch_add(1, Ordering::Relaxed);
+        if entry.deps.is_none() {
+            self.counters.policy_hits.fetch_add(1, Ordering::Relaxed);
+        }
         if entry.pushed {
             self.counters.push_hits.fetch_add(1, Ordering::Relaxed);
         }
@@ -908,6 +930,8 @@ impl State {
             invalidations: load(&c.invalidations),
             purges: load(&c.purges),
             upstream_bytes: load(&c.upstream_bytes),
+            policy_hits: load(&c.policy_hits),
+            policy_coalesced: load(&c.policy_coalesced),
         }
     }
 }
@@ -1094,6 +1118,9 @@ where
                     };
                     if usable {
                         state.counters.coalesced.fetch_add(1, Ordering::Relaxed);
+                        if entry.deps.is_none() {
+                            state.counters.policy_coalesced.fetch_add(1, Ordering::Relaxed);
+                        }
                         unserved.pending = false;
                         return state.serve_shared(&entry, request.headers(), now).map(Into::into);
                     }
@@ -1466,6 +1493,7 @@ async fn refresh(state: &State, key: &str, request: &HeaderMap, entry: &Arc<Entr
         for name in &CONDITIONALS {
             headers.remove(name);
         }
+        state.counters.revalidations.fetch_add(1, Ordering::Relaxed);
         return match fetch(state, &Method::GET, target_of(key), &headers, Bytes::new()).await {
             Ok(fetched) => {
                 if maybe_store(state, key, request, &fetched).is_none() {

@@ -366,6 +366,8 @@ async fn origin_requests_for_two_gets(fields: &[(&str, &str)], request: &[(&str,
     rig.origin.always(Reply::ok(fields, "x"));
     rig.get("/r", request).await;
     rig.get("/r", request).await;
+    let stats = rig.stats().await;
+    assert_eq!(stats.accounting_error(), None, "{stats:?}");
     rig.origin.requests()
 }
 
@@ -637,6 +639,8 @@ async fn stale_if_error_serves_the_stored_response_when_the_origin_fails() {
     });
     rig.get("/e2", &[]).await;
     assert_eq!(rig.get("/e2", &[]).await.status, StatusCode::SERVICE_UNAVAILABLE);
+    let stats = rig.stats().await;
+    assert_eq!(stats.accounting_error(), None, "{stats:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -663,6 +667,8 @@ async fn stale_while_revalidate_serves_stale_at_once_and_refreshes_behind() {
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
     assert_eq!(body, "v1");
+    let stats = rig.stats().await;
+    assert_eq!(stats.accounting_error(), None, "a background revalidation is routed too: {stats:?}");
 }
 
 // ---- Vary (§4.1) ----------------------------------------------------------
@@ -684,6 +690,8 @@ async fn vary_keeps_one_variant_per_value_of_the_varied_field() {
     let none = rig.get("/v", &[]).await;
     assert_eq!((none.x_cache(), none.body.as_str()), ("MISS", "none"), "absent is its own variant");
     assert_eq!(rig.origin.requests(), 3);
+    let stats = rig.stats().await;
+    assert_eq!(stats.accounting_error(), None, "{stats:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -799,6 +807,8 @@ async fn a_hit_answers_if_none_match_with_304() {
     assert_eq!((other.status, other.body.as_str()), (StatusCode::OK, "body"));
     assert_eq!(rig.origin.requests(), 1);
     assert_eq!(rig.stats().await.not_modified, 2);
+    let stats = rig.stats().await;
+    assert_eq!(stats.accounting_error(), None, "{stats:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1183,6 +1193,9 @@ async fn a_304_for_another_representation_leads_to_an_unconditional_request() {
     assert_eq!(got.body, "second", "the stored \"a\" was not served for a 304 about \"b\"");
     assert!(rig.origin.last().headers.get("if-none-match").is_none());
     assert_eq!(rig.origin.requests(), 3);
+    let stats = rig.stats().await;
+    assert_eq!((stats.misses, stats.revalidations), (2, 2));
+    assert_eq!(stats.accounting_error(), None, "{stats:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
