@@ -340,6 +340,10 @@ pub struct ProxyArgs {
     /// (`tierstack load` replays it as the trace `clf:PATH`).
     #[arg(long)]
     access_log: Option<PathBuf>,
+    /// The authority (`host:port`) of requests without a Host, under which
+    /// pushed documents are cached (default: the --listen address).
+    #[arg(long)]
+    default_authority: Option<String>,
 }
 
 fn parse_backend_address(text: &str) -> Result<BackendAddress, String> {
@@ -427,6 +431,7 @@ pub fn proxy(args: ProxyArgs) -> Result<()> {
             header_read_timeout: Some(Duration::from_millis(args.header_read_timeout_ms)),
             max_connections: Some(args.max_connections),
             access_log: args.access_log.clone(),
+            default_authority: args.default_authority.clone(),
             ..ProxyOptions::default()
         };
         let proxy = Proxy::bind_with(config, options).await?;
