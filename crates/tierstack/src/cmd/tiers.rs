@@ -432,7 +432,6 @@ pub fn proxy(args: ProxyArgs) -> Result<()> {
             max_connections: Some(args.max_connections),
             access_log: args.access_log.clone(),
             default_authority: args.default_authority.clone(),
-            ..ProxyOptions::default()
         };
         let proxy = Proxy::bind_with(config, options).await?;
         if let Some(balancing) = balancing {
