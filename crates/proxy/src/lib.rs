@@ -1297,6 +1297,43 @@ where
     *response.status_mut() = head.status;
     copy_end_to_end(&head.headers, response.headers_mut());
     response.headers_mut().insert(X_CACHE_NAME, HeaderValue::from_static("MISS"));
+    // A body whole in its first frame (most pages) is answered at once,
+    // as one response, without a relaying task.
+    let deadline = tokio::time::Instant::now() + state.upstream_timeout;
+    let first = {
+        use http_body_util::BodyExt;
+        match tokio::time::timeout_at(deadline, upstream_body.frame()).await {
+            Ok(Some(Ok(frame))) => Some(frame.into_data().unwrap_or_default()),
+            Ok(None) => None,
+            Ok(Some(Err(e))) => {
+                state.counters.upstream_errors.fetch_add(1, Ordering::Relaxed);
+                return text(StatusCode::BAD_GATEWAY, format!("application server response: {e}\n")).map(Into::into);
+            }
+            Err(_) => {
+                state.counters.upstream_errors.fetch_add(1, Ordering::Relaxed);
+                return text(StatusCode::GATEWAY_TIMEOUT, "application server response timed out\n").map(Into::into);
+            }
+        }
+    };
+    if first.is_none() || hyper::body::Body::is_end_stream(&upstream_body) {
+        let body = first.unwrap_or_default();
+        let storable = tee.is_some() && body.len() <= object_max;
+        let finish = Finish {
+            state: state.clone(),
+            key: key.to_string(),
+            status: head.status,
+            headers: head.headers,
+            request_headers: storable.then_some(parts.headers),
+            leader,
+            request_time,
+            response_time,
+            started,
+        };
+        let received = body.len() as u64;
+        finish.store(storable.then(|| body.clone()), received);
+        *response.body_mut() = ProxyBody::Whole(Full::new(body));
+        return response;
+    }
     let (sender, receiver) = tokio::sync::mpsc::channel(stream::STREAM_FRAMES);
     *response.body_mut() = ProxyBody::Streamed(receiver);
     let (state, key, request_headers) = (state.clone(), key.to_string(), tee.as_ref().map(|_| parts.headers));
@@ -1314,14 +1351,18 @@ where
     tokio::spawn(async move {
         use http_body_util::BodyExt;
         let Some(state) = finish.as_ref().map(|f| f.state.clone()) else { return };
-        let deadline = tokio::time::Instant::now() + state.upstream_timeout;
         let mut received = 0u64;
+        let mut pending = first;
         loop {
-            let frame = match tokio::time::timeout_at(deadline, upstream_body.frame()).await {
+            let frame = match pending.take() {
+                Some(data) => Ok(Some(Ok(hyper::body::Frame::data(data)))),
+                None => tokio::time::timeout_at(deadline, upstream_body.frame()).await,
+            };
+            let frame = match frame {
                 Ok(Some(Ok(frame))) => frame,
                 Ok(None) => {
                     if let Some(finish) = finish.take() {
-                        finish.store(tee.take(), received);
+                        finish.store(tee.take().map(bytes::BytesMut::freeze), received);
                     }
                     return;
                 }
@@ -1350,7 +1391,7 @@ where
             // next request finds it.
             if hyper::body::Body::is_end_stream(&upstream_body) {
                 if let Some(finish) = finish.take() {
-                    finish.store(tee.take(), received);
+                    finish.store(tee.take().map(bytes::BytesMut::freeze), received);
                 }
             }
             if sender.send(Ok(data)).await.is_err() {
@@ -1377,18 +1418,18 @@ struct Finish {
 }
 
 impl Finish {
-    /// Counts the fetch and stores the body teed (if any); ends the flight.
-    fn store(self, tee: Option<bytes::BytesMut>, received: u64) {
+    /// Counts the fetch and stores the whole body (if kept); ends the flight.
+    fn store(self, body: Option<Bytes>, received: u64) {
         let state = &self.state;
         state.counters.upstream_ns.fetch_add(elapsed_ns(self.started), Ordering::Relaxed);
         state.counters.upstream_bytes.fetch_add(received, Ordering::Relaxed);
-        let (Some(buffer), Some(request_headers)) = (tee, self.request_headers) else { return };
+        let (Some(body), Some(request_headers)) = (body, self.request_headers) else { return };
         let mut head = Response::new(());
         *head.status_mut() = self.status;
         *head.headers_mut() = self.headers;
         let fetched = Fetched {
             parts: head.into_parts().0,
-            body: buffer.freeze(),
+            body,
             request_time: self.request_time,
             response_time: self.response_time,
         };
