@@ -108,7 +108,10 @@ use tierstack_tier_http::{collect_limited, serve, serve_with_options, text, Body
 
 /// Largest request body forwarded.
 pub const REQUEST_BODY_BYTES_MAX: usize = 16 << 20;
-/// Largest response body relayed.
+/// A miss whose declared length is at most this is read whole, then
+/// answered as one response; longer or unknown lengths stream.
+pub const WHOLE_BYTES_MAX: usize = 256 << 10;
+/// Largest response body read whole (revalidations, pushes).
 pub const RESPONSE_BODY_BYTES_MAX: usize = 64 << 20;
 /// The response header telling clients whether the cache answered.
 pub const X_CACHE: &str = "x-cache";
@@ -1297,10 +1300,24 @@ where
     *response.status_mut() = head.status;
     copy_end_to_end(&head.headers, response.headers_mut());
     response.headers_mut().insert(X_CACHE_NAME, HeaderValue::from_static("MISS"));
-    // A body whole in its first frame (most pages) is answered at once,
-    // as one response, without a relaying task.
+    // A body of a declared length up to WHOLE_BYTES_MAX, or whole in its
+    // first frame, is answered at once, as one response, without a
+    // relaying task: relaying many small frames costs more than it saves.
     let deadline = tokio::time::Instant::now() + state.upstream_timeout;
-    let first = {
+    let small = declared.is_some_and(|length| length <= WHOLE_BYTES_MAX);
+    let first = if small {
+        match tokio::time::timeout_at(deadline, collect_limited(&mut upstream_body, WHOLE_BYTES_MAX)).await {
+            Ok(Ok(body)) => Some(body),
+            Ok(Err(e)) => {
+                state.counters.upstream_errors.fetch_add(1, Ordering::Relaxed);
+                return text(StatusCode::BAD_GATEWAY, format!("application server response: {e}\n")).map(Into::into);
+            }
+            Err(_) => {
+                state.counters.upstream_errors.fetch_add(1, Ordering::Relaxed);
+                return text(StatusCode::GATEWAY_TIMEOUT, "application server response timed out\n").map(Into::into);
+            }
+        }
+    } else {
         use http_body_util::BodyExt;
         match tokio::time::timeout_at(deadline, upstream_body.frame()).await {
             Ok(Some(Ok(frame))) => Some(frame.into_data().unwrap_or_default()),
@@ -1315,7 +1332,7 @@ where
             }
         }
     };
-    if first.is_none() || hyper::body::Body::is_end_stream(&upstream_body) {
+    if small || first.is_none() || hyper::body::Body::is_end_stream(&upstream_body) {
         let body = first.unwrap_or_default();
         let storable = tee.is_some() && body.len() <= object_max;
         let finish = Finish {
