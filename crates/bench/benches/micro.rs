@@ -125,9 +125,74 @@ fn uncontended_lock(c: &mut Criterion) {
     group.finish();
 }
 
+/// The proxy's hit path without the network: a `GET` of a cached page
+/// (ten response header fields, 4 KiB body) handled as the client listener
+/// would, in `ttl` mode so no version check is timed (that one is
+/// `coherent/check_3_keys`), against building the same response by hand.
+fn proxy_hit(c: &mut Criterion) {
+    use bytes::Bytes;
+    use http_body_util::Full;
+    use hyper::header::{HeaderMap, HeaderValue};
+    use tierstack_proxy::{CacheMode, Proxy, ProxyConfig, ProxyOptions};
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    let proxy = runtime
+        .block_on(Proxy::bind_with(
+            ProxyConfig {
+                listen: "127.0.0.1:0".parse().expect("addr"),
+                upstreams: vec!["http://127.0.0.1:9".into()],
+                mode: CacheMode::Ttl,
+                cache_bytes: 64 << 20,
+                upstream_timeout: Duration::from_secs(1),
+                fabric: None,
+                admin_listen: None,
+            },
+            ProxyOptions { cache_state: None, ..ProxyOptions::default() },
+        ))
+        .expect("proxy");
+    let mut headers = HeaderMap::new();
+    for (name, value) in [
+        ("content-type", "text/html; charset=utf-8"),
+        ("x-tierstack-deps", "n=0;i=00000000000000ab;doc/a=12@0,stock/IBM=3@1,user/42=7@2"),
+        ("cache-control", "public, max-age=60"),
+        ("etag", "\"5f3a-1c2b\""),
+        ("last-modified", "Mon, 23 Nov 2026 10:00:00 GMT"),
+        ("date", "Mon, 23 Nov 2026 10:00:00 GMT"),
+        ("content-length", "4096"),
+        ("vary", "accept-encoding"),
+        ("server", "tierstack-appserver"),
+        ("x-request-id", "0123456789abcdef"),
+    ] {
+        headers.insert(name, HeaderValue::from_static(value));
+    }
+    let body = Bytes::from(vec![b'x'; 4096]);
+    let request = || {
+        let mut request = hyper::Request::new(Full::new(Bytes::new()));
+        *request.uri_mut() = "/doc/a".parse().expect("uri");
+        request.headers_mut().insert("host", HeaderValue::from_static("www.example.com"));
+        request.headers_mut().insert("accept-encoding", HeaderValue::from_static("gzip"));
+        request.headers_mut().insert("user-agent", HeaderValue::from_static("bench"));
+        request
+    };
+    let stored = proxy.bench_store("www.example.com", "/doc/a", request().headers(), &headers, body.clone());
+    assert!(stored, "the page is cacheable");
+    let hit = runtime.block_on(proxy.bench_request(request()));
+    assert_eq!(hit.headers().get("x-cache").map(|v| v.as_bytes()), Some(&b"HIT"[..]), "the page is a hit");
+    let mut group = c.benchmark_group("proxy");
+    group.bench_function("hit_4k", |b| b.iter(|| black_box(runtime.block_on(proxy.bench_request(request())))));
+    group.bench_function("baseline_build_response", |b| {
+        b.iter(|| {
+            let _request = black_box(request());
+            let mut response = hyper::Response::new(Full::new(body.clone()));
+            *response.headers_mut() = headers.clone();
+            black_box(response)
+        })
+    });
+    group.finish();
+}
+
 criterion_group! {
     name = micro;
     config = Criterion::default().warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(2));
-    targets = fabric_ops, version_check, uncontended_lock, transfers
+    targets = fabric_ops, version_check, uncontended_lock, transfers, proxy_hit
 }
 criterion_main!(micro);

@@ -7,22 +7,72 @@
 //! generated at newer versions ([`supersedes`]), and a removal after a failed
 //! check removes only the entry that failed ([`Cache::remove_entry`]).
 
+use crate::policy::{Freshness, Vary};
 use bytes::Bytes;
-use hyper::header::HeaderValue;
+use hyper::header::{HeaderMap, HeaderValue};
+use hyper::StatusCode;
 use lru::LruCache;
 use std::sync::Arc;
 use tierstack_coherent::DepsHeader;
 use tierstack_pushpull::WasteTracker;
 
+/// Stored variants of one primary key (different `Vary` secondary keys)
+/// at most; the oldest goes first.
+pub(crate) const VARIANTS_MAX: usize = 8;
+
 /// One cached response.
 pub(crate) struct Entry {
+    pub status: StatusCode,
+    /// Every end-to-end header field as received (hop-by-hop fields and
+    /// those named by `Connection` removed), in order.
+    pub headers: HeaderMap,
     pub body: Bytes,
-    pub content_type: Option<HeaderValue>,
-    /// The dependency header as received, passed on to clients on hits.
-    pub deps_raw: HeaderValue,
-    pub deps: DepsHeader,
+    /// The dependency header, parsed: such an entry is served only after a
+    /// version check (in `poll` mode), never by its freshness.
+    pub deps: Option<DepsHeader>,
     /// Installed by a push from the application tier (not fetched by a miss).
     pub pushed: bool,
+    /// The secondary key: the storing request's values of the fields the
+    /// response varies on.
+    pub vary: Vary,
+    /// Freshness and age (RFC 9111 §4.2); only the age matters for an
+    /// entry with dependencies.
+    pub freshness: Freshness,
+}
+
+impl Entry {
+    /// A pushed document (`deps_raw` is its dependency header).
+    pub fn pushed(body: Bytes, content_type: Option<HeaderValue>, deps_raw: HeaderValue, deps: DepsHeader) -> Entry {
+        let mut headers = HeaderMap::new();
+        if let Some(content_type) = content_type {
+            headers.insert(hyper::header::CONTENT_TYPE, content_type);
+        }
+        headers.insert(tierstack_coherent::DEPS_HEADER, deps_raw);
+        let now = crate::policy::now_secs();
+        Entry {
+            status: StatusCode::OK,
+            headers,
+            body,
+            deps: Some(deps),
+            pushed: true,
+            vary: Vary::default(),
+            freshness: Freshness {
+                lifetime: 0,
+                initial_age: 0,
+                response_time: now,
+                no_cache: true,
+                no_stale: true,
+                stale_while_revalidate: 0,
+                stale_if_error: 0,
+                validators: false,
+            },
+        }
+    }
+
+    fn bytes(&self) -> usize {
+        let headers: usize = self.headers.iter().map(|(n, v)| n.as_str().len() + v.len() + 4).sum();
+        self.body.len() + headers + 64
+    }
 }
 
 /// What an insert did with the entry.
@@ -61,14 +111,14 @@ pub(crate) fn supersedes(cached: &DepsHeader, inserted: &DepsHeader) -> bool {
         && cached.deps.iter().any(|c| inserted.deps.iter().any(|i| i.key == c.key && c.version > i.version))
 }
 
-impl Entry {
-    fn bytes(&self) -> usize {
-        self.body.len() + self.deps_raw.len() + 64
-    }
+fn variants_bytes(variants: &[Arc<Entry>]) -> usize {
+    variants.iter().map(|e| e.bytes()).sum()
 }
 
+/// Cached responses by primary key (authority and target), each key with
+/// its variants, most recently stored first.
 pub(crate) struct Cache {
-    entries: LruCache<String, Arc<Entry>>,
+    entries: LruCache<String, Vec<Arc<Entry>>>,
     bytes: usize,
     bytes_max: usize,
     evictions: u64,
@@ -82,60 +132,84 @@ impl Cache {
         Self { entries: LruCache::unbounded(), bytes: 0, bytes_max, evictions: 0, waste: WasteTracker::default() }
     }
 
-    pub fn get(&mut self, key: &str) -> Option<Arc<Entry>> {
-        self.entries.get(key).cloned()
+    /// The most recently stored variant of `key` that `request` selects
+    /// (RFC 9111 §4.1), making `key` the most recently used.
+    pub fn get(&mut self, key: &str, request: &HeaderMap) -> Option<Arc<Entry>> {
+        self.entries.get(key)?.iter().find(|e| e.vary.matches(request)).cloned()
     }
 
-    /// The entry for `key` without making it more recently used.
+    /// The variant of `key` that varies on nothing, without making it more
+    /// recently used (pushes).
     pub fn peek(&self, key: &str) -> Option<Arc<Entry>> {
-        self.entries.peek(key).cloned()
+        self.entries.peek(key)?.iter().find(|e| e.vary.is_empty()).cloned()
     }
 
-    /// Removes `key` only if it still maps to `entry` (the very entry a
-    /// failed check looked at, not a newer one cached since); true if removed.
+    /// Removes `entry` from `key` only if it is still stored there (the
+    /// very entry a failed check looked at, not a newer one cached since);
+    /// true if removed.
     pub fn remove_entry(&mut self, key: &str, entry: &Arc<Entry>) -> bool {
-        match self.entries.peek(key) {
-            Some(cached) if Arc::ptr_eq(cached, entry) => self.remove(key),
-            _ => false,
+        let Some(variants) = self.entries.peek_mut(key) else { return false };
+        let Some(at) = variants.iter().position(|v| Arc::ptr_eq(v, entry)) else { return false };
+        let removed = variants.remove(at);
+        self.bytes -= removed.bytes();
+        if variants.is_empty() {
+            self.entries.pop(key);
         }
+        true
     }
 
     /// True if an entry of this size can be cached at all.
     pub fn admits(&self, entry: &Entry) -> bool {
-        entry.bytes() <= self.bytes_max / 8
+        entry.bytes() <= self.object_bytes_max()
     }
 
-    /// Removes `key`; true if it was cached.
+    /// The largest entry the cache takes: an eighth of it.
+    pub fn object_bytes_max(&self) -> usize {
+        self.bytes_max / 8
+    }
+
+    /// Removes `key` with all its variants; true if it was cached.
     pub fn remove(&mut self, key: &str) -> bool {
         match self.entries.pop(key) {
             Some(old) => {
-                self.bytes -= old.bytes();
+                self.bytes -= variants_bytes(&old);
                 true
             }
             None => false,
         }
     }
 
-    /// Inserts, evicting least recently used entries to stay within the
-    /// bound. An entry larger than an eighth of the cache is not stored, nor
-    /// one that would replace an entry generated at newer versions.
+    /// Inserts, replacing the variant with the same secondary key and
+    /// evicting least recently used keys to stay within the bound. An entry
+    /// larger than an eighth of the cache is not stored, nor one that would
+    /// replace an entry generated at newer versions.
     pub fn insert(&mut self, key: String, entry: Arc<Entry>) -> Inserted {
         let size = entry.bytes();
         if !self.admits(&entry) {
             return Inserted { outcome: InsertOutcome::TooLarge, evicted: Vec::new() };
         }
-        if self.entries.peek(&key).is_some_and(|cached| supersedes(&cached.deps, &entry.deps)) {
-            return Inserted { outcome: InsertOutcome::KeptNewer, evicted: Vec::new() };
-        }
-        if let Some(old) = self.entries.put(key, entry) {
+        let variants = self.entries.get_or_insert_mut(key, Vec::new);
+        if let Some(at) = variants.iter().position(|v| v.vary == entry.vary) {
+            if let (Some(cached), Some(inserted)) = (&variants[at].deps, &entry.deps) {
+                if supersedes(cached, inserted) {
+                    return Inserted { outcome: InsertOutcome::KeptNewer, evicted: Vec::new() };
+                }
+            }
+            let old = variants.remove(at);
             self.bytes -= old.bytes();
+        }
+        variants.insert(0, entry);
+        if variants.len() > VARIANTS_MAX {
+            if let Some(old) = variants.pop() {
+                self.bytes -= old.bytes();
+            }
         }
         self.bytes += size;
         let mut evicted = Vec::new();
         while self.bytes > self.bytes_max {
             match self.entries.pop_lru() {
                 Some((key, old)) => {
-                    self.bytes -= old.bytes();
+                    self.bytes -= variants_bytes(&old);
                     self.evictions += 1;
                     evicted.push(key);
                 }
@@ -145,8 +219,9 @@ impl Cache {
         Inserted { outcome: InsertOutcome::Stored, evicted }
     }
 
+    /// Stored responses (all variants).
     pub fn len(&self) -> usize {
-        self.entries.len()
+        self.entries.iter().map(|(_, v)| v.len()).sum()
     }
 
     pub fn bytes(&self) -> usize {
@@ -164,13 +239,12 @@ mod tests {
     use tierstack_coherent::{Dep, Incarnation};
 
     fn entry(size: usize) -> Arc<Entry> {
-        Arc::new(Entry {
-            body: Bytes::from(vec![0u8; size]),
-            content_type: None,
-            deps_raw: HeaderValue::from_static("n=0;i=0000000000000001;a=1@0"),
-            deps: DepsHeader { node: tierstack_fabric::NodeId(0), incarnation: Incarnation(1), deps: vec![] },
-            pushed: false,
-        })
+        Arc::new(Entry::pushed(
+            Bytes::from(vec![0u8; size]),
+            None,
+            HeaderValue::from_static("n=0;i=0000000000000001;a=1@0"),
+            DepsHeader { node: tierstack_fabric::NodeId(0), incarnation: Incarnation(1), deps: vec![] },
+        ))
     }
 
     #[test]
@@ -180,7 +254,7 @@ mod tests {
         for key in ["a", "b", "c"] {
             cache.insert(key.into(), entry(100));
         }
-        assert!(cache.get("a").is_some(), "touch a so b is the oldest");
+        assert!(cache.get("a", &HeaderMap::new()).is_some(), "touch a so b is the oldest");
         let mut evicted = Vec::new();
         for key in [
             "d", "e", "f", "g", "h", "i", "j", "k", "l", "m", "n", "o", "p", "q", "r", "s", "t", "u", "v", "w", "x",
@@ -191,10 +265,10 @@ mod tests {
         assert_eq!(evicted.len() as u64, cache.evictions(), "every eviction is reported");
         assert_eq!(evicted, ["b"], "24 entries fit; the 25th evicts the least recently used");
         assert!(cache.bytes() <= 8 * (100 + overhead) * 3);
-        assert!(cache.get("b").is_none(), "the least recently used entry went first");
+        assert!(cache.get("b", &HeaderMap::new()).is_none(), "the least recently used entry went first");
         assert!(cache.evictions() > 0);
         assert_eq!(cache.insert("huge".into(), entry(10_000_000)).outcome, InsertOutcome::TooLarge);
-        assert!(cache.get("huge").is_none(), "oversized entries are not cached");
+        assert!(cache.get("huge", &HeaderMap::new()).is_none(), "oversized entries are not cached");
         let before = cache.bytes();
         assert!(cache.remove("x"));
         assert!(!cache.remove("x"));
@@ -203,17 +277,16 @@ mod tests {
 
     /// An entry generated at `deps` (key, version) in module incarnation `incarnation`.
     fn at(incarnation: u64, deps: &[(&str, u64)]) -> Arc<Entry> {
-        Arc::new(Entry {
-            body: Bytes::from_static(b"x"),
-            content_type: None,
-            deps_raw: HeaderValue::from_static("n=0;i=0000000000000001;a=1@0"),
-            deps: DepsHeader {
+        Arc::new(Entry::pushed(
+            Bytes::from_static(b"x"),
+            None,
+            HeaderValue::from_static("n=0;i=0000000000000001;a=1@0"),
+            DepsHeader {
                 node: tierstack_fabric::NodeId(0),
                 incarnation: Incarnation(incarnation),
                 deps: deps.iter().map(|(k, v)| Dep { key: k.to_string(), version: *v, slot: 0 }).collect(),
             },
-            pushed: false,
-        })
+        ))
     }
 
     #[test]
@@ -223,7 +296,7 @@ mod tests {
         assert_eq!(cache.insert("/doc/a".into(), v2.clone()).outcome, InsertOutcome::Stored);
         // A slow miss generated at version 1 finishes after version 2 was cached.
         assert_eq!(cache.insert("/doc/a".into(), at(1, &[("doc/a", 1)])).outcome, InsertOutcome::KeptNewer);
-        assert!(Arc::ptr_eq(&cache.get("/doc/a").unwrap(), &v2), "the newer copy stays");
+        assert!(Arc::ptr_eq(&cache.get("/doc/a", &HeaderMap::new()).unwrap(), &v2), "the newer copy stays");
         assert_eq!(
             cache.insert("/doc/a".into(), at(1, &[("doc/a", 1), ("doc/b", 9)])).outcome,
             InsertOutcome::KeptNewer
@@ -231,7 +304,7 @@ mod tests {
         // Equal or newer versions replace it, and so does another incarnation.
         for newer in [at(1, &[("doc/a", 2)]), at(1, &[("doc/a", 3)]), at(1, &[("doc/b", 1)]), at(3, &[("doc/a", 1)])] {
             assert_eq!(cache.insert("/doc/a".into(), newer.clone()).outcome, InsertOutcome::Stored);
-            assert!(Arc::ptr_eq(&cache.get("/doc/a").unwrap(), &newer));
+            assert!(Arc::ptr_eq(&cache.get("/doc/a", &HeaderMap::new()).unwrap(), &newer));
         }
         assert_eq!(cache.len(), 1);
         assert_eq!(cache.bytes(), v2.bytes(), "replacements keep the byte count exact");
@@ -245,7 +318,7 @@ mod tests {
         let newer = at(1, &[("doc/a", 2)]);
         cache.insert("/doc/a".into(), newer.clone());
         assert!(!cache.remove_entry("/doc/a", &checked), "the checked entry was already replaced");
-        assert!(Arc::ptr_eq(&cache.get("/doc/a").unwrap(), &newer));
+        assert!(Arc::ptr_eq(&cache.get("/doc/a", &HeaderMap::new()).unwrap(), &newer));
         assert!(cache.remove_entry("/doc/a", &newer));
         assert_eq!((cache.len(), cache.bytes()), (0, 0));
     }

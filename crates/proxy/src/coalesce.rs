@@ -22,39 +22,42 @@ type Outcome = Option<Arc<Entry>>;
 /// Fetches in progress, by cache key.
 #[derive(Default)]
 pub(crate) struct Flights {
-    in_progress: Mutex<HashMap<String, watch::Receiver<Option<Outcome>>>>,
+    in_progress: Arc<Mutex<InProgress>>,
 }
 
+type InProgress = HashMap<String, watch::Receiver<Option<Outcome>>>;
+
 /// The role a request takes for a missing document.
-pub(crate) enum Role<'a> {
+pub(crate) enum Role {
     /// Fetch, then `finish` with the outcome.
-    Leader(Leader<'a>),
+    Leader(Leader),
     /// Wait for the leader's outcome.
     Waiter(watch::Receiver<Option<Outcome>>),
 }
 
-/// The request that fetches. Dropping it without `finish` ends the flight
-/// with no outcome.
-pub(crate) struct Leader<'a> {
-    flights: &'a Flights,
+/// The request that fetches (it may outlive the request's handler: a
+/// streamed body is stored after the response began). Dropping it without
+/// `finish` ends the flight with no outcome.
+pub(crate) struct Leader {
+    flights: Arc<Mutex<InProgress>>,
     key: String,
     sender: watch::Sender<Option<Outcome>>,
 }
 
 impl Flights {
     /// Joins the flight for `key`, or starts one.
-    pub(crate) fn join(&self, key: &str) -> Role<'_> {
+    pub(crate) fn join(&self, key: &str) -> Role {
         let Ok(mut in_progress) = self.in_progress.lock() else {
             // A poisoned map only loses coalescing: lead alone.
             let (sender, _) = watch::channel(None);
-            return Role::Leader(Leader { flights: self, key: String::new(), sender });
+            return Role::Leader(Leader { flights: self.in_progress.clone(), key: String::new(), sender });
         };
         if let Some(receiver) = in_progress.get(key) {
             return Role::Waiter(receiver.clone());
         }
         let (sender, receiver) = watch::channel(None);
         in_progress.insert(key.to_string(), receiver);
-        Role::Leader(Leader { flights: self, key: key.to_string(), sender })
+        Role::Leader(Leader { flights: self.in_progress.clone(), key: key.to_string(), sender })
     }
 
     /// Flights in progress.
@@ -64,16 +67,16 @@ impl Flights {
     }
 }
 
-impl Leader<'_> {
+impl Leader {
     pub(crate) fn finish(self, outcome: Outcome) {
         let _ = self.sender.send(Some(outcome));
         // Drop removes the flight.
     }
 }
 
-impl Drop for Leader<'_> {
+impl Drop for Leader {
     fn drop(&mut self) {
-        if let Ok(mut in_progress) = self.flights.in_progress.lock() {
+        if let Ok(mut in_progress) = self.flights.lock() {
             in_progress.remove(&self.key);
         }
     }
@@ -95,13 +98,12 @@ mod tests {
     use tierstack_coherent::{DepsHeader, Incarnation};
 
     fn entry() -> Arc<Entry> {
-        Arc::new(Entry {
-            body: Bytes::from_static(b"x"),
-            content_type: None,
-            deps_raw: HeaderValue::from_static("n=0;i=0000000000000001;a=1@0"),
-            deps: DepsHeader { node: tierstack_fabric::NodeId(0), incarnation: Incarnation(1), deps: vec![] },
-            pushed: false,
-        })
+        Arc::new(Entry::pushed(
+            Bytes::from_static(b"x"),
+            None,
+            HeaderValue::from_static("n=0;i=0000000000000001;a=1@0"),
+            DepsHeader { node: tierstack_fabric::NodeId(0), incarnation: Incarnation(1), deps: vec![] },
+        ))
     }
 
     #[tokio::test]

@@ -1,8 +1,12 @@
 //! The proxy tier (`tierstack proxy`): a reverse proxy in front of
 //! application servers that caches dynamic content with strong coherence.
 //!
-//! A GET response is cached when it carries `X-Tierstack-Deps` (the versions
-//! it was generated at) and is not `no-store`/`private`. On every hit, in
+//! It is an RFC 9111 shared cache for every response (see `policy` and
+//! ARCHITECTURE.md: whole responses, key = authority + target, `Vary`,
+//! revalidation, invalidation, stale-while-revalidate / stale-if-error,
+//! `CDN-Cache-Control`; Range requests pass through). A GET response that
+//! carries `X-Tierstack-Deps` (the versions it was generated at) is instead
+//! cached as a 200 nothing forbids storing, with no freshness: on every hit, in
 //! `poll` mode, the proxy reads those versions from the application module's
 //! version table with **one batched one-sided read** and serves the copy only
 //! if all are still current; otherwise it drops the entry and forwards. This
@@ -59,9 +63,13 @@
 //! (`refused_overloaded`; every upstream dead: `refused_no_backend`). Both
 //! are misses: the request was not served from the cache.
 
+mod access_log;
 mod cache;
 mod coalesce;
+mod metrics;
+mod policy;
 mod push;
+mod stream;
 #[cfg(test)]
 mod testkit;
 #[cfg(test)]
@@ -71,12 +79,18 @@ use bytes::Bytes;
 use cache::{Cache, Entry, InsertOutcome};
 use http_body_util::Full;
 use hyper::body::Incoming;
-use hyper::header::{HeaderMap, HeaderName, HeaderValue, CACHE_CONTROL, CONTENT_TYPE, HOST};
+use hyper::header::{
+    HeaderMap, HeaderName, HeaderValue, AGE, AUTHORIZATION, CACHE_CONTROL, CONNECTION, CONTENT_LOCATION, CONTENT_TYPE,
+    DATE, ETAG, EXPIRES, HOST, IF_MATCH, IF_MODIFIED_SINCE, IF_NONE_MATCH, IF_RANGE, IF_UNMODIFIED_SINCE,
+    LAST_MODIFIED, LOCATION, RANGE, VARY,
+};
 use hyper::{Method, Request, Response, StatusCode, Uri};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
+use policy::{Usable, Vary};
 use serde::Serialize;
+use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -90,20 +104,26 @@ pub use tierstack_monitor::{Balancer, BalancerConfig, Decision, LoadSource, Poli
 pub use tierstack_pushpull::state::CacheStateConfig;
 pub use tierstack_pushpull::SLOTS_DEFAULT as CACHE_STATE_SLOTS_DEFAULT;
 use tierstack_pushpull::{fingerprint, CacheStateWriter};
-use tierstack_tier_http::{collect_limited, serve, text, Body, Stop};
+use tierstack_tier_http::{collect_limited, serve, serve_with_options, text, Body, PeerAddr, ServeOptions, Stop};
 
 /// Largest request body forwarded.
 pub const REQUEST_BODY_BYTES_MAX: usize = 16 << 20;
-/// Largest response body relayed.
+/// A miss whose declared length is at most this is read whole, then
+/// answered as one response; longer or unknown lengths stream.
+pub const WHOLE_BYTES_MAX: usize = 256 << 10;
+/// Largest response body read whole (revalidations, pushes).
 pub const RESPONSE_BODY_BYTES_MAX: usize = 64 << 20;
 /// The response header telling clients whether the cache answered.
 pub const X_CACHE: &str = "x-cache";
+/// [`X_CACHE`] as a field name, parsed once.
+const X_CACHE_NAME: HeaderName = HeaderName::from_static(X_CACHE);
 /// Tries of a forward whose upstream fences it (421) before the 421 is
 /// the answer.
 const FENCED_ATTEMPTS_MAX: u32 = 2;
 /// Present (`1`) on a response served from another request's concurrent
 /// fetch after validating it; such a response is labelled `X-Cache: MISS`.
 pub const X_CACHE_COALESCED: &str = "x-cache-coalesced";
+pub use stream::{ProxyBody, StreamError};
 /// Where the application tier pushes documents: `PUT <prefix><name>`
 /// installs the body as the cached copy of `/doc/<name>`.
 pub use tierstack_pushpull::PUSH_PATH_PREFIX;
@@ -152,11 +172,35 @@ pub struct ProxyOptions {
     /// pushes to this proxy). A registration that fails is logged and the
     /// proxy runs without one: the cache state is advisory.
     pub cache_state: Option<CacheStateConfig>,
+    /// The authority (`host:port`) of requests that carry none, and under
+    /// which pushed documents are cached; `None`: the client listener's
+    /// address (what a client naming the proxy by address sends as `Host`).
+    pub default_authority: Option<String>,
+    /// The client listener closes a connection that has not sent a whole
+    /// request header this long after it began waiting for one (slow
+    /// clients, and idle keep-alive connections); `None`: never.
+    pub header_read_timeout: Option<Duration>,
+    /// At most this many client connections at once (more wait in the
+    /// listen backlog); `None`: no bound.
+    pub max_connections: Option<usize>,
+    /// Append a Combined Log Format line per client request to this file.
+    pub access_log: Option<std::path::PathBuf>,
 }
+
+/// [`ProxyOptions::header_read_timeout`]'s default.
+pub const HEADER_READ_TIMEOUT_DEFAULT: Duration = Duration::from_secs(30);
+/// [`ProxyOptions::max_connections`]'s default.
+pub const MAX_CONNECTIONS_DEFAULT: usize = 10_000;
 
 impl Default for ProxyOptions {
     fn default() -> Self {
-        Self { cache_state: Some(CacheStateConfig::default()) }
+        Self {
+            cache_state: Some(CacheStateConfig::default()),
+            default_authority: None,
+            header_read_timeout: Some(HEADER_READ_TIMEOUT_DEFAULT),
+            max_connections: Some(MAX_CONNECTIONS_DEFAULT),
+            access_log: None,
+        }
     }
 }
 
@@ -180,6 +224,8 @@ pub enum ProxyError {
     RoleMismatch { roles: usize, upstreams: usize },
     #[error("the site is already set")]
     SiteSet,
+    #[error("cannot open the access log {path}: {source}")]
+    AccessLog { path: std::path::PathBuf, source: std::io::Error },
 }
 
 /// This proxy's site among several that share the application servers
@@ -233,6 +279,16 @@ struct Counters {
     monitor_reads: AtomicU64,
     monitor_read_ns: AtomicU64,
     fenced: AtomicU64,
+    not_modified: AtomicU64,
+    stale_served: AtomicU64,
+    revalidations: AtomicU64,
+    revalidated: AtomicU64,
+    invalidations: AtomicU64,
+    purges: AtomicU64,
+    upstream_bytes: AtomicU64,
+    policy_hits: AtomicU64,
+    policy_coalesced: AtomicU64,
+    check_latency: metrics::Histogram,
 }
 
 /// The proxy's counters, served at `/_tierstack/stats`.
@@ -250,13 +306,15 @@ struct Counters {
 ///
 /// - `requests == hits + coalesced + misses + abandoned`
 /// - `checks == checks_ok + stale_dropped + check_errors`
-/// - `poll` mode: `checks_ok == hits + coalesced` (every successful check
-///   serves exactly one response, and nothing is served unchecked);
+/// - `poll` mode: `checks_ok + policy_hits + policy_coalesced == hits +
+///   coalesced` (every successful check serves exactly one response, and
+///   nothing with dependencies is served unchecked);
 ///   `ttl`: `checks == 0`; `no-cache`: `checks == hits == coalesced == 0`
 /// - `push_hits <= hits`
 /// - `refused_overloaded + refused_no_backend <= misses`
-/// - `routed` sums to at most `misses + fenced` (a request whose upstream
-///   was chosen; a fenced one is chosen again)
+/// - `routed` sums to at most `misses + fenced + revalidations` (a request
+///   whose upstream was chosen; a fenced one is chosen again; each
+///   conditional or repeated request of a revalidation is chosen too)
 /// - `pushes_received == pushes_installed + pushes_redundant + pushes_stale`
 ///
 /// [`ProxyStats::accounting_error`] checks them. While requests are in
@@ -361,6 +419,36 @@ pub struct ProxyStats {
     /// proxy read it (421, the epoch fence); each was routed once more.
     #[serde(default)]
     pub fenced: u64,
+    /// Hits answered 304 because the client's `If-None-Match` or
+    /// `If-Modified-Since` held (counted in `hits` too).
+    #[serde(default)]
+    pub not_modified: u64,
+    /// Stale responses served: during `stale-while-revalidate` (hits) or
+    /// in place of an error under `stale-if-error` (misses).
+    #[serde(default)]
+    pub stale_served: u64,
+    /// Conditional requests sent to revalidate stored responses, and those
+    /// answered 304 (the stored response then served, updated).
+    #[serde(default)]
+    pub revalidations: u64,
+    #[serde(default)]
+    pub revalidated: u64,
+    /// Stored responses dropped after unsafe methods (RFC 9111 §4.4).
+    #[serde(default)]
+    pub invalidations: u64,
+    /// Objects dropped by an admin purge.
+    #[serde(default)]
+    pub purges: u64,
+    /// Response body bytes received from upstreams.
+    #[serde(default)]
+    pub upstream_bytes: u64,
+    /// Hits and coalesced responses without dependencies: served by RFC
+    /// 9111 freshness, with no version check (included in `hits` and
+    /// `coalesced`).
+    #[serde(default)]
+    pub policy_hits: u64,
+    #[serde(default)]
+    pub policy_coalesced: u64,
 }
 
 impl ProxyStats {
@@ -399,8 +487,11 @@ impl ProxyStats {
         );
         match self.mode {
             Some(CacheMode::Poll) => expect(
-                self.checks_ok == self.hits + self.coalesced,
-                format!("poll: checks_ok {} != hits {} + coalesced {}", self.checks_ok, self.hits, self.coalesced),
+                self.checks_ok + self.policy_hits + self.policy_coalesced == self.hits + self.coalesced,
+                format!(
+                    "poll: checks_ok {} + policy_hits {} + policy_coalesced {} != hits {} + coalesced {}",
+                    self.checks_ok, self.policy_hits, self.policy_coalesced, self.hits, self.coalesced
+                ),
             ),
             Some(CacheMode::Ttl) => expect(self.checks == 0, format!("ttl: {} checks", self.checks)),
             Some(CacheMode::NoCache) => expect(
@@ -413,10 +504,15 @@ impl ProxyStats {
         let refused = self.refused_overloaded + self.refused_no_backend;
         expect(refused <= self.misses, format!("refused {refused} > misses {}", self.misses));
         let routed: u64 = self.routed.iter().sum();
-        // A fenced forward is routed once more.
+        // A fenced forward is routed once more; a revalidation (also in the
+        // background, for stale-while-revalidate) is routed too.
+        let routable = self.misses + self.fenced + self.revalidations;
         expect(
-            routed <= self.misses + self.fenced,
-            format!("routed {routed} > misses {} + fenced {}", self.misses, self.fenced),
+            routed <= routable,
+            format!(
+                "routed {routed} > misses {} + fenced {} + revalidations {}",
+                self.misses, self.fenced, self.revalidations
+            ),
         );
         let pushes_ended = self.pushes_installed + self.pushes_redundant + self.pushes_stale;
         expect(
@@ -444,6 +540,11 @@ struct State {
     balancing: OnceLock<BalancingState>,
     site: OnceLock<Site>,
     routed: Vec<AtomicU64>,
+    /// See [`ProxyOptions::default_authority`].
+    default_authority: String,
+    /// Keys being revalidated in the background.
+    revalidating: Mutex<HashSet<String>>,
+    access_log: Option<access_log::AccessLog>,
     #[cfg(test)]
     hooks: testkit::Hooks,
 }
@@ -469,7 +570,7 @@ fn elapsed_ns(since: Instant) -> u64 {
     u64::try_from(since.elapsed().as_nanos()).unwrap_or(u64::MAX)
 }
 
-/// Hop-by-hop headers are not forwarded (RFC 9110 §7.6.1).
+/// Hop-by-hop fields (RFC 9110 §7.6.1): never forwarded, never stored.
 fn is_hop_by_hop(name: &HeaderName) -> bool {
     matches!(
         name.as_str(),
@@ -477,6 +578,7 @@ fn is_hop_by_hop(name: &HeaderName) -> bool {
             | "keep-alive"
             | "proxy-authenticate"
             | "proxy-authorization"
+            | "proxy-connection"
             | "te"
             | "trailer"
             | "transfer-encoding"
@@ -484,21 +586,131 @@ fn is_hop_by_hop(name: &HeaderName) -> bool {
     )
 }
 
+/// The fields `headers`' `Connection` field names (hop-by-hop too).
+fn connection_named(headers: &HeaderMap) -> Vec<HeaderName> {
+    headers
+        .get_all(CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+        .collect()
+}
+
+/// Copies every end-to-end field of `from` (not hop-by-hop, not named by
+/// `Connection`) into `to`, in order.
 fn copy_end_to_end(from: &HeaderMap, to: &mut HeaderMap) {
+    let named = connection_named(from);
     for (name, value) in from {
-        if !is_hop_by_hop(name) && name != HOST {
+        if !is_hop_by_hop(name) && !named.contains(name) {
             to.append(name.clone(), value.clone());
         }
     }
 }
 
-/// True if `headers` forbid a shared cache from storing the response.
-fn forbids_storing(headers: &HeaderMap) -> bool {
-    headers.get_all(CACHE_CONTROL).iter().any(|v| {
-        v.to_str()
-            .map(|s| s.split(',').any(|d| matches!(d.trim().to_ascii_lowercase().as_str(), "no-store" | "private")))
-            .unwrap_or(true)
-    })
+/// `headers`' end-to-end fields.
+fn end_to_end(headers: &HeaderMap) -> HeaderMap {
+    let mut copy = HeaderMap::with_capacity(headers.len());
+    copy_end_to_end(headers, &mut copy);
+    copy
+}
+
+/// The fields of the client's request sent upstream: the end-to-end ones,
+/// `Host` included (so an upstream serving several sites knows which).
+fn upstream_fields(request: &HeaderMap) -> HeaderMap {
+    end_to_end(request)
+}
+
+/// The request's conditional fields: a revalidation sends the cache's own
+/// validators instead, and answers the client's conditions itself.
+const CONDITIONALS: [HeaderName; 5] = [IF_NONE_MATCH, IF_MODIFIED_SINCE, IF_MATCH, IF_UNMODIFIED_SINCE, IF_RANGE];
+
+/// The primary cache key: the authority the client asked for (the request
+/// target's, else `Host`, else `default`), lowercased, then the target
+/// (path and query) as sent.
+fn cache_key(uri: &Uri, headers: &HeaderMap, default: &str) -> String {
+    let authority = uri
+        .authority()
+        .map(|a| a.as_str())
+        .or_else(|| headers.get(HOST).and_then(|h| h.to_str().ok()))
+        .unwrap_or(default);
+    let target = uri.path_and_query().map_or("/", |p| p.as_str());
+    let mut key = String::with_capacity(authority.len() + target.len());
+    key.push_str(authority);
+    key.make_ascii_lowercase();
+    key.push_str(target);
+    key
+}
+
+/// The target part of a cache key (authorities hold no `/`).
+fn target_of(key: &str) -> &str {
+    key.find('/').map_or(key, |at| &key[at..])
+}
+
+/// The key a coalesced fetch is shared under: the cache key and the
+/// request's credentials, so a fetch is never shared across them.
+fn flight_key(key: &str, headers: &HeaderMap) -> String {
+    match headers.get(AUTHORIZATION) {
+        Some(credentials) => format!("{key}\n{}", String::from_utf8_lossy(credentials.as_bytes())),
+        None => key.to_string(),
+    }
+}
+
+/// An unsafe method (RFC 9110 §9.2.1): its success invalidates (§4.4).
+fn is_unsafe(method: &Method) -> bool {
+    !matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE)
+}
+
+/// Does the stored response satisfy the client's `If-None-Match` or
+/// `If-Modified-Since` (RFC 9110 §13.1.2, §13.1.3; weak comparison)?
+fn client_not_modified(entry: &Entry, request: &HeaderMap) -> bool {
+    if entry.status != StatusCode::OK {
+        return false;
+    }
+    let mut inm = request.get_all(IF_NONE_MATCH).iter().peekable();
+    if inm.peek().is_some() {
+        let Some(etag) = entry.headers.get(ETAG) else { return false };
+        let opaque = |tag: &[u8]| -> Vec<u8> { tag.strip_prefix(b"W/").unwrap_or(tag).to_vec() };
+        let stored = opaque(etag.as_bytes());
+        return inm.filter_map(|v| v.to_str().ok()).flat_map(|v| v.split(',')).any(|candidate| {
+            let candidate = candidate.trim();
+            candidate == "*" || opaque(candidate.as_bytes()) == stored
+        });
+    }
+    let Some(since) = policy::date_field(request, IF_MODIFIED_SINCE) else { return false };
+    let modified =
+        policy::date_field(&entry.headers, LAST_MODIFIED).or_else(|| policy::date_field(&entry.headers, DATE));
+    modified.is_some_and(|modified| modified <= since)
+}
+
+/// The fields a 304 repeats from the 200 it stands for (RFC 9110 §15.4.5).
+const NOT_MODIFIED_FIELDS: [HeaderName; 6] = [CACHE_CONTROL, CONTENT_LOCATION, DATE, ETAG, EXPIRES, VARY];
+
+/// Answers a request from `entry`: a 304 if the client's conditions hold,
+/// else the stored status, every stored field and the body (none for
+/// HEAD), with `Age` and `X-Cache: <label>`.
+fn respond(entry: &Entry, request: &HeaderMap, method: &Method, now: u64, label: &'static str) -> Response<Body> {
+    let mut response = if client_not_modified(entry, request) {
+        let mut response = Response::new(Body::default());
+        *response.status_mut() = StatusCode::NOT_MODIFIED;
+        let headers = response.headers_mut();
+        for name in NOT_MODIFIED_FIELDS.iter().chain([&LAST_MODIFIED]) {
+            for value in entry.headers.get_all(name) {
+                headers.append(name.clone(), value.clone());
+            }
+        }
+        response
+    } else {
+        let body = if *method == Method::HEAD { Body::default() } else { Full::new(entry.body.clone()) };
+        let mut response = Response::new(body);
+        *response.status_mut() = entry.status;
+        *response.headers_mut() = entry.headers.clone();
+        response
+    };
+    let headers = response.headers_mut();
+    headers.insert(AGE, HeaderValue::from(entry.freshness.age(now)));
+    headers.insert(X_CACHE_NAME, HeaderValue::from_static(label));
+    response
 }
 
 impl State {
@@ -559,27 +771,30 @@ impl State {
         routed
     }
 
-    /// Looks `key` up, noting the request for the wasted-update metric.
-    fn cache_lookup(&self, key: &str, fingerprint: u64) -> Option<Arc<Entry>> {
+    /// Looks `key` up for `request` (its variant, §4.1), noting the
+    /// request for the wasted-update metric.
+    fn cache_lookup(&self, key: &str, request: &HeaderMap, fingerprint: u64) -> Option<Arc<Entry>> {
         let mut cache = self.cache.lock().ok()?;
         cache.waste.on_request(fingerprint);
-        cache.get(key)
+        cache.get(key, request)
     }
 
-    fn cache_remove(&self, key: &str) {
-        if let Ok(mut cache) = self.cache.lock() {
-            if cache.remove(key) {
-                self.set_resident(fingerprint(key), false);
-            }
+    /// Drops `key` with all its variants; true if it was cached.
+    fn cache_remove(&self, key: &str) -> bool {
+        let Ok(mut cache) = self.cache.lock() else { return false };
+        let removed = cache.remove(key);
+        if removed {
+            self.set_resident(fingerprint(target_of(key)), false);
         }
+        removed
     }
 
-    /// Removes `entry` from under `key` if it is still the one cached there
-    /// (a copy that failed its check; a newer one cached meanwhile stays).
+    /// Removes `entry` from under `key` if it is still cached there (a copy
+    /// that failed its check; a newer one cached meanwhile stays).
     fn cache_remove_entry(&self, key: &str, entry: &Arc<Entry>) {
         if let Ok(mut cache) = self.cache.lock() {
             if cache.remove_entry(key, entry) {
-                self.set_resident(fingerprint(key), false);
+                self.set_resident(fingerprint(target_of(key)), false);
             }
         }
     }
@@ -591,10 +806,10 @@ impl State {
         let Ok(mut cache) = self.cache.lock() else { return None };
         let inserted = cache.insert(key.to_string(), entry);
         for evicted in &inserted.evicted {
-            self.set_resident(fingerprint(evicted), false);
+            self.set_resident(fingerprint(target_of(evicted)), false);
         }
         if inserted.outcome == InsertOutcome::Stored {
-            self.set_resident(fingerprint(key), true);
+            self.set_resident(fingerprint(target_of(key)), true);
         }
         Some(inserted.outcome)
     }
@@ -613,35 +828,40 @@ impl State {
     }
 
     /// Serves the proxy's own cached copy (counted by the caller's check).
-    fn hit(&self, entry: &Entry, head_only: bool) -> Response<Body> {
+    fn hit(&self, entry: &Entry, request: &HeaderMap, method: &Method, now: u64) -> Response<Body> {
         self.counters.hits.fetch_add(1, Ordering::Relaxed);
+        if entry.deps.is_none() {
+            self.counters.policy_hits.fetch_add(1, Ordering::Relaxed);
+        }
         if entry.pushed {
             self.counters.push_hits.fetch_add(1, Ordering::Relaxed);
         }
-        let mut response = from_entry(entry, head_only);
-        response.headers_mut().insert(X_CACHE, HeaderValue::from_static("HIT"));
+        let response = respond(entry, request, method, now, "HIT");
+        if response.status() == StatusCode::NOT_MODIFIED {
+            self.counters.not_modified.fetch_add(1, Ordering::Relaxed);
+        }
         response
     }
 
     /// Serves another request's fetch, validated: a miss for this client
     /// (nothing was cached for it), marked as coalesced.
-    fn serve_shared(&self, entry: &Entry) -> Response<Body> {
-        let mut response = from_entry(entry, false);
-        let headers = response.headers_mut();
-        headers.insert(X_CACHE, HeaderValue::from_static("MISS"));
-        headers.insert(X_CACHE_COALESCED, HeaderValue::from_static("1"));
+    fn serve_shared(&self, entry: &Entry, request: &HeaderMap, now: u64) -> Response<Body> {
+        let mut response = respond(entry, request, &Method::GET, now, "MISS");
+        response.headers_mut().insert(X_CACHE_COALESCED, HeaderValue::from_static("1"));
         response
     }
 
     /// Is the cached copy still current? Counts and times the check.
     async fn validate(&self, entry: &Entry) -> bool {
-        let Some(checker) = &self.checker else { return false };
+        let (Some(checker), Some(deps)) = (&self.checker, &entry.deps) else { return false };
         let started = Instant::now();
-        let verdict = checker.is_current(&entry.deps).await;
+        let verdict = checker.is_current(deps).await;
         #[cfg(test)]
         self.hooks.after_check().await;
+        let ns = elapsed_ns(started);
         self.counters.checks.fetch_add(1, Ordering::Relaxed);
-        self.counters.check_ns.fetch_add(elapsed_ns(started), Ordering::Relaxed);
+        self.counters.check_ns.fetch_add(ns, Ordering::Relaxed);
+        self.counters.check_latency.record(ns);
         match verdict {
             Ok(true) => {
                 self.counters.checks_ok.fetch_add(1, Ordering::Relaxed);
@@ -706,6 +926,15 @@ impl State {
             monitor_read_ns: load(&c.monitor_read_ns),
             site: self.site.get().map(|s| s.site),
             fenced: load(&c.fenced),
+            not_modified: load(&c.not_modified),
+            stale_served: load(&c.stale_served),
+            revalidations: load(&c.revalidations),
+            revalidated: load(&c.revalidated),
+            invalidations: load(&c.invalidations),
+            purges: load(&c.purges),
+            upstream_bytes: load(&c.upstream_bytes),
+            policy_hits: load(&c.policy_hits),
+            policy_coalesced: load(&c.policy_coalesced),
         }
     }
 }
@@ -729,21 +958,15 @@ async fn read_loads(source: &Arc<dyn LoadSource>) -> Vec<tierstack_monitor::Read
     }
 }
 
-/// A 200 carrying `entry`'s body (unless `head_only`) and headers.
-fn from_entry(entry: &Entry, head_only: bool) -> Response<Body> {
-    let mut response = Response::new(if head_only { Body::default() } else { Full::new(entry.body.clone()) });
-    let headers = response.headers_mut();
-    if let Some(content_type) = &entry.content_type {
-        headers.insert(CONTENT_TYPE, content_type.clone());
-    }
-    headers.insert(DEPS_HEADER, entry.deps_raw.clone());
-    response
-}
+/// `DELETE <prefix><authority><target>` on the admin listener drops that
+/// object (every variant).
+pub const PURGE_PATH_PREFIX: &str = "/_tierstack/purge/";
 
 /// Where every admin endpoint lives; the client listener refuses these paths.
 const ADMIN_PATH_PREFIX: &str = "/_tierstack/";
 
-/// The admin listener's requests: the counters and the push endpoint.
+/// The admin listener's requests: the counters, the push endpoint, and
+/// `DELETE /_tierstack/purge/<authority><target>` dropping one object.
 async fn handle_admin(state: Arc<State>, request: Request<Incoming>) -> Response<Body> {
     let path = request.uri().path();
     if path == "/_tierstack/stats" {
@@ -751,9 +974,30 @@ async fn handle_admin(state: Arc<State>, request: Request<Incoming>) -> Response
         response.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
         return response;
     }
+    if path == "/metrics" {
+        let mut response = text(StatusCode::OK, metrics::render(&state.stats(), &state.counters.check_latency));
+        response.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("text/plain; version=0.0.4"));
+        return response;
+    }
     if let Some(name) = path.strip_prefix(PUSH_PATH_PREFIX) {
-        let key = format!("/doc/{name}");
-        return push::receive(&state, request, key).await;
+        let path = format!("/doc/{name}");
+        return push::receive(&state, request, path).await;
+    }
+    if let Some(rest) = request.uri().path_and_query().and_then(|p| p.as_str().strip_prefix(PURGE_PATH_PREFIX)) {
+        if request.method() != Method::DELETE {
+            return text(StatusCode::METHOD_NOT_ALLOWED, "purges use DELETE\n");
+        }
+        // <authority>/<target>, e.g. /_tierstack/purge/www.example.com/a?b
+        let key = match rest.find('/') {
+            Some(at) => format!("{}{}", rest[..at].to_ascii_lowercase(), &rest[at..]),
+            None => return text(StatusCode::BAD_REQUEST, "purge /_tierstack/purge/<authority>/<target>\n"),
+        };
+        return if state.cache_remove(&key) {
+            state.counters.purges.fetch_add(1, Ordering::Relaxed);
+            text(StatusCode::OK, format!("purged {key}\n"))
+        } else {
+            text(StatusCode::NOT_FOUND, format!("{key} is not cached\n"))
+        };
     }
     if path == tierstack_tier_http::HEALTHZ_PATH {
         return tierstack_tier_http::alive();
@@ -826,89 +1070,188 @@ impl Drop for Waiting<'_> {
 }
 
 /// The client listener's requests.
-async fn handle(state: Arc<State>, request: Request<Incoming>) -> Response<Body> {
+async fn handle<B>(state: Arc<State>, request: Request<B>) -> Response<ProxyBody>
+where
+    B: hyper::body::Body,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
     if request.uri().path().starts_with(ADMIN_PATH_PREFIX) {
-        return text(StatusCode::NOT_FOUND, "admin endpoints are served on the proxy's admin listener only\n");
+        return text(StatusCode::NOT_FOUND, "admin endpoints are served on the proxy's admin listener only\n")
+            .map(Into::into);
     }
-    let path = request.uri().path_and_query().map(|p| p.as_str().to_string()).unwrap_or_else(|| "/".into());
     state.counters.requests.fetch_add(1, Ordering::Relaxed);
     // Counts the request as abandoned unless it gets classified first.
     let mut unserved = Unserved { abandoned: &state.counters.abandoned, pending: true };
     let method = request.method().clone();
+    let key = cache_key(request.uri(), request.headers(), &state.default_authority);
     let readable = method == Method::GET || method == Method::HEAD;
-    if readable && state.mode != CacheMode::NoCache {
-        let fingerprint = fingerprint(&path);
-        if let Some(entry) = state.cache_lookup(&path, fingerprint) {
+    // Range requests pass through (never answered from, nor stored in, the
+    // cache): see ARCHITECTURE.md.
+    if !readable || state.mode == CacheMode::NoCache || request.headers().contains_key(RANGE) {
+        state.counters.misses.fetch_add(1, Ordering::Relaxed);
+        unserved.pending = false;
+        return forward(&state, request, &key, None).await;
+    }
+    let now = policy::now_secs();
+    // Parsed only when a freshness decision needs it (not on a hit of a
+    // response with dependencies).
+    let request_cc = OnceLock::new();
+    let request_cc = || request_cc.get_or_init(|| policy::request_directives(request.headers()));
+    let fingerprint = fingerprint(target_of(&key));
+    let mut stale = None;
+    if let Some(entry) = state.cache_lookup(&key, request.headers(), fingerprint) {
+        if entry.deps.is_some() {
             if state.mode == CacheMode::Ttl || state.validate(&entry).await {
                 state.note_access(fingerprint, true);
                 unserved.pending = false;
-                return state.hit(&entry, method == Method::HEAD);
+                return state.hit(&entry, request.headers(), &method, now).map(Into::into);
             }
             // Out of date: dropped here (unless a newer copy replaced it
             // meanwhile), fetched below and cached again.
-            state.cache_remove_entry(&path, &entry);
+            state.cache_remove_entry(&key, &entry);
+        } else {
+            match entry.freshness.usable(request_cc(), now) {
+                Usable::Fresh => {
+                    state.note_access(fingerprint, true);
+                    unserved.pending = false;
+                    return state.hit(&entry, request.headers(), &method, now).map(Into::into);
+                }
+                Usable::StaleWhileRevalidate => {
+                    state.counters.stale_served.fetch_add(1, Ordering::Relaxed);
+                    revalidate_in_background(&state, &key, request.headers(), &entry);
+                    state.note_access(fingerprint, true);
+                    unserved.pending = false;
+                    return state.hit(&entry, request.headers(), &method, now).map(Into::into);
+                }
+                Usable::Revalidate => stale = Some(entry),
+            }
         }
-        state.note_access(fingerprint, false);
+    }
+    state.note_access(fingerprint, false);
+    if request_cc().only_if_cached {
+        state.counters.misses.fetch_add(1, Ordering::Relaxed);
+        unserved.pending = false;
+        return text(StatusCode::GATEWAY_TIMEOUT, "not cached, and the request asked only-if-cached\n").map(Into::into);
+    }
+    if let Some(entry) = stale {
+        state.counters.misses.fetch_add(1, Ordering::Relaxed);
+        unserved.pending = false;
+        let request_cc = request_cc().clone();
+        return revalidate(&state, request, &key, entry, &request_cc).await.map(Into::into);
     }
     // Concurrent misses of one document share one upstream fetch; each
-    // waiter validates the result itself before serving it (see `coalesce`).
-    if method == Method::GET && state.mode != CacheMode::NoCache {
-        match state.flights.join(&path) {
+    // waiter checks the result is its own variant, and validates it itself
+    // before serving it (see `coalesce`).
+    if method == Method::GET {
+        match state.flights.join(&flight_key(&key, request.headers())) {
             coalesce::Role::Waiter(flight) => {
                 let waiting = Waiting::start(&state.counters.waiting_on_fetch);
                 let outcome = coalesce::outcome(flight).await;
                 drop(waiting);
-                if let Some(entry) = outcome {
-                    if state.mode == CacheMode::Ttl || state.validate(&entry).await {
+                if let Some(entry) = outcome.filter(|entry| entry.vary.matches(request.headers())) {
+                    let now = policy::now_secs();
+                    let usable = match entry.deps {
+                        Some(_) => state.mode == CacheMode::Ttl || state.validate(&entry).await,
+                        None => entry.freshness.usable(request_cc(), now) == Usable::Fresh,
+                    };
+                    if usable {
                         state.counters.coalesced.fetch_add(1, Ordering::Relaxed);
+                        if entry.deps.is_none() {
+                            state.counters.policy_coalesced.fetch_add(1, Ordering::Relaxed);
+                        }
                         unserved.pending = false;
-                        return state.serve_shared(&entry);
+                        return state.serve_shared(&entry, request.headers(), now).map(Into::into);
                     }
                 }
             }
             coalesce::Role::Leader(leader) => {
                 state.counters.misses.fetch_add(1, Ordering::Relaxed);
                 unserved.pending = false;
-                let (response, stored) = forward(&state, request, path, method).await;
-                leader.finish(stored);
-                return response;
+                // The leader finishes the flight once the body is stored.
+                return forward(&state, request, &key, Some(leader)).await;
             }
         }
     }
     state.counters.misses.fetch_add(1, Ordering::Relaxed);
     unserved.pending = false;
-    forward(&state, request, path, method).await.0
+    forward(&state, request, &key, None).await
 }
 
-/// Forwards to the upstream; returns the response and, for a cacheable GET,
-/// the entry now cached.
-async fn forward(
+/// An upstream response, its body read, and when it was asked for and
+/// received (seconds since the epoch, for its age).
+struct Fetched {
+    parts: hyper::http::response::Parts,
+    body: Bytes,
+    request_time: u64,
+    response_time: u64,
+}
+
+impl Fetched {
+    /// The response to the client: status, end-to-end fields, body.
+    fn into_response(self) -> Response<Body> {
+        let mut response = Response::new(Full::new(self.body));
+        *response.status_mut() = self.parts.status;
+        copy_end_to_end(&self.parts.headers, response.headers_mut());
+        response.headers_mut().insert(X_CACHE_NAME, HeaderValue::from_static("MISS"));
+        response
+    }
+}
+
+/// Sends `method target` with `headers` (end-to-end already) and `body` to
+/// the upstream chosen for `target`; the response read whole, or the
+/// error response to give the client (502 unreachable, 504 too slow, 503
+/// refused).
+async fn fetch(
     state: &State,
-    request: Request<Incoming>,
-    path: String,
-    method: Method,
-) -> (Response<Body>, Option<Arc<Entry>>) {
-    let (parts, body) = request.into_parts();
-    let body = match collect_limited(body, REQUEST_BODY_BYTES_MAX).await {
-        Ok(body) => body,
-        Err(e) => return (text(StatusCode::PAYLOAD_TOO_LARGE, format!("request body: {e}\n")), None),
+    method: &Method,
+    target: &str,
+    headers: &HeaderMap,
+    body: Bytes,
+) -> Result<Fetched, Response<Body>> {
+    let (response, started, request_time) = send(state, method, target, headers, body).await?;
+    let upstream_error = |response: Response<Body>| {
+        state.counters.upstream_errors.fetch_add(1, Ordering::Relaxed);
+        response
     };
+    let (parts, body) = response.into_parts();
+    let body = match tokio::time::timeout(state.upstream_timeout, collect_limited(body, RESPONSE_BODY_BYTES_MAX)).await
+    {
+        Ok(Ok(body)) => body,
+        Ok(Err(e)) => {
+            return Err(upstream_error(text(StatusCode::BAD_GATEWAY, format!("application server response: {e}\n"))))
+        }
+        Err(_) => {
+            return Err(upstream_error(text(StatusCode::GATEWAY_TIMEOUT, "application server response timed out\n")))
+        }
+    };
+    state.counters.upstream_ns.fetch_add(elapsed_ns(started), Ordering::Relaxed);
+    state.counters.upstream_bytes.fetch_add(body.len() as u64, Ordering::Relaxed);
+    Ok(Fetched { parts, body, request_time, response_time: policy::now_secs() })
+}
+
+/// Sends the request upstream and waits for the response's head (the
+/// body still to read); also when it was sent (for its time and age).
+async fn send(
+    state: &State,
+    method: &Method,
+    target: &str,
+    headers: &HeaderMap,
+    body: Bytes,
+) -> Result<(Response<Incoming>, Instant, u64), Response<Body>> {
     let mut attempt = 0;
+    let request_time = policy::now_secs();
     let (started, response, _routed) = loop {
         attempt += 1;
-        let routed = match state.route(&path).await {
-            Ok(routed) => routed,
-            Err(refused) => return (refused, None),
-        };
+        let routed = state.route(target).await?;
         let upstream = &state.upstreams[routed.index];
-        let uri = match format!("{}{}", upstream.to_string().trim_end_matches('/'), path).parse::<Uri>() {
+        let uri = match format!("{}{}", upstream.to_string().trim_end_matches('/'), target).parse::<Uri>() {
             Ok(uri) => uri,
-            Err(_) => return (text(StatusCode::BAD_REQUEST, "unusable request target\n"), None),
+            Err(_) => return Err(text(StatusCode::BAD_REQUEST, "unusable request target\n")),
         };
         let mut upstream_request = Request::new(Full::new(body.clone()));
         *upstream_request.method_mut() = method.clone();
         *upstream_request.uri_mut() = uri;
-        copy_end_to_end(&parts.headers, upstream_request.headers_mut());
+        *upstream_request.headers_mut() = headers.clone();
         if let Some(stamp) = routed.stamp {
             if let Ok(value) = HeaderValue::from_str(&stamp.to_header()) {
                 upstream_request.headers_mut().insert(ROLE_HEADER, value);
@@ -928,72 +1271,419 @@ async fn forward(
         }
         break (started, outcome, routed);
     };
+    let upstream_error = |response: Response<Body>| {
+        state.counters.upstream_errors.fetch_add(1, Ordering::Relaxed);
+        response
+    };
     let response = match response {
         Ok(Ok(response)) => response,
         Ok(Err(e)) => {
-            state.counters.upstream_errors.fetch_add(1, Ordering::Relaxed);
-            return (text(StatusCode::BAD_GATEWAY, format!("application server unreachable: {e}\n")), None);
+            return Err(upstream_error(text(StatusCode::BAD_GATEWAY, format!("application server unreachable: {e}\n"))))
         }
         Err(_) => {
-            state.counters.upstream_errors.fetch_add(1, Ordering::Relaxed);
-            return (text(StatusCode::GATEWAY_TIMEOUT, "application server did not answer in time\n"), None);
+            return Err(upstream_error(text(
+                StatusCode::GATEWAY_TIMEOUT,
+                "application server did not answer in time\n",
+            )))
         }
     };
-    let (parts, body) = response.into_parts();
-    let body = match tokio::time::timeout(state.upstream_timeout, collect_limited(body, RESPONSE_BODY_BYTES_MAX)).await
-    {
-        Ok(Ok(body)) => body,
-        Ok(Err(e)) => {
-            state.counters.upstream_errors.fetch_add(1, Ordering::Relaxed);
-            return (text(StatusCode::BAD_GATEWAY, format!("application server response: {e}\n")), None);
-        }
-        Err(_) => {
-            state.counters.upstream_errors.fetch_add(1, Ordering::Relaxed);
-            return (text(StatusCode::GATEWAY_TIMEOUT, "application server response timed out\n"), None);
-        }
-    };
-    state.counters.upstream_ns.fetch_add(elapsed_ns(started), Ordering::Relaxed);
-
-    let mut stored = None;
-    if method == Method::GET && state.mode != CacheMode::NoCache && parts.status == StatusCode::OK {
-        stored = maybe_store(state, &path, &parts.headers, &body);
-    } else if !(method == Method::GET || method == Method::HEAD) {
-        // A write through this proxy: our copy is certainly old.
-        state.cache_remove(&path);
-    }
-    let mut response = Response::new(Full::new(body));
-    *response.status_mut() = parts.status;
-    copy_end_to_end(&parts.headers, response.headers_mut());
-    response.headers_mut().insert(X_CACHE, HeaderValue::from_static("MISS"));
-    (response, stored)
+    Ok((response, started, request_time))
 }
 
-/// Caches a fetched response if it may be; returns the entry if it is
-/// cacheable, for the requests waiting on this fetch (they validate it
-/// themselves), even when a newer copy already cached was kept instead.
-fn maybe_store(state: &State, path: &str, headers: &HeaderMap, body: &Bytes) -> Option<Arc<Entry>> {
-    let raw = headers.get(DEPS_HEADER)?;
-    if forbids_storing(headers) {
-        return None;
+/// Forwards to the upstream and streams the answer back as it arrives. A
+/// GET's answer no larger than the cache's per-object limit is teed into a
+/// buffer and, once whole, stored if it may be (the flight's `leader`, if
+/// any, then hands it to its waiters); a larger one streams through
+/// uncached. An unsafe method's success invalidates (§4.4).
+async fn forward<B>(
+    state: &Arc<State>,
+    request: Request<B>,
+    key: &str,
+    leader: Option<coalesce::Leader>,
+) -> Response<ProxyBody>
+where
+    B: hyper::body::Body,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let (parts, body) = request.into_parts();
+    let body = match collect_limited(body, REQUEST_BODY_BYTES_MAX).await {
+        Ok(body) => body,
+        Err(e) => return text(StatusCode::PAYLOAD_TOO_LARGE, format!("request body: {e}\n")).map(Into::into),
+    };
+    let headers = upstream_fields(&parts.headers);
+    let (response, started, request_time) = match send(state, &parts.method, target_of(key), &headers, body).await {
+        Ok(sent) => sent,
+        Err(response) => return response.map(Into::into),
+    };
+    let (head, mut upstream_body) = response.into_parts();
+    let response_time = policy::now_secs();
+    if is_unsafe(&parts.method) && (head.status.is_success() || head.status.is_redirection()) {
+        invalidate(state, key, &head.headers);
     }
-    let deps =
-        match raw.to_str().map_err(|e| e.to_string()).and_then(|s| DepsHeader::parse(s).map_err(|e| e.to_string())) {
-            Ok(deps) => deps,
-            Err(e) => {
-                state.counters.uncacheable_deps.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(path, error = %e, "not caching: malformed dependency header");
+    let declared = head
+        .headers
+        .get(hyper::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok());
+    let object_max = state.cache.lock().map_or(0, |cache| cache.object_bytes_max());
+    let mut tee = (parts.method == Method::GET
+        && state.mode != CacheMode::NoCache
+        && !parts.headers.contains_key(RANGE)
+        && declared.is_none_or(|length| length <= object_max))
+    .then(bytes::BytesMut::new);
+    let mut response = Response::new(ProxyBody::Whole(Body::default()));
+    *response.status_mut() = head.status;
+    copy_end_to_end(&head.headers, response.headers_mut());
+    response.headers_mut().insert(X_CACHE_NAME, HeaderValue::from_static("MISS"));
+    // A body of a declared length up to WHOLE_BYTES_MAX, or whole in its
+    // first frame, is answered at once, as one response, without a
+    // relaying task: relaying many small frames costs more than it saves.
+    let deadline = tokio::time::Instant::now() + state.upstream_timeout;
+    let small = declared.is_some_and(|length| length <= WHOLE_BYTES_MAX);
+    let first = if small {
+        match tokio::time::timeout_at(deadline, collect_limited(&mut upstream_body, WHOLE_BYTES_MAX)).await {
+            Ok(Ok(body)) => Some(body),
+            Ok(Err(e)) => {
+                state.counters.upstream_errors.fetch_add(1, Ordering::Relaxed);
+                return text(StatusCode::BAD_GATEWAY, format!("application server response: {e}\n")).map(Into::into);
+            }
+            Err(_) => {
+                state.counters.upstream_errors.fetch_add(1, Ordering::Relaxed);
+                return text(StatusCode::GATEWAY_TIMEOUT, "application server response timed out\n").map(Into::into);
+            }
+        }
+    } else {
+        use http_body_util::BodyExt;
+        match tokio::time::timeout_at(deadline, upstream_body.frame()).await {
+            Ok(Some(Ok(frame))) => Some(frame.into_data().unwrap_or_default()),
+            Ok(None) => None,
+            Ok(Some(Err(e))) => {
+                state.counters.upstream_errors.fetch_add(1, Ordering::Relaxed);
+                return text(StatusCode::BAD_GATEWAY, format!("application server response: {e}\n")).map(Into::into);
+            }
+            Err(_) => {
+                state.counters.upstream_errors.fetch_add(1, Ordering::Relaxed);
+                return text(StatusCode::GATEWAY_TIMEOUT, "application server response timed out\n").map(Into::into);
+            }
+        }
+    };
+    if small || first.is_none() || hyper::body::Body::is_end_stream(&upstream_body) {
+        let body = first.unwrap_or_default();
+        let storable = tee.is_some() && body.len() <= object_max;
+        let finish = Finish {
+            state: state.clone(),
+            key: key.to_string(),
+            status: head.status,
+            headers: head.headers,
+            request_headers: storable.then_some(parts.headers),
+            leader,
+            request_time,
+            response_time,
+            started,
+        };
+        let received = body.len() as u64;
+        finish.store(storable.then(|| body.clone()), received);
+        *response.body_mut() = ProxyBody::Whole(Full::new(body));
+        return response;
+    }
+    let (sender, receiver) = tokio::sync::mpsc::channel(stream::STREAM_FRAMES);
+    *response.body_mut() = ProxyBody::Streamed(receiver);
+    let (state, key, request_headers) = (state.clone(), key.to_string(), tee.as_ref().map(|_| parts.headers));
+    let mut finish = Some(Finish {
+        state,
+        key,
+        status: head.status,
+        headers: head.headers,
+        request_headers,
+        leader,
+        request_time,
+        response_time,
+        started,
+    });
+    tokio::spawn(async move {
+        use http_body_util::BodyExt;
+        let Some(state) = finish.as_ref().map(|f| f.state.clone()) else { return };
+        let mut received = 0u64;
+        let mut pending = first;
+        loop {
+            let frame = match pending.take() {
+                Some(data) => Ok(Some(Ok(hyper::body::Frame::data(data)))),
+                None => tokio::time::timeout_at(deadline, upstream_body.frame()).await,
+            };
+            let frame = match frame {
+                Ok(Some(Ok(frame))) => frame,
+                Ok(None) => {
+                    if let Some(finish) = finish.take() {
+                        finish.store(tee.take().map(bytes::BytesMut::freeze), received);
+                    }
+                    return;
+                }
+                Ok(Some(Err(e))) => {
+                    state.counters.upstream_errors.fetch_add(1, Ordering::Relaxed);
+                    let _ = sender.send(Err(stream::StreamError(e.to_string()))).await;
+                    return;
+                }
+                Err(_) => {
+                    state.counters.upstream_errors.fetch_add(1, Ordering::Relaxed);
+                    let _ = sender.send(Err(stream::StreamError("timed out".into()))).await;
+                    return;
+                }
+            };
+            let Ok(data) = frame.into_data() else { continue };
+            received += data.len() as u64;
+            if let Some(buffer) = &mut tee {
+                if buffer.len() + data.len() > object_max {
+                    // Larger than any object the cache takes: through only.
+                    tee = None;
+                } else {
+                    buffer.extend_from_slice(&data);
+                }
+            }
+            // The last part: stored before the client has it all, so its
+            // next request finds it.
+            if hyper::body::Body::is_end_stream(&upstream_body) {
+                if let Some(finish) = finish.take() {
+                    finish.store(tee.take().map(bytes::BytesMut::freeze), received);
+                }
+            }
+            if sender.send(Ok(data)).await.is_err() {
+                // The client went away: so does this fetch (and its flight).
+                return;
+            }
+        }
+    });
+    response
+}
+
+/// What a streamed miss does once its body is whole.
+struct Finish {
+    state: Arc<State>,
+    key: String,
+    status: StatusCode,
+    headers: HeaderMap,
+    /// The client's request fields, if the answer may be stored.
+    request_headers: Option<HeaderMap>,
+    leader: Option<coalesce::Leader>,
+    request_time: u64,
+    response_time: u64,
+    started: Instant,
+}
+
+impl Finish {
+    /// Counts the fetch and stores the whole body (if kept); ends the flight.
+    fn store(self, body: Option<Bytes>, received: u64) {
+        let state = &self.state;
+        state.counters.upstream_ns.fetch_add(elapsed_ns(self.started), Ordering::Relaxed);
+        state.counters.upstream_bytes.fetch_add(received, Ordering::Relaxed);
+        let (Some(body), Some(request_headers)) = (body, self.request_headers) else { return };
+        let mut head = Response::new(());
+        *head.status_mut() = self.status;
+        *head.headers_mut() = self.headers;
+        let fetched = Fetched {
+            parts: head.into_parts().0,
+            body,
+            request_time: self.request_time,
+            response_time: self.response_time,
+        };
+        let stored = maybe_store(state, &self.key, &request_headers, &fetched);
+        if let Some(leader) = self.leader {
+            leader.finish(stored);
+        }
+    }
+}
+
+/// After an unsafe method succeeded: drops the target and the same-origin
+/// `Location` and `Content-Location` targets (RFC 9111 §4.4).
+fn invalidate(state: &State, key: &str, response: &HeaderMap) {
+    let authority = &key[..key.len() - target_of(key).len()];
+    let mut removed = u64::from(state.cache_remove(key));
+    for field in [LOCATION, CONTENT_LOCATION] {
+        let Some(Ok(Ok(uri))) = response.get(field).map(|v| v.to_str().map(|v| v.trim().parse::<Uri>())) else {
+            continue;
+        };
+        let same_origin = match uri.authority() {
+            None => uri.path().starts_with('/'),
+            Some(other) => other.as_str().eq_ignore_ascii_case(authority),
+        };
+        if same_origin {
+            let target = uri.path_and_query().map_or("/", |p| p.as_str());
+            removed += u64::from(state.cache_remove(&format!("{authority}{target}")));
+        }
+    }
+    state.counters.invalidations.fetch_add(removed, Ordering::Relaxed);
+}
+
+/// Revalidates the stored `entry` (§4.3): a conditional GET with its
+/// validators (unconditional if it has none); a 304 refreshes it and it
+/// answers; a new response replaces it; an error answers with it if
+/// `stale-if-error` allows.
+async fn revalidate<B>(
+    state: &Arc<State>,
+    request: Request<B>,
+    key: &str,
+    entry: Arc<Entry>,
+    request_cc: &policy::Directives,
+) -> Response<Body> {
+    let (parts, _) = request.into_parts();
+    let outcome = refresh(state, key, &parts.headers, &entry).await;
+    let now = policy::now_secs();
+    match outcome {
+        Refreshed::Entry(fresh) => respond(&fresh, &parts.headers, &parts.method, now, "MISS"),
+        Refreshed::Response(fetched) if !fetched.parts.status.is_server_error() => {
+            let mut response = fetched.into_response();
+            if parts.method == Method::HEAD {
+                *response.body_mut() = Body::default();
+            }
+            response
+        }
+        Refreshed::Response(_) | Refreshed::Failed(_) if entry.freshness.usable_on_error(request_cc, now) => {
+            state.counters.stale_served.fetch_add(1, Ordering::Relaxed);
+            respond(&entry, &parts.headers, &parts.method, now, "MISS")
+        }
+        Refreshed::Response(fetched) => fetched.into_response(),
+        Refreshed::Failed(response) => response,
+    }
+}
+
+/// What a revalidation ended with.
+enum Refreshed {
+    /// The stored entry, its fields updated by a 304.
+    Entry(Arc<Entry>),
+    /// A full response from the upstream (stored if it may be).
+    Response(Fetched),
+    /// No answer (the error response for the client).
+    Failed(Response<Body>),
+}
+
+/// The conditional request of a revalidation and what its answer does to
+/// the cache (§4.3.3, §4.3.4). `request` is the client's: its fields go
+/// upstream except its own conditions.
+async fn refresh(state: &State, key: &str, request: &HeaderMap, entry: &Arc<Entry>) -> Refreshed {
+    let mut headers = upstream_fields(request);
+    for name in &CONDITIONALS {
+        headers.remove(name);
+    }
+    for (name, value) in policy::validators(&entry.headers) {
+        headers.insert(name, value);
+    }
+    state.counters.revalidations.fetch_add(1, Ordering::Relaxed);
+    let fetched = match fetch(state, &Method::GET, target_of(key), &headers, Bytes::new()).await {
+        Ok(fetched) => fetched,
+        Err(response) => return Refreshed::Failed(response),
+    };
+    if fetched.parts.status != StatusCode::NOT_MODIFIED {
+        if fetched.parts.status.is_server_error() {
+            return Refreshed::Response(fetched);
+        }
+        if maybe_store(state, key, request, &fetched).is_none() {
+            state.cache_remove_entry(key, entry);
+        }
+        return Refreshed::Response(fetched);
+    }
+    let update = end_to_end(&fetched.parts.headers);
+    if !policy::not_modified_selects(&entry.headers, &update) {
+        // A 304 for another representation: ask again, unconditionally.
+        for name in &CONDITIONALS {
+            headers.remove(name);
+        }
+        state.counters.revalidations.fetch_add(1, Ordering::Relaxed);
+        return match fetch(state, &Method::GET, target_of(key), &headers, Bytes::new()).await {
+            Ok(fetched) => {
+                if maybe_store(state, key, request, &fetched).is_none() {
+                    state.cache_remove_entry(key, entry);
+                }
+                Refreshed::Response(fetched)
+            }
+            Err(response) => Refreshed::Failed(response),
+        };
+    }
+    state.counters.revalidated.fetch_add(1, Ordering::Relaxed);
+    let headers = policy::updated_headers(&entry.headers, &update);
+    let freshness =
+        policy::storable(&Method::GET, request, entry.status, &headers, fetched.request_time, fetched.response_time);
+    let refreshed = Arc::new(Entry {
+        status: entry.status,
+        body: entry.body.clone(),
+        deps: None,
+        pushed: false,
+        vary: entry.vary.clone(),
+        freshness: freshness.unwrap_or(entry.freshness),
+        headers,
+    });
+    state.cache_remove_entry(key, entry);
+    if freshness.is_ok() {
+        state.cache_store(key, refreshed.clone());
+    }
+    Refreshed::Entry(refreshed)
+}
+
+/// Serves stale now and revalidates behind (RFC 5861 `stale-while-
+/// revalidate`): one background revalidation per key at a time.
+fn revalidate_in_background(state: &Arc<State>, key: &str, request: &HeaderMap, entry: &Arc<Entry>) {
+    let Ok(mut revalidating) = state.revalidating.lock() else { return };
+    if !revalidating.insert(key.to_string()) {
+        return;
+    }
+    drop(revalidating);
+    let (state, key, request, entry) = (state.clone(), key.to_string(), request.clone(), entry.clone());
+    tokio::spawn(async move {
+        let _ = refresh(&state, &key, &request, &entry).await;
+        if let Ok(mut revalidating) = state.revalidating.lock() {
+            revalidating.remove(&key);
+        }
+    });
+}
+
+/// Caches a fetched response to `GET key` (the client's `request` fields)
+/// if it may be; returns the entry if it is cacheable, for the requests
+/// waiting on this fetch (they check and validate it themselves), even
+/// when a newer copy already cached was kept instead.
+fn maybe_store(state: &State, key: &str, request: &HeaderMap, fetched: &Fetched) -> Option<Arc<Entry>> {
+    let status = fetched.parts.status;
+    let headers = end_to_end(&fetched.parts.headers);
+    let (freshness, deps) = match headers.get(DEPS_HEADER) {
+        // Dependencies: stored only as a 200 nothing forbids storing; served
+        // only after a version check, so no freshness applies.
+        Some(raw) => {
+            let (cc, _) = policy::response_directives(&headers);
+            let request_cc = policy::request_directives(request);
+            if status != StatusCode::OK
+                || policy::refusal(&Method::GET, request, &request_cc, status, &headers, &cc).is_some()
+            {
                 return None;
             }
-        };
-    let entry = Entry {
-        body: body.clone(),
-        content_type: headers.get(CONTENT_TYPE).cloned(),
-        deps_raw: raw.clone(),
-        deps,
-        pushed: false,
+            let parsed =
+                raw.to_str().map_err(|e| e.to_string()).and_then(|s| DepsHeader::parse(s).map_err(|e| e.to_string()));
+            let deps = match parsed {
+                Ok(deps) => deps,
+                Err(e) => {
+                    state.counters.uncacheable_deps.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(key, error = %e, "not caching: malformed dependency header");
+                    return None;
+                }
+            };
+            let freshness = policy::Freshness {
+                lifetime: 0,
+                initial_age: policy::initial_age(&headers, fetched.request_time, fetched.response_time),
+                response_time: fetched.response_time,
+                no_cache: true,
+                no_stale: true,
+                stale_while_revalidate: 0,
+                stale_if_error: 0,
+                validators: false,
+            };
+            (freshness, Some(deps))
+        }
+        None => {
+            let freshness =
+                policy::storable(&Method::GET, request, status, &headers, fetched.request_time, fetched.response_time)
+                    .ok()?;
+            (freshness, None)
+        }
     };
-    let entry = Arc::new(entry);
-    match state.cache_store(path, entry.clone()) {
+    let vary = Vary::key(&Vary::of(&headers)?, request);
+    let entry = Arc::new(Entry { status, headers, body: fetched.body.clone(), deps, pushed: false, vary, freshness });
+    match state.cache_store(key, entry.clone()) {
         Some(InsertOutcome::Stored | InsertOutcome::KeptNewer) => Some(entry),
         Some(InsertOutcome::TooLarge) | None => None,
     }
@@ -1002,6 +1692,7 @@ fn maybe_store(state: &State, path: &str, headers: &HeaderMap, body: &Bytes) -> 
 /// A bound, ready proxy.
 pub struct Proxy {
     listener: tokio::net::TcpListener,
+    limits: ServeOptions,
     admin: Option<tokio::net::TcpListener>,
     state: Arc<State>,
 }
@@ -1052,6 +1743,17 @@ impl Proxy {
             Some(addr) => Some(bind(addr).await?),
             None => None,
         };
+        let access_log = match &options.access_log {
+            Some(path) => Some(
+                access_log::AccessLog::open(path)
+                    .map_err(|source| ProxyError::AccessLog { path: path.clone(), source })?,
+            ),
+            None => None,
+        };
+        let default_authority = match options.default_authority {
+            Some(authority) => authority.to_ascii_lowercase(),
+            None => listener.local_addr().map(|a| a.to_string()).unwrap_or_default(),
+        };
         let state = Arc::new(State {
             upstreams,
             mode: config.mode,
@@ -1066,10 +1768,15 @@ impl Proxy {
             balancing: OnceLock::new(),
             site: OnceLock::new(),
             routed: (0..config.upstreams.len()).map(|_| AtomicU64::new(0)).collect(),
+            default_authority,
+            revalidating: Mutex::new(HashSet::new()),
+            access_log,
             #[cfg(test)]
             hooks: testkit::Hooks::default(),
         });
-        Ok(Proxy { listener, admin, state })
+        let limits =
+            ServeOptions { header_read_timeout: options.header_read_timeout, max_connections: options.max_connections };
+        Ok(Proxy { listener, limits, admin, state })
     }
 
     pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
@@ -1111,6 +1818,33 @@ impl Proxy {
         self.state.site.set(site).map_err(|_| ProxyError::SiteSet)
     }
 
+    /// Benchmark support: stores a response (`headers`, `body`) to `GET
+    /// path` at `authority` with the request fields `request`, as a miss
+    /// from the origin would.
+    #[doc(hidden)]
+    pub fn bench_store(
+        &self,
+        authority: &str,
+        path: &str,
+        request: &HeaderMap,
+        headers: &HeaderMap,
+        body: Bytes,
+    ) -> bool {
+        let mut response = Response::new(());
+        *response.headers_mut() = headers.clone();
+        let (parts, ()) = response.into_parts();
+        let now = policy::now_secs();
+        let fetched = Fetched { parts, body, request_time: now, response_time: now };
+        maybe_store(&self.state, &format!("{authority}{path}"), request, &fetched).is_some()
+    }
+
+    /// Benchmark support: handles one client request as the client
+    /// listener would, without a connection.
+    #[doc(hidden)]
+    pub async fn bench_request(&self, request: Request<Full<Bytes>>) -> Response<ProxyBody> {
+        handle(self.state.clone(), request).await
+    }
+
     /// The admin listener's address, if it has one.
     pub fn admin_addr(&self) -> Option<SocketAddr> {
         self.admin.as_ref().and_then(|admin| admin.local_addr().ok())
@@ -1119,8 +1853,22 @@ impl Proxy {
     /// Serves both listeners until `stop` fires.
     pub async fn run(self, stop: Stop) -> std::io::Result<()> {
         let state = self.state.clone();
-        let handler = Arc::new(move |request| handle(state.clone(), request));
-        let clients = serve(self.listener, handler, stop.clone());
+        let handler = Arc::new(move |request: Request<Incoming>| {
+            let state = state.clone();
+            let pending = state.access_log.as_ref().map(|_| {
+                let peer = request.extensions().get::<PeerAddr>().map(|p| p.0);
+                let target = request.uri().path_and_query().map_or("/", |p| p.as_str());
+                access_log::Pending::of(peer, request.method(), target, request.headers())
+            });
+            async move {
+                let response = handle(state.clone(), request).await;
+                if let (Some(log), Some(pending)) = (&state.access_log, pending) {
+                    log.log(pending, response.status(), response.headers());
+                }
+                response
+            }
+        });
+        let clients = serve_with_options(self.listener, handler, stop.clone(), None, self.limits);
         let Some(admin) = self.admin else { return clients.await };
         let state = self.state.clone();
         let admin_handler = Arc::new(move |request| handle_admin(state.clone(), request));

@@ -44,7 +44,9 @@ fn at_least_as_new(cached: &DepsHeader, pushed: &DepsHeader) -> bool {
         && pushed.deps.iter().all(|p| cached.deps.iter().any(|c| c.key == p.key && c.version >= p.version))
 }
 
-pub(crate) async fn receive(state: &State, request: Request<Incoming>, key: String) -> Response<Body> {
+/// Receives a push of the document at `path` (`/doc/<name>`), cached
+/// under the proxy's default authority.
+pub(crate) async fn receive(state: &State, request: Request<Incoming>, path: String) -> Response<Body> {
     let refuse = |status: StatusCode, why: String| {
         state.counters.pushes_refused.fetch_add(1, Ordering::Relaxed);
         text(status, why)
@@ -52,7 +54,7 @@ pub(crate) async fn receive(state: &State, request: Request<Incoming>, key: Stri
     if request.method() != Method::PUT {
         return refuse(StatusCode::METHOD_NOT_ALLOWED, "pushes use PUT\n".into());
     }
-    if key.len() <= "/doc/".len() || key["/doc/".len()..].contains('/') {
+    if path.len() <= "/doc/".len() || path["/doc/".len()..].contains('/') {
         return refuse(StatusCode::BAD_REQUEST, "a push names one document: /_tierstack/push/doc/<name>\n".into());
     }
     if state.mode == CacheMode::NoCache {
@@ -68,13 +70,13 @@ pub(crate) async fn receive(state: &State, request: Request<Incoming>, key: Stri
             Ok(deps) => deps,
             Err(e) => return refuse(StatusCode::BAD_REQUEST, format!("malformed X-Tierstack-Deps: {e}\n")),
         };
-    let Some(document_key) = document_key(&key) else {
-        return refuse(StatusCode::BAD_REQUEST, format!("{key} is not a document\n"));
+    let Some(document_key) = document_key(&path) else {
+        return refuse(StatusCode::BAD_REQUEST, format!("{path} is not a document\n"));
     };
     if !deps.deps.iter().any(|dep| dep.key == document_key) {
         return refuse(
             StatusCode::BAD_REQUEST,
-            format!("X-Tierstack-Deps does not name {document_key}, the key of the pushed document {key}\n"),
+            format!("X-Tierstack-Deps does not name {document_key}, the key of the pushed document {path}\n"),
         );
     }
     let body = match collect_limited(request.into_body(), RESPONSE_BODY_BYTES_MAX).await {
@@ -82,7 +84,8 @@ pub(crate) async fn receive(state: &State, request: Request<Incoming>, key: Stri
         Err(e) => return refuse(StatusCode::PAYLOAD_TOO_LARGE, format!("push body: {e}\n")),
     };
     let bytes = body.len() as u64;
-    let entry = Entry { body, content_type, deps_raw: raw, deps, pushed: true };
+    let entry = Entry::pushed(body, content_type, raw, deps);
+    let key = format!("{}{path}", state.default_authority);
     if !state.cache.lock().is_ok_and(|cache| cache.admits(&entry)) {
         return refuse(StatusCode::INSUFFICIENT_STORAGE, "too large for this proxy's cache\n".into());
     }
@@ -90,7 +93,7 @@ pub(crate) async fn receive(state: &State, request: Request<Incoming>, key: Stri
     state.counters.pushes_received.fetch_add(1, Ordering::Relaxed);
     let existing = match state.cache.lock() {
         Ok(mut cache) => {
-            cache.waste.on_push(fingerprint(&key));
+            cache.waste.on_push(fingerprint(&path));
             cache.peek(&key)
         }
         Err(_) => None,
@@ -103,7 +106,9 @@ pub(crate) async fn receive(state: &State, request: Request<Incoming>, key: Stri
         state.counters.pushes_stale.fetch_add(1, Ordering::Relaxed);
         text(status, why)
     };
-    if existing.is_some_and(|e| at_least_as_new(&e.deps, &entry.deps)) {
+    if existing.is_some_and(|e| {
+        e.deps.as_ref().is_some_and(|cached| entry.deps.as_ref().is_some_and(|pushed| at_least_as_new(cached, pushed)))
+    }) {
         return redundant();
     }
     if state.mode == CacheMode::Poll {
@@ -112,7 +117,10 @@ pub(crate) async fn receive(state: &State, request: Request<Incoming>, key: Stri
             return stale(StatusCode::SERVICE_UNAVAILABLE, "this proxy cannot check versions\n".into());
         };
         // Not a request-path check: counted as pushes, not in `checks`.
-        match checker.is_current(&entry.deps).await {
+        let Some(deps) = &entry.deps else {
+            return stale(StatusCode::SERVICE_UNAVAILABLE, "a push without dependencies\n".into());
+        };
+        match checker.is_current(deps).await {
             Ok(true) => {}
             Ok(false) => return stale(StatusCode::CONFLICT, "superseded by a newer update\n".into()),
             Err(e) => return stale(StatusCode::SERVICE_UNAVAILABLE, format!("cannot check the versions: {e}\n")),
@@ -258,8 +266,9 @@ mod tests {
 
     #[tokio::test]
     async fn the_cache_state_tracks_requests_and_residency_through_evictions() {
-        // Entries of about 135 bytes in 1120: about 8 fit, so 10 documents evict.
-        let s = Setup::new(CacheMode::Poll, 8 * 140).await;
+        // Whole responses (body and fields) of about 240 bytes in 2000:
+        // about 8 fit, so 10 documents evict.
+        let s = Setup::new(CacheMode::Poll, 8 * 250).await;
         let names: Vec<String> = (0..10).map(|i| format!("d{i}")).collect();
         s.get(&names[0]).await;
         for name in &names {

@@ -233,7 +233,8 @@ async fn a_client_that_leaves_while_waiting_is_counted_as_abandoned() {
     // A second client joins the held fetch, then goes away: the server
     // drops its request's handling mid-wait.
     let mut stream = tokio::net::TcpStream::connect(s.proxy).await.unwrap();
-    stream.write_all(b"GET /doc/a HTTP/1.1\r\nHost: x\r\n\r\n").await.unwrap();
+    // The Host the leader's client sent: the same cache key.
+    stream.write_all(format!("GET /doc/a HTTP/1.1\r\nHost: {}\r\n\r\n", s.proxy).as_bytes()).await.unwrap();
     let waiting = || s.state.counters.waiting_on_fetch.load(Ordering::SeqCst);
     wait_for("the second request waits", || waiting() == 1).await;
     drop(stream);

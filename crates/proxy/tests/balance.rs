@@ -76,7 +76,7 @@ async fn setup(policy: Policy, admit_max: Option<u32>, loads: Vec<(u16, Health)>
         fabric: None,
         admin_listen: Some("127.0.0.1:0".parse().unwrap()),
     };
-    let proxy = Proxy::bind_with(config, ProxyOptions { cache_state: None }).await.unwrap();
+    let proxy = Proxy::bind_with(config, ProxyOptions { cache_state: None, ..ProxyOptions::default() }).await.unwrap();
     let source = Arc::new(Scripted { readings: Mutex::new(loads) });
     let wrong = Arc::new(Scripted { readings: Mutex::new(vec![(0, Health::Fresh)]) });
     let config = BalancerConfig { admit_max, ..BalancerConfig::new(policy) };

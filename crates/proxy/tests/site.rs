@@ -80,7 +80,7 @@ async fn a_site_proxy_routes_by_role_words_stamps_and_reroutes_a_fenced_forward(
         fabric: None,
         admin_listen: Some("127.0.0.1:0".parse().unwrap()),
     };
-    let proxy = Proxy::bind_with(config, ProxyOptions { cache_state: None }).await.unwrap();
+    let proxy = Proxy::bind_with(config, ProxyOptions { cache_state: None, ..ProxyOptions::default() }).await.unwrap();
     let site = Site { site: 0, roles: regions.clone() };
     assert!(proxy.set_site(site.clone()).is_err(), "a site needs balancing first");
     let balancing = Balancing { config: BalancerConfig::new(Policy::RoundRobin), source: None };

@@ -70,6 +70,10 @@ async fn stopped(mut watcher: watch::Receiver<bool>) {
     }
 }
 
+/// The client's address, in every request's extensions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PeerAddr(pub std::net::SocketAddr);
+
 /// Called when a connection is accepted; what it returns is dropped when
 /// the connection ends (e.g. a guard counting open connections).
 pub type ConnectionHook = Arc<dyn Fn() -> Box<dyn Send> + Send + Sync>;
@@ -77,18 +81,21 @@ pub type ConnectionHook = Arc<dyn Fn() -> Box<dyn Send> + Send + Sync>;
 /// Serves HTTP/1.1 on `listener` with `handler` until `stop` fires;
 /// connections in progress finish their current request (idle ones close)
 /// and the future resolves once every connection has ended. Bound the wait
-/// with a timeout for a grace period.
-pub async fn serve<H, F>(listener: TcpListener, handler: Arc<H>, stop: Stop) -> std::io::Result<()>
+/// with a timeout for a grace period. Responses may carry any body (usually
+/// [`Body`]; the proxy streams).
+pub async fn serve<H, F, B>(listener: TcpListener, handler: Arc<H>, stop: Stop) -> std::io::Result<()>
 where
     H: Fn(Request<Incoming>) -> F + Send + Sync + 'static,
-    F: Future<Output = Response<Body>> + Send + 'static,
+    F: Future<Output = Response<B>> + Send + 'static,
+    B: hyper::body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     serve_with_hook(listener, handler, stop, None).await
 }
 
 /// As [`serve`], calling `on_connection` for every accepted connection and
 /// holding what it returns until the connection ends.
-pub async fn serve_with_hook<H, F>(
+pub async fn serve_with_hook<H, F, B>(
     listener: TcpListener,
     handler: Arc<H>,
     stop: Stop,
@@ -96,14 +103,59 @@ pub async fn serve_with_hook<H, F>(
 ) -> std::io::Result<()>
 where
     H: Fn(Request<Incoming>) -> F + Send + Sync + 'static,
-    F: Future<Output = Response<Body>> + Send + 'static,
+    F: Future<Output = Response<B>> + Send + 'static,
+    B: hyper::body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    serve_with_options(listener, handler, stop, on_connection, ServeOptions::default()).await
+}
+
+/// Limits of a listener ([`serve_with_options`]); the default sets none.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ServeOptions {
+    /// A connection that has not sent a request's whole header this long
+    /// after it began waiting for one is closed: slow clients, and (hyper
+    /// starts the same clock while a kept-alive connection waits for its
+    /// next request) idle keep-alive connections.
+    pub header_read_timeout: Option<std::time::Duration>,
+    /// At most this many connections open at once; further ones wait in
+    /// the listen backlog until one closes.
+    pub max_connections: Option<usize>,
+}
+
+/// As [`serve_with_hook`], within `options`' limits.
+pub async fn serve_with_options<H, F, B>(
+    listener: TcpListener,
+    handler: Arc<H>,
+    stop: Stop,
+    on_connection: Option<ConnectionHook>,
+    options: ServeOptions,
+) -> std::io::Result<()>
+where
+    H: Fn(Request<Incoming>) -> F + Send + Sync + 'static,
+    F: Future<Output = Response<B>> + Send + 'static,
+    B: hyper::body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     let mut watcher = stop.watcher();
+    let slots = options.max_connections.map(|max| Arc::new(tokio::sync::Semaphore::new(max)));
     // Every connection task holds a sender: once ours is dropped, `recv`
     // returns `None` when the last connection has ended.
     let (open_tx, mut open_rx) = tokio::sync::mpsc::channel::<()>(1);
     loop {
-        let (stream, _) = tokio::select! {
+        let slot = match &slots {
+            Some(slots) => tokio::select! {
+                slot = slots.clone().acquire_owned() => slot.ok(),
+                _ = stopped(watcher.clone()) => {
+                    drop(listener);
+                    drop(open_tx);
+                    let _ = open_rx.recv().await;
+                    return Ok(());
+                }
+            },
+            None => None,
+        };
+        let (stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok(accepted) => accepted,
                 Err(e) => {
@@ -126,13 +178,19 @@ where
         let held = on_connection.as_ref().map(|hook| hook());
         let open = open_tx.clone();
         tokio::spawn(async move {
-            let _held_while_connected = held;
+            let _held_while_connected = (held, slot);
             let _open = open;
-            let service = service_fn(move |request| {
+            let service = service_fn(move |mut request: Request<Incoming>| {
+                request.extensions_mut().insert(PeerAddr(peer));
                 let response = handler(request);
                 async move { Ok::<_, Infallible>(response.await) }
             });
-            let connection = http1::Builder::new().keep_alive(true).serve_connection(TokioIo::new(stream), service);
+            let mut builder = http1::Builder::new();
+            builder.keep_alive(true);
+            if let Some(timeout) = options.header_read_timeout {
+                builder.timer(hyper_util::rt::TokioTimer::new()).header_read_timeout(timeout);
+            }
+            let connection = builder.serve_connection(TokioIo::new(stream), service);
             tokio::pin!(connection);
             tokio::select! {
                 result = connection.as_mut() => {

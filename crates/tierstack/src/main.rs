@@ -56,6 +56,7 @@ enum Command {
     /// The reference application server (HTTP), using the application module.
     AppServer(cmd::tiers::AppServerArgs),
     /// The caching proxy (HTTP) with one-sided version checks.
+    #[command(args_override_self = true)]
     Proxy(cmd::tiers::ProxyArgs),
     /// Every node's published load (running threads, connections, requests, queue, kernel fields), read one-sidedly, redrawn live.
     Top(cmd::top::TopArgs),
@@ -86,7 +87,14 @@ enum Command {
 }
 
 fn main() -> std::process::ExitCode {
-    let cli = Cli::parse();
+    let args = match cmd::proxy_config::expand(std::env::args_os().collect()) {
+        Ok(args) => args,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return std::process::ExitCode::from(2);
+        }
+    };
+    let cli = Cli::parse_from(args);
     init_logs(cli.log_format);
     let result = match cli.command {
         Command::Demo(args) => cmd::demo::run(args),

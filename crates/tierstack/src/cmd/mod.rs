@@ -8,6 +8,7 @@ pub mod load;
 pub mod monitor;
 pub mod origin;
 pub mod press;
+pub mod proxy_config;
 pub mod reconfig;
 pub mod sim;
 pub mod tiers;

@@ -329,6 +329,25 @@ pub struct ProxyArgs {
     /// --topology/--node, and a fabric node in every --upstream-monitor.
     #[arg(long, requires = "balance")]
     site: Option<u16>,
+    /// A TOML file of these flags (see `cmd::proxy_config`); flags given
+    /// here override it.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Close a client connection that has not sent a whole request header
+    /// this long after it began waiting for one (also idle keep-alives).
+    #[arg(long, default_value_t = tierstack_proxy::HEADER_READ_TIMEOUT_DEFAULT.as_millis() as u64)]
+    header_read_timeout_ms: u64,
+    /// At most this many client connections at once.
+    #[arg(long, default_value_t = tierstack_proxy::MAX_CONNECTIONS_DEFAULT)]
+    max_connections: usize,
+    /// Append a Combined Log Format line per client request to this file
+    /// (`tierstack load` replays it as the trace `clf:PATH`).
+    #[arg(long)]
+    access_log: Option<PathBuf>,
+    /// The authority (`host:port`) of requests without a Host, under which
+    /// pushed documents are cached (default: the --listen address).
+    #[arg(long)]
+    default_authority: Option<String>,
     #[command(flatten)]
     service: ServiceArgs,
 }
@@ -347,6 +366,9 @@ fn parse_backend_address(text: &str) -> Result<BackendAddress, String> {
 }
 
 pub fn proxy(args: ProxyArgs) -> Result<()> {
+    if let Some(path) = &args.config {
+        tracing::info!(path = %path.display(), "configuration file expanded into flags");
+    }
     let fabric = match (&args.topology, args.node) {
         (Some(path), Some(node)) => Some(super::open_node(path, NodeId(node))?.1),
         (None, None) => None,
@@ -410,7 +432,13 @@ pub fn proxy(args: ProxyArgs) -> Result<()> {
         if let Some(state) = &cache_state {
             state.validate().context("--state-slots")?;
         }
-        let options = ProxyOptions { cache_state };
+        let options = ProxyOptions {
+            cache_state,
+            header_read_timeout: Some(Duration::from_millis(args.header_read_timeout_ms)),
+            max_connections: Some(args.max_connections),
+            access_log: args.access_log.clone(),
+            default_authority: args.default_authority.clone(),
+        };
         let proxy = Proxy::bind_with(config, options).await?;
         if let Some(balancing) = balancing {
             proxy.set_balancing(balancing)?;

@@ -1,0 +1,120 @@
+//! Prometheus text exposition (format 0.0.4) of the proxy's counters, at
+//! `/metrics` on the admin listener: the same numbers as
+//! `/_tierstack/stats`, plus the version checks' latency histogram.
+
+use crate::ProxyStats;
+use std::fmt::Write;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Upper bounds of the version-check latency buckets, seconds.
+pub(crate) const CHECK_BUCKETS_SECS: [f64; 12] =
+    [5e-6, 10e-6, 25e-6, 50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3, 100e-3];
+
+/// A latency histogram of atomics (one per bucket, not cumulative).
+#[derive(Default)]
+pub(crate) struct Histogram {
+    buckets: [AtomicU64; CHECK_BUCKETS_SECS.len()],
+    above: AtomicU64,
+}
+
+impl Histogram {
+    pub fn record(&self, ns: u64) {
+        let secs = ns as f64 / 1e9;
+        match CHECK_BUCKETS_SECS.iter().position(|bound| secs <= *bound) {
+            Some(at) => self.buckets[at].fetch_add(1, Ordering::Relaxed),
+            None => self.above.fetch_add(1, Ordering::Relaxed),
+        };
+    }
+
+    /// Cumulative counts per bound, then the total.
+    fn cumulative(&self) -> (Vec<u64>, u64) {
+        let mut running = 0;
+        let counts = self
+            .buckets
+            .iter()
+            .map(|b| {
+                running += b.load(Ordering::Relaxed);
+                running
+            })
+            .collect();
+        (counts, running + self.above.load(Ordering::Relaxed))
+    }
+}
+
+/// The exposition text.
+pub(crate) fn render(stats: &ProxyStats, checks: &Histogram) -> String {
+    let mut out = String::with_capacity(4096);
+    let mut counter = |name: &str, help: &str, value: u64| {
+        let _ = writeln!(out, "# HELP tierstack_proxy_{name} {help}");
+        let _ = writeln!(out, "# TYPE tierstack_proxy_{name} counter");
+        let _ = writeln!(out, "tierstack_proxy_{name} {value}");
+    };
+    counter("requests_total", "Requests on the client listener.", stats.requests);
+    counter("hits_total", "Requests served from the proxy's own stored response (X-Cache: HIT).", stats.hits);
+    counter("misses_total", "Requests forwarded upstream.", stats.misses);
+    counter("coalesced_total", "Requests served another request's concurrent fetch (not hits).", stats.coalesced);
+    counter("abandoned_total", "Requests whose client left before they were served.", stats.abandoned);
+    counter("not_modified_total", "Hits answered 304 to the client's conditions.", stats.not_modified);
+    counter("version_checks_total", "Version checks on the request path.", stats.checks);
+    counter("stale_dropped_total", "Stored responses a version check found out of date.", stats.stale_dropped);
+    counter("version_check_errors_total", "Version checks that could not be made (fail closed).", stats.check_errors);
+    counter(
+        "stale_served_total",
+        "Stale responses served (stale-while-revalidate, stale-if-error).",
+        stats.stale_served,
+    );
+    counter("revalidations_total", "Conditional requests sent to revalidate stored responses.", stats.revalidations);
+    counter("revalidated_total", "Revalidations answered 304.", stats.revalidated);
+    counter("invalidations_total", "Stored responses dropped after unsafe methods.", stats.invalidations);
+    counter("purges_total", "Objects dropped by an admin purge.", stats.purges);
+    counter("upstream_errors_total", "Upstreams that did not answer, or not in time.", stats.upstream_errors);
+    counter("upstream_bytes_total", "Response body bytes received from upstreams.", stats.upstream_bytes);
+    counter("evictions_total", "Keys evicted to stay within the cache's bound.", stats.evictions);
+    counter("pushes_installed_total", "Pushed documents installed.", stats.pushes_installed);
+    let mut gauge = |name: &str, help: &str, value: u64| {
+        let _ = writeln!(out, "# HELP tierstack_proxy_{name} {help}");
+        let _ = writeln!(out, "# TYPE tierstack_proxy_{name} gauge");
+        let _ = writeln!(out, "tierstack_proxy_{name} {value}");
+    };
+    gauge("objects", "Stored responses (every variant).", stats.cached_entries);
+    gauge("bytes", "Bytes of the stored responses (bodies and fields).", stats.cached_bytes);
+    gauge("waiting_on_fetch", "Requests waiting for another request's fetch now.", stats.waiting_on_fetch);
+    let (cumulative, count) = checks.cumulative();
+    let name = "tierstack_proxy_version_check_seconds";
+    let _ = writeln!(out, "# HELP {name} Latency of the version checks on the request path.");
+    let _ = writeln!(out, "# TYPE {name} histogram");
+    for (bound, count) in CHECK_BUCKETS_SECS.iter().zip(cumulative) {
+        let _ = writeln!(out, "{name}_bucket{{le=\"{bound}\"}} {count}");
+    }
+    let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {count}");
+    let _ = writeln!(out, "{name}_sum {}", stats.check_ns as f64 / 1e9);
+    let _ = writeln!(out, "{name}_count {count}");
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_histogram_is_cumulative_and_counts_every_check() {
+        let h = Histogram::default();
+        for ns in [1_000, 7_000, 7_000, 2_000_000, 1_000_000_000] {
+            h.record(ns);
+        }
+        let stats = ProxyStats { checks: 5, hits: 3, ..ProxyStats::default() };
+        let text = render(&stats, &h);
+        assert!(text.contains("tierstack_proxy_version_check_seconds_bucket{le=\"0.000005\"} 1\n"), "{text}");
+        assert!(text.contains("tierstack_proxy_version_check_seconds_bucket{le=\"0.00001\"} 3\n"), "{text}");
+        assert!(text.contains("tierstack_proxy_version_check_seconds_bucket{le=\"0.0025\"} 4\n"), "{text}");
+        assert!(text.contains("tierstack_proxy_version_check_seconds_bucket{le=\"+Inf\"} 5\n"), "{text}");
+        assert!(text.contains("tierstack_proxy_version_check_seconds_count 5\n"));
+        assert!(text.contains("tierstack_proxy_hits_total 3\n"));
+        // Every sample line is `name{labels} value`, after its TYPE line.
+        for line in text.lines().filter(|l| !l.starts_with('#')) {
+            let (name, value) = line.rsplit_once(' ').unwrap();
+            assert!(name.starts_with("tierstack_proxy_"), "{line}");
+            assert!(value.parse::<f64>().is_ok(), "{line}");
+        }
+    }
+}

@@ -1,0 +1,740 @@
+//! RFC 9111 for a shared cache, as pure functions of header fields and
+//! times (seconds since the epoch, passed in, so tests move the clock):
+//! storability (§3), freshness (§4.2, with RFC 9213's `CDN-Cache-Control`
+//! taking the place of `Cache-Control` and `Expires` when present), age
+//! (§4.2.3), what a request may be served without revalidation (§4.2.4,
+//! §5.2.1), RFC 5861's `stale-while-revalidate` and `stale-if-error`, the
+//! secondary key of `Vary` (§4.1) and the header update of a 304 (§4.3.4).
+//!
+//! Written by hand rather than with the `http-cache-semantics` crate (3.0,
+//! RFC 7234): that crate has no `stale-while-revalidate`, `stale-if-error`
+//! or `CDN-Cache-Control`, keeps one variant per policy object, and takes
+//! `SystemTime` only through its own request/response traits; what it does
+//! have is small enough to write here and test directly.
+//!
+//! Responses with dependencies (`X-Tierstack-Deps`) use only [`storable`]'s
+//! refusals and [`Vary`]: their freshness is a version check, never a time.
+
+use hyper::header::{HeaderMap, HeaderName, HeaderValue, AUTHORIZATION, CACHE_CONTROL, DATE, EXPIRES, LAST_MODIFIED};
+use hyper::{Method, StatusCode};
+
+/// `CDN-Cache-Control` (RFC 9213): when valid, this cache obeys it instead
+/// of `Cache-Control` and `Expires`.
+pub(crate) const CDN_CACHE_CONTROL: &str = "cdn-cache-control";
+/// Heuristic freshness (§4.2.2) is a tenth of the time since
+/// `Last-Modified`, at most this (an hour).
+pub(crate) const HEURISTIC_SECS_MAX: u64 = 3600;
+/// Delta-seconds beyond this are taken as this (§1.2.2).
+const DELTA_MAX: u64 = 1 << 31;
+
+/// Seconds since the epoch now (the one clock read; everything else here
+/// takes the time as an argument).
+pub(crate) fn now_secs() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+/// One directive's argument: absent, a valid delta-seconds, or invalid
+/// (not a number, or given twice with different values).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub(crate) enum Delta {
+    #[default]
+    Absent,
+    Secs(u64),
+    Invalid,
+}
+
+impl Delta {
+    fn set(&mut self, value: Option<&str>) {
+        let parsed = match value.map(|v| v.trim_matches('"')) {
+            Some(v) if !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()) => {
+                Delta::Secs(v.parse::<u64>().unwrap_or(DELTA_MAX).min(DELTA_MAX))
+            }
+            _ => Delta::Invalid,
+        };
+        *self = match (*self, parsed) {
+            (Delta::Absent, parsed) => parsed,
+            (Delta::Secs(a), Delta::Secs(b)) if a == b => Delta::Secs(a),
+            // Repeated with another value: "the response should be
+            // considered stale" (§4.2.1).
+            _ => Delta::Invalid,
+        };
+    }
+
+    fn present(self) -> bool {
+        self != Delta::Absent
+    }
+}
+
+/// The directives of one `Cache-Control`-like field (§5.2), all lines.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Directives {
+    pub no_store: bool,
+    /// `no-cache`, with or without field names (a field-qualified one is
+    /// treated as unqualified: stricter, and allowed).
+    pub no_cache: bool,
+    /// `private`, with or without field names (never stored, as above).
+    pub private: bool,
+    pub public: bool,
+    pub must_revalidate: bool,
+    pub proxy_revalidate: bool,
+    pub must_understand: bool,
+    pub only_if_cached: bool,
+    pub max_age: Delta,
+    pub s_maxage: Delta,
+    pub min_fresh: Delta,
+    /// `max-stale` without a value: any staleness.
+    pub max_stale_any: bool,
+    pub max_stale: Delta,
+    pub stale_while_revalidate: Delta,
+    pub stale_if_error: Delta,
+    /// Any directive at all (RFC 9213: an empty or unparsable targeted
+    /// field is ignored).
+    pub any: bool,
+}
+
+impl Directives {
+    /// Parses every line of `field` in `headers`; `None` if there is none.
+    pub fn parse(headers: &HeaderMap, field: &str) -> Option<Directives> {
+        let mut lines = headers.get_all(field).iter().peekable();
+        lines.peek()?;
+        let mut d = Directives::default();
+        for line in lines {
+            // A line that is not text: the most restrictive reading.
+            let Ok(line) = line.to_str() else {
+                d.no_store = true;
+                d.any = true;
+                continue;
+            };
+            for item in split_list(line) {
+                let (name, value) = match item.split_once('=') {
+                    Some((n, v)) => (n.trim(), Some(v.trim())),
+                    None => (item.trim(), None),
+                };
+                if name.is_empty() {
+                    continue;
+                }
+                d.any = true;
+                match name.to_ascii_lowercase().as_str() {
+                    "no-store" => d.no_store = true,
+                    "no-cache" => d.no_cache = true,
+                    "private" => d.private = true,
+                    "public" => d.public = true,
+                    "must-revalidate" => d.must_revalidate = true,
+                    "proxy-revalidate" => d.proxy_revalidate = true,
+                    "must-understand" => d.must_understand = true,
+                    "only-if-cached" => d.only_if_cached = true,
+                    "max-age" => d.max_age.set(value),
+                    "s-maxage" => d.s_maxage.set(value),
+                    "min-fresh" => d.min_fresh.set(value),
+                    "max-stale" if value.is_none() => d.max_stale_any = true,
+                    "max-stale" => d.max_stale.set(value),
+                    "stale-while-revalidate" => d.stale_while_revalidate.set(value),
+                    "stale-if-error" => d.stale_if_error.set(value),
+                    _ => {}
+                }
+            }
+        }
+        Some(d)
+    }
+}
+
+/// Splits a comma-separated list, not inside a quoted string
+/// (`no-cache="a, b"` is one item).
+fn split_list(line: &str) -> Vec<&str> {
+    let mut items = Vec::new();
+    let (mut start, mut quoted, mut escaped) = (0, false, false);
+    for (i, b) in line.bytes().enumerate() {
+        match b {
+            _ if escaped => escaped = false,
+            b'\\' if quoted => escaped = true,
+            b'"' => quoted = !quoted,
+            b',' if !quoted => {
+                items.push(&line[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    items.push(&line[start..]);
+    items
+}
+
+/// An HTTP-date field as seconds since the epoch; `None` if absent, not
+/// exactly one line, or not a date.
+pub(crate) fn date_field(headers: &HeaderMap, field: HeaderName) -> Option<u64> {
+    let mut values = headers.get_all(field).iter();
+    let value = values.next()?;
+    if values.next().is_some() {
+        return None;
+    }
+    let date = httpdate::parse_http_date(value.to_str().ok()?.trim()).ok()?;
+    date.duration_since(std::time::UNIX_EPOCH).ok().map(|d| d.as_secs())
+}
+
+/// The `Age` field's value (§5.1): the first line, if a non-negative integer.
+fn age_field(headers: &HeaderMap) -> u64 {
+    headers
+        .get(hyper::header::AGE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .map_or(0, |a| a.min(DELTA_MAX))
+}
+
+/// Status codes cacheable by default (RFC 9110 §15.1).
+pub(crate) fn cacheable_by_default(status: StatusCode) -> bool {
+    matches!(status.as_u16(), 200 | 203 | 204 | 300 | 301 | 308 | 404 | 405 | 410 | 414 | 501)
+}
+
+/// Status codes whose caching semantics this cache understands (for
+/// `must-understand`, §5.2.2.3): those, plus the redirects it stores.
+fn understood(status: StatusCode) -> bool {
+    cacheable_by_default(status) || matches!(status.as_u16(), 302 | 303 | 307)
+}
+
+/// Why a response is not stored.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum NotStored {
+    Method,
+    Status,
+    NoStore,
+    Private,
+    Authorization,
+    VaryStar,
+    SetCookie,
+    /// Nothing would ever make it reusable: no freshness, no validator.
+    Useless,
+}
+
+/// What the cache keeps about a stored response's freshness, fixed when it
+/// was received (or last revalidated).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Freshness {
+    /// Freshness lifetime (§4.2.1), seconds.
+    pub lifetime: u64,
+    /// `corrected_initial_age` (§4.2.3).
+    pub initial_age: u64,
+    /// When the response was received.
+    pub response_time: u64,
+    /// `no-cache`: validate before every use.
+    pub no_cache: bool,
+    /// Never served stale: `must-revalidate`, `proxy-revalidate`,
+    /// `s-maxage` (§5.2.2.10), or `no-cache`.
+    pub no_stale: bool,
+    /// RFC 5861 windows past the lifetime, seconds.
+    pub stale_while_revalidate: u64,
+    pub stale_if_error: u64,
+    /// Has `ETag` or `Last-Modified`: can be revalidated.
+    pub validators: bool,
+}
+
+/// How a stored response can answer a request now.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Usable {
+    /// As it is.
+    Fresh,
+    /// As it is, while it is revalidated in the background (RFC 5861 §3).
+    StaleWhileRevalidate,
+    /// Only after revalidation (a conditional request).
+    Revalidate,
+}
+
+impl Freshness {
+    /// Current age (§4.2.3) at `now`.
+    pub fn age(&self, now: u64) -> u64 {
+        self.initial_age.saturating_add(now.saturating_sub(self.response_time))
+    }
+
+    fn fresh(&self, now: u64) -> bool {
+        self.age(now) < self.lifetime
+    }
+
+    /// May this stored response answer `request` (its directives) at `now`?
+    pub fn usable(&self, request: &Directives, now: u64) -> Usable {
+        let age = self.age(now);
+        if self.no_cache || request.no_cache {
+            return Usable::Revalidate;
+        }
+        if let Delta::Secs(max_age) = request.max_age {
+            // Ages are whole seconds: `max-age=0` (a reload) always
+            // revalidates, even a response received this second.
+            if age > max_age || max_age == 0 {
+                return Usable::Revalidate;
+            }
+        } else if request.max_age == Delta::Invalid {
+            return Usable::Revalidate;
+        }
+        let left = self.lifetime.saturating_sub(age);
+        if let Delta::Secs(min_fresh) = request.min_fresh {
+            if left < min_fresh || !self.fresh(now) {
+                return Usable::Revalidate;
+            }
+        }
+        if self.fresh(now) {
+            return Usable::Fresh;
+        }
+        if self.no_stale {
+            return Usable::Revalidate;
+        }
+        let stale_for = age - self.lifetime;
+        let client_allows = request.max_stale_any || matches!(request.max_stale, Delta::Secs(s) if stale_for <= s);
+        if client_allows {
+            return Usable::Fresh;
+        }
+        if stale_for < self.stale_while_revalidate {
+            return Usable::StaleWhileRevalidate;
+        }
+        Usable::Revalidate
+    }
+
+    /// May it answer in place of an error (5xx or no answer) at `now`?
+    /// The response's `stale-if-error`, or the request's (RFC 5861 §4).
+    pub fn usable_on_error(&self, request: &Directives, now: u64) -> bool {
+        if self.fresh(now) {
+            return true;
+        }
+        if self.no_stale {
+            return false;
+        }
+        let stale_for = self.age(now) - self.lifetime;
+        let window = match request.stale_if_error {
+            Delta::Secs(s) => s.max(self.stale_if_error),
+            _ => self.stale_if_error,
+        };
+        stale_for < window
+    }
+}
+
+/// The directives this cache obeys in `headers`: `CDN-Cache-Control` if
+/// present and holding at least one directive (then `Expires` is ignored
+/// too: the bool), else `Cache-Control`.
+pub(crate) fn response_directives(headers: &HeaderMap) -> (Directives, bool) {
+    match Directives::parse(headers, CDN_CACHE_CONTROL) {
+        Some(targeted) if targeted.any => (targeted, true),
+        _ => (Directives::parse(headers, CACHE_CONTROL.as_str()).unwrap_or_default(), false),
+    }
+}
+
+/// A request's own directives (`Pragma: no-cache` counts as `no-cache`
+/// when there is no `Cache-Control`, §5.4).
+pub(crate) fn request_directives(headers: &HeaderMap) -> Directives {
+    match Directives::parse(headers, CACHE_CONTROL.as_str()) {
+        Some(d) => d,
+        None => {
+            let pragma_no_cache = headers.get_all(hyper::header::PRAGMA).iter().any(|v| {
+                v.to_str().is_ok_and(|v| split_list(v).iter().any(|d| d.trim().eq_ignore_ascii_case("no-cache")))
+            });
+            Directives { no_cache: pragma_no_cache, any: pragma_no_cache, ..Directives::default() }
+        }
+    }
+}
+
+/// The refusals that apply to every response, with or without
+/// dependencies: method, `no-store`, `private`, `Authorization` (§3.5),
+/// `Vary: *`, `Set-Cookie` (see [`storable`]).
+pub(crate) fn refusal(
+    method: &Method,
+    request: &HeaderMap,
+    request_cc: &Directives,
+    status: StatusCode,
+    response: &HeaderMap,
+    cc: &Directives,
+) -> Option<NotStored> {
+    if *method != Method::GET {
+        return Some(NotStored::Method);
+    }
+    // 206 and 304 are not complete responses; 1xx never reach here.
+    if status == StatusCode::PARTIAL_CONTENT || status == StatusCode::NOT_MODIFIED || status.is_informational() {
+        return Some(NotStored::Status);
+    }
+    if cc.must_understand {
+        if !understood(status) {
+            return Some(NotStored::Status);
+        }
+    } else if cc.no_store {
+        return Some(NotStored::NoStore);
+    }
+    if request_cc.no_store {
+        return Some(NotStored::NoStore);
+    }
+    if cc.private {
+        return Some(NotStored::Private);
+    }
+    if request.contains_key(AUTHORIZATION) && !(cc.public || cc.s_maxage.present() || cc.must_revalidate) {
+        return Some(NotStored::Authorization);
+    }
+    if Vary::of(response).is_none() {
+        return Some(NotStored::VaryStar);
+    }
+    // Stored cookies would be replayed to every client: only when the
+    // origin said outright that a shared cache may reuse the response.
+    if response.contains_key(hyper::header::SET_COOKIE) && !(cc.public || cc.s_maxage.present()) {
+        return Some(NotStored::SetCookie);
+    }
+    None
+}
+
+/// §3: may a shared cache store this response to `method` with the
+/// request's `request` fields, and how fresh is it? Times: when the request
+/// was sent upstream and when its response arrived.
+///
+/// Beyond the RFC's MUSTs, a response with `Set-Cookie` is stored only if
+/// it is `public` or has `s-maxage`, and a response that could never be
+/// reused (no freshness, no validator, no `stale-if-error`) is not stored.
+pub(crate) fn storable(
+    method: &Method,
+    request: &HeaderMap,
+    status: StatusCode,
+    response: &HeaderMap,
+    request_time: u64,
+    response_time: u64,
+) -> Result<Freshness, NotStored> {
+    let (cc, targeted) = response_directives(response);
+    let request_cc = request_directives(request);
+    if let Some(why) = refusal(method, request, &request_cc, status, response, &cc) {
+        return Err(why);
+    }
+    let date = date_field(response, DATE);
+    let expires = if targeted { None } else { response.get(EXPIRES).map(|_| date_field(response, EXPIRES)) };
+    // Explicit freshness (§4.2.1): s-maxage, max-age, Expires − Date.
+    let explicit = match (cc.s_maxage, cc.max_age, expires) {
+        (Delta::Secs(s), _, _) => Some(s),
+        (Delta::Invalid, _, _) => Some(0),
+        (_, Delta::Secs(s), _) => Some(s),
+        (_, Delta::Invalid, _) => Some(0),
+        // An invalid Expires ("0", a bad date): already expired.
+        (_, _, Some(expires)) => Some(expires.unwrap_or(0).saturating_sub(date.unwrap_or(response_time))),
+        _ => None,
+    };
+    let last_modified = date_field(response, LAST_MODIFIED);
+    let lifetime = match explicit {
+        Some(lifetime) => lifetime,
+        None if cacheable_by_default(status) || cc.public => match last_modified {
+            Some(lm) => (date.unwrap_or(response_time).saturating_sub(lm) / 10).min(HEURISTIC_SECS_MAX),
+            None => 0,
+        },
+        None => return Err(NotStored::Status),
+    };
+    let validators = response.contains_key(hyper::header::ETAG) || last_modified.is_some();
+    let secs = |d: Delta| if let Delta::Secs(s) = d { s } else { 0 };
+    let freshness = Freshness {
+        lifetime,
+        initial_age: corrected_initial_age(response, date, request_time, response_time),
+        response_time,
+        no_cache: cc.no_cache,
+        no_stale: cc.must_revalidate || cc.proxy_revalidate || cc.s_maxage.present() || cc.no_cache,
+        stale_while_revalidate: secs(cc.stale_while_revalidate),
+        stale_if_error: secs(cc.stale_if_error),
+        validators,
+    };
+    if lifetime == 0 && !validators && freshness.stale_if_error == 0 && freshness.stale_while_revalidate == 0 {
+        return Err(NotStored::Useless);
+    }
+    Ok(freshness)
+}
+
+/// `corrected_initial_age` (§4.2.3) of a response received at
+/// `response_time` to a request sent at `request_time`.
+pub(crate) fn initial_age(response: &HeaderMap, request_time: u64, response_time: u64) -> u64 {
+    corrected_initial_age(response, date_field(response, DATE), request_time, response_time)
+}
+
+fn corrected_initial_age(response: &HeaderMap, date: Option<u64>, request_time: u64, response_time: u64) -> u64 {
+    let apparent_age = response_time.saturating_sub(date.unwrap_or(response_time));
+    let response_delay = response_time.saturating_sub(request_time);
+    apparent_age.max(age_field(response).saturating_add(response_delay))
+}
+
+/// The request's values of the fields a stored response varies on (§4.1):
+/// the secondary key.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub(crate) struct Vary {
+    /// (field, its values joined by ", " with whitespace around each
+    /// member trimmed; `None` when the request had none).
+    fields: Vec<(HeaderName, Option<String>)>,
+}
+
+impl Vary {
+    /// The field names `response` varies on; `None` for `Vary: *` (never
+    /// matches anything).
+    pub fn of(response: &HeaderMap) -> Option<Vec<HeaderName>> {
+        let mut names = Vec::new();
+        for line in response.get_all(hyper::header::VARY) {
+            let Ok(line) = line.to_str() else { return None };
+            for name in line.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+                if name == "*" {
+                    return None;
+                }
+                let Ok(name) = HeaderName::from_bytes(name.as_bytes()) else { return None };
+                if !names.contains(&name) {
+                    names.push(name);
+                }
+            }
+        }
+        Some(names)
+    }
+
+    /// The secondary key of `request` for a response varying on `names`.
+    pub fn key(names: &[HeaderName], request: &HeaderMap) -> Vary {
+        Vary { fields: names.iter().map(|name| (name.clone(), normalized(request, name))).collect() }
+    }
+
+    /// Does `request` select a response stored with this key?
+    pub fn matches(&self, request: &HeaderMap) -> bool {
+        self.fields.iter().all(|(name, value)| same_members(request, name, value.as_deref()))
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.fields.is_empty()
+    }
+}
+
+/// `normalized(request, name) == stored`, without building the string (the
+/// hit path).
+fn same_members(request: &HeaderMap, name: &HeaderName, stored: Option<&str>) -> bool {
+    let mut lines = request.get_all(name).iter().peekable();
+    let Some(stored) = stored else { return lines.peek().is_none() };
+    if lines.peek().is_none() {
+        return false;
+    }
+    let mut expected = stored.split(", ");
+    for line in lines {
+        let Ok(line) = line.to_str() else { return false };
+        for member in line.split(',') {
+            if expected.next() != Some(member.trim()) {
+                return false;
+            }
+        }
+    }
+    expected.next().is_none()
+}
+
+fn normalized(request: &HeaderMap, name: &HeaderName) -> Option<String> {
+    let mut values = request.get_all(name).iter().peekable();
+    values.peek()?;
+    let mut joined = Vec::new();
+    for value in values {
+        let text = String::from_utf8_lossy(value.as_bytes()).into_owned();
+        joined.extend(text.split(',').map(|m| m.trim().to_string()));
+    }
+    Some(joined.join(", "))
+}
+
+/// Fields a 304 never changes in the stored response (§3.2: Content-Length;
+/// and what the stored body's framing depends on).
+fn kept_on_update(name: &HeaderName) -> bool {
+    matches!(name.as_str(), "content-length" | "content-encoding" | "content-range" | "transfer-encoding")
+}
+
+/// The stored header fields after a 304 (§4.3.4, §3.2): every field of the
+/// 304 replaces all lines of that field, except the framing ones.
+pub(crate) fn updated_headers(stored: &HeaderMap, not_modified: &HeaderMap) -> HeaderMap {
+    let mut headers = stored.clone();
+    let mut replaced: Vec<&HeaderName> = Vec::new();
+    for (name, value) in not_modified {
+        if kept_on_update(name) {
+            continue;
+        }
+        if !replaced.contains(&name) {
+            headers.remove(name);
+            replaced.push(name);
+        }
+        headers.append(name.clone(), value.clone());
+    }
+    headers
+}
+
+/// Should a 304 update `stored` (§4.3.4)? When their strong validators
+/// agree, or, without an `ETag` in the 304, when `Last-Modified` agrees or
+/// the 304 names no validator at all.
+pub(crate) fn not_modified_selects(stored: &HeaderMap, not_modified: &HeaderMap) -> bool {
+    let etag = |h: &HeaderMap| h.get(hyper::header::ETAG).cloned();
+    match etag(not_modified) {
+        Some(new) => etag(stored).is_some_and(|old| old == new && !old.as_bytes().starts_with(b"W/")),
+        None => match not_modified.get(LAST_MODIFIED) {
+            Some(lm) => stored.get(LAST_MODIFIED) == Some(lm),
+            None => true,
+        },
+    }
+}
+
+/// The conditional fields that revalidate a stored response (§4.3.1).
+pub(crate) fn validators(stored: &HeaderMap) -> Vec<(HeaderName, HeaderValue)> {
+    let mut fields = Vec::new();
+    if let Some(etag) = stored.get(hyper::header::ETAG) {
+        fields.push((hyper::header::IF_NONE_MATCH, etag.clone()));
+    }
+    if let Some(lm) = stored.get(LAST_MODIFIED) {
+        fields.push((hyper::header::IF_MODIFIED_SINCE, lm.clone()));
+    }
+    fields
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(fields: &[(&str, &str)]) -> HeaderMap {
+        let mut map = HeaderMap::new();
+        for (name, value) in fields {
+            map.append(HeaderName::from_bytes(name.as_bytes()).unwrap(), HeaderValue::from_str(value).unwrap());
+        }
+        map
+    }
+
+    const T: u64 = 1_700_000_000;
+
+    fn fresh_for(response: &[(&str, &str)]) -> Result<u64, NotStored> {
+        storable(&Method::GET, &HeaderMap::new(), StatusCode::OK, &headers(response), T, T).map(|f| f.lifetime)
+    }
+
+    #[test]
+    fn s_maxage_over_max_age_over_expires() {
+        let date = httpdate::fmt_http_date(std::time::UNIX_EPOCH + std::time::Duration::from_secs(T));
+        let expires = httpdate::fmt_http_date(std::time::UNIX_EPOCH + std::time::Duration::from_secs(T + 500));
+        let both = [("cache-control", "max-age=100, s-maxage=200"), ("date", &date), ("expires", &expires)];
+        assert_eq!(fresh_for(&both), Ok(200));
+        assert_eq!(fresh_for(&[("cache-control", "max-age=100"), ("date", &date), ("expires", &expires)]), Ok(100));
+        assert_eq!(fresh_for(&[("date", &date), ("expires", &expires), ("etag", "\"x\"")]), Ok(500));
+        assert_eq!(fresh_for(&[("expires", "0"), ("etag", "\"x\"")]), Ok(0), "an invalid Expires is expired");
+        assert_eq!(fresh_for(&[("cache-control", "max-age=\"60\"")]), Ok(60), "quoted accepted");
+        assert_eq!(fresh_for(&[("cache-control", "max-age=99999999999")]), Ok(DELTA_MAX));
+        assert_eq!(fresh_for(&[("cache-control", "max-age=60, max-age=60")]), Ok(60));
+    }
+
+    #[test]
+    fn invalid_or_conflicting_freshness_is_stale() {
+        for cc in ["max-age=abc", "max-age=-1", "max-age=60, max-age=120", "max-age="] {
+            let f = storable(
+                &Method::GET,
+                &HeaderMap::new(),
+                StatusCode::OK,
+                &headers(&[("cache-control", cc), ("etag", "\"e\"")]),
+                T,
+                T,
+            );
+            assert_eq!(f.map(|f| f.lifetime), Ok(0), "{cc}");
+        }
+    }
+
+    #[test]
+    fn heuristic_freshness_is_a_tenth_of_the_age_of_last_modified_bounded() {
+        let at = |s: u64| httpdate::fmt_http_date(std::time::UNIX_EPOCH + std::time::Duration::from_secs(s));
+        let date = at(T);
+        assert_eq!(fresh_for(&[("date", &date), ("last-modified", &at(T - 1000))]), Ok(100));
+        assert_eq!(fresh_for(&[("date", &date), ("last-modified", &at(T - 10_000_000))]), Ok(HEURISTIC_SECS_MAX));
+        let not_by_default = storable(
+            &Method::GET,
+            &HeaderMap::new(),
+            StatusCode::CREATED,
+            &headers(&[("last-modified", &at(T - 1000))]),
+            T,
+            T,
+        );
+        assert_eq!(not_by_default, Err(NotStored::Status));
+    }
+
+    #[test]
+    fn shared_cache_refusals() {
+        let get = |req: &[(&str, &str)], status: u16, res: &[(&str, &str)]| {
+            storable(&Method::GET, &headers(req), StatusCode::from_u16(status).unwrap(), &headers(res), T, T).err()
+        };
+        let fresh = [("cache-control", "max-age=60")];
+        assert_eq!(get(&[], 200, &fresh), None);
+        assert_eq!(get(&[], 200, &[("cache-control", "max-age=60, no-store")]), Some(NotStored::NoStore));
+        assert_eq!(get(&[], 200, &[("cache-control", "max-age=60, private")]), Some(NotStored::Private));
+        assert_eq!(get(&[], 200, &[("cache-control", "private=\"x-a\", max-age=60")]), Some(NotStored::Private));
+        assert_eq!(get(&[("cache-control", "no-store")], 200, &fresh), Some(NotStored::NoStore));
+        let auth = [("authorization", "Basic eDp5")];
+        assert_eq!(get(&auth, 200, &fresh), Some(NotStored::Authorization));
+        for allows in ["public, max-age=60", "s-maxage=60", "must-revalidate, max-age=60"] {
+            assert_eq!(get(&auth, 200, &[("cache-control", allows)]), None, "{allows}");
+        }
+        assert_eq!(get(&[], 200, &[("cache-control", "max-age=60"), ("vary", "Accept, *")]), Some(NotStored::VaryStar));
+        assert_eq!(get(&[], 206, &fresh), Some(NotStored::Status));
+        assert_eq!(get(&[], 200, &[]), Some(NotStored::Useless));
+        assert_eq!(get(&[], 200, &[("etag", "\"x\"")]), None, "stored to be revalidated");
+        assert_eq!(
+            get(&[], 200, &[("cache-control", "max-age=60"), ("set-cookie", "a=b")]),
+            Some(NotStored::SetCookie)
+        );
+        assert_eq!(get(&[], 200, &[("cache-control", "public, max-age=60"), ("set-cookie", "a=b")]), None);
+        assert_eq!(get(&[], 200, &[("cache-control", "no-store, must-understand, max-age=60")]), None);
+        assert_eq!(get(&[], 201, &[("cache-control", "must-understand, max-age=60")]), Some(NotStored::Status));
+        let head = storable(&Method::HEAD, &HeaderMap::new(), StatusCode::OK, &headers(&fresh), T, T);
+        assert_eq!(head.err(), Some(NotStored::Method));
+    }
+
+    #[test]
+    fn cdn_cache_control_replaces_cache_control_and_expires() {
+        let f = |res: &[(&str, &str)]| fresh_for(res);
+        assert_eq!(f(&[("cache-control", "no-store"), ("cdn-cache-control", "max-age=30")]), Ok(30));
+        assert_eq!(f(&[("cache-control", "max-age=600"), ("cdn-cache-control", "no-store")]), Err(NotStored::NoStore));
+        assert_eq!(f(&[("cache-control", "max-age=600"), ("cdn-cache-control", "")]), Ok(600), "empty: ignored");
+        assert_eq!(f(&[("expires", "Thu, 01 Jan 2099 00:00:00 GMT"), ("cdn-cache-control", "max-age=5")]), Ok(5));
+    }
+
+    #[test]
+    fn age_and_the_request_directives_move_with_the_clock() {
+        let res = headers(&[("cache-control", "max-age=100"), ("age", "10")]);
+        let f = storable(&Method::GET, &HeaderMap::new(), StatusCode::OK, &res, T - 2, T).unwrap();
+        assert_eq!(f.age(T), 12, "Age + response delay");
+        assert_eq!(f.age(T + 50), 62);
+        let none = Directives::default();
+        assert_eq!(f.usable(&none, T + 87), Usable::Fresh);
+        assert_eq!(f.usable(&none, T + 88), Usable::Revalidate, "age 100 = lifetime: stale");
+        let req = |cc: &str| request_directives(&headers(&[("cache-control", cc)]));
+        assert_eq!(f.usable(&req("max-age=20"), T + 10), Usable::Revalidate);
+        assert_eq!(f.usable(&req("max-age=30"), T + 10), Usable::Fresh);
+        assert_eq!(f.usable(&req("min-fresh=80"), T + 10), Usable::Revalidate);
+        assert_eq!(f.usable(&req("no-cache"), T), Usable::Revalidate);
+        assert_eq!(f.usable(&request_directives(&headers(&[("pragma", "no-cache")])), T), Usable::Revalidate);
+        assert_eq!(f.usable(&req("max-stale=10"), T + 95), Usable::Fresh);
+        assert_eq!(f.usable(&req("max-stale"), T + 5000), Usable::Fresh);
+        assert_eq!(f.usable(&req("max-stale=10"), T + 100), Usable::Revalidate);
+    }
+
+    #[test]
+    fn stale_while_revalidate_and_stale_if_error_windows() {
+        let res = headers(&[("cache-control", "max-age=10, stale-while-revalidate=20, stale-if-error=60")]);
+        let f = storable(&Method::GET, &HeaderMap::new(), StatusCode::OK, &res, T, T).unwrap();
+        let none = Directives::default();
+        assert_eq!(f.usable(&none, T + 5), Usable::Fresh);
+        assert_eq!(f.usable(&none, T + 15), Usable::StaleWhileRevalidate);
+        assert_eq!(f.usable(&none, T + 30), Usable::Revalidate);
+        assert!(f.usable_on_error(&none, T + 69));
+        assert!(!f.usable_on_error(&none, T + 70));
+        let strict =
+            headers(&[("cache-control", "max-age=10, must-revalidate, stale-while-revalidate=20, stale-if-error=60")]);
+        let f = storable(&Method::GET, &HeaderMap::new(), StatusCode::OK, &strict, T, T).unwrap();
+        assert_eq!(f.usable(&none, T + 15), Usable::Revalidate, "must-revalidate forbids stale");
+        assert!(!f.usable_on_error(&none, T + 15));
+    }
+
+    #[test]
+    fn vary_matches_normalized_values_and_star_never() {
+        let names = Vary::of(&headers(&[("vary", "Accept-Encoding, cookie"), ("vary", "accept-encoding")])).unwrap();
+        assert_eq!(names.len(), 2);
+        let key = Vary::key(&names, &headers(&[("accept-encoding", "gzip,  br"), ("cookie", "u=1")]));
+        assert!(key.matches(&headers(&[("accept-encoding", "gzip"), ("accept-encoding", "br"), ("cookie", "u=1")])));
+        assert!(!key.matches(&headers(&[("accept-encoding", "gzip, br"), ("cookie", "u=2")])));
+        assert!(!key.matches(&headers(&[("accept-encoding", "gzip, br")])), "absent differs from present");
+        assert!(Vary::key(&names, &HeaderMap::new()).matches(&HeaderMap::new()), "absent matches absent");
+        assert!(Vary::of(&headers(&[("vary", "*")])).is_none());
+    }
+
+    #[test]
+    fn a_304_updates_stored_fields_but_not_the_framing() {
+        let stored =
+            headers(&[("etag", "\"a\""), ("content-length", "5"), ("x-old", "1"), ("cache-control", "max-age=1")]);
+        let nm =
+            headers(&[("etag", "\"a\""), ("content-length", "0"), ("cache-control", "max-age=60"), ("x-new", "2")]);
+        assert!(not_modified_selects(&stored, &nm));
+        let updated = updated_headers(&stored, &nm);
+        assert_eq!(updated.get("content-length").unwrap(), "5");
+        assert_eq!(updated.get("cache-control").unwrap(), "max-age=60");
+        assert_eq!(updated.get("x-new").unwrap(), "2");
+        assert_eq!(updated.get("x-old").unwrap(), "1");
+        assert!(!not_modified_selects(&stored, &headers(&[("etag", "\"b\"")])));
+        assert!(!not_modified_selects(&headers(&[("etag", "W/\"a\"")]), &headers(&[("etag", "W/\"a\"")])));
+    }
+}
