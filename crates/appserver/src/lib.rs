@@ -32,7 +32,9 @@
 //! fabric node of its own, a list of proxies and a push policy, the server
 //! reads the proxies' shared cache states after every completed update and
 //! pushes the new version to the proxies the policy picks ([`push`]), off
-//! the update's response path. Its counters appear in the stats as `push`.
+//! the update's response path; or, in write-through mode, before
+//! UPDATE_DONE, the update waiting (bounded) for it. Its counters appear in
+//! the stats as `push`.
 
 pub mod cost;
 pub mod push;
@@ -57,7 +59,10 @@ use tierstack_monitor::{Gauge, GaugeGuard, LoadPublisher};
 use tierstack_tier_http::{collect_limited, serve_with_hook, text, Body, ConnectionHook, Stop};
 
 pub use cost::CpuCost;
-pub use push::{PushConfig, PushConfigError, PushStats, PushTarget, PUSH_TIMEOUT_DEFAULT};
+pub use push::{
+    PushConfig, PushConfigError, PushStats, PushTarget, PUSH_TIMEOUT_DEFAULT, WRITE_THROUGH_TIMEOUT_DEFAULT,
+    WRITE_THROUGH_TIMEOUT_MAX,
+};
 pub use store::{StoreConfig, UPDATE_WRITE_PAUSE_DEFAULT, UPDATE_WRITE_PAUSE_MAX};
 pub use tierstack_pushpull::PushPolicy;
 
@@ -135,6 +140,8 @@ pub struct StatsSnapshot {
 
 struct State {
     module: ModuleClient,
+    /// For `/readyz`: the module answers a connection on it.
+    module_socket: PathBuf,
     documents: HashMap<String, usize>,
     counters: Counters,
     pusher: Option<Arc<push::Pusher>>,
@@ -214,6 +221,12 @@ async fn handle(state: Arc<State>, request: Request<Incoming>) -> Response<Body>
     let path = request.uri().path().to_string();
     if path == "/_tierstack/stats" {
         return stats_response(&state);
+    }
+    if path == tierstack_tier_http::HEALTHZ_PATH {
+        return tierstack_tier_http::alive();
+    }
+    if path == tierstack_tier_http::READYZ_PATH {
+        return readiness(&state).await;
     }
     let Some(name) = path.strip_prefix("/doc/") else {
         return text(StatusCode::NOT_FOUND, "no such document\n");
@@ -356,6 +369,19 @@ async fn update_document(state: Arc<State>, name: String, size: usize) -> Respon
         _ => None,
     };
     let store_failed = state.store.is_some() && written.is_none();
+    // Write-through: the new version reaches the proxies before UPDATE_DONE
+    // (bounded), with the versions this grant produced.
+    let mut pushed = false;
+    if let Some(pusher) = state.pusher.as_ref().filter(|p| p.is_write_through()) {
+        if !store_failed {
+            let content = match &written {
+                Some((version, body)) => push::Content::Stored { version: *version, body: body.clone() },
+                None => push::Content::Generate { size },
+            };
+            pusher.write_through(name, content, access.deps.clone()).await;
+            pushed = true;
+        }
+    }
     match state.module.update_done(access).await {
         Ok(_) if store_failed => {
             state.counters.module_errors.fetch_add(1, Ordering::Relaxed);
@@ -363,7 +389,7 @@ async fn update_document(state: Arc<State>, name: String, size: usize) -> Respon
         }
         Ok(deps) => {
             state.counters.updates.fetch_add(1, Ordering::Relaxed);
-            if let Some(pusher) = &state.pusher {
+            if let Some(pusher) = state.pusher.as_ref().filter(|_| !pushed) {
                 let content = match written {
                     Some((version, body)) => push::Content::Stored { version, body },
                     None => push::Content::Generate { size },
@@ -401,6 +427,21 @@ fn stats_response(state: &State) -> Response<Body> {
     let mut response = text(StatusCode::OK, serde_json::to_string(&snapshot).unwrap_or_default());
     response.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
     response
+}
+
+/// How long `/readyz` waits for the module to accept a connection.
+const READYZ_MODULE_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// `/readyz`: ready while the module accepts connections on its socket
+/// (the server's own module connection is made at start and kept).
+async fn readiness(state: &State) -> Response<Body> {
+    let connect = tokio::net::UnixStream::connect(&state.module_socket);
+    let module = match tokio::time::timeout(READYZ_MODULE_TIMEOUT, connect).await {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(e)) => Err(format!("{}: {e}", state.module_socket.display())),
+        Err(_) => Err(format!("{}: no answer within {READYZ_MODULE_TIMEOUT:?}", state.module_socket.display())),
+    };
+    tierstack_tier_http::readiness(&[("module", module)])
 }
 
 /// Connects to the module, retrying while it starts (bounded).
@@ -483,6 +524,7 @@ impl AppServer {
             .map_err(|source| AppServerError::Listen { addr: config.listen, source })?;
         let state = Arc::new(State {
             module,
+            module_socket: config.module_socket.clone(),
             documents,
             counters: Counters::default(),
             pusher,

@@ -4,7 +4,21 @@
 //! caches with the versions `update_done` returned.
 //!
 //! It runs in a task of its own, after the update's response is sent, so it
-//! never lengthens an update. Every failure is skipped and counted: a proxy
+//! never lengthens an update.
+//!
+//! **Write-through** ([`PushConfig::write_through`]): the same push, made
+//! between UPDATE_PROCEED and UPDATE_DONE with the versions UPDATE_PROCEED
+//! granted (already visible in the version table, so the proxies' checks
+//! accept it), and awaited by the update: a proxy holding a hot document has
+//! the new version before the update completes, instead of missing on it
+//! and refetching from the application server once the update is done. The
+//! wait is bounded by the write-through timeout: past it the update goes on
+//! (counted in `write_through_timeouts`) and the push finishes on its own,
+//! each of its steps bounded by [`PushConfig::timeout`]. A pushed entry is
+//! validated on every hit like any other, so an early or late push can
+//! never be served once a newer update has begun.
+//!
+//! Every failure is skipped and counted: a proxy
 //! whose cache state cannot be read (dead, restarting, no state) gets no
 //! push; a push that fails or is refused is only a lost optimization — the
 //! proxy still validates every hit, so nothing stale can result.
@@ -53,6 +67,9 @@ pub struct PushConfig {
     pub policy: PushPolicy,
     /// Bound on each cache-state read and each push request.
     pub timeout: Duration,
+    /// `Some(bound)`: push before UPDATE_DONE (write-through), the update
+    /// waiting at most `bound` for it; `None`: push after the update.
+    pub write_through: Option<Duration>,
 }
 
 /// What to push after an update.
@@ -60,6 +77,7 @@ pub(crate) enum Content {
     /// Generate the body at the version `update_done` returned.
     Generate { size: usize },
     /// The body the update stored, for `version` (store mode).
+    /// (For a write-through push `version` is the one UPDATE_PROCEED granted.)
     Stored { version: u64, body: Bytes },
 }
 
@@ -90,6 +108,16 @@ pub struct PushStats {
     pub push_bytes: u64,
     /// Updates whose push was skipped because too many were in flight.
     pub skipped_busy: u64,
+    /// Write-through: updates that waited for their push before
+    /// UPDATE_DONE, the total wait, and the waits cut short by the bound.
+    #[serde(default)]
+    pub write_through: bool,
+    #[serde(default)]
+    pub write_through_updates: u64,
+    #[serde(default)]
+    pub write_through_wait_ns: u64,
+    #[serde(default)]
+    pub write_through_timeouts: u64,
 }
 
 #[derive(Default)]
@@ -109,6 +137,9 @@ struct Counters {
     pushes_failed: AtomicU64,
     push_bytes: AtomicU64,
     skipped_busy: AtomicU64,
+    write_through_updates: AtomicU64,
+    write_through_wait_ns: AtomicU64,
+    write_through_timeouts: AtomicU64,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -117,11 +148,19 @@ pub enum PushConfigError {
     BadUrl(String),
     #[error("at most {PUSH_PROXIES_MAX} proxies")]
     TooManyProxies,
+    #[error("write-through bound {0:?} must be between 1 ms and {WRITE_THROUGH_TIMEOUT_MAX:?}")]
+    BadWriteThroughTimeout(Duration),
 }
+
+/// Longest write-through bound accepted (it may lengthen every update).
+pub const WRITE_THROUGH_TIMEOUT_MAX: Duration = Duration::from_secs(60);
+/// Default write-through bound (`tierstack app-server --push-write-through`).
+pub const WRITE_THROUGH_TIMEOUT_DEFAULT: Duration = Duration::from_millis(500);
 
 pub(crate) struct Pusher {
     policy: PushPolicy,
     timeout: Duration,
+    write_through: Option<Duration>,
     proxies: Vec<(NodeId, Uri)>,
     reader: CacheStateReader,
     client: Client<HttpConnector, Full<Bytes>>,
@@ -140,6 +179,11 @@ impl Pusher {
         if config.proxies.len() > PUSH_PROXIES_MAX {
             return Err(PushConfigError::TooManyProxies);
         }
+        if let Some(bound) = config.write_through {
+            if bound < Duration::from_millis(1) || bound > WRITE_THROUGH_TIMEOUT_MAX {
+                return Err(PushConfigError::BadWriteThroughTimeout(bound));
+            }
+        }
         let proxies = config
             .proxies
             .iter()
@@ -153,6 +197,7 @@ impl Pusher {
         Ok(Self {
             policy: config.policy,
             timeout: config.timeout,
+            write_through: config.write_through,
             proxies,
             reader: CacheStateReader::new(config.fabric),
             client: Client::builder(TokioExecutor::new()).build(connector),
@@ -183,6 +228,10 @@ impl Pusher {
             pushes_failed: load(&c.pushes_failed),
             push_bytes: load(&c.push_bytes),
             skipped_busy: load(&c.skipped_busy),
+            write_through: self.write_through.is_some(),
+            write_through_updates: load(&c.write_through_updates),
+            write_through_wait_ns: load(&c.write_through_wait_ns),
+            write_through_timeouts: load(&c.write_through_timeouts),
         }
     }
 
@@ -198,19 +247,51 @@ impl Pusher {
         counter.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// True if updates push before UPDATE_DONE ([`Pusher::write_through`]).
+    pub(crate) fn is_write_through(&self) -> bool {
+        self.write_through.is_some()
+    }
+
     /// Starts the push of an update that completed with `deps` (the header
     /// `update_done` returned); returns at once.
     pub(crate) fn spawn_after_update(self: &Arc<Self>, name: &str, content: Content, deps: String) {
+        let _ = self.spawn_push(name, content, deps);
+    }
+
+    /// Starts the push in a task of its own (`None`: too many in flight,
+    /// skipped and counted).
+    fn spawn_push(self: &Arc<Self>, name: &str, content: Content, deps: String) -> Option<tokio::task::JoinHandle<()>> {
         let Ok(permit) = self.in_flight.clone().try_acquire_owned() else {
             self.counters.skipped_busy.fetch_add(1, Ordering::Relaxed);
-            return;
+            return None;
         };
         let pusher = self.clone();
         let name = name.to_string();
-        tokio::spawn(async move {
+        Some(tokio::spawn(async move {
             pusher.after_update(&name, content, &deps).await;
             drop(permit);
-        });
+        }))
+    }
+
+    /// Write-through: pushes `content` with the versions UPDATE_PROCEED
+    /// granted (`deps`) and waits for the push to end, at most the
+    /// write-through bound; to be called before UPDATE_DONE. Past the bound
+    /// the push goes on in its task (each step bounded by the push timeout)
+    /// and the wait is counted as timed out. Returns whether the push ended
+    /// within the bound.
+    pub(crate) async fn write_through(self: &Arc<Self>, name: &str, content: Content, deps: String) -> bool {
+        let bound = self.write_through.unwrap_or(self.timeout);
+        let started = Instant::now();
+        let Some(push) = self.spawn_push(name, content, deps) else { return false };
+        let ended = tokio::time::timeout(bound, push).await.is_ok();
+        let c = &self.counters;
+        c.write_through_updates.fetch_add(1, Ordering::Relaxed);
+        c.write_through_wait_ns.fetch_add(elapsed_ns(started), Ordering::Relaxed);
+        if !ended {
+            c.write_through_timeouts.fetch_add(1, Ordering::Relaxed);
+            tracing::debug!(name, ?bound, "write-through push still running; the update goes on");
+        }
+        ended
     }
 
     async fn after_update(self: Arc<Self>, name: &str, content: Content, deps: &str) {
@@ -380,6 +461,16 @@ mod tests {
             targets: impl FnOnce(String) -> Vec<PushTarget>,
             store: Option<crate::StoreConfig>,
         ) -> Setup {
+            Self::with_options(policy, targets, store, None, Duration::from_secs(2)).await
+        }
+
+        async fn with_options(
+            policy: &str,
+            targets: impl FnOnce(String) -> Vec<PushTarget>,
+            store: Option<crate::StoreConfig>,
+            write_through: Option<Duration>,
+            timeout: Duration,
+        ) -> Setup {
             let dir = tempfile::tempdir().unwrap();
             let cluster = local_cluster(Backend::Shm, 3).unwrap();
             let table = Arc::new(VersionTable::create(cluster.fabric(0).as_ref(), 64, Incarnation(5)).unwrap());
@@ -401,7 +492,8 @@ mod tests {
                 fabric: cluster.fabric(2).clone(),
                 proxies: targets(push_url),
                 policy: policy.parse().unwrap(),
-                timeout: Duration::from_secs(2),
+                timeout,
+                write_through,
             };
             let server = AppServer::bind_with_push(config, Some(push)).await.unwrap();
             let app = server.local_addr().unwrap();
@@ -422,6 +514,13 @@ mod tests {
             *request.uri_mut() = format!("http://{}/doc/{name}", self.app).parse().unwrap();
             let response = self.client.request(request).await.unwrap();
             assert_eq!(response.status(), StatusCode::OK);
+        }
+
+        async fn stats_now(&self) -> PushStats {
+            let uri = format!("http://{}/_tierstack/stats", self.app).parse().unwrap();
+            let body = self.client.get(uri).await.unwrap().into_body().collect().await.unwrap().to_bytes();
+            let stats: serde_json::Value = serde_json::from_slice(&body).unwrap();
+            serde_json::from_value(stats["push"].clone()).unwrap()
         }
 
         /// Waits (bounded) until `updates` updates went through the push
@@ -518,5 +617,107 @@ mod tests {
         assert_eq!(stats.state_reads, 3, "{stats:?}");
         assert_eq!(stats.state_read_errors, 2, "no region on node 2, no node 9: {stats:?}");
         assert_eq!((stats.pushes_sent, stats.pushes_failed), (1, 1), "{stats:?}");
+    }
+
+    /// A TCP endpoint that accepts connections and never answers (a
+    /// stopped or overloaded proxy); the connections are held until the
+    /// test ends.
+    async fn silent_endpoint() -> std::net::SocketAddr {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((stream, _)) = listener.accept().await {
+                held.push(stream);
+            }
+        });
+        addr
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn write_through_installs_the_new_version_before_the_update_answers() {
+        let s =
+            Setup::with_options("push", one_proxy, None, Some(Duration::from_secs(10)), Duration::from_secs(10)).await;
+        s.state.record_access(fingerprint("/doc/a"), true, 1);
+        s.update("a").await;
+        // No waiting: the push was received before the update's response.
+        let received = s.received.lock().unwrap().clone();
+        assert_eq!(received.len(), 1, "pushed before UPDATE_DONE");
+        let (path, deps, body) = &received[0];
+        assert_eq!(path, "/_tierstack/push/doc/a");
+        assert_eq!(DepsHeader::parse(deps).unwrap().deps[0].version, 2, "the version UPDATE_PROCEED granted");
+        assert_eq!(body.as_bytes(), &crate::generate_body("a", 2, 100)[..]);
+        let stats = s.stats_after(1, 1).await;
+        assert!(stats.write_through, "{stats:?}");
+        assert_eq!((stats.write_through_updates, stats.write_through_timeouts), (1, 0), "{stats:?}");
+        assert_eq!((stats.pushes_sent, stats.pushes_ok), (1, 1), "{stats:?}");
+        assert!(stats.write_through_wait_ns > 0, "{stats:?}");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn write_through_in_store_mode_pushes_each_stored_body_in_order() {
+        let store = Some(crate::StoreConfig::default());
+        let s =
+            Setup::with_options("push", one_proxy, store, Some(Duration::from_secs(10)), Duration::from_secs(10)).await;
+        s.state.record_access(fingerprint("/doc/a"), true, 1);
+        for expected in 1..=3 {
+            s.update("a").await;
+            assert_eq!(s.received.lock().unwrap().len(), expected, "update {expected} pushed before it answered");
+        }
+        let received = s.received.lock().unwrap().clone();
+        for ((_, deps, body), version) in received.iter().zip([2, 3, 4]) {
+            assert_eq!(DepsHeader::parse(deps).unwrap().deps[0].version, version);
+            assert_eq!(body.as_bytes(), &crate::generate_body("a", version, 100)[..], "the body stored for {version}");
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_silent_proxy_delays_a_write_through_update_only_up_to_the_bound() {
+        let silent = silent_endpoint().await;
+        // Pushes would wait 60 s; the update waits at most 200 ms for them.
+        let targets = move |_| vec![PushTarget { node: NodeId(1), url: format!("http://{silent}") }];
+        let s =
+            Setup::with_options("push", targets, None, Some(Duration::from_millis(200)), Duration::from_secs(60)).await;
+        s.state.record_access(fingerprint("/doc/a"), true, 1);
+        for _ in 0..2 {
+            tokio::time::timeout(Duration::from_secs(30), s.update("a"))
+                .await
+                .expect("the update answered although the proxy never does");
+        }
+        let stats = s.stats_now().await;
+        assert_eq!((stats.write_through_updates, stats.write_through_timeouts), (2, 2), "{stats:?}");
+        assert_eq!(stats.pushes_sent, 2, "{stats:?}");
+        assert_eq!(stats.pushes_ok + stats.pushes_failed, 0, "still waiting on the silent proxy: {stats:?}");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_dead_proxy_fails_write_through_pushes_fast_and_counted() {
+        let reserved = tokio::net::TcpSocket::new_v4().unwrap();
+        reserved.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let closed = reserved.local_addr().unwrap();
+        let targets = move |_| vec![PushTarget { node: NodeId(1), url: format!("http://{closed}") }];
+        let s =
+            Setup::with_options("push", targets, None, Some(Duration::from_secs(60)), Duration::from_secs(60)).await;
+        s.state.record_access(fingerprint("/doc/a"), true, 1);
+        tokio::time::timeout(Duration::from_secs(30), s.update("a")).await.expect("a refused push ends the wait");
+        let stats = s.stats_after(1, 1).await;
+        assert_eq!((stats.pushes_sent, stats.pushes_failed), (1, 1), "{stats:?}");
+        assert_eq!((stats.write_through_updates, stats.write_through_timeouts), (1, 0), "{stats:?}");
+    }
+
+    #[test]
+    fn write_through_bounds_are_checked() {
+        let cluster = local_cluster(Backend::Shm, 1).unwrap();
+        let config = |bound| PushConfig {
+            fabric: cluster.fabric(0).clone(),
+            proxies: vec![],
+            policy: PushPolicy::Push,
+            timeout: Duration::from_secs(1),
+            write_through: Some(bound),
+        };
+        for bad in [Duration::ZERO, WRITE_THROUGH_TIMEOUT_MAX + Duration::from_millis(1)] {
+            assert!(matches!(Pusher::new(config(bad)), Err(PushConfigError::BadWriteThroughTimeout(_))), "{bad:?}");
+        }
+        assert!(Pusher::new(config(Duration::from_millis(1))).is_ok());
     }
 }

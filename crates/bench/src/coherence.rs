@@ -13,8 +13,25 @@
 //! - Fig. 10: response-time breakdown (client↔proxy, module processing,
 //!   back-end version check, application server) at 0 and 200 threads.
 //! - Fig. 11: throughput on the Zipf and WorldCup-like traces.
+//!
+//! **Two deployments of the two-sided baseline** ([`Placement`]): in the
+//! paper's (`shared`), the module's version thread competes with the
+//! compute threads in one scheduling group, which is what every process of
+//! one session gets under Linux's autogroup scheduling; as a service of its
+//! own (`own`), the module and the application server each run in a
+//! session of their own (`setsid`: an autogroup each, as systemd's units
+//! get a cgroup each), so the module's thread gets the CPU share of a
+//! group, not of one thread among hundreds. poll/tcp and poll/shm are
+//! measured in both, and the ratio is reported for each.
+//!
+//! **The hot-document experiment** ([`run_hot`], `--hot`, issue 16): 32
+//! connections on one hot 8 KiB document (and the Zipf and WorldCup-like
+//! traces), an update per second, 200 compute threads: p50/p99 of ttl,
+//! poll/shm and poll/shm with write-through push (`poll/shm+wt`: the
+//! application server installs each update's new version at the proxies
+//! before UPDATE_DONE) in the same run, update latency and load average beside.
 
-use crate::deploy::{Deployment, DeploymentConfig};
+use crate::deploy::{Deployment, DeploymentConfig, DeploymentOptions};
 use crate::html::Page;
 use crate::report::{line_plot, write_json, Axes, Series, Table};
 use anyhow::{Context, Result};
@@ -29,30 +46,110 @@ use tierstack_workload::TraceSpec;
 /// Documents fetched through each proxy before a timed run (the most popular first).
 const WARM_DOCUMENTS_MAX: usize = 200;
 
-/// One way of serving: a proxy mode on a fabric backend.
+/// Where the application module runs relative to the compute threads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Placement {
+    /// One session (so one autogroup) with the application server's compute
+    /// threads and everything else: the paper's node, today's default.
+    Shared,
+    /// The module and the application server each in a session of its own
+    /// (`setsid`), as a service manager would run them.
+    Own,
+}
+
+impl Placement {
+    pub fn name(self) -> &'static str {
+        match self {
+            Placement::Shared => "shared",
+            Placement::Own => "own",
+        }
+    }
+
+    pub fn parse(text: &str) -> Result<Placement> {
+        match text {
+            "shared" => Ok(Placement::Shared),
+            "own" => Ok(Placement::Own),
+            other => anyhow::bail!("placement {other:?}: expected shared or own"),
+        }
+    }
+}
+
+/// One way of serving: a proxy mode on a fabric backend, the module's
+/// placement, and whether updates push through to the proxies.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Mode {
     pub cache: &'static str,
     pub backend: Backend,
+    pub placement: Placement,
+    /// The application server pushes each update's new version to the
+    /// proxies before UPDATE_DONE (write-through).
+    pub write_through: bool,
 }
 
 impl Mode {
+    pub const fn new(cache: &'static str, backend: Backend) -> Mode {
+        Mode { cache, backend, placement: Placement::Shared, write_through: false }
+    }
+
     pub fn label(&self) -> String {
-        match self.cache {
+        let mut label = match self.cache {
             "poll" => format!("poll/{}", self.backend.name()),
             other => other.to_string(),
+        };
+        if self.write_through {
+            label.push_str("+wt");
         }
+        if self.placement == Placement::Own {
+            label.push_str("@own");
+        }
+        label
     }
 }
 
 /// The four modes of the paper's comparison plus the ttl bound.
 pub fn modes() -> Vec<Mode> {
     vec![
-        Mode { cache: "no-cache", backend: Backend::Shm },
-        Mode { cache: "poll", backend: Backend::Tcp },
-        Mode { cache: "poll", backend: Backend::Shm },
-        Mode { cache: "ttl", backend: Backend::Shm },
+        Mode::new("no-cache", Backend::Shm),
+        Mode::new("poll", Backend::Tcp),
+        Mode::new("poll", Backend::Shm),
+        Mode::new("ttl", Backend::Shm),
     ]
+}
+
+/// The two-sided baseline and poll/shm with the module as its own service.
+pub fn own_service_modes() -> Vec<Mode> {
+    [Backend::Tcp, Backend::Shm]
+        .into_iter()
+        .map(|b| Mode { placement: Placement::Own, ..Mode::new("poll", b) })
+        .collect()
+}
+
+/// The hot-document experiment's modes: the ttl bound, poll/shm, and
+/// poll/shm with write-through push, the application tier in sessions of
+/// its own ([`Placement::Own`]): with it in the load client's session, the
+/// compute threads' load would take that session's CPU weight from the
+/// proxies and the load client on the other CPU, and any other session
+/// there (a shared machine) would starve them, ttl included.
+pub fn hot_modes() -> Vec<Mode> {
+    let own = |mode: Mode| Mode { placement: Placement::Own, ..mode };
+    vec![
+        own(Mode::new("ttl", Backend::Shm)),
+        own(Mode::new("poll", Backend::Shm)),
+        own(Mode { write_through: true, ..Mode::new("poll", Backend::Shm) }),
+    ]
+}
+
+/// The load average (`/proc/loadavg`'s first three fields), or `?`.
+pub fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|text| text.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_else(|_| "?".into())
+}
+
+/// Whether Linux's autogroup scheduling is on (`None`: unknown), which
+/// [`Placement::Own`] relies on to give a session its own CPU share.
+pub fn autogroup_enabled() -> Option<bool> {
+    std::fs::read_to_string("/proc/sys/kernel/sched_autogroup_enabled").ok().map(|text| text.trim() == "1")
 }
 
 pub struct CoherenceBenchConfig {
@@ -63,6 +160,13 @@ pub struct CoherenceBenchConfig {
     pub connections: usize,
     pub proxies: u32,
     pub update_interval_ms: u64,
+    /// Placements of the two-sided baseline to measure (the sweep).
+    pub placements: Vec<Placement>,
+    /// Write-through's bound on an update's wait for its pushes.
+    pub write_through_bound: Duration,
+    /// `--hot`: compute threads of the Zipf and WorldCup-like runs
+    /// (`None`: the last of `compute_threads`).
+    pub trace_threads: Option<usize>,
 }
 
 impl CoherenceBenchConfig {
@@ -75,6 +179,20 @@ impl CoherenceBenchConfig {
             connections: 16,
             proxies: 3,
             update_interval_ms: 1000,
+            placements: vec![Placement::Shared, Placement::Own],
+            write_through_bound: Duration::from_millis(500),
+            trace_threads: None,
+        }
+    }
+
+    /// The hot-document experiment's settings: 200 compute threads,
+    /// 32 connections.
+    pub fn hot(exe: PathBuf, out_dir: PathBuf, quick: bool) -> Self {
+        Self {
+            compute_threads: vec![200],
+            connections: 32,
+            duration: Duration::from_secs(if quick { 5 } else { 10 }),
+            ..Self::new(exe, out_dir, quick)
         }
     }
 }
@@ -83,8 +201,15 @@ impl CoherenceBenchConfig {
 #[derive(Serialize)]
 pub struct Run {
     pub mode: String,
+    pub placement: String,
+    pub write_through: bool,
     pub trace: String,
     pub compute_threads: usize,
+    /// `/proc/loadavg` when the run started.
+    pub load_average: String,
+    /// Latency of the updates (start to response), µs.
+    pub update_p50_us: f64,
+    pub update_p99_us: f64,
     pub throughput_rps: f64,
     pub p50_us: f64,
     pub p99_us: f64,
@@ -115,24 +240,43 @@ pub struct CoherenceReport {
 #[derive(Deserialize)]
 struct AppStatsView {
     module_wait_ns: u64,
+    /// The push path's counters (`tierstack_appserver::PushStats`).
+    #[serde(default)]
+    push: Option<serde_json::Value>,
 }
 
 fn measure(config: &CoherenceBenchConfig, mode: Mode, trace: &str, compute_threads: usize) -> Result<Run> {
     let spec = TraceSpec::parse(trace, 0.75, 20)?;
-    let deployment = Deployment::start(&DeploymentConfig {
-        exe: config.exe.clone(),
-        backend: mode.backend,
-        mode: mode.cache.into(),
-        proxies: config.proxies,
-        compute_threads,
-        documents: trace.into(),
-        docs: 20,
-        seed: 1,
-        pin: true,
-    })?;
+    let load_average = load_average();
+    let options = DeploymentOptions {
+        application_tier_sessions: mode.placement == Placement::Own,
+        push_policy: mode.write_through.then(|| "push".to_string()),
+        write_through: mode.write_through.then_some(config.write_through_bound),
+        ..DeploymentOptions::default()
+    };
+    let deployment = Deployment::start_with(
+        &DeploymentConfig {
+            exe: config.exe.clone(),
+            backend: mode.backend,
+            mode: mode.cache.into(),
+            proxies: config.proxies,
+            compute_threads,
+            documents: trace.into(),
+            docs: 20,
+            seed: 1,
+            pin: true,
+        },
+        &options,
+    )?;
     let documents = spec.build(1)?;
     let warm: Vec<String> = documents.documents().iter().take(WARM_DOCUMENTS_MAX).map(|d| d.path()).collect();
     deployment.warm_up(&warm)?;
+    if let (true, Some(first)) = (mode.write_through, warm.first()) {
+        // The push path connects to each proxy's cache state and admin
+        // listener on its first update: not part of the steady state.
+        deployment.update(first)?;
+        deployment.warm_up(&warm)?;
+    }
     let mut load = LoadConfig::new(deployment.proxy_urls[0].clone(), documents);
     load.targets = deployment.proxy_urls.clone();
     load.update_target = Some(deployment.app_url.clone());
@@ -162,10 +306,33 @@ fn measure(config: &CoherenceBenchConfig, mode: Mode, trace: &str, compute_threa
     };
     let e = &report.errors;
     anyhow::ensure!(report.accounted(), "{}: requests not accounted for: {report:?}", mode.label());
+    if mode.write_through {
+        let push = app.push.as_ref().context("write-through: the application server reports no push counters")?;
+        let field = |name: &str| push[name].as_u64().unwrap_or(0);
+        anyhow::ensure!(
+            push["write_through"] == true,
+            "{}: the application server is not in write-through mode",
+            mode.label()
+        );
+        eprintln!(
+            "  write-through: {} updates, {} timed out, mean wait {:.0} µs; pushes {} sent, {} ok, {} failed",
+            field("write_through_updates"),
+            field("write_through_timeouts"),
+            field("write_through_wait_ns") as f64 / field("write_through_updates").max(1) as f64 / 1000.0,
+            field("pushes_sent"),
+            field("pushes_ok"),
+            field("pushes_failed")
+        );
+    }
     Ok(Run {
         mode: mode.label(),
+        placement: mode.placement.name().to_string(),
+        write_through: mode.write_through,
         trace: trace.to_string(),
         compute_threads,
+        load_average,
+        update_p50_us: report.updates.p50_ns as f64 / 1000.0,
+        update_p99_us: report.updates.p99_ns as f64 / 1000.0,
         throughput_rps: report.throughput_rps,
         p50_us: report.latency.p50_ns as f64 / 1000.0,
         p99_us: report.latency.p99_ns as f64 / 1000.0,
@@ -188,8 +355,16 @@ pub fn run(config: &CoherenceBenchConfig) -> Result<CoherenceReport> {
         pin_to_cpu(0)?;
     }
     let mut runs = Vec::new();
+    let own = config.placements.contains(&Placement::Own);
+    if own && autogroup_enabled() != Some(true) {
+        eprintln!("bench coherence: autogroup scheduling is off here; the `own` placement then differs from `shared` only by session");
+    }
     for &threads in &config.compute_threads {
-        for mode in modes() {
+        let mut sweep = modes();
+        if own {
+            sweep.extend(own_service_modes());
+        }
+        for mode in sweep {
             eprintln!("bench coherence: {} with {threads} compute threads (single 8 KiB document)", mode.label());
             runs.push(measure(config, mode, "single", threads)?);
         }
@@ -212,7 +387,7 @@ pub fn run(config: &CoherenceBenchConfig) -> Result<CoherenceReport> {
 pub fn stale_verdict<'a>(runs: impl IntoIterator<Item = (&'a str, &'a str, u64)>) -> Result<()> {
     let stale: Vec<String> = runs
         .into_iter()
-        .filter(|&(mode, _, stale)| mode != "ttl" && stale > 0)
+        .filter(|&(mode, _, stale)| !mode.starts_with("ttl") && stale > 0)
         .map(|(mode, trace, stale)| format!("{mode} on {trace}: {stale}"))
         .collect();
     anyhow::ensure!(stale.is_empty(), "stale responses served in a coherent mode: {}", stale.join(", "));
@@ -251,6 +426,9 @@ fn print_and_plot(config: &CoherenceBenchConfig, report: &CoherenceReport) -> Re
     }
     page.print(&latency);
     page.print(&throughput);
+    if let Some(table) = placement_table(config, report) {
+        page.print(&table);
+    }
 
     let mut breakdown = Table::new(
         "Fig. 10: response-time breakdown, mean µs per request",
@@ -360,6 +538,58 @@ fn print_and_plot(config: &CoherenceBenchConfig, report: &CoherenceReport) -> Re
     Ok(())
 }
 
+/// Throughput of poll/tcp and poll/shm in each placement of the module and
+/// the ratio in each (`None` if only one placement was measured).
+fn placement_table(config: &CoherenceBenchConfig, report: &CoherenceReport) -> Option<Table> {
+    if !config.placements.contains(&Placement::Own) {
+        return None;
+    }
+    let mut table = Table::new(
+        &format!(
+            "Two-sided baseline by deployment, throughput (requests/s), single 8 KiB document; shared: the module in \
+             the compute threads' scheduling group (the paper's node); own: module and server in sessions of their \
+             own (autogroup scheduling {})",
+            match autogroup_enabled() {
+                Some(true) => "on",
+                Some(false) => "off",
+                None => "unknown",
+            }
+        ),
+        &[
+            "compute threads",
+            "poll/tcp shared",
+            "poll/shm shared",
+            "shm/tcp shared",
+            "poll/tcp own",
+            "poll/shm own",
+            "shm/tcp own",
+            "load average",
+        ],
+    );
+    for &threads in &config.compute_threads {
+        let tput = |mode: &str| find(report, mode, "single", threads).map(|r| r.throughput_rps);
+        let cell = |v: Option<f64>| v.map(|v| format!("{v:.0}")).unwrap_or_default();
+        let ratio = |shm: Option<f64>, tcp: Option<f64>| match (shm, tcp) {
+            (Some(shm), Some(tcp)) => format!("{:.2}x", shm / tcp.max(1e-9)),
+            _ => String::new(),
+        };
+        let (tcp, shm, tcp_own, shm_own) =
+            (tput("poll/tcp"), tput("poll/shm"), tput("poll/tcp@own"), tput("poll/shm@own"));
+        let load = find(report, "poll/tcp@own", "single", threads).map(|r| r.load_average.clone()).unwrap_or_default();
+        table.row(vec![
+            threads.to_string(),
+            cell(tcp),
+            cell(shm),
+            ratio(shm, tcp),
+            cell(tcp_own),
+            cell(shm_own),
+            ratio(shm_own, tcp_own),
+            load,
+        ]);
+    }
+    Some(table)
+}
+
 /// The targets, as measured ratios, beside the paper's own observations.
 fn targets(config: &CoherenceBenchConfig, report: &CoherenceReport) -> Vec<String> {
     let tput = |mode: &str, t: usize| find(report, mode, "single", t).map(|r| r.throughput_rps).unwrap_or(f64::NAN);
@@ -377,9 +607,15 @@ fn targets(config: &CoherenceBenchConfig, report: &CoherenceReport) -> Vec<Strin
         tput("poll/shm", high) / tput("poll/shm", low)
     ));
     out.push(format!(
-        "poll/shm / poll/tcp at {high} threads: {:.1}x (target >= 5)",
+        "poll/shm / poll/tcp at {high} threads, module in the compute threads' group: {:.1}x (target >= 5)",
         tput("poll/shm", high) / tput("poll/tcp", high)
     ));
+    if config.placements.contains(&Placement::Own) {
+        out.push(format!(
+            "poll/shm / poll/tcp at {high} threads, module as its own service: {:.1}x",
+            tput("poll/shm@own", high) / tput("poll/tcp@own", high)
+        ));
+    }
     out.push(format!(
         "poll/shm / no-cache at {high} threads: {:.1}x (target >= 5)",
         tput("poll/shm", high) / tput("no-cache", high)
@@ -418,6 +654,90 @@ fn targets(config: &CoherenceBenchConfig, report: &CoherenceReport) -> Vec<Strin
     out
 }
 
+/// The hot-document experiment (issue 16): at `config.compute_threads`
+/// (200 by default) and `config.connections` (32), the single 8 KiB
+/// document, then the Zipf and WorldCup-like traces, each in the
+/// [`hot_modes`]; prints p50/p99, throughput, update latency and the
+/// ratios to ttl measured in the same run, with the load average. Fails
+/// (after writing its report) if a coherent mode served a stale response.
+pub fn run_hot(config: &CoherenceBenchConfig) -> Result<CoherenceReport> {
+    std::fs::create_dir_all(&config.out_dir)?;
+    if tierstack_cluster::online_cpus() >= 2 {
+        pin_to_cpu(0)?;
+    }
+    let threads = config.compute_threads.last().copied().unwrap_or(200);
+    let trace_threads = config.trace_threads.unwrap_or(threads);
+    let mut plan: Vec<(&str, usize)> = config.compute_threads.iter().map(|&t| ("single", t)).collect();
+    plan.extend([("zipf", trace_threads), ("worldcup", trace_threads)]);
+    let mut runs = Vec::new();
+    for (trace, threads) in plan {
+        for mode in hot_modes() {
+            eprintln!(
+                "bench coherence --hot: {} on {trace}, {threads} compute threads, {} connections (load {})",
+                mode.label(),
+                config.connections,
+                load_average()
+            );
+            runs.push(measure(config, mode, trace, threads)?);
+        }
+    }
+    let report = CoherenceReport { runs };
+    let mut page = Page::new("tierstack bench coherence --hot: strong coherence without update stalls (issue 16)");
+    page.paragraph(&format!(
+        "{} connections, compute threads on the application server as in each row, an update every {} ms, {:.0} s \
+         per run, warm caches, {} proxies; poll/shm+wt pushes each update's new version to the proxies before \
+         UPDATE_DONE (bound {:?}). Ratios are to ttl in the same run.",
+        config.connections,
+        config.update_interval_ms,
+        config.duration.as_secs_f64(),
+        config.proxies,
+        config.write_through_bound
+    ));
+    let mut table = Table::new(
+        "Hot document and traces: client latency, throughput, update latency",
+        &[
+            "trace",
+            "compute threads",
+            "mode",
+            "p50 µs",
+            "p99 µs",
+            "p99 / ttl",
+            "requests/s",
+            "rps / ttl",
+            "hit rate",
+            "stale",
+            "update p50 µs",
+            "update p99 µs",
+            "load average",
+        ],
+    );
+    for r in &report.runs {
+        let ttl = find(&report, "ttl@own", &r.trace, r.compute_threads);
+        let ratio = |a: f64, b: Option<f64>| b.map(|b| format!("{:.2}", a / b.max(1e-9))).unwrap_or_default();
+        table.row(vec![
+            r.trace.clone(),
+            r.compute_threads.to_string(),
+            r.mode.clone(),
+            format!("{:.0}", r.p50_us),
+            format!("{:.0}", r.p99_us),
+            ratio(r.p99_us, ttl.map(|t| t.p99_us)),
+            format!("{:.0}", r.throughput_rps),
+            ratio(r.throughput_rps, ttl.map(|t| t.throughput_rps)),
+            format!("{:.3}", r.hit_rate),
+            r.stale_responses.to_string(),
+            format!("{:.0}", r.update_p50_us),
+            format!("{:.0}", r.update_p99_us),
+            r.load_average.clone(),
+        ]);
+    }
+    page.print(&table);
+    write_json(&config.out_dir.join("coherence-hot.json"), &report)?;
+    let index = page.write(&config.out_dir)?;
+    println!("wrote {}/coherence-hot.json and {}", config.out_dir.display(), index.display());
+    stale_verdict(report.runs.iter().map(|r| (r.mode.as_str(), r.trace.as_str(), r.stale_responses)))?;
+    Ok(report)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -428,5 +748,13 @@ mod tests {
         let err = stale_verdict([("poll/shm", "zipf", 0), ("poll/tcp", "single", 2)]).unwrap_err().to_string();
         assert!(err.contains("poll/tcp on single: 2"), "{err}");
         assert!(stale_verdict([("no-cache", "worldcup", 1)]).is_err());
+    }
+
+    #[test]
+    fn labels_name_placement_and_write_through() {
+        let labels: Vec<String> = own_service_modes().iter().chain(&hot_modes()).map(Mode::label).collect();
+        assert_eq!(labels, ["poll/tcp@own", "poll/shm@own", "ttl@own", "poll/shm@own", "poll/shm+wt@own"]);
+        assert_eq!(Placement::parse("own").unwrap(), Placement::Own);
+        assert!(Placement::parse("elsewhere").is_err());
     }
 }

@@ -22,10 +22,10 @@ use tierstack_proxy::ProxyStats;
 /// incoherent TTL cache, then coherent polling, two-sided and one-sided.
 pub fn comparison() -> Vec<Mode> {
     vec![
-        Mode { cache: "no-cache", backend: Backend::Shm },
-        Mode { cache: "ttl", backend: Backend::Shm },
-        Mode { cache: "poll", backend: Backend::Tcp },
-        Mode { cache: "poll", backend: Backend::Shm },
+        Mode::new("no-cache", Backend::Shm),
+        Mode::new("ttl", Backend::Shm),
+        Mode::new("poll", Backend::Tcp),
+        Mode::new("poll", Backend::Shm),
     ]
 }
 
@@ -37,7 +37,7 @@ pub fn mode(cache: &str, backend: Backend) -> Result<Mode> {
         "poll" => "poll",
         other => anyhow::bail!("unknown proxy mode {other:?} (expected no-cache, ttl or poll)"),
     };
-    Ok(Mode { cache, backend })
+    Ok(Mode::new(cache, backend))
 }
 
 /// Does `mode` promise never to serve a stale response? Every mode but

@@ -66,6 +66,10 @@ pub struct DeploymentOptions {
     /// responder gets about half the busy CPU rather than one thread's
     /// share, and two-sided checks wait less than on a loaded node.
     pub application_tier_sessions: bool,
+    /// With a push policy: push each update before UPDATE_DONE
+    /// (`tierstack app-server --push-write-through`), the update waiting
+    /// at most this long for it.
+    pub write_through: Option<Duration>,
 }
 
 /// Extra command-line arguments for the application tier's processes (for
@@ -197,6 +201,10 @@ impl Deployment {
             for (node, addr) in (1..=config.proxies).zip(&admin_addrs) {
                 app_args.extend(strings(&["--push-proxy", &format!("{node}=http://{addr}")]));
             }
+            if let Some(bound) = options.write_through {
+                let bound_ms = bound.as_millis().max(1).to_string();
+                app_args.extend(strings(&["--push-write-through", "--push-write-through-timeout-ms", &bound_ms]));
+            }
         }
         app_args.extend(extra.app_server.iter().cloned());
         children.push(spawn_tier(&config.exe, &app_args).context("starting the application server")?);
@@ -260,6 +268,14 @@ impl Deployment {
                 .into_iter()
                 .try_for_each(|w| w.join().unwrap_or_else(|_| Err(anyhow::anyhow!("a warm-up thread panicked"))))
         })
+    }
+
+    /// Updates `path` once at the application server (a PUT), e.g. so a
+    /// timed run does not include the push path's first connections.
+    pub fn update(&self, path: &str) -> Result<()> {
+        let (code, body) = exchange(self.app_addr, "PUT", path)?;
+        anyhow::ensure!(code == 200, "PUT {path} at the application server: status {code}: {body}");
+        Ok(())
     }
 
     /// Each proxy's `/_tierstack/stats`.
@@ -351,10 +367,16 @@ impl Drop for Deployment {
 /// A minimal blocking HTTP/1.1 GET (`Connection: close`) returning the status
 /// line's code and the body: enough for stats endpoints and warm-up, without
 /// a runtime.
-fn get(addr: SocketAddr, path: &str) -> Result<(u16, String)> {
+pub fn get(addr: SocketAddr, path: &str) -> Result<(u16, String)> {
+    exchange(addr, "GET", path)
+}
+
+/// As [`get`], with `method` and an empty body.
+fn exchange(addr: SocketAddr, method: &str, path: &str) -> Result<(u16, String)> {
     let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
     stream.set_read_timeout(Some(Duration::from_secs(60)))?;
-    write!(stream, "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n")?;
+    let length = if method == "GET" { "" } else { "Content-Length: 0\r\n" };
+    write!(stream, "{method} {path} HTTP/1.1\r\nHost: {addr}\r\n{length}Connection: close\r\n\r\n")?;
     let mut response = Vec::new();
     stream.read_to_end(&mut response)?;
     let text = String::from_utf8_lossy(&response);

@@ -10,10 +10,13 @@
 //! plots), [`html`] (the page a person opens: `index.html` per experiment),
 //! [`owner`] (a fabric node in a separate process, pinned to its own CPU,
 //! optionally loaded with busy threads), [`deploy`] (a 2-tier data-center
-//! as processes). Experiments: [`fabric`], [`coherence`], [`pushpull`],
+//! as processes), [`cluster`] (`tierstack cluster up|status|down`: a
+//! topology's services as detached processes). Experiments: [`fabric`], [`coherence`], [`pushpull`],
 //! [`dlm`], [`ddss`], [`monitor`]; [`demo`] is the comparison `tierstack demo` tells.
 
+pub mod cluster;
 pub mod coherence;
+pub mod coop;
 pub mod ddss;
 pub mod demo;
 pub mod deploy;
@@ -23,6 +26,7 @@ pub mod fabric;
 pub mod html;
 pub mod monitor;
 pub mod owner;
+pub mod press;
 pub mod pushpull;
 pub mod report;
 pub mod stats;

@@ -14,6 +14,11 @@ use std::process::{Child, ChildStdin, Command, Stdio};
 use std::time::{Duration, Instant};
 use tierstack_cluster::Backend;
 
+/// Set to `1` in every [`ChildNode`]'s environment: a long-running
+/// `tierstack` command then also stops when its standard input closes (as
+/// `--stop-on-stdin-eof`), so dropping the child stops it.
+pub const STOP_ON_STDIN_EOF_ENV: &str = "TIERSTACK_STOP_ON_STDIN_EOF";
+
 /// How long a child may take to print `ready`.
 pub const READY_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -97,7 +102,43 @@ pub fn free_loopback_port() -> Result<SocketAddr> {
     Ok(listener.local_addr()?)
 }
 
-/// A child `tierstack` process that has printed `ready`.
+/// Makes `command`'s process lead a session of its own (see
+/// [`ChildNode::spawn_in_own_session`]; [`spawn_service`] detaches with it).
+fn in_own_session(command: &mut Command) {
+    // SAFETY: setsid is async-signal-safe and touches no memory of ours;
+    // it fails only if the child already leads a process group, which a
+    // freshly forked child does not.
+    unsafe {
+        command.pre_exec(|| {
+            if libc::setsid() == -1 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
+/// Starts `exe args…` as a service that outlives us: in a session of its
+/// own, standard input `/dev/null` (so it stops only on SIGTERM or SIGINT:
+/// [`STOP_ON_STDIN_EOF_ENV`] is removed from its environment), its output
+/// into `stdout` and `stderr`. `tierstack cluster up` waits for its
+/// `ready` line in `stdout`'s file ([`crate::cluster`]).
+pub fn spawn_service(exe: &Path, args: &[String], stdout: std::fs::File, stderr: std::fs::File) -> Result<Child> {
+    let mut command = Command::new(exe);
+    in_own_session(&mut command);
+    command
+        .args(args)
+        .env_remove(STOP_ON_STDIN_EOF_ENV)
+        .stdin(Stdio::null())
+        .stdout(stdout)
+        .stderr(stderr)
+        .spawn()
+        .with_context(|| format!("starting {} {}", exe.display(), args.join(" ")))
+}
+
+/// A child `tierstack` process that has printed `ready`. It runs with
+/// [`STOP_ON_STDIN_EOF_ENV`] set: closing its standard input (dropping it)
+/// stops it.
 pub struct ChildNode {
     child: Child,
     stdin: Option<ChildStdin>,
@@ -116,26 +157,18 @@ impl ChildNode {
     /// they run: busy threads of a child in our session (an application
     /// tier's compute threads) would shrink the weight of our processes on
     /// the other CPU, and any other session's work there would starve them.
-    /// The child still stops when its standard input closes.
+    /// The child still stops when its standard input closes
+    /// ([`STOP_ON_STDIN_EOF_ENV`]).
     pub fn spawn_in_own_session(exe: &Path, args: &[String]) -> Result<ChildNode> {
         let mut command = Command::new(exe);
-        // SAFETY: setsid is async-signal-safe and touches no memory of ours;
-        // it fails only if the child already leads a process group, which a
-        // freshly forked child does not.
-        unsafe {
-            command.pre_exec(|| {
-                if libc::setsid() == -1 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
+        in_own_session(&mut command);
         Self::start(command, exe, args)
     }
 
     fn start(mut command: Command, exe: &Path, args: &[String]) -> Result<ChildNode> {
         let mut child = command
             .args(args)
+            .env(STOP_ON_STDIN_EOF_ENV, "1")
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())

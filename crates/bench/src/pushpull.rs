@@ -265,6 +265,7 @@ fn measure(config: &PushPullBenchConfig, backend: Backend, policy: &str) -> Resu
             proxy_cache_bytes: Some(config.cache_bytes),
             state_slots: None,
             application_tier_sessions: false,
+            write_through: None,
         },
     )?;
     let trace = Trace::zipf(config.alpha, config.docs)?;

@@ -14,7 +14,29 @@
 //! role = "app"             # proxy | app | db | passive
 //! address = "127.0.0.1:7400"   # tcp: where the node's responder listens
 //! cpu = 1                  # optional: pin the node's process to this CPU
+//!
+//! [node.service]           # optional: what `tierstack cluster up` runs as this node
+//! kind = "app-module"      # app-module | app-server | proxy
+//! socket = "/run/tierstack/module.sock"  # app-module: its local socket
 //! ```
+//!
+//! **Services** (optional, added after the fabric fields; a topology without
+//! them means what it always did). A node's `[node.service]` names the tier
+//! process `tierstack cluster up` starts for it on this host, and that
+//! process's options ([`ServiceSpec`]):
+//!
+//! - `app-module`: `socket` (its local socket, for the application servers).
+//! - `app-server`: `listen` (HTTP, also its `/healthz` and `/readyz`),
+//!   `module` (the node id of its `app-module`, on the same host: it uses
+//!   that node's socket).
+//! - `proxy`: `listen` (clients), `admin` (pushes, stats, `/healthz`,
+//!   `/readyz`), `upstreams` (node ids of `app-server` nodes), optionally
+//!   `mode` (`poll`, the default, `ttl` or `no-cache`).
+//!
+//! Every kind also takes `args`, further options of its `tierstack`
+//! subcommand appended verbatim (`["--cache-bytes", "1000000"]`, `["--docs", "50"]`).
+//! [`Topology::parse`] checks that each reference names a node of the right
+//! kind and that no two services share a listener.
 //!
 //! [`Topology::parse`] validates everything a node needs before it starts
 //! (duplicate ids or addresses, unknown roles, bad addresses, missing tcp
@@ -104,6 +126,57 @@ pub struct NodeSpec {
     pub address: Option<SocketAddr>,
     #[serde(default)]
     pub cpu: Option<usize>,
+    /// The tier process `tierstack cluster up` runs as this node, if any.
+    #[serde(default)]
+    pub service: Option<ServiceSpec>,
+}
+
+/// Which `tierstack` tier command a node's service runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ServiceKind {
+    AppModule,
+    AppServer,
+    Proxy,
+}
+
+impl ServiceKind {
+    /// The `tierstack` subcommand.
+    pub fn command(self) -> &'static str {
+        match self {
+            ServiceKind::AppModule => "app-module",
+            ServiceKind::AppServer => "app-server",
+            ServiceKind::Proxy => "proxy",
+        }
+    }
+}
+
+/// A node's `[node.service]`: see the module documentation.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServiceSpec {
+    pub kind: ServiceKind,
+    /// app-server, proxy: the HTTP listener.
+    #[serde(default)]
+    pub listen: Option<SocketAddr>,
+    /// proxy: the admin listener.
+    #[serde(default)]
+    pub admin: Option<SocketAddr>,
+    /// app-module: its local socket.
+    #[serde(default)]
+    pub socket: Option<PathBuf>,
+    /// app-server: the node of its app-module.
+    #[serde(default)]
+    pub module: Option<NodeId>,
+    /// proxy: the app-server nodes it forwards to.
+    #[serde(default)]
+    pub upstreams: Vec<NodeId>,
+    /// proxy: its cache mode (`poll` when absent).
+    #[serde(default)]
+    pub mode: Option<String>,
+    /// Further options of the subcommand, appended verbatim.
+    #[serde(default)]
+    pub args: Vec<String>,
 }
 
 /// A validated cluster description.
@@ -138,6 +211,14 @@ pub enum TopologyError {
     BadName(String),
     #[error("{node} is not in the topology")]
     UnknownNode { node: NodeId },
+    #[error("{node}'s {kind} service needs `{field}`")]
+    ServiceMissing { node: NodeId, kind: &'static str, field: &'static str },
+    #[error("{node}'s service: `{field}` does not apply to {kind}")]
+    ServiceExtra { node: NodeId, kind: &'static str, field: &'static str },
+    #[error("{node}'s service refers to {other}, which runs no {expected} service")]
+    ServiceReference { node: NodeId, other: NodeId, expected: &'static str },
+    #[error("{node} and {other} both listen on {address}")]
+    ServiceAddress { node: NodeId, other: NodeId, address: SocketAddr },
 }
 
 impl Topology {
@@ -191,7 +272,62 @@ impl Topology {
                 None => {}
             }
         }
+        self.validate_services()
+    }
+
+    /// The `[node.service]` sections: each kind has what it needs and
+    /// nothing it ignores, references name nodes of the right kind, and no
+    /// two listeners share an address.
+    fn validate_services(&self) -> Result<(), TopologyError> {
+        let kind_of =
+            |id: NodeId| self.nodes.iter().find(|n| n.id == id).and_then(|n| n.service.as_ref()).map(|s| s.kind);
+        let mut listeners: Vec<(SocketAddr, NodeId)> = Vec::new();
+        for node in &self.nodes {
+            let Some(service) = &node.service else { continue };
+            let (id, kind) = (node.id, service.kind.command());
+            let missing = |field| TopologyError::ServiceMissing { node: id, kind, field };
+            let extra = |field| TopologyError::ServiceExtra { node: id, kind, field };
+            let (needs_listen, needs_admin, needs_socket, needs_module, needs_upstreams) = match service.kind {
+                ServiceKind::AppModule => (false, false, true, false, false),
+                ServiceKind::AppServer => (true, false, false, true, false),
+                ServiceKind::Proxy => (true, true, false, false, true),
+            };
+            if service.kind != ServiceKind::Proxy && service.mode.is_some() {
+                return Err(extra("mode"));
+            }
+            for (needed, present, field) in [
+                (needs_listen, service.listen.is_some(), "listen"),
+                (needs_admin, service.admin.is_some(), "admin"),
+                (needs_socket, service.socket.is_some(), "socket"),
+                (needs_module, service.module.is_some(), "module"),
+                (needs_upstreams, !service.upstreams.is_empty(), "upstreams"),
+            ] {
+                match (needed, present) {
+                    (true, false) => return Err(missing(field)),
+                    (false, true) => return Err(extra(field)),
+                    _ => {}
+                }
+            }
+            let references = service.module.iter().map(|m| (*m, ServiceKind::AppModule));
+            let references = references.chain(service.upstreams.iter().map(|u| (*u, ServiceKind::AppServer)));
+            for (other, expected) in references {
+                if kind_of(other) != Some(expected) {
+                    return Err(TopologyError::ServiceReference { node: id, other, expected: expected.command() });
+                }
+            }
+            for address in service.listen.iter().chain(service.admin.iter()) {
+                if let Some((_, other)) = listeners.iter().find(|(a, _)| a == address) {
+                    return Err(TopologyError::ServiceAddress { node: id, other: *other, address: *address });
+                }
+                listeners.push((*address, id));
+            }
+        }
         Ok(())
+    }
+
+    /// The nodes with a `[node.service]`, in file order.
+    pub fn services(&self) -> impl Iterator<Item = (&NodeSpec, &ServiceSpec)> {
+        self.nodes.iter().filter_map(|n| n.service.as_ref().map(|s| (n, s)))
     }
 
     pub fn node(&self, id: NodeId) -> Result<&NodeSpec, TopologyError> {
@@ -403,5 +539,73 @@ cpu = 0
         let t =
             Topology::parse("[cluster]\nname = \"s\"\nfabric = \"shm\"\n[[node]]\nid = 3\nrole = \"db\"\n").unwrap();
         assert!(t.shm_root().ends_with("s"));
+    }
+
+    const SERVICES: &str = r#"
+[cluster]
+name = "svc"
+fabric = "shm"
+
+[[node]]
+id = 0
+role = "app"
+[node.service]
+kind = "app-module"
+socket = "/tmp/m.sock"
+
+[[node]]
+id = 1
+role = "app"
+[node.service]
+kind = "app-server"
+listen = "127.0.0.1:7500"
+module = 0
+args = ["--docs", "5"]
+
+[[node]]
+id = 2
+role = "proxy"
+[node.service]
+kind = "proxy"
+listen = "127.0.0.1:7501"
+admin = "127.0.0.1:7502"
+upstreams = [1]
+
+[[node]]
+id = 3
+role = "passive"
+"#;
+
+    #[test]
+    fn parses_services_and_leaves_nodes_without_one_alone() {
+        let t = Topology::parse(SERVICES).unwrap();
+        let kinds: Vec<(u32, ServiceKind)> = t.services().map(|(n, s)| (n.id.0, s.kind)).collect();
+        assert_eq!(kinds, vec![(0, ServiceKind::AppModule), (1, ServiceKind::AppServer), (2, ServiceKind::Proxy)]);
+        let (_, server) = t.services().nth(1).unwrap();
+        assert_eq!(server.module, Some(NodeId(0)));
+        assert_eq!(server.args, vec!["--docs".to_string(), "5".to_string()]);
+        assert!(t.node(NodeId(3)).unwrap().service.is_none());
+        // The topologies written before services existed still parse.
+        assert!(Topology::parse(GOOD).unwrap().services().next().is_none());
+    }
+
+    #[test]
+    fn rejects_bad_services_with_clear_errors() {
+        let e = |text: String| Topology::parse(&text).unwrap_err().to_string();
+        assert!(e(SERVICES.replace("socket = \"/tmp/m.sock\"\n", "")).contains("needs `socket`"));
+        assert!(e(SERVICES.replace("module = 0", "module = 2")).contains("runs no app-module"));
+        assert!(e(SERVICES.replace("upstreams = [1]", "upstreams = [0]")).contains("runs no app-server"));
+        assert!(e(SERVICES.replace("upstreams = [1]", "upstreams = []")).contains("needs `upstreams`"));
+        assert!(e(SERVICES.replace("7502", "7500")).contains("both listen on"));
+        assert!(e(SERVICES.replace("module = 0", "module = 0\nadmin = \"127.0.0.1:7600\"")).contains("does not apply"));
+        assert!(e(SERVICES.replace("\"app-module\"", "\"mainframe\"")).contains("unknown variant"));
+        assert!(e(SERVICES.replace("module = 0", "module = 0\nmode = \"ttl\"")).contains("`mode` does not apply"));
+    }
+
+    #[test]
+    fn the_shipped_multi_host_example_is_valid() {
+        let t = Topology::parse(include_str!("../../../deploy/cluster.toml")).unwrap();
+        assert_eq!(t.cluster.fabric, Backend::Tcp);
+        assert!(t.services().count() >= 4);
     }
 }

@@ -510,8 +510,12 @@ impl LoadSource for SocketAsyncSource {
     }
 
     fn read(&self, index: usize) -> Reading {
+        let Some(Ok(slot)) = self.slots.get(index).map(|s| s.lock()) else {
+            return Reading::unknown(host_monotonic_ns());
+        };
+        // Read the clock under the slot's lock: taken before it, the receiver
+        // could install a record sampled after this "read" time.
         let read_ns = host_monotonic_ns();
-        let Some(Ok(slot)) = self.slots.get(index).map(|s| s.lock()) else { return Reading::unknown(read_ns) };
         let Some(record) = slot.last else {
             let health = if slot.dead { Health::Dead } else { Health::Unknown };
             return Reading { record: LoadRecord::default(), read_ns, health };

@@ -280,8 +280,14 @@ impl State {
 
     /// The admin listener: `GET /stats`.
     pub(crate) async fn serve_admin(self: Arc<Self>, request: Request<Incoming>) -> Response<Body> {
+        // Its files are opened (or synthesized) before it serves: alive is ready.
+        match request.uri().path() {
+            tierstack_tier_http::HEALTHZ_PATH => return tierstack_tier_http::alive(),
+            tierstack_tier_http::READYZ_PATH => return tierstack_tier_http::readiness(&[]),
+            _ => {}
+        }
         if request.uri().path() != "/stats" {
-            return text(StatusCode::NOT_FOUND, "the admin listener serves GET /stats\n");
+            return text(StatusCode::NOT_FOUND, "the admin listener serves GET /stats, /healthz and /readyz\n");
         }
         if request.method() != Method::GET {
             let mut response = text(StatusCode::METHOD_NOT_ALLOWED, "only GET\n");

@@ -996,7 +996,42 @@ async fn handle_admin(state: Arc<State>, request: Request<Incoming>) -> Response
             text(StatusCode::NOT_FOUND, format!("{key} is not cached\n"))
         };
     }
+    if path == tierstack_tier_http::HEALTHZ_PATH {
+        return tierstack_tier_http::alive();
+    }
+    if path == tierstack_tier_http::READYZ_PATH {
+        return readiness(&state).await;
+    }
     text(StatusCode::NOT_FOUND, format!("no admin endpoint {path}\n"))
+}
+
+/// How long `/readyz` waits for each upstream's own `/readyz`.
+const READYZ_UPSTREAM_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// `/readyz`: ready once at least one upstream answers its own `/readyz`
+/// with 200 (an application server is ready while its module answers).
+/// The fabric node, needed in poll mode, is attached before the proxy
+/// serves at all.
+async fn readiness(state: &State) -> Response<Body> {
+    let mut failures = Vec::new();
+    for upstream in &state.upstreams {
+        let target = format!("{}{}", upstream.to_string().trim_end_matches('/'), tierstack_tier_http::READYZ_PATH);
+        let Ok(uri) = target.parse::<Uri>() else {
+            failures.push(format!("{upstream}: unusable URL"));
+            continue;
+        };
+        let mut request = Request::new(Full::new(Bytes::new()));
+        *request.uri_mut() = uri;
+        match tokio::time::timeout(READYZ_UPSTREAM_TIMEOUT, state.client.request(request)).await {
+            Ok(Ok(response)) if response.status() == StatusCode::OK => {
+                return tierstack_tier_http::readiness(&[("upstreams", Ok(()))])
+            }
+            Ok(Ok(response)) => failures.push(format!("{upstream}: status {}", response.status())),
+            Ok(Err(e)) => failures.push(format!("{upstream}: {e}")),
+            Err(_) => failures.push(format!("{upstream}: no answer within {READYZ_UPSTREAM_TIMEOUT:?}")),
+        }
+    }
+    tierstack_tier_http::readiness(&[("upstreams", Err(format!("none ready ({})", failures.join("; "))))])
 }
 
 /// A request not yet classified as a hit, coalesced or a miss; counted as

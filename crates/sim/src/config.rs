@@ -60,6 +60,9 @@ pub enum Budget {
 #[derive(Clone, Debug)]
 pub struct SimConfig {
     pub nodes: usize,
+    /// Clients send requests to nodes `0..client_nodes` only (the front
+    /// tier, e.g. the proxies before the web servers); `None`: every node.
+    pub client_nodes: Option<usize>,
     pub load: Load,
     pub target_choice: TargetChoice,
     /// Every request opens (and closes) its own client connection; otherwise
@@ -79,6 +82,9 @@ impl SimConfig {
     pub fn validate(&self) -> Result<(), ConfigError> {
         if self.nodes == 0 || self.nodes > tierstack_base::limits::NODES_MAX as usize {
             return Err(ConfigError::Nodes { got: self.nodes });
+        }
+        if self.client_nodes.is_some_and(|n| n == 0 || n > self.nodes) {
+            return Err(ConfigError::Nodes { got: self.client_nodes.unwrap_or(0) });
         }
         let (clients, requests) = match &self.load {
             Load::Closed { clients, budget: Budget::Total(total) } => (*clients, *total),

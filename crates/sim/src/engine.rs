@@ -216,7 +216,7 @@ impl<'c, P: Policy> Engine<'c, P> {
         let clients = (0..clients_n)
             .map(|w| Client {
                 stream: trace.stream(config.seed, w, clients_n),
-                chooser: TargetChooser::new(config.target_choice, nodes, config.seed, w),
+                chooser: TargetChooser::new(config.target_choice, config.client_nodes.unwrap_or(nodes), config.seed, w),
                 remaining: match &config.load {
                     Load::Closed { budget: Budget::PerClient(counts), .. } => counts.get(w).copied().unwrap_or(0),
                     _ => 0,

@@ -22,9 +22,11 @@
 //! give a byte-identical [`SimReport`].
 
 pub mod config;
+pub mod coop;
 pub mod costs;
 mod engine;
 pub mod policy;
+pub mod press;
 pub mod report;
 
 pub use config::{Budget, ConfigError, Load, SimConfig};
@@ -43,10 +45,28 @@ pub use tierstack_workload::Arrivals;
 pub enum PolicyName {
     /// [`Independent`].
     Independent,
+    /// [`coop::Coop`] with a scheme (`coop:ac`, `coop:bcc`, `coop:ccwr`,
+    /// `coop:mtacc`, `coop:hybcc`, `coop:groupcache`): the proxies are the
+    /// client nodes (`SimConfig::client_nodes`), the other nodes web servers.
+    Coop(tierstack_coop::Scheme),
+    /// [`press::Press`] in one of its communication versions (T = 256).
+    Press(press::PressVersion),
 }
 
 impl PolicyName {
-    pub const ALL: [&'static str; 1] = ["independent"];
+    pub const ALL: [&'static str; 11] = [
+        "independent",
+        "press-base",
+        "press-rdma-1c",
+        "press-rdma",
+        "press-zero",
+        "coop:ac",
+        "coop:bcc",
+        "coop:ccwr",
+        "coop:mtacc",
+        "coop:hybcc",
+        "coop:groupcache",
+    ];
 }
 
 impl std::str::FromStr for PolicyName {
@@ -55,12 +75,21 @@ impl std::str::FromStr for PolicyName {
     fn from_str(s: &str) -> Result<Self, String> {
         match s {
             "independent" => Ok(Self::Independent),
-            other => Err(format!("unknown policy {other:?} (known: {})", Self::ALL.join(", "))),
+            "press-base" => Ok(Self::Press(press::PressVersion::Base)),
+            "press-rdma-1c" => Ok(Self::Press(press::PressVersion::Rdma1c)),
+            "press-rdma" => Ok(Self::Press(press::PressVersion::Rdma)),
+            "press-zero" => Ok(Self::Press(press::PressVersion::Zero)),
+            other => match other.strip_prefix("coop:").map(str::parse::<tierstack_coop::Scheme>) {
+                Some(Ok(scheme)) => Ok(Self::Coop(scheme)),
+                _ => Err(format!("unknown policy {other:?} (known: {})", Self::ALL.join(", "))),
+            },
         }
     }
 }
 
-/// Runs the named policy.
+/// Runs the named policy. For a `coop:` policy, `config.cache_bytes` is each
+/// node's cooperative pool and the engine's own storage caches nothing (a
+/// miss reads the web server's disk, the calibrated miss cost).
 pub fn run_named(
     name: PolicyName,
     config: &SimConfig,
@@ -68,5 +97,30 @@ pub fn run_named(
 ) -> Result<SimReport, SimError> {
     match name {
         PolicyName::Independent => run(config, trace, Independent),
+        PolicyName::Coop(scheme) => {
+            let proxies = config.client_nodes.unwrap_or(config.nodes);
+            let what = |what: String| SimError::Policy { policy: "coop", what };
+            if proxies >= config.nodes {
+                return Err(what("needs web servers: give --client-nodes below --nodes".into()));
+            }
+            let sim = coop::CoopSim {
+                scheme,
+                proxies,
+                backends: config.nodes - proxies,
+                cache_bytes: config.cache_bytes,
+                lookup_ns: coop::LOOKUP_NS_DEFAULT,
+                miss_cpu_ns: 0,
+            };
+            let policy = coop::Coop::new(sim).map_err(|e| what(e.to_string()))?;
+            let engine_config = SimConfig { cache_bytes: 0, ..config.clone() };
+            let mut report = run(&engine_config, trace, policy)?;
+            report.cache_bytes = config.cache_bytes;
+            Ok(report)
+        }
+        PolicyName::Press(version) => {
+            let policy = press::Press::new(config.nodes, version, tierstack_press::PolicyConfig::default())
+                .map_err(|e| SimError::Policy { policy: version.name(), what: e.to_string() })?;
+            run(config, trace, policy)
+        }
     }
 }

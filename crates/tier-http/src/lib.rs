@@ -79,8 +79,10 @@ pub struct PeerAddr(pub std::net::SocketAddr);
 pub type ConnectionHook = Arc<dyn Fn() -> Box<dyn Send> + Send + Sync>;
 
 /// Serves HTTP/1.1 on `listener` with `handler` until `stop` fires;
-/// connections in progress finish their current request. Responses may
-/// carry any body (usually [`Body`]; the proxy streams).
+/// connections in progress finish their current request (idle ones close)
+/// and the future resolves once every connection has ended. Bound the wait
+/// with a timeout for a grace period. Responses may carry any body (usually
+/// [`Body`]; the proxy streams).
 pub async fn serve<H, F, B>(listener: TcpListener, handler: Arc<H>, stop: Stop) -> std::io::Result<()>
 where
     H: Fn(Request<Incoming>) -> F + Send + Sync + 'static,
@@ -137,11 +139,19 @@ where
 {
     let mut watcher = stop.watcher();
     let slots = options.max_connections.map(|max| Arc::new(tokio::sync::Semaphore::new(max)));
+    // Every connection task holds a sender: once ours is dropped, `recv`
+    // returns `None` when the last connection has ended.
+    let (open_tx, mut open_rx) = tokio::sync::mpsc::channel::<()>(1);
     loop {
         let slot = match &slots {
             Some(slots) => tokio::select! {
                 slot = slots.clone().acquire_owned() => slot.ok(),
-                _ = stopped(watcher.clone()) => return Ok(()),
+                _ = stopped(watcher.clone()) => {
+                    drop(listener);
+                    drop(open_tx);
+                    let _ = open_rx.recv().await;
+                    return Ok(());
+                }
             },
             None => None,
         };
@@ -155,14 +165,21 @@ where
                     continue;
                 }
             },
-            _ = stopped(watcher.clone()) => return Ok(()),
+            _ = stopped(watcher.clone()) => {
+                drop(listener);
+                drop(open_tx);
+                let _ = open_rx.recv().await;
+                return Ok(());
+            }
         };
         let _ = stream.set_nodelay(true);
         let handler = handler.clone();
         let conn_stop = watcher.clone();
         let held = on_connection.as_ref().map(|hook| hook());
+        let open = open_tx.clone();
         tokio::spawn(async move {
             let _held_while_connected = (held, slot);
+            let _open = open;
             let service = service_fn(move |mut request: Request<Incoming>| {
                 request.extensions_mut().insert(PeerAddr(peer));
                 let response = handler(request);
@@ -188,5 +205,30 @@ where
             }
         });
         let _ = watcher.borrow_and_update();
+    }
+}
+
+/// The path every tier answers `200 alive` on (its admin listener).
+pub const HEALTHZ_PATH: &str = "/healthz";
+/// The path every tier answers readiness on: 200 once it can serve, 503
+/// with the failed checks before.
+pub const READYZ_PATH: &str = "/readyz";
+
+/// `/healthz`'s answer: the process runs and its listener accepts.
+pub fn alive() -> Response<Body> {
+    text(StatusCode::OK, "alive\n")
+}
+
+/// `/readyz`'s answer from named checks: 200 `ready` if every one passed,
+/// else 503 listing each failure on a line of its own.
+pub fn readiness(checks: &[(&str, Result<(), String>)]) -> Response<Body> {
+    let failures: Vec<String> = checks
+        .iter()
+        .filter_map(|(name, outcome)| outcome.as_ref().err().map(|why| format!("{name}: {why}\n")))
+        .collect();
+    if failures.is_empty() {
+        text(StatusCode::OK, "ready\n")
+    } else {
+        text(StatusCode::SERVICE_UNAVAILABLE, format!("not ready\n{}", failures.concat()))
     }
 }

@@ -2,14 +2,36 @@
 //! open what the topology describes, call into the crates that do the work.
 
 mod cmd;
+mod service;
 
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
 #[command(name = "tierstack", version, about = "Multi-tier data-center services on one-sided remote memory operations")]
 struct Cli {
+    /// Log lines on standard error: `human` or `json` (one JSON object per
+    /// line, for log collectors). The filter comes from TIERSTACK_LOG
+    /// (default `warn`).
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Human)]
+    log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
+}
+
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+enum LogFormat {
+    Human,
+    Json,
+}
+
+fn init_logs(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("TIERSTACK_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let logs = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    match format {
+        LogFormat::Human => logs.init(),
+        LogFormat::Json => logs.json().with_current_span(false).init(),
+    }
 }
 
 #[derive(Subcommand)]
@@ -24,6 +46,9 @@ enum Command {
     Fabric(cmd::fabric::FabricCommand),
     /// Load client: replay a trace over HTTP while an updater changes documents; checks staleness.
     Load(cmd::load::LoadArgs),
+    /// Run a topology's services on this host as detached processes: `up`, `status` (health and load), `down` (graceful).
+    #[command(subcommand)]
+    Cluster(cmd::cluster::ClusterCommand),
     /// Trace-driven cluster simulator: N nodes with CPUs, NICs, disks and caches under a policy; exact counts, modelled throughput.
     Sim(cmd::sim::SimArgs),
     /// The application module: version table owner and Table 1 queues, on a local socket.
@@ -37,11 +62,13 @@ enum Command {
     Top(cmd::top::TopArgs),
     /// A static origin web server (a directory or a synthetic file set) with an emulated disk and a memory cache.
     Origin(cmd::origin::OriginArgs),
+    /// A PRESS cluster node (HTTP): locality-conscious request distribution (Fig. 1) over fabric messages.
+    PressNode(cmd::press::PressNodeArgs),
     /// DDSS node daemon: start the node's substrate and serve it to local processes on a socket.
     DdssDaemon(cmd::ddss::DaemonArgs),
     /// DDSS client process: run a randomized history through a node's daemon, print its events.
     DdssClient(cmd::ddss::ClientArgs),
-    /// Lock-manager node: run random shared/exclusive holds on a topology's locks, print each hold, serve until stdin closes.
+    /// Lock-manager node: run random shared/exclusive holds on a topology's locks, print each hold, serve until SIGTERM.
     DlmNode(cmd::dlm::LockNodeArgs),
     /// Lock-manager operator tools: `status` (every lock's and node's state, read one-sidedly), `break <lock>`.
     #[command(subcommand)]
@@ -60,13 +87,6 @@ enum Command {
 }
 
 fn main() -> std::process::ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("TIERSTACK_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
     let args = match cmd::proxy_config::expand(std::env::args_os().collect()) {
         Ok(args) => args,
         Err(e) => {
@@ -75,6 +95,7 @@ fn main() -> std::process::ExitCode {
         }
     };
     let cli = Cli::parse_from(args);
+    init_logs(cli.log_format);
     let result = match cli.command {
         Command::Demo(args) => cmd::demo::run(args),
         Command::Bench(command) => cmd::bench::run(command),
@@ -86,6 +107,7 @@ fn main() -> std::process::ExitCode {
         Command::Reconfigure(args) => cmd::reconfig::run(args),
         Command::MonitorNode(args) => cmd::monitor::run_node(args),
         Command::Origin(args) => cmd::origin::run(args),
+        Command::PressNode(args) => cmd::press::run(args),
         Command::DdssDaemon(args) => cmd::ddss::run_daemon(args),
         Command::DdssClient(args) => cmd::ddss::run_client(args),
         Command::DlmNode(args) => cmd::dlm::run_node(args),
@@ -94,6 +116,7 @@ fn main() -> std::process::ExitCode {
         Command::Load(args) => cmd::load::run(args),
         Command::Trace(command) => cmd::trace::run(command),
         Command::Sim(args) => cmd::sim::run(args),
+        Command::Cluster(command) => cmd::cluster::run(command),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

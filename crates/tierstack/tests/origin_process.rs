@@ -32,6 +32,7 @@ impl OriginChild {
                 .arg("origin")
                 .args(["--listen", &listen.to_string(), "--admin", &admin.to_string()])
                 .args(args)
+                .arg("--stop-on-stdin-eof")
                 .stdin(Stdio::piped())
                 .stdout(Stdio::piped())
                 .stderr(Stdio::inherit())

@@ -65,6 +65,7 @@ impl Origin {
                 .args(["origin", "--listen", &listen.to_string(), "--admin", &admin.to_string()])
                 .args(["--trace", TRACE, "--seed", SEED, "--cache-bytes", CACHE_BYTES])
                 .args(["--disk-seek-us", DISK_SEEK_US, "--disk-mb-per-s", DISK_MB_PER_S])
+                .arg("--stop-on-stdin-eof")
                 .stdin(Stdio::piped())
                 .stdout(Stdio::piped())
                 .stderr(Stdio::inherit())

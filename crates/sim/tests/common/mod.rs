@@ -57,6 +57,7 @@ pub fn round_disk() -> DiskModel {
 /// A closed loop of `clients` over `nodes` with round costs.
 pub fn closed(nodes: usize, clients: usize, requests: u64, cache_bytes: u64) -> SimConfig {
     SimConfig {
+        client_nodes: None,
         nodes,
         load: Load::Closed { clients, budget: Budget::Total(requests) },
         target_choice: TargetChoice::Fixed,

@@ -8,6 +8,34 @@ use tierstack_cluster::Backend;
 
 #[derive(Subcommand)]
 pub enum BenchCommand {
+    /// Cooperative caching (coop seed Fig. 5/6 and Table 2) on `tierstack sim`: AC, BCC, CCWR,
+    /// MTACC, HYBCC and a groupcache baseline on 2 and 8 proxies + 2 web servers, 8k-64k traces.
+    Coop {
+        /// Output folder for JSON and plots.
+        #[arg(long, default_value = "report/coop")]
+        out: PathBuf,
+        /// Scale 0.05, 10 requests per file.
+        #[arg(long)]
+        quick: bool,
+        /// Working set and cache scale (1.0 = the seed's 10,000 files and 64 MiB per node).
+        #[arg(long)]
+        scale: Option<f64>,
+        /// Requests per document of the trace.
+        #[arg(long)]
+        requests_per_file: Option<u64>,
+        /// The web servers' disk seek (the miss cost), microseconds.
+        #[arg(long)]
+        disk_seek_us: Option<f64>,
+        /// Replica search cost per page table, nanoseconds.
+        #[arg(long)]
+        lookup_ns: Option<u64>,
+        /// Proxy CPU per miss, microseconds (the calibration knob).
+        #[arg(long)]
+        miss_cpu_us: Option<u64>,
+        /// Proxy counts to run (default 2,8).
+        #[arg(long, value_delimiter = ',')]
+        proxies: Option<Vec<usize>>,
+    },
     /// Strongly coherent caching (coherency paper Fig. 9-11): response time and throughput vs
     /// compute threads, response-time breakdown, traces; no-cache, poll/tcp, poll/shm and ttl.
     Coherence {
@@ -23,6 +51,25 @@ pub enum BenchCommand {
         /// Seconds per run.
         #[arg(long)]
         duration_s: Option<u64>,
+        /// Placements of the module for poll/tcp and poll/shm: `shared` (in the compute
+        /// threads' scheduling group, the paper's node) and/or `own` (module and server
+        /// each in a session, so an autogroup, of its own).
+        #[arg(long, value_delimiter = ',', default_value = "shared,own")]
+        placements: Vec<String>,
+        /// The hot-document experiment instead (issue 16): ttl, poll/shm and poll/shm with
+        /// write-through push at 200 compute threads and 32 connections, single/zipf/worldcup.
+        #[arg(long)]
+        hot: bool,
+        /// Connections of the load client (default 16; 32 with --hot).
+        #[arg(long)]
+        connections: Option<usize>,
+        /// With --hot: compute threads of the Zipf and WorldCup-like runs (default: the last
+        /// of --compute-threads, 200).
+        #[arg(long, requires = "hot")]
+        trace_threads: Option<usize>,
+        /// Write-through's bound on an update's wait for its pushes.
+        #[arg(long, default_value_t = 500)]
+        write_through_bound_ms: u64,
     },
     /// Fabric micro-benchmarks (coherency paper Fig. 8) and owner-load sensitivity.
     Fabric {
@@ -126,6 +173,31 @@ pub enum BenchCommand {
         #[arg(long, default_value_t = 16)]
         connections: usize,
     },
+    /// PRESS (Carrera and Bianchini): Fig. 3 (TCP vs Base), Table 2 (messages and bytes per type per
+    /// 1,000 requests), Fig. 5 (throughput vs nodes) and PRESS vs traditional, on press-node processes.
+    Press {
+        /// Output folder for JSON and plots.
+        #[arg(long, default_value = "report/press")]
+        out: PathBuf,
+        /// Clarknet only, 1 and 2 nodes, 2 s per run.
+        #[arg(long)]
+        quick: bool,
+        /// Traces (clarknet, nasa, rutgers, usask, wc98).
+        #[arg(long, value_delimiter = ',')]
+        traces: Option<Vec<String>>,
+        /// Node counts of Fig. 5 (the largest is used for the per-trace runs).
+        #[arg(long, value_delimiter = ',')]
+        nodes: Option<Vec<usize>>,
+        /// Scale of the synthesized traces (files and per-node caches).
+        #[arg(long)]
+        scale: Option<f64>,
+        /// Seconds measured per run.
+        #[arg(long)]
+        duration_s: Option<u64>,
+        /// Closed-loop client connections.
+        #[arg(long)]
+        connections: Option<usize>,
+    },
     /// Adaptive push-pull (coherency paper Fig. 12-14): wasted updates, cache misses and response
     /// time of pull, push and the shared-cache-state hybrid at several fractions, per backend.
     PushPull {
@@ -164,6 +236,37 @@ pub enum BenchCommand {
 
 pub fn run(command: BenchCommand) -> Result<()> {
     match command {
+        BenchCommand::Coop { out, quick, scale, requests_per_file, disk_seek_us, lookup_ns, miss_cpu_us, proxies } => {
+            let mut config = tierstack_bench::coop::CoopBenchConfig::new(out, quick);
+            config.scale = scale.unwrap_or(config.scale);
+            config.requests_per_file = requests_per_file.unwrap_or(config.requests_per_file);
+            config.disk_seek_us = disk_seek_us.unwrap_or(config.disk_seek_us);
+            config.lookup_ns = lookup_ns.unwrap_or(config.lookup_ns);
+            config.miss_cpu_ns = miss_cpu_us.map_or(config.miss_cpu_ns, |us| us * 1000);
+            config.proxies = proxies.unwrap_or(config.proxies);
+            tierstack_bench::coop::run_bench(&config)?;
+            Ok(())
+        }
+        BenchCommand::Press { out, quick, traces, nodes, scale, duration_s, connections } => {
+            let mut config = tierstack_bench::press::PressBenchConfig::new(std::env::current_exe()?, out, quick);
+            if let Some(traces) = traces {
+                config.traces = traces;
+            }
+            if let Some(nodes) = nodes {
+                config.nodes = nodes;
+            }
+            if let Some(scale) = scale {
+                config.scale = scale;
+            }
+            if let Some(duration_s) = duration_s {
+                config.duration_s = duration_s;
+            }
+            if let Some(connections) = connections {
+                config.connections = connections;
+            }
+            tierstack_bench::press::run(&config)?;
+            Ok(())
+        }
         BenchCommand::Monitor {
             out,
             quick,
@@ -212,16 +315,41 @@ pub fn run(command: BenchCommand) -> Result<()> {
             }
             Ok(())
         }
-        BenchCommand::Coherence { out, quick, compute_threads, duration_s } => {
-            let mut config =
-                tierstack_bench::coherence::CoherenceBenchConfig::new(std::env::current_exe()?, out, quick);
+        BenchCommand::Coherence {
+            out,
+            quick,
+            compute_threads,
+            duration_s,
+            placements,
+            hot,
+            connections,
+            trace_threads,
+            write_through_bound_ms,
+        } => {
+            use tierstack_bench::coherence::{CoherenceBenchConfig, Placement};
+            let exe = std::env::current_exe()?;
+            let mut config = if hot {
+                CoherenceBenchConfig::hot(exe, out, quick)
+            } else {
+                CoherenceBenchConfig::new(exe, out, quick)
+            };
+            config.placements = placements.iter().map(|p| Placement::parse(p)).collect::<Result<_>>()?;
+            if let Some(connections) = connections {
+                config.connections = connections;
+            }
+            config.trace_threads = trace_threads;
+            config.write_through_bound = std::time::Duration::from_millis(write_through_bound_ms);
             if let Some(threads) = compute_threads {
                 config.compute_threads = threads;
             }
             if let Some(seconds) = duration_s {
                 config.duration = std::time::Duration::from_secs(seconds);
             }
-            tierstack_bench::coherence::run(&config)?;
+            if hot {
+                tierstack_bench::coherence::run_hot(&config)?;
+            } else {
+                tierstack_bench::coherence::run(&config)?;
+            }
             Ok(())
         }
         BenchCommand::Fabric { out, quick, backends, loads } => {

@@ -14,7 +14,7 @@ use clap::Args;
 use rand::seq::SliceRandom;
 use rand::Rng;
 use serde_json::{json, Value};
-use std::io::{BufRead, Read, Write};
+use std::io::{BufRead, Write};
 use std::path::PathBuf;
 use std::sync::Arc;
 use tierstack_base::host_monotonic_ns as monotonic_ns;
@@ -30,10 +30,12 @@ pub struct DaemonArgs {
     /// The control socket to listen on (a stale one is replaced).
     #[arg(long)]
     socket: PathBuf,
-    /// Serve until SIGTERM or SIGINT only, ignoring standard input (for
-    /// supervisors that start the daemon without a pipe).
-    #[arg(long)]
+    /// Accepted for compatibility: standard input is ignored unless
+    /// --stop-on-stdin-eof is given.
+    #[arg(long, hide = true, conflicts_with = "stop_on_stdin_eof")]
     ignore_stdin: bool,
+    #[command(flatten)]
+    service: crate::service::ServiceArgs,
 }
 
 #[derive(Args)]
@@ -101,15 +103,9 @@ pub fn stats_json(stats: &DdssStats) -> Value {
     })
 }
 
-/// Why the daemon stops.
-enum StopReason {
-    StdinClosed,
-    Signal(&'static str),
-}
-
 /// Starts the node's substrate, serves it on the socket, prints `ready`,
-/// serves until standard input closes (unless `--ignore-stdin`) or
-/// SIGTERM/SIGINT arrives, then stops
+/// serves as a service (`crate::service`: until SIGTERM/SIGINT, or its
+/// standard input's end with `--stop-on-stdin-eof`), then stops
 /// the daemon (closing its clients and removing the socket) and prints one
 /// JSON line with the daemon handle's own counters.
 pub fn run_daemon(args: DaemonArgs) -> Result<()> {
@@ -124,47 +120,14 @@ pub fn run_daemon(args: DaemonArgs) -> Result<()> {
             .with_context(|| format!("starting the substrate on {node}"))?,
     );
 
-    // Both ways to stop report into one channel. The signal streams are
-    // registered before `ready`, so a signal sent right after it is not lost.
-    let (stop_tx, stop_rx) = std::sync::mpsc::channel::<StopReason>();
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-    let (mut terminate, mut interrupt) = {
-        use tokio::signal::unix::{signal, SignalKind};
-        let _entered = runtime.enter();
-        (signal(SignalKind::terminate())?, signal(SignalKind::interrupt())?)
-    };
-    {
-        let stop_tx = stop_tx.clone();
-        std::thread::Builder::new().name("ddss-signals".into()).spawn(move || {
-            let reason = runtime.block_on(async {
-                tokio::select! {
-                    _ = terminate.recv() => "SIGTERM",
-                    _ = interrupt.recv() => "SIGINT",
-                }
-            });
-            let _ = stop_tx.send(StopReason::Signal(reason));
-        })?;
-    }
-
+    // Registered before `ready`, so a stop asked for right after is not lost.
+    let stopped = args.service.stop_watch_thread()?;
     let daemon = DdssDaemon::serve(ddss.clone(), &args.socket)
         .with_context(|| format!("serving on {}", args.socket.display()))?;
     println!("ready");
     std::io::stdout().flush()?;
 
-    if !args.ignore_stdin {
-        std::thread::Builder::new().name("ddss-stdin".into()).spawn(move || {
-            // Read in fixed chunks (not lines), so endless input without
-            // newlines cannot grow a buffer.
-            let mut chunk = [0u8; 1024];
-            let mut stdin = std::io::stdin().lock();
-            while matches!(stdin.read(&mut chunk), Ok(n) if n > 0) {}
-            let _ = stop_tx.send(StopReason::StdinClosed);
-        })?;
-    }
-    let reason = match stop_rx.recv() {
-        Ok(StopReason::StdinClosed) | Err(_) => "stdin closed",
-        Ok(StopReason::Signal(name)) => name,
-    };
+    let reason = stopped.recv().map(|cause| cause.name()).unwrap_or("stop watcher gone");
     tracing::info!(%node, reason, "DDSS daemon stopping");
     daemon.stop();
     println!("{}", json!({ "stopped": reason, "node": node.0, "stats": stats_json(&ddss.stats()) }));

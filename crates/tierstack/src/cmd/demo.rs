@@ -452,7 +452,7 @@ mod tests {
     }
 
     fn poll() -> Mode {
-        Mode { cache: "poll", backend: Backend::Shm }
+        Mode::new("poll", Backend::Shm)
     }
 
     #[test]
@@ -475,9 +475,9 @@ mod tests {
         assert!(check(&poll(), &clean(), &proxies).is_ok());
         let stale = LoadReport { stale_responses: 1, ..clean() };
         assert!(check(&poll(), &stale, &proxies).is_err());
-        assert!(check(&Mode { cache: "no-cache", backend: Backend::Shm }, &stale, &proxies).is_err());
+        assert!(check(&Mode::new("no-cache", Backend::Shm), &stale, &proxies).is_err());
         assert!(
-            check(&Mode { cache: "ttl", backend: Backend::Shm }, &stale, &proxies).is_ok(),
+            check(&Mode::new("ttl", Backend::Shm), &stale, &proxies).is_ok(),
             "ttl is not coherent: its staleness is expected"
         );
         let mut failed = clean();

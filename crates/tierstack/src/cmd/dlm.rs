@@ -58,7 +58,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use rand::Rng;
 use serde_json::{json, Value};
-use std::io::{BufRead, Read, Write};
+use std::io::{BufRead, Write};
 use std::ops::Range;
 use std::time::{Duration, Instant};
 use tierstack_base::host_monotonic_ns as monotonic_ns;
@@ -119,6 +119,8 @@ pub struct LockNodeArgs {
     run_until_ns: Option<u64>,
     #[command(flatten)]
     recovery: RecoveryArgs,
+    #[command(flatten)]
+    service: crate::service::ServiceArgs,
 }
 
 /// How a lock manager recovers from dead and stopped peers (every node of a
@@ -288,6 +290,10 @@ pub fn run_node(args: LockNodeArgs) -> Result<()> {
             bail!("standard input closed before go");
         }
     }
+    // Installed after the go line was read: with --stop-on-stdin-eof the
+    // watcher reads standard input to its end.
+    drop(stdin);
+    let stopped = args.service.stop_watch_thread()?;
     if is_server {
         ensure_locks(&manager, locks())?;
     }
@@ -349,10 +355,8 @@ pub fn run_node(args: LockNodeArgs) -> Result<()> {
         "moves": stats.moves, "peers_lost": stats.peers_lost, "violations": stats.violations,
     }))?;
 
-    // Keep serving (the receive thread does) until standard input closes.
-    // Read in fixed chunks, so endless input without newlines cannot grow a buffer.
-    let mut chunk = [0u8; 1024];
-    while matches!(stdin.read(&mut chunk), Ok(n) if n > 0) {}
+    // Keep serving (the receive thread does) until asked to stop.
+    let _ = stopped.recv();
     let stats = manager.stats();
     drop(manager);
     emit(&json!({

@@ -39,6 +39,8 @@ pub enum FabricCommand {
         /// continuously (all payload words equal), for torn-read stress tests.
         #[arg(long, default_value_t = 0)]
         seq_records: u32,
+        #[command(flatten)]
+        service: crate::service::ServiceArgs,
     },
     /// Perform one operation and print its result as JSON.
     Op {
@@ -105,8 +107,8 @@ fn seq_record(index: u32) -> Result<SeqRecord> {
 
 pub fn run(command: FabricCommand) -> Result<()> {
     match command {
-        FabricCommand::Serve { node, regions, busy_threads, seq_records } => {
-            serve(&node, &regions, busy_threads, seq_records)
+        FabricCommand::Serve { node, regions, busy_threads, seq_records, service } => {
+            serve(&node, &regions, busy_threads, seq_records, &service)
         }
         FabricCommand::Op { node, target, op, offset, value, expected } => {
             let (_, fabric) = node.open()?;
@@ -171,7 +173,17 @@ pub fn run(command: FabricCommand) -> Result<()> {
     }
 }
 
-fn serve(node: &NodeArgs, regions: &[(String, u64)], busy_threads: usize, seq_records: u32) -> Result<()> {
+/// How long `fabric serve`'s responder waits for a message before it
+/// looks at the stop flag again.
+const RESPONDER_POLL: std::time::Duration = std::time::Duration::from_millis(100);
+
+fn serve(
+    node: &NodeArgs,
+    regions: &[(String, u64)],
+    busy_threads: usize,
+    seq_records: u32,
+    service: &crate::service::ServiceArgs,
+) -> Result<()> {
     let (_, fabric) = node.open()?;
     let mut registered = Vec::new();
     for (name, bytes) in regions {
@@ -213,8 +225,14 @@ fn serve(node: &NodeArgs, regions: &[(String, u64)], busy_threads: usize, seq_re
         });
     }
     let responder_fabric = fabric.clone();
-    std::thread::spawn(move || loop {
-        match responder_fabric.inbox(Channel::APP).recv_timeout(std::time::Duration::from_secs(3600)) {
+    let responder_stop = stop.clone();
+    // Polls the stop flag between receives, so that on stop it lets go of
+    // the fabric and dropping ours revokes the node's regions.
+    let responder = std::thread::spawn(move || loop {
+        if responder_stop.load(std::sync::atomic::Ordering::Relaxed) {
+            return;
+        }
+        match responder_fabric.inbox(Channel::APP).recv_timeout(RESPONDER_POLL) {
             Ok(message) => {
                 if message.payload.first() == Some(&1) {
                     if let Err(e) = responder_fabric.send(message.from, Channel::APP, &[1]) {
@@ -226,13 +244,13 @@ fn serve(node: &NodeArgs, regions: &[(String, u64)], busy_threads: usize, seq_re
             Err(_) => return,
         }
     });
+    let stopped = service.stop_watch_thread()?;
     println!("ready");
     std::io::stdout().flush()?;
-    // Serve until the parent closes our standard input.
-    let mut sink = String::new();
-    while std::io::stdin().lock().read_line(&mut sink)? > 0 {
-        sink.clear();
-    }
+    let _ = stopped.recv();
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let _ = responder.join();
+    drop(registered);
+    drop(fabric);
     Ok(())
 }

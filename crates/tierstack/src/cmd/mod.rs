@@ -1,4 +1,5 @@
 pub mod bench;
+pub mod cluster;
 pub mod ddss;
 pub mod demo;
 pub mod dlm;
@@ -6,6 +7,7 @@ pub mod fabric;
 pub mod load;
 pub mod monitor;
 pub mod origin;
+pub mod press;
 pub mod proxy_config;
 pub mod reconfig;
 pub mod sim;

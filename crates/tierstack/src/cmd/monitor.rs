@@ -43,6 +43,8 @@ pub struct MonitorNodeArgs {
     /// the truth moves at the same pace whatever the load on the monitor's CPU.
     #[arg(long)]
     walk_cpu: Option<usize>,
+    #[command(flatten)]
+    service: crate::service::ServiceArgs,
 }
 
 pub fn run_node(args: MonitorNodeArgs) -> Result<()> {
@@ -94,12 +96,10 @@ pub fn run_node(args: MonitorNodeArgs) -> Result<()> {
         }
         log
     });
+    let stopped = args.service.stop_watch_thread()?;
     println!("ready");
     std::io::stdout().flush()?;
-    let mut sink = String::new();
-    while std::io::stdin().read_line(&mut sink).map(|n| n > 0).unwrap_or(false) {
-        sink.clear();
-    }
+    let _ = stopped.recv();
     stop.store(true, Ordering::Relaxed);
     let log = walker.join().map_err(|_| anyhow::anyhow!("the walk thread panicked"))?;
     for burner in burners {

@@ -1,7 +1,7 @@
 //! `tierstack origin`: a static web server with an emulated disk (glue over
-//! `tierstack-origin`). Prints `ready` once it serves, serves until its
-//! standard input closes, Ctrl-C or SIGTERM, then prints its counters as one
-//! JSON line.
+//! `tierstack-origin`). Prints `ready` once it serves, serves as a service
+//! (`crate::service`: until SIGTERM or SIGINT, or its standard input's end
+//! with `--stop-on-stdin-eof`), then prints its counters as one JSON line.
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
@@ -70,6 +70,8 @@ pub struct OriginArgs {
     threads: usize,
     #[arg(long)]
     cpu: Option<usize>,
+    #[command(flatten)]
+    service: crate::service::ServiceArgs,
 }
 
 /// The content, and the per-node cache its trace publishes (if any).
@@ -111,23 +113,6 @@ fn last_modified(text: Option<&str>) -> Result<SystemTime> {
     }
 }
 
-/// Resolves when standard input reaches its end, Ctrl-C or SIGTERM arrives.
-async fn until_stopped() -> Result<()> {
-    let stdin_closed = tokio::task::spawn_blocking(|| {
-        let mut sink = String::new();
-        while std::io::stdin().read_line(&mut sink).map(|n| n > 0).unwrap_or(false) {
-            sink.clear();
-        }
-    });
-    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    tokio::select! {
-        _ = stdin_closed => {}
-        _ = tokio::signal::ctrl_c() => {}
-        _ = terminate.recv() => {}
-    }
-    Ok(())
-}
-
 pub fn run(args: OriginArgs) -> Result<()> {
     if let Some(cpu) = args.cpu {
         pin_to_cpu(cpu)?;
@@ -153,12 +138,13 @@ pub fn run(args: OriginArgs) -> Result<()> {
             origin.admin_addr().map(|admin| format!(", stats at http://{admin}/stats")).unwrap_or_default()
         );
         let stop = Stop::new();
+        let signals = args.service.stop_signals()?;
         let serving = tokio::spawn(origin.run(stop.clone()));
         println!("ready");
         std::io::stdout().flush()?;
-        until_stopped().await?;
+        signals.wait().await;
         stop.stop();
-        serving.await??;
+        crate::service::drain(serving, args.service.grace(), "origin").await?;
         println!("{}", serde_json::to_string(&stats.snapshot())?);
         std::io::stdout().flush()?;
         Ok(())

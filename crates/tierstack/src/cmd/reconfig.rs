@@ -11,8 +11,6 @@ use anyhow::{Context, Result};
 use clap::Args;
 use serde::Serialize;
 use std::io::Write;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tierstack_base::{host_monotonic_ns, NodeId};
 use tierstack_monitor::{AgentEvent, ReconfigAgent, ReconfigConfig};
@@ -45,6 +43,8 @@ pub struct ReconfigureArgs {
     /// A site never shrinks below this many nodes.
     #[arg(long, default_value_t = 1)]
     min_nodes: usize,
+    #[command(flatten)]
+    service: crate::service::ServiceArgs,
 }
 
 #[derive(Serialize)]
@@ -70,19 +70,11 @@ pub fn run(args: ReconfigureArgs) -> Result<()> {
     };
     let mut agent = ReconfigAgent::connect(fabric, args.agent_id, &nodes, config, window)
         .context("connecting to the back ends' role regions")?;
-    let stop = Arc::new(AtomicBool::new(false));
-    let stopping = stop.clone();
-    std::thread::spawn(move || {
-        let mut sink = String::new();
-        while std::io::stdin().read_line(&mut sink).map(|n| n > 0).unwrap_or(false) {
-            sink.clear();
-        }
-        stopping.store(true, Ordering::Relaxed);
-    });
+    let stopped = args.service.stop_watch_thread()?;
     println!("ready");
     std::io::stdout().flush()?;
     let mut next = Instant::now();
-    while !stop.load(Ordering::Relaxed) {
+    while matches!(stopped.try_recv(), Err(std::sync::mpsc::TryRecvError::Empty)) {
         let now_ns = host_monotonic_ns();
         if let Some(event) = agent.step(now_ns)? {
             println!("{}", serde_json::to_string(&Line { agent: args.agent_id, t_ns: now_ns, event })?);

@@ -19,6 +19,10 @@ pub struct SimArgs {
     /// Simulated server nodes.
     #[arg(long)]
     nodes: usize,
+    /// Clients send only to nodes 0..N (the proxies of a `coop:` policy; the
+    /// other nodes are its web servers). Default: every node.
+    #[arg(long)]
+    client_nodes: Option<usize>,
     /// single | zipf | worldcup | clf:PATH | press:NAME[@SCALE] | coop:NAME[@SCALE]
     /// (as `tierstack load --trace`; see `tierstack trace show`)
     #[arg(long)]
@@ -80,7 +84,9 @@ pub struct SimArgs {
     /// Override the cost file's transport for one-sided writes.
     #[arg(long)]
     remote_write_transport: Option<String>,
-    /// independent
+    /// independent (PRESS's traditional server), press-base, press-rdma-1c, press-rdma, press-zero,
+    /// or coop:ac|bcc|ccwr|mtacc|hybcc|groupcache (cooperative caching on the
+    /// client nodes, the others its web servers)
     #[arg(long, default_value = "independent")]
     policy: PolicyName,
     /// Seed of the request streams, target choices, arrivals and trace synthesis.
@@ -138,6 +144,7 @@ pub fn run(args: SimArgs) -> Result<()> {
         },
     };
     let config = SimConfig {
+        client_nodes: args.client_nodes,
         nodes: args.nodes,
         load,
         target_choice: args.target_choice,

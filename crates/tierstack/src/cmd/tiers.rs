@@ -1,6 +1,7 @@
 //! The tier processes: `app-module`, `app-server`, `proxy`. Each prints
-//! `ready` once it serves, and serves until its standard input closes or it
-//! is interrupted.
+//! `ready` once it serves, and serves as a service (`crate::service`): until
+//! SIGTERM or SIGINT (or its standard input's end with
+//! `--stop-on-stdin-eof`), then drains its requests within the grace period.
 
 use anyhow::{Context, Result};
 use clap::Args;
@@ -20,6 +21,8 @@ use tierstack_proxy::{
 };
 use tierstack_tier_http::Stop;
 
+use crate::service::{drain, ServiceArgs};
+
 fn runtime(worker_threads: usize) -> Result<tokio::runtime::Runtime> {
     Ok(tokio::runtime::Builder::new_multi_thread().worker_threads(worker_threads.max(1)).enable_all().build()?)
 }
@@ -28,20 +31,6 @@ fn announce_ready() -> Result<()> {
     println!("ready");
     std::io::stdout().flush()?;
     Ok(())
-}
-
-/// Resolves when standard input reaches its end or Ctrl-C arrives.
-async fn until_stopped() {
-    let stdin_closed = tokio::task::spawn_blocking(|| {
-        let mut sink = String::new();
-        while std::io::stdin().read_line(&mut sink).map(|n| n > 0).unwrap_or(false) {
-            sink.clear();
-        }
-    });
-    tokio::select! {
-        _ = stdin_closed => {}
-        _ = tokio::signal::ctrl_c() => {}
-    }
 }
 
 #[derive(Args)]
@@ -60,6 +49,8 @@ pub struct ModuleArgs {
     /// checkers catch such a module.
     #[arg(long, hide = true)]
     test_only_admit_reads_during_updates: bool,
+    #[command(flatten)]
+    service: ServiceArgs,
 }
 
 pub fn app_module(args: ModuleArgs) -> Result<()> {
@@ -76,10 +67,11 @@ pub fn app_module(args: ModuleArgs) -> Result<()> {
     let server = ModuleServer::with_options(table, &options);
     runtime(1)?.block_on(async {
         let listener = ModuleServer::bind(&args.socket)?;
+        let signals = args.service.stop_signals()?;
         announce_ready()?;
         tokio::select! {
             result = server.serve_on(listener) => result.context("module server"),
-            _ = until_stopped() => Ok(()),
+            _ = signals.wait() => Ok(()),
         }
     })?;
     drop(fabric);
@@ -128,6 +120,14 @@ pub struct AppServerArgs {
     /// Bound on each cache-state read and each push.
     #[arg(long, default_value_t = 5_000)]
     push_timeout_ms: u64,
+    /// Write-through: push each update to the proxies the policy picks
+    /// before UPDATE_DONE, the update waiting at most
+    /// --push-write-through-timeout-ms for it (then it goes on; counted).
+    #[arg(long, requires = "push_policy")]
+    push_write_through: bool,
+    #[arg(long, default_value_t = tierstack_appserver::WRITE_THROUGH_TIMEOUT_DEFAULT.as_millis() as u64,
+          requires = "push_write_through")]
+    push_write_through_timeout_ms: u64,
     /// Topology and fabric node id of this server (for reading the proxies'
     /// cache states, and for publishing its load to the RDMA schemes).
     #[arg(long)]
@@ -161,6 +161,8 @@ pub struct AppServerArgs {
     /// --topology and --node.
     #[arg(long)]
     site: Option<u16>,
+    #[command(flatten)]
+    service: ServiceArgs,
 }
 
 fn parse_push_target(text: &str) -> Result<PushTarget, String> {
@@ -204,6 +206,7 @@ pub fn app_server(args: AppServerArgs) -> Result<()> {
             proxies: args.push_proxies.clone(),
             policy,
             timeout: Duration::from_millis(args.push_timeout_ms),
+            write_through: args.push_write_through.then(|| Duration::from_millis(args.push_write_through_timeout_ms)),
         }),
         _ => anyhow::bail!("--push-policy, --push-proxy, --topology and --node go together"),
     };
@@ -256,11 +259,12 @@ pub fn app_server(args: AppServerArgs) -> Result<()> {
             server.set_cpu_cost(cost);
         }
         let stop = Stop::new();
+        let signals = args.service.stop_signals()?;
         let serving = tokio::spawn(server.run(stop.clone()));
         announce_ready()?;
-        until_stopped().await;
+        signals.wait().await;
         stop.stop();
-        serving.await??;
+        drain(serving, args.service.grace(), "application server").await?;
         drop(agent);
         Ok(())
     })
@@ -344,6 +348,8 @@ pub struct ProxyArgs {
     /// pushed documents are cached (default: the --listen address).
     #[arg(long)]
     default_authority: Option<String>,
+    #[command(flatten)]
+    service: ServiceArgs,
 }
 
 fn parse_backend_address(text: &str) -> Result<BackendAddress, String> {
@@ -441,11 +447,14 @@ pub fn proxy(args: ProxyArgs) -> Result<()> {
             proxy.set_site(site)?;
         }
         let stop = Stop::new();
+        let signals = args.service.stop_signals()?;
         let serving = tokio::spawn(proxy.run(stop.clone()));
         announce_ready()?;
-        until_stopped().await;
+        signals.wait().await;
         stop.stop();
-        serving.await??;
-        Ok(())
-    })
+        drain(serving, args.service.grace(), "proxy").await
+    })?;
+    // The proxy's fabric node went with its runtime's tasks: its regions
+    // (the cache state) are revoked.
+    Ok(())
 }

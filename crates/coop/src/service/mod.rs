@@ -1,0 +1,35 @@
+//! The cooperative cache over the fabric: one [`CoopNode`] per node.
+//!
+//! - **Data** lives in the node's registered pool (`coop.pool`, see
+//!   [`layout`]) and moves by one-sided reads (`ReadInto` straight into the
+//!   reader's pool pages): a remote hit runs no CPU of the holder.
+//! - **Page tables** are seqlock records in the same region. A reader learns
+//!   an entity's pages from its **replica** (the soft state, kept by the
+//!   holders' `Announce` broadcasts) and reads the data and then the record's
+//!   sequence word in one posted batch: if the sequence is not the one
+//!   announced, the slot changed (evicted, reused) and the read counts as a
+//!   miss, never as bytes. A holder bumps the sequence before it reuses pages.
+//! - **Metadata updates** (add/remove holder, transfer, invalidate, STORE and
+//!   its acknowledgment) are two-sided messages on `Channel::COOP_CACHE`,
+//!   handled by the node's receiver thread; the homes apply them serially.
+//!   **Validate** is a one-sided read of the home's key table (`coop.keys`).
+//! - Placement decisions are [`crate::placement`]'s, fed with the node's own
+//!   cache and its replica, so the service and the model decide alike.
+//! - Every message is counted by type and charged to its primitive by Table
+//!   2's rule ([`crate::counts`]); broadcasts are counted apart.
+//! - **Dead nodes**: a read from a dead holder, a message to a dead home or
+//!   peer, a STORE never acknowledged: each costs a miss or an uncached
+//!   entity, never an error to the caller or wrong bytes. A holder found dead
+//!   (`PeerState::Gone`) is dropped from the replica.
+//!
+//! Not here (documented gaps): groupcache (model and simulator only), the
+//! home-serialized "last copy" rule for redundant evictions (seed-notes a.7
+//! #7: two nodes may drop the two copies at once; that costs a miss).
+
+pub mod layout;
+pub mod wire;
+
+mod home;
+mod node;
+
+pub use node::{CoopConfig, CoopNode, Lookup, ServiceError, ServiceStats};

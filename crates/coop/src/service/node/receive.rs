@@ -1,0 +1,148 @@
+//! The receiver thread: every message a node handles (home updates,
+//! invalidations, announces, STOREs and their acknowledgments).
+
+use super::{lock, Loc, Sent, Shared, State};
+use crate::placement::{plan_receive, Room};
+use crate::pool::pages_for;
+use crate::service::wire::{Item, Msg, UNCHECKED};
+use crate::Key;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+use tierstack_fabric::{Channel, FabricError};
+
+impl Shared {
+    pub(super) fn receive_loop(&self) {
+        let inbox = self.fabric.inbox(Channel::COOP_CACHE);
+        while !self.stop.load(Ordering::SeqCst) {
+            match inbox.recv_timeout(Duration::from_millis(20)) {
+                Ok(message) => {
+                    if let Some(from) = self.members.iter().position(|&n| n == message.from) {
+                        match Msg::decode(&message.payload) {
+                            Ok(msg) => self.handle(from, msg),
+                            Err(_) => lock(&self.state).stats.malformed += 1,
+                        }
+                    }
+                    self.handled.fetch_add(1, Ordering::SeqCst);
+                }
+                Err(FabricError::RecvTimeout { .. }) => {}
+                Err(_) => break,
+            }
+        }
+    }
+
+    fn handle(&self, from: usize, msg: Msg) {
+        match msg {
+            Msg::AddHolder { .. } | Msg::RemoveHolder { .. } | Msg::Transfer { .. } => {
+                let mut state = lock(&self.state);
+                self.apply_home(&mut state, from, &msg);
+            }
+            Msg::Invalidate { key } => {
+                let mut state = lock(&self.state);
+                self.home_invalidate(&mut state, key);
+            }
+            Msg::DropCopy { key } => {
+                let mut state = lock(&self.state);
+                if self.drop_local(&mut state, key) {
+                    self.announce(&mut state, Vec::new(), vec![key]);
+                }
+            }
+            Msg::StoreAck { id, placed, reads } => {
+                if let Some(tx) = lock(&self.acks).remove(&id) {
+                    let _ = tx.try_send((placed, reads));
+                }
+            }
+            Msg::Announce { free_pages, held, dropped } => {
+                let mut state = lock(&self.state);
+                if let Some(f) = state.free.get_mut(from) {
+                    *f = free_pages;
+                }
+                for h in held {
+                    let loc = Loc { seq: h.seq, bytes: h.bytes, version: h.version, pages: h.pages };
+                    state.replica.entry(h.key).or_default().insert(from, loc);
+                }
+                for k in dropped {
+                    if let Some(h) = state.replica.get_mut(&k) {
+                        h.remove(&from);
+                        if h.is_empty() {
+                            state.replica.remove(&k);
+                        }
+                    }
+                }
+            }
+            Msg::Store { id, swap_for, items } => self.receive_store(from, id, swap_for, items),
+        }
+    }
+
+    /// A STORE: place each item by this node's own priority (never
+    /// forwarding), read it from the sender's pool, report to the homes
+    /// (consequential), acknowledge.
+    fn receive_store(&self, from: usize, id: u64, swap_for: Option<Key>, items: Vec<Item>) {
+        let mut state = lock(&self.state);
+        let mut sent: Sent = Vec::new();
+        let (mut placed, mut reads) = (0u32, 0u32);
+        let mut held = Vec::new();
+        let mut dropped = Vec::new();
+        if let Some(k) = swap_for {
+            // The sender now holds k: our copy is redundant. (Its announce
+            // follows; until then a placeholder that no read can match.)
+            state
+                .replica
+                .entry(k)
+                .or_default()
+                .insert(from, Loc { seq: u64::MAX, bytes: 0, version: 0, pages: Vec::new() });
+        }
+        let from_u32 = u32::try_from(from).ok();
+        let me_u32 = u32::try_from(self.me).ok();
+        for it in items {
+            let (mode, _) = self.config.scheme.mode_for(it.bytes);
+            let need = pages_for(it.bytes);
+            if state.cache.contains(it.key) || it.pages.len() as u32 != need {
+                continue;
+            }
+            let room = {
+                let st: &State = &state;
+                plan_receive(mode, &st.cache, need, it.key, &|k| Self::is_redundant(st, k))
+            };
+            let Some(room) = room else { continue };
+            let victims = match &room {
+                Room::Free => Vec::new(),
+                Room::Redundant(v) | Room::Evict(v) => v.clone(),
+            };
+            self.evict(&mut state, &victims, &mut sent, false, &mut dropped);
+            let Some(pages) = state.cache.insert(it.key, it.bytes, it.version).ok().map(|e| e.pages.clone()) else {
+                continue;
+            };
+            reads += 1;
+            let check = it.pages.first().filter(|_| it.seq != UNCHECKED).map(|&slot| (slot, it.seq));
+            match self.read_remote(from, &it.pages, &pages, it.bytes, check) {
+                Ok(true) => {
+                    placed += 1;
+                    held.extend(self.publish(&mut state, it.key));
+                    let remove = if swap_for.is_some() { from_u32 } else { None };
+                    self.tell_home(
+                        &mut state,
+                        it.key,
+                        Msg::Transfer { key: it.key, remove, add: me_u32 },
+                        &mut sent,
+                        false,
+                    );
+                }
+                Ok(false) => {
+                    // Evicted at the sender while we read: refuse the bytes.
+                    state.cache.remove(it.key);
+                    state.stats.stale_reads += 1;
+                }
+                Err(_) => {
+                    state.cache.remove(it.key);
+                    self.forget(from, &mut state);
+                }
+            }
+        }
+        if let Some(k) = swap_for {
+            self.tell_home(&mut state, k, Msg::Transfer { key: k, remove: None, add: from_u32 }, &mut sent, false);
+        }
+        self.announce(&mut state, held, dropped);
+        drop(state);
+        let _ = self.send(from, &Msg::StoreAck { id, placed, reads });
+    }
+}

@@ -1,0 +1,269 @@
+//! The service's messages on `Channel::COOP_CACHE` and their byte format
+//! (`docs/wire-format.md`, "Cooperative cache messages"): a tag byte, then
+//! fixed little-endian fields; lists carry a u32 count first. Decoding
+//! never panics; a malformed message is an error the receiver drops.
+
+use crate::Key;
+
+/// A message of the cooperative cache service.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Msg {
+    /// To a home: the sender now holds `key`.
+    AddHolder { key: Key },
+    /// To a home: the sender dropped its copy of `key`.
+    RemoveHolder { key: Key },
+    /// To a home, from a storing peer or a swap partner: `key` moved.
+    Transfer { key: Key, remove: Option<u32>, add: Option<u32> },
+    /// Take these entities; read each from my pool at its pages. `swap_for`:
+    /// the entity I am fetching from you (its copy at you is now redundant).
+    Store { id: u64, swap_for: Option<Key>, items: Vec<Item> },
+    /// The STORE's acknowledgment: how many items were placed, and how many
+    /// one-sided reads of my buffers the receiver made.
+    StoreAck { id: u64, placed: u32, reads: u32 },
+    /// To a home: drop every copy of `key` and bump its version.
+    Invalidate { key: Key },
+    /// From a home: drop your copy of `key`.
+    DropCopy { key: Key },
+    /// The sender's page-table changes (the soft-state broadcast).
+    Announce { free_pages: u32, held: Vec<Held>, dropped: Vec<Key> },
+}
+
+/// An entity offered by a STORE.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Item {
+    pub key: Key,
+    pub version: u64,
+    pub bytes: u64,
+    /// The sequence of the sender's record for the body's first page: the
+    /// receiver checks it after reading, so a body evicted meanwhile is
+    /// refused. [`UNCHECKED`] for a staging buffer (no record).
+    pub seq: u64,
+    /// The sender's pages holding the body, in order.
+    pub pages: Vec<u32>,
+}
+
+/// [`Item::seq`] of a body in a staging buffer.
+pub const UNCHECKED: u64 = u64::MAX;
+
+/// One page-table record, as announced.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Held {
+    pub key: Key,
+    /// The record's sequence after it was written.
+    pub seq: u64,
+    pub bytes: u64,
+    pub version: u64,
+    pub pages: Vec<u32>,
+}
+
+/// A message that could not be decoded.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("malformed cooperative-cache message: {0}")]
+pub struct WireError(pub &'static str);
+
+/// Longest list in a message (pages of an entity, items, announced records).
+pub const LIST_MAX: u32 = 1 << 16;
+
+struct W(Vec<u8>);
+
+impl W {
+    fn u8(&mut self, v: u8) {
+        self.0.push(v);
+    }
+    fn u32(&mut self, v: u32) {
+        self.0.extend_from_slice(&v.to_le_bytes());
+    }
+    fn u64(&mut self, v: u64) {
+        self.0.extend_from_slice(&v.to_le_bytes());
+    }
+    fn opt(&mut self, v: Option<u32>) {
+        self.u32(v.map_or(u32::MAX, |n| n));
+    }
+    fn pages(&mut self, pages: &[u32]) {
+        self.u32(pages.len() as u32);
+        for &p in pages {
+            self.u32(p);
+        }
+    }
+}
+
+struct R<'a>(&'a [u8]);
+
+impl R<'_> {
+    fn take<const N: usize>(&mut self) -> Result<[u8; N], WireError> {
+        if self.0.len() < N {
+            return Err(WireError("truncated"));
+        }
+        let (head, rest) = self.0.split_at(N);
+        self.0 = rest;
+        head.try_into().map_err(|_| WireError("truncated"))
+    }
+    fn u8(&mut self) -> Result<u8, WireError> {
+        Ok(self.take::<1>()?[0])
+    }
+    fn u32(&mut self) -> Result<u32, WireError> {
+        Ok(u32::from_le_bytes(self.take()?))
+    }
+    fn u64(&mut self) -> Result<u64, WireError> {
+        Ok(u64::from_le_bytes(self.take()?))
+    }
+    fn opt(&mut self) -> Result<Option<u32>, WireError> {
+        let v = self.u32()?;
+        Ok((v != u32::MAX).then_some(v))
+    }
+    fn count(&mut self) -> Result<u32, WireError> {
+        let n = self.u32()?;
+        if n > LIST_MAX || n as usize > self.0.len() {
+            return Err(WireError("list longer than the message"));
+        }
+        Ok(n)
+    }
+    fn pages(&mut self) -> Result<Vec<u32>, WireError> {
+        let n = self.count()?;
+        (0..n).map(|_| self.u32()).collect()
+    }
+}
+
+impl Msg {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut w = W(Vec::with_capacity(32));
+        match self {
+            Msg::AddHolder { key } => {
+                w.u8(1);
+                w.u64(*key);
+            }
+            Msg::RemoveHolder { key } => {
+                w.u8(2);
+                w.u64(*key);
+            }
+            Msg::Transfer { key, remove, add } => {
+                w.u8(3);
+                w.u64(*key);
+                w.opt(*remove);
+                w.opt(*add);
+            }
+            Msg::Store { id, swap_for, items } => {
+                w.u8(4);
+                w.u64(*id);
+                w.u8(u8::from(swap_for.is_some()));
+                w.u64(swap_for.unwrap_or(0));
+                w.u32(items.len() as u32);
+                for it in items {
+                    w.u64(it.key);
+                    w.u64(it.version);
+                    w.u64(it.bytes);
+                    w.u64(it.seq);
+                    w.pages(&it.pages);
+                }
+            }
+            Msg::StoreAck { id, placed, reads } => {
+                w.u8(5);
+                w.u64(*id);
+                w.u32(*placed);
+                w.u32(*reads);
+            }
+            Msg::Invalidate { key } => {
+                w.u8(6);
+                w.u64(*key);
+            }
+            Msg::DropCopy { key } => {
+                w.u8(7);
+                w.u64(*key);
+            }
+            Msg::Announce { free_pages, held, dropped } => {
+                w.u8(8);
+                w.u32(*free_pages);
+                w.u32(held.len() as u32);
+                for h in held {
+                    w.u64(h.key);
+                    w.u64(h.seq);
+                    w.u64(h.bytes);
+                    w.u64(h.version);
+                    w.pages(&h.pages);
+                }
+                w.u32(dropped.len() as u32);
+                for k in dropped {
+                    w.u64(*k);
+                }
+            }
+        }
+        w.0
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<Msg, WireError> {
+        let mut r = R(bytes);
+        let msg = match r.u8()? {
+            1 => Msg::AddHolder { key: r.u64()? },
+            2 => Msg::RemoveHolder { key: r.u64()? },
+            3 => Msg::Transfer { key: r.u64()?, remove: r.opt()?, add: r.opt()? },
+            4 => {
+                let id = r.u64()?;
+                let has_swap = r.u8()? != 0;
+                let swap = r.u64()?;
+                let n = r.count()?;
+                let items = (0..n)
+                    .map(|_| {
+                        Ok(Item { key: r.u64()?, version: r.u64()?, bytes: r.u64()?, seq: r.u64()?, pages: r.pages()? })
+                    })
+                    .collect::<Result<_, WireError>>()?;
+                Msg::Store { id, swap_for: has_swap.then_some(swap), items }
+            }
+            5 => Msg::StoreAck { id: r.u64()?, placed: r.u32()?, reads: r.u32()? },
+            6 => Msg::Invalidate { key: r.u64()? },
+            7 => Msg::DropCopy { key: r.u64()? },
+            8 => {
+                let free_pages = r.u32()?;
+                let n = r.count()?;
+                let held = (0..n)
+                    .map(|_| {
+                        Ok(Held { key: r.u64()?, seq: r.u64()?, bytes: r.u64()?, version: r.u64()?, pages: r.pages()? })
+                    })
+                    .collect::<Result<_, WireError>>()?;
+                let n = r.count()?;
+                let dropped = (0..n).map(|_| r.u64()).collect::<Result<_, _>>()?;
+                Msg::Announce { free_pages, held, dropped }
+            }
+            _ => return Err(WireError("unknown tag")),
+        };
+        if !r.0.is_empty() {
+            return Err(WireError("trailing bytes"));
+        }
+        Ok(msg)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_round_trip_and_garbage_is_refused() {
+        let msgs = vec![
+            Msg::AddHolder { key: 7 },
+            Msg::RemoveHolder { key: u64::MAX },
+            Msg::Transfer { key: 1, remove: Some(2), add: None },
+            Msg::Store {
+                id: 9,
+                swap_for: Some(3),
+                items: vec![Item { key: 4, version: 1, bytes: 8192, seq: 6, pages: vec![0, 1] }],
+            },
+            Msg::StoreAck { id: 9, placed: 1, reads: 1 },
+            Msg::Invalidate { key: 5 },
+            Msg::DropCopy { key: 6 },
+            Msg::Announce {
+                free_pages: 12,
+                held: vec![Held { key: 1, seq: 2, bytes: 3, version: 4, pages: vec![5] }],
+                dropped: vec![8, 9],
+            },
+        ];
+        for m in msgs {
+            let bytes = m.encode();
+            assert_eq!(Msg::decode(&bytes).unwrap(), m);
+            for cut in 0..bytes.len() {
+                assert!(Msg::decode(&bytes[..cut]).is_err());
+            }
+        }
+        assert!(Msg::decode(&[0]).is_err());
+        assert!(Msg::decode(&[8, 0, 0, 0, 0, 255, 255, 255, 255]).is_err());
+    }
+}

@@ -1,0 +1,307 @@
+//! `tierstack press-node`: one node of a PRESS cluster (Carrera and
+//! Bianchini, TPDS 2005), a real HTTP/1.1 server.
+//!
+//! Every node accepts clients (any node is an *initial node*) and serves a
+//! static file set: the origin's synthetic set (`tierstack_origin`'s
+//! `SyntheticSet`, bodies by `synthetic_body`, so a client can check every
+//! byte) through the origin's cost model (`tierstack_model::Storage`: an
+//! LRU-by-bytes memory cache in front of an emulated FIFO disk). In
+//! [`Mode::Press`] each request runs Fig. 1 (`tierstack_press::decide`) over
+//! the node's `ClusterView`; a request for a file another node caches is
+//! forwarded to it on the fabric's `Channel::PRESS` and its reply relayed to
+//! the client; the initial node does not cache what it relays; the service
+//! node serves what reaches it and never forwards it again. Caching changes
+//! are broadcast; every message carries the sender's load (open client
+//! connections plus forwarded requests in service). [`Mode::Traditional`]
+//! is the same code without distribution or dissemination.
+//!
+//! Communication versions ([`TransportKind`]): `tcp` (fabric messages on the
+//! `tcp` backend), `base` (fabric messages on the `shm` backend plus
+//! PRESS's window flow control), `rdma-1c` (one-sided writes into
+//! per-pair rings in the receiver's registered memory, polled, one copy at
+//! the receiver: [`rings`]), `rdma` (the reply served to the client from
+//! the ring) and `zero` (as `rdma`, the file written from the sender's
+//! registered cache, [`slab`]).
+//!
+//! A peer whose process ended (`Fabric::peer_state` is `Gone`) after a
+//! failed or unanswered forward leaves the view, so its files are taken over
+//! by others; the request that found it gone is served locally, so a killed
+//! node costs a bounded wait (`forward_timeout`), never a hung client.
+
+mod node;
+pub mod rings;
+pub mod slab;
+pub mod transport;
+
+pub use transport::{TransportKind, Window, WINDOW_DEFAULT};
+
+use node::{LoadGuard, Shared, Stats};
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tierstack_fabric::Fabric;
+use tierstack_origin::{StorageConfig, SyntheticSet};
+use tierstack_press::{ClusterView, Member, PolicyConfig, ViewError};
+use tierstack_tier_http::{serve, serve_with_hook, text, ConnectionHook, Stop};
+use tokio::net::TcpListener;
+
+/// Distribution on or off.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// Fig. 1, broadcasts, forwarding.
+    Press,
+    /// The locality-oblivious server: every node serves its own requests.
+    Traditional,
+}
+
+impl Mode {
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Press => "press",
+            Mode::Traditional => "traditional",
+        }
+    }
+}
+
+impl std::str::FromStr for Mode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "press" => Ok(Mode::Press),
+            "traditional" => Ok(Mode::Traditional),
+            other => Err(format!("unknown mode {other:?} (expected press or traditional)")),
+        }
+    }
+}
+
+/// A node's configuration.
+#[derive(Clone)]
+pub struct NodeConfig {
+    pub listen: SocketAddr,
+    pub admin: Option<SocketAddr>,
+    /// This node's index; the fabric node id equals it.
+    pub me: Member,
+    /// Cluster size: nodes `0..nodes`.
+    pub nodes: usize,
+    pub mode: Mode,
+    pub transport: TransportKind,
+    pub policy: PolicyConfig,
+    pub storage: StorageConfig,
+    pub files: SyntheticSet,
+    /// Longest wait for a forwarded request's reply before serving locally.
+    pub forward_timeout: Duration,
+    /// Base's flow-control window, in messages per ordered pair.
+    pub window: u32,
+}
+
+/// What can stop a node from starting.
+#[derive(Debug, thiserror::Error)]
+pub enum NodeError {
+    #[error(transparent)]
+    View(#[from] ViewError),
+    #[error("the {transport} transport needs the {needs} fabric, the topology gives {got}")]
+    Backend { transport: &'static str, needs: &'static str, got: &'static str },
+    #[error("the fabric's node id {fabric} is not this node's index {me}")]
+    NodeId { fabric: u32, me: u16 },
+    #[error("binding {addr}: {source}")]
+    Bind { addr: SocketAddr, source: std::io::Error },
+    #[error("starting the receive thread: {0}")]
+    Thread(std::io::Error),
+    #[error("setting up the transport: {0}")]
+    Link(transport::LinkError),
+}
+
+/// A node's counters (the admin listener's `GET /stats`, and the exit line).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct NodeStats {
+    pub node: u16,
+    pub transport: String,
+    pub mode: String,
+    /// Client requests received (this node was their initial node).
+    pub requests: u64,
+    /// Client requests served here from cache or disk, cached as usual.
+    pub served_local: u64,
+    /// Client requests of `max_size` or more, served here uncached.
+    pub served_uncached: u64,
+    /// Client requests forwarded to a service node.
+    pub forwarded: u64,
+    /// Forwarded requests this node served for others.
+    pub served_for_peers: u64,
+    /// Forwarded requests whose file came back and was relayed.
+    pub replies_relayed: u64,
+    /// Forwarded requests served here because the service node failed.
+    pub forward_fallbacks: u64,
+    pub peers_declared_dead: u64,
+    pub bad_messages: u64,
+    pub send_failures: u64,
+    /// Zero: forwarded files sent by a copy because they were not in the
+    /// registered cache.
+    pub zero_copy_fallbacks: u64,
+    /// Zero: files whose bytes are in the registered cache.
+    pub slab_files: u64,
+    pub caching_broadcasts: u64,
+    pub cache_hits: u64,
+    pub cache_misses: u64,
+    pub disk_reads: u64,
+    pub cache_bytes: u64,
+    pub cache_objects: u64,
+    pub load: u32,
+    /// Messages sent, by Table 2 type (Flow, Forward, Caching, File).
+    pub sent_messages: [u64; 4],
+    /// Bytes sent, by Table 2 type.
+    pub sent_bytes: [u64; 4],
+    pub files_in_view: u64,
+}
+
+impl NodeStats {
+    /// The counts as `tierstack_press::Counts`, to sum nodes and print Table 2.
+    pub fn counts(&self) -> tierstack_press::Counts {
+        tierstack_press::Counts { messages: self.sent_messages, bytes: self.sent_bytes }
+    }
+}
+
+/// A running node.
+pub struct PressNode {
+    shared: Arc<Shared>,
+    stop: Stop,
+    local_addr: SocketAddr,
+    admin_addr: Option<SocketAddr>,
+    receiver: Option<std::thread::JoinHandle<()>>,
+    poller: Option<std::thread::JoinHandle<()>>,
+}
+
+impl PressNode {
+    /// Binds the listeners, starts the receive thread and serves, on the
+    /// current tokio runtime, until [`PressNode::stop`].
+    pub async fn start(config: NodeConfig, fabric: Arc<dyn Fabric>) -> Result<PressNode, NodeError> {
+        let view = ClusterView::new(config.nodes, config.me)?;
+        let got = fabric.backend_name();
+        if config.mode == Mode::Press && got != config.transport.backend() {
+            return Err(NodeError::Backend {
+                transport: config.transport.name(),
+                needs: config.transport.backend(),
+                got,
+            });
+        }
+        if fabric.local_node().0 != u32::from(config.me.0) {
+            return Err(NodeError::NodeId { fabric: fabric.local_node().0, me: config.me.0 });
+        }
+        let listener =
+            TcpListener::bind(config.listen).await.map_err(|source| NodeError::Bind { addr: config.listen, source })?;
+        let local_addr = listener.local_addr().map_err(|source| NodeError::Bind { addr: config.listen, source })?;
+        let admin = match config.admin {
+            Some(addr) => Some(TcpListener::bind(addr).await.map_err(|source| NodeError::Bind { addr, source })?),
+            None => None,
+        };
+        let admin_addr = admin.as_ref().and_then(|l| l.local_addr().ok());
+        let link = transport::Link::new(
+            fabric,
+            config.transport,
+            config.me,
+            config.nodes,
+            config.window,
+            config.forward_timeout,
+        )
+        .map_err(NodeError::Link)?;
+        let slab = match config.transport {
+            TransportKind::Zero if config.mode == Mode::Press => Some(
+                slab::Slab::register(link.fabric(), config.storage.cache_bytes)
+                    .map_err(|e| NodeError::Link(e.into()))?,
+            ),
+            _ => None,
+        };
+        let shared = Arc::new(Shared {
+            storage: Mutex::new(tierstack_origin::Storage::new(config.storage)),
+            config,
+            link,
+            view: Mutex::new(view),
+            started: Instant::now(),
+            load: Arc::new(AtomicU32::new(0)),
+            pending: Mutex::new(HashMap::new()),
+            next_request: AtomicU64::new(0),
+            stats: Stats::default(),
+            stop: AtomicBool::new(false),
+            runtime: tokio::runtime::Handle::current(),
+            slab,
+        });
+        let receiver = {
+            let shared = shared.clone();
+            std::thread::Builder::new()
+                .name("press-recv".into())
+                .spawn(move || shared.receive_loop())
+                .map_err(NodeError::Thread)?
+        };
+        let poller = match shared.link.rings() {
+            Some(_) => {
+                let shared = shared.clone();
+                Some(
+                    std::thread::Builder::new()
+                        .name("press-poll".into())
+                        .spawn(move || shared.poll_loop())
+                        .map_err(NodeError::Thread)?,
+                )
+            }
+            None => None,
+        };
+        let stop = Stop::new();
+        let load = shared.load.clone();
+        let hook: ConnectionHook = Arc::new(move || Box::new(LoadGuard::new(&load)) as Box<dyn Send>);
+        let handler = {
+            let shared = shared.clone();
+            Arc::new(move |request| shared.clone().handle(request))
+        };
+        tokio::spawn(serve_with_hook(listener, handler, stop.clone(), Some(hook)));
+        if let Some(admin) = admin {
+            let shared = shared.clone();
+            let handler = Arc::new(move |request: hyper::Request<hyper::body::Incoming>| {
+                let shared = shared.clone();
+                async move {
+                    if request.uri().path() != "/stats" {
+                        return text(hyper::StatusCode::NOT_FOUND, "the admin listener serves GET /stats\n");
+                    }
+                    match serde_json::to_string(&shared.snapshot()) {
+                        Ok(json) => text(hyper::StatusCode::OK, json),
+                        Err(e) => text(hyper::StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+                    }
+                }
+            });
+            tokio::spawn(serve(admin, handler, stop.clone()));
+        }
+        Ok(PressNode { shared, stop, local_addr, admin_addr, receiver: Some(receiver), poller })
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    pub fn admin_addr(&self) -> Option<SocketAddr> {
+        self.admin_addr
+    }
+
+    pub fn stats(&self) -> NodeStats {
+        self.shared.snapshot()
+    }
+
+    /// Stops serving and the receive thread; returns the final counters.
+    pub fn stop(mut self) -> NodeStats {
+        self.stop.stop();
+        self.shared.stop.store(true, Ordering::Relaxed);
+        if let Some(receiver) = self.receiver.take() {
+            let _ = receiver.join();
+        }
+        if let Some(poller) = self.poller.take() {
+            let _ = poller.join();
+        }
+        self.shared.snapshot()
+    }
+}
+
+impl Drop for PressNode {
+    fn drop(&mut self) {
+        self.stop.stop();
+        self.shared.stop.store(true, Ordering::Relaxed);
+    }
+}

@@ -1,0 +1,406 @@
+//! The remote-write versions' transport (RDMA-1c): PRESS messages as
+//! one-sided writes into per-pair rings in the receiver's registered memory
+//! (layout and arithmetic: `tierstack_press::ring`).
+//!
+//! Sending to `r`: file data goes into `r`'s data ring for this node, then
+//! the message (a `FileInfo` naming the data, or a forward or caching
+//! message) into the next control slot, **payload first and the sequence
+//! word last, in one posted batch** (the fabric executes a batch's writes in
+//! order, each opening with a release fence). No thread of `r` runs.
+//!
+//! Receiving: a poll thread (the paper polls "at the end of the main server
+//! loop") reads, for every sender, the sequence word of the next slot; when
+//! it is `last + 1` the entry is complete. A file's data is copied out of
+//! the ring at once (the one receiver copy of RDMA-1c), and the receiver
+//! overwrites its two credit words in the sender's region (entries consumed,
+//! data released) with one one-sided write: the flow-control and
+//! buffer-management messages, which "can be overwritten". A sender whose
+//! rings are full polls its own credit words, bounded by its timeout.
+//!
+//! RDMA (`serve_from_ring`) skips that copy: the file reaches the initial
+//! node's client straight from the ring (a `Bytes` owning a `RegionBytes`
+//! view), and the data is released, in ring order, when the response body
+//! is dropped.
+//!
+//! Not handled: a peer that restarts (its new region starts at sequence 1
+//! while this node expects the old lap's next number); a killed peer is
+//! detected by the failed write and leaves the view.
+
+use crate::transport::{node_id, LinkError};
+use bytes::Bytes;
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+use tierstack_fabric::{Fabric, LocalRegion, LocalSlice, Op, RegionBytes, RemoteRegion};
+use tierstack_press::proto::{decode, encode, Body, FileStatus, Message, MsgType};
+use tierstack_press::ring::{Full, ReceiverRing, RingLayout, SenderRing, ENTRY_HEADER_BYTES, ENTRY_PAYLOAD_MAX};
+use tierstack_press::{Counters, Member};
+
+/// The ring region's name.
+pub const REGION: &str = "press.rings";
+/// Data ring bytes per sender: four of the largest forwarded files.
+pub const DATA_BYTES: u64 = 1 << 20;
+
+/// A node's rings, both directions.
+pub struct Rings {
+    fabric: Arc<dyn Fabric>,
+    me: Member,
+    layout: RingLayout,
+    local: Arc<LocalRegion>,
+    /// Per receiver: where the next entry and data go.
+    out: Vec<Mutex<SenderRing>>,
+    /// Per peer: the handle to its region (for messages and credits).
+    handles: Mutex<Vec<Option<Arc<dyn RemoteRegion>>>>,
+    /// Per sender: what this node consumed and released of its rings.
+    inbound: Mutex<Vec<Inbound>>,
+    /// RDMA: serve files straight from the ring; RDMA-1c: copy them out.
+    serve_from_ring: bool,
+    timeout: Duration,
+}
+
+impl Rings {
+    /// Registers this node's ring region.
+    /// Registers this node's ring region: `entries` control slots per
+    /// sender (the window: messages in flight per ordered pair).
+    pub fn register(
+        fabric: Arc<dyn Fabric>,
+        me: Member,
+        nodes: usize,
+        entries: u32,
+        serve_from_ring: bool,
+        timeout: Duration,
+    ) -> Result<Rings, LinkError> {
+        let layout = RingLayout { nodes: nodes as u64, entries: u64::from(entries.max(2)), data_bytes: DATA_BYTES };
+        let local = fabric.register(REGION, layout.region_bytes())?;
+        Ok(Rings {
+            fabric,
+            me,
+            layout,
+            local,
+            out: (0..nodes).map(|_| Mutex::new(SenderRing::new())).collect(),
+            handles: Mutex::new(vec![None; nodes]),
+            inbound: Mutex::new((0..nodes).map(|_| Inbound::default()).collect()),
+            serve_from_ring,
+            timeout,
+        })
+    }
+
+    fn handle(&self, peer: Member) -> Result<Arc<dyn RemoteRegion>, LinkError> {
+        let mut handles = self.handles.lock().unwrap_or_else(PoisonError::into_inner);
+        let slot = handles
+            .get_mut(peer.index())
+            .ok_or(LinkError::Fabric(tierstack_fabric::FabricError::UnknownNode { node: node_id(peer) }))?;
+        if let Some(h) = slot {
+            return Ok(h.clone());
+        }
+        let h = self.fabric.connect(node_id(peer), REGION)?;
+        *slot = Some(h.clone());
+        Ok(h)
+    }
+
+    fn forget(&self, peer: Member) {
+        if let Some(slot) = self.handles.lock().unwrap_or_else(PoisonError::into_inner).get_mut(peer.index()) {
+            *slot = None;
+        }
+    }
+
+    /// The credit words `peer` wrote into this node's region.
+    fn credits(&self, peer: Member) -> (u64, u64) {
+        let off = self.layout.credit_offset(u64::from(peer.0));
+        let memory = self.local.memory();
+        (memory.load_u64(off).unwrap_or(0), memory.load_u64(off + 8).unwrap_or(0))
+    }
+
+    /// Writes `message` into `to`'s rings.
+    pub fn send(&self, to: Member, message: &Message, counters: &Counters) -> Result<(), LinkError> {
+        self.send_inner(to, message, None, counters)
+    }
+
+    /// Zero: writes a `File` message whose data is `source`, a slice of this
+    /// node's registered cache, straight into `to`'s data ring (no sender
+    /// copy). `message` is the `File` with empty data.
+    pub fn send_from(
+        &self,
+        to: Member,
+        message: &Message,
+        source: &LocalSlice,
+        counters: &Counters,
+    ) -> Result<(), LinkError> {
+        self.send_inner(to, message, Some(source), counters)
+    }
+
+    fn send_inner(
+        &self,
+        to: Member,
+        message: &Message,
+        source: Option<&LocalSlice>,
+        counters: &Counters,
+    ) -> Result<(), LinkError> {
+        let Some(out) = self.out.get(to.index()) else {
+            return Err(LinkError::Fabric(tierstack_fabric::FabricError::UnknownNode { node: node_id(to) }));
+        };
+        let remote = self.handle(to)?;
+        let me = u64::from(self.me.0);
+        let mut ring = out.lock().unwrap_or_else(PoisonError::into_inner);
+        let data = match &message.body {
+            Body::File { data, .. } => Some(data.as_slice()),
+            _ => None,
+        };
+        // The data's length: the registered source's, else the inline bytes'.
+        let data_len: Option<u64> = match (source, data) {
+            (Some(slice), Some(_)) => Some(u64::from(slice.len())),
+            (None, Some(d)) => Some(d.len() as u64),
+            _ => None,
+        };
+        let start = Instant::now();
+        // Wait (bounded) for a slot and, for a file, contiguous data room.
+        let (seq, data_start) = loop {
+            let (consumed, released) = self.credits(to);
+            if ring.has_entry(&self.layout, consumed) {
+                // Reservations are whole words, so every data start is
+                // 8-aligned, as a `WriteFrom` from an 8-aligned slab slot needs.
+                let reserved = match data_len {
+                    Some(len) => ring.reserve_data(&self.layout, len.div_ceil(8) * 8, released).map(Some),
+                    None => Ok(None),
+                };
+                match reserved {
+                    Ok(data_start) => {
+                        break (ring.take_entry(&self.layout, consumed).map_err(|_| no_credit(to, start))?, data_start)
+                    }
+                    Err(Full::TooLarge) => return Err(LinkError::TooLarge { bytes: data_len.unwrap_or(0) }),
+                    Err(_) => {}
+                }
+            }
+            if start.elapsed() >= self.timeout {
+                return Err(no_credit(to, start));
+            }
+            std::thread::sleep(Duration::from_micros(100));
+        };
+        let entry_message = match (&message.body, data_start) {
+            (Body::File { request, status, .. }, Some(offset)) => Message {
+                load: message.load,
+                body: Body::FileInfo { request: *request, status: *status, offset, len: data_len.unwrap_or(0) as u32 },
+            },
+            _ => message.clone(),
+        };
+        let payload = encode(&entry_message)?;
+        if payload.len() as u64 > ENTRY_PAYLOAD_MAX {
+            return Err(LinkError::TooLarge { bytes: payload.len() as u64 });
+        }
+        let mut entry = Vec::with_capacity(ENTRY_HEADER_BYTES as usize + payload.len());
+        entry.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+        entry.extend_from_slice(&[0; 4]);
+        entry.extend_from_slice(&payload);
+        let mut ops = Vec::with_capacity(3);
+        let mut moved = 0u64;
+        match (source, data, data_start) {
+            (Some(slice), _, Some(offset)) => {
+                ops.push(Op::WriteFrom { offset: self.layout.data_offset(me, offset), source: slice.clone() });
+                moved += u64::from(slice.len());
+            }
+            (None, Some(d), Some(offset)) => {
+                ops.push(Op::Write { offset: self.layout.data_offset(me, offset), data: d.to_vec() });
+                moved += d.len() as u64;
+            }
+            _ => {}
+        }
+        moved += entry.len() as u64 + 8;
+        ops.push(Op::Write { offset: self.layout.entry_offset(me, seq), data: entry });
+        // The sequence word last: native-endian, as the receiver loads it.
+        ops.push(Op::Write { offset: self.layout.seq_offset(me, seq), data: seq.to_ne_bytes().to_vec() });
+        if let Err(e) = remote.post(ops).wait() {
+            // The slot and data are lost with the peer; start over if it returns.
+            *ring = SenderRing::new();
+            self.forget(to);
+            return Err(e.into());
+        }
+        counters.record(message.body.msg_type(), moved);
+        Ok(())
+    }
+
+    /// Overwrites this node's credit words in `sender`'s region. Called with
+    /// the receive state locked, so the words only move forward.
+    fn write_credits(&self, sender: Member, ring: &ReceiverRing, counters: &Counters) {
+        let Ok(remote) = self.handle(sender) else { return };
+        let mut words = Vec::with_capacity(16);
+        words.extend_from_slice(&ring.last_seq.to_ne_bytes());
+        words.extend_from_slice(&ring.released.to_ne_bytes());
+        let op = Op::Write { offset: self.layout.credit_offset(u64::from(self.me.0)), data: words };
+        match remote.post(vec![op]).wait() {
+            Ok(_) => counters.record(MsgType::Flow, 16),
+            Err(_) => self.forget(sender),
+        }
+    }
+
+    fn inbound(&self) -> std::sync::MutexGuard<'_, Vec<Inbound>> {
+        self.inbound.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// A file served from the ring is done (its response body was dropped):
+    /// release it, and everything before it that is done, and tell the sender.
+    fn free(&self, sender: Member, start: u64, counters: &Counters) {
+        let mut inbound = self.inbound();
+        let Some(state) = inbound.get_mut(sender.index()) else { return };
+        if let Some(entry) = state.outstanding.iter_mut().find(|e| e.0 == start) {
+            entry.2 = true;
+        }
+        let mut advanced = false;
+        while let Some(&(start, len, true)) = state.outstanding.front() {
+            state.ring.release(start, len);
+            state.outstanding.pop_front();
+            advanced = true;
+        }
+        if advanced {
+            let ring = state.ring;
+            self.write_credits(sender, &ring, counters);
+        }
+    }
+
+    /// The poll loop: delivers every complete entry to `deliver` until `stop`.
+    pub fn poll_loop(
+        self: &Arc<Self>,
+        stop: &AtomicBool,
+        counters: &Arc<Counters>,
+        mut deliver: impl FnMut(Member, Arrival),
+    ) {
+        let nodes = self.layout.nodes as usize;
+        let memory = self.local.memory();
+        let mut idle_passes = 0u32;
+        while !stop.load(Ordering::Relaxed) {
+            let mut found = false;
+            for s in 0..nodes {
+                if s == self.me.index() {
+                    continue;
+                }
+                let sender = Member(s as u16);
+                let mut inbound = self.inbound();
+                let state = &mut inbound[s];
+                let seq = state.ring.last_seq + 1;
+                let seq_word = memory.load_u64(self.layout.seq_offset(s as u64, seq)).unwrap_or(0);
+                if !state.ring.is_next(seq_word) {
+                    continue;
+                }
+                found = true;
+                let entry_offset = self.layout.entry_offset(s as u64, seq);
+                let mut header = [0u8; 8];
+                let read = memory.read(entry_offset, &mut header);
+                let len = u64::from(u32::from_le_bytes([header[0], header[1], header[2], header[3]]));
+                let mut payload = vec![0u8; len.min(ENTRY_PAYLOAD_MAX) as usize];
+                let read = read.and_then(|()| memory.read(entry_offset + ENTRY_HEADER_BYTES, &mut payload));
+                state.ring.consume();
+                state.unacknowledged += 1;
+                let mut credit_now = false;
+                let arrival = match read.ok().and_then(|()| decode(&payload).ok()) {
+                    Some(Message { load, body: Body::FileInfo { request, status, offset, len } })
+                        if u64::from(len) <= self.layout.data_bytes =>
+                    {
+                        let at = self.layout.data_offset(s as u64, offset);
+                        let data = if self.serve_from_ring {
+                            // RDMA: no receiver copy; the client's response
+                            // is sent from the ring, released when dropped.
+                            state.outstanding.push_back((offset, u64::from(len), false));
+                            // SAFETY: arrival: the sender wrote these bytes
+                            // before the entry's sequence word in one
+                            // in-order batch, and we read that word (an
+                            // acquire load) as `last + 1`. Release: the
+                            // sender reuses them only once `released` passes
+                            // their end, which happens in `free`, called when
+                            // this view's last owner is dropped.
+                            match unsafe { RegionBytes::new(LocalSlice::new(self.local.clone(), at, len)) } {
+                                Ok(view) => Some(Bytes::from_owner(RingView {
+                                    view,
+                                    rings: self.clone(),
+                                    counters: counters.clone(),
+                                    sender,
+                                    start: offset,
+                                })),
+                                Err(_) => None,
+                            }
+                        } else {
+                            // RDMA-1c: the one receiver copy, out of the ring at once.
+                            let mut data = vec![0u8; len as usize];
+                            let copied = memory.read(at, &mut data);
+                            state.ring.release(offset, u64::from(len));
+                            credit_now = true;
+                            copied.ok().map(|()| Bytes::from(data))
+                        };
+                        data.map(|data| Arrival::File { load, request, status, data })
+                    }
+                    other => other.map(Arrival::Message),
+                };
+                // Credits go back with every file's release (buffer
+                // management) and after a quarter of the window otherwise.
+                if credit_now || state.unacknowledged >= (self.layout.entries / 4).max(1) {
+                    state.unacknowledged = 0;
+                    let ring = state.ring;
+                    self.write_credits(sender, &ring, counters);
+                }
+                drop(inbound);
+                match arrival {
+                    Some(arrival) => deliver(sender, arrival),
+                    None => tracing::warn!(%sender, seq, "malformed ring entry skipped"),
+                }
+            }
+            if found {
+                idle_passes = 0;
+            } else {
+                idle_passes = idle_passes.saturating_add(1);
+                if idle_passes < 64 {
+                    std::thread::yield_now();
+                } else {
+                    // Nothing arrived for a while: poll less often, so an
+                    // idle node leaves the CPU to others.
+                    std::thread::sleep(Duration::from_micros(200));
+                }
+            }
+        }
+    }
+}
+
+/// What the poll loop hands the node.
+pub enum Arrival {
+    Message(Message),
+    /// A file transfer's data: copied (RDMA-1c) or a view of the ring (RDMA).
+    File {
+        load: u32,
+        request: u64,
+        status: FileStatus,
+        data: Bytes,
+    },
+}
+
+/// A receiver's state towards one sender.
+#[derive(Default)]
+struct Inbound {
+    ring: ReceiverRing,
+    /// Files served from the ring, in arrival order: (start, len, done).
+    outstanding: VecDeque<(u64, u64, bool)>,
+    unacknowledged: u64,
+}
+
+/// A file's bytes in the ring, owned by a response body; dropping it
+/// releases them to the sender.
+struct RingView {
+    view: RegionBytes,
+    rings: Arc<Rings>,
+    counters: Arc<Counters>,
+    sender: Member,
+    start: u64,
+}
+
+impl AsRef<[u8]> for RingView {
+    fn as_ref(&self) -> &[u8] {
+        self.view.as_slice()
+    }
+}
+
+impl Drop for RingView {
+    fn drop(&mut self) {
+        self.rings.free(self.sender, self.start, &self.counters);
+    }
+}
+
+fn no_credit(to: Member, start: Instant) -> LinkError {
+    LinkError::NoCredit { to, waited_ms: start.elapsed().as_millis() as u64 }
+}

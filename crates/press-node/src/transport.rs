@@ -1,0 +1,313 @@
+//! The intra-cluster link: PRESS messages over the fabric's message
+//! channel (`Channel::PRESS`), counted per type (Table 2), with the Base
+//! version's window flow control.
+//!
+//! - **TCP** (`tcp`): `Fabric::send` on the `tcp` backend: kernel TCP, a
+//!   reader thread and an inbox at the receiver. No flow-control messages:
+//!   "implemented transparently to the server by TCP itself" (§3.2).
+//! - **Base** (`base`): `Fabric::send` on the `shm` backend: two-sided
+//!   messages through shared-memory rings, copied in at the sender and out
+//!   at the receiver, as VIA's send/receive. On top, PRESS's own window
+//!   flow control: a sender holds at most `window` unacknowledged messages
+//!   per receiver (every type but `Flow`), and a receiver returns credits in
+//!   a `Flow` message once it consumed half a window from that sender. A
+//!   receiver that stops consuming therefore stops its senders after
+//!   `window` messages: they wait (bounded) instead of overrunning it.
+
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+use tierstack_base::NodeId;
+use tierstack_fabric::{Channel, Fabric, FabricError};
+use tierstack_press::proto::{encode, Body, Message, MsgType, ProtoError};
+use tierstack_press::{Counters, Member};
+
+/// Default flow-control window (messages in flight per ordered pair).
+pub const WINDOW_DEFAULT: u32 = 32;
+
+/// The communication version a node runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TransportKind {
+    Tcp,
+    Base,
+    /// One-sided writes into per-pair rings, one copy at the receiver.
+    Rdma1c,
+    /// As RDMA-1c, the reply served to the client straight from the ring.
+    Rdma,
+    /// As RDMA, the file written from the sender's registered cache.
+    Zero,
+}
+
+impl TransportKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            TransportKind::Tcp => "tcp",
+            TransportKind::Base => "base",
+            TransportKind::Rdma1c => "rdma-1c",
+            TransportKind::Rdma => "rdma",
+            TransportKind::Zero => "zero",
+        }
+    }
+
+    /// The fabric backend this version runs over (`shm` is the one-sided
+    /// stand-in for RDMA on one host).
+    pub fn backend(self) -> &'static str {
+        match self {
+            TransportKind::Tcp => "tcp",
+            TransportKind::Base | TransportKind::Rdma1c | TransportKind::Rdma | TransportKind::Zero => "shm",
+        }
+    }
+}
+
+impl std::str::FromStr for TransportKind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "tcp" => Ok(TransportKind::Tcp),
+            "base" => Ok(TransportKind::Base),
+            "rdma-1c" => Ok(TransportKind::Rdma1c),
+            "rdma" => Ok(TransportKind::Rdma),
+            "zero" => Ok(TransportKind::Zero),
+            other => Err(format!("unknown transport {other:?} (expected tcp, base, rdma-1c, rdma or zero)")),
+        }
+    }
+}
+
+/// A message that could not be sent.
+#[derive(Debug, thiserror::Error)]
+pub enum LinkError {
+    #[error(transparent)]
+    Encode(#[from] ProtoError),
+    #[error(transparent)]
+    Fabric(#[from] FabricError),
+    #[error("no flow-control credit from {to} within {waited_ms} ms (its receiver is not consuming)")]
+    NoCredit { to: Member, waited_ms: u64 },
+    #[error("a message of {bytes} bytes does not fit the rings")]
+    TooLarge { bytes: u64 },
+}
+
+/// Window flow control, both halves: the credits this node may spend per
+/// receiver, and the messages it consumed per sender and has not yet
+/// acknowledged.
+#[derive(Debug)]
+pub struct Window {
+    window: u32,
+    credits: Mutex<Vec<u32>>,
+    changed: Condvar,
+    consumed: Mutex<Vec<u32>>,
+}
+
+impl Window {
+    pub fn new(nodes: usize, window: u32) -> Window {
+        let window = window.max(2);
+        Window {
+            window,
+            credits: Mutex::new(vec![window; nodes]),
+            changed: Condvar::new(),
+            consumed: Mutex::new(vec![0; nodes]),
+        }
+    }
+
+    /// Takes one credit towards `to`, waiting up to `timeout` for one.
+    pub fn acquire(&self, to: Member, timeout: Duration) -> Result<(), LinkError> {
+        let start = Instant::now();
+        let mut credits = self.credits.lock().unwrap_or_else(PoisonError::into_inner);
+        loop {
+            match credits.get_mut(to.index()) {
+                None => return Ok(()),
+                Some(c) if *c > 0 => {
+                    *c -= 1;
+                    return Ok(());
+                }
+                Some(_) => {}
+            }
+            let waited = start.elapsed();
+            if waited >= timeout {
+                return Err(LinkError::NoCredit { to, waited_ms: waited.as_millis() as u64 });
+            }
+            credits = self.changed.wait_timeout(credits, timeout - waited).unwrap_or_else(PoisonError::into_inner).0;
+        }
+    }
+
+    /// A `Flow` message from `from` returned `credits`.
+    pub fn grant(&self, from: Member, credits: u32) {
+        let mut all = self.credits.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(c) = all.get_mut(from.index()) {
+            *c = c.saturating_add(credits).min(self.window);
+        }
+        self.changed.notify_all();
+    }
+
+    /// This node consumed a credit-bearing message from `from`; returns the
+    /// credits to send back once half a window has accumulated.
+    pub fn consumed(&self, from: Member) -> Option<u32> {
+        let mut all = self.consumed.lock().unwrap_or_else(PoisonError::into_inner);
+        let c = all.get_mut(from.index())?;
+        *c += 1;
+        if *c >= self.window / 2 {
+            let credits = *c;
+            *c = 0;
+            Some(credits)
+        } else {
+            None
+        }
+    }
+
+    /// Credits left towards `to` (for tests and stats).
+    pub fn credits(&self, to: Member) -> u32 {
+        self.credits.lock().unwrap_or_else(PoisonError::into_inner).get(to.index()).copied().unwrap_or(0)
+    }
+
+    /// `from` died or restarted: its credits and acknowledgements start over.
+    pub fn reset(&self, peer: Member) {
+        if let Some(c) = self.credits.lock().unwrap_or_else(PoisonError::into_inner).get_mut(peer.index()) {
+            *c = self.window;
+        }
+        if let Some(c) = self.consumed.lock().unwrap_or_else(PoisonError::into_inner).get_mut(peer.index()) {
+            *c = 0;
+        }
+        self.changed.notify_all();
+    }
+}
+
+/// Whether a message spends a flow-control credit (all but `Flow` itself,
+/// which would otherwise deadlock two full windows).
+pub fn needs_credit(body: &Body) -> bool {
+    !matches!(body, Body::Flow { .. })
+}
+
+/// The fabric identity of a cluster member (members are nodes `0..n`).
+pub fn node_id(member: Member) -> NodeId {
+    NodeId(u32::from(member.0))
+}
+
+/// A node's sending side.
+pub struct Link {
+    fabric: Arc<dyn Fabric>,
+    kind: TransportKind,
+    counters: Arc<Counters>,
+    window: Option<Window>,
+    rings: Option<Arc<crate::rings::Rings>>,
+    credit_timeout: Duration,
+}
+
+impl Link {
+    /// The link of `kind`; the remote-write versions register their rings here.
+    pub fn new(
+        fabric: Arc<dyn Fabric>,
+        kind: TransportKind,
+        me: Member,
+        nodes: usize,
+        window: u32,
+        credit_timeout: Duration,
+    ) -> Result<Link, LinkError> {
+        let rings = match kind {
+            TransportKind::Rdma1c | TransportKind::Rdma | TransportKind::Zero => {
+                Some(Arc::new(crate::rings::Rings::register(
+                    fabric.clone(),
+                    me,
+                    nodes,
+                    window,
+                    kind != TransportKind::Rdma1c,
+                    credit_timeout,
+                )?))
+            }
+            _ => None,
+        };
+        let window = (kind == TransportKind::Base).then(|| Window::new(nodes, window));
+        Ok(Link { fabric, kind, counters: Arc::default(), window, rings, credit_timeout })
+    }
+
+    pub fn rings(&self) -> Option<&Arc<crate::rings::Rings>> {
+        self.rings.as_ref()
+    }
+
+    pub fn kind(&self) -> TransportKind {
+        self.kind
+    }
+
+    pub fn counters(&self) -> &Arc<Counters> {
+        &self.counters
+    }
+
+    pub fn window(&self) -> Option<&Window> {
+        self.window.as_ref()
+    }
+
+    pub fn fabric(&self) -> &Arc<dyn Fabric> {
+        &self.fabric
+    }
+
+    /// Sends `message` to `to`, waiting (bounded) for a credit under Base
+    /// and for room at the receiver. Blocks: call it from a thread that may
+    /// block (`spawn_blocking`, the receive thread), never from an async task.
+    pub fn send(&self, to: Member, message: &Message) -> Result<(), LinkError> {
+        if let Some(rings) = &self.rings {
+            return rings.send(to, message, &self.counters);
+        }
+        let bytes = encode(message)?;
+        if let Some(window) = &self.window {
+            if needs_credit(&message.body) {
+                window.acquire(to, self.credit_timeout)?;
+            }
+        }
+        self.fabric.send(node_id(to), Channel::PRESS, &bytes)?;
+        self.counters.record(message.body.msg_type(), bytes.len() as u64);
+        Ok(())
+    }
+
+    /// Counts a message type without sending (for tests of the counters).
+    pub fn count(&self, kind: MsgType, bytes: u64) {
+        self.counters.record(kind, bytes);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_full_window_holds_the_sender_until_credits_return() {
+        let w = Window::new(2, 4);
+        for _ in 0..4 {
+            w.acquire(Member(1), Duration::ZERO).unwrap();
+        }
+        let e = w.acquire(Member(1), Duration::from_millis(20)).unwrap_err();
+        assert!(matches!(e, LinkError::NoCredit { to: Member(1), .. }));
+        // The receiver's half: credits go back after half a window.
+        let r = Window::new(2, 4);
+        assert_eq!(r.consumed(Member(0)), None);
+        assert_eq!(r.consumed(Member(0)), Some(2));
+        w.grant(Member(1), 2);
+        assert_eq!(w.credits(Member(1)), 2);
+        // A waiter is woken by a grant from another thread.
+        let w = Arc::new(w);
+        w.acquire(Member(1), Duration::ZERO).unwrap();
+        w.acquire(Member(1), Duration::ZERO).unwrap();
+        let granter = {
+            let w = w.clone();
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(10));
+                w.grant(Member(1), 1);
+            })
+        };
+        w.acquire(Member(1), Duration::from_secs(10)).unwrap();
+        granter.join().unwrap();
+        // Grants never exceed the window; reset restores it.
+        w.grant(Member(1), 100);
+        assert_eq!(w.credits(Member(1)), 4);
+        w.acquire(Member(1), Duration::ZERO).unwrap();
+        w.reset(Member(1));
+        assert_eq!(w.credits(Member(1)), 4);
+    }
+
+    #[test]
+    fn transports_parse_and_unbuilt_ones_say_so() {
+        assert_eq!("tcp".parse::<TransportKind>().unwrap(), TransportKind::Tcp);
+        assert_eq!("base".parse::<TransportKind>().unwrap().backend(), "shm");
+        assert_eq!("zero".parse::<TransportKind>().unwrap().backend(), "shm");
+        assert_eq!("rdma-1c".parse::<TransportKind>().unwrap().backend(), "shm");
+        assert!("udp".parse::<TransportKind>().is_err());
+        assert!(needs_credit(&Body::Forward { request: 1, path: "/".into() }));
+        assert!(!needs_credit(&Body::Flow { credits: 1 }));
+    }
+}

@@ -1,0 +1,146 @@
+//! `tierstack cluster up|status|down <topology.toml>`: the tier processes a
+//! topology's `[node.service]` sections describe, on this host, as detached
+//! services (glue over `tierstack_bench::cluster`).
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, Subcommand};
+use std::path::{Path, PathBuf};
+use tierstack_bench::cluster::{self, UpConfig};
+
+#[derive(Subcommand)]
+pub enum ClusterCommand {
+    /// Start every service of the topology, in dependency order, each once the one before is ready; they keep running after this command returns.
+    Up(UpArgs),
+    /// Every service's process, /healthz, /readyz and load; fails unless all are alive and ready.
+    Status(Where),
+    /// Stop every service gracefully (SIGTERM, proxies first; SIGKILL after the grace period and a margin).
+    Down(Where),
+    /// Become one node's service (what `up` would start for it), in this process's place: for systemd units and containers.
+    Exec(ExecArgs),
+}
+
+#[derive(Args)]
+pub struct ExecArgs {
+    /// The cluster's topology file.
+    topology: PathBuf,
+    /// The node whose service to run.
+    #[arg(long)]
+    node: u32,
+    /// Refuse unless the node's service is this kind (app-module, app-server, proxy): a unit names its tier.
+    #[arg(long)]
+    kind: Option<String>,
+    /// The service's grace period on SIGTERM.
+    #[arg(long, default_value_t = crate::service::GRACE_MS_DEFAULT)]
+    grace_ms: u64,
+}
+
+/// Replaces this process with the node's service.
+fn exec(args: ExecArgs) -> Result<()> {
+    use std::os::unix::process::CommandExt;
+    let path = std::fs::canonicalize(&args.topology)
+        .with_context(|| format!("reading topology {}", args.topology.display()))?;
+    let topology = tierstack_cluster::Topology::load(&path)?;
+    let launches = cluster::plan(&topology, &path)?;
+    let launch = launches
+        .iter()
+        .find(|l| l.node == args.node)
+        .with_context(|| format!("node {} has no [node.service] in {}", args.node, path.display()))?;
+    if let Some(kind) = &args.kind {
+        anyhow::ensure!(launch.kind.command() == kind, "node {} runs {}, not {kind}", args.node, launch.kind.command());
+    }
+    let error = std::process::Command::new(std::env::current_exe()?)
+        .args(&launch.args)
+        .args(["--grace-ms", &args.grace_ms.to_string()])
+        .env_remove(tierstack_bench::owner::STOP_ON_STDIN_EOF_ENV)
+        .exec();
+    Err(error).context("starting the service")
+}
+
+#[derive(Args)]
+pub struct Where {
+    /// The cluster's topology file.
+    topology: PathBuf,
+    /// Where the pid/state file and the services' logs are (default: `<topology file>.run` beside it).
+    #[arg(long)]
+    run_dir: Option<PathBuf>,
+}
+
+impl Where {
+    fn run_dir(&self) -> PathBuf {
+        self.run_dir.clone().unwrap_or_else(|| default_run_dir(&self.topology))
+    }
+}
+
+fn default_run_dir(topology: &Path) -> PathBuf {
+    let mut name = topology.file_name().map(|n| n.to_os_string()).unwrap_or_else(|| "cluster".into());
+    name.push(".run");
+    topology.with_file_name(name)
+}
+
+#[derive(Args)]
+pub struct UpArgs {
+    #[command(flatten)]
+    at: Where,
+    /// Each service's grace period on SIGTERM (its --grace-ms).
+    #[arg(long, default_value_t = crate::service::GRACE_MS_DEFAULT)]
+    grace_ms: u64,
+}
+
+pub fn run(command: ClusterCommand) -> Result<()> {
+    match command {
+        ClusterCommand::Up(args) => {
+            let config =
+                UpConfig { exe: std::env::current_exe()?, run_dir: args.at.run_dir(), grace_ms: args.grace_ms };
+            let state = cluster::up(&args.at.topology, &config)?;
+            for started in &state.processes {
+                let health = started.health.map(|a| format!(" health http://{a}/readyz")).unwrap_or_default();
+                println!(
+                    "node {} {} pid {}{health} (log {})",
+                    started.node,
+                    started.kind,
+                    started.pid,
+                    started.log.display()
+                );
+            }
+            println!("up: {} processes; state in {}", state.processes.len(), config.run_dir.display());
+            Ok(())
+        }
+        ClusterCommand::Status(at) => {
+            let nodes = cluster::status(&at.run_dir())?;
+            let yes_no = |v: Option<bool>| v.map(|b| if b { "yes" } else { "NO" }).unwrap_or("-");
+            println!(
+                "{:>4}  {:<10} {:>8}  {:<5} {:<7} {:<5}  load",
+                "node", "kind", "pid", "alive", "healthy", "ready"
+            );
+            for n in &nodes {
+                println!(
+                    "{:>4}  {:<10} {:>8}  {:<5} {:<7} {:<5}  {}{}",
+                    n.node,
+                    n.kind,
+                    n.pid,
+                    if n.alive { "yes" } else { "NO" },
+                    yes_no(n.healthy),
+                    yes_no(n.ready),
+                    n.load.as_deref().unwrap_or("-"),
+                    n.not_ready.as_ref().map(|why| format!("  not ready: {why}")).unwrap_or_default()
+                );
+            }
+            let bad = nodes.iter().filter(|n| !n.ok()).count();
+            if bad > 0 {
+                bail!("{bad} of {} services are not alive and ready", nodes.len());
+            }
+            Ok(())
+        }
+        ClusterCommand::Exec(args) => exec(args),
+        ClusterCommand::Down(at) => {
+            let report = cluster::down(&at.run_dir())?;
+            for (node, kind, pid, outcome) in &report.nodes {
+                println!("node {node} {kind} pid {pid}: {outcome}");
+            }
+            if !report.clean() {
+                bail!("some services had to be killed");
+            }
+            Ok(())
+        }
+    }
+}

@@ -1,0 +1,127 @@
+//! `tierstack press-node`: one PRESS cluster node (glue over
+//! `tierstack-press-node`). Prints `ready` once it serves, serves until its
+//! standard input closes, Ctrl-C or SIGTERM, then prints its counters as one
+//! JSON line.
+
+use super::NodeArgs;
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use std::io::Write;
+use std::net::SocketAddr;
+use std::time::Duration;
+use tierstack_origin::{DiskModel, StorageConfig, SyntheticSet};
+use tierstack_press::{Member, PolicyConfig, MAX_SIZE_BYTES, THRESHOLD_DEFAULT};
+use tierstack_press_node::{Mode, NodeConfig, PressNode, TransportKind, WINDOW_DEFAULT};
+use tierstack_workload::{TraceSpec, ZIPF_ALPHA_DEFAULT, ZIPF_DOCS_DEFAULT};
+
+#[derive(Args)]
+pub struct PressNodeArgs {
+    #[command(flatten)]
+    node: NodeArgs,
+    #[command(flatten)]
+    service: crate::service::ServiceArgs,
+    /// Where clients connect.
+    #[arg(long)]
+    listen: SocketAddr,
+    /// Where `GET /stats` is served.
+    #[arg(long)]
+    admin: Option<SocketAddr>,
+    /// press (Fig. 1 distribution) or traditional (every node on its own).
+    #[arg(long, default_value = "press")]
+    mode: Mode,
+    /// Communication version: tcp (topology fabric tcp), base, rdma-1c, rdma or zero (fabric shm).
+    #[arg(long, default_value = "base")]
+    transport: TransportKind,
+    /// The documents served: a trace's (`/doc/<name>`, their sizes), as
+    /// `tierstack origin --trace` (e.g. press:clarknet@0.01).
+    #[arg(long)]
+    trace: String,
+    #[arg(long, default_value_t = ZIPF_ALPHA_DEFAULT)]
+    alpha: f64,
+    #[arg(long, default_value_t = ZIPF_DOCS_DEFAULT)]
+    docs: usize,
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Memory cache in bytes (LRU); default the trace's published per-node cache.
+    #[arg(long)]
+    cache_bytes: Option<u64>,
+    /// Emulated disk: positioning time per read, in microseconds.
+    #[arg(long, requires = "disk_mb_per_s")]
+    disk_seek_us: Option<u64>,
+    /// Emulated disk: transfer rate in MB/s.
+    #[arg(long, requires = "disk_seek_us")]
+    disk_mb_per_s: Option<f64>,
+    /// Fig. 1's threshold T (open connections).
+    #[arg(long, default_value_t = THRESHOLD_DEFAULT)]
+    threshold: u32,
+    /// Fig. 1's max_size in bytes.
+    #[arg(long, default_value_t = MAX_SIZE_BYTES)]
+    max_size_bytes: u64,
+    /// Longest wait for a forwarded request's reply, in ms, before serving it here.
+    #[arg(long, default_value_t = 2000)]
+    forward_timeout_ms: u64,
+    /// Flow-control window: messages in flight per ordered pair (base: credits; rdma-1c: ring entries).
+    #[arg(long, default_value_t = WINDOW_DEFAULT)]
+    window: u32,
+    /// Runtime worker threads.
+    #[arg(long, default_value_t = 2)]
+    threads: usize,
+}
+
+fn disk(args: &PressNodeArgs) -> Result<Option<DiskModel>> {
+    let (Some(seek_us), Some(mb_per_s)) = (args.disk_seek_us, args.disk_mb_per_s) else { return Ok(None) };
+    if !(mb_per_s.is_finite() && mb_per_s > 0.0 && mb_per_s * 1e6 < u64::MAX as f64) {
+        bail!("--disk-mb-per-s must be a positive number (got {mb_per_s})");
+    }
+    let seek_ns = seek_us.checked_mul(1_000).context("--disk-seek-us is out of range")?;
+    Ok(Some(DiskModel::new(seek_ns, (mb_per_s * 1e6).round().max(1.0) as u64)?))
+}
+
+pub fn run(args: PressNodeArgs) -> Result<()> {
+    let trace = TraceSpec::parse(&args.trace, args.alpha, args.docs)?
+        .build(args.seed)
+        .with_context(|| format!("building trace {}", args.trace))?;
+    let objects = trace.documents().iter().map(|document| (document.path(), document.size_bytes));
+    let files = SyntheticSet::new(objects).with_context(|| format!("trace {}'s documents", args.trace))?;
+    let (topology, fabric) = args.node.open()?;
+    let nodes = topology.node_ids();
+    let me = u16::try_from(args.node.node).context("node id too large for PRESS")?;
+    if nodes.iter().enumerate().any(|(i, id)| id.0 as usize != i) {
+        bail!("a PRESS topology names its nodes 0, 1, … in order");
+    }
+    let config = NodeConfig {
+        listen: args.listen,
+        admin: args.admin,
+        me: Member(me),
+        nodes: nodes.len(),
+        mode: args.mode,
+        transport: args.transport,
+        policy: PolicyConfig { max_size_bytes: args.max_size_bytes, threshold: args.threshold },
+        storage: StorageConfig {
+            cache_bytes: args.cache_bytes.or(trace.cache_bytes_per_node()).unwrap_or(0),
+            cache_max_object_bytes: None,
+            disk: disk(&args)?,
+        },
+        files,
+        forward_timeout: Duration::from_millis(args.forward_timeout_ms),
+        window: args.window,
+    };
+    let runtime =
+        tokio::runtime::Builder::new_multi_thread().worker_threads(args.threads.max(1)).enable_all().build()?;
+    runtime.block_on(async {
+        let signals = args.service.stop_signals()?;
+        let node = PressNode::start(config, fabric).await?;
+        eprintln!(
+            "tierstack press-node: node {me} serving http://{}{}",
+            node.local_addr(),
+            node.admin_addr().map(|a| format!(", stats at http://{a}/stats")).unwrap_or_default()
+        );
+        println!("ready");
+        std::io::stdout().flush()?;
+        signals.wait().await;
+        let stats = node.stop();
+        println!("{}", serde_json::to_string(&stats)?);
+        std::io::stdout().flush()?;
+        Ok(())
+    })
+}

@@ -1,0 +1,157 @@
+//! Service behaviour shared by every long-running command (`app-module`,
+//! `app-server`, `proxy`, `origin`, `ddss-daemon`, `dlm-node`,
+//! `fabric serve`, `monitor-node`, `reconfigure`, `press-node`).
+//!
+//! A service serves until SIGTERM or SIGINT, as systemd, container runtimes
+//! and a terminal's Ctrl-C ask it to stop; then it stops accepting, lets
+//! requests in flight finish within `--grace-ms`, drops its fabric node
+//! (which revokes its regions) and exits 0. Standard input is ignored: under
+//! systemd, in a container or under `nohup` it is `/dev/null`.
+//!
+//! `--stop-on-stdin-eof` (or `TIERSTACK_STOP_ON_STDIN_EOF=1` in the
+//! environment) also stops it when standard input reaches its end: the
+//! option for a parent that owns the process through a pipe, so that the
+//! child stops when the parent drops it (the tests, the demo's deployment;
+//! `tierstack_bench::owner::ChildNode` sets the variable for every child).
+//!
+//! SIGHUP is logged and ignored: nothing a running tier holds can be
+//! reloaded safely yet (its listeners, fabric node and caches are fixed at
+//! start); the log filter is read from `TIERSTACK_LOG` at start only.
+
+use anyhow::{Context, Result};
+use std::io::Read;
+use std::time::Duration;
+use tokio::signal::unix::{signal, Signal, SignalKind};
+
+/// The environment variable that turns `--stop-on-stdin-eof` on.
+pub const STOP_ON_STDIN_EOF_ENV: &str = tierstack_bench::owner::STOP_ON_STDIN_EOF_ENV;
+
+/// The grace period's default: how long requests in flight may take to
+/// finish once a stop was asked for.
+pub const GRACE_MS_DEFAULT: u64 = 10_000;
+
+/// How a long-running command stops.
+#[derive(clap::Args, Clone, Debug)]
+pub struct ServiceArgs {
+    /// Also stop when standard input reaches its end, as when a parent
+    /// that owns this process through a pipe exits or drops it (tests, the
+    /// demo). Without it, only SIGTERM or SIGINT stops the process.
+    #[arg(long, env = STOP_ON_STDIN_EOF_ENV, value_parser = clap::builder::BoolishValueParser::new())]
+    pub stop_on_stdin_eof: bool,
+    /// After SIGTERM or SIGINT: how long requests in flight may take to
+    /// finish (milliseconds) before the process exits anyway.
+    #[arg(long, default_value_t = GRACE_MS_DEFAULT)]
+    pub grace_ms: u64,
+}
+
+impl ServiceArgs {
+    pub fn grace(&self) -> Duration {
+        Duration::from_millis(self.grace_ms)
+    }
+
+    /// Installs the signal handlers (and, with `--stop-on-stdin-eof`, a
+    /// thread watching standard input). Call it inside a runtime and
+    /// before announcing `ready`, so that a stop asked for right after is
+    /// never the default action (death without cleanup).
+    pub fn stop_signals(&self) -> Result<StopSignals> {
+        let terminate = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+        let interrupt = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+        let hangup = signal(SignalKind::hangup()).context("installing the SIGHUP handler")?;
+        let stdin_eof = if self.stop_on_stdin_eof {
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            // A plain thread, not spawn_blocking: a runtime being dropped
+            // waits for its blocking tasks, and this read may never end.
+            std::thread::Builder::new().name("stdin-eof".into()).spawn(move || {
+                // Fixed chunks, not lines: endless input without newlines
+                // cannot grow a buffer.
+                let mut chunk = [0u8; 1024];
+                let mut stdin = std::io::stdin().lock();
+                while matches!(stdin.read(&mut chunk), Ok(n) if n > 0) {}
+                let _ = tx.send(());
+            })?;
+            Some(rx)
+        } else {
+            None
+        };
+        Ok(StopSignals { terminate, interrupt, hangup, stdin_eof })
+    }
+
+    /// For commands without a runtime of their own: installs the handlers
+    /// now and waits for a stop on a thread; the receiver gets its cause.
+    pub fn stop_watch_thread(&self) -> Result<std::sync::mpsc::Receiver<StopCause>> {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+        let signals = {
+            let _entered = runtime.enter();
+            self.stop_signals()?
+        };
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::Builder::new().name("stop-signals".into()).spawn(move || {
+            let cause = runtime.block_on(signals.wait());
+            let _ = tx.send(cause);
+        })?;
+        Ok(rx)
+    }
+}
+
+/// Why a service stopped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StopCause {
+    Terminate,
+    Interrupt,
+    StdinEof,
+}
+
+impl StopCause {
+    pub fn name(self) -> &'static str {
+        match self {
+            StopCause::Terminate => "SIGTERM",
+            StopCause::Interrupt => "SIGINT",
+            StopCause::StdinEof => "stdin closed",
+        }
+    }
+}
+
+/// The installed handlers; [`StopSignals::wait`] resolves on the first stop.
+pub struct StopSignals {
+    terminate: Signal,
+    interrupt: Signal,
+    hangup: Signal,
+    stdin_eof: Option<tokio::sync::oneshot::Receiver<()>>,
+}
+
+impl StopSignals {
+    pub async fn wait(mut self) -> StopCause {
+        let cause = loop {
+            let stdin_eof = async {
+                match self.stdin_eof.as_mut() {
+                    Some(rx) => {
+                        let _ = rx.await;
+                    }
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                _ = self.terminate.recv() => break StopCause::Terminate,
+                _ = self.interrupt.recv() => break StopCause::Interrupt,
+                _ = stdin_eof => break StopCause::StdinEof,
+                _ = self.hangup.recv() => {
+                    tracing::info!("SIGHUP: nothing is reloadable at run time; ignored");
+                }
+            }
+        };
+        tracing::info!(cause = cause.name(), "stopping");
+        cause
+    }
+}
+
+/// Waits (at most the grace period) for a tier's serving task, which ends
+/// once its connections have finished their requests after `stop` fired.
+pub async fn drain(serving: tokio::task::JoinHandle<std::io::Result<()>>, grace: Duration, what: &str) -> Result<()> {
+    match tokio::time::timeout(grace, serving).await {
+        Ok(joined) => Ok(joined.with_context(|| format!("{what} task"))??),
+        Err(_) => {
+            tracing::warn!(?grace, "{what}: requests still in flight after the grace period; exiting anyway");
+            Ok(())
+        }
+    }
+}

@@ -1,0 +1,332 @@
+//! PRESS clusters of `tierstack press-node` processes, on each built
+//! transport: every response body is checked byte for byte against the
+//! file (the origin's synthetic body), the message counters obey Table 2's
+//! invariants (one file reply per forward; flow-control messages only where
+//! the version has them), and a SIGKILLed node's files are served by the
+//! others with no hang and no error.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+use tierstack_bench::owner::free_loopback_port;
+use tierstack_origin::synthetic_body;
+use tierstack_press::MsgType;
+use tierstack_press_node::NodeStats;
+use tierstack_workload::{Trace, TraceSpec};
+
+const STEP: Duration = Duration::from_secs(30);
+const TRACE: &str = "press:clarknet@0.002";
+
+struct NodeChild {
+    child: Child,
+    listen: SocketAddr,
+    admin: SocketAddr,
+}
+
+impl Drop for NodeChild {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn trace() -> Trace {
+    TraceSpec::parse(TRACE, 1.0, 10).unwrap().build(1).unwrap()
+}
+
+/// Writes the topology and starts `nodes` processes; waits for each `ready`.
+fn start_cluster(dir: &Path, name: &str, transport: &str, nodes: usize, extra: &[&str]) -> Vec<NodeChild> {
+    let fabric = if transport == "tcp" { "tcp" } else { "shm" };
+    let mut topology = format!(
+        "[cluster]\nname = \"{name}-{}\"\nfabric = \"{fabric}\"\nshm_root = \"{}\"\nop_timeout_ms = 2000\n",
+        std::process::id(),
+        dir.join("shm").display()
+    );
+    for i in 0..nodes {
+        topology.push_str(&format!("[[node]]\nid = {i}\nrole = \"proxy\"\n"));
+        if fabric == "tcp" {
+            topology.push_str(&format!("address = \"{}\"\n", free_loopback_port().unwrap()));
+        }
+    }
+    let path = dir.join("topology.toml");
+    std::fs::write(&path, topology).unwrap();
+    let mut children = Vec::new();
+    for i in 0..nodes {
+        let (listen, admin) = (free_loopback_port().unwrap(), free_loopback_port().unwrap());
+        let mut child = Command::new(env!("CARGO_BIN_EXE_tierstack"))
+            .arg("press-node")
+            .arg("--stop-on-stdin-eof")
+            .args(["--topology", path.to_str().unwrap(), "--node", &i.to_string()])
+            .args(["--listen", &listen.to_string(), "--admin", &admin.to_string()])
+            .args(["--transport", transport, "--trace", TRACE, "--threads", "1"])
+            .args(extra)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let stdout = BufReader::new(child.stdout.take().unwrap());
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in stdout.lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        assert_eq!(rx.recv_timeout(STEP).as_deref(), Ok("ready"), "node {i} did not start");
+        children.push(NodeChild { child, listen, admin });
+    }
+    children
+}
+
+/// One GET on a fresh connection (PRESS's clients open one per request).
+fn get(addr: SocketAddr, path: &str) -> (u16, Vec<u8>) {
+    let mut stream = TcpStream::connect(addr).unwrap();
+    stream.set_read_timeout(Some(STEP)).unwrap();
+    write!(stream, "GET {path} HTTP/1.1\r\nHost: press\r\nConnection: close\r\n\r\n").unwrap();
+    let mut answer = Vec::new();
+    stream.read_to_end(&mut answer).unwrap();
+    let split = answer.windows(4).position(|w| w == b"\r\n\r\n").expect("a header block");
+    let head = String::from_utf8_lossy(&answer[..split]).to_string();
+    let status = head.split_whitespace().nth(1).unwrap().parse().unwrap();
+    (status, answer[split + 4..].to_vec())
+}
+
+fn stats(node: &NodeChild) -> NodeStats {
+    let (status, body) = get(node.admin, "/stats");
+    assert_eq!(status, 200);
+    serde_json::from_slice(&body).unwrap()
+}
+
+fn fnv(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3))
+}
+
+/// Requests every document `rounds` times, from nodes in turn, checking
+/// every body against the file.
+fn request_all(cluster: &[&NodeChild], trace: &Trace, rounds: usize) -> usize {
+    let mut n = 0;
+    for round in 0..rounds {
+        for (d, document) in trace.documents().iter().enumerate() {
+            let node = cluster[(d + round) % cluster.len()];
+            let path = document.path();
+            let (status, body) = get(node.listen, &path);
+            assert_eq!(status, 200, "GET {path} from {}", node.listen);
+            let expected = synthetic_body(&path, document.size_bytes);
+            assert_eq!(body.len(), expected.len(), "{path}: length");
+            assert_eq!(fnv(&body), fnv(&expected), "{path}: body checksum");
+            n += 1;
+        }
+    }
+    n
+}
+
+fn check_cluster(transport: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = start_cluster(dir.path(), &format!("press-{transport}"), transport, 3, &[]);
+    let trace = trace();
+    let requests = request_all(&cluster.iter().collect::<Vec<_>>(), &trace, 3);
+    // A service node counts a sent file once its send returned, which may be
+    // just after the client had the response: wait for the counts to settle.
+    let mut all: Vec<NodeStats> = Vec::new();
+    eventually("the send counters settling", || {
+        all = cluster.iter().map(stats).collect();
+        let files: u64 = all.iter().map(|s| s.sent_messages[MsgType::File as usize]).sum();
+        files >= all.iter().map(|s| s.forwarded).sum::<u64>()
+    });
+    let sum = |f: fn(&NodeStats) -> u64| all.iter().map(f).sum::<u64>();
+    assert_eq!(sum(|s| s.requests), requests as u64);
+    let forwarded = sum(|s| s.forwarded);
+    assert!(forwarded > 0, "a 3-node cluster forwards: {all:?}");
+    // One hop, one reply per forward, nothing lost or failed.
+    assert_eq!(sum(|s| s.served_for_peers), forwarded);
+    assert_eq!(sum(|s| s.replies_relayed), forwarded);
+    assert_eq!(sum(|s| s.forward_fallbacks + s.bad_messages + s.send_failures), 0, "{all:?}");
+    let counts = all.iter().fold(tierstack_press::Counts::default(), |c, s| c.plus(&s.counts()));
+    assert_eq!(counts.messages(MsgType::Forward), forwarded);
+    assert_eq!(counts.messages(MsgType::File), forwarded);
+    assert!(counts.messages(MsgType::Caching) > 0);
+    match transport {
+        "tcp" => assert_eq!(counts.messages(MsgType::Flow), 0, "TCP has no flow-control messages"),
+        _ => assert!(counts.messages(MsgType::Flow) > 0, "Base and the rings return credits (Flow)"),
+    }
+    if transport == "zero" {
+        // Files go out from the registered cache, not by a copy.
+        let fallbacks = sum(|s| s.zero_copy_fallbacks);
+        assert!(sum(|s| s.slab_files) > 0 && fallbacks * 4 < forwarded, "{fallbacks} copies of {forwarded}: {all:?}");
+    } else {
+        assert_eq!(sum(|s| s.slab_files), 0);
+    }
+    // Every served request was served exactly once somewhere.
+    assert_eq!(sum(|s| s.served_local + s.served_uncached + s.forwarded), requests as u64);
+    // The initial node never caches a relayed file: cached objects across
+    // the cluster are at most the files plus replicas made by Fig. 1 lines
+    // 16/21, never one per node per file.
+    let cached = sum(|s| s.cache_objects);
+    assert!(cached < 2 * trace.documents().len() as u64, "cached {cached} for {} files", trace.documents().len());
+}
+
+#[test]
+fn a_base_cluster_serves_every_byte_and_counts_its_messages() {
+    check_cluster("base");
+}
+
+#[test]
+fn a_tcp_cluster_serves_every_byte_and_counts_its_messages() {
+    check_cluster("tcp");
+}
+
+#[test]
+fn an_rdma_1c_cluster_serves_every_byte_and_counts_its_messages() {
+    check_cluster("rdma-1c");
+}
+
+#[test]
+fn an_rdma_cluster_serves_every_byte_from_its_rings_and_counts_its_messages() {
+    check_cluster("rdma");
+}
+
+#[test]
+fn a_zero_cluster_serves_every_byte_from_its_registered_caches() {
+    check_cluster("zero");
+}
+
+#[test]
+fn a_full_ring_holds_its_sender_and_nothing_hangs_on_zero() {
+    check_full_window("zero");
+}
+
+#[test]
+fn a_full_ring_holds_its_sender_and_nothing_hangs_on_rdma() {
+    check_full_window("rdma");
+}
+
+#[test]
+fn a_killed_nodes_files_are_served_by_the_others_without_a_hang() {
+    check_kill("base");
+}
+
+#[test]
+fn a_killed_nodes_files_are_served_by_the_others_without_a_hang_on_rdma_1c() {
+    check_kill("rdma-1c");
+}
+
+fn check_kill(transport: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let name = format!("press-kill-{transport}");
+    let mut cluster = start_cluster(dir.path(), &name, transport, 3, &["--forward-timeout-ms", "1000"]);
+    let trace = trace();
+    request_all(&cluster.iter().collect::<Vec<_>>(), &trace, 1);
+    let held_by_2 = stats(&cluster[2]).cache_objects;
+    assert!(held_by_2 > 0, "node 2 cached some files");
+    let mut victim = cluster.pop().unwrap();
+    victim.child.kill().unwrap();
+    victim.child.wait().unwrap();
+    let start = Instant::now();
+    let survivors: Vec<&NodeChild> = cluster.iter().collect();
+    request_all(&survivors, &trace, 2);
+    let took = start.elapsed();
+    let all: Vec<NodeStats> = cluster.iter().map(stats).collect();
+    assert!(all.iter().any(|s| s.peers_declared_dead > 0), "the dead node was noticed: {all:?}");
+    // Bounded: at most one forward timeout per surviving node before the
+    // dead node leaves its view, plus the requests themselves.
+    assert!(took < STEP, "serving after the kill took {took:?}");
+    // After it left the views nothing is forwarded to it: every forward
+    // since then was answered.
+    assert!(all.iter().all(|s| s.forward_fallbacks >= 1), "each survivor met the dead node once: {all:?}");
+    let lost: u64 = all.iter().map(|s| s.forwarded - s.replies_relayed).sum();
+    assert_eq!(lost, all.iter().map(|s| s.forward_fallbacks).sum::<u64>());
+    assert!(lost <= 2 * survivors.len() as u64, "{lost} forwards lost to the dead node");
+}
+
+/// Whether every thread of `pid` is in the stopped state (`T` in
+/// `/proc/<pid>/task/<tid>/stat`).
+fn all_threads_stopped(pid: i32) -> bool {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return false };
+    tasks.filter_map(Result::ok).all(|task| {
+        let stat = std::fs::read_to_string(task.path().join("stat")).unwrap_or_default();
+        stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().next()) == Some("T")
+    })
+}
+
+/// Polls `check` until it holds, failing after `STEP`.
+fn eventually(what: &str, mut check: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !check() {
+        assert!(start.elapsed() < STEP, "{what} did not happen within {STEP:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn a_receiver_that_stops_consuming_holds_its_sender_to_the_window_and_nothing_hangs() {
+    check_full_window("base");
+}
+
+#[test]
+fn a_full_ring_holds_its_sender_and_nothing_hangs_on_rdma_1c() {
+    check_full_window("rdma-1c");
+}
+
+fn check_full_window(transport: &str) {
+    const WINDOW: u64 = 4;
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = start_cluster(
+        dir.path(),
+        &format!("press-flow-{transport}"),
+        transport,
+        2,
+        &["--window", &WINDOW.to_string(), "--forward-timeout-ms", "300"],
+    );
+    let trace = trace();
+    let docs = trace.documents();
+    // Node 1 reads (and caches) every file; node 0 learns it from the broadcasts.
+    request_all(&[&cluster[1]], &trace, 1);
+    let cached_by_1 = stats(&cluster[1]).cache_objects;
+    eventually("node 0 learning node 1's files", || stats(&cluster[0]).files_in_view >= cached_by_1);
+    // The initial node relays a forwarded file and does not cache it.
+    let document = docs.last().unwrap();
+    let (status, body) = get(cluster[0].listen, &document.path());
+    assert_eq!((status, fnv(&body)), (200, fnv(&synthetic_body(&document.path(), document.size_bytes))));
+    let relayed = stats(&cluster[0]);
+    assert_eq!((relayed.replies_relayed, relayed.cache_objects), (1, 0), "{relayed:?}");
+    let pid = cluster[1].child.id() as i32;
+    // SAFETY: signalling our own child process, alive (held by `cluster`).
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
+    // A signal takes effect when the process is next scheduled: wait until
+    // the kernel shows it stopped (on a busy host that can take a while).
+    eventually("node 1 stopping", || all_threads_stopped(pid));
+    let before = stats(&cluster[0]);
+    // Distinct files, cached by node 1: each is forwarded while credits
+    // last; then the sender waits for a credit (bounded), gives up, and the
+    // initial node serves the file itself. Every client gets every byte.
+    // The files node 1 read last: still in its cache.
+    let (older, latest) = docs.split_at(docs.len() - 12);
+    for document in latest {
+        let path = document.path();
+        let (status, body) = get(cluster[0].listen, &path);
+        assert_eq!(status, 200);
+        assert_eq!(fnv(&body), fnv(&synthetic_body(&path, document.size_bytes)), "{path}");
+    }
+    let during = stats(&cluster[0]);
+    let sent = |s: &NodeStats| s.sent_messages[MsgType::Forward as usize] + s.sent_messages[MsgType::Caching as usize];
+    assert!(sent(&during) - sent(&before) <= WINDOW, "sent past the window: {before:?} {during:?}");
+    assert!(during.send_failures > before.send_failures, "the sender ran out of credit: {during:?}");
+    assert_eq!(during.forward_fallbacks - before.forward_fallbacks, 12);
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGCONT) }, 0);
+    // Node 1 drains what waited in its ring and returns the credits: forwards flow again.
+    let mut next = older.iter().rev().cycle();
+    eventually("a forwarded reply after SIGCONT", || {
+        let document = next.next().unwrap();
+        let path = document.path();
+        let (status, body) = get(cluster[0].listen, &path);
+        assert_eq!(status, 200);
+        assert_eq!(fnv(&body), fnv(&synthetic_body(&path, document.size_bytes)), "{path}");
+        stats(&cluster[0]).replies_relayed > during.replies_relayed
+    });
+}
