@@ -81,6 +81,8 @@ pub struct ExtraArgs {
     pub app_module: Vec<String>,
     /// Appended to `tierstack app-server`.
     pub app_server: Vec<String>,
+    /// Appended to every `tierstack proxy`.
+    pub proxy: Vec<String>,
 }
 
 /// A running deployment; dropping it stops every process.
@@ -227,6 +229,7 @@ impl Deployment {
             if let Some(slots) = options.state_slots {
                 proxy_args.extend(strings(&["--state-slots", &slots.to_string()]));
             }
+            proxy_args.extend(extra.proxy.iter().cloned());
             let child = ChildNode::spawn(&config.exe, &proxy_args).with_context(|| format!("starting proxy {node}"))?;
             proxy_children.push(Some(child));
         }
