@@ -31,7 +31,7 @@
 //! application server installs each update's new version at the proxies
 //! before UPDATE_DONE) in the same run, update latency and load average beside.
 
-use crate::deploy::{Deployment, DeploymentConfig, DeploymentOptions};
+use crate::deploy::{strings, Deployment, DeploymentConfig, DeploymentOptions, ExtraArgs};
 use crate::html::Page;
 use crate::report::{line_plot, write_json, Axes, Series, Table};
 use anyhow::{Context, Result};
@@ -84,11 +84,14 @@ pub struct Mode {
     /// The application server pushes each update's new version to the
     /// proxies before UPDATE_DONE (write-through).
     pub write_through: bool,
+    /// The proxies refresh their hot documents themselves (`tierstack
+    /// proxy --refresh-hot`, issue 16); off: `--refresh-hot 0`.
+    pub refresh: bool,
 }
 
 impl Mode {
     pub const fn new(cache: &'static str, backend: Backend) -> Mode {
-        Mode { cache, backend, placement: Placement::Shared, write_through: false }
+        Mode { cache, backend, placement: Placement::Shared, write_through: false, refresh: false }
     }
 
     pub fn label(&self) -> String {
@@ -98,6 +101,9 @@ impl Mode {
         };
         if self.write_through {
             label.push_str("+wt");
+        }
+        if self.refresh {
+            label.push_str("+refresh");
         }
         if self.placement == Placement::Own {
             label.push_str("@own");
@@ -136,8 +142,13 @@ pub fn hot_modes() -> Vec<Mode> {
         own(Mode::new("ttl", Backend::Shm)),
         own(Mode::new("poll", Backend::Shm)),
         own(Mode { write_through: true, ..Mode::new("poll", Backend::Shm) }),
+        own(Mode { refresh: true, ..Mode::new("poll", Backend::Shm) }),
     ]
 }
+
+/// The proxies' refresh in the `+refresh` modes: the CLI's default hot set
+/// size and interval.
+const REFRESH_ARGS: &[&str] = &["--refresh-hot", "64", "--refresh-interval-ms", "5"];
 
 /// The load average (`/proc/loadavg`'s first three fields), or `?`.
 pub fn load_average() -> String {
@@ -254,7 +265,9 @@ fn measure(config: &CoherenceBenchConfig, mode: Mode, trace: &str, compute_threa
         write_through: mode.write_through.then_some(config.write_through_bound),
         ..DeploymentOptions::default()
     };
-    let deployment = Deployment::start_with(
+    let refresh = if mode.refresh { REFRESH_ARGS } else { &["--refresh-hot", "0"] };
+    let extra = ExtraArgs { proxy: strings(refresh), ..ExtraArgs::default() };
+    let deployment = Deployment::start_with_args(
         &DeploymentConfig {
             exe: config.exe.clone(),
             backend: mode.backend,
@@ -267,6 +280,7 @@ fn measure(config: &CoherenceBenchConfig, mode: Mode, trace: &str, compute_threa
             pin: true,
         },
         &options,
+        &extra,
     )?;
     let documents = spec.build(1)?;
     let warm: Vec<String> = documents.documents().iter().take(WARM_DOCUMENTS_MAX).map(|d| d.path()).collect();
@@ -686,12 +700,14 @@ pub fn run_hot(config: &CoherenceBenchConfig) -> Result<CoherenceReport> {
     page.paragraph(&format!(
         "{} connections, compute threads on the application server as in each row, an update every {} ms, {:.0} s \
          per run, warm caches, {} proxies; poll/shm+wt pushes each update's new version to the proxies before \
-         UPDATE_DONE (bound {:?}). Ratios are to ttl in the same run.",
+         UPDATE_DONE (bound {:?}); poll/shm+refresh has no push, its proxies refresh their hot documents \
+         themselves ({}). Ratios are to ttl in the same run.",
         config.connections,
         config.update_interval_ms,
         config.duration.as_secs_f64(),
         config.proxies,
-        config.write_through_bound
+        config.write_through_bound,
+        REFRESH_ARGS.join(" ")
     ));
     let mut table = Table::new(
         "Hot document and traces: client latency, throughput, update latency",
@@ -753,7 +769,10 @@ mod tests {
     #[test]
     fn labels_name_placement_and_write_through() {
         let labels: Vec<String> = own_service_modes().iter().chain(&hot_modes()).map(Mode::label).collect();
-        assert_eq!(labels, ["poll/tcp@own", "poll/shm@own", "ttl@own", "poll/shm@own", "poll/shm+wt@own"]);
+        assert_eq!(
+            labels,
+            ["poll/tcp@own", "poll/shm@own", "ttl@own", "poll/shm@own", "poll/shm+wt@own", "poll/shm+refresh@own"]
+        );
         assert_eq!(Placement::parse("own").unwrap(), Placement::Own);
         assert!(Placement::parse("elsewhere").is_err());
     }

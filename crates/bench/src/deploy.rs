@@ -51,6 +51,8 @@ pub struct DeploymentConfig {
 pub struct DeploymentOptions {
     /// The application server's push policy (`pull`, `push`,
     /// `hybrid:<fraction>`, `useful:<probability>`); `None`: no push path.
+    /// With one, the proxies run with `--refresh-hot 0` (proxy-side refresh
+    /// is for upstreams that do not push) unless `ExtraArgs::proxy` names it.
     pub push_policy: Option<String>,
     /// Each proxy's `--cache-bytes`; `None`: the proxy's default.
     pub proxy_cache_bytes: Option<usize>,
@@ -81,6 +83,8 @@ pub struct ExtraArgs {
     pub app_module: Vec<String>,
     /// Appended to `tierstack app-server`.
     pub app_server: Vec<String>,
+    /// Appended to every `tierstack proxy`.
+    pub proxy: Vec<String>,
 }
 
 /// A running deployment; dropping it stops every process.
@@ -227,6 +231,12 @@ impl Deployment {
             if let Some(slots) = options.state_slots {
                 proxy_args.extend(strings(&["--state-slots", &slots.to_string()]));
             }
+            // Proxy-side refresh is for upstreams that do not push: with a
+            // push path the proxies leave it off (unless `extra` says).
+            if options.push_policy.is_some() && !extra.proxy.iter().any(|a| a == "--refresh-hot") {
+                proxy_args.extend(strings(&["--refresh-hot", "0"]));
+            }
+            proxy_args.extend(extra.proxy.iter().cloned());
             let child = ChildNode::spawn(&config.exe, &proxy_args).with_context(|| format!("starting proxy {node}"))?;
             proxy_children.push(Some(child));
         }

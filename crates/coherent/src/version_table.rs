@@ -257,6 +257,63 @@ impl VersionChecker {
         self.conclude(header, outcome)
     }
 
+    /// [`VersionChecker::is_current`] for several headers at once: one
+    /// batched read per owner node (the incarnation word, then every
+    /// header's slots), each header judged on its part. The verdicts come
+    /// in `headers`' order; an error means "could not check" for that
+    /// header (callers fail closed).
+    pub async fn are_current(&self, headers: &[&DepsHeader]) -> Vec<Result<bool, FabricError>> {
+        let mut verdicts: Vec<Option<Result<bool, FabricError>>> = headers.iter().map(|_| None).collect();
+        let mut nodes: Vec<NodeId> = headers.iter().map(|h| h.node).collect();
+        nodes.sort_unstable_by_key(|n| n.0);
+        nodes.dedup();
+        for node in nodes {
+            let region = match self.region(node).await {
+                Ok(region) => region,
+                Err(e) => {
+                    for (i, h) in headers.iter().enumerate() {
+                        if h.node == node {
+                            verdicts[i] = Some(Err(e.clone()));
+                        }
+                    }
+                    continue;
+                }
+            };
+            let mut batch = vec![Op::Read { offset: INCARNATION_OFFSET, len: 8 }];
+            let mut members = Vec::new();
+            for (i, header) in headers.iter().enumerate().filter(|(_, h)| h.node == node) {
+                let slots_end = header.deps.iter().map(|d| slot_offset(d.slot) + SLOT_BYTES).max().unwrap_or(0);
+                if slots_end > region.len() {
+                    verdicts[i] = Some(Ok(false));
+                    continue;
+                }
+                batch.extend(header.deps.iter().map(|d| Op::Read { offset: slot_offset(d.slot), len: 16 }));
+                members.push(i);
+            }
+            if members.is_empty() {
+                continue;
+            }
+            let outcome = region.post(batch).wait_async().await;
+            let mut results = match outcome {
+                Ok(results) => results.into_iter(),
+                Err(e) => {
+                    for &i in &members {
+                        verdicts[i] = Some(self.conclude(headers[i], Err(e.clone())));
+                    }
+                    continue;
+                }
+            };
+            let incarnation = results.next();
+            for &i in &members {
+                // Each header's part: the shared incarnation word, then its slots.
+                let part: Vec<OpResult> =
+                    incarnation.iter().cloned().chain(results.by_ref().take(headers[i].deps.len())).collect();
+                verdicts[i] = Some(self.conclude(headers[i], Ok(part)));
+            }
+        }
+        verdicts.into_iter().map(|v| v.unwrap_or(Err(FabricError::Closed))).collect()
+    }
+
     /// Blocking form of [`VersionChecker::is_current`] for threads.
     pub fn is_current_blocking(&self, header: &DepsHeader) -> Result<bool, FabricError> {
         let region = match self.cached_region(header.node) {

@@ -428,3 +428,32 @@ fn concurrent_clients_each_update_reports_its_own_versions_and_every_version_is_
         assert_eq!(m.server.requests_in_progress(), 0);
     });
 }
+
+#[test]
+fn one_batch_judges_each_header_as_its_own_check_would() {
+    for backend in [Backend::Shm, Backend::Tcp] {
+        let cluster = local_cluster(backend, 2).unwrap();
+        let checker = VersionChecker::new(cluster.fabric(1).clone());
+        let table = VersionTable::create(cluster.fabric(0).as_ref(), 8, Incarnation(1)).unwrap();
+        let header = |keys: &[&str]| {
+            let keys: Vec<(String, u32)> = keys.iter().map(|k| (k.to_string(), table.slot_of(k).unwrap())).collect();
+            table.header(&keys).unwrap()
+        };
+        let a = header(&["doc/a"]);
+        let ab = header(&["doc/a", "doc/b"]);
+        let b = header(&["doc/b"]);
+        let c = header(&["doc/c"]);
+        table.bump(table.slot_of("doc/b").unwrap()).unwrap();
+        let mut far_slot = a.clone();
+        far_slot.deps[0].slot = 1_000_000;
+        let mut other = c.clone();
+        other.incarnation = Incarnation(2);
+        let all = [&a, &ab, &b, &far_slot, &c, &other];
+        let verdicts = runtime().block_on(checker.are_current(&all));
+        let verdicts: Vec<bool> = verdicts.into_iter().map(Result::unwrap).collect();
+        assert_eq!(verdicts, [true, false, false, false, true, false], "{}", backend.name());
+        for (header, verdict) in all.iter().zip(&verdicts) {
+            assert_eq!(checker.is_current_blocking(header).unwrap(), *verdict, "{}: as one check", backend.name());
+        }
+    }
+}

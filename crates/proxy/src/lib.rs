@@ -69,6 +69,7 @@ mod coalesce;
 mod metrics;
 mod policy;
 mod push;
+mod refresh;
 mod stream;
 #[cfg(test)]
 mod testkit;
@@ -123,6 +124,7 @@ const FENCED_ATTEMPTS_MAX: u32 = 2;
 /// Present (`1`) on a response served from another request's concurrent
 /// fetch after validating it; such a response is labelled `X-Cache: MISS`.
 pub const X_CACHE_COALESCED: &str = "x-cache-coalesced";
+pub use refresh::{HotSet, REFRESH_HOT_DEFAULT, REFRESH_INTERVAL_DEFAULT};
 pub use stream::{ProxyBody, StreamError};
 /// Where the application tier pushes documents: `PUT <prefix><name>`
 /// installs the body as the cached copy of `/doc/<name>`.
@@ -185,6 +187,12 @@ pub struct ProxyOptions {
     pub max_connections: Option<usize>,
     /// Append a Combined Log Format line per client request to this file.
     pub access_log: Option<std::path::PathBuf>,
+    /// Proxy-side refresh (`refresh`): watch this many of the hottest
+    /// cached documents with dependencies, 0: off (the default here; the
+    /// CLI's is [`REFRESH_HOT_DEFAULT`]).
+    pub refresh_hot: usize,
+    /// How often refresh reads their versions.
+    pub refresh_interval: Duration,
 }
 
 /// [`ProxyOptions::header_read_timeout`]'s default.
@@ -200,6 +208,8 @@ impl Default for ProxyOptions {
             header_read_timeout: Some(HEADER_READ_TIMEOUT_DEFAULT),
             max_connections: Some(MAX_CONNECTIONS_DEFAULT),
             access_log: None,
+            refresh_hot: 0,
+            refresh_interval: REFRESH_INTERVAL_DEFAULT,
         }
     }
 }
@@ -312,7 +322,8 @@ struct Counters {
 ///   `ttl`: `checks == 0`; `no-cache`: `checks == hits == coalesced == 0`
 /// - `push_hits <= hits`
 /// - `refused_overloaded + refused_no_backend <= misses`
-/// - `routed` sums to at most `misses + fenced + revalidations` (a request
+/// - `routed` sums to at most `misses + fenced + revalidations +
+///   refresh_refetches` (a request
 ///   whose upstream was chosen; a fenced one is chosen again; each
 ///   conditional or repeated request of a revalidation is chosen too)
 /// - `pushes_received == pushes_installed + pushes_redundant + pushes_stale`
@@ -449,6 +460,15 @@ pub struct ProxyStats {
     pub policy_hits: u64,
     #[serde(default)]
     pub policy_coalesced: u64,
+    /// Proxy-side refresh: batched version reads of the hot set, and the
+    /// documents they found changed and refetched (each routed upstream).
+    #[serde(default)]
+    pub refresh_reads: u64,
+    #[serde(default)]
+    pub refresh_refetches: u64,
+    /// Refetched copies stored in the cache.
+    #[serde(default)]
+    pub refresh_installed: u64,
 }
 
 impl ProxyStats {
@@ -505,13 +525,14 @@ impl ProxyStats {
         expect(refused <= self.misses, format!("refused {refused} > misses {}", self.misses));
         let routed: u64 = self.routed.iter().sum();
         // A fenced forward is routed once more; a revalidation (also in the
-        // background, for stale-while-revalidate) is routed too.
-        let routable = self.misses + self.fenced + self.revalidations;
+        // background, for stale-while-revalidate) is routed too, and so
+        // is a refresh's refetch.
+        let routable = self.misses + self.fenced + self.revalidations + self.refresh_refetches;
         expect(
             routed <= routable,
             format!(
-                "routed {routed} > misses {} + fenced {} + revalidations {}",
-                self.misses, self.fenced, self.revalidations
+                "routed {routed} > misses {} + fenced {} + revalidations {} + refresh_refetches {}",
+                self.misses, self.fenced, self.revalidations, self.refresh_refetches
             ),
         );
         let pushes_ended = self.pushes_installed + self.pushes_redundant + self.pushes_stale;
@@ -545,6 +566,7 @@ struct State {
     /// Keys being revalidated in the background.
     revalidating: Mutex<HashSet<String>>,
     access_log: Option<access_log::AccessLog>,
+    refresh: refresh::Refresh,
     #[cfg(test)]
     hooks: testkit::Hooks,
 }
@@ -935,6 +957,9 @@ impl State {
             upstream_bytes: load(&c.upstream_bytes),
             policy_hits: load(&c.policy_hits),
             policy_coalesced: load(&c.policy_coalesced),
+            refresh_reads: load(&self.refresh.reads),
+            refresh_refetches: load(&self.refresh.refetches),
+            refresh_installed: load(&self.refresh.installed),
         }
     }
 }
@@ -1101,6 +1126,7 @@ where
     let mut stale = None;
     if let Some(entry) = state.cache_lookup(&key, request.headers(), fingerprint) {
         if entry.deps.is_some() {
+            state.refresh.note(&key, request.headers());
             if state.mode == CacheMode::Ttl || state.validate(&entry).await {
                 state.note_access(fingerprint, true);
                 unserved.pending = false;
@@ -1771,6 +1797,7 @@ impl Proxy {
             default_authority,
             revalidating: Mutex::new(HashSet::new()),
             access_log,
+            refresh: refresh::Refresh::new(options.refresh_hot, options.refresh_interval),
             #[cfg(test)]
             hooks: testkit::Hooks::default(),
         });
@@ -1852,6 +1879,7 @@ impl Proxy {
 
     /// Serves both listeners until `stop` fires.
     pub async fn run(self, stop: Stop) -> std::io::Result<()> {
+        let _refresh = refresh::spawn(&self.state);
         let state = self.state.clone();
         let handler = Arc::new(move |request: Request<Incoming>| {
             let state = state.clone();

@@ -71,6 +71,12 @@ pub(crate) fn render(stats: &ProxyStats, checks: &Histogram) -> String {
     counter("upstream_bytes_total", "Response body bytes received from upstreams.", stats.upstream_bytes);
     counter("evictions_total", "Keys evicted to stay within the cache's bound.", stats.evictions);
     counter("pushes_installed_total", "Pushed documents installed.", stats.pushes_installed);
+    counter("refresh_reads_total", "Batched version reads of the hot set (proxy-side refresh).", stats.refresh_reads);
+    counter(
+        "refresh_refetches_total",
+        "Hot documents refetched because their versions changed.",
+        stats.refresh_refetches,
+    );
     let mut gauge = |name: &str, help: &str, value: u64| {
         let _ = writeln!(out, "# HELP tierstack_proxy_{name} {help}");
         let _ = writeln!(out, "# TYPE tierstack_proxy_{name} gauge");

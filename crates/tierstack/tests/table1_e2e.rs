@@ -57,6 +57,7 @@ fn deploy(backend: Backend, broken_module: bool) -> Deployment {
             "--update-write-pause-ms".into(),
             UPDATE_WRITE_PAUSE_MS.to_string(),
         ],
+        ..ExtraArgs::default()
     };
     if broken_module {
         extra.app_module.push("--test-only-admit-reads-during-updates".into());

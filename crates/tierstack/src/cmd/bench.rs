@@ -56,8 +56,9 @@ pub enum BenchCommand {
         /// each in a session, so an autogroup, of its own).
         #[arg(long, value_delimiter = ',', default_value = "shared,own")]
         placements: Vec<String>,
-        /// The hot-document experiment instead (issue 16): ttl, poll/shm and poll/shm with
-        /// write-through push at 200 compute threads and 32 connections, single/zipf/worldcup.
+        /// The hot-document experiment instead (issue 16): ttl, poll/shm, poll/shm with
+        /// write-through push and poll/shm with proxy-side refresh at 200 compute threads and
+        /// 32 connections, single/zipf/worldcup.
         #[arg(long)]
         hot: bool,
         /// Connections of the load client (default 16; 32 with --hot).

@@ -344,6 +344,15 @@ pub struct ProxyArgs {
     /// (`tierstack load` replays it as the trace `clf:PATH`).
     #[arg(long)]
     access_log: Option<PathBuf>,
+    /// Proxy-side refresh (poll mode): watch this many of the hottest cached
+    /// documents with dependencies, read their versions in one batch every
+    /// --refresh-interval-ms, and refetch a changed one before clients ask
+    /// (for upstreams that do not push). 0: off.
+    #[arg(long, default_value_t = tierstack_proxy::REFRESH_HOT_DEFAULT)]
+    refresh_hot: usize,
+    /// How often the refresh reads the hot documents' versions.
+    #[arg(long, default_value_t = tierstack_proxy::REFRESH_INTERVAL_DEFAULT.as_millis() as u64, value_parser = clap::value_parser!(u64).range(1..))]
+    refresh_interval_ms: u64,
     /// The authority (`host:port`) of requests without a Host, under which
     /// pushed documents are cached (default: the --listen address).
     #[arg(long)]
@@ -438,6 +447,8 @@ pub fn proxy(args: ProxyArgs) -> Result<()> {
             max_connections: Some(args.max_connections),
             access_log: args.access_log.clone(),
             default_authority: args.default_authority.clone(),
+            refresh_hot: args.refresh_hot,
+            refresh_interval: Duration::from_millis(args.refresh_interval_ms),
         };
         let proxy = Proxy::bind_with(config, options).await?;
         if let Some(balancing) = balancing {
