@@ -20,6 +20,23 @@ fn text(output: &Output) -> String {
     format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr))
 }
 
+/// Stops what `cluster up` started if the test ends before its own
+/// `cluster down` (a failed assertion): the services are detached and
+/// would otherwise outlive the test.
+struct DownOnDrop {
+    args: Vec<String>,
+    armed: bool,
+}
+
+impl Drop for DownOnDrop {
+    fn drop(&mut self) {
+        if self.armed {
+            let args: Vec<&str> = self.args.iter().map(String::as_str).collect();
+            let _ = Command::new(env!("CARGO_BIN_EXE_tierstack")).args(&args).output();
+        }
+    }
+}
+
 /// Writes the topology: module 0, server 1, proxies 2 and 3, on shm in `dir`.
 fn topology(dir: &Path) -> (PathBuf, String, Vec<String>) {
     let app = free_loopback_port().unwrap();
@@ -85,6 +102,10 @@ fn cluster_up_serves_coherent_traffic_and_down_leaves_no_process_behind() {
     let run_dir = dir.path().join("run");
     let run_arg = run_dir.display().to_string();
 
+    let mut guard = DownOnDrop {
+        args: ["cluster", "down", &path_arg, "--run-dir", &run_arg].map(String::from).to_vec(),
+        armed: true,
+    };
     let up = tierstack(&["cluster", "up", &path_arg, "--run-dir", &run_arg, "--grace-ms", "5000"]);
     assert!(up.status.success(), "cluster up: {}", text(&up));
     let state = State::load(&run_dir).unwrap();
@@ -124,6 +145,7 @@ fn cluster_up_serves_coherent_traffic_and_down_leaves_no_process_behind() {
     assert!(report.updates.done > 0, "the updater ran");
     assert!(report.cache_hits > 0, "the proxies cached");
 
+    guard.armed = false;
     let down = tierstack(&["cluster", "down", &path_arg, "--run-dir", &run_arg]);
     assert!(down.status.success(), "cluster down: {}", text(&down));
     assert_eq!(text(&down).matches("stopped in").count(), 4, "{}", text(&down));
