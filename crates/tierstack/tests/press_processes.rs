@@ -5,13 +5,11 @@
 //! the version has them), and a SIGKILLed node's files are served by the
 //! others with no hang and no error.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
-use tierstack_bench::owner::free_loopback_port;
+use tierstack_bench::owner::{free_loopback_port, ChildNode};
 use tierstack_origin::synthetic_body;
 use tierstack_press::MsgType;
 use tierstack_press_node::NodeStats;
@@ -20,17 +18,12 @@ use tierstack_workload::{Trace, TraceSpec};
 const STEP: Duration = Duration::from_secs(30);
 const TRACE: &str = "press:clarknet@0.002";
 
+/// A node process (stopped when dropped: `ChildNode` closes its stdin,
+/// then kills it after a bounded wait) and its addresses.
 struct NodeChild {
-    child: Child,
+    child: ChildNode,
     listen: SocketAddr,
     admin: SocketAddr,
-}
-
-impl Drop for NodeChild {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 fn trace() -> Trace {
@@ -56,28 +49,14 @@ fn start_cluster(dir: &Path, name: &str, transport: &str, nodes: usize, extra: &
     let mut children = Vec::new();
     for i in 0..nodes {
         let (listen, admin) = (free_loopback_port().unwrap(), free_loopback_port().unwrap());
-        let mut child = Command::new(env!("CARGO_BIN_EXE_tierstack"))
-            .arg("press-node")
-            .arg("--stop-on-stdin-eof")
-            .args(["--topology", path.to_str().unwrap(), "--node", &i.to_string()])
-            .args(["--listen", &listen.to_string(), "--admin", &admin.to_string()])
-            .args(["--transport", transport, "--trace", TRACE, "--threads", "1"])
-            .args(extra)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap();
-        let stdout = BufReader::new(child.stdout.take().unwrap());
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in stdout.lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        assert_eq!(rx.recv_timeout(STEP).as_deref(), Ok("ready"), "node {i} did not start");
+        let (node, listen_arg, admin_arg) = (i.to_string(), listen.to_string(), admin.to_string());
+        let mut args = vec!["press-node", "--topology", path.to_str().unwrap(), "--node", &node];
+        args.extend(["--listen", &listen_arg, "--admin", &admin_arg]);
+        args.extend(["--transport", transport, "--trace", TRACE, "--threads", "1"]);
+        args.extend(extra);
+        let args: Vec<String> = args.into_iter().map(String::from).collect();
+        let child = ChildNode::spawn(Path::new(env!("CARGO_BIN_EXE_tierstack")), &args)
+            .unwrap_or_else(|e| panic!("node {i} did not start: {e:#}"));
         children.push(NodeChild { child, listen, admin });
     }
     children
@@ -225,7 +204,6 @@ fn check_kill(transport: &str) {
     assert!(held_by_2 > 0, "node 2 cached some files");
     let mut victim = cluster.pop().unwrap();
     victim.child.kill().unwrap();
-    victim.child.wait().unwrap();
     let start = Instant::now();
     let survivors: Vec<&NodeChild> = cluster.iter().collect();
     request_all(&survivors, &trace, 2);
@@ -294,7 +272,7 @@ fn check_full_window(transport: &str) {
     assert_eq!((status, fnv(&body)), (200, fnv(&synthetic_body(&document.path(), document.size_bytes))));
     let relayed = stats(&cluster[0]);
     assert_eq!((relayed.replies_relayed, relayed.cache_objects), (1, 0), "{relayed:?}");
-    let pid = cluster[1].child.id() as i32;
+    let pid = cluster[1].child.pid() as i32;
     // SAFETY: signalling our own child process, alive (held by `cluster`).
     assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
     // A signal takes effect when the process is next scheduled: wait until
