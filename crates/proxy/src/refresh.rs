@@ -128,8 +128,11 @@ impl Refresh {
     }
 
     /// Notes a hit of a cached document with dependencies.
+    /// On the hit path: a hit never waits for the hot set's lock (held by
+    /// another hit or by the refresh round); hotness is advisory, and a
+    /// document hot enough to matter is noted by its next hits.
     pub(crate) fn note(&self, key: &str, request: &HeaderMap) {
-        if let Ok(mut hot) = self.hot.lock() {
+        if let Ok(mut hot) = self.hot.try_lock() {
             hot.note(key, request);
         }
     }
