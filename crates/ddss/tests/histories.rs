@@ -110,7 +110,7 @@ fn check_common(spec: &Run, history: &History) {
 
 fn ops(backend: Backend) -> usize {
     match backend {
-        Backend::Shm => 400,
+        Backend::Shm | Backend::Ucx => 400,
         Backend::Tcp => 120,
     }
 }
@@ -247,7 +247,7 @@ fn large_values_are_never_torn() {
 fn strict_histories_are_linearizable() {
     for backend in BACKENDS {
         let seeds = match backend {
-            Backend::Shm => 40,
+            Backend::Shm | Backend::Ucx => 40,
             Backend::Tcp => 12,
         };
         for seed in 0..seeds {

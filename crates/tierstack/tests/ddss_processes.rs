@@ -240,7 +240,7 @@ fn histories_hold_every_model(backend: Backend) {
     let seed = seed();
     eprintln!("ddss_processes {backend:?}: seed {seed} (replay with TIERSTACK_TEST_SEED={seed})");
     let ops_per_key = match backend {
-        Backend::Shm => 300,
+        Backend::Shm | Backend::Ucx => 300,
         Backend::Tcp => 150,
     };
     let site = Site::start(backend, &format!("ddss-{}", backend.name()));
