@@ -385,16 +385,23 @@ impl Shared {
         let shared = Arc::clone(self);
         self.spawn(format!("ucx-{}-watch{}", self.node.0, node.0), move || {
             let mut stream = stream;
-            let reason = match read_frame(&mut stream) {
-                Ok(Some(Frame::Bye)) => {
-                    let bye = "it closed its node".to_string();
-                    shared.mark_dead_generation(node, generation, &bye);
-                    let _ = write_frame(&mut stream, &Frame::Bye);
-                    bye
+            // Wait for something to read, looking at our own shutdown every
+            // slice: a watch never outlives its node.
+            while !shared.is_closed() && !readable(&stream, WAIT_SLICE) {}
+            let reason = if shared.is_closed() {
+                String::new()
+            } else {
+                match read_frame(&mut stream) {
+                    Ok(Some(Frame::Bye)) => {
+                        let bye = "it closed its node".to_string();
+                        shared.mark_dead_generation(node, generation, &bye);
+                        let _ = write_frame(&mut stream, &Frame::Bye);
+                        bye
+                    }
+                    Ok(Some(other)) => format!("unexpected {other:?} on its hello connection"),
+                    Ok(None) => "its hello connection closed".to_string(),
+                    Err(e) => format!("its hello connection failed: {e}"),
                 }
-                Ok(Some(other)) => format!("unexpected {other:?} on its hello connection"),
-                Ok(None) => "its hello connection closed".to_string(),
-                Err(e) => format!("its hello connection failed: {e}"),
             };
             // On our own shutdown the watch is closed by us: nothing to mark.
             if !shared.is_closed() {
@@ -484,6 +491,15 @@ impl Shared {
             self.backlog[index].fetch_sub(1, Ordering::AcqRel);
         }
     }
+}
+
+/// Whether `stream` has something to read (or hung up) within `timeout`.
+fn readable(stream: &TcpStream, timeout: Duration) -> bool {
+    use std::os::fd::AsRawFd;
+    let mut fd = libc::pollfd { fd: stream.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+    let timeout_ms = libc::c_int::try_from(timeout.as_millis()).unwrap_or(libc::c_int::MAX);
+    // SAFETY: one valid pollfd for a socket we hold open.
+    unsafe { libc::poll(&mut fd, 1, timeout_ms) > 0 }
 }
 
 /// Accepts bootstrap connections; each is served by a thread of its own.
