@@ -33,9 +33,6 @@ pub(crate) const AM_HEADER_BYTES: usize = 16;
 pub(crate) const AM_MESSAGE: u8 = 1;
 pub(crate) const AM_ACK: u8 = 2;
 
-/// Longest `poll` of an idle progress thread: deadlines are checked at
-/// least this often.
-const POLL_SLICE: Duration = Duration::from_millis(20);
 /// Progress calls in one burst before the loop looks at its queue again,
 /// so a busy worker cannot starve submissions.
 const PROGRESS_BURST_MAX: u32 = 256;
@@ -418,8 +415,10 @@ impl Progress {
         self.teardown();
     }
 
-    /// Milliseconds `poll` may sleep: until the nearest deadline, at most
-    /// [`POLL_SLICE`]; 1 ms if the worker could not be armed.
+    /// Milliseconds `poll` may sleep: until the nearest deadline of a
+    /// waiter, forever (-1) when nothing waits — so a lost wake-up would
+    /// show as a stall up to a deadline, never be hidden by a periodic
+    /// timer; 1 ms if the worker could not be armed.
     fn poll_timeout(&self, armed: bool) -> c_int {
         if !armed {
             return 1;
@@ -432,9 +431,12 @@ impl Progress {
             .map(|b| b.deadline)
             .chain(self.awaiting.values().map(|a| a.deadline))
             .min();
-        let wait = nearest.map_or(POLL_SLICE, |d| d.saturating_duration_since(now).min(POLL_SLICE));
-        // Round up so a deadline 0.5 ms away does not spin.
-        c_int::try_from(wait.as_micros().div_ceil(1000)).unwrap_or(1)
+        match nearest {
+            None => -1,
+            // Round up so a deadline 0.5 ms away does not spin.
+            Some(deadline) => c_int::try_from(deadline.saturating_duration_since(now).as_micros().div_ceil(1000))
+                .unwrap_or(c_int::MAX),
+        }
     }
 
     fn fresh_id(&mut self) -> u64 {
