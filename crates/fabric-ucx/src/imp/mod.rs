@@ -126,7 +126,8 @@ impl UcxFabric {
         let node = config.node;
         // The worker is made here and used only by the progress thread from
         // its start on (the spawn orders the two).
-        let (state, submitter, worker_address) = progress::Progress::new(Arc::clone(&shared), context)?;
+        let (state, submitter, worker_address) =
+            progress::Progress::new(Arc::clone(&shared), context, config.transports.as_deref())?;
         let _ = shared.submitter.set(submitter);
         let _ = shared.worker_address.set(worker_address);
         let progress =

@@ -295,8 +295,9 @@ pub(crate) struct Progress {
     sending: HashMap<u64, Sending>,
     awaiting: HashMap<u64, AwaitingAck>,
     next_id: u64,
-    /// The transports refused `UCP_ERR_HANDLING_MODE_PEER` once: do not ask again.
-    peer_mode_refused: bool,
+    /// Ask for `UCP_ERR_HANDLING_MODE_PEER` (see [`peer_failure_mode`]);
+    /// cleared when the transports refuse it once.
+    peer_mode: bool,
 }
 
 // SAFETY: the raw UCX handles are only used by the thread that runs
@@ -309,7 +310,11 @@ impl Progress {
     /// events) and its active-message handler, the submit eventfd, and the
     /// endpoint to this node itself. Returns the state to run and the
     /// worker's address.
-    pub(crate) fn new(shared: Arc<Shared>, context: Arc<Context>) -> Result<(Progress, Arc<Submitter>, Vec<u8>)> {
+    pub(crate) fn new(
+        shared: Arc<Shared>,
+        context: Arc<Context>,
+        transports: Option<&str>,
+    ) -> Result<(Progress, Arc<Submitter>, Vec<u8>)> {
         // SAFETY: plain eventfd creation.
         let eventfd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
         if eventfd < 0 {
@@ -331,7 +336,7 @@ impl Progress {
             sending: HashMap::new(),
             awaiting: HashMap::new(),
             next_id: 1,
-            peer_mode_refused: false,
+            peer_mode: peer_failure_mode(transports),
         };
         // From here on, dropping `progress` destroys the worker.
         let mut fd: c_int = -1;
@@ -497,10 +502,10 @@ impl Progress {
         // not, and refuse the mode): the bootstrap watch covers those.
         let mut status = sys::UCS_OK;
         let mut ep: sys::ucp_ep_h = std::ptr::null_mut();
-        let modes: &[sys::ucp_err_handling_mode_t] = if self.peer_mode_refused {
-            &[sys::UCP_ERR_HANDLING_MODE_NONE]
-        } else {
+        let modes: &[sys::ucp_err_handling_mode_t] = if self.peer_mode {
             &[sys::UCP_ERR_HANDLING_MODE_PEER, sys::UCP_ERR_HANDLING_MODE_NONE]
+        } else {
+            &[sys::UCP_ERR_HANDLING_MODE_NONE]
         };
         for &mode in modes {
             // SAFETY: zeroed is a valid value of this plain C struct.
@@ -520,7 +525,7 @@ impl Progress {
                 break;
             }
             // Ask once per worker: UCX logs every refusal as an error.
-            self.peer_mode_refused = true;
+            self.peer_mode = false;
         }
         if status != sys::UCS_OK {
             return Err(FabricError::PeerDead { node, reason: format!("ucp_ep_create: {}", status_text(status)) });
@@ -959,6 +964,18 @@ impl Drop for Progress {
         EVENTS.with(|events| events.borrow_mut().clear());
         RNDV.with(|r| r.borrow_mut().clear());
     }
+}
+
+/// Whether to ask UCX for peer-failure handling: only when the transports
+/// are named (`UCX_TLS` or the configuration) and none is a shared-memory
+/// one. UCX's shared-memory transports refuse the mode, and UCX prints the
+/// refusal as an error on standard output (where a node's `ready` line
+/// goes); a peer's death is seen by the bootstrap watch in every case.
+fn peer_failure_mode(transports: Option<&str>) -> bool {
+    let named = transports.map(str::to_string).or_else(|| std::env::var("UCX_TLS").ok());
+    let Some(named) = named else { return false };
+    const SHARED_MEMORY: [&str; 8] = ["sysv", "posix", "cma", "knem", "xpmem", "sm", "shm", "all"];
+    !named.split(',').map(|t| t.trim().trim_start_matches('^')).any(|t| SHARED_MEMORY.contains(&t))
 }
 
 /// Request parameters with the completion callback and `id` as user data.
