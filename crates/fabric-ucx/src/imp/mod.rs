@@ -191,10 +191,19 @@ impl UcxFabric {
                 let _ = handle.join();
             }
         }
+        // Threads may start others while we join (a bootstrap connection
+        // starting its watch): take the list again until it stays empty, and
+        // never hold its lock while joining.
         let me = std::thread::current().id();
-        for handle in std::mem::take(&mut *lock(&shared.threads)) {
-            if handle.thread().id() != me {
-                let _ = handle.join();
+        loop {
+            let handles: Vec<JoinHandle<()>> = std::mem::take(&mut *lock(&shared.threads));
+            if handles.is_empty() {
+                break;
+            }
+            for handle in handles {
+                if handle.thread().id() != me {
+                    let _ = handle.join();
+                }
             }
         }
         tracing::debug!(node = %shared.node, "ucx fabric shut down");
