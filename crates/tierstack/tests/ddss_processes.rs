@@ -313,6 +313,19 @@ fn histories_hold_every_coherence_model_tcp() {
     histories_hold_every_model(Backend::Tcp);
 }
 
+/// On ucx over UCX shared memory (skipped, saying why, in a build without
+/// UCX; CI requires it).
+#[test]
+fn histories_hold_every_coherence_model_ucx() {
+    if !tierstack_cluster::ucx_available() {
+        let reason = tierstack_cluster::ucx_unavailable_reason();
+        assert!(std::env::var("TIERSTACK_REQUIRE_UCX").as_deref() != Ok("1"), "{reason}");
+        eprintln!("skipped: {reason}");
+        return;
+    }
+    histories_hold_every_model(Backend::Ucx);
+}
+
 /// A key freed by one process fails for the others: the control path of
 /// another node's daemon and a client process's own data path.
 #[test]
