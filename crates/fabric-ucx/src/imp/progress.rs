@@ -294,6 +294,8 @@ pub(crate) struct Progress {
     batches: HashMap<u64, Batch>,
     sending: HashMap<u64, Sending>,
     awaiting: HashMap<u64, AwaitingAck>,
+    /// New endpoints being flushed (wired up) before their `Connect` answers.
+    wiring: HashMap<u64, (NodeId, flume::Sender<Result<()>>)>,
     next_id: u64,
     /// Ask for `UCP_ERR_HANDLING_MODE_PEER` (see [`peer_failure_mode`]);
     /// cleared when the transports refuse it once.
@@ -335,6 +337,7 @@ impl Progress {
             batches: HashMap::new(),
             sending: HashMap::new(),
             awaiting: HashMap::new(),
+            wiring: HashMap::new(),
             next_id: 1,
             peer_mode: peer_failure_mode(transports),
         };
@@ -452,9 +455,15 @@ impl Progress {
 
     fn handle(&mut self, command: Command) {
         match command {
-            Command::Connect { node, generation, address, reply } => {
-                let _ = reply.send(self.connect(node, generation, address));
-            }
+            Command::Connect { node, generation, address, reply } => match self.connect(node, generation, address) {
+                Ok(true) => self.wire(node, reply),
+                Ok(false) => {
+                    let _ = reply.send(Ok(()));
+                }
+                Err(e) => {
+                    let _ = reply.send(Err(e));
+                }
+            },
             Command::Map { bytes, reply } => {
                 let _ = reply.send(self.context.map(bytes));
             }
@@ -489,11 +498,12 @@ impl Progress {
 
     /// Makes the endpoint to `node`, or keeps the one it has for the same
     /// worker address (both sides of a hello ask for it).
-    fn connect(&mut self, node: NodeId, generation: u64, address: Vec<u8>) -> Result<()> {
+    /// Returns whether it made a new endpoint.
+    fn connect(&mut self, node: NodeId, generation: u64, address: Vec<u8>) -> Result<bool> {
         if let Some(existing) = self.endpoints.get_mut(&node) {
             if existing.address == address {
                 existing.generation = existing.generation.max(generation);
-                return Ok(());
+                return Ok(false);
             }
             self.fail_peer(node, "replaced by a new process of the same node id");
         }
@@ -531,7 +541,31 @@ impl Progress {
             return Err(FabricError::PeerDead { node, reason: format!("ucp_ep_create: {}", status_text(status)) });
         }
         self.endpoints.insert(node, Endpoint { ep, generation, address });
-        Ok(())
+        Ok(true)
+    }
+
+    /// Flushes a new endpoint and answers `reply` when the flush completes:
+    /// the connection is then wired up on both sides before anyone uses it.
+    /// (UCX 1.13's TCP transport aborts the process on an assertion when an
+    /// endpoint fails while wire-up messages are still pending, which a
+    /// peer closing right after a hello could otherwise cause.)
+    fn wire(&mut self, node: NodeId, reply: flume::Sender<Result<()>>) {
+        let Some(ep) = self.endpoints.get(&node).map(|e| e.ep) else {
+            let _ = reply.send(Err(FabricError::PeerDead { node, reason: "its endpoint was closed".into() }));
+            return;
+        };
+        let id = self.fresh_id();
+        match sys::ucs_ptr_status(self.flush(ep, id)) {
+            sys::PtrStatus::Done => {
+                let _ = reply.send(Ok(()));
+            }
+            sys::PtrStatus::Error(s) => {
+                let _ = reply.send(Err(status_error(node, s, "wiring up the endpoint")));
+            }
+            sys::PtrStatus::Request(_) => {
+                self.wiring.insert(id, (node, reply));
+            }
+        }
     }
 
     fn unpack(&mut self, node: NodeId, generation: u64, packed: &[u8]) -> Result<u64> {
@@ -798,7 +832,11 @@ impl Progress {
             for event in events {
                 match event {
                     Event::Done { id, status } => {
-                        if let Some(sent) = self.sending.remove(&id) {
+                        if let Some((node, reply)) = self.wiring.remove(&id) {
+                            let result =
+                                if status == sys::UCS_OK { Ok(()) } else { Err(status_error(node, status, "wire-up")) };
+                            let _ = reply.send(result);
+                        } else if let Some(sent) = self.sending.remove(&id) {
                             if status != sys::UCS_OK {
                                 if let Some(msg_id) = sent.msg_id {
                                     self.fail_send(msg_id, AM_MESSAGE, sent.node, Some(status));
