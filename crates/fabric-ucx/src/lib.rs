@@ -15,7 +15,8 @@
 //!
 //! **Connecting** uses a small TCP bootstrap on the node's topology address
 //! ([`bootstrap`], `docs/wire-format.md`): a `HELLO` exchanges worker
-//! addresses (both sides then have an endpoint to the other), a `LOOKUP`
+//! addresses (both sides then have an endpoint to the other, flushed — so
+//! wired up — before the hello completes), a `LOOKUP`
 //! returns a region's length, base address and packed remote key. The hello
 //! connection stays open as the liveness watch: when it breaks, or the
 //! other side says `BYE` as it closes its node, the peer is dead for every
