@@ -161,6 +161,10 @@ pub struct NodeStats {
     /// Forwarded requests served here because the service node failed.
     pub forward_fallbacks: u64,
     pub peers_declared_dead: u64,
+    /// Ring versions: peers found restarted (a new epoch at sequence 1),
+    /// after which both directions towards them started over.
+    #[serde(default)]
+    pub ring_peer_restarts: u64,
     pub bad_messages: u64,
     pub send_failures: u64,
     /// Zero: forwarded files sent by a copy because they were not in the

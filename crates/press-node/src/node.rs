@@ -124,6 +124,7 @@ impl Shared {
             replies_relayed: get(&s.replies_relayed),
             forward_fallbacks: get(&s.forward_fallbacks),
             peers_declared_dead: get(&s.peers_declared_dead),
+            ring_peer_restarts: self.link.rings().map_or(0, |r| r.restarts()),
             bad_messages: get(&s.bad_messages),
             send_failures: get(&s.send_failures),
             zero_copy_fallbacks: get(&s.zero_copy_fallbacks),

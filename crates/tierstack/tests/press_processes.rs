@@ -46,20 +46,21 @@ fn start_cluster(dir: &Path, name: &str, transport: &str, nodes: usize, extra: &
     }
     let path = dir.join("topology.toml");
     std::fs::write(&path, topology).unwrap();
-    let mut children = Vec::new();
-    for i in 0..nodes {
-        let (listen, admin) = (free_loopback_port().unwrap(), free_loopback_port().unwrap());
-        let (node, listen_arg, admin_arg) = (i.to_string(), listen.to_string(), admin.to_string());
-        let mut args = vec!["press-node", "--topology", path.to_str().unwrap(), "--node", &node];
-        args.extend(["--listen", &listen_arg, "--admin", &admin_arg]);
-        args.extend(["--transport", transport, "--trace", TRACE, "--threads", "1"]);
-        args.extend(extra);
-        let args: Vec<String> = args.into_iter().map(String::from).collect();
-        let child = ChildNode::spawn(Path::new(env!("CARGO_BIN_EXE_tierstack")), &args)
-            .unwrap_or_else(|e| panic!("node {i} did not start: {e:#}"));
-        children.push(NodeChild { child, listen, admin });
-    }
-    children
+    (0..nodes).map(|i| spawn_node(&path, i, transport, extra)).collect()
+}
+
+/// Starts node `i` of the cluster whose topology is at `path`; waits for `ready`.
+fn spawn_node(path: &Path, i: usize, transport: &str, extra: &[&str]) -> NodeChild {
+    let (listen, admin) = (free_loopback_port().unwrap(), free_loopback_port().unwrap());
+    let (node, listen_arg, admin_arg) = (i.to_string(), listen.to_string(), admin.to_string());
+    let mut args = vec!["press-node", "--topology", path.to_str().unwrap(), "--node", &node];
+    args.extend(["--listen", &listen_arg, "--admin", &admin_arg]);
+    args.extend(["--transport", transport, "--trace", TRACE, "--threads", "1"]);
+    args.extend(extra);
+    let args: Vec<String> = args.into_iter().map(String::from).collect();
+    let child = ChildNode::spawn(Path::new(env!("CARGO_BIN_EXE_tierstack")), &args)
+        .unwrap_or_else(|e| panic!("node {i} did not start: {e:#}"));
+    NodeChild { child, listen, admin }
 }
 
 /// One GET on a fresh connection (PRESS's clients open one per request).
@@ -430,4 +431,93 @@ fn haproxy_with_bounded_load_hashing_serves_every_byte() {
     assert!(all.iter().all(|s| s.requests > 0), "every node used: {all:?}");
     let misses: u64 = all.iter().map(|s| s.cache_misses).sum();
     assert_eq!(misses, expected_misses(&trace, 2), "one node per file, one disk read each: {all:?}");
+}
+
+#[test]
+fn a_ring_carries_many_times_its_data_on_rdma() {
+    check_ring_laps("rdma");
+}
+
+#[test]
+fn a_ring_carries_many_times_its_data_on_zero() {
+    check_ring_laps("zero");
+}
+
+/// Moves several data rings' worth of files from one node to the other
+/// (`tierstack_press_node::rings::DATA_BYTES` per ordered pair): a version
+/// that never released ring data would run out of room after one ring and
+/// fall back for every later forward.
+fn check_ring_laps(transport: &str) {
+    const LAPS: u64 = 4;
+    let dir = tempfile::tempdir().unwrap();
+    let cluster =
+        start_cluster(dir.path(), &format!("press-laps-{transport}"), transport, 2, &["--forward-timeout-ms", "500"]);
+    let trace = trace();
+    // Node 1 reads (and caches) every file; node 0 learns it from the broadcasts.
+    request_all(&[&cluster[1]], &trace, 1);
+    let cached_by_1 = stats(&cluster[1]).cache_objects;
+    eventually("node 0 learning node 1's files", || stats(&cluster[0]).files_in_view >= cached_by_1);
+    let file = MsgType::File as usize;
+    let sent = |node: &NodeChild| stats(node).sent_bytes[file];
+    let start = sent(&cluster[1]);
+    let mut rounds = 0;
+    while sent(&cluster[1]) - start < LAPS * tierstack_press_node::rings::DATA_BYTES {
+        request_all(&[&cluster[0]], &trace, 1);
+        rounds += 1;
+        let s0 = stats(&cluster[0]);
+        assert_eq!(s0.forward_fallbacks, 0, "round {rounds}: a forward found no room: {s0:?}");
+        assert!(rounds < 200, "{rounds} rounds moved only {} bytes", sent(&cluster[1]) - start);
+    }
+    let s0 = stats(&cluster[0]);
+    let s1 = stats(&cluster[1]);
+    assert!(s0.forwarded > 0 && s0.replies_relayed == s0.forwarded, "every forward answered: {s0:?}");
+    assert_eq!(s0.forward_fallbacks + s0.send_failures + s1.send_failures, 0, "{s0:?} {s1:?}");
+    assert!(s1.sent_bytes[file] - start >= LAPS * tierstack_press_node::rings::DATA_BYTES);
+}
+
+#[test]
+fn a_restarted_ring_peer_resynchronises_on_rdma_1c() {
+    check_restart("rdma-1c");
+}
+
+#[test]
+fn a_restarted_ring_peer_resynchronises_on_rdma() {
+    check_restart("rdma");
+}
+
+/// A ring peer SIGKILLed and started again with the same id: its first
+/// entries (a new epoch at sequence 1) make each survivor start both
+/// directions over; forwards to it and from it are answered again, every
+/// body correct.
+fn check_restart(transport: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let extra = ["--forward-timeout-ms", "1000"];
+    let mut cluster = start_cluster(dir.path(), &format!("press-restart-{transport}"), transport, 3, &extra);
+    let topology = dir.path().join("topology.toml");
+    let trace = trace();
+    request_all(&cluster.iter().collect::<Vec<_>>(), &trace, 2);
+    let mut victim = cluster.pop().unwrap();
+    victim.child.kill().unwrap();
+    drop(victim);
+    // The survivors notice (one fallback each at most), then serve alone.
+    request_all(&cluster.iter().collect::<Vec<_>>(), &trace, 1);
+    cluster.push(spawn_node(&topology, 2, transport, &extra));
+    // The new node 2 reads files and broadcasts its caching: its first
+    // ring entries reach both survivors.
+    request_all(&[&cluster[2]], &trace, 1);
+    let found = Instant::now();
+    while !cluster[..2].iter().all(|n| stats(n).ring_peer_restarts == 1) {
+        let all: Vec<NodeStats> = cluster.iter().map(stats).collect();
+        assert!(found.elapsed() < STEP, "both survivors finding node 2 restarted: {all:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let before: Vec<NodeStats> = cluster.iter().map(stats).collect();
+    request_all(&cluster.iter().collect::<Vec<_>>(), &trace, 2);
+    let after: Vec<NodeStats> = cluster.iter().map(stats).collect();
+    let delta = |f: fn(&NodeStats) -> u64| -> u64 { after.iter().zip(&before).map(|(a, b)| f(a) - f(b)).sum() };
+    assert!(delta(|s| s.forwarded) > 0, "{after:?}");
+    assert_eq!(delta(|s| s.replies_relayed), delta(|s| s.forwarded), "every forward answered: {after:?}");
+    assert_eq!(delta(|s| s.forward_fallbacks + s.send_failures + s.bad_messages), 0, "{after:?}");
+    // The survivors forward to node 2 again, over its new rings both ways.
+    assert!(after[2].served_for_peers > before[2].served_for_peers, "{after:?}");
 }
