@@ -626,22 +626,19 @@ pub fn run(config: &PressBenchConfig) -> Result<Vec<PressRun>> {
         &["trace", "traditional req/s", "PRESS-Base req/s", "gain", "paper", "Fwd %", "THR %", "trad HR %"],
     );
     for trace in &config.traces {
-        let (Some(tcp), Some(base), Some(trad)) = (
-            find(trace, "press-tcp", largest),
-            find(trace, "press-base", largest),
-            find(trace, "traditional", largest),
-        ) else {
-            continue;
-        };
-        let paper = PAPER_FIG3.iter().find(|p| p.0 == trace).and_then(|p| p.1);
-        fig3.row(vec![
-            trace.clone(),
-            format!("{:.0}", tcp.throughput_rps),
-            format!("{:.0}", base.throughput_rps),
-            format!("{:+.1} %", gain(base.throughput_rps, tcp.throughput_rps)),
-            paper.map(|p| format!("{p:+.0} %")).unwrap_or_else(|| "6..28 %".into()),
-            format!("{:.2}", base.load_average),
-        ]);
+        let Some(base) = find(trace, "press-base", largest) else { continue };
+        if let Some(tcp) = find(trace, "press-tcp", largest) {
+            let paper = PAPER_FIG3.iter().find(|p| p.0 == trace).and_then(|p| p.1);
+            fig3.row(vec![
+                trace.clone(),
+                format!("{:.0}", tcp.throughput_rps),
+                format!("{:.0}", base.throughput_rps),
+                format!("{:+.1} %", gain(base.throughput_rps, tcp.throughput_rps)),
+                paper.map(|p| format!("{p:+.0} %")).unwrap_or_else(|| "6..28 %".into()),
+                format!("{:.2}", base.load_average),
+            ]);
+        }
+        let Some(trad) = find(trace, "traditional", largest) else { continue };
         let paper = PAPER_VS_TRADITIONAL.iter().find(|p| p.0 == trace).map(|p| p.1);
         vs_trad.row(vec![
             trace.clone(),
