@@ -96,7 +96,45 @@ pub struct PressBenchConfig {
     pub connections: usize,
     /// Emulated disk (seek µs, MB/s), every node.
     pub disk: (u64, f64),
+    /// The systems run per trace on the largest cluster ([`SYSTEMS`]).
+    pub systems: Vec<String>,
+    /// Rounds: every (trace, system) point is run this many times, the
+    /// systems alternated within each round; tables show the mean.
+    pub repeats: usize,
+    /// Skip Fig. 5 (the node-count sweep).
+    pub skip_fig5: bool,
 }
+
+/// Every system `bench press` knows: the five PRESS versions, the
+/// traditional server, the distributed and dispatcher hand-off servers and
+/// HAProxy with bounded-load consistent hashing (skipped, with a printed
+/// reason, when `haproxy` is not installed).
+pub const SYSTEMS: [&str; 9] = [
+    "press-tcp",
+    "press-base",
+    "press-rdma-1c",
+    "press-rdma",
+    "press-zero",
+    "traditional",
+    "distrib-ho",
+    "dispatch-ho",
+    "haproxy",
+];
+
+/// Table 3 (8 nodes, percent): trace, Trad HR, then LHR, THR, Fwd for
+/// PRESS-Zero, Distrib HO and Dispatch HO.
+type Table3Row = (&'static str, f64, [f64; 3], [f64; 3], [f64; 3]);
+const PAPER_TABLE3: [Table3Row; 5] = [
+    ("clarknet", 98.8, [99.6, 99.9, 87.4], [99.6, 99.9, 82.0], [99.6, 99.9, 85.7]),
+    ("nasa", 98.3, [91.2, 98.7, 85.6], [94.6, 98.7, 75.1], [94.4, 98.7, 77.3]),
+    ("rutgers", 96.4, [94.1, 99.2, 86.8], [94.1, 99.2, 86.9], [94.7, 99.2, 85.0]),
+    ("usask", 98.6, [99.9, 100.0, 87.5], [99.9, 100.0, 72.5], [99.9, 100.0, 82.1]),
+    ("wc98", 98.4, [99.8, 99.9, 87.4], [99.8, 99.9, 86.0], [99.8, 99.9, 85.4]),
+];
+
+/// Latency at maximum throughput, Clarknet, 8 nodes (§4.4), ms.
+const PAPER_LATENCY_MS: [(&str, f64); 5] =
+    [("press-zero", 27.0), ("distrib-ho", 27.0), ("dispatch-ho", 30.0), ("press-base", 33.0), ("traditional", 43.0)];
 
 impl PressBenchConfig {
     pub fn new(exe: PathBuf, out: PathBuf, quick: bool) -> Self {
@@ -114,6 +152,9 @@ impl PressBenchConfig {
             warmup_s: if quick { 1 } else { 2 },
             connections: 16,
             disk: (8_000, 40.0),
+            systems: SYSTEMS.iter().map(|s| s.to_string()).collect(),
+            repeats: 1,
+            skip_fig5: false,
         }
     }
 }
@@ -131,10 +172,88 @@ pub struct PressRun {
     pub forwarded_pct: f64,
     /// Global hit rate over every served read (THR).
     pub hit_rate_pct: f64,
+    /// The unweighted mean over nodes of each node's hit rate (LHR).
+    pub local_hit_rate_pct: f64,
+    /// Which alternation round this run belongs to (0-based).
+    pub repeat: usize,
     pub disk_reads: u64,
     pub messages: [u64; 4],
     pub bytes: [u64; 4],
     pub load_average: f64,
+}
+
+/// The `haproxy` executable: `$TIERSTACK_HAPROXY`, else the first on
+/// `PATH`, else `/usr/sbin/haproxy`; `None` when there is none.
+pub fn haproxy_path() -> Option<PathBuf> {
+    if let Some(path) = std::env::var_os("TIERSTACK_HAPROXY") {
+        return Some(PathBuf::from(path)).filter(|p| p.is_file());
+    }
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain([PathBuf::from("/usr/sbin")])
+        .map(|dir| dir.join("haproxy"))
+        .find(|candidate| candidate.is_file())
+}
+
+/// A real HAProxy in front of `servers`: `balance uri`, `hash-type
+/// consistent`, `hash-balance-factor 125` (consistent hashing with bounded
+/// loads: no server takes more than 125 % of the average load). Killed and
+/// reaped when dropped.
+pub struct Haproxy {
+    child: std::process::Child,
+    pub listen: SocketAddr,
+    _dir: tempfile::TempDir,
+}
+
+impl Haproxy {
+    /// Writes the configuration, starts `haproxy -db` and waits (bounded)
+    /// until it accepts connections.
+    pub fn start(exe: &std::path::Path, servers: &[SocketAddr]) -> Result<Haproxy> {
+        let dir = tempfile::tempdir()?;
+        let listen = crate::owner::free_loopback_port()?;
+        let mut cfg = format!(
+            "global\n    maxconn 4096\n\ndefaults\n    mode http\n    timeout connect 5s\n    timeout client 30s\n    \
+             timeout server 30s\n\nfrontend press\n    bind {listen}\n    default_backend nodes\n\nbackend nodes\n    \
+             balance uri\n    hash-type consistent\n    hash-balance-factor 125\n"
+        );
+        for (i, server) in servers.iter().enumerate() {
+            cfg.push_str(&format!("    server node{i} {server}\n"));
+        }
+        let path = dir.path().join("haproxy.cfg");
+        std::fs::write(&path, cfg)?;
+        let mut child = std::process::Command::new(exe)
+            .arg("-db")
+            .arg("-f")
+            .arg(&path)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::inherit())
+            .spawn()
+            .with_context(|| format!("starting {}", exe.display()))?;
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        loop {
+            if std::net::TcpStream::connect(listen).is_ok() {
+                break;
+            }
+            if let Some(status) = child.try_wait()? {
+                anyhow::bail!("haproxy exited before it listened: {status}");
+            }
+            if std::time::Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                anyhow::bail!("haproxy did not listen on {listen} within 20 s");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        Ok(Haproxy { child, listen, _dir: dir })
+    }
+}
+
+impl Drop for Haproxy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }
 
 fn load_average() -> f64 {
@@ -155,9 +274,10 @@ fn trace_name(trace: &str, scale: f64) -> String {
 }
 
 /// Starts the cluster, warms it, measures; every node stopped on return.
-fn run_one(config: &PressBenchConfig, trace: &str, system: &str, nodes: usize) -> Result<PressRun> {
+fn run_one(config: &PressBenchConfig, trace: &str, system: &str, nodes: usize, repeat: usize) -> Result<PressRun> {
     let (mode, transport) = match system {
-        "traditional" => ("traditional", "base"),
+        "traditional" | "dispatch-ho" | "haproxy" => ("traditional", "base"),
+        "distrib-ho" => ("distrib-ho", "base"),
         "press-tcp" => ("press", "tcp"),
         "press-rdma-1c" => ("press", "rdma-1c"),
         "press-rdma" => ("press", "rdma"),
@@ -199,10 +319,40 @@ fn run_one(config: &PressBenchConfig, trace: &str, system: &str, nodes: usize) -
         .iter()
         .map(|s| s.to_string())
         .collect();
+        let mut args = args;
+        if matches!(system, "distrib-ho" | "dispatch-ho") {
+            args.extend(["--handoff-dir".to_string(), dir.path().display().to_string()]);
+        }
         running.push(Node { child: ChildNode::spawn(&config.exe, &args)?, listen, admin });
     }
     let trace_built: Trace = TraceSpec::parse(&spec, 1.0, 10)?.build(1)?;
-    let targets: Vec<String> = running.iter().map(|n| format!("http://{}", n.listen)).collect();
+    // The front ends of the hand-off dispatcher and HAProxy.
+    let mut dispatcher: Option<(ChildNode, SocketAddr)> = None;
+    let mut haproxy: Option<Haproxy> = None;
+    let mut targets: Vec<String> = running.iter().map(|n| format!("http://{}", n.listen)).collect();
+    if system == "dispatch-ho" {
+        let (listen, admin) = (crate::owner::free_loopback_port()?, crate::owner::free_loopback_port()?);
+        let args: Vec<String> = vec![
+            "press-dispatcher".into(),
+            "--listen".into(),
+            listen.to_string(),
+            "--admin".into(),
+            admin.to_string(),
+            "--backends".into(),
+            nodes.to_string(),
+            "--handoff-dir".into(),
+            dir.path().display().to_string(),
+        ];
+        dispatcher = Some((ChildNode::spawn(&config.exe, &args)?, admin));
+        targets = vec![format!("http://{listen}")];
+    }
+    if system == "haproxy" {
+        let exe = haproxy_path().context("no haproxy executable (install haproxy or set TIERSTACK_HAPROXY)")?;
+        let servers: Vec<SocketAddr> = running.iter().map(|n| n.listen).collect();
+        let front = Haproxy::start(&exe, &servers)?;
+        targets = vec![format!("http://{}", front.listen)];
+        haproxy = Some(front);
+    }
     let load = |duration_s: u64, seed: u64| -> Result<tierstack_loadgen::LoadReport> {
         let mut load = LoadConfig::new(targets[0].clone(), trace_built.clone());
         load.targets = targets.clone();
@@ -223,14 +373,32 @@ fn run_one(config: &PressBenchConfig, trace: &str, system: &str, nodes: usize) -
     let after: Vec<NodeStats> =
         running.iter().map(|n| crate::deploy::get_json(n.admin, "/stats")).collect::<Result<_>>()?;
     let load_average = load_average();
+    drop(haproxy);
+    if let Some((child, _)) = dispatcher {
+        child.finish().context("stopping the dispatcher")?;
+    }
     for node in running {
         node.child.finish().with_context(|| format!("stopping a {system} node"))?;
     }
     let d =
         |f: fn(&NodeStats) -> u64| -> u64 { after.iter().zip(&before).map(|(a, b)| f(a).saturating_sub(f(b))).sum() };
     let counts = after.iter().zip(&before).fold(Counts::default(), |c, (a, b)| c.plus(&a.counts().since(&b.counts())));
-    let requests = d(|s| s.requests);
+    // The dispatcher's back-ends count every request as handed to them.
+    let (requests, forwarded) = match system {
+        "dispatch-ho" => (d(|s| s.served_for_peers), d(|s| s.served_for_peers)),
+        _ => (d(|s| s.requests), d(|s| s.forwarded)),
+    };
     let (hits, misses) = (d(|s| s.cache_hits), d(|s| s.cache_misses));
+    let per_node: Vec<f64> = after
+        .iter()
+        .zip(&before)
+        .filter_map(|(a, b)| {
+            let (h, m) = (a.cache_hits.saturating_sub(b.cache_hits), a.cache_misses.saturating_sub(b.cache_misses));
+            (h + m > 0).then(|| 100.0 * h as f64 / (h + m) as f64)
+        })
+        .collect();
+    let local_hit_rate_pct =
+        if per_node.is_empty() { 0.0 } else { per_node.iter().sum::<f64>() / per_node.len() as f64 };
     Ok(PressRun {
         trace: trace.to_string(),
         system: system.to_string(),
@@ -239,13 +407,160 @@ fn run_one(config: &PressBenchConfig, trace: &str, system: &str, nodes: usize) -
         latency_mean_ms: report.latency.mean_ns / 1e6,
         requests,
         errors: report.errors.total(),
-        forwarded_pct: if requests == 0 { 0.0 } else { 100.0 * d(|s| s.forwarded) as f64 / requests as f64 },
+        forwarded_pct: if requests == 0 { 0.0 } else { 100.0 * forwarded as f64 / requests as f64 },
         hit_rate_pct: if hits + misses == 0 { 0.0 } else { 100.0 * hits as f64 / (hits + misses) as f64 },
+        local_hit_rate_pct,
+        repeat,
         disk_reads: d(|s| s.disk_reads),
         messages: counts.messages,
         bytes: counts.bytes,
         load_average,
     })
+}
+
+/// One row per (trace, system, nodes): the mean over the rounds of
+/// throughput, latency, shares and load average; counts summed.
+fn mean_runs(runs: &[PressRun]) -> Vec<PressRun> {
+    let mut out: Vec<PressRun> = Vec::new();
+    let mut counts: Vec<usize> = Vec::new();
+    for r in runs {
+        match out.iter().position(|m| m.trace == r.trace && m.system == r.system && m.nodes == r.nodes) {
+            Some(i) => {
+                let m = &mut out[i];
+                counts[i] += 1;
+                m.throughput_rps += r.throughput_rps;
+                m.latency_mean_ms += r.latency_mean_ms;
+                m.forwarded_pct += r.forwarded_pct;
+                m.hit_rate_pct += r.hit_rate_pct;
+                m.local_hit_rate_pct += r.local_hit_rate_pct;
+                m.load_average += r.load_average;
+                m.requests += r.requests;
+                m.errors += r.errors;
+                m.disk_reads += r.disk_reads;
+                for k in 0..4 {
+                    m.messages[k] += r.messages[k];
+                    m.bytes[k] += r.bytes[k];
+                }
+            }
+            None => {
+                out.push(r.clone());
+                counts.push(1);
+            }
+        }
+    }
+    for (m, n) in out.iter_mut().zip(counts) {
+        let n = n as f64;
+        m.throughput_rps /= n;
+        m.latency_mean_ms /= n;
+        m.forwarded_pct /= n;
+        m.hit_rate_pct /= n;
+        m.local_hit_rate_pct /= n;
+        m.load_average /= n;
+    }
+    out
+}
+
+/// Fig. 6 / Table 3 / latency: every system per trace with the paper's
+/// values, and the versions' order per round.
+fn print_comparison(page: &mut Page, config: &PressBenchConfig, runs: &[PressRun], means: &[PressRun], largest: usize) {
+    let find =
+        |trace: &str, system: &str| means.iter().find(|r| r.trace == trace && r.system == system && r.nodes == largest);
+    let mut fig6 = Table::new(
+        &format!(
+            "Fig. 6 and Table 3: every system, {largest} nodes, mean of {} round(s) (paper: 8 nodes; LHR = mean of \
+             per-node hit rates, THR = global hit rate, Fwd = forwarded or handed-off share)",
+            config.repeats.max(1)
+        ),
+        &[
+            "trace",
+            "system",
+            "req/s",
+            "÷ trad",
+            "latency ms",
+            "LHR %",
+            "THR %",
+            "Fwd %",
+            "paper LHR/THR/Fwd",
+            "errors",
+            "load avg",
+        ],
+    );
+    for trace in &config.traces {
+        let paper = PAPER_TABLE3.iter().find(|p| p.0 == trace);
+        let trad = find(trace, "traditional").map(|r| r.throughput_rps);
+        for system in SYSTEMS {
+            let Some(r) = find(trace, system) else { continue };
+            let paper_cell = match (paper, system) {
+                (Some(p), "traditional") => format!("HR {:.1}", p.1),
+                (Some(p), "press-zero") => format!("{:.1} / {:.1} / {:.1}", p.2[0], p.2[1], p.2[2]),
+                (Some(p), "distrib-ho") => format!("{:.1} / {:.1} / {:.1}", p.3[0], p.3[1], p.3[2]),
+                (Some(p), "dispatch-ho") => {
+                    format!("{:.1} / {:.1} / {:.1} (nodes ask on misses)", p.4[0], p.4[1], p.4[2])
+                }
+                _ => String::new(),
+            };
+            fig6.row(vec![
+                trace.clone(),
+                system.into(),
+                format!("{:.0}", r.throughput_rps),
+                trad.map(|t| format!("{:.2}", r.throughput_rps / t)).unwrap_or_default(),
+                format!("{:.1}", r.latency_mean_ms),
+                format!("{:.1}", r.local_hit_rate_pct),
+                format!("{:.1}", r.hit_rate_pct),
+                format!("{:.1}", r.forwarded_pct),
+                paper_cell,
+                r.errors.to_string(),
+                format!("{:.2}", r.load_average),
+            ]);
+        }
+    }
+    page.print(&fig6);
+    page.paragraph(
+        "Paper (§4.3-4.4, 8 nodes): PRESS-Zero and Distrib HO \"perform virtually the same\"; Dispatch HO slightly \
+         worse; PRESS-Base substantially worse than both hand-off servers; PRESS +77 % over traditional on average. \
+         Latency at maximum throughput, Clarknet: Zero 27 ms = Distrib HO 27, Dispatch HO 30, Base 33, traditional 43. \
+         HAProxy (bounded-load consistent hashing) is not in the paper.",
+    );
+    let mut latency = Table::new(
+        &format!("Latency at the closed loop's throughput, {largest} nodes (paper: Clarknet, 8 nodes)"),
+        &["trace", "system", "latency ms", "paper ms"],
+    );
+    for trace in &config.traces {
+        for (system, paper) in PAPER_LATENCY_MS {
+            let Some(r) = find(trace, system) else { continue };
+            let paper = if trace == "clarknet" { format!("{paper:.0}") } else { "same trend".into() };
+            latency.row(vec![trace.clone(), system.into(), format!("{:.1}", r.latency_mean_ms), paper]);
+        }
+    }
+    page.print(&latency);
+    const VERSIONS: [&str; 5] = ["press-tcp", "press-base", "press-rdma-1c", "press-rdma", "press-zero"];
+    let mut order = Table::new(
+        "The versions' order per round (claim: TCP < Base < RDMA-1c ≤ RDMA < Zero; paper: RDMA-1c ≈ Base)",
+        &["trace", "round", "TCP", "Base", "RDMA-1c", "RDMA", "Zero", "order holds", "load avg"],
+    );
+    for trace in &config.traces {
+        for repeat in 0..config.repeats.max(1) {
+            let row: Vec<Option<&PressRun>> = VERSIONS
+                .iter()
+                .map(|v| {
+                    runs.iter()
+                        .find(|r| &r.trace == trace && r.system == *v && r.nodes == largest && r.repeat == repeat)
+                })
+                .collect();
+            if row.iter().any(Option::is_none) {
+                continue;
+            }
+            let t: Vec<f64> = row.iter().flatten().map(|r| r.throughput_rps).collect();
+            let holds = t.windows(2).all(|w| w[0] < w[1]);
+            let la = row.iter().flatten().map(|r| r.load_average).sum::<f64>() / t.len() as f64;
+            let mut cells = vec![trace.clone(), repeat.to_string()];
+            cells.extend(t.iter().map(|v| format!("{v:.0}")));
+            cells.push(if holds { "yes".into() } else { "no".into() });
+            cells.push(format!("{la:.2}"));
+            order.row(cells);
+        }
+    }
+    page.print(&order);
 }
 
 fn gain(new: f64, base: f64) -> f64 {
@@ -263,18 +578,32 @@ pub fn run(config: &PressBenchConfig) -> Result<Vec<PressRun>> {
     let largest = config.nodes.iter().copied().max().unwrap_or(2).max(2);
     let mut runs = Vec::new();
     // Fig. 3, traditional comparison and Table 2: per trace on the largest cluster.
-    for trace in &config.traces {
-        for system in ["press-tcp", "press-base", "press-rdma-1c", "press-rdma", "press-zero", "traditional"] {
-            eprintln!("bench press: {trace} {system} on {largest} nodes");
-            runs.push(run_one(config, trace, system, largest)?);
+    let haproxy = haproxy_path();
+    if haproxy.is_none() && config.systems.iter().any(|s| s == "haproxy") {
+        eprintln!("bench press: skipping haproxy: no haproxy executable (install haproxy or set TIERSTACK_HAPROXY)");
+    }
+    let systems: Vec<&str> =
+        config.systems.iter().map(String::as_str).filter(|s| *s != "haproxy" || haproxy.is_some()).collect();
+    for repeat in 0..config.repeats.max(1) {
+        for trace in &config.traces {
+            // Alternate the order between rounds too.
+            let order: Vec<&str> =
+                if repeat % 2 == 0 { systems.clone() } else { systems.iter().rev().copied().collect() };
+            for system in order {
+                eprintln!(
+                    "bench press: round {repeat} {trace} {system} on {largest} nodes (load average {:.2})",
+                    load_average()
+                );
+                runs.push(run_one(config, trace, system, largest, repeat)?);
+            }
         }
     }
     // Fig. 5: Clarknet (or the first trace) against the node count.
     let fig5_trace = config.traces.iter().find(|t| *t == "clarknet").unwrap_or(&config.traces[0]).clone();
-    for &nodes in config.nodes.iter().filter(|&&n| n != largest) {
+    for &nodes in config.nodes.iter().filter(|&&n| n != largest && !config.skip_fig5) {
         for system in FIG5_SYSTEMS {
             eprintln!("bench press: {fig5_trace} {system} on {nodes} nodes");
-            runs.push(run_one(config, &fig5_trace, system, nodes)?);
+            runs.push(run_one(config, &fig5_trace, system, nodes, 0)?);
         }
     }
     write_json(&config.out.join("runs.json"), &runs)?;
@@ -284,8 +613,9 @@ pub fn run(config: &PressBenchConfig) -> Result<Vec<PressRun>> {
          targets), {} s measured after {} s of warm-up per run; the load average is printed beside each row.",
         largest, config.scale, config.connections, config.duration_s, config.warmup_s
     ));
+    let means: Vec<PressRun> = mean_runs(&runs);
     let find = |trace: &str, system: &str, nodes: usize| {
-        runs.iter().find(|r| r.trace == trace && r.system == system && r.nodes == nodes)
+        means.iter().find(|r| r.trace == trace && r.system == system && r.nodes == nodes)
     };
     let mut fig3 = Table::new(
         &format!("Fig. 3: PRESS over TCP vs Base, {largest} nodes (paper: 8 nodes, VIA vs TCP over cLAN)"),
@@ -296,22 +626,19 @@ pub fn run(config: &PressBenchConfig) -> Result<Vec<PressRun>> {
         &["trace", "traditional req/s", "PRESS-Base req/s", "gain", "paper", "Fwd %", "THR %", "trad HR %"],
     );
     for trace in &config.traces {
-        let (Some(tcp), Some(base), Some(trad)) = (
-            find(trace, "press-tcp", largest),
-            find(trace, "press-base", largest),
-            find(trace, "traditional", largest),
-        ) else {
-            continue;
-        };
-        let paper = PAPER_FIG3.iter().find(|p| p.0 == trace).and_then(|p| p.1);
-        fig3.row(vec![
-            trace.clone(),
-            format!("{:.0}", tcp.throughput_rps),
-            format!("{:.0}", base.throughput_rps),
-            format!("{:+.1} %", gain(base.throughput_rps, tcp.throughput_rps)),
-            paper.map(|p| format!("{p:+.0} %")).unwrap_or_else(|| "6..28 %".into()),
-            format!("{:.2}", base.load_average),
-        ]);
+        let Some(base) = find(trace, "press-base", largest) else { continue };
+        if let Some(tcp) = find(trace, "press-tcp", largest) {
+            let paper = PAPER_FIG3.iter().find(|p| p.0 == trace).and_then(|p| p.1);
+            fig3.row(vec![
+                trace.clone(),
+                format!("{:.0}", tcp.throughput_rps),
+                format!("{:.0}", base.throughput_rps),
+                format!("{:+.1} %", gain(base.throughput_rps, tcp.throughput_rps)),
+                paper.map(|p| format!("{p:+.0} %")).unwrap_or_else(|| "6..28 %".into()),
+                format!("{:.2}", base.load_average),
+            ]);
+        }
+        let Some(trad) = find(trace, "traditional", largest) else { continue };
         let paper = PAPER_VS_TRADITIONAL.iter().find(|p| p.0 == trace).map(|p| p.1);
         vs_trad.row(vec![
             trace.clone(),
@@ -387,6 +714,7 @@ pub fn run(config: &PressBenchConfig) -> Result<Vec<PressRun>> {
     }
     page.print(&fig4);
     page.print(&vs_trad);
+    print_comparison(&mut page, config, &runs, &means, largest);
     let table2_trace = &fig5_trace;
     for system in ["press-base", "press-rdma-1c", "press-rdma", "press-zero", "press-tcp"] {
         let Some(run) = find(table2_trace, system, largest) else { continue };

@@ -28,6 +28,9 @@
 //! by others; the request that found it gone is served locally, so a killed
 //! node costs a bounded wait (`forward_timeout`), never a hung client.
 
+pub mod dispatcher;
+pub mod handoff;
+mod ho;
 mod node;
 pub mod rings;
 pub mod slab;
@@ -55,6 +58,11 @@ pub enum Mode {
     Press,
     /// The locality-oblivious server: every node serves its own requests.
     Traditional,
+    /// The distributed hand-off server: Fig. 1 and its dissemination as in
+    /// `Press`, but a request for another node's file is served by passing
+    /// the client's socket to that node ([`handoff`]), which answers the
+    /// client directly. Needs [`NodeConfig::handoff_dir`].
+    DistribHandoff,
 }
 
 impl Mode {
@@ -62,7 +70,13 @@ impl Mode {
         match self {
             Mode::Press => "press",
             Mode::Traditional => "traditional",
+            Mode::DistribHandoff => "distrib-ho",
         }
+    }
+
+    /// Whether the node runs Fig. 1 and disseminates caching information.
+    pub fn distributes(self) -> bool {
+        matches!(self, Mode::Press | Mode::DistribHandoff)
     }
 }
 
@@ -72,7 +86,8 @@ impl std::str::FromStr for Mode {
         match s {
             "press" => Ok(Mode::Press),
             "traditional" => Ok(Mode::Traditional),
-            other => Err(format!("unknown mode {other:?} (expected press or traditional)")),
+            "distrib-ho" => Ok(Mode::DistribHandoff),
+            other => Err(format!("unknown mode {other:?} (expected press, traditional or distrib-ho)")),
         }
     }
 }
@@ -95,6 +110,11 @@ pub struct NodeConfig {
     pub forward_timeout: Duration,
     /// Base's flow-control window, in messages per ordered pair.
     pub window: u32,
+    /// Where the nodes' hand-off sockets live (`handoff::socket_path`):
+    /// with it, the node accepts client sockets handed to it (by its
+    /// distributed hand-off peers or a dispatcher); `Mode::DistribHandoff`
+    /// needs it.
+    pub handoff_dir: Option<std::path::PathBuf>,
 }
 
 /// What can stop a node from starting.
@@ -112,6 +132,10 @@ pub enum NodeError {
     Thread(std::io::Error),
     #[error("setting up the transport: {0}")]
     Link(transport::LinkError),
+    #[error("the distributed hand-off server needs a hand-off directory")]
+    NoHandoffDir,
+    #[error("binding the hand-off socket under {dir}: {source}")]
+    Handoff { dir: std::path::PathBuf, source: std::io::Error },
 }
 
 /// A node's counters (the admin listener's `GET /stats`, and the exit line).
@@ -126,15 +150,21 @@ pub struct NodeStats {
     pub served_local: u64,
     /// Client requests of `max_size` or more, served here uncached.
     pub served_uncached: u64,
-    /// Client requests forwarded to a service node.
+    /// Client requests forwarded to a service node (hand-off: whose
+    /// connection was handed to it).
     pub forwarded: u64,
-    /// Forwarded requests this node served for others.
+    /// Forwarded requests this node served for others (hand-off servers:
+    /// requests on connections handed to this node).
     pub served_for_peers: u64,
     /// Forwarded requests whose file came back and was relayed.
     pub replies_relayed: u64,
     /// Forwarded requests served here because the service node failed.
     pub forward_fallbacks: u64,
     pub peers_declared_dead: u64,
+    /// Ring versions: peers found restarted (a new epoch at sequence 1),
+    /// after which both directions towards them started over.
+    #[serde(default)]
+    pub ring_peer_restarts: u64,
     pub bad_messages: u64,
     pub send_failures: u64,
     /// Zero: forwarded files sent by a copy because they were not in the
@@ -167,10 +197,13 @@ impl NodeStats {
 pub struct PressNode {
     shared: Arc<Shared>,
     stop: Stop,
+    /// Stops the distributed hand-off server's accept loop.
+    accept_stop: tokio::sync::watch::Sender<bool>,
     local_addr: SocketAddr,
     admin_addr: Option<SocketAddr>,
     receiver: Option<std::thread::JoinHandle<()>>,
     poller: Option<std::thread::JoinHandle<()>>,
+    handoff_receiver: Option<std::thread::JoinHandle<()>>,
 }
 
 impl PressNode {
@@ -179,7 +212,7 @@ impl PressNode {
     pub async fn start(config: NodeConfig, fabric: Arc<dyn Fabric>) -> Result<PressNode, NodeError> {
         let view = ClusterView::new(config.nodes, config.me)?;
         let got = fabric.backend_name();
-        if config.mode == Mode::Press && got != config.transport.backend() {
+        if config.mode.distributes() && got != config.transport.backend() {
             return Err(NodeError::Backend {
                 transport: config.transport.name(),
                 needs: config.transport.backend(),
@@ -207,13 +240,27 @@ impl PressNode {
         )
         .map_err(NodeError::Link)?;
         let slab = match config.transport {
-            TransportKind::Zero if config.mode == Mode::Press => Some(
+            TransportKind::Zero if config.mode.distributes() => Some(
                 slab::Slab::register(link.fabric(), config.storage.cache_bytes)
                     .map_err(|e| NodeError::Link(e.into()))?,
             ),
             _ => None,
         };
+        if config.mode == Mode::DistribHandoff && config.handoff_dir.is_none() {
+            return Err(NodeError::NoHandoffDir);
+        }
+        let handoff_socket = match &config.handoff_dir {
+            Some(dir) => {
+                Some(ho::bind(dir, config.me).map_err(|source| NodeError::Handoff { dir: dir.clone(), source })?)
+            }
+            None => None,
+        };
+        let handoff_out = match (&config.handoff_dir, config.mode) {
+            (Some(dir), Mode::DistribHandoff) => Some(ho::Outbound::new(dir.clone(), config.nodes)),
+            _ => None,
+        };
         let shared = Arc::new(Shared {
+            handoff_out,
             storage: Mutex::new(tierstack_origin::Storage::new(config.storage)),
             config,
             link,
@@ -246,14 +293,31 @@ impl PressNode {
             }
             None => None,
         };
-        let stop = Stop::new();
-        let load = shared.load.clone();
-        let hook: ConnectionHook = Arc::new(move || Box::new(LoadGuard::new(&load)) as Box<dyn Send>);
-        let handler = {
-            let shared = shared.clone();
-            Arc::new(move |request| shared.clone().handle(request))
+        let handoff_receiver = match handoff_socket {
+            Some(socket) => {
+                let shared = shared.clone();
+                Some(
+                    std::thread::Builder::new()
+                        .name("press-handoff".into())
+                        .spawn(move || shared.handoff_receive_loop(socket))
+                        .map_err(NodeError::Thread)?,
+                )
+            }
+            None => None,
         };
-        tokio::spawn(serve_with_hook(listener, handler, stop.clone(), Some(hook)));
+        let stop = Stop::new();
+        let (accept_stop, accept_stopped) = tokio::sync::watch::channel(false);
+        if shared.config.mode == Mode::DistribHandoff {
+            tokio::spawn(ho::accept_loop(shared.clone(), listener, accept_stopped));
+        } else {
+            let load = shared.load.clone();
+            let hook: ConnectionHook = Arc::new(move || Box::new(LoadGuard::new(&load)) as Box<dyn Send>);
+            let handler = {
+                let shared = shared.clone();
+                Arc::new(move |request| shared.clone().handle(request))
+            };
+            tokio::spawn(serve_with_hook(listener, handler, stop.clone(), Some(hook)));
+        }
         if let Some(admin) = admin {
             let shared = shared.clone();
             let handler = Arc::new(move |request: hyper::Request<hyper::body::Incoming>| {
@@ -270,7 +334,16 @@ impl PressNode {
             });
             tokio::spawn(serve(admin, handler, stop.clone()));
         }
-        Ok(PressNode { shared, stop, local_addr, admin_addr, receiver: Some(receiver), poller })
+        Ok(PressNode {
+            shared,
+            stop,
+            accept_stop,
+            local_addr,
+            admin_addr,
+            receiver: Some(receiver),
+            poller,
+            handoff_receiver,
+        })
     }
 
     pub fn local_addr(&self) -> SocketAddr {
@@ -288,9 +361,10 @@ impl PressNode {
     /// Stops serving and the receive thread; returns the final counters.
     pub fn stop(mut self) -> NodeStats {
         self.stop.stop();
+        let _ = self.accept_stop.send(true);
         self.shared.stop.store(true, Ordering::Relaxed);
-        if let Some(receiver) = self.receiver.take() {
-            let _ = receiver.join();
+        for thread in [self.receiver.take(), self.handoff_receiver.take()].into_iter().flatten() {
+            let _ = thread.join();
         }
         if let Some(poller) = self.poller.take() {
             let _ = poller.join();
@@ -302,6 +376,7 @@ impl PressNode {
 impl Drop for PressNode {
     fn drop(&mut self) {
         self.stop.stop();
+        let _ = self.accept_stop.send(true);
         self.shared.stop.store(true, Ordering::Relaxed);
     }
 }

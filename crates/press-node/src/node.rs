@@ -60,6 +60,17 @@ impl Drop for LoadGuard {
     }
 }
 
+/// Who a request served by [`Shared::handle_here`] is counted as.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Role {
+    /// A client request accepted here and decided to be served here.
+    Initial,
+    /// A connection another process accepted and passed here.
+    HandedOff,
+    /// A hand-off that failed (counted as forwarded and as a fallback).
+    Fallback,
+}
+
 /// Everything a node's tasks and threads share.
 pub(crate) struct Shared {
     pub config: NodeConfig,
@@ -75,10 +86,12 @@ pub(crate) struct Shared {
     pub runtime: tokio::runtime::Handle,
     /// Zero: the registered cache.
     pub slab: Option<crate::slab::Slab>,
+    /// The distributed hand-off server: sockets to the peers' hand-off sockets.
+    pub handoff_out: Option<crate::ho::Outbound>,
 }
 
 impl Shared {
-    fn me(&self) -> Member {
+    pub(crate) fn me(&self) -> Member {
         self.config.me
     }
 
@@ -86,11 +99,11 @@ impl Shared {
         u64::try_from(self.started.elapsed().as_nanos()).unwrap_or(u64::MAX)
     }
 
-    fn load_now(&self) -> u32 {
+    pub(crate) fn load_now(&self) -> u32 {
         self.load.load(Ordering::Relaxed)
     }
 
-    fn view(&self) -> std::sync::MutexGuard<'_, ClusterView<String>> {
+    pub(crate) fn view(&self) -> std::sync::MutexGuard<'_, ClusterView<String>> {
         self.view.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
@@ -111,6 +124,7 @@ impl Shared {
             replies_relayed: get(&s.replies_relayed),
             forward_fallbacks: get(&s.forward_fallbacks),
             peers_declared_dead: get(&s.peers_declared_dead),
+            ring_peer_restarts: self.link.rings().map_or(0, |r| r.restarts()),
             bad_messages: get(&s.bad_messages),
             send_failures: get(&s.send_failures),
             zero_copy_fallbacks: get(&s.zero_copy_fallbacks),
@@ -143,7 +157,7 @@ impl Shared {
 
     /// After a failed exchange: a peer whose process certainly ended leaves
     /// the view (its files look uncached, so others take them over).
-    fn check_peer(&self, peer: Member) {
+    pub(crate) fn check_peer(&self, peer: Member) {
         if self.link.fabric().peer_state(node_id(peer)) == PeerState::Gone {
             let mut view = self.view();
             if view.is_alive(peer) {
@@ -177,7 +191,7 @@ impl Shared {
             let mut storage = self.storage.lock().unwrap_or_else(PoisonError::into_inner);
             storage.read(self.now_ns(), &path.to_string(), size, caching)
         };
-        if let (Mode::Press, ReadOutcome::Miss { inserted: Some(inserted), .. }) = (self.config.mode, &outcome) {
+        if let (true, ReadOutcome::Miss { inserted: Some(inserted), .. }) = (self.config.mode.distributes(), &outcome) {
             for (evicted, _) in &inserted.evicted {
                 self.view().on_caching(self.me(), evicted, CachingEvent::Stop);
                 self.broadcast_caching(evicted, CachingEvent::Stop);
@@ -254,7 +268,8 @@ impl Shared {
         let Ok(path) = String::from_utf8(decoded.clone()) else { return text(StatusCode::NOT_FOUND, "not found\n") };
         let Some(size) = self.config.files.size_of(&path) else { return text(StatusCode::NOT_FOUND, "not found\n") };
         let decision = match self.config.mode {
-            Mode::Traditional => None,
+            // The hand-off server decided when it accepted the connection.
+            Mode::Traditional | Mode::DistribHandoff => None,
             Mode::Press => {
                 let mut view = self.view();
                 view.set_load(self.me(), self.load_now());
@@ -292,6 +307,47 @@ impl Shared {
                 }
             }
         };
+        let mut response = Response::new(tierstack_tier_http::Body::new(body.clone()));
+        let headers = response.headers_mut();
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static(content_type(&decoded)));
+        headers.insert(CONTENT_LENGTH, HeaderValue::from(body.len()));
+        response
+    }
+
+    /// A request on a connection the hand-off server decided to serve here,
+    /// counted by `role`; never forwarded.
+    pub(crate) async fn handle_here(
+        self: Arc<Self>,
+        request: Request<Incoming>,
+        role: Role,
+    ) -> Response<tierstack_tier_http::Body> {
+        match role {
+            Role::HandedOff => self.stats.served_for_peers.fetch_add(1, Ordering::Relaxed),
+            Role::Initial => self.stats.requests.fetch_add(1, Ordering::Relaxed),
+            Role::Fallback => 0,
+        };
+        let counted = role == Role::Initial;
+        if request.method() != Method::GET {
+            return text(StatusCode::METHOD_NOT_ALLOWED, "only GET\n");
+        }
+        let Ok(decoded) = decode_request_path(request.uri().path()) else {
+            return text(StatusCode::BAD_REQUEST, "malformed request path\n");
+        };
+        let Ok(path) = String::from_utf8(decoded.clone()) else { return text(StatusCode::NOT_FOUND, "not found\n") };
+        let Some(size) = self.config.files.size_of(&path) else { return text(StatusCode::NOT_FOUND, "not found\n") };
+        // Fig. 1 lines 3-5: large files are served and not cached.
+        let caching = if size >= self.config.policy.max_size_bytes {
+            if counted {
+                self.stats.served_uncached.fetch_add(1, Ordering::Relaxed);
+            }
+            Caching::Bypass
+        } else {
+            if counted {
+                self.stats.served_local.fetch_add(1, Ordering::Relaxed);
+            }
+            Caching::Normal
+        };
+        let body = self.read_local(&path, size, caching).await;
         let mut response = Response::new(tierstack_tier_http::Body::new(body.clone()));
         let headers = response.headers_mut();
         headers.insert(CONTENT_TYPE, HeaderValue::from_static(content_type(&decoded)));
@@ -402,7 +458,7 @@ impl Shared {
 
     /// Every message updates its sender's load (piggy-backing); a sender
     /// declared dead that speaks again was restarted.
-    fn note_sender(&self, from: Member, load: u32) {
+    pub(crate) fn note_sender(&self, from: Member, load: u32) {
         let mut view = self.view();
         if !view.is_alive(from) {
             view.mark_alive(from);

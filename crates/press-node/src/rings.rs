@@ -22,9 +22,22 @@
 //! view), and the data is released, in ring order, when the response body
 //! is dropped.
 //!
-//! Not handled: a peer that restarts (its new region starts at sequence 1
-//! while this node expects the old lap's next number); a killed peer is
-//! detected by the failed write and leaves the view.
+//! A peer that restarts (SIGKILLed, started again with the same id)
+//! resynchronises by its **epoch**: every entry carries its sender's epoch
+//! (a nonzero word chosen when the ring region is registered) in the entry
+//! header's spare word. A restarted sender starts again at sequence 1; when
+//! the slot this node expects from it holds nothing new, the poll loop also
+//! reads sequence 1's slot, and an entry there with another epoch than the
+//! last one consumed from that sender means a new incarnation: both
+//! directions towards it start over (this node's inbound state from it, its
+//! outbound ring to it, the handle to its region and the credit words it
+//! had written here), and the entry is consumed as the new lap's first. A
+//! killed peer is detected by the failed write and leaves the view; it
+//! comes back with its first message.
+//!
+//! Not handled: a file of the old incarnation still being sent to a client
+//! from the ring (RDMA) when the new one writes its first files may see its
+//! bytes overwritten (the sender died mid-stream either way).
 
 use crate::transport::{node_id, LinkError};
 use bytes::Bytes;
@@ -57,6 +70,19 @@ pub struct Rings {
     /// RDMA: serve files straight from the ring; RDMA-1c: copy them out.
     serve_from_ring: bool,
     timeout: Duration,
+    /// This incarnation's epoch, in every entry header.
+    epoch: u32,
+    /// Senders found restarted (new epoch), for the node's counters.
+    restarts: std::sync::atomic::AtomicU64,
+}
+
+/// A nonzero epoch that differs between incarnations of a node: the clock's
+/// nanoseconds mixed with the process id.
+fn new_epoch() -> u32 {
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+    let mixed = (nanos as u64) ^ (u64::from(std::process::id()) << 32) ^ (nanos >> 64) as u64;
+    let folded = (mixed ^ (mixed >> 32)) as u32;
+    folded.max(1)
 }
 
 impl Rings {
@@ -83,7 +109,40 @@ impl Rings {
             inbound: Mutex::new((0..nodes).map(|_| Inbound::default()).collect()),
             serve_from_ring,
             timeout,
+            epoch: new_epoch(),
+            restarts: std::sync::atomic::AtomicU64::new(0),
         })
+    }
+
+    /// The epoch in the header of `sender`'s entry `seq` in this node's region.
+    fn entry_epoch(&self, sender: u64, seq: u64) -> Option<u32> {
+        let mut header = [0u8; 8];
+        self.local.memory().read(self.layout.entry_offset(sender, seq), &mut header).ok()?;
+        Some(u32::from_le_bytes([header[4], header[5], header[6], header[7]]))
+    }
+
+    /// Senders found restarted so far.
+    pub fn restarts(&self) -> u64 {
+        self.restarts.load(Ordering::Relaxed)
+    }
+
+    /// `peer` started again: forget everything about its old incarnation
+    /// in both directions. Called with its inbound state locked (`state`).
+    fn restart_peer(&self, peer: Member, state: &mut Inbound) {
+        // Views of the old incarnation's files release nothing of the new one's.
+        let mut retired = std::mem::take(&mut state.retired);
+        retired.extend(state.epoch);
+        *state = Inbound { generation: state.generation + 1, retired, ..Inbound::default() };
+        if let Some(out) = self.out.get(peer.index()) {
+            *out.lock().unwrap_or_else(PoisonError::into_inner) = SenderRing::new();
+        }
+        self.forget(peer);
+        let off = self.layout.credit_offset(u64::from(peer.0));
+        let memory = self.local.memory();
+        let _ = memory.store_u64(off, 0);
+        let _ = memory.store_u64(off + 8, 0);
+        self.restarts.fetch_add(1, Ordering::Relaxed);
+        tracing::info!(%peer, "ring peer restarted: both directions start over");
     }
 
     fn handle(&self, peer: Member) -> Result<Arc<dyn RemoteRegion>, LinkError> {
@@ -190,7 +249,7 @@ impl Rings {
         }
         let mut entry = Vec::with_capacity(ENTRY_HEADER_BYTES as usize + payload.len());
         entry.extend_from_slice(&(payload.len() as u32).to_le_bytes());
-        entry.extend_from_slice(&[0; 4]);
+        entry.extend_from_slice(&self.epoch.to_le_bytes());
         entry.extend_from_slice(&payload);
         let mut ops = Vec::with_capacity(3);
         let mut moved = 0u64;
@@ -239,9 +298,12 @@ impl Rings {
 
     /// A file served from the ring is done (its response body was dropped):
     /// release it, and everything before it that is done, and tell the sender.
-    fn free(&self, sender: Member, start: u64, counters: &Counters) {
+    fn free(&self, sender: Member, start: u64, generation: u64, counters: &Counters) {
         let mut inbound = self.inbound();
         let Some(state) = inbound.get_mut(sender.index()) else { return };
+        if state.generation != generation {
+            return;
+        }
         if let Some(entry) = state.outstanding.iter_mut().find(|e| e.0 == start) {
             entry.2 = true;
         }
@@ -276,15 +338,32 @@ impl Rings {
                 let sender = Member(s as u16);
                 let mut inbound = self.inbound();
                 let state = &mut inbound[s];
-                let seq = state.ring.last_seq + 1;
+                let mut seq = state.ring.last_seq + 1;
                 let seq_word = memory.load_u64(self.layout.seq_offset(s as u64, seq)).unwrap_or(0);
-                if !state.ring.is_next(seq_word) {
+                // A restarted sender writes from sequence 1 again, with a new
+                // epoch: seen at sequence 1 while we wait for a later one, or
+                // at the very number we wait for (it sent that many already;
+                // it cannot have sent more than a ring's entries unread, so
+                // its first entries are all still there).
+                // An entry of an earlier incarnation (a retired epoch) whose
+                // number happens to be the one we wait for is not new.
+                let check = if state.ring.is_next(seq_word) { seq } else { 1 };
+                let written = (check == seq || seq != 1)
+                    && memory.load_u64(self.layout.seq_offset(s as u64, check)).unwrap_or(0) == check;
+                let epoch_there = if written { self.entry_epoch(s as u64, check) } else { None };
+                let stale = epoch_there.is_some_and(|e| state.retired.contains(&e));
+                let restarted = !stale && state.epoch.is_some_and(|epoch| epoch_there.is_some_and(|e| e != epoch));
+                if restarted {
+                    self.restart_peer(sender, state);
+                    seq = 1;
+                } else if stale || !state.ring.is_next(seq_word) {
                     continue;
                 }
                 found = true;
                 let entry_offset = self.layout.entry_offset(s as u64, seq);
                 let mut header = [0u8; 8];
                 let read = memory.read(entry_offset, &mut header);
+                state.epoch = Some(u32::from_le_bytes([header[4], header[5], header[6], header[7]]));
                 let len = u64::from(u32::from_le_bytes([header[0], header[1], header[2], header[3]]));
                 let mut payload = vec![0u8; len.min(ENTRY_PAYLOAD_MAX) as usize];
                 let read = read.and_then(|()| memory.read(entry_offset + ENTRY_HEADER_BYTES, &mut payload));
@@ -314,6 +393,7 @@ impl Rings {
                                     counters: counters.clone(),
                                     sender,
                                     start: offset,
+                                    generation: state.generation,
                                 })),
                                 Err(_) => None,
                             }
@@ -377,6 +457,14 @@ struct Inbound {
     /// Files served from the ring, in arrival order: (start, len, done).
     outstanding: VecDeque<(u64, u64, bool)>,
     unacknowledged: u64,
+    /// The epoch of the last entry consumed from this sender.
+    epoch: Option<u32>,
+    /// How many times this sender restarted: a ring view of an older
+    /// generation releases nothing.
+    generation: u64,
+    /// The epochs of its earlier incarnations: their entries left in the
+    /// ring are never taken for new ones.
+    retired: Vec<u32>,
 }
 
 /// A file's bytes in the ring, owned by a response body; dropping it
@@ -387,6 +475,7 @@ struct RingView {
     counters: Arc<Counters>,
     sender: Member,
     start: u64,
+    generation: u64,
 }
 
 impl AsRef<[u8]> for RingView {
@@ -397,7 +486,7 @@ impl AsRef<[u8]> for RingView {
 
 impl Drop for RingView {
     fn drop(&mut self) {
-        self.rings.free(self.sender, self.start, &self.counters);
+        self.rings.free(self.sender, self.start, self.generation, &self.counters);
     }
 }
 

@@ -18,6 +18,7 @@
 //! - [`proto`]: the intra-cluster messages (forward, file, caching, flow
 //!   control, buffer management), each carrying the sender's load, and
 //!   their encoding (`docs/wire-format.md`);
+//! - [`lard`]: the dispatcher hand-off server's LARD choice of back-end;
 //! - [`counters`]: per-type message and byte counts, Table 2;
 //! - [`ring`]: the remote-write versions' per-pair rings (layout, slots,
 //!   data reservations, releases), pure arithmetic, property-tested and
@@ -28,12 +29,14 @@
 //! the same [`decide`] over the same view.
 
 pub mod counters;
+pub mod lard;
 pub mod policy;
 pub mod proto;
 pub mod ring;
 pub mod view;
 
 pub use counters::{Counters, Counts, Table2Row};
+pub use lard::{Lard, LardConfig, LardError};
 pub use policy::{decide, Branch, Decision, Outcome, PolicyConfig, MAX_SIZE_BYTES, THRESHOLD_DEFAULT};
 pub use proto::{decode, encode, Body, FileStatus, Message, MsgType, ProtoError};
 pub use view::{CachingEvent, ClusterView, Member, ViewError};

@@ -10,7 +10,9 @@
 //! which byte of this node's data it released (flow control and buffer
 //! management: words that "can be overwritten", §3.2).
 //!
-//! An entry is `len: u32`, 4 bytes of padding, the encoded message, and its
+//! An entry is `len: u32`, the sender's **epoch** (`u32`, nonzero, new for
+//! each incarnation of the sender: a restarted peer is told apart by it),
+//! the encoded message, and its
 //! **sequence number in the last 8 bytes** (§4.2: "message sequence numbers
 //! stored at the last position of each (fixed-size) buffer entry"). The
 //! sender writes the payload first and the sequence word last, so a
@@ -25,7 +27,7 @@
 
 /// Bytes of one control entry (header, message, sequence word).
 pub const ENTRY_BYTES: u64 = 256;
-/// Header of an entry: the message length and padding.
+/// Header of an entry: the message length and the sender's epoch.
 pub const ENTRY_HEADER_BYTES: u64 = 8;
 /// Largest encoded message an entry carries.
 pub const ENTRY_PAYLOAD_MAX: u64 = ENTRY_BYTES - ENTRY_HEADER_BYTES - 8;

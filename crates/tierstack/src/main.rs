@@ -64,6 +64,8 @@ enum Command {
     Origin(cmd::origin::OriginArgs),
     /// A PRESS cluster node (HTTP): locality-conscious request distribution (Fig. 1) over fabric messages.
     PressNode(cmd::press::PressNodeArgs),
+    /// The dispatcher hand-off server's front end: accepts every client connection and hands its socket to a back-end press-node chosen by locality (LARD).
+    PressDispatcher(cmd::press::DispatcherArgs),
     /// DDSS node daemon: start the node's substrate and serve it to local processes on a socket.
     DdssDaemon(cmd::ddss::DaemonArgs),
     /// DDSS client process: run a randomized history through a node's daemon, print its events.
@@ -108,6 +110,7 @@ fn main() -> std::process::ExitCode {
         Command::MonitorNode(args) => cmd::monitor::run_node(args),
         Command::Origin(args) => cmd::origin::run(args),
         Command::PressNode(args) => cmd::press::run(args),
+        Command::PressDispatcher(args) => cmd::press::run_dispatcher(args),
         Command::DdssDaemon(args) => cmd::ddss::run_daemon(args),
         Command::DdssClient(args) => cmd::ddss::run_client(args),
         Command::DlmNode(args) => cmd::dlm::run_node(args),

@@ -23,6 +23,10 @@ fn bench_press_prints_its_tables_and_draws_its_plots() {
         "Table 2: press-zero",
         "Fig. 5",
         "traditional",
+        "Fig. 6 and Table 3",
+        "distrib-ho",
+        "dispatch-ho",
+        "The versions' order per round",
     ] {
         assert!(stdout.contains(heading), "missing {heading:?} in\n{stdout}");
     }
@@ -34,8 +38,11 @@ fn bench_press_prints_its_tables_and_draws_its_plots() {
     let runs: serde_json::Value =
         serde_json::from_slice(&std::fs::read(out.path().join("runs.json")).unwrap()).unwrap();
     let runs = runs.as_array().unwrap();
-    // Quick: clarknet, 6 systems on 2 nodes, 4 on 1 node.
-    assert_eq!(runs.len(), 6 + 4);
+    // Quick: clarknet, 8 systems on 2 nodes (9 with HAProxy), 4 on 1 node.
+    let haproxy = usize::from(tierstack_bench::press::haproxy_path().is_some());
+    assert_eq!(runs.len(), 8 + haproxy + 4);
+    // Table 3's paper values are printed beside ours (Clarknet, PRESS-Zero).
+    assert!(stdout.contains("99.6 / 99.9 / 87.4"), "{stdout}");
     for run in runs {
         assert_eq!(run["errors"], 0, "{run}");
         assert!(run["throughput_rps"].as_f64().unwrap() > 0.0, "{run}");

@@ -46,20 +46,21 @@ fn start_cluster(dir: &Path, name: &str, transport: &str, nodes: usize, extra: &
     }
     let path = dir.join("topology.toml");
     std::fs::write(&path, topology).unwrap();
-    let mut children = Vec::new();
-    for i in 0..nodes {
-        let (listen, admin) = (free_loopback_port().unwrap(), free_loopback_port().unwrap());
-        let (node, listen_arg, admin_arg) = (i.to_string(), listen.to_string(), admin.to_string());
-        let mut args = vec!["press-node", "--topology", path.to_str().unwrap(), "--node", &node];
-        args.extend(["--listen", &listen_arg, "--admin", &admin_arg]);
-        args.extend(["--transport", transport, "--trace", TRACE, "--threads", "1"]);
-        args.extend(extra);
-        let args: Vec<String> = args.into_iter().map(String::from).collect();
-        let child = ChildNode::spawn(Path::new(env!("CARGO_BIN_EXE_tierstack")), &args)
-            .unwrap_or_else(|e| panic!("node {i} did not start: {e:#}"));
-        children.push(NodeChild { child, listen, admin });
-    }
-    children
+    (0..nodes).map(|i| spawn_node(&path, i, transport, extra)).collect()
+}
+
+/// Starts node `i` of the cluster whose topology is at `path`; waits for `ready`.
+fn spawn_node(path: &Path, i: usize, transport: &str, extra: &[&str]) -> NodeChild {
+    let (listen, admin) = (free_loopback_port().unwrap(), free_loopback_port().unwrap());
+    let (node, listen_arg, admin_arg) = (i.to_string(), listen.to_string(), admin.to_string());
+    let mut args = vec!["press-node", "--topology", path.to_str().unwrap(), "--node", &node];
+    args.extend(["--listen", &listen_arg, "--admin", &admin_arg]);
+    args.extend(["--transport", transport, "--trace", TRACE, "--threads", "1"]);
+    args.extend(extra);
+    let args: Vec<String> = args.into_iter().map(String::from).collect();
+    let child = ChildNode::spawn(Path::new(env!("CARGO_BIN_EXE_tierstack")), &args)
+        .unwrap_or_else(|e| panic!("node {i} did not start: {e:#}"));
+    NodeChild { child, listen, admin }
 }
 
 /// One GET on a fresh connection (PRESS's clients open one per request).
@@ -88,13 +89,18 @@ fn fnv(bytes: &[u8]) -> u64 {
 /// Requests every document `rounds` times, from nodes in turn, checking
 /// every body against the file.
 fn request_all(cluster: &[&NodeChild], trace: &Trace, rounds: usize) -> usize {
+    request_all_at(&cluster.iter().map(|n| n.listen).collect::<Vec<_>>(), trace, rounds)
+}
+
+/// As [`request_all`], at these addresses.
+fn request_all_at(targets: &[SocketAddr], trace: &Trace, rounds: usize) -> usize {
     let mut n = 0;
     for round in 0..rounds {
         for (d, document) in trace.documents().iter().enumerate() {
-            let node = cluster[(d + round) % cluster.len()];
+            let target = targets[(d + round) % targets.len()];
             let path = document.path();
-            let (status, body) = get(node.listen, &path);
-            assert_eq!(status, 200, "GET {path} from {}", node.listen);
+            let (status, body) = get(target, &path);
+            assert_eq!(status, 200, "GET {path} from {target}");
             let expected = synthetic_body(&path, document.size_bytes);
             assert_eq!(body.len(), expected.len(), "{path}: length");
             assert_eq!(fnv(&body), fnv(&expected), "{path}: body checksum");
@@ -307,4 +313,211 @@ fn check_full_window(transport: &str) {
         assert_eq!(fnv(&body), fnv(&synthetic_body(&path, document.size_bytes)), "{path}");
         stats(&cluster[0]).replies_relayed > during.replies_relayed
     });
+}
+
+/// Disk reads when every file is requested `rounds` times and each stays
+/// cached on one node: once per cacheable file, every time for the large.
+fn expected_misses(trace: &Trace, rounds: u64) -> u64 {
+    let large = trace.documents().iter().filter(|d| d.size_bytes >= tierstack_press::MAX_SIZE_BYTES).count() as u64;
+    trace.documents().len() as u64 - large + rounds * large
+}
+
+/// The distributed hand-off server: Fig. 1 at the accepting node, the
+/// client's socket passed (SCM_RIGHTS) to the service node, which answers
+/// on it. Every body is checked; every hand-off is served by its receiver.
+#[test]
+fn a_distributed_hand_off_cluster_serves_every_byte_on_handed_sockets() {
+    let dir = tempfile::tempdir().unwrap();
+    let handoff = dir.path().display().to_string();
+    let cluster =
+        start_cluster(dir.path(), "press-distrib-ho", "base", 3, &["--mode", "distrib-ho", "--handoff-dir", &handoff]);
+    let trace = trace();
+    let requests = request_all(&cluster.iter().collect::<Vec<_>>(), &trace, 3);
+    let mut all: Vec<NodeStats> = Vec::new();
+    // A served_for_peers count lands when the handed request is served,
+    // which the client saw complete just before.
+    eventually("the hand-off counters settling", || {
+        all = cluster.iter().map(stats).collect();
+        all.iter().map(|s| s.served_for_peers).sum::<u64>() >= all.iter().map(|s| s.forwarded).sum::<u64>()
+    });
+    let sum = |f: fn(&NodeStats) -> u64| all.iter().map(f).sum::<u64>();
+    assert_eq!(sum(|s| s.requests), requests as u64);
+    let handed = sum(|s| s.forwarded);
+    assert!(handed > 0, "a 3-node cluster hands connections off: {all:?}");
+    assert_eq!(sum(|s| s.served_for_peers), handed, "each handed socket served once by its receiver");
+    assert_eq!(sum(|s| s.replies_relayed), 0, "nothing is relayed: the service node answers the client");
+    assert_eq!(sum(|s| s.forward_fallbacks + s.bad_messages + s.send_failures), 0, "{all:?}");
+    assert_eq!(sum(|s| s.served_local + s.served_uncached + s.forwarded), requests as u64);
+    let counts = all.iter().fold(tierstack_press::Counts::default(), |c, s| c.plus(&s.counts()));
+    assert_eq!(counts.messages(MsgType::Forward) + counts.messages(MsgType::File), 0, "no request-reply messages");
+    assert!(counts.messages(MsgType::Caching) > 0, "caching information is still disseminated");
+    let cached = sum(|s| s.cache_objects);
+    assert!(cached < 2 * trace.documents().len() as u64, "cached {cached} for {} files", trace.documents().len());
+}
+
+/// The dispatcher hand-off server: one front process accepts every
+/// connection and hands it to a back-end chosen by LARD; the back-ends
+/// answer directly and report each connection's end.
+#[test]
+fn a_dispatcher_hands_every_connection_to_a_back_end_by_locality() {
+    let dir = tempfile::tempdir().unwrap();
+    let handoff = dir.path().display().to_string();
+    let backends = start_cluster(
+        dir.path(),
+        "press-dispatch-ho",
+        "base",
+        3,
+        &["--mode", "traditional", "--handoff-dir", &handoff],
+    );
+    let (listen, admin) = (free_loopback_port().unwrap(), free_loopback_port().unwrap());
+    let args: Vec<String> = ["press-dispatcher", "--listen", &listen.to_string(), "--admin", &admin.to_string()]
+        .into_iter()
+        .map(String::from)
+        .chain(["--backends".into(), "3".into(), "--handoff-dir".into(), handoff.clone()])
+        .collect();
+    let _dispatcher = ChildNode::spawn(Path::new(env!("CARGO_BIN_EXE_tierstack")), &args).unwrap();
+    let trace = trace();
+    let requests = request_all_at(&[listen], &trace, 2) as u64;
+    let dispatcher = || -> serde_json::Value {
+        let (status, body) = get(admin, "/stats");
+        assert_eq!(status, 200);
+        serde_json::from_slice(&body).unwrap()
+    };
+    eventually("every back-end reporting its connections' ends", || {
+        dispatcher()["done_reports"].as_u64() == Some(requests)
+    });
+    let d = dispatcher();
+    assert_eq!(d["requests"].as_u64(), Some(requests));
+    let handed: u64 = d["handed"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).sum();
+    assert_eq!(handed, requests, "{d}");
+    // (One client at a time: LARD gives new files to the least loaded
+    // back-end, ties to the lowest index, so the spread is not asserted.)
+    assert_eq!(d["loads"], serde_json::json!([0, 0, 0]), "every reported end released its load");
+    let all: Vec<NodeStats> = backends.iter().map(stats).collect();
+    assert_eq!(all.iter().map(|s| s.served_for_peers).sum::<u64>(), requests);
+    // Locality: under this light load LARD keeps each file on one back-end,
+    // so each file was read from disk once in the whole cluster (files of
+    // max_size or more are never cached: read on each request).
+    assert_eq!(all.iter().map(|s| s.cache_misses).sum::<u64>(), expected_misses(&trace, 2), "{all:?}");
+}
+
+/// Real HAProxy (`balance uri`, `hash-type consistent`,
+/// `hash-balance-factor 125`) in front of traditional nodes: every body
+/// checked, and the hash keeps each file on one node.
+#[test]
+fn haproxy_with_bounded_load_hashing_serves_every_byte() {
+    let Some(exe) = tierstack_bench::press::haproxy_path() else {
+        eprintln!("skipping: no haproxy executable (install haproxy or set TIERSTACK_HAPROXY)");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let nodes = start_cluster(dir.path(), "press-haproxy", "base", 3, &["--mode", "traditional"]);
+    let servers: Vec<SocketAddr> = nodes.iter().map(|n| n.listen).collect();
+    let haproxy = tierstack_bench::press::Haproxy::start(&exe, &servers).unwrap();
+    let trace = trace();
+    let docs = trace.documents();
+    let mut requests = 0;
+    for _ in 0..2 {
+        for document in docs {
+            let path = document.path();
+            let (status, body) = get(haproxy.listen, &path);
+            assert_eq!(status, 200, "GET {path} through haproxy");
+            assert_eq!(fnv(&body), fnv(&synthetic_body(&path, document.size_bytes)), "{path}: body checksum");
+            requests += 1;
+        }
+    }
+    let all: Vec<NodeStats> = nodes.iter().map(stats).collect();
+    assert_eq!(all.iter().map(|s| s.requests).sum::<u64>(), requests);
+    assert!(all.iter().all(|s| s.requests > 0), "every node used: {all:?}");
+    let misses: u64 = all.iter().map(|s| s.cache_misses).sum();
+    assert_eq!(misses, expected_misses(&trace, 2), "one node per file, one disk read each: {all:?}");
+}
+
+#[test]
+fn a_ring_carries_many_times_its_data_on_rdma() {
+    check_ring_laps("rdma");
+}
+
+#[test]
+fn a_ring_carries_many_times_its_data_on_zero() {
+    check_ring_laps("zero");
+}
+
+/// Moves several data rings' worth of files from one node to the other
+/// (`tierstack_press_node::rings::DATA_BYTES` per ordered pair): a version
+/// that never released ring data would run out of room after one ring and
+/// fall back for every later forward.
+fn check_ring_laps(transport: &str) {
+    const LAPS: u64 = 4;
+    let dir = tempfile::tempdir().unwrap();
+    let cluster =
+        start_cluster(dir.path(), &format!("press-laps-{transport}"), transport, 2, &["--forward-timeout-ms", "500"]);
+    let trace = trace();
+    // Node 1 reads (and caches) every file; node 0 learns it from the broadcasts.
+    request_all(&[&cluster[1]], &trace, 1);
+    let cached_by_1 = stats(&cluster[1]).cache_objects;
+    eventually("node 0 learning node 1's files", || stats(&cluster[0]).files_in_view >= cached_by_1);
+    let file = MsgType::File as usize;
+    let sent = |node: &NodeChild| stats(node).sent_bytes[file];
+    let start = sent(&cluster[1]);
+    let mut rounds = 0;
+    while sent(&cluster[1]) - start < LAPS * tierstack_press_node::rings::DATA_BYTES {
+        request_all(&[&cluster[0]], &trace, 1);
+        rounds += 1;
+        let s0 = stats(&cluster[0]);
+        assert_eq!(s0.forward_fallbacks, 0, "round {rounds}: a forward found no room: {s0:?}");
+        assert!(rounds < 200, "{rounds} rounds moved only {} bytes", sent(&cluster[1]) - start);
+    }
+    let s0 = stats(&cluster[0]);
+    let s1 = stats(&cluster[1]);
+    assert!(s0.forwarded > 0 && s0.replies_relayed == s0.forwarded, "every forward answered: {s0:?}");
+    assert_eq!(s0.forward_fallbacks + s0.send_failures + s1.send_failures, 0, "{s0:?} {s1:?}");
+    assert!(s1.sent_bytes[file] - start >= LAPS * tierstack_press_node::rings::DATA_BYTES);
+}
+
+#[test]
+fn a_restarted_ring_peer_resynchronises_on_rdma_1c() {
+    check_restart("rdma-1c");
+}
+
+#[test]
+fn a_restarted_ring_peer_resynchronises_on_rdma() {
+    check_restart("rdma");
+}
+
+/// A ring peer SIGKILLed and started again with the same id: its first
+/// entries (a new epoch at sequence 1) make each survivor start both
+/// directions over; forwards to it and from it are answered again, every
+/// body correct.
+fn check_restart(transport: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let extra = ["--forward-timeout-ms", "1000"];
+    let mut cluster = start_cluster(dir.path(), &format!("press-restart-{transport}"), transport, 3, &extra);
+    let topology = dir.path().join("topology.toml");
+    let trace = trace();
+    request_all(&cluster.iter().collect::<Vec<_>>(), &trace, 2);
+    let mut victim = cluster.pop().unwrap();
+    victim.child.kill().unwrap();
+    drop(victim);
+    // The survivors notice (one fallback each at most), then serve alone.
+    request_all(&cluster.iter().collect::<Vec<_>>(), &trace, 1);
+    cluster.push(spawn_node(&topology, 2, transport, &extra));
+    // The new node 2 reads files and broadcasts its caching: its first
+    // ring entries reach both survivors.
+    request_all(&[&cluster[2]], &trace, 1);
+    let found = Instant::now();
+    while !cluster[..2].iter().all(|n| stats(n).ring_peer_restarts == 1) {
+        let all: Vec<NodeStats> = cluster.iter().map(stats).collect();
+        assert!(found.elapsed() < STEP, "both survivors finding node 2 restarted: {all:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let before: Vec<NodeStats> = cluster.iter().map(stats).collect();
+    request_all(&cluster.iter().collect::<Vec<_>>(), &trace, 2);
+    let after: Vec<NodeStats> = cluster.iter().map(stats).collect();
+    let delta = |f: fn(&NodeStats) -> u64| -> u64 { after.iter().zip(&before).map(|(a, b)| f(a) - f(b)).sum() };
+    assert!(delta(|s| s.forwarded) > 0, "{after:?}");
+    assert_eq!(delta(|s| s.replies_relayed), delta(|s| s.forwarded), "every forward answered: {after:?}");
+    assert_eq!(delta(|s| s.forward_fallbacks + s.send_failures + s.bad_messages), 0, "{after:?}");
+    // The survivors forward to node 2 again, over its new rings both ways.
+    assert!(after[2].served_for_peers > before[2].served_for_peers, "{after:?}");
 }

@@ -198,6 +198,17 @@ pub enum BenchCommand {
         /// Closed-loop client connections.
         #[arg(long)]
         connections: Option<usize>,
+        /// Systems run per trace (press-tcp, press-base, press-rdma-1c, press-rdma, press-zero, traditional,
+        /// distrib-ho, dispatch-ho, haproxy); default all (haproxy skipped when not installed).
+        #[arg(long, value_delimiter = ',')]
+        systems: Option<Vec<String>>,
+        /// Rounds: each point run this many times, the systems alternated; the tables show means and the
+        /// versions' order per round.
+        #[arg(long, default_value_t = 1)]
+        repeats: usize,
+        /// Skip Fig. 5's node-count sweep.
+        #[arg(long)]
+        skip_fig5: bool,
     },
     /// Adaptive push-pull (coherency paper Fig. 12-14): wasted updates, cache misses and response
     /// time of pull, push and the shared-cache-state hybrid at several fractions, per backend.
@@ -248,7 +259,18 @@ pub fn run(command: BenchCommand) -> Result<()> {
             tierstack_bench::coop::run_bench(&config)?;
             Ok(())
         }
-        BenchCommand::Press { out, quick, traces, nodes, scale, duration_s, connections } => {
+        BenchCommand::Press {
+            out,
+            quick,
+            traces,
+            nodes,
+            scale,
+            duration_s,
+            connections,
+            systems,
+            repeats,
+            skip_fig5,
+        } => {
             let mut config = tierstack_bench::press::PressBenchConfig::new(std::env::current_exe()?, out, quick);
             if let Some(traces) = traces {
                 config.traces = traces;
@@ -265,6 +287,14 @@ pub fn run(command: BenchCommand) -> Result<()> {
             if let Some(connections) = connections {
                 config.connections = connections;
             }
+            if let Some(systems) = systems {
+                if let Some(bad) = systems.iter().find(|s| !tierstack_bench::press::SYSTEMS.contains(&s.as_str())) {
+                    anyhow::bail!("unknown system {bad:?} (expected one of {:?})", tierstack_bench::press::SYSTEMS);
+                }
+                config.systems = systems;
+            }
+            config.repeats = repeats.max(1);
+            config.skip_fig5 = skip_fig5;
             tierstack_bench::press::run(&config)?;
             Ok(())
         }

@@ -8,9 +8,11 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use std::io::Write;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::time::Duration;
 use tierstack_origin::{DiskModel, StorageConfig, SyntheticSet};
-use tierstack_press::{Member, PolicyConfig, MAX_SIZE_BYTES, THRESHOLD_DEFAULT};
+use tierstack_press::{LardConfig, Member, PolicyConfig, MAX_SIZE_BYTES, THRESHOLD_DEFAULT};
+use tierstack_press_node::dispatcher::{Dispatcher, DispatcherConfig};
 use tierstack_press_node::{Mode, NodeConfig, PressNode, TransportKind, WINDOW_DEFAULT};
 use tierstack_workload::{TraceSpec, ZIPF_ALPHA_DEFAULT, ZIPF_DOCS_DEFAULT};
 
@@ -26,7 +28,8 @@ pub struct PressNodeArgs {
     /// Where `GET /stats` is served.
     #[arg(long)]
     admin: Option<SocketAddr>,
-    /// press (Fig. 1 distribution) or traditional (every node on its own).
+    /// press (Fig. 1 distribution), traditional (every node on its own) or
+    /// distrib-ho (Fig. 1, the client socket handed to the service node).
     #[arg(long, default_value = "press")]
     mode: Mode,
     /// Communication version: tcp (topology fabric tcp), base, rdma-1c, rdma or zero (fabric shm).
@@ -66,6 +69,66 @@ pub struct PressNodeArgs {
     /// Runtime worker threads.
     #[arg(long, default_value_t = 2)]
     threads: usize,
+    /// Directory of the nodes' hand-off sockets: the node accepts client
+    /// sockets handed to it (distrib-ho peers, or a press-dispatcher for a
+    /// traditional node); distrib-ho needs it.
+    #[arg(long)]
+    handoff_dir: Option<PathBuf>,
+}
+
+#[derive(Args)]
+pub struct DispatcherArgs {
+    #[command(flatten)]
+    service: crate::service::ServiceArgs,
+    /// Where clients connect.
+    #[arg(long)]
+    listen: SocketAddr,
+    /// Where `GET /stats` is served.
+    #[arg(long)]
+    admin: Option<SocketAddr>,
+    /// Back-end press-nodes 0..N (started with the same --handoff-dir).
+    #[arg(long)]
+    backends: usize,
+    /// Directory of the back-ends' hand-off sockets.
+    #[arg(long)]
+    handoff_dir: PathBuf,
+    /// LARD's T_low (open connections).
+    #[arg(long, default_value_t = LardConfig::default().t_low)]
+    t_low: u32,
+    /// LARD's T_high (open connections).
+    #[arg(long, default_value_t = LardConfig::default().t_high)]
+    t_high: u32,
+    /// Runtime worker threads.
+    #[arg(long, default_value_t = 1)]
+    threads: usize,
+}
+
+pub fn run_dispatcher(args: DispatcherArgs) -> Result<()> {
+    let config = DispatcherConfig {
+        listen: args.listen,
+        admin: args.admin,
+        backends: args.backends,
+        dir: args.handoff_dir,
+        lard: LardConfig { t_low: args.t_low, t_high: args.t_high },
+    };
+    let runtime =
+        tokio::runtime::Builder::new_multi_thread().worker_threads(args.threads.max(1)).enable_all().build()?;
+    runtime.block_on(async {
+        let signals = args.service.stop_signals()?;
+        let dispatcher = Dispatcher::start(config).await?;
+        eprintln!(
+            "tierstack press-dispatcher: serving http://{}{}",
+            dispatcher.local_addr(),
+            dispatcher.admin_addr().map(|a| format!(", stats at http://{a}/stats")).unwrap_or_default()
+        );
+        println!("ready");
+        std::io::stdout().flush()?;
+        signals.wait().await;
+        let stats = dispatcher.stop();
+        println!("{}", serde_json::to_string(&stats)?);
+        std::io::stdout().flush()?;
+        Ok(())
+    })
 }
 
 fn disk(args: &PressNodeArgs) -> Result<Option<DiskModel>> {
@@ -105,6 +168,7 @@ pub fn run(args: PressNodeArgs) -> Result<()> {
         files,
         forward_timeout: Duration::from_millis(args.forward_timeout_ms),
         window: args.window,
+        handoff_dir: args.handoff_dir.clone(),
     };
     let runtime =
         tokio::runtime::Builder::new_multi_thread().worker_threads(args.threads.max(1)).enable_all().build()?;
