@@ -395,7 +395,7 @@ fn measure_service(config: &CoopBenchConfig) -> Result<Vec<ServiceRow>> {
     };
     let mut out = Vec::new();
     for backend in [Backend::Shm, Backend::Tcp] {
-        for name in ["bcc", "ccwr", "mtacc", "hybcc"] {
+        for name in ["bcc", "ccwr", "mtacc", "hybcc", "groupcache"] {
             let load = load_average();
             let cluster = local_cluster(backend, 4)?;
             let ids: Vec<NodeId> = (0..4).map(NodeId).collect();

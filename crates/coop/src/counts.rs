@@ -65,10 +65,13 @@ pub enum MsgKind {
     GroupGet,
     /// Groupcache: the owner's reply carrying the bytes (send).
     GroupReply,
+    /// Groupcache (the service): after the owner missed, the requester that
+    /// loaded the entity offers it to the owner (send, carries the bytes).
+    GroupPut,
 }
 
 impl MsgKind {
-    pub const ALL: [MsgKind; 11] = [
+    pub const ALL: [MsgKind; 12] = [
         Self::AddHolder,
         Self::RemoveHolder,
         Self::Transfer,
@@ -80,11 +83,12 @@ impl MsgKind {
         Self::DataRead,
         Self::GroupGet,
         Self::GroupReply,
+        Self::GroupPut,
     ];
 
     /// A data message (carries an entity's bytes) rather than control.
     pub fn is_data(self) -> bool {
-        matches!(self, Self::DataRead | Self::GroupReply)
+        matches!(self, Self::DataRead | Self::GroupReply | Self::GroupPut)
     }
 
     /// Executed one-sidedly (no CPU of the target runs).
@@ -105,6 +109,7 @@ impl MsgKind {
             Self::DataRead => "data-read",
             Self::GroupGet => "group-get",
             Self::GroupReply => "group-reply",
+            Self::GroupPut => "group-put",
         }
     }
 }

@@ -192,3 +192,92 @@ fn concurrent_requests_never_serve_wrong_bytes_on_shm() {
 fn concurrent_requests_never_serve_wrong_bytes_on_tcp() {
     concurrent(Backend::Tcp, "ccwr");
 }
+
+/// Groupcache in the service: one copy per key, at its owner on the
+/// consistent-hashing ring, fetched two-sidedly. Request by request the
+/// service serves the kind the model does (a miss at the owner or at the
+/// requester is a miss), with the right bytes; the owners hold what the
+/// model's do; no one-sided operation is ever issued.
+fn groupcache(backend: Backend) {
+    let active = 3;
+    let cluster = start(backend, Scheme::Groupcache, active, 0);
+    let mut model =
+        Model::new(ModelConfig { scheme: Scheme::Groupcache, active, passive: 0, pages_per_node: PAGES }).unwrap();
+    let ring = tierstack_coop::HashRing::new(active).unwrap();
+    let bytes = 8u64 << 10;
+    let mut kinds = [0u32; 3];
+    for (step, (node, key)) in script(300, 30, active).into_iter().enumerate() {
+        let expected = model.request(node, key, bytes).unwrap();
+        let got = cluster.nodes[node].get(key).unwrap();
+        let served = match &got {
+            Lookup::Local { body: b, .. } => {
+                assert_eq!(sum(b), sum(&body(key, 0, bytes)), "step {step}: local bytes");
+                kinds[0] += 1;
+                Served::LocalHit
+            }
+            Lookup::Remote { body: b, holder, .. } => {
+                assert_eq!(sum(b), sum(&body(key, 0, bytes)), "step {step}: remote bytes");
+                assert_eq!(holder.0 as usize, ring.owner(key), "served by the owner");
+                kinds[1] += 1;
+                Served::RemoteHit { holder: holder.0 as usize }
+            }
+            Lookup::Miss => {
+                kinds[2] += 1;
+                cluster.nodes[node].put(key, 0, &body(key, 0, bytes)).unwrap();
+                Served::Miss { by: ring.owner(key) }
+            }
+        };
+        let expected = match expected.served {
+            Served::Miss { .. } => Served::Miss { by: ring.owner(key) },
+            other => other,
+        };
+        assert_eq!(served, expected, "{backend:?} step {step}: node {node} key {key}");
+        cluster.settle();
+    }
+    assert!(kinds.iter().all(|&k| k > 0), "every kind of service seen: {kinds:?}");
+    for (i, n) in cluster.nodes.iter().enumerate() {
+        let mut h = n.held();
+        h.sort_unstable();
+        let mut m: Vec<u64> = model.node(i).unwrap().keys().collect();
+        m.sort_unstable();
+        assert_eq!(h, m, "node {i} holds what the model's owner holds");
+        assert!(h.iter().all(|&k| ring.owner(k) == i), "only owners hold");
+    }
+    let t = cluster.tally();
+    assert!(t.messages.keys().all(|k| !k.is_one_sided()), "{:?}", t.messages);
+    let gets = t.messages.get(&tierstack_coop::MsgKind::GroupGet).copied().unwrap_or(0);
+    assert_eq!(gets, t.messages.get(&tierstack_coop::MsgKind::GroupReply).copied().unwrap_or(0));
+    assert_eq!(t.of(Primitive::Fetch).calls, gets, "every remote lookup is one GET and its reply");
+    // Invalidation is the owner dropping its copy: the next request misses.
+    let (node, key) = (0..30u64).map(|k| (0usize, k + 1)).find(|&(_, k)| ring.owner(k) != 0).unwrap();
+    if matches!(cluster.nodes[node].get(key).unwrap(), Lookup::Miss) {
+        cluster.nodes[node].put(key, 0, &body(key, 0, bytes)).unwrap();
+        cluster.settle();
+    }
+    assert!(matches!(cluster.nodes[node].get(key).unwrap(), Lookup::Remote { .. }));
+    cluster.nodes[node].invalidate(key);
+    cluster.settle();
+    assert_eq!(cluster.nodes[node].get(key).unwrap(), Lookup::Miss);
+}
+
+#[test]
+fn groupcache_matches_the_model_on_shm_and_tcp() {
+    groupcache(Backend::Shm);
+    groupcache(Backend::Tcp);
+}
+
+/// A dead groupcache owner costs misses, never errors.
+#[test]
+fn groupcache_with_a_silent_owner_misses() {
+    let cluster = start(Backend::Shm, Scheme::Groupcache, 2, 0);
+    let ring = tierstack_coop::HashRing::new(2).unwrap();
+    let key = (1..).find(|&k| ring.owner(k) == 1).unwrap();
+    let mut nodes = cluster.nodes;
+    let survivor = nodes.remove(0);
+    drop(nodes);
+    let started = Instant::now();
+    assert_eq!(survivor.get(key).unwrap(), Lookup::Miss);
+    assert!(started.elapsed() < Duration::from_secs(10));
+    survivor.put(key, 0, &body(key, 0, 4096)).unwrap();
+    assert!(survivor.stats().peer_failures > 0);
+}

@@ -22,9 +22,19 @@
 //!   entity, never an error to the caller or wrong bytes. A holder found dead
 //!   (`PeerState::Gone`) is dropped from the replica.
 //!
-//! Not here (documented gaps): groupcache (model and simulator only), the
-//! home-serialized "last copy" rule for redundant evictions (seed-notes a.7
-//! #7: two nodes may drop the two copies at once; that costs a miss).
+//! - **Groupcache** (the baseline): a key's owner is its point on the
+//!   consistent-hashing ring over the proxies; a non-owner asks the owner with
+//!   a two-sided `GroupGet` and gets the bytes in the `GroupReply` (the
+//!   owner's receiver thread copies them out of its pool); nothing is kept at
+//!   the requester. Unlike groupcache itself the owner does not load a missed
+//!   key (the service has no origin): the requester loads it and offers it to
+//!   the owner in one `GroupPut` (charged to Cache Store, one data message).
+//!   No invalidation beyond the owner dropping its copy (`DropCopy` to the
+//!   owner), no versions at a home.
+//!
+//! Not here (documented gap): the home-serialized "last copy" rule for
+//! redundant evictions (seed-notes a.7 #7: two nodes may drop the two copies
+//! at once; that costs a miss).
 
 pub mod layout;
 pub mod wire;

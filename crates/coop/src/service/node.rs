@@ -8,7 +8,7 @@ use super::home::{version_in_window, KeyTable};
 use super::layout::{key_probe_start, PoolLayout, Record, KEYS_REGION, KEY_ENTRY_BYTES, POOL_REGION, PROBE_MAX};
 use super::wire::{Held, Item, Msg, UNCHECKED};
 use crate::counts::{MsgKind, Primitive, Tally};
-use crate::key::{mix, Homes};
+use crate::key::{mix, HashRing, Homes};
 use crate::model::CONTROL_BYTES;
 use crate::node::NodeCache;
 use crate::placement::{plan_fetch, plan_receive, plan_store, FetchPlan, Mode, Room, Space, StorePlan};
@@ -108,11 +108,15 @@ struct Shared {
     me: usize,
     members: Vec<NodeId>,
     homes: Homes,
+    /// Groupcache's owners (consistent hashing over the proxies).
+    ring: HashRing,
     layout: PoolLayout,
     pool: Arc<LocalRegion>,
     op: Mutex<()>,
     state: Mutex<State>,
     acks: Mutex<HashMap<u64, SyncSender<(u32, u32)>>>,
+    /// Groupcache GETs waiting for the owner's reply.
+    replies: Mutex<HashMap<u64, SyncSender<Found>>>,
     next_id: AtomicU64,
     regions: Mutex<Handles>,
     stop: AtomicBool,
@@ -129,6 +133,9 @@ pub struct CoopNode {
 
 /// Handles to peers' regions, by (node index, region name).
 type Handles = HashMap<(usize, &'static str), Arc<dyn RemoteRegion>>;
+
+/// A groupcache owner's answer: the version and bytes, if it holds the key.
+type Found = Option<(u64, Vec<u8>)>;
 
 /// Messages of one primitive call: (kind, bytes, charged).
 type Sent = Vec<(MsgKind, u64, bool)>;
@@ -151,6 +158,7 @@ impl CoopNode {
             .position(|&n| n == fabric.local_node())
             .ok_or_else(|| ServiceError::Config(format!("{} is not a member", fabric.local_node())))?;
         let homes = Homes::new(config.active.len()).ok_or_else(|| ServiceError::Config("no active node".into()))?;
+        let ring = HashRing::new(config.active.len()).ok_or_else(|| ServiceError::Config("no active node".into()))?;
         let pool_pages =
             u32::try_from(config.pool_bytes / PAGE_BYTES).map_err(|_| ServiceError::Config("pool too large".into()))?;
         if pool_pages == 0 || !config.key_table_entries.is_power_of_two() {
@@ -184,11 +192,13 @@ impl CoopNode {
             me,
             members,
             homes,
+            ring,
             layout,
             pool,
             op: Mutex::new(()),
             state: Mutex::new(state),
             acks: Mutex::new(HashMap::new()),
+            replies: Mutex::new(HashMap::new()),
             next_id: AtomicU64::new(1),
             regions: Mutex::new(HashMap::new()),
             stop: AtomicBool::new(false),
@@ -470,6 +480,12 @@ impl Shared {
     }
 
     fn get(&self, key: Key) -> Lookup {
+        if self.config.scheme == Scheme::Groupcache {
+            let owner = self.ring.owner(key);
+            if owner != self.me {
+                return self.group_get(key, owner);
+            }
+        }
         let mut state = lock(&self.state);
         if !state.pending.contains(&key) && state.cache.touch(key) {
             state.stats.local_hits += 1;
@@ -650,6 +666,78 @@ impl Shared {
     }
 
     fn put(&self, key: Key, version: u64, body: &[u8]) {
+        if self.config.scheme == Scheme::Groupcache {
+            let owner = self.ring.owner(key);
+            if owner != self.me {
+                self.group_put(key, owner, version, body);
+                return;
+            }
+        }
+        self.store(key, version, body);
+    }
+
+    /// Groupcache at a non-owner: a two-sided GET to the owner, answered by
+    /// its receiver thread from its pool; a silent owner is a miss.
+    fn group_get(&self, key: Key, owner: usize) -> Lookup {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = sync_channel(1);
+        lock(&self.replies).insert(id, tx);
+        let ok = self.send(owner, &Msg::GroupGet { id, key });
+        let reply = if ok { rx.recv_timeout(self.config.ack_timeout).ok() } else { None };
+        lock(&self.replies).remove(&id);
+        let mut state = lock(&self.state);
+        let mut sent: Sent = vec![(MsgKind::GroupGet, CONTROL_BYTES, true)];
+        let lookup = match reply {
+            None => {
+                state.stats.peer_failures += 1;
+                if self.fabric.peer_state(self.members[owner]) == PeerState::Gone {
+                    lock(&self.regions).retain(|(n, _), _| *n != owner);
+                }
+                state.stats.misses += 1;
+                Lookup::Miss
+            }
+            Some(None) => {
+                sent.push((MsgKind::GroupReply, 0, true));
+                state.stats.misses += 1;
+                Lookup::Miss
+            }
+            Some(Some((version, body))) => {
+                sent.push((MsgKind::GroupReply, body.len() as u64, true));
+                state.stats.remote_hits += 1;
+                Lookup::Remote { body, version, holder: self.members[owner] }
+            }
+        };
+        state.stats.tally.record(Primitive::Fetch, &sent);
+        lookup
+    }
+
+    /// Groupcache at a non-owner after a miss: the body goes to the owner
+    /// (one message, not waited for); nothing is kept here.
+    fn group_put(&self, key: Key, owner: usize, version: u64, body: &[u8]) {
+        if !cacheable(body.len() as u64) {
+            return;
+        }
+        let ok = self.send(owner, &Msg::GroupPut { key, version, body: body.to_vec() });
+        let mut state = lock(&self.state);
+        if !ok {
+            state.stats.peer_failures += 1;
+        }
+        state.stats.tally.record(Primitive::Store, &[(MsgKind::GroupPut, body.len() as u64, true)]);
+    }
+
+    /// Groupcache's owner side: `key`'s version and bytes if held here.
+    pub(super) fn group_serve(&self, key: Key) -> Option<(u64, Vec<u8>)> {
+        let mut state = lock(&self.state);
+        if state.pending.contains(&key) || !state.cache.touch(key) {
+            return None;
+        }
+        let e = state.cache.get(key)?;
+        Some((e.version, self.read_body(&e.pages, e.bytes)))
+    }
+
+    /// Cache Store on this node's own behalf (every scheme; groupcache's
+    /// owner for its keys).
+    pub(super) fn store(&self, key: Key, version: u64, body: &[u8]) {
         let bytes = body.len() as u64;
         let mut state = lock(&self.state);
         if !cacheable(bytes) || state.cache.contains(key) {
@@ -748,6 +836,21 @@ impl Shared {
     }
 
     fn invalidate(&self, key: Key) {
+        if self.config.scheme == Scheme::Groupcache {
+            // No cluster invalidation: the owner drops its copy (the only one).
+            let owner = self.ring.owner(key);
+            let mut state = lock(&self.state);
+            if owner == self.me {
+                self.drop_local(&mut state, key);
+                state.stats.tally.record(Primitive::Invalidate, &[]);
+            } else {
+                if !self.send(owner, &Msg::DropCopy { key }) {
+                    state.stats.peer_failures += 1;
+                }
+                state.stats.tally.record(Primitive::Invalidate, &[(MsgKind::DropCopy, CONTROL_BYTES, true)]);
+            }
+            return;
+        }
         let home = self.home(key);
         let mut state = lock(&self.state);
         let mut sent: Sent = Vec::new();

@@ -70,6 +70,22 @@ impl Shared {
                 }
             }
             Msg::Store { id, swap_for, items } => self.receive_store(from, id, swap_for, items),
+            Msg::GroupGet { id, key } => {
+                let found = self.group_serve(key);
+                if !self.send(from, &Msg::GroupReply { id, found }) {
+                    lock(&self.state).stats.peer_failures += 1;
+                }
+            }
+            Msg::GroupReply { id, found } => {
+                if let Some(tx) = lock(&self.replies).remove(&id) {
+                    let _ = tx.try_send(found);
+                }
+            }
+            Msg::GroupPut { key, version, body } => {
+                if self.config.scheme == crate::Scheme::Groupcache && self.ring.owner(key) == self.me {
+                    self.store(key, version, &body);
+                }
+            }
         }
     }
 
