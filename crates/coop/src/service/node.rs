@@ -220,6 +220,30 @@ impl CoopNode {
         Ok(self.shared.get(key))
     }
 
+    /// A local hit only, without waiting for another primitive in progress
+    /// on this node (no message, no peer read): the entity's bytes and
+    /// version if this node holds it. Counts a local hit when it does.
+    pub fn get_local(&self, key: Key) -> Option<(Vec<u8>, u64)> {
+        self.shared.check_active().ok()?;
+        let mut state = lock(&self.shared.state);
+        if state.pending.contains(&key) || !state.cache.touch(key) {
+            return None;
+        }
+        let e = state.cache.get(key)?;
+        let found = (self.shared.read_body(&e.pages, e.bytes), e.version);
+        state.stats.local_hits += 1;
+        Some(found)
+    }
+
+    /// Drops this node's copy of `key` if it has one (its home is told).
+    pub fn drop_local(&self, key: Key) {
+        let _op = lock(&self.shared.op);
+        let mut state = lock(&self.shared.state);
+        let mut dropped = Vec::new();
+        self.shared.evict(&mut state, &[key], &mut Vec::new(), false, &mut dropped);
+        self.shared.announce(&mut state, Vec::new(), dropped);
+    }
+
     /// Cache Store of `body` (version `version`) after a miss.
     pub fn put(&self, key: Key, version: u64, body: &[u8]) -> Result<(), ServiceError> {
         self.shared.check_active()?;
