@@ -32,9 +32,18 @@
 //!   No invalidation beyond the owner dropping its copy (`DropCopy` to the
 //!   owner), no versions at a home.
 //!
-//! Not here (documented gap): the home-serialized "last copy" rule for
-//! redundant evictions (seed-notes a.7 #7: two nodes may drop the two copies
-//! at once; that costs a miss).
+//! - **The last copy** (seed-notes a.7 #7, `CoopConfig::last_copy_guard`,
+//!   on by default): a node evicting a copy *because another exists* (CCWR,
+//!   MTACC, HYBCC's large entities) sends `RemoveIfShared` to the home and
+//!   waits (state lock released, bounded) for `RemoveReply`; the home,
+//!   applying requests one at a time, grants only while another holder
+//!   remains ([`crate::placement::may_drop_copy`]). Refused, the node takes
+//!   the copy as its sole one and plans again (at most 4 rounds); a home that
+//!   does not answer counts as granted (the copy is dropped: nothing the
+//!   home may have forgotten survives an invalidate). The answer is one
+//!   control message the paper's Table 2 does not count (see `counts`).
+//!   STOREs are placed by a store worker thread, since placing may wait for
+//!   answers that the receiver thread delivers.
 
 pub mod layout;
 pub mod wire;

@@ -34,6 +34,11 @@ pub enum Msg {
     /// Groupcache: the requester loaded `key` after the owner missed; the
     /// owner keeps the only copy.
     GroupPut { key: Key, version: u64, body: Vec<u8> },
+    /// To a home: I drop my copy of `key` because another copy exists;
+    /// remove me as a holder if one does (seed-notes a.7 #7).
+    RemoveIfShared { id: u64, key: Key },
+    /// The home's answer: removed (`granted`) or refused (I hold the last copy).
+    RemoveReply { id: u64, granted: bool },
 }
 
 /// An entity offered by a STORE.
@@ -230,6 +235,16 @@ impl Msg {
                 w.u64(*version);
                 w.body(body);
             }
+            Msg::RemoveIfShared { id, key } => {
+                w.u8(12);
+                w.u64(*id);
+                w.u64(*key);
+            }
+            Msg::RemoveReply { id, granted } => {
+                w.u8(13);
+                w.u64(*id);
+                w.u8(u8::from(*granted));
+            }
         }
         w.0
     }
@@ -278,6 +293,16 @@ impl Msg {
                 Msg::GroupReply { id, found }
             }
             11 => Msg::GroupPut { key: r.u64()?, version: r.u64()?, body: r.body()? },
+            12 => Msg::RemoveIfShared { id: r.u64()?, key: r.u64()? },
+            13 => {
+                let id = r.u64()?;
+                let granted = match r.u8()? {
+                    0 => false,
+                    1 => true,
+                    _ => return Err(WireError("bad granted flag")),
+                };
+                Msg::RemoveReply { id, granted }
+            }
             _ => return Err(WireError("unknown tag")),
         };
         if !r.0.is_empty() {
@@ -314,6 +339,9 @@ mod tests {
             Msg::GroupReply { id: 3, found: None },
             Msg::GroupReply { id: 3, found: Some((2, vec![1, 2, 3])) },
             Msg::GroupPut { key: 4, version: 1, body: vec![9; 5000] },
+            Msg::RemoveIfShared { id: 5, key: 6 },
+            Msg::RemoveReply { id: 5, granted: true },
+            Msg::RemoveReply { id: 5, granted: false },
         ];
         for m in msgs {
             let bytes = m.encode();
