@@ -194,6 +194,19 @@ impl CoopHandle {
         found.unwrap_or_else(|_| Fetched::Miss(Ticket { key: key.to_string(), version: None }))
     }
 
+    /// A ticket for storing `key` without a miss before (a pushed or
+    /// revalidated response): the home's version read now.
+    pub async fn ticket(&self, key: &str) -> Ticket {
+        let owned = key.to_string();
+        if matches!(self.scheme, Scheme::Ac | Scheme::Groupcache) {
+            return Ticket { key: owned, version: Some(0) };
+        }
+        let node = self.node.clone();
+        let k = entity_key(key);
+        let version = tokio::task::spawn_blocking(move || node.validate(k)).await.ok().flatten();
+        Ticket { key: owned, version }
+    }
+
     fn hit(key: &str, entity: &[u8], source: Source, version: u64) -> Option<Cached> {
         let (meta, body) = decode(entity)?;
         (meta.key == key).then_some(Cached { meta, body, source, version })

@@ -301,6 +301,11 @@ fn a_lone_handle_serves_its_own_copies_and_invalidates_them() {
         let Fetched::Hit(new) = coop.fetch(&key(3)).await else { panic!() };
         assert_eq!(new.body, b"new");
         assert!(coop.validate(&new).await);
+        // A store without a miss before it (a push) takes the home's version now.
+        let ticket = coop.ticket(&key(5)).await;
+        coop.store(ticket, deps(5), body(5)).await;
+        let Fetched::Hit(pushed) = coop.fetch(&key(5)).await else { panic!("stored by ticket, then missed") };
+        assert!(coop.validate(&pushed).await);
         // Too large for the pool: not stored, no error.
         let Fetched::Miss(ticket) = coop.fetch(&key(4)).await else { panic!() };
         coop.store(ticket, None, vec![1; 300 << 10]).await;
