@@ -155,7 +155,7 @@ pub struct CoopReport {
     pub lookup_ns: u64,
 }
 
-fn paper_note(proxies: usize, trace: &str, scheme: &str) -> String {
+pub(crate) fn paper_note(proxies: usize, trace: &str, scheme: &str) -> String {
     match (proxies, trace, scheme) {
         (2, "8k", "ac") => "just above 5000 TPS".into(),
         (2, "8k", "bcc" | "ccwr" | "mtacc" | "hybcc") => "about 10000 TPS (about 2x AC)".into(),
@@ -168,7 +168,7 @@ fn paper_note(proxies: usize, trace: &str, scheme: &str) -> String {
     }
 }
 
-fn costs() -> Result<Costs> {
+pub(crate) fn costs() -> Result<Costs> {
     let mut costs = Costs::resolve("seeds")?;
     costs = costs.with_choice(TransportChoice {
         messages: "ib-send-receive".into(),
@@ -284,7 +284,7 @@ pub fn run_bench(config: &CoopBenchConfig) -> Result<CoopReport> {
 
 /// One simulation: `scheme` on `proxies` proxies and the web servers,
 /// warmed up, then `requests_per_file` requests per document.
-fn simulate(
+pub(crate) fn simulate(
     config: &CoopBenchConfig,
     costs: &Costs,
     disk: tierstack_sim::DiskModel,
@@ -370,7 +370,7 @@ pub const SERVICE_TRACE: &str = "coop:16k@0.02";
 /// Requests per service run.
 pub const SERVICE_REQUESTS: usize = 3_000;
 
-fn load_average() -> String {
+pub(crate) fn load_average() -> String {
     std::fs::read_to_string("/proc/loadavg")
         .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
         .unwrap_or_default()

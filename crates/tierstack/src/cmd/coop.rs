@@ -35,7 +35,17 @@ pub struct CoopArgs {
     /// groupcache reply, a home's grant) before it counts a miss.
     #[arg(long = "coop-ack-timeout-ms", default_value_t = 500)]
     pub ack_timeout_ms: u64,
+    /// HYBCC: the largest pooled entity treated as small (BCC on the
+    /// proxies). The pool holds the response head with the body, so the
+    /// default is the seed-notes' 8 KiB plus 1 KiB for the head: an 8 KiB
+    /// file is small.
+    #[arg(long = "coop-hybcc-small-max", default_value_t = tierstack_coop::HYBCC_SMALL_MAX_BYTES + HEAD_ALLOWANCE_BYTES)]
+    pub hybcc_small_max: u64,
 }
+
+/// Bytes a pooled response takes beyond its body, at most, in the
+/// threshold's sense (its stored head and the envelope's key).
+pub const HEAD_ALLOWANCE_BYTES: u64 = 1024;
 
 impl CoopArgs {
     /// The service configuration for `scheme` on `topology`.
@@ -53,6 +63,10 @@ impl CoopArgs {
         for node in active.iter().chain(&passive) {
             topology.node(*node).with_context(|| format!("cooperating node {node}"))?;
         }
+        let scheme = match scheme {
+            Scheme::Hybcc { .. } => Scheme::Hybcc { small_max_bytes: self.hybcc_small_max },
+            other => other,
+        };
         let mut config = CoopConfig::new(scheme, active, passive, self.pool_bytes);
         config.ack_timeout = Duration::from_millis(self.ack_timeout_ms);
         Ok(config)
