@@ -96,7 +96,9 @@ fn requests(proxies: &[&Proxy], trace: &Trace, seed: u64, count: u64) -> u64 {
 
 fn static_responses(backend: Backend, scheme: &str) {
     let dir = tempfile::tempdir().unwrap();
-    let nodes: Vec<NodeLine> = (0..3).map(|id| NodeLine { id, role: "proxy", cpu: None }).collect();
+    let mut nodes: Vec<NodeLine> = (0..3).map(|id| NodeLine { id, role: "proxy", cpu: None }).collect();
+    let passive = if matches!(scheme, "mtacc" | "hybcc") { 2 } else { 0 };
+    nodes.extend((0..passive).map(|i| NodeLine { id: 3 + i, role: "passive", cpu: None }));
     let topology = write_topology(dir.path(), "coop", backend, 500, &nodes).unwrap();
     let topology = topology.display().to_string();
     // 41 documents of 8 KiB; each proxy pools 16 (3 pages each with the
@@ -114,12 +116,30 @@ fn static_responses(backend: Backend, scheme: &str) {
         trace_name,
     ]);
     let _origin = ChildNode::spawn(&exe(), &origin_args).unwrap();
+    let pool = (16 * 3 * 4096).to_string();
+    let mut passive_nodes: Vec<ChildNode> = (0..passive)
+        .map(|i| {
+            let node = (3 + i).to_string();
+            let args = strings(&[
+                "coop-node",
+                "--topology",
+                &topology,
+                "--node",
+                &node,
+                "--scheme",
+                scheme,
+                "--coop-pool-bytes",
+                &pool,
+            ]);
+            ChildNode::spawn(&exe(), &args).unwrap()
+        })
+        .collect();
     let mut proxies: Vec<Proxy> = (0..3u32)
         .map(|node| {
             let (listen, admin) = (free_loopback_port().unwrap(), free_loopback_port().unwrap());
             let mut args = proxy_args(listen, admin, "ttl", &topology, node);
             args.extend(strings(&["--upstream", &format!("http://{origin_listen}"), "--coop", scheme]));
-            args.extend(strings(&["--cache-bytes", "0", "--coop-pool-bytes", &(16 * 3 * 4096).to_string()]));
+            args.extend(strings(&["--cache-bytes", "0", "--coop-pool-bytes", &pool]));
             args.extend(strings(&["--refresh-hot", "0", "--coop-ack-timeout-ms", "300"]));
             let child = ChildNode::spawn(&exe(), &args).unwrap();
             Proxy { child, listen, admin }
@@ -141,6 +161,20 @@ fn static_responses(backend: Backend, scheme: &str) {
     assert_eq!(requests(&survivors, &trace, 2, 400), 0, "{name}: wrong answers after a kill");
     let after: Vec<Value> = survivors.iter().map(|p| coop_stats(p.admin)).collect();
     assert!(field(&after, "local_hits") + field(&after, "remote_hits") > field(&stats[..2], "local_hits"));
+    // The passive nodes took entities (each reports its arrivals to their
+    // homes) and print their counters when stopped.
+    drop(proxies);
+    for (i, node) in passive_nodes.drain(..).enumerate() {
+        let out = node.finish().unwrap();
+        let stats: Value = serde_json::from_str(out.lines().last().unwrap_or("null")).unwrap();
+        let transfers = stats["tally"]["consequential"]["transfer"].as_u64().unwrap_or(0);
+        assert!(transfers > 0, "{name}: passive node {i} took nothing: {stats}");
+    }
+}
+
+#[test]
+fn mtacc_proxies_use_passive_memory_nodes_on_shm() {
+    static_responses(Backend::Shm, "mtacc");
 }
 
 #[test]
