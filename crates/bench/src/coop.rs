@@ -496,7 +496,8 @@ fn print_report(report: &CoopReport, page: &mut Page) {
     page.print(&t2);
     let mut sv = Table::new(
         &format!(
-            "the fabric service in-process ({SERVICE_TRACE}, 2 proxies + 2 passive, {SERVICE_REQUESTS} requests, every body checked; debug build)"
+            "the fabric service in-process ({SERVICE_TRACE}, 2 proxies + 2 passive, {SERVICE_REQUESTS} requests, every body checked; {} build)",
+            if cfg!(debug_assertions) { "debug" } else { "release" }
         ),
         &["backend", "scheme", "local %", "remote %", "miss %", "fetch max", "store max", "remote hit p50/p99 us", "store p50 us", "wrong", "load avg"],
     );

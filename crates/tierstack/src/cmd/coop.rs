@@ -91,6 +91,12 @@ pub struct CoopNodeArgs {
 pub fn run(args: CoopNodeArgs) -> Result<()> {
     let (topology, fabric) = args.at.open()?;
     let config = args.coop.config(&topology, args.scheme)?;
+    if config.passive.contains(&args.at.id()) && !args.scheme.uses_passive() {
+        tracing::warn!(
+            scheme = args.scheme.name(),
+            "a passive node lends no memory under this scheme (only mtacc and hybcc use it)"
+        );
+    }
     let node = CoopNode::start(fabric, config).context("starting the cooperative cache node")?;
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     runtime.block_on(async {
