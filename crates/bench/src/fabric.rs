@@ -119,6 +119,8 @@ impl MessageMode {
                 MessageMode { name: "default", spin_us: None },
             ],
             Backend::Tcp => vec![MessageMode { name: "threads", spin_us: None }],
+            // UCX: active messages handled by the node's progress thread.
+            Backend::Ucx => vec![MessageMode { name: "progress", spin_us: None }],
         }
     }
 }

@@ -30,7 +30,9 @@ pub struct NodeLine {
 }
 
 /// Writes a topology file for `nodes` on `backend` into `dir` and returns
-/// its path. tcp nodes get free loopback ports.
+/// its path. tcp and ucx nodes get free loopback ports; ucx nodes use UCX's
+/// shared-memory transports ([`tierstack_cluster::LOCAL_UCX_TRANSPORTS`])
+/// unless `UCX_TLS` is set (see [`write_ucx_topology`] to choose).
 pub fn write_topology(
     dir: &Path,
     name: &str,
@@ -38,14 +40,42 @@ pub fn write_topology(
     op_timeout_ms: u64,
     nodes: &[NodeLine],
 ) -> Result<PathBuf> {
+    let transports = (backend == Backend::Ucx && std::env::var("UCX_TLS").is_err())
+        .then_some(tierstack_cluster::LOCAL_UCX_TRANSPORTS);
+    write_topology_with(dir, name, backend, op_timeout_ms, nodes, transports)
+}
+
+/// As [`write_topology`] for a ucx cluster over `transports` (`UCX_TLS`,
+/// such as `"sysv,self"` or `"tcp,self"`).
+pub fn write_ucx_topology(
+    dir: &Path,
+    name: &str,
+    transports: &str,
+    op_timeout_ms: u64,
+    nodes: &[NodeLine],
+) -> Result<PathBuf> {
+    write_topology_with(dir, name, Backend::Ucx, op_timeout_ms, nodes, Some(transports))
+}
+
+fn write_topology_with(
+    dir: &Path,
+    name: &str,
+    backend: Backend,
+    op_timeout_ms: u64,
+    nodes: &[NodeLine],
+    ucx_transports: Option<&str>,
+) -> Result<PathBuf> {
     let mut text = format!(
         "[cluster]\nname = \"{name}\"\nfabric = \"{}\"\nop_timeout_ms = {op_timeout_ms}\nshm_root = \"{}\"\n",
         backend.name(),
         dir.join("shm").display()
     );
+    if let Some(transports) = ucx_transports {
+        text.push_str(&format!("ucx_transports = \"{transports}\"\n"));
+    }
     for node in nodes {
         text.push_str(&format!("\n[[node]]\nid = {}\nrole = \"{}\"\n", node.id, node.role));
-        if backend == Backend::Tcp {
+        if matches!(backend, Backend::Tcp | Backend::Ucx) {
             text.push_str(&format!("address = \"{}\"\n", free_loopback_port()?));
         }
         if let Some(cpu) = node.cpu {

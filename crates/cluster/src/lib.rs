@@ -5,14 +5,15 @@
 //! ```toml
 //! [cluster]
 //! name = "demo"            # names the shm directory
-//! fabric = "shm"           # shm | tcp: every node uses the same backend
+//! fabric = "shm"           # shm | tcp | ucx: every node uses the same backend
 //! op_timeout_ms = 1000     # bound on a remote operation (tcp) or a message send
 //! shm_receive_spin_us = 50 # optional, shm: how long a receiver polls before it sleeps
+//! ucx_transports = "sysv,self" # optional, ucx: UCX_TLS for every node (default: UCX's choice)
 //!
 //! [[node]]
 //! id = 0
 //! role = "app"             # proxy | app | db | passive
-//! address = "127.0.0.1:7400"   # tcp: where the node's responder listens
+//! address = "127.0.0.1:7400"   # tcp: where the node's responder listens; ucx: its bootstrap
 //! cpu = 1                  # optional: pin the node's process to this CPU
 //!
 //! [node.service]           # optional: what `tierstack cluster up` runs as this node
@@ -56,6 +57,7 @@ use tierstack_base::NodeId;
 use tierstack_fabric::{Fabric, FabricError};
 use tierstack_fabric_shm::{ShmConfig, ShmFabric};
 use tierstack_fabric_tcp::{TcpConfig, TcpFabric};
+use tierstack_fabric_ucx::{UcxConfig, UcxFabric};
 
 /// Which fabric backend a cluster runs on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
@@ -65,6 +67,9 @@ pub enum Backend {
     Shm,
     /// A responder thread on the owner answers every operation: the two-sided baseline.
     Tcp,
+    /// UCX (`tierstack-fabric-ucx`): RDMA where there is a NIC, shared
+    /// memory or TCP otherwise, as `UCX_TLS` / `ucx_transports` choose.
+    Ucx,
 }
 
 impl Backend {
@@ -72,6 +77,7 @@ impl Backend {
         match self {
             Backend::Shm => "shm",
             Backend::Tcp => "tcp",
+            Backend::Ucx => "ucx",
         }
     }
 }
@@ -82,7 +88,8 @@ impl std::str::FromStr for Backend {
         match s {
             "shm" => Ok(Backend::Shm),
             "tcp" => Ok(Backend::Tcp),
-            other => Err(format!("unknown fabric backend {other:?} (expected shm or tcp)")),
+            "ucx" => Ok(Backend::Ucx),
+            other => Err(format!("unknown fabric backend {other:?} (expected shm, tcp or ucx)")),
         }
     }
 }
@@ -111,6 +118,10 @@ pub struct ClusterSection {
     /// (`ShmConfig::receive_spin`); default the backend's.
     #[serde(default)]
     pub shm_receive_spin_us: Option<u64>,
+    /// ucx: the UCX transports (`UCX_TLS`) every node uses, such as
+    /// `"sysv,self"`; default: UCX's own choice and the environment.
+    #[serde(default)]
+    pub ucx_transports: Option<String>,
 }
 
 fn default_op_timeout_ms() -> u64 {
@@ -201,7 +212,7 @@ pub enum TopologyError {
     DuplicateId(NodeId),
     #[error("node id {id} is too large (ids must be below {max})")]
     IdTooLarge { id: NodeId, max: u32 },
-    #[error("{node} has no address, which the tcp fabric needs")]
+    #[error("{node} has no address, which the tcp and ucx fabrics need")]
     MissingAddress { node: NodeId },
     #[error("{node} and {other} share the address {address}")]
     DuplicateAddress { node: NodeId, other: NodeId, address: SocketAddr },
@@ -266,7 +277,7 @@ impl Topology {
                     }
                     addresses.push((address, node.id));
                 }
-                None if self.cluster.fabric == Backend::Tcp => {
+                None if matches!(self.cluster.fabric, Backend::Tcp | Backend::Ucx) => {
                     return Err(TopologyError::MissingAddress { node: node.id })
                 }
                 None => {}
@@ -385,6 +396,19 @@ pub fn open_fabric(topology: &Topology, node: NodeId) -> Result<Arc<dyn Fabric>,
             }
             Ok(TcpFabric::open(config)?)
         }
+        Backend::Ucx => {
+            let listen = spec.address.ok_or(TopologyError::MissingAddress { node })?;
+            let mut config = UcxConfig::new(node, listen).with_op_timeout(topology.op_timeout());
+            if let Some(transports) = &topology.cluster.ucx_transports {
+                config = config.with_transports(transports.clone());
+            }
+            for peer in &topology.nodes {
+                if let Some(address) = peer.address {
+                    config = config.with_peer(peer.id, address);
+                }
+            }
+            Ok(UcxFabric::open(config)?)
+        }
     }
 }
 
@@ -483,6 +507,55 @@ pub fn local_cluster_with_timeout(
             }
             Ok(LocalCluster { fabrics: tcp.into_iter().map(|f| f as Arc<dyn Fabric>).collect(), _root: None })
         }
+        Backend::Ucx => local_ucx_cluster(nodes, op_timeout, None),
+    }
+}
+
+/// `nodes` ucx nodes in this process over `transports` (`UCX_TLS`; `None`:
+/// [`LOCAL_UCX_TRANSPORTS`] unless `UCX_TLS` is set). Fails with the
+/// backend's error when this build has no UCX.
+pub fn local_ucx_cluster(
+    nodes: u32,
+    op_timeout: Duration,
+    transports: Option<&str>,
+) -> Result<LocalCluster, FabricError> {
+    let loopback: SocketAddr = SocketAddr::from(([127, 0, 0, 1], 0));
+    let transports = transports
+        .map(str::to_string)
+        .or_else(|| std::env::var("UCX_TLS").is_err().then(|| LOCAL_UCX_TRANSPORTS.to_string()));
+    let ucx: Vec<Arc<UcxFabric>> = (0..nodes)
+        .map(|id| {
+            let mut config = UcxConfig::new(NodeId(id), loopback).with_op_timeout(op_timeout);
+            if let Some(transports) = &transports {
+                config = config.with_transports(transports.clone());
+            }
+            UcxFabric::open(config)
+        })
+        .collect::<Result<_, _>>()?;
+    for fabric in &ucx {
+        for (peer, other) in ucx.iter().enumerate() {
+            fabric.add_peer(NodeId(peer as u32), other.local_addr());
+        }
+    }
+    Ok(LocalCluster { fabrics: ucx.into_iter().map(|f| f as Arc<dyn Fabric>).collect(), _root: None })
+}
+
+/// The UCX transports of in-process ucx clusters: shared memory, so the
+/// one-sided operations really are one-sided.
+pub const LOCAL_UCX_TRANSPORTS: &str = "sysv,self";
+
+/// Whether this build has the ucx backend (UCX and libclang were found at
+/// build time); tests of `Backend::Ucx` skip, saying why, when it has not.
+pub fn ucx_available() -> bool {
+    tierstack_fabric_ucx::AVAILABLE
+}
+
+/// Why this build has no ucx backend (empty when it has one).
+pub fn ucx_unavailable_reason() -> String {
+    if ucx_available() {
+        String::new()
+    } else {
+        tierstack_fabric_ucx::unavailable_reason()
     }
 }
 

@@ -1,10 +1,13 @@
-//! The same operations on `shm` and `tcp` must give the same results, from
-//! threads and from async tasks.
+//! The same operations on `shm`, `tcp` and `ucx` must give the same results,
+//! from threads and from async tasks. (`ucx` is left out, saying why, when
+//! this build has no UCX; CI builds with it.)
 
 use proptest::prelude::*;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use tierstack_base::NodeId;
-use tierstack_cluster::{local_cluster, Backend, LocalCluster};
+use tierstack_cluster::{
+    local_cluster, local_ucx_cluster, ucx_available, ucx_unavailable_reason, Backend, LocalCluster,
+};
 use tierstack_fabric::{Channel, FabricError, Op, OpResult};
 
 const REGION_BYTES: u64 = 256;
@@ -29,6 +32,16 @@ fn run_all(cluster: &LocalCluster, region: &str, batches: &[Vec<Op>]) -> Vec<Res
 
 static CASE: AtomicUsize = AtomicUsize::new(0);
 
+/// Every backend this build has.
+fn backends() -> Vec<Backend> {
+    if ucx_available() {
+        vec![Backend::Shm, Backend::Tcp, Backend::Ucx]
+    } else {
+        eprintln!("ucx left out: {}", ucx_unavailable_reason());
+        vec![Backend::Shm, Backend::Tcp]
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(48))]
     #[test]
@@ -38,14 +51,31 @@ proptest! {
         let tcp = local_cluster(Backend::Tcp, 2).unwrap();
         let on_shm = run_all(&shm, &region, &batches);
         let on_tcp = run_all(&tcp, &region, &batches);
-        prop_assert_eq!(on_shm, on_tcp);
+        prop_assert_eq!(&on_shm, &on_tcp);
+    }
+
+    /// UCX over shared memory and over TCP against shm.
+    #[test]
+    fn ucx_agrees_with_shm(batches in proptest::collection::vec(proptest::collection::vec(op_strategy(), 0..6), 1..12)) {
+        if !ucx_available() {
+            eprintln!("skipped: {}", ucx_unavailable_reason());
+            return Ok(());
+        }
+        let region = format!("diff-ucx-{}", CASE.fetch_add(1, Ordering::Relaxed));
+        let shm = local_cluster(Backend::Shm, 2).unwrap();
+        let on_shm = run_all(&shm, &region, &batches);
+        for transports in ["sysv,self", "tcp,self"] {
+            let ucx = local_ucx_cluster(2, std::time::Duration::from_secs(2), Some(transports)).unwrap();
+            let on_ucx = run_all(&ucx, &region, &batches);
+            prop_assert_eq!(&on_shm, &on_ucx, "ucx over {}", transports);
+        }
     }
 }
 
 #[test]
 fn batches_and_messages_work_from_async_tasks_on_both_backends() {
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
-    for backend in [Backend::Shm, Backend::Tcp] {
+    for backend in backends() {
         let cluster = local_cluster(backend, 2).unwrap();
         let owner = cluster.fabric(0).clone();
         let peer = cluster.fabric(1).clone();
@@ -76,7 +106,7 @@ fn batches_and_messages_work_from_async_tasks_on_both_backends() {
 
 #[test]
 fn a_dead_peer_is_reported_on_both_backends() {
-    for backend in [Backend::Shm, Backend::Tcp] {
+    for backend in backends() {
         let cluster = local_cluster(backend, 3).unwrap();
         cluster.fabric(2).register("gone", 8).unwrap();
         let fabrics: Vec<_> = cluster.fabrics().to_vec();

@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{start_with_clock, BACKENDS};
+use common::{backends_with_ucx, start_with_clock};
 use rand::Rng;
 use std::sync::{Arc, Barrier};
 use tierstack_base::{seeded_rng, Clock, ManualClock, NodeId};
@@ -110,7 +110,7 @@ fn check_common(spec: &Run, history: &History) {
 
 fn ops(backend: Backend) -> usize {
     match backend {
-        Backend::Shm => 400,
+        Backend::Shm | Backend::Ucx => 400,
         Backend::Tcp => 120,
     }
 }
@@ -131,7 +131,7 @@ fn spec(backend: Backend, model: Coherence, seed: u64) -> Run {
 
 #[test]
 fn null_histories_are_untorn_and_monotonic() {
-    for backend in BACKENDS {
+    for backend in backends_with_ucx() {
         for seed in 1..=2 {
             let spec = spec(backend, Coherence::Null, seed);
             let (history, stats) = run(&spec);
@@ -167,7 +167,7 @@ fn copy_then_put(backend: Backend, model: Coherence, puts: usize, advance_ns: u6
 #[test]
 fn temporal_histories_are_never_older_than_t() {
     const MAX_AGE_MS: u64 = 2;
-    for backend in BACKENDS {
+    for backend in backends_with_ucx() {
         for seed in 1..=2 {
             let spec = Run {
                 advance_ns_max: MAX_AGE_MS * 1_000_000 / 3,
@@ -193,7 +193,7 @@ fn temporal_histories_are_never_older_than_t() {
 
 #[test]
 fn delta_histories_lag_at_most_delta_versions() {
-    for backend in BACKENDS {
+    for backend in backends_with_ucx() {
         for (seed, versions) in [(1, 1), (2, 3)] {
             let spec = spec(backend, Coherence::Delta { versions }, seed);
             let (history, stats) = run(&spec);
@@ -213,7 +213,7 @@ fn delta_histories_lag_at_most_delta_versions() {
 
 #[test]
 fn read_write_and_strict_histories_return_the_latest_completed_put() {
-    for backend in BACKENDS {
+    for backend in backends_with_ucx() {
         for model in [Coherence::Read, Coherence::Write, Coherence::Strict] {
             let spec = spec(backend, model, 7);
             let (history, _) = run(&spec);
@@ -227,7 +227,7 @@ fn read_write_and_strict_histories_return_the_latest_completed_put() {
 /// operations: torn reads would be likely if the seqlock were wrong.
 #[test]
 fn large_values_are_never_torn() {
-    for backend in BACKENDS {
+    for backend in backends_with_ucx() {
         for model in [Coherence::Write, Coherence::Read] {
             let spec = Run {
                 value_bytes_max: 16 * 1024,
@@ -245,9 +245,9 @@ fn large_values_are_never_torn() {
 /// Strict: small histories, many seeds, each checked for linearizability.
 #[test]
 fn strict_histories_are_linearizable() {
-    for backend in BACKENDS {
+    for backend in backends_with_ucx() {
         let seeds = match backend {
-            Backend::Shm => 40,
+            Backend::Shm | Backend::Ucx => 40,
             Backend::Tcp => 12,
         };
         for seed in 0..seeds {
@@ -357,7 +357,7 @@ fn each_pair_of_models_is_told_apart_by_a_history() {
     // (puts after the copy, clock advance): one put, no time passes; two
     // puts; one put and more than T passes.
     let scripts = [(1, 0), (2, 0), (1, T_MS * 1_000_000 + 1)];
-    for backend in BACKENDS {
+    for backend in backends_with_ucx() {
         // passes[m][s][g]: model m's run of script s meets guarantee g.
         let all = [Guarantee::Untorn, Guarantee::Temporal, Guarantee::Delta, Guarantee::Latest];
         let passes: Vec<Vec<Vec<bool>>> = models
@@ -398,7 +398,7 @@ fn each_pair_of_models_is_told_apart_by_a_history() {
 /// holds it, where read and write return the last completed value.
 #[test]
 fn the_latest_value_models_differ_in_cost_and_blocking() {
-    for backend in BACKENDS {
+    for backend in backends_with_ucx() {
         let mut config = DdssConfig::empty().with_slots(64, 4).with_members(vec![NodeId(0), NodeId(1)]);
         config.lock_attempts_max = 80;
         let nodes = start_with_clock(backend, 2, config, Arc::new(ManualClock::new(1)));
@@ -443,7 +443,7 @@ fn the_latest_value_models_differ_in_cost_and_blocking() {
 /// atomically. This is why the three coincide in guarantee.
 #[test]
 fn read_and_write_histories_are_linearizable_too() {
-    for backend in BACKENDS {
+    for backend in backends_with_ucx() {
         for model in [Coherence::Read, Coherence::Write] {
             for seed in 0..8 {
                 let spec = Run { ops_per_client: 10, put_percent: 50, ..spec(backend, model, seed) };

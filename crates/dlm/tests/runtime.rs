@@ -153,6 +153,27 @@ fn stress_tcp_dqnl() {
     stress(Backend::Tcp, Scheme::Dqnl, 4, 2, 100);
 }
 
+#[test]
+fn stress_ucx_ncoshed() {
+    if common::ucx_or_skip() {
+        stress(Backend::Ucx, Scheme::CoShed, 5, 2, 300);
+    }
+}
+
+#[test]
+fn stress_ucx_srsl() {
+    if common::ucx_or_skip() {
+        stress(Backend::Ucx, Scheme::Srsl, 5, 2, 200);
+    }
+}
+
+#[test]
+fn stress_ucx_dqnl() {
+    if common::ucx_or_skip() {
+        stress(Backend::Ucx, Scheme::Dqnl, 5, 2, 200);
+    }
+}
+
 /// Shared holders overlap under N-CoShED and SRSL; DQNL serializes them.
 #[test]
 fn shared_holders_overlap_except_in_dqnl() {

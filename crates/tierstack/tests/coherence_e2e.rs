@@ -115,6 +115,19 @@ fn poll_mode_serves_nothing_stale_on_tcp() {
     poll_is_strongly_coherent(Backend::Tcp);
 }
 
+/// The same on ucx over UCX shared memory (skipped, saying why, in a
+/// build without UCX; CI requires it).
+#[test]
+fn poll_mode_serves_nothing_stale_on_ucx() {
+    if !tierstack_cluster::ucx_available() {
+        let reason = tierstack_cluster::ucx_unavailable_reason();
+        assert!(std::env::var("TIERSTACK_REQUIRE_UCX").as_deref() != Ok("1"), "{reason}");
+        eprintln!("skipped: {reason}");
+        return;
+    }
+    poll_is_strongly_coherent(Backend::Ucx);
+}
+
 #[test]
 fn the_checker_catches_staleness_when_coherence_is_off() {
     let deployment = deploy(Backend::Shm, "ttl");

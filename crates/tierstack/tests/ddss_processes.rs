@@ -240,7 +240,7 @@ fn histories_hold_every_model(backend: Backend) {
     let seed = seed();
     eprintln!("ddss_processes {backend:?}: seed {seed} (replay with TIERSTACK_TEST_SEED={seed})");
     let ops_per_key = match backend {
-        Backend::Shm => 300,
+        Backend::Shm | Backend::Ucx => 300,
         Backend::Tcp => 150,
     };
     let site = Site::start(backend, &format!("ddss-{}", backend.name()));
@@ -311,6 +311,19 @@ fn histories_hold_every_coherence_model_shm() {
 #[test]
 fn histories_hold_every_coherence_model_tcp() {
     histories_hold_every_model(Backend::Tcp);
+}
+
+/// On ucx over UCX shared memory (skipped, saying why, in a build without
+/// UCX; CI requires it).
+#[test]
+fn histories_hold_every_coherence_model_ucx() {
+    if !tierstack_cluster::ucx_available() {
+        let reason = tierstack_cluster::ucx_unavailable_reason();
+        assert!(std::env::var("TIERSTACK_REQUIRE_UCX").as_deref() != Ok("1"), "{reason}");
+        eprintln!("skipped: {reason}");
+        return;
+    }
+    histories_hold_every_model(Backend::Ucx);
 }
 
 /// A key freed by one process fails for the others: the control path of

@@ -1,4 +1,6 @@
 //! Multi-process fabric tests: every node is a separate `tierstack` process.
+//! The conformance rules run on shm, tcp and ucx (over UCX shared memory,
+//! `sysv,self`; ucx tests skip, saying why, in a build without UCX).
 
 use serde_json::Value;
 use std::collections::BTreeMap;
@@ -6,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use tierstack_base::NodeId;
 use tierstack_bench::owner::{spawn_owner, write_topology, ChildNode, NodeLine};
-use tierstack_cluster::{open_fabric, Backend, Topology};
+use tierstack_cluster::{open_fabric, ucx_available, ucx_unavailable_reason, Backend, Topology};
 use tierstack_fabric::{Fabric, FabricError, Op, OpResult, PeerState};
 
 fn exe() -> PathBuf {
@@ -244,4 +246,43 @@ fn peer_state_tells_a_killed_process_from_a_stopped_one_shm() {
 #[test]
 fn peer_state_tells_a_killed_process_from_a_stopped_one_tcp() {
     peer_state_tells_a_killed_process_from_a_stopped_one(Backend::Tcp);
+}
+
+/// False (saying why) when this build has no UCX; CI requires it
+/// (`TIERSTACK_REQUIRE_UCX=1`), so there the test fails instead.
+fn ucx_or_skip() -> bool {
+    if ucx_available() {
+        return true;
+    }
+    assert!(std::env::var("TIERSTACK_REQUIRE_UCX").as_deref() != Ok("1"), "{}", ucx_unavailable_reason());
+    eprintln!("skipped: {}", ucx_unavailable_reason());
+    false
+}
+
+#[test]
+fn fetch_add_from_many_processes_is_exact_ucx() {
+    if ucx_or_skip() {
+        fetch_add_total_is_exact(Backend::Ucx);
+    }
+}
+
+#[test]
+fn compare_swap_has_one_winner_per_round_ucx() {
+    if ucx_or_skip() {
+        compare_swap_has_one_winner_per_round(Backend::Ucx);
+    }
+}
+
+#[test]
+fn seqlock_reads_are_never_torn_across_processes_ucx() {
+    if ucx_or_skip() {
+        seqlock_reads_are_never_torn(Backend::Ucx, 20_000);
+    }
+}
+
+#[test]
+fn peer_state_tells_a_killed_process_from_a_stopped_one_ucx() {
+    if ucx_or_skip() {
+        peer_state_tells_a_killed_process_from_a_stopped_one(Backend::Ucx);
+    }
 }

@@ -9,6 +9,20 @@ use tierstack_ddss::{Ddss, DdssConfig};
 
 pub const BACKENDS: [Backend; 2] = [Backend::Shm, Backend::Tcp];
 
+/// [`BACKENDS`] and ucx (over UCX shared memory) when this build has UCX;
+/// without it, says why (and fails under `TIERSTACK_REQUIRE_UCX=1`, as CI sets).
+pub fn backends_with_ucx() -> Vec<Backend> {
+    let mut backends = BACKENDS.to_vec();
+    if tierstack_cluster::ucx_available() {
+        backends.push(Backend::Ucx);
+    } else {
+        let reason = tierstack_cluster::ucx_unavailable_reason();
+        assert!(std::env::var("TIERSTACK_REQUIRE_UCX").as_deref() != Ok("1"), "{reason}");
+        eprintln!("ucx left out: {reason}");
+    }
+    backends
+}
+
 /// A small region: 16 slots of 8 B, 8 of 64 B, 4 of 1 KiB, 2 of 64 KiB.
 pub fn small_config(nodes: u32) -> DdssConfig {
     DdssConfig::empty()
