@@ -155,7 +155,7 @@ pub struct CoopReport {
     pub lookup_ns: u64,
 }
 
-fn paper_note(proxies: usize, trace: &str, scheme: &str) -> String {
+pub(crate) fn paper_note(proxies: usize, trace: &str, scheme: &str) -> String {
     match (proxies, trace, scheme) {
         (2, "8k", "ac") => "just above 5000 TPS".into(),
         (2, "8k", "bcc" | "ccwr" | "mtacc" | "hybcc") => "about 10000 TPS (about 2x AC)".into(),
@@ -168,7 +168,7 @@ fn paper_note(proxies: usize, trace: &str, scheme: &str) -> String {
     }
 }
 
-fn costs() -> Result<Costs> {
+pub(crate) fn costs() -> Result<Costs> {
     let mut costs = Costs::resolve("seeds")?;
     costs = costs.with_choice(TransportChoice {
         messages: "ib-send-receive".into(),
@@ -284,7 +284,7 @@ pub fn run_bench(config: &CoopBenchConfig) -> Result<CoopReport> {
 
 /// One simulation: `scheme` on `proxies` proxies and the web servers,
 /// warmed up, then `requests_per_file` requests per document.
-fn simulate(
+pub(crate) fn simulate(
     config: &CoopBenchConfig,
     costs: &Costs,
     disk: tierstack_sim::DiskModel,
@@ -370,7 +370,7 @@ pub const SERVICE_TRACE: &str = "coop:16k@0.02";
 /// Requests per service run.
 pub const SERVICE_REQUESTS: usize = 3_000;
 
-fn load_average() -> String {
+pub(crate) fn load_average() -> String {
     std::fs::read_to_string("/proc/loadavg")
         .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
         .unwrap_or_default()
@@ -395,7 +395,7 @@ fn measure_service(config: &CoopBenchConfig) -> Result<Vec<ServiceRow>> {
     };
     let mut out = Vec::new();
     for backend in [Backend::Shm, Backend::Tcp] {
-        for name in ["bcc", "ccwr", "mtacc", "hybcc"] {
+        for name in ["bcc", "ccwr", "mtacc", "hybcc", "groupcache"] {
             let load = load_average();
             let cluster = local_cluster(backend, 4)?;
             let ids: Vec<NodeId> = (0..4).map(NodeId).collect();
@@ -496,7 +496,8 @@ fn print_report(report: &CoopReport, page: &mut Page) {
     page.print(&t2);
     let mut sv = Table::new(
         &format!(
-            "the fabric service in-process ({SERVICE_TRACE}, 2 proxies + 2 passive, {SERVICE_REQUESTS} requests, every body checked; debug build)"
+            "the fabric service in-process ({SERVICE_TRACE}, 2 proxies + 2 passive, {SERVICE_REQUESTS} requests, every body checked; {} build)",
+            if cfg!(debug_assertions) { "debug" } else { "release" }
         ),
         &["backend", "scheme", "local %", "remote %", "miss %", "fetch max", "store max", "remote hit p50/p99 us", "store p50 us", "wrong", "load avg"],
     );

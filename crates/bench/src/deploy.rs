@@ -311,6 +311,11 @@ impl Deployment {
     }
 
     /// The `/_tierstack/stats` of proxy `index` (0-based; fabric node `index + 1`).
+    /// Proxy `index`'s admin listener.
+    pub fn proxy_admin(&self, index: usize) -> Option<SocketAddr> {
+        self.admin_addrs.get(index).copied()
+    }
+
     pub fn proxy_stats_at<T: DeserializeOwned>(&self, index: usize) -> Result<T> {
         let addr = self.admin_addrs.get(index).with_context(|| format!("no proxy {index}"))?;
         get_json(*addr, "/_tierstack/stats")

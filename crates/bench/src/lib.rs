@@ -17,6 +17,7 @@
 pub mod cluster;
 pub mod coherence;
 pub mod coop;
+pub mod coop_http;
 pub mod ddss;
 pub mod demo;
 pub mod deploy;

@@ -11,6 +11,13 @@
 //! lookup searches the node's replica of the page tables and costs no
 //! message; a metadata update addressed to the sender itself (it is the
 //! home) is applied locally and costs none either.
+//!
+//! The service's default rule for a redundant copy's eviction (seed-notes
+//! a.7 #7) adds the home's answer ([`MsgKind::RemoveGrant`]), charged like any
+//! acknowledgment: one control message the paper's protocol does not have
+//! (e.g. CCWR's fetch into a duplicate's slot with a remote home is 3,1).
+//! `Model::with_last_copy_guard` counts it too; without it the model runs the
+//! paper's protocol and reproduces Table 2 exactly.
 
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -65,10 +72,16 @@ pub enum MsgKind {
     GroupGet,
     /// Groupcache: the owner's reply carrying the bytes (send).
     GroupReply,
+    /// The home's answer to a guarded remove-holder (a redundant copy's
+    /// eviction, seed-notes a.7 #7): granted or refused (send).
+    RemoveGrant,
+    /// Groupcache (the service): after the owner missed, the requester that
+    /// loaded the entity offers it to the owner (send, carries the bytes).
+    GroupPut,
 }
 
 impl MsgKind {
-    pub const ALL: [MsgKind; 11] = [
+    pub const ALL: [MsgKind; 13] = [
         Self::AddHolder,
         Self::RemoveHolder,
         Self::Transfer,
@@ -80,11 +93,13 @@ impl MsgKind {
         Self::DataRead,
         Self::GroupGet,
         Self::GroupReply,
+        Self::GroupPut,
+        Self::RemoveGrant,
     ];
 
     /// A data message (carries an entity's bytes) rather than control.
     pub fn is_data(self) -> bool {
-        matches!(self, Self::DataRead | Self::GroupReply)
+        matches!(self, Self::DataRead | Self::GroupReply | Self::GroupPut)
     }
 
     /// Executed one-sidedly (no CPU of the target runs).
@@ -105,6 +120,8 @@ impl MsgKind {
             Self::DataRead => "data-read",
             Self::GroupGet => "group-get",
             Self::GroupReply => "group-reply",
+            Self::GroupPut => "group-put",
+            Self::RemoveGrant => "remove-grant",
         }
     }
 }

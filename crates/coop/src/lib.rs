@@ -25,6 +25,7 @@
 //! deciding node knows, and both the model and the fabric service call it.
 
 pub mod counts;
+pub mod handle;
 pub mod key;
 pub mod model;
 pub mod node;
@@ -33,6 +34,7 @@ pub mod pool;
 pub mod service;
 
 pub use counts::{paper_table_2, Charge, MsgKind, Primitive, PrimitiveTally, Tally};
+pub use handle::{CoopHandle, Fetched, Meta};
 pub use key::{fingerprint, HashRing, Homes, Key};
 pub use model::{Model, ModelConfig, ModelStats, Outcome, Served, Step};
 pub use node::{Entry, NodeCache};

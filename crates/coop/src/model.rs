@@ -118,6 +118,8 @@ pub struct Model {
     ring: HashRing,
     tally: Tally,
     stats: ModelStats,
+    /// Redundant copies' evictions ask the home first (seed-notes a.7 #7).
+    last_copy_guard: bool,
 }
 
 /// A message log under construction, for one call.
@@ -164,7 +166,20 @@ impl Model {
             ring,
             tally: Tally::default(),
             stats: ModelStats::default(),
+            last_copy_guard: false,
         })
+    }
+
+    /// With the home-serialized rule for redundant evictions (seed-notes a.7
+    /// #7), as the service runs by default: a node evicting a copy because
+    /// another exists asks the home (a remove-holder) and waits for its
+    /// answer (a remove-grant, one more control message). The model applies
+    /// every decision on an exact global state, so the home always grants;
+    /// the service can be refused (two nodes racing on the two copies).
+    /// Off by default: the paper's protocol, whose counts are Table 2's.
+    pub fn with_last_copy_guard(mut self, on: bool) -> Self {
+        self.last_copy_guard = on;
+        self
     }
 
     pub fn config(&self) -> &ModelConfig {
@@ -364,13 +379,22 @@ impl Model {
         // AC and groupcache keep no cluster metadata: nothing to tell.
         let tell = !matches!(self.config.scheme, Scheme::Ac | Scheme::Groupcache);
         for &v in victims {
+            let guarded = self.last_copy_guard
+                && tell
+                && self.nodes[node].get(v).is_some_and(|e| {
+                    crate::placement::guarded_eviction(self.config.scheme.mode_for(e.bytes).0, self.is_redundant(v))
+                });
             if self.drop_copy(node, v) {
                 log.lost += 1;
             }
             if !tell {
                 continue;
             }
-            log.push(node, self.homes.home(v), MsgKind::RemoveHolder, CONTROL_BYTES, primitive, charged);
+            let home = self.homes.home(v);
+            log.push(node, home, MsgKind::RemoveHolder, CONTROL_BYTES, primitive, charged);
+            if guarded {
+                log.push(home, node, MsgKind::RemoveGrant, CONTROL_BYTES, primitive, charged);
+            }
         }
     }
 

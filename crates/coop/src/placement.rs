@@ -20,6 +20,8 @@
 //!   with the fetched entity's slot now redundant.
 //! - A node that receives a STORE places it locally by its own priority and
 //!   never forwards it (one hop, seed-notes a.7 #9).
+//! - A redundant copy's eviction is granted by the home only while another
+//!   holder remains ([`may_drop_copy`], seed-notes a.7 #7).
 
 use crate::node::NodeCache;
 use crate::Key;
@@ -133,6 +135,25 @@ fn replacement_among(
     (room >= need).then_some(out)
 }
 
+/// The home's rule for a redundant copy's eviction (seed-notes a.7 #7): a
+/// node that drops its copy of an entity *because another copy exists* asks
+/// the entity's home first, and the home, applying such requests one at a
+/// time, grants it only if some other node still holds the entity
+/// (`holders` is the home's bitmap). Two nodes evicting the two copies of
+/// one entity at once each believe the other keeps it; the home grants the
+/// first and refuses the second, so the entity keeps one copy. A refused
+/// node treats the copy as its sole one and picks its next victim.
+pub fn may_drop_copy(holders: u64, node: u32) -> bool {
+    let others = if node < 64 { holders & !(1u64 << node) } else { holders };
+    others != 0
+}
+
+/// Whether evicting `key` at a node asks its home first: the scheme treats
+/// it without redundancy and the node believes another copy exists.
+pub fn guarded_eviction(mode: Mode, redundant: bool) -> bool {
+    mode == Mode::NoRedundancy && redundant
+}
+
 /// Pages of `cache`'s redundant copies.
 pub fn redundant_pages(cache: &NodeCache, is_redundant: &dyn Fn(Key) -> bool) -> u32 {
     cache.lru_keys().filter(|&k| is_redundant(k)).map(|k| cache.get(k).map_or(0, |e| e.pages.len() as u32)).sum()
@@ -232,5 +253,24 @@ pub fn plan_fetch(
                 None => replacement(cache, need, key, true, is_redundant).map(|v| FetchPlan::Local(Room::Evict(v))),
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_home_grants_a_redundant_eviction_only_while_another_holder_remains() {
+        assert!(may_drop_copy(0b011, 0), "node 1 keeps it");
+        assert!(may_drop_copy(0b110, 2));
+        assert!(!may_drop_copy(0b001, 0), "node 0 holds the last copy");
+        assert!(!may_drop_copy(0, 3), "nobody listed: keep it");
+        assert!(may_drop_copy(0b100, 0), "not listed, but another holds it");
+        assert!(!may_drop_copy(1 << 63, 63));
+        assert!(may_drop_copy(1, 64), "an index beyond the bitmap removes nothing");
+        assert!(guarded_eviction(Mode::NoRedundancy, true));
+        assert!(!guarded_eviction(Mode::NoRedundancy, false));
+        assert!(!guarded_eviction(Mode::Redundant, true), "BCC replaces by LRU regardless");
     }
 }

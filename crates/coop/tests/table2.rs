@@ -2,7 +2,7 @@
 //! measured exactly by the model's counting rule (seed-notes a.3) over
 //! paper-shaped runs (fixed-size entities, working set above the cache).
 
-use tierstack_coop::{paper_table_2, Charge, Model, ModelConfig, Primitive, Scheme};
+use tierstack_coop::{paper_table_2, Charge, Model, ModelConfig, MsgKind, Primitive, Scheme};
 
 /// A deterministic, uniform-looking request stream (no RNG in the crate).
 fn stream(n: usize, docs: u64, nodes: usize) -> impl Iterator<Item = (usize, u64)> {
@@ -15,7 +15,13 @@ fn stream(n: usize, docs: u64, nodes: usize) -> impl Iterator<Item = (usize, u64
 /// Runs a scheme on 2 proxies (+2 passive) with 8 pages each over a working
 /// set of twice the aggregate cache, plus validates and invalidates.
 fn measure(scheme: Scheme, sizes: &[u64]) -> Model {
-    let mut m = Model::new(ModelConfig { scheme, active: 2, passive: 2, pages_per_node: 8 }).unwrap();
+    measure_with(scheme, sizes, false)
+}
+
+fn measure_with(scheme: Scheme, sizes: &[u64], guard: bool) -> Model {
+    let mut m = Model::new(ModelConfig { scheme, active: 2, passive: 2, pages_per_node: 8 })
+        .unwrap()
+        .with_last_copy_guard(guard);
     for (i, (node, key)) in stream(6000, 40, 2).enumerate() {
         let bytes = sizes[(key as usize) % sizes.len()];
         m.request(node, key, bytes).unwrap();
@@ -75,4 +81,36 @@ fn every_message_is_either_charged_or_consequential() {
     let consequential: u64 = t.consequential.values().sum();
     assert_eq!(charged + consequential, t.messages.values().sum::<u64>());
     assert!(consequential > 0, "swaps report transfers");
+}
+
+#[test]
+fn the_last_copy_guard_costs_one_answer_per_redundant_eviction() {
+    // Seed-notes a.7 #7 (the service's default): evicting a copy because
+    // another exists waits for the home's grant, one control message more
+    // than the paper's protocol counts. BCC never evicts for redundancy.
+    for size in [8u64 << 10, 16 << 10] {
+        let plain = measure("bcc".parse().unwrap(), &[size]);
+        let guarded = measure_with("bcc".parse().unwrap(), &[size], true);
+        assert_eq!(plain.tally(), guarded.tally(), "bcc is unchanged");
+    }
+    for name in ["ccwr", "mtacc"] {
+        let plain = measure(name.parse().unwrap(), &[8 << 10]);
+        let guarded = measure_with(name.parse().unwrap(), &[8 << 10], true);
+        let grants = guarded.tally().messages.get(&MsgKind::RemoveGrant).copied().unwrap_or(0);
+        assert!(grants > 0, "{name}: redundant copies were evicted");
+        // Same decisions: the same requests served the same way.
+        assert_eq!(plain.stats(), guarded.stats(), "{name}");
+        let (p, g) = (plain.tally().of(Primitive::Fetch), guarded.tally().of(Primitive::Fetch));
+        assert_eq!(p.calls, g.calls);
+        let extra: u64 = Primitive::ALL
+            .iter()
+            .map(|&x| guarded.tally().of(x).control_total - plain.tally().of(x).control_total)
+            .sum::<u64>()
+            + guarded.tally().consequential.get(&MsgKind::RemoveGrant).copied().unwrap_or(0);
+        assert_eq!(extra, grants, "{name}: exactly one answer per guarded eviction");
+        for x in Primitive::ALL {
+            let (p, g) = (plain.tally().of(x).max(), guarded.tally().of(x).max());
+            assert!(g.data == p.data && (p.control..=p.control + 1).contains(&g.control), "{name} {x:?}: {p:?} {g:?}");
+        }
+    }
 }

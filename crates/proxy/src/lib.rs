@@ -66,6 +66,7 @@
 mod access_log;
 mod cache;
 mod coalesce;
+mod coop;
 mod metrics;
 mod policy;
 mod push;
@@ -124,8 +125,10 @@ const FENCED_ATTEMPTS_MAX: u32 = 2;
 /// Present (`1`) on a response served from another request's concurrent
 /// fetch after validating it; such a response is labelled `X-Cache: MISS`.
 pub const X_CACHE_COALESCED: &str = "x-cache-coalesced";
+pub use coop::CoopStats;
 pub use refresh::{HotSet, REFRESH_HOT_DEFAULT, REFRESH_INTERVAL_DEFAULT};
 pub use stream::{ProxyBody, StreamError};
+pub use tierstack_coop::CoopHandle;
 /// Where the application tier pushes documents: `PUT <prefix><name>`
 /// installs the body as the cached copy of `/doc/<name>`.
 pub use tierstack_pushpull::PUSH_PATH_PREFIX;
@@ -222,6 +225,8 @@ pub enum ProxyError {
     BadUpstream(String),
     #[error("poll mode needs a fabric node (a topology and node id)")]
     NoFabric,
+    #[error("the cooperative cache was set already")]
+    CoopSet,
     #[error("cannot listen on {addr}: {source}")]
     Listen { addr: SocketAddr, source: std::io::Error },
     #[error("the load source reads {sources} back ends but the proxy has {upstreams} upstreams")]
@@ -567,6 +572,8 @@ struct State {
     revalidating: Mutex<HashSet<String>>,
     access_log: Option<access_log::AccessLog>,
     refresh: refresh::Refresh,
+    /// `--coop`: the cooperative pool behind the cache (see `coop`).
+    coop: OnceLock<Arc<coop::CoopLayer>>,
     #[cfg(test)]
     hooks: testkit::Hooks,
 }
@@ -803,6 +810,9 @@ impl State {
 
     /// Drops `key` with all its variants; true if it was cached.
     fn cache_remove(&self, key: &str) -> bool {
+        if let Some(coop) = self.coop.get() {
+            coop.invalidate(key);
+        }
         let Ok(mut cache) = self.cache.lock() else { return false };
         let removed = cache.remove(key);
         if removed {
@@ -814,6 +824,9 @@ impl State {
     /// Removes `entry` from under `key` if it is still cached there (a copy
     /// that failed its check; a newer one cached meanwhile stays).
     fn cache_remove_entry(&self, key: &str, entry: &Arc<Entry>) {
+        if let Some(coop) = self.coop.get() {
+            coop.invalidate(key);
+        }
         if let Ok(mut cache) = self.cache.lock() {
             if cache.remove_entry(key, entry) {
                 self.set_resident(fingerprint(target_of(key)), false);
@@ -825,6 +838,9 @@ impl State {
     /// flags in step (under the cache's lock, so they follow its order).
     /// `None` if the cache is unusable (a poisoned lock).
     fn cache_store(&self, key: &str, entry: Arc<Entry>) -> Option<InsertOutcome> {
+        if let Some(coop) = self.coop.get() {
+            coop.store(key, &entry);
+        }
         let Ok(mut cache) = self.cache.lock() else { return None };
         let inserted = cache.insert(key.to_string(), entry);
         for evicted in &inserted.evicted {
@@ -983,6 +999,10 @@ async fn read_loads(source: &Arc<dyn LoadSource>) -> Vec<tierstack_monitor::Read
     }
 }
 
+/// `GET` on the admin listener: the cooperative pool's counters as JSON
+/// (`null` without `--coop`).
+pub const COOP_STATS_PATH: &str = "/_tierstack/coop";
+
 /// `DELETE <prefix><authority><target>` on the admin listener drops that
 /// object (every variant).
 pub const PURGE_PATH_PREFIX: &str = "/_tierstack/purge/";
@@ -996,6 +1016,12 @@ async fn handle_admin(state: Arc<State>, request: Request<Incoming>) -> Response
     let path = request.uri().path();
     if path == "/_tierstack/stats" {
         let mut response = text(StatusCode::OK, serde_json::to_string(&state.stats()).unwrap_or_default());
+        response.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        return response;
+    }
+    if path == COOP_STATS_PATH {
+        let stats = state.coop.get().map(|c| c.stats());
+        let mut response = text(StatusCode::OK, serde_json::to_string(&stats).unwrap_or_default());
         response.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
         return response;
     }
@@ -1150,6 +1176,28 @@ where
                     return state.hit(&entry, request.headers(), &method, now).map(Into::into);
                 }
                 Usable::Revalidate => stale = Some(entry),
+            }
+        }
+    }
+    // `--coop`: the cooperative pool, under the same rules as our own copy
+    // (a copy with dependencies only after the version check).
+    if let (None, Some(coop)) = (&stale, state.coop.get()) {
+        if let Some((entry, source)) = coop.fetch(&key).await {
+            let usable = entry.vary.matches(request.headers())
+                && match entry.deps {
+                    Some(_) => state.mode == CacheMode::Ttl || state.validate(&entry).await,
+                    None => entry.freshness.usable(request_cc(), now) == Usable::Fresh,
+                };
+            if usable {
+                coop.served(source);
+                state.note_access(fingerprint, true);
+                unserved.pending = false;
+                return state.hit(&entry, request.headers(), &method, now).map(Into::into);
+            }
+            coop.unusable();
+            if entry.deps.is_some() {
+                // Out of date everywhere: every copy goes.
+                coop.invalidate(&key);
             }
         }
     }
@@ -1352,6 +1400,8 @@ where
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<usize>().ok());
     let object_max = state.cache.lock().map_or(0, |cache| cache.object_bytes_max());
+    // The pool takes what the proxy's own cache may not (`--cache-bytes 0`).
+    let object_max = object_max.max(state.coop.get().map_or(0, |_| coop::OBJECT_BYTES_MAX));
     let mut tee = (parts.method == Method::GET
         && state.mode != CacheMode::NoCache
         && !parts.headers.contains_key(RANGE)
@@ -1711,6 +1761,8 @@ fn maybe_store(state: &State, key: &str, request: &HeaderMap, fetched: &Fetched)
     let entry = Arc::new(Entry { status, headers, body: fetched.body.clone(), deps, pushed: false, vary, freshness });
     match state.cache_store(key, entry.clone()) {
         Some(InsertOutcome::Stored | InsertOutcome::KeptNewer) => Some(entry),
+        // Too large for the proxy's own cache, but pooled.
+        Some(InsertOutcome::TooLarge) if state.coop.get().is_some() => Some(entry),
         Some(InsertOutcome::TooLarge) | None => None,
     }
 }
@@ -1798,6 +1850,7 @@ impl Proxy {
             revalidating: Mutex::new(HashSet::new()),
             access_log,
             refresh: refresh::Refresh::new(options.refresh_hot, options.refresh_interval),
+            coop: OnceLock::new(),
             #[cfg(test)]
             hooks: testkit::Hooks::default(),
         });
@@ -1825,6 +1878,15 @@ impl Proxy {
             source: balancing.source,
         };
         self.state.balancing.set(state).map_err(|_| ProxyError::BalancingSet)
+    }
+
+    /// Shares the cache with the cooperating proxies through `handle` (the
+    /// `coop` module; call before [`run`]).
+    ///
+    /// [`run`]: Proxy::run
+    pub fn set_coop(&self, handle: CoopHandle) -> Result<(), ProxyError> {
+        let layer = coop::CoopLayer::new(handle, &self.state.default_authority);
+        self.state.coop.set(Arc::new(layer)).map_err(|_| ProxyError::CoopSet)
     }
 
     /// Routes only to the upstreams whose role word names `site.site`, read

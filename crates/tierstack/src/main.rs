@@ -83,6 +83,8 @@ enum Command {
     /// Monitored back end driven by `bench monitor` (a random walk of load; prints its truth log at the end).
     #[command(hide = true)]
     MonitorNode(cmd::monitor::MonitorNodeArgs),
+    /// Cooperative-cache node without HTTP: the passive back-end memory of MTACC/HYBCC beside `proxy --coop`.
+    CoopNode(cmd::coop::CoopNodeArgs),
     /// Workload traces: the seeds' numbers beside the synthesized ones (show), Common Log Format export (export).
     #[command(subcommand)]
     Trace(cmd::trace::TraceCommand),
@@ -120,6 +122,7 @@ fn main() -> std::process::ExitCode {
         Command::Trace(command) => cmd::trace::run(command),
         Command::Sim(args) => cmd::sim::run(args),
         Command::Cluster(command) => cmd::cluster::run(command),
+        Command::CoopNode(args) => cmd::coop::run(args),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

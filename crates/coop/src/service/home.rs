@@ -56,6 +56,11 @@ impl KeyTable {
         let _ = self.region.memory().store_u64(at + 16, e.holders);
     }
 
+    /// `key`'s holder bitmap, if the table has an entry for it.
+    pub fn holders(&self, key: Key) -> Option<u64> {
+        self.entries.get(&key).map(|e| e.holders)
+    }
+
     /// `key`'s version (0 if it was never invalidated).
     pub fn version(&self, key: Key) -> u64 {
         self.entries.get(&key).map_or(0, |e| e.version)
@@ -71,6 +76,22 @@ impl KeyTable {
         }
         let e = *e;
         self.publish(&e);
+    }
+
+    /// A guarded remove-holder (seed-notes a.7 #7): removes `node` only if
+    /// another holder remains; whether it did. An entry the table could not
+    /// hold is refused (the copy is kept).
+    pub fn remove_if_shared(&mut self, key: Key, node: u32) -> bool {
+        let Some(e) = self.entries.get_mut(&key) else { return false };
+        if !crate::placement::may_drop_copy(e.holders, node) {
+            return false;
+        }
+        if node < 64 {
+            e.holders &= !(1u64 << node);
+        }
+        let e = *e;
+        self.publish(&e);
+        true
     }
 
     /// Bumps the version and forgets every holder; returns the old holders.

@@ -22,9 +22,28 @@
 //!   entity, never an error to the caller or wrong bytes. A holder found dead
 //!   (`PeerState::Gone`) is dropped from the replica.
 //!
-//! Not here (documented gaps): groupcache (model and simulator only), the
-//! home-serialized "last copy" rule for redundant evictions (seed-notes a.7
-//! #7: two nodes may drop the two copies at once; that costs a miss).
+//! - **Groupcache** (the baseline): a key's owner is its point on the
+//!   consistent-hashing ring over the proxies; a non-owner asks the owner with
+//!   a two-sided `GroupGet` and gets the bytes in the `GroupReply` (the
+//!   owner's receiver thread copies them out of its pool); nothing is kept at
+//!   the requester. Unlike groupcache itself the owner does not load a missed
+//!   key (the service has no origin): the requester loads it and offers it to
+//!   the owner in one `GroupPut` (charged to Cache Store, one data message).
+//!   No invalidation beyond the owner dropping its copy (`DropCopy` to the
+//!   owner), no versions at a home.
+//!
+//! - **The last copy** (seed-notes a.7 #7, `CoopConfig::last_copy_guard`,
+//!   on by default): a node evicting a copy *because another exists* (CCWR,
+//!   MTACC, HYBCC's large entities) sends `RemoveIfShared` to the home and
+//!   waits (state lock released, bounded) for `RemoveReply`; the home,
+//!   applying requests one at a time, grants only while another holder
+//!   remains ([`crate::placement::may_drop_copy`]). Refused, the node takes
+//!   the copy as its sole one and plans again (at most 4 rounds); a home that
+//!   does not answer counts as granted (the copy is dropped: nothing the
+//!   home may have forgotten survives an invalidate). The answer is one
+//!   control message the paper's Table 2 does not count (see `counts`).
+//!   STOREs are placed by a store worker thread, since placing may wait for
+//!   answers that the receiver thread delivers.
 
 pub mod layout;
 pub mod wire;

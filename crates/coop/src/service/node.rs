@@ -8,10 +8,12 @@ use super::home::{version_in_window, KeyTable};
 use super::layout::{key_probe_start, PoolLayout, Record, KEYS_REGION, KEY_ENTRY_BYTES, POOL_REGION, PROBE_MAX};
 use super::wire::{Held, Item, Msg, UNCHECKED};
 use crate::counts::{MsgKind, Primitive, Tally};
-use crate::key::{mix, Homes};
+use crate::key::{mix, HashRing, Homes};
 use crate::model::CONTROL_BYTES;
 use crate::node::NodeCache;
-use crate::placement::{plan_fetch, plan_receive, plan_store, FetchPlan, Mode, Room, Space, StorePlan};
+use crate::placement::{
+    guarded_eviction, plan_fetch, plan_receive, plan_store, FetchPlan, Mode, Room, Space, StorePlan,
+};
 use crate::pool::{cacheable, pages_for, PAGE_BYTES};
 use crate::{Key, Scheme};
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -19,7 +21,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{sync_channel, SyncSender};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tierstack_fabric::{Channel, Fabric, FabricError, LocalRegion, LocalSlice, NodeId, Op, PeerState, RemoteRegion};
 
 /// A service's configuration; every node of a cluster gets the same.
@@ -34,13 +36,25 @@ pub struct CoopConfig {
     pub pool_bytes: u64,
     /// Key-table entries at each home.
     pub key_table_entries: u64,
-    /// How long an initiator waits for a STORE's acknowledgment.
+    /// How long an initiator waits for a STORE's acknowledgment (and a
+    /// home's answer to a guarded remove-holder).
     pub ack_timeout: Duration,
+    /// A redundant copy's eviction asks its home first and is refused if it
+    /// would drop the last copy (seed-notes a.7 #7). On by default.
+    pub last_copy_guard: bool,
 }
 
 impl CoopConfig {
     pub fn new(scheme: Scheme, active: Vec<NodeId>, passive: Vec<NodeId>, pool_bytes: u64) -> Self {
-        Self { scheme, active, passive, pool_bytes, key_table_entries: 1 << 16, ack_timeout: Duration::from_secs(2) }
+        Self {
+            scheme,
+            active,
+            passive,
+            pool_bytes,
+            key_table_entries: 1 << 16,
+            ack_timeout: Duration::from_secs(2),
+            last_copy_guard: true,
+        }
     }
 }
 
@@ -81,6 +95,10 @@ pub struct ServiceStats {
     pub key_table_full: u64,
     /// Malformed messages dropped.
     pub malformed: u64,
+    /// Redundant copies' evictions asked at their homes (a.7 #7), and how
+    /// many the homes refused (this node held the last copy after all).
+    pub guarded_evictions: u64,
+    pub last_copy_refusals: u64,
 }
 
 #[derive(Clone, Debug)]
@@ -108,11 +126,15 @@ struct Shared {
     me: usize,
     members: Vec<NodeId>,
     homes: Homes,
+    /// Groupcache's owners (consistent hashing over the proxies).
+    ring: HashRing,
     layout: PoolLayout,
     pool: Arc<LocalRegion>,
     op: Mutex<()>,
     state: Mutex<State>,
     acks: Mutex<HashMap<u64, SyncSender<(u32, u32)>>>,
+    /// Groupcache GETs waiting for the owner's reply.
+    replies: Mutex<HashMap<u64, SyncSender<Found>>>,
     next_id: AtomicU64,
     regions: Mutex<Handles>,
     stop: AtomicBool,
@@ -125,10 +147,17 @@ struct Shared {
 pub struct CoopNode {
     shared: Arc<Shared>,
     receiver: Option<JoinHandle<()>>,
+    store_worker: Option<JoinHandle<()>>,
 }
 
 /// Handles to peers' regions, by (node index, region name).
 type Handles = HashMap<(usize, &'static str), Arc<dyn RemoteRegion>>;
+
+/// Plans a primitive makes at most, when homes refuse redundant evictions.
+const PLAN_ROUNDS_MAX: usize = 4;
+
+/// A groupcache owner's answer: the version and bytes, if it holds the key.
+type Found = Option<(u64, Vec<u8>)>;
 
 /// Messages of one primitive call: (kind, bytes, charged).
 type Sent = Vec<(MsgKind, u64, bool)>;
@@ -151,6 +180,7 @@ impl CoopNode {
             .position(|&n| n == fabric.local_node())
             .ok_or_else(|| ServiceError::Config(format!("{} is not a member", fabric.local_node())))?;
         let homes = Homes::new(config.active.len()).ok_or_else(|| ServiceError::Config("no active node".into()))?;
+        let ring = HashRing::new(config.active.len()).ok_or_else(|| ServiceError::Config("no active node".into()))?;
         let pool_pages =
             u32::try_from(config.pool_bytes / PAGE_BYTES).map_err(|_| ServiceError::Config("pool too large".into()))?;
         if pool_pages == 0 || !config.key_table_entries.is_power_of_two() {
@@ -184,23 +214,31 @@ impl CoopNode {
             me,
             members,
             homes,
+            ring,
             layout,
             pool,
             op: Mutex::new(()),
             state: Mutex::new(state),
             acks: Mutex::new(HashMap::new()),
+            replies: Mutex::new(HashMap::new()),
             next_id: AtomicU64::new(1),
             regions: Mutex::new(HashMap::new()),
             stop: AtomicBool::new(false),
             sent: AtomicU64::new(0),
             handled: AtomicU64::new(0),
         });
+        let (stores_tx, stores_rx) = std::sync::mpsc::channel();
+        let s = shared.clone();
+        let store_worker = std::thread::Builder::new()
+            .name("coop-store".into())
+            .spawn(move || s.store_loop(stores_rx))
+            .map_err(|e| ServiceError::Fabric(e.into()))?;
         let s = shared.clone();
         let receiver = std::thread::Builder::new()
             .name("coop-receiver".into())
-            .spawn(move || s.receive_loop())
+            .spawn(move || s.receive_loop(stores_tx))
             .map_err(|e| ServiceError::Fabric(e.into()))?;
-        Ok(Self { shared, receiver: Some(receiver) })
+        Ok(Self { shared, receiver: Some(receiver), store_worker: Some(store_worker) })
     }
 
     /// Looks `key` up: a local hit, a remote hit (Cache Fetch), or a miss.
@@ -208,6 +246,30 @@ impl CoopNode {
         self.shared.check_active()?;
         let _op = lock(&self.shared.op);
         Ok(self.shared.get(key))
+    }
+
+    /// A local hit only, without waiting for another primitive in progress
+    /// on this node (no message, no peer read): the entity's bytes and
+    /// version if this node holds it. Counts a local hit when it does.
+    pub fn get_local(&self, key: Key) -> Option<(Vec<u8>, u64)> {
+        self.shared.check_active().ok()?;
+        let mut state = lock(&self.shared.state);
+        if state.pending.contains(&key) || !state.cache.touch(key) {
+            return None;
+        }
+        let e = state.cache.get(key)?;
+        let found = (self.shared.read_body(&e.pages, e.bytes), e.version);
+        state.stats.local_hits += 1;
+        Some(found)
+    }
+
+    /// Drops this node's copy of `key` if it has one (its home is told).
+    pub fn drop_local(&self, key: Key) {
+        let _op = lock(&self.shared.op);
+        let mut state = lock(&self.shared.state);
+        let mut dropped = Vec::new();
+        self.shared.evict(&mut state, &[key], &mut Vec::new(), false, &mut dropped);
+        self.shared.announce(&mut state, Vec::new(), dropped);
     }
 
     /// Cache Store of `body` (version `version`) after a miss.
@@ -239,6 +301,16 @@ impl CoopNode {
         (self.shared.sent.load(Ordering::SeqCst), self.shared.handled.load(Ordering::SeqCst))
     }
 
+    /// The holders (bitmap of member indices) the key table of this node, as
+    /// `key`'s home, lists now; `None` if this node is not its home or does
+    /// not know the key.
+    pub fn holders_at_home(&self, key: Key) -> Option<u64> {
+        if self.shared.home(key) != self.shared.me {
+            return None;
+        }
+        lock(&self.shared.state).keys.as_ref().and_then(|k| k.holders(key))
+    }
+
     /// Keys this node holds now.
     pub fn held(&self) -> Vec<Key> {
         lock(&self.shared.state).cache.keys().collect()
@@ -248,7 +320,12 @@ impl CoopNode {
 impl Drop for CoopNode {
     fn drop(&mut self) {
         self.shared.stop.store(true, Ordering::SeqCst);
+        // The receiver ends first and drops the worker's queue; the worker
+        // then ends after the STORE it is placing.
         if let Some(handle) = self.receiver.take() {
+            let _ = handle.join();
+        }
+        if let Some(handle) = self.store_worker.take() {
             let _ = handle.join();
         }
     }
@@ -407,6 +484,117 @@ impl Shared {
         }
     }
 
+    /// Records a message of a primitive in progress: charged to it, or
+    /// consequential.
+    fn note(state: &mut State, sent: &mut Sent, kind: MsgKind, charged: bool) {
+        if charged {
+            sent.push((kind, CONTROL_BYTES, true));
+        } else {
+            state.stats.tally.record_consequential(kind, CONTROL_BYTES);
+        }
+    }
+
+    /// Whether evicting `key` here asks its home first (a.7 #7).
+    fn needs_guard(&self, state: &State, key: Key) -> bool {
+        self.config.last_copy_guard
+            && self.cooperative()
+            && state.cache.get(key).is_some_and(|e| {
+                guarded_eviction(self.config.scheme.mode_for(e.bytes).0, Self::is_redundant(state, key))
+            })
+    }
+
+    /// Frees `victims` (a plan made under `state`). A victim chosen because
+    /// another copy exists is first offered to its home (`RemoveIfShared`),
+    /// which grants only if another holder remains; the state lock is
+    /// released while the answers come (bounded by `ack_timeout`). Granted
+    /// and plain victims are dropped. Returns false if a home refused: that
+    /// copy is now known as this node's sole one and the caller plans again.
+    /// A home that does not answer (dead, silent) counts as granted: the
+    /// copy is dropped, so no copy the home may have forgotten survives an
+    /// invalidate.
+    fn clear_room<'s>(
+        &'s self,
+        mut state: MutexGuard<'s, State>,
+        victims: &[Key],
+        sent: &mut Sent,
+        charged: bool,
+        dropped: &mut Vec<Key>,
+    ) -> (MutexGuard<'s, State>, bool) {
+        let (guarded, plain): (Vec<Key>, Vec<Key>) = victims.iter().partition(|&&v| self.needs_guard(&state, v));
+        self.evict(&mut state, &plain, sent, charged, dropped);
+        if guarded.is_empty() {
+            return (state, true);
+        }
+        state.stats.guarded_evictions += guarded.len() as u64;
+        let me = u32::try_from(self.me).unwrap_or(u32::MAX);
+        let mut answers: Vec<(Key, bool)> = Vec::new();
+        let mut waiting = Vec::new();
+        for &v in &guarded {
+            let home = self.home(v);
+            if home == self.me {
+                // Our own table, under the state lock: serialized with
+                // every request the receiver applies.
+                let granted = state.keys.as_mut().is_some_and(|k| k.remove_if_shared(v, me));
+                answers.push((v, granted));
+                continue;
+            }
+            let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+            let (tx, rx) = sync_channel(1);
+            lock(&self.acks).insert(id, tx);
+            Self::note(&mut state, sent, MsgKind::RemoveHolder, charged);
+            if self.send(home, &Msg::RemoveIfShared { id, key: v }) {
+                waiting.push((v, id, rx));
+            } else {
+                lock(&self.acks).remove(&id);
+                state.stats.peer_failures += 1;
+                answers.push((v, true));
+            }
+        }
+        if !waiting.is_empty() {
+            drop(state);
+            let deadline = Instant::now() + self.config.ack_timeout;
+            let got: Vec<(Key, Option<(u32, u32)>)> = waiting
+                .into_iter()
+                .map(|(v, id, rx)| {
+                    let reply = rx.recv_timeout(deadline.saturating_duration_since(Instant::now())).ok();
+                    lock(&self.acks).remove(&id);
+                    (v, reply)
+                })
+                .collect();
+            state = lock(&self.state);
+            for (v, reply) in got {
+                match reply {
+                    Some((granted, _)) => {
+                        Self::note(&mut state, sent, MsgKind::RemoveGrant, charged);
+                        answers.push((v, granted == 1));
+                    }
+                    None => {
+                        state.stats.peer_failures += 1;
+                        answers.push((v, true));
+                    }
+                }
+            }
+        }
+        let mut all_granted = true;
+        for (v, granted) in answers {
+            if granted {
+                // The home has removed this node already: no message.
+                if self.drop_local(&mut state, v) {
+                    dropped.push(v);
+                }
+            } else {
+                all_granted = false;
+                state.stats.last_copy_refusals += 1;
+                // The home says this is the last copy: believe it.
+                let me = self.me;
+                if let Some(h) = state.replica.get_mut(&v) {
+                    h.retain(|&n, _| n == me);
+                }
+            }
+        }
+        (state, all_granted)
+    }
+
     fn read_body(&self, pages: &[u32], bytes: u64) -> Vec<u8> {
         let mut body = vec![0u8; bytes as usize];
         for (chunk, &p) in body.chunks_mut(PAGE_BYTES as usize).zip(pages) {
@@ -470,6 +658,12 @@ impl Shared {
     }
 
     fn get(&self, key: Key) -> Lookup {
+        if self.config.scheme == Scheme::Groupcache {
+            let owner = self.ring.owner(key);
+            if owner != self.me {
+                return self.group_get(key, owner);
+            }
+        }
         let mut state = lock(&self.state);
         if !state.pending.contains(&key) && state.cache.touch(key) {
             state.stats.local_hits += 1;
@@ -519,48 +713,54 @@ impl Shared {
         let need = pages_for(loc.bytes);
         let Some(&slot) = loc.pages.first() else { return (state, None) };
         let holder_passive = holder >= self.config.active.len();
-        let plan = {
-            let st: &State = &state;
-            let red = |k: Key| Self::is_redundant(st, k);
-            let swappable =
-                |k: Key| !holder_passive || st.cache.get(k).is_some_and(|e| self.config.scheme.mode_for(e.bytes).1);
-            plan_fetch(mode, &st.cache, need, key, &red, &swappable)
-        };
         let mut sent: Sent = vec![(MsgKind::DataRead, loc.bytes, true)];
         let mut dropped = Vec::new();
         let mut held = Vec::new();
-        let result = match plan {
-            None => None,
-            Some(FetchPlan::Local(room)) => {
-                let victims = match &room {
-                    Room::Free => Vec::new(),
-                    Room::Redundant(v) | Room::Evict(v) => v.clone(),
-                };
-                self.evict(&mut state, &victims, &mut sent, true, &mut dropped);
-                let pages = state.cache.insert(key, loc.bytes, loc.version).ok().map(|e| e.pages.clone());
-                match pages {
-                    None => None,
-                    Some(pages) => match self.read_remote(holder, &loc.pages, &pages, loc.bytes, Some((slot, loc.seq)))
-                    {
-                        Ok(true) => {
-                            held.extend(self.publish(&mut state, key));
-                            self.tell_home(&mut state, key, Msg::AddHolder { key }, &mut sent, true);
-                            Some((self.read_body(&pages, loc.bytes), loc.version))
+        let mut result = None;
+        for _round in 0..PLAN_ROUNDS_MAX {
+            let plan = {
+                let st: &State = &state;
+                let red = |k: Key| Self::is_redundant(st, k);
+                let swappable =
+                    |k: Key| !holder_passive || st.cache.get(k).is_some_and(|e| self.config.scheme.mode_for(e.bytes).1);
+                plan_fetch(mode, &st.cache, need, key, &red, &swappable)
+            };
+            match plan {
+                None => break,
+                Some(FetchPlan::Local(room)) => {
+                    let victims = match &room {
+                        Room::Free => Vec::new(),
+                        Room::Redundant(v) | Room::Evict(v) => v.clone(),
+                    };
+                    let (s, cleared) = self.clear_room(state, &victims, &mut sent, true, &mut dropped);
+                    state = s;
+                    if !cleared {
+                        continue;
+                    }
+                    let pages = state.cache.insert(key, loc.bytes, loc.version).ok().map(|e| e.pages.clone());
+                    if let Some(pages) = pages {
+                        match self.read_remote(holder, &loc.pages, &pages, loc.bytes, Some((slot, loc.seq))) {
+                            Ok(true) => {
+                                held.extend(self.publish(&mut state, key));
+                                self.tell_home(&mut state, key, Msg::AddHolder { key }, &mut sent, true);
+                                result = Some((self.read_body(&pages, loc.bytes), loc.version));
+                            }
+                            outcome => {
+                                state.cache.remove(key);
+                                self.read_failed(&mut state, key, holder, outcome);
+                            }
                         }
-                        outcome => {
-                            state.cache.remove(key);
-                            self.read_failed(&mut state, key, holder, outcome);
-                            None
-                        }
-                    },
+                    }
+                    break;
+                }
+                Some(FetchPlan::Swap(victims)) => {
+                    let (s, r) = self.swap(state, key, holder, loc, &victims, &mut sent, &mut dropped, &mut held);
+                    state = s;
+                    result = r;
+                    break;
                 }
             }
-            Some(FetchPlan::Swap(victims)) => {
-                let (s, r) = self.swap(state, key, holder, loc, &victims, &mut sent, &mut dropped, &mut held);
-                state = s;
-                r
-            }
-        };
+        }
         state.stats.tally.record(Primitive::Fetch, &sent);
         self.announce(&mut state, held, dropped);
         (state, result)
@@ -600,10 +800,14 @@ impl Shared {
                 return (state, None);
             }
         }
-        let (redundant, sole): (Vec<Key>, Vec<Key>) = victims.iter().partition(|&&v| Self::is_redundant(&state, v));
-        self.evict(&mut state, &redundant, sent, true, dropped);
-        let items: Vec<Item> = sole
+        let redundant: Vec<Key> = victims.iter().copied().filter(|&v| Self::is_redundant(&state, v)).collect();
+        // Redundant copies are dropped (asked at their homes first); one a
+        // home refused is a sole copy after all and moves with the others.
+        let (s, _) = self.clear_room(state, &redundant, sent, true, dropped);
+        state = s;
+        let items: Vec<Item> = victims
             .iter()
+            .filter(|&&v| !dropped.contains(&v))
             .filter_map(|&v| {
                 let e = state.cache.get(v)?;
                 let seq = state.replica.get(&v).and_then(|h| h.get(&self.me)).map_or(UNCHECKED, |l| l.seq);
@@ -650,6 +854,78 @@ impl Shared {
     }
 
     fn put(&self, key: Key, version: u64, body: &[u8]) {
+        if self.config.scheme == Scheme::Groupcache {
+            let owner = self.ring.owner(key);
+            if owner != self.me {
+                self.group_put(key, owner, version, body);
+                return;
+            }
+        }
+        self.store(key, version, body);
+    }
+
+    /// Groupcache at a non-owner: a two-sided GET to the owner, answered by
+    /// its receiver thread from its pool; a silent owner is a miss.
+    fn group_get(&self, key: Key, owner: usize) -> Lookup {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = sync_channel(1);
+        lock(&self.replies).insert(id, tx);
+        let ok = self.send(owner, &Msg::GroupGet { id, key });
+        let reply = if ok { rx.recv_timeout(self.config.ack_timeout).ok() } else { None };
+        lock(&self.replies).remove(&id);
+        let mut state = lock(&self.state);
+        let mut sent: Sent = vec![(MsgKind::GroupGet, CONTROL_BYTES, true)];
+        let lookup = match reply {
+            None => {
+                state.stats.peer_failures += 1;
+                if self.fabric.peer_state(self.members[owner]) == PeerState::Gone {
+                    lock(&self.regions).retain(|(n, _), _| *n != owner);
+                }
+                state.stats.misses += 1;
+                Lookup::Miss
+            }
+            Some(None) => {
+                sent.push((MsgKind::GroupReply, 0, true));
+                state.stats.misses += 1;
+                Lookup::Miss
+            }
+            Some(Some((version, body))) => {
+                sent.push((MsgKind::GroupReply, body.len() as u64, true));
+                state.stats.remote_hits += 1;
+                Lookup::Remote { body, version, holder: self.members[owner] }
+            }
+        };
+        state.stats.tally.record(Primitive::Fetch, &sent);
+        lookup
+    }
+
+    /// Groupcache at a non-owner after a miss: the body goes to the owner
+    /// (one message, not waited for); nothing is kept here.
+    fn group_put(&self, key: Key, owner: usize, version: u64, body: &[u8]) {
+        if !cacheable(body.len() as u64) {
+            return;
+        }
+        let ok = self.send(owner, &Msg::GroupPut { key, version, body: body.to_vec() });
+        let mut state = lock(&self.state);
+        if !ok {
+            state.stats.peer_failures += 1;
+        }
+        state.stats.tally.record(Primitive::Store, &[(MsgKind::GroupPut, body.len() as u64, true)]);
+    }
+
+    /// Groupcache's owner side: `key`'s version and bytes if held here.
+    pub(super) fn group_serve(&self, key: Key) -> Option<(u64, Vec<u8>)> {
+        let mut state = lock(&self.state);
+        if state.pending.contains(&key) || !state.cache.touch(key) {
+            return None;
+        }
+        let e = state.cache.get(key)?;
+        Some((e.version, self.read_body(&e.pages, e.bytes)))
+    }
+
+    /// Cache Store on this node's own behalf (every scheme; groupcache's
+    /// owner for its keys).
+    pub(super) fn store(&self, key: Key, version: u64, body: &[u8]) {
         let bytes = body.len() as u64;
         let mut state = lock(&self.state);
         if !cacheable(bytes) || state.cache.contains(key) {
@@ -666,7 +942,7 @@ impl Shared {
         let mut sent: Sent = Vec::new();
         let mut dropped = Vec::new();
         let mut held = Vec::new();
-        let mut local = match plan {
+        let mut room = match plan {
             None => None,
             Some(StorePlan::Local(room)) => Some(room),
             Some(StorePlan::Remote(peer)) => {
@@ -702,12 +978,23 @@ impl Shared {
                 }
             }
         };
-        if let Some(room) = local.take() {
-            let victims = match &room {
+        for _round in 0..PLAN_ROUNDS_MAX {
+            let Some(r) = room.take() else { break };
+            let victims = match &r {
                 Room::Free => Vec::new(),
                 Room::Redundant(v) | Room::Evict(v) => v.clone(),
             };
-            self.evict(&mut state, &victims, &mut sent, true, &mut dropped);
+            let (s, cleared) = self.clear_room(state, &victims, &mut sent, true, &mut dropped);
+            state = s;
+            if !cleared {
+                // A home refused: plan again, here.
+                let st: &State = &state;
+                room = plan_receive(mode, &st.cache, need, key, &|k| Self::is_redundant(st, k));
+                continue;
+            }
+            if state.cache.contains(key) {
+                break;
+            }
             if let Some(pages) = state.cache.insert(key, bytes, version).ok().map(|e| e.pages.clone()) {
                 self.write_body(&pages, body);
                 held.extend(self.publish(&mut state, key));
@@ -715,6 +1002,7 @@ impl Shared {
                     self.tell_home(&mut state, key, Msg::AddHolder { key }, &mut sent, true);
                 }
             }
+            break;
         }
         if self.cooperative() {
             state.stats.tally.record(Primitive::Store, &sent);
@@ -748,6 +1036,21 @@ impl Shared {
     }
 
     fn invalidate(&self, key: Key) {
+        if self.config.scheme == Scheme::Groupcache {
+            // No cluster invalidation: the owner drops its copy (the only one).
+            let owner = self.ring.owner(key);
+            let mut state = lock(&self.state);
+            if owner == self.me {
+                self.drop_local(&mut state, key);
+                state.stats.tally.record(Primitive::Invalidate, &[]);
+            } else {
+                if !self.send(owner, &Msg::DropCopy { key }) {
+                    state.stats.peer_failures += 1;
+                }
+                state.stats.tally.record(Primitive::Invalidate, &[(MsgKind::DropCopy, CONTROL_BYTES, true)]);
+            }
+            return;
+        }
         let home = self.home(key);
         let mut state = lock(&self.state);
         let mut sent: Sent = Vec::new();

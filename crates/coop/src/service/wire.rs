@@ -26,6 +26,19 @@ pub enum Msg {
     DropCopy { key: Key },
     /// The sender's page-table changes (the soft-state broadcast).
     Announce { free_pages: u32, held: Vec<Held>, dropped: Vec<Key> },
+    /// Groupcache: GET `key` from its owner.
+    GroupGet { id: u64, key: Key },
+    /// Groupcache: the owner's answer, with the version and the bytes if it
+    /// holds the entity.
+    GroupReply { id: u64, found: Option<(u64, Vec<u8>)> },
+    /// Groupcache: the requester loaded `key` after the owner missed; the
+    /// owner keeps the only copy.
+    GroupPut { key: Key, version: u64, body: Vec<u8> },
+    /// To a home: I drop my copy of `key` because another copy exists;
+    /// remove me as a holder if one does (seed-notes a.7 #7).
+    RemoveIfShared { id: u64, key: Key },
+    /// The home's answer: removed (`granted`) or refused (I hold the last copy).
+    RemoveReply { id: u64, granted: bool },
 }
 
 /// An entity offered by a STORE.
@@ -64,6 +77,9 @@ pub struct WireError(pub &'static str);
 /// Longest list in a message (pages of an entity, items, announced records).
 pub const LIST_MAX: u32 = 1 << 16;
 
+/// Longest body a groupcache message carries (the largest cacheable entity).
+pub const BODY_MAX: u32 = crate::pool::ENTITY_PAGES_MAX * crate::pool::PAGE_BYTES as u32;
+
 struct W(Vec<u8>);
 
 impl W {
@@ -84,6 +100,10 @@ impl W {
         for &p in pages {
             self.u32(p);
         }
+    }
+    fn body(&mut self, body: &[u8]) {
+        self.u32(body.len() as u32);
+        self.0.extend_from_slice(body);
     }
 }
 
@@ -121,6 +141,15 @@ impl R<'_> {
     fn pages(&mut self) -> Result<Vec<u32>, WireError> {
         let n = self.count()?;
         (0..n).map(|_| self.u32()).collect()
+    }
+    fn body(&mut self) -> Result<Vec<u8>, WireError> {
+        let n = self.u32()?;
+        if n > BODY_MAX || n as usize > self.0.len() {
+            return Err(WireError("body longer than the message or the largest entity"));
+        }
+        let (head, rest) = self.0.split_at(n as usize);
+        self.0 = rest;
+        Ok(head.to_vec())
     }
 }
 
@@ -186,6 +215,36 @@ impl Msg {
                     w.u64(*k);
                 }
             }
+            Msg::GroupGet { id, key } => {
+                w.u8(9);
+                w.u64(*id);
+                w.u64(*key);
+            }
+            Msg::GroupReply { id, found } => {
+                w.u8(10);
+                w.u64(*id);
+                w.u8(u8::from(found.is_some()));
+                if let Some((version, body)) = found {
+                    w.u64(*version);
+                    w.body(body);
+                }
+            }
+            Msg::GroupPut { key, version, body } => {
+                w.u8(11);
+                w.u64(*key);
+                w.u64(*version);
+                w.body(body);
+            }
+            Msg::RemoveIfShared { id, key } => {
+                w.u8(12);
+                w.u64(*id);
+                w.u64(*key);
+            }
+            Msg::RemoveReply { id, granted } => {
+                w.u8(13);
+                w.u64(*id);
+                w.u8(u8::from(*granted));
+            }
         }
         w.0
     }
@@ -223,6 +282,27 @@ impl Msg {
                 let dropped = (0..n).map(|_| r.u64()).collect::<Result<_, _>>()?;
                 Msg::Announce { free_pages, held, dropped }
             }
+            9 => Msg::GroupGet { id: r.u64()?, key: r.u64()? },
+            10 => {
+                let id = r.u64()?;
+                let found = match r.u8()? {
+                    0 => None,
+                    1 => Some((r.u64()?, r.body()?)),
+                    _ => return Err(WireError("bad found flag")),
+                };
+                Msg::GroupReply { id, found }
+            }
+            11 => Msg::GroupPut { key: r.u64()?, version: r.u64()?, body: r.body()? },
+            12 => Msg::RemoveIfShared { id: r.u64()?, key: r.u64()? },
+            13 => {
+                let id = r.u64()?;
+                let granted = match r.u8()? {
+                    0 => false,
+                    1 => true,
+                    _ => return Err(WireError("bad granted flag")),
+                };
+                Msg::RemoveReply { id, granted }
+            }
             _ => return Err(WireError("unknown tag")),
         };
         if !r.0.is_empty() {
@@ -255,6 +335,13 @@ mod tests {
                 held: vec![Held { key: 1, seq: 2, bytes: 3, version: 4, pages: vec![5] }],
                 dropped: vec![8, 9],
             },
+            Msg::GroupGet { id: 3, key: 4 },
+            Msg::GroupReply { id: 3, found: None },
+            Msg::GroupReply { id: 3, found: Some((2, vec![1, 2, 3])) },
+            Msg::GroupPut { key: 4, version: 1, body: vec![9; 5000] },
+            Msg::RemoveIfShared { id: 5, key: 6 },
+            Msg::RemoveReply { id: 5, granted: true },
+            Msg::RemoveReply { id: 5, granted: false },
         ];
         for m in msgs {
             let bytes = m.encode();
@@ -265,5 +352,9 @@ mod tests {
         }
         assert!(Msg::decode(&[0]).is_err());
         assert!(Msg::decode(&[8, 0, 0, 0, 0, 255, 255, 255, 255]).is_err());
+        // A body length beyond the message or the largest entity.
+        let mut put = Msg::GroupPut { key: 1, version: 0, body: vec![0; 4] }.encode();
+        put[17..21].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert!(Msg::decode(&put).is_err());
     }
 }

@@ -32,9 +32,22 @@ pub enum BenchCommand {
         /// Proxy CPU per miss, microseconds (the calibration knob).
         #[arg(long)]
         miss_cpu_us: Option<u64>,
-        /// Proxy counts to run (default 2,8).
+        /// Proxy counts to run (default 2,8; with --http: 2).
         #[arg(long, value_delimiter = ',')]
         proxies: Option<Vec<usize>>,
+        /// Real processes instead: `tierstack origin` web servers, `proxy --coop` proxies and
+        /// `coop-node` passive nodes under `tierstack load`'s closed loop, the simulator beside.
+        #[arg(long)]
+        http: bool,
+        /// --http: the traces (default 8k,32k with --quick, else all four).
+        #[arg(long, value_delimiter = ',', requires = "http")]
+        traces: Option<Vec<String>>,
+        /// --http: fabric backend (shm or tcp).
+        #[arg(long, requires = "http")]
+        backend: Option<tierstack_cluster::Backend>,
+        /// --http: measured seconds per run (after a warm-up).
+        #[arg(long, requires = "http")]
+        duration_s: Option<f64>,
     },
     /// Strongly coherent caching (coherency paper Fig. 9-11): response time and throughput vs
     /// compute threads, response-time breakdown, traces; no-cache, poll/tcp, poll/shm and ttl.
@@ -248,7 +261,31 @@ pub enum BenchCommand {
 
 pub fn run(command: BenchCommand) -> Result<()> {
     match command {
-        BenchCommand::Coop { out, quick, scale, requests_per_file, disk_seek_us, lookup_ns, miss_cpu_us, proxies } => {
+        BenchCommand::Coop {
+            out,
+            quick,
+            scale,
+            requests_per_file,
+            disk_seek_us,
+            lookup_ns,
+            miss_cpu_us,
+            proxies,
+            http,
+            traces,
+            backend,
+            duration_s,
+        } => {
+            if http {
+                let mut config = tierstack_bench::coop_http::CoopHttpConfig::new(std::env::current_exe()?, out, quick);
+                config.scale = scale.unwrap_or(config.scale);
+                config.traces = traces.unwrap_or(config.traces);
+                config.backend = backend.unwrap_or(config.backend);
+                config.proxies = proxies.and_then(|p| p.first().copied()).unwrap_or(config.proxies);
+                config.duration_ms = duration_s.map_or(config.duration_ms, |s| (s * 1000.0) as u64);
+                config.disk_seek_us = disk_seek_us.map_or(config.disk_seek_us, |us| us as u64);
+                tierstack_bench::coop_http::run_http(&config)?;
+                return Ok(());
+            }
             let mut config = tierstack_bench::coop::CoopBenchConfig::new(out, quick);
             config.scale = scale.unwrap_or(config.scale);
             config.requests_per_file = requests_per_file.unwrap_or(config.requests_per_file);

@@ -1,5 +1,6 @@
 pub mod bench;
 pub mod cluster;
+pub mod coop;
 pub mod ddss;
 pub mod demo;
 pub mod dlm;

@@ -333,6 +333,16 @@ pub struct ProxyArgs {
     /// here override it.
     #[arg(long)]
     config: Option<PathBuf>,
+    /// Cooperative caching across the proxies (issue 12): ac | bcc | ccwr |
+    /// mtacc | hybcc | groupcache. The proxies of the topology (or
+    /// --coop-peers) cooperate; its passive nodes (or --coop-passive, each
+    /// running `tierstack coop-node`) lend their memory to MTACC/HYBCC.
+    /// Needs --topology/--node. `--cache-bytes` stays a private first level
+    /// in front of the pool (0: the pool is the whole cache).
+    #[arg(long, value_parser = super::coop::parse_scheme, requires = "topology")]
+    coop: Option<tierstack_coop::Scheme>,
+    #[command(flatten)]
+    coop_args: super::coop::CoopArgs,
     /// Close a client connection that has not sent a whole request header
     /// this long after it began waiting for one (also idle keep-alives).
     #[arg(long, default_value_t = tierstack_proxy::HEADER_READ_TIMEOUT_DEFAULT.as_millis() as u64)]
@@ -378,10 +388,21 @@ pub fn proxy(args: ProxyArgs) -> Result<()> {
     if let Some(path) = &args.config {
         tracing::info!(path = %path.display(), "configuration file expanded into flags");
     }
-    let fabric = match (&args.topology, args.node) {
-        (Some(path), Some(node)) => Some(super::open_node(path, NodeId(node))?.1),
-        (None, None) => None,
+    let (topology, fabric) = match (&args.topology, args.node) {
+        (Some(path), Some(node)) => {
+            let (topology, fabric) = super::open_node(path, NodeId(node))?;
+            (Some(topology), Some(fabric))
+        }
+        (None, None) => (None, None),
         _ => anyhow::bail!("--topology and --node go together"),
+    };
+    let coop = match (args.coop, &topology, &fabric) {
+        (None, _, _) => None,
+        (Some(scheme), Some(topology), Some(fabric)) => {
+            let config = args.coop_args.config(topology, scheme)?;
+            Some(tierstack_proxy::CoopHandle::start(fabric.clone(), config).context("starting the cooperative cache")?)
+        }
+        (Some(_), _, _) => anyhow::bail!("--coop needs --topology and --node"),
     };
     if let Some(cpu) = args.cpu {
         pin_to_cpu(cpu)?;
@@ -456,6 +477,9 @@ pub fn proxy(args: ProxyArgs) -> Result<()> {
         }
         if let Some(site) = site {
             proxy.set_site(site)?;
+        }
+        if let Some(coop) = coop {
+            proxy.set_coop(coop)?;
         }
         let stop = Stop::new();
         let signals = args.service.stop_signals()?;

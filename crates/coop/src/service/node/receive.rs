@@ -7,26 +7,47 @@ use crate::pool::pages_for;
 use crate::service::wire::{Item, Msg, UNCHECKED};
 use crate::Key;
 use std::sync::atomic::Ordering;
+use std::sync::mpsc::{Receiver, Sender};
 use std::time::Duration;
 use tierstack_fabric::{Channel, FabricError};
 
 impl Shared {
-    pub(super) fn receive_loop(&self) {
+    /// The receiver thread: handles every message but STOREs, which go to
+    /// the store worker (placing an item may wait for homes' answers, which
+    /// this thread delivers).
+    pub(super) fn receive_loop(&self, stores: Sender<(usize, Msg)>) {
         let inbox = self.fabric.inbox(Channel::COOP_CACHE);
         while !self.stop.load(Ordering::SeqCst) {
             match inbox.recv_timeout(Duration::from_millis(20)) {
                 Ok(message) => {
-                    if let Some(from) = self.members.iter().position(|&n| n == message.from) {
-                        match Msg::decode(&message.payload) {
-                            Ok(msg) => self.handle(from, msg),
-                            Err(_) => lock(&self.state).stats.malformed += 1,
+                    let from = self.members.iter().position(|&n| n == message.from);
+                    match (from, Msg::decode(&message.payload)) {
+                        (Some(from), Ok(msg @ Msg::Store { .. })) => {
+                            // Counted as handled by the worker, once placed.
+                            if stores.send((from, msg)).is_err() {
+                                self.handled.fetch_add(1, Ordering::SeqCst);
+                            }
+                            continue;
                         }
+                        (Some(from), Ok(msg)) => self.handle(from, msg),
+                        (Some(_), Err(_)) => lock(&self.state).stats.malformed += 1,
+                        (None, _) => {}
                     }
                     self.handled.fetch_add(1, Ordering::SeqCst);
                 }
                 Err(FabricError::RecvTimeout { .. }) => {}
                 Err(_) => break,
             }
+        }
+    }
+
+    /// The store worker: STOREs one at a time, until the receiver stops.
+    pub(super) fn store_loop(&self, stores: Receiver<(usize, Msg)>) {
+        while let Ok((from, msg)) = stores.recv() {
+            if let Msg::Store { id, swap_for, items } = msg {
+                self.receive_store(from, id, swap_for, items);
+            }
+            self.handled.fetch_add(1, Ordering::SeqCst);
         }
     }
 
@@ -44,6 +65,21 @@ impl Shared {
                 let mut state = lock(&self.state);
                 if self.drop_local(&mut state, key) {
                     self.announce(&mut state, Vec::new(), vec![key]);
+                }
+            }
+            Msg::RemoveIfShared { id, key } => {
+                let granted = {
+                    let mut state = lock(&self.state);
+                    let node = u32::try_from(from).unwrap_or(u32::MAX);
+                    state.keys.as_mut().is_some_and(|k| k.remove_if_shared(key, node))
+                };
+                if !self.send(from, &Msg::RemoveReply { id, granted }) {
+                    lock(&self.state).stats.peer_failures += 1;
+                }
+            }
+            Msg::RemoveReply { id, granted } => {
+                if let Some(tx) = lock(&self.acks).remove(&id) {
+                    let _ = tx.try_send((u32::from(granted), 0));
                 }
             }
             Msg::StoreAck { id, placed, reads } => {
@@ -70,6 +106,22 @@ impl Shared {
                 }
             }
             Msg::Store { id, swap_for, items } => self.receive_store(from, id, swap_for, items),
+            Msg::GroupGet { id, key } => {
+                let found = self.group_serve(key);
+                if !self.send(from, &Msg::GroupReply { id, found }) {
+                    lock(&self.state).stats.peer_failures += 1;
+                }
+            }
+            Msg::GroupReply { id, found } => {
+                if let Some(tx) = lock(&self.replies).remove(&id) {
+                    let _ = tx.try_send(found);
+                }
+            }
+            Msg::GroupPut { key, version, body } => {
+                if self.config.scheme == crate::Scheme::Groupcache && self.ring.owner(key) == self.me {
+                    self.store(key, version, &body);
+                }
+            }
         }
     }
 
@@ -82,36 +134,47 @@ impl Shared {
         let (mut placed, mut reads) = (0u32, 0u32);
         let mut held = Vec::new();
         let mut dropped = Vec::new();
+        let from_u32 = u32::try_from(from).ok();
+        let me_u32 = u32::try_from(self.me).ok();
         if let Some(k) = swap_for {
             // The sender now holds k: our copy is redundant. (Its announce
-            // follows; until then a placeholder that no read can match.)
+            // follows; until then a placeholder that no read can match.) The
+            // home learns it first, so that our copy's eviction, asked at
+            // the home, is granted.
             state
                 .replica
                 .entry(k)
                 .or_default()
                 .insert(from, Loc { seq: u64::MAX, bytes: 0, version: 0, pages: Vec::new() });
+            self.tell_home(&mut state, k, Msg::Transfer { key: k, remove: None, add: from_u32 }, &mut sent, false);
         }
-        let from_u32 = u32::try_from(from).ok();
-        let me_u32 = u32::try_from(self.me).ok();
         for it in items {
             let (mode, _) = self.config.scheme.mode_for(it.bytes);
             let need = pages_for(it.bytes);
             if state.cache.contains(it.key) || it.pages.len() as u32 != need {
                 continue;
             }
-            let room = {
-                let st: &State = &state;
-                plan_receive(mode, &st.cache, need, it.key, &|k| Self::is_redundant(st, k))
-            };
-            let Some(room) = room else { continue };
-            let victims = match &room {
-                Room::Free => Vec::new(),
-                Room::Redundant(v) | Room::Evict(v) => v.clone(),
-            };
-            self.evict(&mut state, &victims, &mut sent, false, &mut dropped);
-            let Some(pages) = state.cache.insert(it.key, it.bytes, it.version).ok().map(|e| e.pages.clone()) else {
-                continue;
-            };
+            let mut placed_here = None;
+            for _round in 0..super::PLAN_ROUNDS_MAX {
+                let room = {
+                    let st: &State = &state;
+                    plan_receive(mode, &st.cache, need, it.key, &|k| Self::is_redundant(st, k))
+                };
+                let Some(room) = room else { break };
+                let victims = match &room {
+                    Room::Free => Vec::new(),
+                    Room::Redundant(v) | Room::Evict(v) => v.clone(),
+                };
+                let (s, cleared) = self.clear_room(state, &victims, &mut sent, false, &mut dropped);
+                state = s;
+                if cleared {
+                    if !state.cache.contains(it.key) {
+                        placed_here = state.cache.insert(it.key, it.bytes, it.version).ok().map(|e| e.pages.clone());
+                    }
+                    break;
+                }
+            }
+            let Some(pages) = placed_here else { continue };
             reads += 1;
             let check = it.pages.first().filter(|_| it.seq != UNCHECKED).map(|&slot| (slot, it.seq));
             match self.read_remote(from, &it.pages, &pages, it.bytes, check) {
@@ -137,9 +200,6 @@ impl Shared {
                     self.forget(from, &mut state);
                 }
             }
-        }
-        if let Some(k) = swap_for {
-            self.tell_home(&mut state, k, Msg::Transfer { key: k, remove: None, add: from_u32 }, &mut sent, false);
         }
         self.announce(&mut state, held, dropped);
         drop(state);
