@@ -551,6 +551,8 @@ struct State {
     upstreams: Vec<Uri>,
     mode: CacheMode,
     cache: Mutex<Cache>,
+    /// The cache's largest object (fixed when it is made).
+    object_bytes_max: usize,
     checker: Option<VersionChecker>,
     client: Client<HttpConnector, Full<Bytes>>,
     upstream_timeout: Duration,
@@ -1115,7 +1117,11 @@ where
     if !readable || state.mode == CacheMode::NoCache || request.headers().contains_key(RANGE) {
         state.counters.misses.fetch_add(1, Ordering::Relaxed);
         unserved.pending = false;
-        return forward(&state, request, &key, None).await;
+        // On the heap (here and below): a miss's state (request and response
+        // heads, the tee, the upstream call) held inline made every
+        // request's future, hits' too, 2,880 bytes instead of 1,376 (moved a
+        // few times between the handler and hyper's dispatcher).
+        return Box::pin(forward(&state, request, &key, None)).await;
     }
     let now = policy::now_secs();
     // Parsed only when a freshness decision needs it (not on a hit of a
@@ -1163,7 +1169,7 @@ where
         state.counters.misses.fetch_add(1, Ordering::Relaxed);
         unserved.pending = false;
         let request_cc = request_cc().clone();
-        return revalidate(&state, request, &key, entry, &request_cc).await.map(Into::into);
+        return Box::pin(revalidate(&state, request, &key, entry, &request_cc)).await.map(Into::into);
     }
     // Concurrent misses of one document share one upstream fetch; each
     // waiter checks the result is its own variant, and validates it itself
@@ -1194,13 +1200,13 @@ where
                 state.counters.misses.fetch_add(1, Ordering::Relaxed);
                 unserved.pending = false;
                 // The leader finishes the flight once the body is stored.
-                return forward(&state, request, &key, Some(leader)).await;
+                return Box::pin(forward(&state, request, &key, Some(leader))).await;
             }
         }
     }
     state.counters.misses.fetch_add(1, Ordering::Relaxed);
     unserved.pending = false;
-    forward(&state, request, &key, None).await
+    Box::pin(forward(&state, request, &key, None)).await
 }
 
 /// An upstream response, its body read, and when it was asked for and
@@ -1351,7 +1357,7 @@ where
         .get(hyper::header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<usize>().ok());
-    let object_max = state.cache.lock().map_or(0, |cache| cache.object_bytes_max());
+    let object_max = state.object_bytes_max;
     let mut tee = (parts.method == Method::GET
         && state.mode != CacheMode::NoCache
         && !parts.headers.contains_key(RANGE)
@@ -1780,10 +1786,12 @@ impl Proxy {
             Some(authority) => authority.to_ascii_lowercase(),
             None => listener.local_addr().map(|a| a.to_string()).unwrap_or_default(),
         };
+        let cache = Cache::new(config.cache_bytes);
         let state = Arc::new(State {
             upstreams,
             mode: config.mode,
-            cache: Mutex::new(Cache::new(config.cache_bytes)),
+            object_bytes_max: cache.object_bytes_max(),
+            cache: Mutex::new(cache),
             checker,
             client,
             upstream_timeout: config.upstream_timeout,
