@@ -273,6 +273,7 @@ struct Counters {
     check_errors: AtomicU64,
     upstream_ns: AtomicU64,
     upstream_errors: AtomicU64,
+    upstream_retries: AtomicU64,
     uncacheable_deps: AtomicU64,
     coalesced: AtomicU64,
     waiting_on_fetch: AtomicU64,
@@ -323,7 +324,7 @@ struct Counters {
 /// - `push_hits <= hits`
 /// - `refused_overloaded + refused_no_backend <= misses`
 /// - `routed` sums to at most `misses + fenced + revalidations +
-///   refresh_refetches` (a request
+///   refresh_refetches + upstream_retries` (a request
 ///   whose upstream was chosen; a fenced one is chosen again; each
 ///   conditional or repeated request of a revalidation is chosen too)
 /// - `pushes_received == pushes_installed + pushes_redundant + pushes_stale`
@@ -354,6 +355,11 @@ pub struct ProxyStats {
     pub check_errors: u64,
     pub upstream_ns: u64,
     pub upstream_errors: u64,
+    /// Forwards sent to another upstream because the chosen one refused the
+    /// connection (or, for an idempotent method, broke it before a response
+    /// head); each was routed once more.
+    #[serde(default)]
+    pub upstream_retries: u64,
     /// Responses not cached because their dependency header was malformed.
     pub uncacheable_deps: u64,
     /// Requests answered from another request's concurrent fetch (after
@@ -527,12 +533,12 @@ impl ProxyStats {
         // A fenced forward is routed once more; a revalidation (also in the
         // background, for stale-while-revalidate) is routed too, and so
         // is a refresh's refetch.
-        let routable = self.misses + self.fenced + self.revalidations + self.refresh_refetches;
+        let routable = self.misses + self.fenced + self.revalidations + self.refresh_refetches + self.upstream_retries;
         expect(
             routed <= routable,
             format!(
-                "routed {routed} > misses {} + fenced {} + revalidations {} + refresh_refetches {}",
-                self.misses, self.fenced, self.revalidations, self.refresh_refetches
+                "routed {routed} > misses {} + fenced {} + revalidations {} + refresh_refetches {} + upstream_retries {}",
+                self.misses, self.fenced, self.revalidations, self.refresh_refetches, self.upstream_retries
             ),
         );
         let pushes_ended = self.pushes_installed + self.pushes_redundant + self.pushes_stale;
@@ -738,11 +744,17 @@ fn respond(entry: &Entry, request: &HeaderMap, method: &Method, now: u64, label:
 }
 
 impl State {
-    /// Chooses the upstream for `key`, or the response refusing it.
-    async fn route(&self, key: &str) -> Result<Routed<'_>, Response<Body>> {
+    /// Chooses the upstream for `key`, never one in `avoid` (upstreams
+    /// that refused this request's connection), or the response refusing it.
+    async fn route(&self, key: &str, avoid: &[usize]) -> Result<Routed<'_>, Response<Body>> {
+        let upstreams = self.upstreams.len();
         let Some(balancing) = self.balancing.get() else {
-            // FNV-1a: stable across runs, so a document keeps its upstream.
-            let index = (fnv1a(key) % self.upstreams.len() as u64) as usize;
+            // FNV-1a: stable across runs, so a document keeps its upstream;
+            // past an avoided one, the next in order.
+            let first = (fnv1a(key) % upstreams as u64) as usize;
+            let Some(index) = (0..upstreams).map(|k| (first + k) % upstreams).find(|i| !avoid.contains(i)) else {
+                return Err(text(StatusCode::BAD_GATEWAY, "every application server refused the connection\n"));
+            };
             return Ok(self.routed(Routed { index, balancer: None, stamp: None }));
         };
         if let Some(source) = &balancing.source {
@@ -771,7 +783,26 @@ impl State {
                 balancer.set_member(index, stamp.is_some_and(|s| s.site == site.site));
             }
         }
-        match balancer.choose(key) {
+        let decision = match balancer.choose(key) {
+            // The balancer's choice refused this request's connection: the
+            // next upstream in order that is eligible (of this site, if any).
+            Decision::Route(chosen) if avoid.contains(&chosen) => {
+                let eligible = |i: &usize| {
+                    !avoid.contains(i)
+                        && self.site.get().is_none_or(|site| {
+                            stamps.get(*i).copied().flatten().is_some_and(|stamp| stamp.site == site.site)
+                        })
+                };
+                match (1..upstreams).map(|k| (chosen + k) % upstreams).find(eligible) {
+                    Some(index) => Decision::Route(index),
+                    None => {
+                        return Err(text(StatusCode::BAD_GATEWAY, "every application server refused the connection\n"))
+                    }
+                }
+            }
+            decision => decision,
+        };
+        match decision {
             Decision::Route(index) => {
                 balancer.dispatched(index, host_monotonic_ns());
                 let stamp = stamps.get(index).copied().flatten();
@@ -924,6 +955,7 @@ impl State {
             check_errors: load(&c.check_errors),
             upstream_ns: load(&c.upstream_ns),
             upstream_errors: load(&c.upstream_errors),
+            upstream_retries: load(&c.upstream_retries),
             uncacheable_deps: load(&c.uncacheable_deps),
             coalesced: load(&c.coalesced),
             waiting_on_fetch: load(&c.waiting_on_fetch),
@@ -1271,10 +1303,13 @@ async fn send(
     body: Bytes,
 ) -> Result<(Response<Incoming>, Instant, u64), Response<Body>> {
     let mut attempt = 0;
+    // Upstreams that refused this request (as nginx's `proxy_next_upstream
+    // error`): each is tried at most once.
+    let mut refused: Vec<usize> = Vec::new();
     let request_time = policy::now_secs();
     let (started, response, _routed) = loop {
         attempt += 1;
-        let routed = state.route(target).await?;
+        let routed = state.route(target, &refused).await?;
         let upstream = &state.upstreams[routed.index];
         let uri = match format!("{}{}", upstream.to_string().trim_end_matches('/'), target).parse::<Uri>() {
             Ok(uri) => uri,
@@ -1291,6 +1326,14 @@ async fn send(
         }
         let started = Instant::now();
         let outcome = tokio::time::timeout(state.upstream_timeout, state.client.request(upstream_request)).await;
+        if let Ok(Err(e)) = &outcome {
+            if may_retry_elsewhere(e, method) && refused.len() + 1 < state.upstreams.len() {
+                state.counters.upstream_retries.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(upstream = routed.index, error = %e, "upstream refused; trying the next");
+                refused.push(routed.index);
+                continue;
+            }
+        }
         // The upstream moved to another site after we read its role (the
         // epoch fence refused the request): route it once more.
         if let Ok(Ok(response)) = &outcome {
@@ -1320,6 +1363,23 @@ async fn send(
         }
     };
     Ok((response, started, request_time))
+}
+
+/// May a request that failed with `error` go to another upstream? If the
+/// connection was never made (refused, unreachable): the request was not
+/// sent, so any method. If the connection broke before a whole response head
+/// arrived: only an idempotent method (RFC 9110 §9.2.2), which may have
+/// been processed but may be repeated.
+fn may_retry_elsewhere(error: &hyper_util::client::legacy::Error, method: &Method) -> bool {
+    if error.is_connect() {
+        return true;
+    }
+    let idempotent =
+        matches!(*method, Method::GET | Method::HEAD | Method::PUT | Method::DELETE | Method::OPTIONS | Method::TRACE);
+    let broke_before_head = std::error::Error::source(error)
+        .and_then(|source| source.downcast_ref::<hyper::Error>())
+        .is_some_and(|e| e.is_incomplete_message());
+    idempotent && broke_before_head
 }
 
 /// Forwards to the upstream and streams the answer back as it arrives. A
