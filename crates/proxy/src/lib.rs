@@ -596,6 +596,32 @@ impl Drop for Routed<'_> {
     }
 }
 
+impl Routed<'_> {
+    /// The same guard, owning its hold on the proxy (for a body relayed by
+    /// a task of its own).
+    fn detach(mut self, state: &Arc<State>) -> InFlight {
+        let balanced = self.balancer.take().is_some();
+        InFlight { index: self.index, state: balanced.then(|| state.clone()) }
+    }
+}
+
+/// A [`Routed`] whose forward outlives the request's handler: tells the
+/// balancer the forward ended when dropped.
+struct InFlight {
+    index: usize,
+    /// Set only when the proxy balances.
+    state: Option<Arc<State>>,
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        let balancer = self.state.as_ref().and_then(|state| state.balancing.get()).map(|b| b.balancer.lock());
+        if let Some(Ok(mut balancer)) = balancer {
+            balancer.completed(self.index, host_monotonic_ns());
+        }
+    }
+}
+
 fn elapsed_ns(since: Instant) -> u64 {
     u64::try_from(since.elapsed().as_nanos()).unwrap_or(u64::MAX)
 }
@@ -1272,7 +1298,8 @@ async fn fetch(
     headers: &HeaderMap,
     body: Bytes,
 ) -> Result<Fetched, Response<Body>> {
-    let (response, started, request_time) = send(state, method, target, headers, body).await?;
+    // `_routed` lives until the body is read.
+    let (response, started, request_time, _routed) = send(state, method, target, headers, body).await?;
     let upstream_error = |response: Response<Body>| {
         state.counters.upstream_errors.fetch_add(1, Ordering::Relaxed);
         response
@@ -1294,20 +1321,22 @@ async fn fetch(
 }
 
 /// Sends the request upstream and waits for the response's head (the
-/// body still to read); also when it was sent (for its time and age).
-async fn send(
-    state: &State,
+/// body still to read); also when it was sent (for its time and age), and
+/// the upstream it went to: the caller holds that until the body is read,
+/// so the balancer counts the forward in flight until then.
+async fn send<'a>(
+    state: &'a State,
     method: &Method,
     target: &str,
     headers: &HeaderMap,
     body: Bytes,
-) -> Result<(Response<Incoming>, Instant, u64), Response<Body>> {
+) -> Result<(Response<Incoming>, Instant, u64, Routed<'a>), Response<Body>> {
     let mut attempt = 0;
     // Upstreams that refused this request (as nginx's `proxy_next_upstream
     // error`): each is tried at most once.
     let mut refused: Vec<usize> = Vec::new();
     let request_time = policy::now_secs();
-    let (started, response, _routed) = loop {
+    let (started, response, routed) = loop {
         attempt += 1;
         let routed = state.route(target, &refused).await?;
         let upstream = &state.upstreams[routed.index];
@@ -1362,7 +1391,7 @@ async fn send(
             )))
         }
     };
-    Ok((response, started, request_time))
+    Ok((response, started, request_time, routed))
 }
 
 /// May a request that failed with `error` go to another upstream? If the
@@ -1403,10 +1432,11 @@ where
         Err(e) => return text(StatusCode::PAYLOAD_TOO_LARGE, format!("request body: {e}\n")).map(Into::into),
     };
     let headers = upstream_fields(&parts.headers);
-    let (response, started, request_time) = match send(state, &parts.method, target_of(key), &headers, body).await {
-        Ok(sent) => sent,
-        Err(response) => return response.map(Into::into),
-    };
+    let (response, started, request_time, routed) =
+        match send(state, &parts.method, target_of(key), &headers, body).await {
+            Ok(sent) => sent,
+            Err(response) => return response.map(Into::into),
+        };
     let (head, mut upstream_body) = response.into_parts();
     let response_time = policy::now_secs();
     if is_unsafe(&parts.method) && (head.status.is_success() || head.status.is_redirection()) {
@@ -1478,6 +1508,8 @@ where
         *response.body_mut() = ProxyBody::Whole(Full::new(body));
         return response;
     }
+    // The balancer counts this forward in flight until its body is relayed.
+    let in_flight = routed.detach(state);
     let (sender, receiver) = tokio::sync::mpsc::channel(stream::STREAM_FRAMES);
     *response.body_mut() = ProxyBody::Streamed(receiver);
     let (state, key, request_headers) = (state.clone(), key.to_string(), tee.as_ref().map(|_| parts.headers));
@@ -1494,6 +1526,7 @@ where
     });
     tokio::spawn(async move {
         use http_body_util::BodyExt;
+        let _in_flight = in_flight;
         let Some(state) = finish.as_ref().map(|f| f.state.clone()) else { return };
         let mut received = 0u64;
         let mut pending = first;
