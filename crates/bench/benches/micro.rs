@@ -128,7 +128,9 @@ fn uncontended_lock(c: &mut Criterion) {
 /// The proxy's hit path without the network: a `GET` of a cached page
 /// (ten response header fields, 4 KiB body) handled as the client listener
 /// would, in `ttl` mode so no version check is timed (that one is
-/// `coherent/check_3_keys`), against building the same response by hand.
+/// `coherent/check_3_keys`), against building the same response by hand;
+/// and the miss path (`miss_4k`): a new path each time, forwarded to an
+/// origin in the same runtime and stored.
 fn proxy_hit(c: &mut Criterion) {
     use bytes::Bytes;
     use http_body_util::Full;
@@ -177,7 +179,52 @@ fn proxy_hit(c: &mut Criterion) {
     assert!(stored, "the page is cacheable");
     let hit = runtime.block_on(proxy.bench_request(request()));
     assert_eq!(hit.headers().get("x-cache").map(|v| v.as_bytes()), Some(&b"HIT"[..]), "the page is a hit");
+    // A second proxy, in front of an origin in this runtime answering every
+    // path with a 4 KiB page carrying a dependency header: each request of a
+    // new path is a miss that goes upstream and is stored (`ttl` mode: no
+    // version check timed).
+    let origin = runtime.block_on(tokio::net::TcpListener::bind("127.0.0.1:0")).expect("origin");
+    let origin_addr = origin.local_addr().expect("origin addr");
+    let page = Bytes::from(vec![b'y'; 4096]);
+    let handler = std::sync::Arc::new(move |_request: hyper::Request<hyper::body::Incoming>| {
+        let page = page.clone();
+        async move {
+            let mut response = hyper::Response::new(Full::new(page));
+            response.headers_mut().insert("content-type", HeaderValue::from_static("text/html"));
+            response
+                .headers_mut()
+                .insert("x-tierstack-deps", HeaderValue::from_static("n=0;i=00000000000000ab;doc/a=12@0"));
+            response
+        }
+    });
+    runtime.spawn(tierstack_tier_http::serve(origin, handler, tierstack_tier_http::Stop::new()));
+    let missing = runtime
+        .block_on(Proxy::bind_with(
+            ProxyConfig {
+                listen: "127.0.0.1:0".parse().expect("addr"),
+                upstreams: vec![format!("http://{origin_addr}")],
+                mode: CacheMode::Ttl,
+                cache_bytes: 64 << 20,
+                upstream_timeout: Duration::from_secs(5),
+                fabric: None,
+                admin_listen: None,
+            },
+            ProxyOptions { cache_state: None, ..ProxyOptions::default() },
+        ))
+        .expect("proxy");
+    let mut next = 0u64;
     let mut group = c.benchmark_group("proxy");
+    group.bench_function("miss_4k", |b| {
+        b.iter(|| {
+            next += 1;
+            let mut request = hyper::Request::new(Full::new(Bytes::new()));
+            *request.uri_mut() = format!("/doc/m{next}").parse().expect("uri");
+            request.headers_mut().insert("host", HeaderValue::from_static("www.example.com"));
+            let response = runtime.block_on(missing.bench_request(request));
+            assert_eq!(response.status(), 200);
+            black_box(response)
+        })
+    });
     group.bench_function("hit_4k", |b| b.iter(|| black_box(runtime.block_on(proxy.bench_request(request())))));
     group.bench_function("baseline_build_response", |b| {
         b.iter(|| {

@@ -68,6 +68,11 @@ pub(crate) fn render(stats: &ProxyStats, checks: &Histogram) -> String {
     counter("invalidations_total", "Stored responses dropped after unsafe methods.", stats.invalidations);
     counter("purges_total", "Objects dropped by an admin purge.", stats.purges);
     counter("upstream_errors_total", "Upstreams that did not answer, or not in time.", stats.upstream_errors);
+    counter(
+        "upstream_retries_total",
+        "Forwards sent to the next upstream because the chosen one refused the connection.",
+        stats.upstream_retries,
+    );
     counter("upstream_bytes_total", "Response body bytes received from upstreams.", stats.upstream_bytes);
     counter("evictions_total", "Keys evicted to stay within the cache's bound.", stats.evictions);
     counter("pushes_installed_total", "Pushed documents installed.", stats.pushes_installed);

@@ -20,7 +20,8 @@
 //! further keys; those are validated like any other.
 
 use crate::cache::{Entry, InsertOutcome};
-use crate::{CacheMode, State, RESPONSE_BODY_BYTES_MAX};
+use crate::{CacheMode, State};
+use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper::header::CONTENT_TYPE;
 use hyper::{Method, Request, Response, StatusCode};
@@ -28,7 +29,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use tierstack_coherent::{DepsHeader, DEPS_HEADER};
 use tierstack_pushpull::fingerprint;
-use tierstack_tier_http::{collect_limited, text, Body};
+use tierstack_tier_http::{text, Body};
 
 /// The dependency key the document cached under `path` (`/doc/<name>`)
 /// must name.
@@ -79,9 +80,19 @@ pub(crate) async fn receive(state: &State, request: Request<Incoming>, path: Str
             format!("X-Tierstack-Deps does not name {document_key}, the key of the pushed document {path}\n"),
         );
     }
-    let body = match collect_limited(request.into_body(), RESPONSE_BODY_BYTES_MAX).await {
-        Ok(body) => body,
-        Err(e) => return refuse(StatusCode::PAYLOAD_TOO_LARGE, format!("push body: {e}\n")),
+    // A body larger than the cache's largest object could never be stored:
+    // refused on its declared length before it is read, else read at most
+    // that far.
+    let too_large = || refuse(StatusCode::INSUFFICIENT_STORAGE, "too large for this proxy's cache\n".into());
+    if usize::try_from(hyper::body::Body::size_hint(request.body()).lower())
+        .map_or(true, |declared| declared > state.object_bytes_max)
+    {
+        return too_large();
+    }
+    let body = match http_body_util::Limited::new(request.into_body(), state.object_bytes_max).collect().await {
+        Ok(body) => body.to_bytes(),
+        Err(e) if e.downcast_ref::<http_body_util::LengthLimitError>().is_some() => return too_large(),
+        Err(e) => return refuse(StatusCode::BAD_REQUEST, format!("push body: {e}\n")),
     };
     let bytes = body.len() as u64;
     let entry = Entry::pushed(body, content_type, raw, deps);
@@ -261,6 +272,27 @@ mod tests {
         let s = Setup::new(CacheMode::NoCache, 1 << 20).await;
         let deps = s.deps("a");
         assert_eq!(s.push("a", Some(&deps), "x").await, StatusCode::CONFLICT);
+        assert_eq!(s.stats().await.pushes_refused, 1);
+    }
+
+    /// A push whose declared length is over the cache's largest object is
+    /// refused at once, without reading (or waiting for) its body.
+    #[tokio::test]
+    async fn a_push_declared_larger_than_any_object_is_refused_before_its_body() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let s = Setup::new(CacheMode::Poll, 1 << 20).await;
+        let deps = s.deps("a");
+        let mut stream = tokio::net::TcpStream::connect(s.admin).await.unwrap();
+        let head = format!(
+            "PUT /_tierstack/push/doc/a HTTP/1.1\r\nhost: proxy\r\nx-tierstack-deps: {deps}\r\ncontent-length: {}\r\n\r\nonly this",
+            50 << 20
+        );
+        stream.write_all(head.as_bytes()).await.unwrap();
+        let mut answer = vec![0u8; 64];
+        let read = tokio::time::timeout(std::time::Duration::from_secs(10), stream.read(&mut answer)).await;
+        let read = read.expect("answered without the 50 MiB body").unwrap();
+        let answer = String::from_utf8_lossy(&answer[..read]);
+        assert!(answer.starts_with("HTTP/1.1 507"), "{answer}");
         assert_eq!(s.stats().await.pushes_refused, 1);
     }
 

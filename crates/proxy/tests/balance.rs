@@ -171,3 +171,78 @@ async fn hash_balancing_keeps_each_document_on_one_upstream() {
     assert!(served.iter().all(|n| n % 3 == 0), "each document three times to the same place: {served:?}");
     assert!(served.iter().all(|&n| n > 0), "load-oblivious: both get documents: {served:?}");
 }
+
+/// An upstream that answers `/slow` with a head and a first part, then
+/// holds the rest of the body until `release` is dropped; anything else at
+/// once. Counts the other requests it served.
+async fn holding_upstream(release: tokio::sync::watch::Receiver<()>) -> (String, Arc<AtomicU64>) {
+    use tierstack_proxy::ProxyBody;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let fast = Arc::new(AtomicU64::new(0));
+    let counting = fast.clone();
+    let handler = Arc::new(move |request: Request<hyper::body::Incoming>| {
+        let counting = counting.clone();
+        let mut release = release.clone();
+        async move {
+            if request.uri().path() != "/slow" {
+                counting.fetch_add(1, Ordering::Relaxed);
+                return text(StatusCode::OK, "fast\n").map(ProxyBody::from);
+            }
+            let (sender, receiver) = tokio::sync::mpsc::channel(4);
+            tokio::spawn(async move {
+                let _ = sender.send(Ok(Bytes::from_static(b"first part\n"))).await;
+                // Held until the test drops its sender.
+                let _ = release.changed().await;
+                let _ = sender.send(Ok(Bytes::from_static(b"rest\n"))).await;
+            });
+            hyper::Response::new(ProxyBody::Streamed(receiver))
+        }
+    });
+    tokio::spawn(serve(listener, handler, Stop::new()));
+    (format!("http://{addr}"), fast)
+}
+
+/// The balancer counts a forward in flight until its body has been relayed,
+/// not only until its head arrived: while one upstream is still sending a
+/// body, least-loaded sends the next requests to the other one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forward_counts_in_flight_until_its_body_ends() {
+    let (release, held) = tokio::sync::watch::channel(());
+    let (a, fast_a) = holding_upstream(held.clone()).await;
+    let (b, fast_b) = holding_upstream(held).await;
+    let config = ProxyConfig {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        upstreams: vec![a, b],
+        mode: CacheMode::NoCache,
+        cache_bytes: 1 << 20,
+        upstream_timeout: Duration::from_secs(10),
+        fabric: None,
+        admin_listen: None,
+    };
+    let proxy = Proxy::bind_with(config, ProxyOptions { cache_state: None, ..ProxyOptions::default() }).await.unwrap();
+    let balancing = Balancing { config: BalancerConfig::new(Policy::LeastLoaded), source: None };
+    proxy.set_balancing(balancing).unwrap();
+    let addr = proxy.local_addr().unwrap();
+    tokio::spawn(proxy.run(Stop::new()));
+    let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
+    let get = |path: &str| {
+        let mut request = Request::new(Full::new(Bytes::new()));
+        *request.uri_mut() = format!("http://{addr}{path}").parse().unwrap();
+        client.request(request)
+    };
+    // The slow response's head (and first part) has arrived; its body has not.
+    let mut slow = get("/slow").await.unwrap();
+    assert_eq!(slow.status(), StatusCode::OK);
+    let first = slow.body_mut().frame().await.unwrap().unwrap().into_data().unwrap();
+    assert_eq!(&first[..], b"first part\n");
+    for _ in 0..8 {
+        let fast = get("/fast").await.unwrap();
+        assert_eq!(fast.into_body().collect().await.unwrap().to_bytes(), "fast\n");
+    }
+    let served = (fast_a.load(Ordering::Relaxed), fast_b.load(Ordering::Relaxed));
+    assert!(served == (0, 8) || served == (8, 0), "all to the upstream not sending a body: {served:?}");
+    drop(release);
+    let rest = slow.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(&rest[..], b"rest\n");
+}
