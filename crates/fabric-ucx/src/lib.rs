@@ -42,6 +42,9 @@
 //! to its waiter through a bounded flume channel (a oneshot: sending before
 //! the waiter waits is fine); a caller waiting for a batch polls it for
 //! 20 µs before it parks, so a fast operation costs no thread wake-up.
+//! Both polls yield the CPU between looks (`sched_yield`), so a caller and
+//! a progress thread pinned to one CPU hand over instead of starving each
+//! other.
 //!
 //! **A batch** is posted as its ops (`ucp_put_nbx`, `ucp_get_nbx`,
 //! `ucp_atomic_op_nbx` fetch-add and compare-swap) separated by

@@ -66,7 +66,8 @@ impl Completion {
                         if start.elapsed() >= spin {
                             break;
                         }
-                        std::hint::spin_loop();
+                        // Yield: the completing thread may share this CPU.
+                        std::thread::yield_now();
                     }
                 }
                 rx.recv().unwrap_or(Err(FabricError::Closed))

@@ -476,7 +476,9 @@ impl Progress {
             if self.shared.is_closed() || start.elapsed() >= spin {
                 return false;
             }
-            std::hint::spin_loop();
+            // Yield rather than busy-wait: a caller pinned to this thread's
+            // CPU (the bench pins both) gets to run, and so do other processes.
+            std::thread::yield_now();
         }
     }
 
