@@ -33,8 +33,18 @@
 //! nothing to do, handle what the callbacks recorded, drain the submit
 //! queue, then `ucp_worker_arm` (on `UCS_ERR_BUSY`: progress again) and
 //! `poll` on the worker's event fd *and* the submit eventfd, bounded by the
-//! nearest deadline. Every result travels to its waiter through a bounded
-//! flume channel (a oneshot: sending before the waiter waits is fine).
+//! nearest deadline. Before it arms, an idle thread polls the worker and the
+//! queue for a bounded, adaptive while (50 µs, halving towards 2 µs each
+//! time it finds nothing, doubling back when it does), and a submitter
+//! writes the eventfd only when the thread said it sleeps (a flag set, a
+//! SeqCst fence, then a last look at the queue; the submitter queues,
+//! fences, then reads the flag: no wake-up is lost). Every result travels
+//! to its waiter through a bounded flume channel (a oneshot: sending before
+//! the waiter waits is fine); a caller waiting for a batch polls it for
+//! 20 µs before it parks, so a fast operation costs no thread wake-up.
+//! Both polls yield the CPU between looks (`sched_yield`), so a caller and
+//! a progress thread pinned to one CPU hand over instead of starving each
+//! other.
 //!
 //! **A batch** is posted as its ops (`ucp_put_nbx`, `ucp_get_nbx`,
 //! `ucp_atomic_op_nbx` fetch-add and compare-swap) separated by

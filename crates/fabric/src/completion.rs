@@ -1,4 +1,5 @@
 use crate::{FabricError, OpResult, Result};
+use std::time::{Duration, Instant};
 
 type BatchResult = Result<Vec<OpResult>>;
 
@@ -13,7 +14,9 @@ pub struct Completion(Inner);
 
 enum Inner {
     Ready(BatchResult),
-    Pending(flume::Receiver<BatchResult>),
+    /// The receiver and how long [`Completion::wait`] polls it before it
+    /// parks the thread.
+    Pending(flume::Receiver<BatchResult>, Duration),
 }
 
 /// The backend's side of a pending [`Completion`].
@@ -34,7 +37,16 @@ impl Completion {
     /// A completion that `sender` will complete later.
     pub fn pending() -> (Self, CompletionSender) {
         let (tx, rx) = flume::bounded(1);
-        (Completion(Inner::Pending(rx)), CompletionSender(tx))
+        (Completion(Inner::Pending(rx, Duration::ZERO)), CompletionSender(tx))
+    }
+
+    /// Like [`Completion::pending`], but [`Completion::wait`] first polls
+    /// for the result for up to `spin` (bounded) before it parks the thread:
+    /// for backends whose completions usually arrive within microseconds,
+    /// where a park and wake-up would cost more than the operation.
+    pub fn pending_spinning(spin: Duration) -> (Self, CompletionSender) {
+        let (tx, rx) = flume::bounded(1);
+        (Completion(Inner::Pending(rx, spin)), CompletionSender(tx))
     }
 
     /// Blocks the calling thread until the batch completes. Do not call from
@@ -42,7 +54,24 @@ impl Completion {
     pub fn wait(self) -> BatchResult {
         match self.0 {
             Inner::Ready(result) => result,
-            Inner::Pending(rx) => rx.recv().unwrap_or(Err(FabricError::Closed)),
+            Inner::Pending(rx, spin) => {
+                if !spin.is_zero() {
+                    let start = Instant::now();
+                    loop {
+                        match rx.try_recv() {
+                            Ok(result) => return result,
+                            Err(flume::TryRecvError::Disconnected) => return Err(FabricError::Closed),
+                            Err(flume::TryRecvError::Empty) => {}
+                        }
+                        if start.elapsed() >= spin {
+                            break;
+                        }
+                        // Yield: the completing thread may share this CPU.
+                        std::thread::yield_now();
+                    }
+                }
+                rx.recv().unwrap_or(Err(FabricError::Closed))
+            }
         }
     }
 
@@ -50,7 +79,7 @@ impl Completion {
     pub async fn wait_async(self) -> BatchResult {
         match self.0 {
             Inner::Ready(result) => result,
-            Inner::Pending(rx) => rx.recv_async().await.unwrap_or(Err(FabricError::Closed)),
+            Inner::Pending(rx, _) => rx.recv_async().await.unwrap_or(Err(FabricError::Closed)),
         }
     }
 }

@@ -745,7 +745,7 @@ impl UcxRegion {
         self.shared.check_open()?;
         self.link.check()?;
         check_batch(&self.name, self.len, &ops)?;
-        let (completion, sender) = Completion::pending();
+        let (completion, sender) = Completion::pending_spinning(progress::CALLER_SPIN);
         self.shared.submit(Command::Post {
             node: self.link.node,
             generation: self.link.generation,

@@ -19,6 +19,7 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::os::raw::c_int;
+use std::sync::atomic::{fence, AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tierstack_base::NodeId;
@@ -36,6 +37,17 @@ pub(crate) const AM_ACK: u8 = 2;
 /// Progress calls in one burst before the loop looks at its queue again,
 /// so a busy worker cannot starve submissions.
 const PROGRESS_BURST_MAX: u32 = 256;
+/// The most the idle loop polls the worker and its queue before it arms
+/// the worker and sleeps: longer than an operation over UCX's shared-memory
+/// transports, so back-to-back operations never pay a sleep and wake-up.
+const IDLE_SPIN_MAX: Duration = Duration::from_micros(50);
+/// The least it polls; the spin halves towards this each time it runs out
+/// without finding work (an idle node soon costs almost nothing) and
+/// doubles back each time work arrives while it spins.
+const IDLE_SPIN_MIN: Duration = Duration::from_micros(2);
+/// How long a caller waiting for a batch polls its completion before it
+/// parks ([`tierstack_fabric::Completion::pending_spinning`]).
+pub(crate) const CALLER_SPIN: Duration = Duration::from_micros(20);
 /// How long shutdown lets UCX close endpoints before it gives up.
 const CLOSE_BOUND: Duration = Duration::from_millis(500);
 
@@ -214,6 +226,13 @@ unsafe extern "C" fn on_am(
 pub(crate) struct Submitter {
     queue: flume::Sender<Command>,
     eventfd: c_int,
+    /// Set by the progress thread (then a SeqCst fence, then a look at the
+    /// queue) before it sleeps in `poll`, cleared when it wakes. A
+    /// submitter queues, fences, and writes the eventfd only when this is
+    /// set: with both fences, either the submitter sees the flag or the
+    /// thread sees the command, so no wake-up is lost, and a spinning
+    /// thread costs its submitters no system call.
+    sleeping: AtomicBool,
 }
 
 impl Submitter {
@@ -222,7 +241,10 @@ impl Submitter {
     /// which fails its reply channel with `Closed` too).
     pub(crate) fn submit(&self, command: Command) -> Result<()> {
         self.queue.send(command).map_err(|_| FabricError::Closed)?;
-        self.wake();
+        fence(Ordering::SeqCst);
+        if self.sleeping.load(Ordering::Relaxed) {
+            self.wake();
+        }
         Ok(())
     }
 
@@ -323,7 +345,7 @@ impl Progress {
             return Err(std::io::Error::last_os_error().into());
         }
         let (tx, rx) = flume::unbounded();
-        let submitter = Arc::new(Submitter { queue: tx, eventfd });
+        let submitter = Arc::new(Submitter { queue: tx, eventfd, sleeping: AtomicBool::new(false) });
         let worker = context.create_worker()?;
         let mut progress = Progress {
             shared,
@@ -379,6 +401,7 @@ impl Progress {
 
     /// The loop; returns when the fabric closes.
     pub(crate) fn run(mut self) {
+        let mut spin = IDLE_SPIN_MAX;
         loop {
             let mut burst = 0;
             // SAFETY: the worker is used by this thread only.
@@ -399,6 +422,14 @@ impl Progress {
             if worked || burst == PROGRESS_BURST_MAX {
                 continue;
             }
+            // Idle: poll the worker and the queue for a bounded, adaptive
+            // while before arming and sleeping (a sleep and wake-up costs
+            // more than an operation over shared memory).
+            if self.spin_for_work(spin) {
+                spin = (spin * 2).min(IDLE_SPIN_MAX);
+                continue;
+            }
+            spin = (spin / 2).max(IDLE_SPIN_MIN);
             // SAFETY: as above.
             let armed = unsafe { sys::ucp_worker_arm(self.worker) };
             if armed == sys::UCS_ERR_BUSY {
@@ -407,6 +438,12 @@ impl Progress {
             if armed != sys::UCS_OK {
                 tracing::warn!(status = %status_text(armed), "ucx: ucp_worker_arm failed; polling with a short bound");
             }
+            self.submitter.sleeping.store(true, Ordering::Relaxed);
+            fence(Ordering::SeqCst);
+            if !self.queue.is_empty() {
+                self.submitter.sleeping.store(false, Ordering::Relaxed);
+                continue;
+            }
             let timeout = self.poll_timeout(armed == sys::UCS_OK);
             let mut fds = [
                 libc::pollfd { fd: self.worker_fd, events: libc::POLLIN, revents: 0 },
@@ -414,6 +451,7 @@ impl Progress {
             ];
             // SAFETY: two valid pollfd entries.
             unsafe { libc::poll(fds.as_mut_ptr(), 2, timeout) };
+            self.submitter.sleeping.store(false, Ordering::Relaxed);
             if fds[1].revents != 0 {
                 let mut counter: u64 = 0;
                 // SAFETY: reading 8 bytes into a u64 from our non-blocking eventfd.
@@ -421,6 +459,27 @@ impl Progress {
             }
         }
         self.teardown();
+    }
+
+    /// Polls the worker and the submit queue until either has work (true)
+    /// or `spin` has passed (false).
+    fn spin_for_work(&self, spin: Duration) -> bool {
+        let start = Instant::now();
+        loop {
+            // SAFETY: the worker is used by this thread only.
+            if unsafe { sys::ucp_worker_progress(self.worker) } != 0 || !self.queue.is_empty() {
+                return true;
+            }
+            if EVENTS.with(|events| !events.borrow().is_empty()) {
+                return true;
+            }
+            if self.shared.is_closed() || start.elapsed() >= spin {
+                return false;
+            }
+            // Yield rather than busy-wait: a caller pinned to this thread's
+            // CPU (the bench pins both) gets to run, and so do other processes.
+            std::thread::yield_now();
+        }
     }
 
     /// Milliseconds `poll` may sleep: until the nearest deadline of a
