@@ -1343,7 +1343,7 @@ async fn fetch(
     state: &State,
     method: &Method,
     target: &str,
-    headers: &HeaderMap,
+    headers: HeaderMap,
     body: Bytes,
 ) -> Result<Fetched, Response<Body>> {
     // `_routed` lives until the body is read.
@@ -1376,7 +1376,7 @@ async fn send<'a>(
     state: &'a State,
     method: &Method,
     target: &str,
-    headers: &HeaderMap,
+    mut headers: HeaderMap,
     body: Bytes,
 ) -> Result<(Response<Incoming>, Instant, u64, Routed<'a>), Response<Body>> {
     let mut attempt = 0;
@@ -1387,15 +1387,19 @@ async fn send<'a>(
     let (started, response, routed) = loop {
         attempt += 1;
         let routed = state.route(target, &refused).await?;
-        let upstream = &state.upstreams[routed.index];
-        let uri = match format!("{}{}", upstream.to_string().trim_end_matches('/'), target).parse::<Uri>() {
-            Ok(uri) => uri,
-            Err(_) => return Err(text(StatusCode::BAD_REQUEST, "unusable request target\n")),
+        let Some(uri) = upstream_uri(&state.upstreams[routed.index], target) else {
+            return Err(text(StatusCode::BAD_REQUEST, "unusable request target\n"));
         };
+        // The fields are copied only if this attempt may be followed by
+        // another (another upstream, or a fenced request routed again);
+        // else the last attempt takes them.
+        let may_repeat =
+            refused.len() + 1 < state.upstreams.len() || (routed.stamp.is_some() && attempt < FENCED_ATTEMPTS_MAX);
+        let fields = if may_repeat { headers.clone() } else { std::mem::take(&mut headers) };
         let mut upstream_request = Request::new(Full::new(body.clone()));
         *upstream_request.method_mut() = method.clone();
         *upstream_request.uri_mut() = uri;
-        *upstream_request.headers_mut() = headers.clone();
+        *upstream_request.headers_mut() = fields;
         if let Some(stamp) = routed.stamp {
             if let Ok(value) = HeaderValue::from_str(&stamp.to_header()) {
                 upstream_request.headers_mut().insert(ROLE_HEADER, value);
@@ -1442,6 +1446,22 @@ async fn send<'a>(
     Ok((response, started, request_time, routed))
 }
 
+/// The absolute URI of `target` (a path and query) at `upstream`: its
+/// scheme and authority, then its path without a trailing `/`, then the
+/// target. `None` if that is no URI.
+fn upstream_uri(upstream: &Uri, target: &str) -> Option<Uri> {
+    let bare = matches!(upstream.path_and_query().map(|p| p.as_str()), None | Some("/" | ""));
+    if bare && target.starts_with('/') {
+        // The common case: no prefix to keep, so no string to format.
+        let mut parts = hyper::http::uri::Parts::default();
+        parts.scheme = upstream.scheme().cloned();
+        parts.authority = upstream.authority().cloned();
+        parts.path_and_query = Some(target.parse().ok()?);
+        return Uri::from_parts(parts).ok();
+    }
+    format!("{}{}", upstream.to_string().trim_end_matches('/'), target).parse().ok()
+}
+
 /// May a request that failed with `error` go to another upstream? If the
 /// connection was never made (refused, unreachable): the request was not
 /// sent, so any method. If the connection broke before a whole response head
@@ -1479,9 +1499,8 @@ where
         Ok(body) => body,
         Err(e) => return text(StatusCode::PAYLOAD_TOO_LARGE, format!("request body: {e}\n")).map(Into::into),
     };
-    let headers = upstream_fields(&parts.headers);
     let (response, started, request_time, routed) =
-        match send(state, &parts.method, target_of(key), &headers, body).await {
+        match send(state, &parts.method, target_of(key), upstream_fields(&parts.headers), body).await {
             Ok(sent) => sent,
             Err(response) => return response.map(Into::into),
         };
@@ -1505,8 +1524,13 @@ where
     .then(bytes::BytesMut::new);
     let mut response = Response::new(ProxyBody::Whole(Body::default()));
     *response.status_mut() = head.status;
-    copy_end_to_end(&head.headers, response.headers_mut());
-    response.headers_mut().insert(X_CACHE_NAME, HeaderValue::from_static("MISS"));
+    // The end-to-end fields, filtered once: the client's response takes
+    // them (and `X-Cache`, room reserved), a stored copy is a clone.
+    let mut fields = HeaderMap::with_capacity(head.headers.len() + 1);
+    copy_end_to_end(&head.headers, &mut fields);
+    let stored_fields = tee.is_some().then(|| fields.clone());
+    fields.insert(X_CACHE_NAME, HeaderValue::from_static("MISS"));
+    *response.headers_mut() = fields;
     // A body of a declared length up to WHOLE_BYTES_MAX, or whole in its
     // first frame, is answered at once, as one response, without a
     // relaying task: relaying many small frames costs more than it saves.
@@ -1546,7 +1570,7 @@ where
             state: state.clone(),
             key: key.to_string(),
             status: head.status,
-            headers: head.headers,
+            headers: stored_fields.unwrap_or_default(),
             request_headers: storable.then_some(parts.headers),
             leader,
             request_time,
@@ -1567,7 +1591,7 @@ where
         state,
         key,
         status: head.status,
-        headers: head.headers,
+        headers: stored_fields.unwrap_or_default(),
         request_headers,
         leader,
         request_time,
@@ -1635,6 +1659,7 @@ struct Finish {
     state: Arc<State>,
     key: String,
     status: StatusCode,
+    /// The response's end-to-end fields (empty if it is not to be stored).
     headers: HeaderMap,
     /// The client's request fields, if the answer may be stored.
     request_headers: Option<HeaderMap>,
@@ -1651,16 +1676,14 @@ impl Finish {
         state.counters.upstream_ns.fetch_add(elapsed_ns(self.started), Ordering::Relaxed);
         state.counters.upstream_bytes.fetch_add(received, Ordering::Relaxed);
         let (Some(body), Some(request_headers)) = (body, self.request_headers) else { return };
-        let mut head = Response::new(());
-        *head.status_mut() = self.status;
-        *head.headers_mut() = self.headers;
-        let fetched = Fetched {
-            parts: head.into_parts().0,
+        let response = Stored {
+            status: self.status,
+            headers: self.headers,
             body,
             request_time: self.request_time,
             response_time: self.response_time,
         };
-        let stored = maybe_store(state, &self.key, &request_headers, &fetched);
+        let stored = store(state, &self.key, &request_headers, response);
         if let Some(leader) = self.leader {
             leader.finish(stored);
         }
@@ -1742,7 +1765,7 @@ async fn refresh(state: &State, key: &str, request: &HeaderMap, entry: &Arc<Entr
         headers.insert(name, value);
     }
     state.counters.revalidations.fetch_add(1, Ordering::Relaxed);
-    let fetched = match fetch(state, &Method::GET, target_of(key), &headers, Bytes::new()).await {
+    let fetched = match fetch(state, &Method::GET, target_of(key), headers.clone(), Bytes::new()).await {
         Ok(fetched) => fetched,
         Err(response) => return Refreshed::Failed(response),
     };
@@ -1762,7 +1785,7 @@ async fn refresh(state: &State, key: &str, request: &HeaderMap, entry: &Arc<Entr
             headers.remove(name);
         }
         state.counters.revalidations.fetch_add(1, Ordering::Relaxed);
-        return match fetch(state, &Method::GET, target_of(key), &headers, Bytes::new()).await {
+        return match fetch(state, &Method::GET, target_of(key), headers, Bytes::new()).await {
             Ok(fetched) => {
                 if maybe_store(state, key, request, &fetched).is_none() {
                     state.cache_remove_entry(key, entry);
@@ -1814,8 +1837,28 @@ fn revalidate_in_background(state: &Arc<State>, key: &str, request: &HeaderMap, 
 /// waiting on this fetch (they check and validate it themselves), even
 /// when a newer copy already cached was kept instead.
 fn maybe_store(state: &State, key: &str, request: &HeaderMap, fetched: &Fetched) -> Option<Arc<Entry>> {
-    let status = fetched.parts.status;
-    let headers = end_to_end(&fetched.parts.headers);
+    let response = Stored {
+        status: fetched.parts.status,
+        headers: end_to_end(&fetched.parts.headers),
+        body: fetched.body.clone(),
+        request_time: fetched.request_time,
+        response_time: fetched.response_time,
+    };
+    store(state, key, request, response)
+}
+
+/// A response to store: its end-to-end fields only.
+struct Stored {
+    status: StatusCode,
+    headers: HeaderMap,
+    body: Bytes,
+    request_time: u64,
+    response_time: u64,
+}
+
+/// [`maybe_store`] of a response whose fields are end-to-end already.
+fn store(state: &State, key: &str, request: &HeaderMap, response: Stored) -> Option<Arc<Entry>> {
+    let Stored { status, headers, body, request_time, response_time } = response;
     let (freshness, deps) = match headers.get(DEPS_HEADER) {
         // Dependencies: stored only as a 200 nothing forbids storing; served
         // only after a version check, so no freshness applies.
@@ -1839,8 +1882,8 @@ fn maybe_store(state: &State, key: &str, request: &HeaderMap, fetched: &Fetched)
             };
             let freshness = policy::Freshness {
                 lifetime: 0,
-                initial_age: policy::initial_age(&headers, fetched.request_time, fetched.response_time),
-                response_time: fetched.response_time,
+                initial_age: policy::initial_age(&headers, request_time, response_time),
+                response_time,
                 no_cache: true,
                 no_stale: true,
                 stale_while_revalidate: 0,
@@ -1851,13 +1894,12 @@ fn maybe_store(state: &State, key: &str, request: &HeaderMap, fetched: &Fetched)
         }
         None => {
             let freshness =
-                policy::storable(&Method::GET, request, status, &headers, fetched.request_time, fetched.response_time)
-                    .ok()?;
+                policy::storable(&Method::GET, request, status, &headers, request_time, response_time).ok()?;
             (freshness, None)
         }
     };
     let vary = Vary::key(&Vary::of(&headers)?, request);
-    let entry = Arc::new(Entry { status, headers, body: fetched.body.clone(), deps, pushed: false, vary, freshness });
+    let entry = Arc::new(Entry { status, headers, body, deps, pushed: false, vary, freshness });
     match state.cache_store(key, entry.clone()) {
         Some(InsertOutcome::Stored | InsertOutcome::KeptNewer) => Some(entry),
         // Too large for the proxy's own cache, but pooled.

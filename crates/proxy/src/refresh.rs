@@ -210,7 +210,7 @@ fn refetch(state: &Arc<State>, key: String, request: HeaderMap) {
     let state = state.clone();
     tokio::spawn(async move {
         let fields = upstream_fields(&request);
-        match fetch(&state, &Method::GET, target_of(&key), &fields, Bytes::new()).await {
+        match fetch(&state, &Method::GET, target_of(&key), fields, Bytes::new()).await {
             Ok(fetched) => {
                 let stored = maybe_store(&state, &key, &request, &fetched);
                 if stored.is_some() {

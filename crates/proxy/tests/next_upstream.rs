@@ -163,3 +163,33 @@ async fn a_connection_broken_before_a_response_is_retried_only_for_idempotent_me
     let stats = s.stats().await;
     assert_eq!(stats.upstream_retries, broken_paths.len() as u64, "{stats:?}");
 }
+
+/// A live upstream answering with the request's `X-Probe` field (empty if
+/// the request had none).
+async fn echoes_probe() -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let handler = Arc::new(move |request: Request<hyper::body::Incoming>| {
+        let probe = request.headers().get("x-probe").map(|v| v.as_bytes().to_vec()).unwrap_or_default();
+        async move { text(StatusCode::OK, String::from_utf8_lossy(&probe).into_owned()) }
+    });
+    tokio::spawn(serve(listener, handler, Stop::new()));
+    format!("http://{addr}")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_retried_on_the_next_upstream_keeps_the_client_s_fields() {
+    let s = setup(vec![refused().await, echoes_probe().await], Some(Policy::RoundRobin)).await;
+    for i in 0..10 {
+        let mut request = Request::new(Full::new(Bytes::new()));
+        *request.uri_mut() = format!("http://{}/doc/{i}", s.proxy).parse().unwrap();
+        let probe = format!("probe-{i}");
+        request.headers_mut().insert("x-probe", probe.parse().unwrap());
+        let response = s.client.request(request).await.unwrap();
+        assert_eq!(response.status(), StatusCode::OK, "/doc/{i}");
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(&body[..], probe.as_bytes(), "/doc/{i}: the upstream saw the client's field");
+    }
+    let stats = s.stats().await;
+    assert!(stats.upstream_retries >= 5, "some requests were retried: {stats:?}");
+}

@@ -115,3 +115,63 @@ async fn a_site_proxy_routes_by_role_words_stamps_and_reroutes_a_fenced_forward(
     // Round-robin over 0, 1, 2 now: each fenced forward from 1 goes on to 2.
     assert_eq!(seen(2), vec!["0.2"; 3], "the moved node serves site 0, stamped with its new epoch");
 }
+
+/// The only upstream of a site fences the first stamped request (421) and
+/// answers the next with the request's `X-Probe` field: the forward routed
+/// again carries the client's fields too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fenced_forward_routed_again_keeps_the_client_s_fields() {
+    let root = tempfile::tempdir().unwrap();
+    let nodes: Vec<NodeId> = (0..2).map(NodeId).collect();
+    let fabric = |id: u32| -> Arc<dyn Fabric> {
+        ShmFabric::open(ShmConfig::new(root.path(), NodeId(id)).with_nodes(nodes.clone())).unwrap()
+    };
+    let owner = fabric(1);
+    let _role = register_role(owner.as_ref(), 0).unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let upstream = format!("http://{}", listener.local_addr().unwrap());
+    let fenced = Arc::new(Mutex::new(0u32));
+    let fences = fenced.clone();
+    let handler = Arc::new(move |request: Request<hyper::body::Incoming>| {
+        let first = {
+            let mut fenced = fences.lock().unwrap();
+            *fenced += 1;
+            *fenced == 1
+        };
+        let probe = request.headers().get("x-probe").map(|v| v.to_str().unwrap().to_string()).unwrap_or_default();
+        async move {
+            if first {
+                text(StatusCode::MISDIRECTED_REQUEST, "moved\n")
+            } else {
+                text(StatusCode::OK, probe)
+            }
+        }
+    });
+    tokio::spawn(serve(listener, handler, Stop::new()));
+    let proxy_fabric = fabric(0);
+    let region = proxy_fabric.connect(NodeId(1), ROLE_REGION).unwrap();
+    let config = ProxyConfig {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        upstreams: vec![upstream],
+        mode: CacheMode::NoCache,
+        cache_bytes: 1 << 20,
+        upstream_timeout: Duration::from_secs(10),
+        fabric: None,
+        admin_listen: None,
+    };
+    let proxy = Proxy::bind_with(config, ProxyOptions { cache_state: None, ..ProxyOptions::default() }).await.unwrap();
+    proxy.set_balancing(Balancing { config: BalancerConfig::new(Policy::RoundRobin), source: None }).unwrap();
+    proxy.set_site(Site { site: 0, roles: vec![region] }).unwrap();
+    let addr = proxy.local_addr().unwrap();
+    tokio::spawn(proxy.run(Stop::new()));
+
+    let client = Client::builder(TokioExecutor::new()).build_http();
+    let mut request = Request::new(Full::new(Bytes::new()));
+    *request.uri_mut() = format!("http://{addr}/doc/a").parse().unwrap();
+    request.headers_mut().insert("x-probe", "probe-a".parse().unwrap());
+    let response = client.request(request).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK, "routed again after the 421");
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(&body[..], b"probe-a", "the second attempt carried the client's field");
+    assert_eq!(*fenced.lock().unwrap(), 2, "fenced once, then served");
+}
