@@ -63,7 +63,7 @@ use client::{Link, RegionInfo, Shape, Waiter};
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::thread::JoinHandle;
 use std::time::Duration;
 use tierstack_base::limits::{NODES_MAX, REGIONS_PER_NODE_MAX, TRANSFER_BYTES_MAX};
@@ -175,11 +175,7 @@ pub(crate) struct Shared {
     clock: SystemClock,
 }
 
-/// Locks a mutex, ignoring poisoning: every critical section here leaves its
-/// data consistent, and a panic elsewhere must not take the fabric down.
-pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
-}
+pub(crate) use tierstack_fabric::threads::lock;
 
 fn duration_ms(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
@@ -282,19 +278,8 @@ impl TcpFabric {
             link.stop();
         }
         lock(&self.sweeper_stop).take();
-        loop {
-            let handles: Vec<JoinHandle<()>> = std::mem::take(&mut *lock(&shared.threads));
-            if handles.is_empty() {
-                break;
-            }
-            let me = std::thread::current().id();
-            for handle in handles {
-                // Never join the current thread (a fabric dropped by one of its own callbacks).
-                if handle.thread().id() != me {
-                    let _ = handle.join();
-                }
-            }
-        }
+        // Never joins the current thread (a fabric dropped by one of its own callbacks).
+        tierstack_fabric::threads::join_all(&shared.threads);
         tracing::debug!(node = %shared.node, "tcp fabric shut down");
     }
 }

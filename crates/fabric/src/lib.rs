@@ -41,6 +41,7 @@ mod message;
 mod op;
 pub mod seqlock;
 pub mod sync;
+pub mod threads;
 
 pub use completion::{Completion, CompletionSender};
 pub use error::FabricError;

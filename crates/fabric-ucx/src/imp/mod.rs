@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, RwLock};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock};
 use std::thread::JoinHandle;
 use std::time::Duration;
 use tierstack_base::limits::{CHANNELS_MAX, NODES_MAX, REGIONS_PER_NODE_MAX, TRANSFER_BYTES_MAX};
@@ -30,9 +30,7 @@ const BYE_BOUND: Duration = Duration::from_millis(500);
 /// Bootstrap connections one node serves at once; more are refused.
 const BOOTSTRAP_CONNECTIONS_MAX: usize = 1024;
 
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
-}
+use tierstack_fabric::threads::lock;
 
 /// What this node knows about a peer's process: the generation of its
 /// endpoint (one per peer process), and whether it died.
@@ -194,18 +192,7 @@ impl UcxFabric {
         // Threads may start others while we join (a bootstrap connection
         // starting its watch): take the list again until it stays empty, and
         // never hold its lock while joining.
-        let me = std::thread::current().id();
-        loop {
-            let handles: Vec<JoinHandle<()>> = std::mem::take(&mut *lock(&shared.threads));
-            if handles.is_empty() {
-                break;
-            }
-            for handle in handles {
-                if handle.thread().id() != me {
-                    let _ = handle.join();
-                }
-            }
-        }
+        tierstack_fabric::threads::join_all(&shared.threads);
         tracing::debug!(node = %shared.node, "ucx fabric shut down");
     }
 }
