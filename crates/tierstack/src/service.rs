@@ -155,3 +155,11 @@ pub async fn drain(serving: tokio::task::JoinHandle<std::io::Result<()>>, grace:
         }
     }
 }
+
+/// Tells the process that started this one that it serves: the line `ready`
+/// on standard output, flushed (`ChildNode` and `cluster up` wait for it).
+pub fn announce_ready() -> std::io::Result<()> {
+    use std::io::Write;
+    println!("ready");
+    std::io::stdout().flush()
+}

@@ -5,7 +5,6 @@
 
 use anyhow::{Context, Result};
 use clap::Args;
-use std::io::Write;
 use std::time::Duration;
 use tierstack_cluster::{Role, Topology};
 use tierstack_coop::service::{CoopConfig, CoopNode};
@@ -101,8 +100,7 @@ pub fn run(args: CoopNodeArgs) -> Result<()> {
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     runtime.block_on(async {
         let signals = args.service.stop_signals()?;
-        println!("ready");
-        std::io::stdout().flush()?;
+        crate::service::announce_ready()?;
         signals.wait().await;
         anyhow::Ok(())
     })?;

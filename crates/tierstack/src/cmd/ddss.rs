@@ -124,8 +124,7 @@ pub fn run_daemon(args: DaemonArgs) -> Result<()> {
     let stopped = args.service.stop_watch_thread()?;
     let daemon = DdssDaemon::serve(ddss.clone(), &args.socket)
         .with_context(|| format!("serving on {}", args.socket.display()))?;
-    println!("ready");
-    std::io::stdout().flush()?;
+    crate::service::announce_ready()?;
 
     let reason = stopped.recv().map(|cause| cause.name()).unwrap_or("stop watcher gone");
     tracing::info!(%node, reason, "DDSS daemon stopping");
@@ -159,8 +158,7 @@ pub fn run_client(args: ClientArgs) -> Result<()> {
     let mut rng = seeded_rng(args.seed);
     let mut schedule: Vec<usize> = args.keys.iter().enumerate().flat_map(|(i, (_, ops))| vec![i; *ops]).collect();
     schedule.shuffle(&mut rng);
-    println!("ready");
-    std::io::stdout().flush()?;
+    crate::service::announce_ready()?;
     if args.wait_go {
         let mut line = String::new();
         std::io::stdin().lock().read_line(&mut line)?;

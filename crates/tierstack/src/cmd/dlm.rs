@@ -162,8 +162,7 @@ pub struct BenchNodeArgs {
 /// from standard input until it closes.
 pub fn run_bench_node(args: BenchNodeArgs) -> Result<()> {
     let (topology, fabric) = args.at.open()?;
-    println!("ready");
-    std::io::stdout().flush()?;
+    crate::service::announce_ready()?;
     tierstack_bench::dlm_nodes::serve_node(fabric, topology.node_ids(), std::io::stdin().lock(), std::io::stdout())
 }
 
@@ -281,8 +280,7 @@ pub fn run_node(args: LockNodeArgs) -> Result<()> {
     if !is_server {
         ensure_locks(&manager, locks())?;
     }
-    println!("ready");
-    std::io::stdout().flush()?;
+    crate::service::announce_ready()?;
     let mut stdin = std::io::stdin().lock();
     if args.wait_go {
         let mut line = String::new();

@@ -5,7 +5,7 @@ use super::NodeArgs;
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
 use serde_json::json;
-use std::io::{BufRead, Write};
+use std::io::BufRead;
 use std::sync::Arc;
 use tierstack_base::NodeId;
 use tierstack_fabric::seqlock::SeqRecord;
@@ -129,8 +129,7 @@ pub fn run(command: FabricCommand) -> Result<()> {
         FabricCommand::Hammer { node, target, fetch_adds, cas_rounds, wait_go } => {
             let (_, fabric) = node.open()?;
             let region = fabric.connect(NodeId(target.target), &target.region)?;
-            println!("ready");
-            std::io::stdout().flush()?;
+            crate::service::announce_ready()?;
             if wait_go {
                 let mut line = String::new();
                 std::io::stdin().lock().read_line(&mut line)?;
@@ -152,8 +151,7 @@ pub fn run(command: FabricCommand) -> Result<()> {
             let (_, fabric) = node.open()?;
             let region = fabric.connect(NodeId(target.target), &target.region)?;
             let records: Vec<SeqRecord> = (0..records).map(seq_record).collect::<Result<_>>()?;
-            println!("ready");
-            std::io::stdout().flush()?;
+            crate::service::announce_ready()?;
             let (mut torn, mut versions_seen_changing, mut last_version) = (0u64, 0u64, 0u64);
             for _ in 0..reads {
                 for (version, payload) in tierstack_fabric::seqlock::read_many(region.as_ref(), &records)? {
@@ -245,8 +243,7 @@ fn serve(
         }
     });
     let stopped = service.stop_watch_thread()?;
-    println!("ready");
-    std::io::stdout().flush()?;
+    crate::service::announce_ready()?;
     let _ = stopped.recv();
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let _ = responder.join();

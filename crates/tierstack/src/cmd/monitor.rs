@@ -97,8 +97,7 @@ pub fn run_node(args: MonitorNodeArgs) -> Result<()> {
         log
     });
     let stopped = args.service.stop_watch_thread()?;
-    println!("ready");
-    std::io::stdout().flush()?;
+    crate::service::announce_ready()?;
     let _ = stopped.recv();
     stop.store(true, Ordering::Relaxed);
     let log = walker.join().map_err(|_| anyhow::anyhow!("the walk thread panicked"))?;

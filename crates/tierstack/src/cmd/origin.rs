@@ -140,8 +140,7 @@ pub fn run(args: OriginArgs) -> Result<()> {
         let stop = Stop::new();
         let signals = args.service.stop_signals()?;
         let serving = tokio::spawn(origin.run(stop.clone()));
-        println!("ready");
-        std::io::stdout().flush()?;
+        crate::service::announce_ready()?;
         signals.wait().await;
         stop.stop();
         crate::service::drain(serving, args.service.grace(), "origin").await?;

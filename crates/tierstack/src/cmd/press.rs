@@ -121,8 +121,7 @@ pub fn run_dispatcher(args: DispatcherArgs) -> Result<()> {
             dispatcher.local_addr(),
             dispatcher.admin_addr().map(|a| format!(", stats at http://{a}/stats")).unwrap_or_default()
         );
-        println!("ready");
-        std::io::stdout().flush()?;
+        crate::service::announce_ready()?;
         signals.wait().await;
         let stats = dispatcher.stop();
         println!("{}", serde_json::to_string(&stats)?);
@@ -180,8 +179,7 @@ pub fn run(args: PressNodeArgs) -> Result<()> {
             node.local_addr(),
             node.admin_addr().map(|a| format!(", stats at http://{a}/stats")).unwrap_or_default()
         );
-        println!("ready");
-        std::io::stdout().flush()?;
+        crate::service::announce_ready()?;
         signals.wait().await;
         let stats = node.stop();
         println!("{}", serde_json::to_string(&stats)?);

@@ -71,8 +71,7 @@ pub fn run(args: ReconfigureArgs) -> Result<()> {
     let mut agent = ReconfigAgent::connect(fabric, args.agent_id, &nodes, config, window)
         .context("connecting to the back ends' role regions")?;
     let stopped = args.service.stop_watch_thread()?;
-    println!("ready");
-    std::io::stdout().flush()?;
+    crate::service::announce_ready()?;
     let mut next = Instant::now();
     while matches!(stopped.try_recv(), Err(std::sync::mpsc::TryRecvError::Empty)) {
         let now_ns = host_monotonic_ns();

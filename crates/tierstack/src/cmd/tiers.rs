@@ -5,7 +5,6 @@
 
 use anyhow::{Context, Result};
 use clap::Args;
-use std::io::Write;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -21,16 +20,10 @@ use tierstack_proxy::{
 };
 use tierstack_tier_http::Stop;
 
-use crate::service::{drain, ServiceArgs};
+use crate::service::{announce_ready, drain, ServiceArgs};
 
 fn runtime(worker_threads: usize) -> Result<tokio::runtime::Runtime> {
     Ok(tokio::runtime::Builder::new_multi_thread().worker_threads(worker_threads.max(1)).enable_all().build()?)
-}
-
-fn announce_ready() -> Result<()> {
-    println!("ready");
-    std::io::stdout().flush()?;
-    Ok(())
 }
 
 #[derive(Args)]
