@@ -9,10 +9,12 @@
 //! The children are this test binary run again on `child_entry`, configured
 //! by environment variables; each exits when its standard input closes.
 
-use std::io::{BufRead, BufReader, Write};
+mod common;
+
+use common::Kid;
+use std::io::BufRead;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 use tierstack_coop::handle::{Fetched, Source};
@@ -29,6 +31,18 @@ const NODE: &str = "TIERSTACK_COOP_HANDLE_NODE";
 const SCHEME: &str = "TIERSTACK_COOP_HANDLE_SCHEME";
 const NODES: u32 = 3;
 const DOCS: u64 = 48;
+
+/// The environment of child `id` (see `child_entry`).
+fn child_env(backend: &str, root: &Path, ports: &[u16], id: u32, scheme: &str) -> Vec<(&'static str, String)> {
+    let ports: Vec<String> = ports.iter().map(u16::to_string).collect();
+    vec![
+        (BACKEND, backend.to_string()),
+        (ROOT, root.display().to_string()),
+        (PORTS, ports.join(",")),
+        (NODE, id.to_string()),
+        (SCHEME, scheme.to_string()),
+    ]
+}
 
 fn key(doc: u64) -> String {
     format!("origin.test:8080/doc/{doc}?v=1")
@@ -150,50 +164,6 @@ fn child_entry() {
     }
 }
 
-struct Kid {
-    child: Child,
-    lines: std::io::Lines<BufReader<std::process::ChildStdout>>,
-}
-
-impl Kid {
-    fn spawn(backend: &str, root: &Path, ports: &[u16], id: u32, scheme: &str) -> Kid {
-        let ports: Vec<String> = ports.iter().map(u16::to_string).collect();
-        let mut child = Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", "child_entry", "--nocapture", "--test-threads=1"])
-            .env(BACKEND, backend)
-            .env(ROOT, root)
-            .env(PORTS, ports.join(","))
-            .env(NODE, id.to_string())
-            .env(SCHEME, scheme)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-        assert!(lines.by_ref().map(Result::unwrap).any(|l| l.ends_with("ready")), "child {id} never got ready");
-        Kid { child, lines }
-    }
-
-    fn start_run(&mut self, seed: u64, n: u64) {
-        writeln!(self.child.stdin.as_mut().unwrap(), "run {seed} {n}").unwrap();
-    }
-
-    fn finish_run(&mut self) -> (u64, u64, u64) {
-        let line = self.lines.by_ref().map(Result::unwrap).find(|l| l.contains("done ")).expect("child died");
-        let done = &line[line.find("done ").unwrap_or(0)..];
-        let v: Vec<u64> = done.split_whitespace().skip(1).map(|w| w.parse().unwrap()).collect();
-        (v[0], v[1], v[2])
-    }
-}
-
-impl Drop for Kid {
-    fn drop(&mut self) {
-        drop(self.child.stdin.take());
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 struct TempDir(PathBuf);
 
 impl Drop for TempDir {
@@ -216,7 +186,8 @@ fn processes(backend: &str, scheme: &str) {
     let opened = open(backend, &root.0, &ports, 0);
     let rt = runtime();
     let coop = handle(opened.fabric(), scheme.parse().unwrap());
-    let mut kids: Vec<Kid> = (1..NODES).map(|id| Kid::spawn(backend, &root.0, &ports, id, scheme)).collect();
+    let mut kids: Vec<Kid> =
+        (1..NODES).map(|id| Kid::spawn(id, &child_env(backend, &root.0, &ports, id, scheme))).collect();
     for (i, kid) in kids.iter_mut().enumerate() {
         kid.start_run(i as u64 + 1, 800);
     }

@@ -7,9 +7,11 @@
 //! with the node in an environment variable; each exits when its standard
 //! input closes, so a failed test leaves no process behind.
 
-use std::io::{BufRead, BufReader, Write};
+mod common;
+
+use common::Kid;
+use std::io::BufRead;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 use tierstack_coop::service::{CoopConfig, CoopNode, Lookup};
@@ -76,53 +78,17 @@ fn child_entry() {
     }
 }
 
-struct Kid {
-    child: Child,
-    lines: std::io::Lines<BufReader<std::process::ChildStdout>>,
-}
-
-impl Kid {
-    fn spawn(root: &Path, id: u32, scheme: &str) -> Kid {
-        let mut child = Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", "child_entry", "--nocapture", "--test-threads=1"])
-            .env(ROOT, root)
-            .env(NODE, id.to_string())
-            .env(SCHEME, scheme)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-        // libtest may print "test child_entry ... " before the child's line.
-        assert!(lines.by_ref().map(Result::unwrap).any(|l| l.ends_with("ready")), "child {id} never got ready");
-        Kid { child, lines }
-    }
-
-    fn start_run(&mut self, seed: u64, n: u64) {
-        writeln!(self.child.stdin.as_mut().unwrap(), "run {seed} {n}").unwrap();
-    }
-
-    /// (served, wrong, remote hits) of the run started last.
-    fn finish_run(&mut self) -> (u64, u64, u64) {
-        let line = self.lines.by_ref().map(Result::unwrap).find(|l| l.contains("done ")).expect("child died");
-        let done = &line[line.find("done ").unwrap_or(0)..];
-        let v: Vec<u64> = done.split_whitespace().skip(1).map(|w| w.parse().unwrap()).collect();
-        (v[0], v[1], v[2])
-    }
-}
-
-impl Drop for Kid {
-    fn drop(&mut self) {
-        drop(self.child.stdin.take());
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 fn processes(scheme: &str) {
     let root = tempfile_dir();
     let (fabric, coop) = node(root.path(), 0, scheme.parse().unwrap());
-    let mut kids: Vec<Kid> = (1..NODES).map(|id| Kid::spawn(root.path(), id, scheme)).collect();
+    let mut kids: Vec<Kid> = (1..NODES)
+        .map(|id| {
+            Kid::spawn(
+                id,
+                &[(ROOT, root.path().display().to_string()), (NODE, id.to_string()), (SCHEME, scheme.to_string())],
+            )
+        })
+        .collect();
     // Concurrent mixes in three processes.
     for (i, kid) in kids.iter_mut().enumerate() {
         kid.start_run(i as u64 + 1, 600);
