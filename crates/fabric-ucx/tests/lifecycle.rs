@@ -8,7 +8,7 @@ mod common;
 
 use std::time::Duration;
 use tierstack_base::NodeId;
-use tierstack_fabric::{Channel, Fabric, FabricError, Op, OpResult};
+use tierstack_fabric::{Channel, Fabric, FabricError, Op, OpResult, PeerState};
 
 fn every_operation_once(transports: &str) {
     if !common::ucx_or_skip() {
@@ -101,4 +101,40 @@ fn open_use_and_close_cycles_over_shm() {
 #[test]
 fn open_use_and_close_cycles_over_tcp() {
     open_use_and_close_cycles(common::TCP, 20);
+}
+
+/// A peer that saw a node's process close says Gone while nothing runs at
+/// its address, and Running once a new process of the same node id does:
+/// what the old process held is gone, the node is not (DDSS takes over a
+/// lock only from a holder that is gone).
+fn a_node_reopened_by_a_new_process_runs_again(transports: &str) {
+    if !common::ucx_or_skip() {
+        return;
+    }
+    let mut nodes = common::cluster(0, 2, transports, Duration::from_secs(2));
+    nodes[1].register("old", 64).unwrap();
+    let remote = nodes[0].connect(NodeId(1), "old").unwrap();
+    remote.fetch_add(0, 1).unwrap();
+    assert_eq!(nodes[0].peer_state(NodeId(1)), PeerState::Running);
+    drop(nodes.pop());
+    assert!(matches!(remote.fetch_add(0, 1), Err(FabricError::PeerDead { .. })));
+    assert_eq!(nodes[0].peer_state(NodeId(1)), PeerState::Gone);
+
+    let reopened = common::cluster(1, 1, transports, Duration::from_secs(2)).remove(0);
+    reopened.add_peer(NodeId(0), nodes[0].local_addr());
+    nodes[0].add_peer(NodeId(1), reopened.local_addr());
+    assert_eq!(nodes[0].peer_state(NodeId(1)), PeerState::Running);
+    reopened.register("new", 64).unwrap();
+    assert_eq!(nodes[0].connect(NodeId(1), "new").unwrap().fetch_add(0, 1).unwrap(), 0);
+    assert!(matches!(nodes[0].connect(NodeId(1), "old"), Err(FabricError::UnknownRegion { .. })));
+}
+
+#[test]
+fn a_node_reopened_by_a_new_process_runs_again_over_shm() {
+    a_node_reopened_by_a_new_process_runs_again(common::SHM);
+}
+
+#[test]
+fn a_node_reopened_by_a_new_process_runs_again_over_tcp() {
+    a_node_reopened_by_a_new_process_runs_again(common::TCP);
 }

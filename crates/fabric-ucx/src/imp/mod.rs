@@ -678,9 +678,10 @@ impl Fabric for UcxFabric {
         if node == shared.node {
             return PeerState::Running;
         }
-        if lock(&shared.links).get(&node).is_some_and(|l| l.is_dead()) {
-            return PeerState::Gone;
-        }
+        // A dead link proves only that the process it led to is gone: a new
+        // process of the same node id may run since (clients restarted
+        // between rounds), so the probe decides. Reporting Gone on the dead
+        // link had the lock manager of DDSS take a live holder's lock.
         let Ok(addr) = shared.addr_of(node) else { return PeerState::Unknown };
         match TcpStream::connect_timeout(&addr, shared.op_timeout) {
             Ok(probe) => {
