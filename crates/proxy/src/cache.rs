@@ -12,7 +12,7 @@ use bytes::Bytes;
 use hyper::header::{HeaderMap, HeaderValue};
 use hyper::StatusCode;
 use lru::LruCache;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use tierstack_coherent::DepsHeader;
 use tierstack_pushpull::WasteTracker;
 
@@ -38,6 +38,11 @@ pub(crate) struct Entry {
     /// Freshness and age (RFC 9111 §4.2); only the age matters for an
     /// entry with dependencies.
     pub freshness: Freshness,
+    /// The fields of an answer from this entry (the stored ones, then
+    /// `Age` and `X-Cache`), built at the first answer: each later one
+    /// clones it and sets those two values, so nothing grows or rehashes
+    /// per hit.
+    pub reply: OnceLock<HeaderMap>,
 }
 
 impl Entry {
@@ -66,6 +71,7 @@ impl Entry {
                 stale_if_error: 0,
                 validators: false,
             },
+            reply: OnceLock::new(),
         }
     }
 
@@ -185,7 +191,7 @@ impl Cache {
     /// replace an entry generated at newer versions.
     pub fn insert(&mut self, key: String, entry: Arc<Entry>) -> Inserted {
         let size = entry.bytes();
-        if !self.admits(&entry) {
+        if size > self.object_bytes_max() {
             return Inserted { outcome: InsertOutcome::TooLarge, evicted: Vec::new() };
         }
         let variants = self.entries.get_or_insert_mut(key, Vec::new);

@@ -286,6 +286,7 @@ pub(crate) fn decode(bytes: &[u8]) -> Option<Entry> {
             stale_if_error: sie,
             validators: flags & 4 != 0,
         },
+        reply: std::sync::OnceLock::new(),
     })
 }
 
@@ -318,6 +319,7 @@ mod tests {
                 stale_if_error: 7,
                 validators: true,
             },
+            reply: std::sync::OnceLock::new(),
         }
     }
 

@@ -767,13 +767,51 @@ fn respond(entry: &Entry, request: &HeaderMap, method: &Method, now: u64, label:
         let body = if *method == Method::HEAD { Body::default() } else { Full::new(entry.body.clone()) };
         let mut response = Response::new(body);
         *response.status_mut() = entry.status;
-        *response.headers_mut() = entry.headers.clone();
+        let reply = entry.reply.get_or_init(|| {
+            let mut fields = entry.headers.clone();
+            fields.insert(AGE, HeaderValue::from_static("0"));
+            fields.insert(X_CACHE_NAME, HeaderValue::from_static("HIT"));
+            fields
+        });
+        *response.headers_mut() = reply.clone();
         response
     };
     let headers = response.headers_mut();
-    headers.insert(AGE, HeaderValue::from(entry.freshness.age(now)));
-    headers.insert(X_CACHE_NAME, HeaderValue::from_static(label));
+    let age = age_value(entry.freshness.age(now));
+    match headers.get_mut(AGE) {
+        Some(value) => *value = age,
+        None => drop(headers.insert(AGE, age)),
+    }
+    match headers.get_mut(X_CACHE_NAME) {
+        Some(value) => *value = HeaderValue::from_static(label),
+        None => drop(headers.insert(X_CACHE_NAME, HeaderValue::from_static(label))),
+    }
     response
+}
+
+/// The `Age` field's value for `age` seconds; the first ages are built
+/// once, so a hit's answer does not allocate one.
+fn age_value(age: u64) -> HeaderValue {
+    const BUILT: usize = 1024;
+    static AGES: OnceLock<Vec<HeaderValue>> = OnceLock::new();
+    let ages = AGES.get_or_init(|| {
+        // One string holding every built age, kept for the process's life:
+        // values from it are static, so cloning one touches no counter.
+        let digits: &'static str = Box::leak((0..BUILT).map(|a| a.to_string()).collect::<String>().into_boxed_str());
+        let mut at = 0;
+        (0..BUILT)
+            .map(|a| {
+                let len = a.to_string().len();
+                let value = HeaderValue::from_static(&digits[at..at + len]);
+                at += len;
+                value
+            })
+            .collect()
+    });
+    match usize::try_from(age).ok().and_then(|a| ages.get(a)) {
+        Some(value) => value.clone(),
+        None => HeaderValue::from(age),
+    }
 }
 
 impl State {
@@ -1807,6 +1845,7 @@ async fn refresh(state: &State, key: &str, request: &HeaderMap, entry: &Arc<Entr
         vary: entry.vary.clone(),
         freshness: freshness.unwrap_or(entry.freshness),
         headers,
+        reply: OnceLock::new(),
     });
     state.cache_remove_entry(key, entry);
     if freshness.is_ok() {
@@ -1899,7 +1938,7 @@ fn store(state: &State, key: &str, request: &HeaderMap, response: Stored) -> Opt
         }
     };
     let vary = Vary::key(&Vary::of(&headers)?, request);
-    let entry = Arc::new(Entry { status, headers, body, deps, pushed: false, vary, freshness });
+    let entry = Arc::new(Entry { status, headers, body, deps, pushed: false, vary, freshness, reply: OnceLock::new() });
     match state.cache_store(key, entry.clone()) {
         Some(InsertOutcome::Stored | InsertOutcome::KeptNewer) => Some(entry),
         // Too large for the proxy's own cache, but pooled.
@@ -1997,8 +2036,12 @@ impl Proxy {
             #[cfg(test)]
             hooks: testkit::Hooks::default(),
         });
-        let limits =
-            ServeOptions { header_read_timeout: options.header_read_timeout, max_connections: options.max_connections };
+        let limits = ServeOptions {
+            header_read_timeout: options.header_read_timeout,
+            max_connections: options.max_connections,
+            // Only the access log names the client.
+            peer_addr: state.access_log.is_some(),
+        };
         Ok(Proxy { listener, limits, admin, state })
     }
 

@@ -20,7 +20,7 @@ use hyper::{Method, StatusCode};
 
 /// `CDN-Cache-Control` (RFC 9213): when valid, this cache obeys it instead
 /// of `Cache-Control` and `Expires`.
-pub(crate) const CDN_CACHE_CONTROL: &str = "cdn-cache-control";
+pub(crate) const CDN_CACHE_CONTROL: HeaderName = HeaderName::from_static("cdn-cache-control");
 /// Heuristic freshness (§4.2.2) is a tenth of the time since
 /// `Last-Modified`, at most this (an hour).
 pub(crate) const HEURISTIC_SECS_MAX: u64 = 3600;
@@ -94,7 +94,7 @@ pub(crate) struct Directives {
 
 impl Directives {
     /// Parses every line of `field` in `headers`; `None` if there is none.
-    pub fn parse(headers: &HeaderMap, field: &str) -> Option<Directives> {
+    pub fn parse(headers: &HeaderMap, field: &HeaderName) -> Option<Directives> {
         let mut lines = headers.get_all(field).iter().peekable();
         lines.peek()?;
         let mut d = Directives::default();
@@ -114,7 +114,13 @@ impl Directives {
                     continue;
                 }
                 d.any = true;
-                match name.to_ascii_lowercase().as_str() {
+                // Lowercased only when it has to be (no allocation per directive).
+                let name = if name.bytes().any(|b| b.is_ascii_uppercase()) {
+                    std::borrow::Cow::Owned(name.to_ascii_lowercase())
+                } else {
+                    std::borrow::Cow::Borrowed(name)
+                };
+                match name.as_ref() {
                     "no-store" => d.no_store = true,
                     "no-cache" => d.no_cache = true,
                     "private" => d.private = true,
@@ -167,8 +173,36 @@ pub(crate) fn date_field(headers: &HeaderMap, field: HeaderName) -> Option<u64> 
     if values.next().is_some() {
         return None;
     }
-    let date = httpdate::parse_http_date(value.to_str().ok()?.trim()).ok()?;
-    date.duration_since(std::time::UNIX_EPOCH).ok().map(|d| d.as_secs())
+    http_date_secs(value)
+}
+
+/// An HTTP-date in seconds since the epoch. Each thread remembers the last
+/// value it parsed: a server's `Date` changes once a second, and parsing
+/// one costs more than the rest of storing a response.
+fn http_date_secs(value: &HeaderValue) -> Option<u64> {
+    const REMEMBERED_MAX: usize = 40;
+    type Remembered = ([u8; REMEMBERED_MAX], usize, Option<u64>);
+    thread_local! {
+        static LAST: std::cell::Cell<Option<Remembered>> = const { std::cell::Cell::new(None) };
+    }
+    let bytes = value.as_bytes();
+    if let Some((seen, len, secs)) = LAST.get() {
+        if seen.get(..len) == Some(bytes) {
+            return secs;
+        }
+    }
+    let secs = value
+        .to_str()
+        .ok()
+        .and_then(|v| httpdate::parse_http_date(v.trim()).ok())
+        .and_then(|date| date.duration_since(std::time::UNIX_EPOCH).ok())
+        .map(|d| d.as_secs());
+    if bytes.len() <= REMEMBERED_MAX {
+        let mut seen = [0u8; REMEMBERED_MAX];
+        seen[..bytes.len()].copy_from_slice(bytes);
+        LAST.set(Some((seen, bytes.len(), secs)));
+    }
+    secs
 }
 
 /// The `Age` field's value (§5.1): the first line, if a non-negative integer.
@@ -308,16 +342,16 @@ impl Freshness {
 /// present and holding at least one directive (then `Expires` is ignored
 /// too: the bool), else `Cache-Control`.
 pub(crate) fn response_directives(headers: &HeaderMap) -> (Directives, bool) {
-    match Directives::parse(headers, CDN_CACHE_CONTROL) {
+    match Directives::parse(headers, &CDN_CACHE_CONTROL) {
         Some(targeted) if targeted.any => (targeted, true),
-        _ => (Directives::parse(headers, CACHE_CONTROL.as_str()).unwrap_or_default(), false),
+        _ => (Directives::parse(headers, &CACHE_CONTROL).unwrap_or_default(), false),
     }
 }
 
 /// A request's own directives (`Pragma: no-cache` counts as `no-cache`
 /// when there is no `Cache-Control`, §5.4).
 pub(crate) fn request_directives(headers: &HeaderMap) -> Directives {
-    match Directives::parse(headers, CACHE_CONTROL.as_str()) {
+    match Directives::parse(headers, &CACHE_CONTROL) {
         Some(d) => d,
         None => {
             let pragma_no_cache = headers.get_all(hyper::header::PRAGMA).iter().any(|v| {
@@ -585,6 +619,27 @@ mod tests {
 
     fn fresh_for(response: &[(&str, &str)]) -> Result<u64, NotStored> {
         storable(&Method::GET, &HeaderMap::new(), StatusCode::OK, &headers(response), T, T).map(|f| f.lifetime)
+    }
+
+    /// Each thread remembers the last date it parsed: dates that alternate,
+    /// repeat, or follow an unparsable one are each read as themselves.
+    #[test]
+    fn remembered_dates_are_never_mistaken_for_others() {
+        let at = |s: u64| httpdate::fmt_http_date(std::time::UNIX_EPOCH + std::time::Duration::from_secs(s));
+        let (a, b) = (at(T), at(T + 1));
+        let date = |value: &str| date_field(&headers(&[("date", value)]), DATE);
+        for _ in 0..3 {
+            assert_eq!(date(&a), Some(T));
+            assert_eq!(date(&a), Some(T));
+            assert_eq!(date(&b), Some(T + 1));
+            assert_eq!(date("not a date"), None);
+            assert_eq!(date("not a date"), None);
+            // A prefix of a remembered date is another value.
+            assert_eq!(date(&a[..a.len() - 4]), None);
+        }
+        let long = format!("{a}{}", " ".repeat(60));
+        assert_eq!(date(&long), Some(T), "too long to remember, still parsed");
+        assert_eq!(date(&b), Some(T + 1));
     }
 
     #[test]

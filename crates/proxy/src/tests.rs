@@ -301,3 +301,62 @@ async fn no_cache_mode_neither_stores_nor_shares_a_fetch() {
     assert_eq!((stats.hits, stats.coalesced, stats.checks), (0, 0, 0));
     assert_eq!(stats.accounting_error(), None);
 }
+
+/// Answers from one entry share a field map built at the first one: each
+/// still carries its own `Age` and `X-Cache`, every stored field once and
+/// in order, and an origin's own `Age` or `X-Cache` is replaced, never
+/// repeated.
+#[test]
+fn answers_from_one_entry_carry_their_own_age_and_label() {
+    use crate::cache::Entry;
+    use crate::policy::{Freshness, Vary};
+    use hyper::header::{HeaderMap, HeaderName, HeaderValue, AGE, CONTENT_TYPE};
+    const T: u64 = 1_700_000_000;
+    let multi = HeaderName::from_static("x-multi");
+    let mut headers = HeaderMap::new();
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static("text/plain"));
+    headers.insert(AGE, HeaderValue::from_static("7"));
+    headers.insert(crate::X_CACHE_NAME, HeaderValue::from_static("FROM-ORIGIN"));
+    headers.append(multi.clone(), HeaderValue::from_static("a"));
+    headers.append(multi.clone(), HeaderValue::from_static("b"));
+    let entry = Entry {
+        status: StatusCode::OK,
+        headers,
+        body: bytes::Bytes::from_static(b"body"),
+        deps: None,
+        pushed: false,
+        vary: Vary::default(),
+        freshness: Freshness {
+            lifetime: 60,
+            initial_age: 7,
+            response_time: T,
+            no_cache: false,
+            no_stale: false,
+            stale_while_revalidate: 0,
+            stale_if_error: 0,
+            validators: false,
+        },
+        reply: std::sync::OnceLock::new(),
+    };
+    let request = HeaderMap::new();
+    let first = crate::respond(&entry, &request, &Method::GET, T, "HIT");
+    // Past the ages built once (1,024), and another label.
+    let later = crate::respond(&entry, &request, &Method::GET, T + 2_000, "MISS");
+    let again = crate::respond(&entry, &request, &Method::GET, T + 1, "HIT");
+    for (response, age, label) in [(&first, "7", "HIT"), (&later, "2007", "MISS"), (&again, "8", "HIT")] {
+        let fields = response.headers();
+        assert_eq!(fields.get_all(AGE).iter().collect::<Vec<_>>(), [age]);
+        assert_eq!(fields.get_all(crate::X_CACHE_NAME).iter().collect::<Vec<_>>(), [label]);
+        assert_eq!(fields.get_all(&multi).iter().collect::<Vec<_>>(), ["a", "b"]);
+        assert_eq!(fields[CONTENT_TYPE], "text/plain");
+        assert_eq!(fields.len(), 5);
+    }
+}
+
+/// The `Age` values built once are the ones formatting would give.
+#[test]
+fn built_age_values_equal_formatted_ones() {
+    for age in (0..1_100).chain([u64::from(u32::MAX), u64::MAX]) {
+        assert_eq!(crate::age_value(age), hyper::header::HeaderValue::from(age), "{age}");
+    }
+}

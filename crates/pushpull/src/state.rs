@@ -242,10 +242,13 @@ impl CacheStateWriter {
         start..start + WAYS
     }
 
-    /// The slot holding `fingerprint`, if any.
+    /// The slot holding `fingerprint`, if any: its bucket's records are
+    /// adjacent, so they are bounds-checked once, not once per way.
     fn find(&self, fingerprint: u64) -> Option<u32> {
-        self.bucket(fingerprint)
-            .find(|slot| self.record(*slot).is_some_and(|r| r[1].load(Ordering::Relaxed) == fingerprint))
+        let ways = self.bucket(fingerprint);
+        let records = self.region.memory().words(record_offset(ways.start), WAYS as usize * RECORD_WORDS).ok()?;
+        let at = records.chunks_exact(RECORD_WORDS).position(|r| r[1].load(Ordering::Relaxed) == fingerprint)?;
+        Some(ways.start + at as u32)
     }
 
     /// Where `fingerprint` goes: its own slot, or the bucket's least

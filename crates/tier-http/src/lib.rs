@@ -70,7 +70,8 @@ async fn stopped(mut watcher: watch::Receiver<bool>) {
     }
 }
 
-/// The client's address, in every request's extensions.
+/// The client's address, in every request's extensions when
+/// [`ServeOptions::peer_addr`] asks for it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PeerAddr(pub std::net::SocketAddr);
 
@@ -121,6 +122,9 @@ pub struct ServeOptions {
     /// At most this many connections open at once; further ones wait in
     /// the listen backlog until one closes.
     pub max_connections: Option<usize>,
+    /// Put the client's [`PeerAddr`] in every request's extensions. Off
+    /// unless asked: the extension map is three allocations per request.
+    pub peer_addr: bool,
 }
 
 /// As [`serve_with_hook`], within `options`' limits.
@@ -181,7 +185,9 @@ where
             let _held_while_connected = (held, slot);
             let _open = open;
             let service = service_fn(move |mut request: Request<Incoming>| {
-                request.extensions_mut().insert(PeerAddr(peer));
+                if options.peer_addr {
+                    request.extensions_mut().insert(PeerAddr(peer));
+                }
                 let response = handler(request);
                 async move { Ok::<_, Infallible>(response.await) }
             });
@@ -230,5 +236,37 @@ pub fn readiness(checks: &[(&str, Result<(), String>)]) -> Response<Body> {
         text(StatusCode::OK, "ready\n")
     } else {
         text(StatusCode::SERVICE_UNAVAILABLE, format!("not ready\n{}", failures.concat()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The client's address reaches the handler only when asked for.
+    #[tokio::test]
+    async fn the_peer_address_is_in_the_extensions_only_when_asked() {
+        for asked in [false, true] {
+            let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let addr = listener.local_addr().unwrap();
+            let handler = Arc::new(|request: Request<Incoming>| async move {
+                let peer = request.extensions().get::<PeerAddr>().map(|p| p.0.ip().to_string());
+                text(StatusCode::OK, peer.unwrap_or_else(|| "none".into()))
+            });
+            let stop = Stop::new();
+            let options = ServeOptions { peer_addr: asked, ..ServeOptions::default() };
+            let server = tokio::spawn(serve_with_options(listener, handler, stop.clone(), None, options));
+            let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+            let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.unwrap();
+            let driver = tokio::spawn(connection);
+            let request = Request::get("/").header("host", "x").body(Body::default()).unwrap();
+            let response = sender.send_request(request).await.unwrap();
+            let body = collect_limited(response.into_body(), 1024).await.unwrap();
+            assert_eq!(body, if asked { "127.0.0.1" } else { "none" });
+            drop(sender);
+            let _ = driver.await;
+            stop.stop();
+            server.await.unwrap().unwrap();
+        }
     }
 }

@@ -338,6 +338,7 @@ pub struct ProxyArgs {
     coop_args: super::coop::CoopArgs,
     /// Close a client connection that has not sent a whole request header
     /// this long after it began waiting for one (also idle keep-alives).
+    /// 0: no such timeout.
     #[arg(long, default_value_t = tierstack_proxy::HEADER_READ_TIMEOUT_DEFAULT.as_millis() as u64)]
     header_read_timeout_ms: u64,
     /// At most this many client connections at once.
@@ -457,7 +458,8 @@ pub fn proxy(args: ProxyArgs) -> Result<()> {
         }
         let options = ProxyOptions {
             cache_state,
-            header_read_timeout: Some(Duration::from_millis(args.header_read_timeout_ms)),
+            header_read_timeout: (args.header_read_timeout_ms > 0)
+                .then(|| Duration::from_millis(args.header_read_timeout_ms)),
             max_connections: Some(args.max_connections),
             access_log: args.access_log.clone(),
             default_authority: args.default_authority.clone(),
