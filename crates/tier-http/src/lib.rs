@@ -88,7 +88,7 @@ pub async fn serve<H, F, B>(listener: TcpListener, handler: Arc<H>, stop: Stop) 
 where
     H: Fn(Request<Incoming>) -> F + Send + Sync + 'static,
     F: Future<Output = Response<B>> + Send + 'static,
-    B: hyper::body::Body<Data = Bytes> + Send + 'static,
+    B: hyper::body::Body<Data = Bytes> + Send + Unpin + 'static,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     serve_with_hook(listener, handler, stop, None).await
@@ -105,7 +105,7 @@ pub async fn serve_with_hook<H, F, B>(
 where
     H: Fn(Request<Incoming>) -> F + Send + Sync + 'static,
     F: Future<Output = Response<B>> + Send + 'static,
-    B: hyper::body::Body<Data = Bytes> + Send + 'static,
+    B: hyper::body::Body<Data = Bytes> + Send + Unpin + 'static,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     serve_with_options(listener, handler, stop, on_connection, ServeOptions::default()).await
@@ -138,7 +138,7 @@ pub async fn serve_with_options<H, F, B>(
 where
     H: Fn(Request<Incoming>) -> F + Send + Sync + 'static,
     F: Future<Output = Response<B>> + Send + 'static,
-    B: hyper::body::Body<Data = Bytes> + Send + 'static,
+    B: hyper::body::Body<Data = Bytes> + Send + Unpin + 'static,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     let mut watcher = stop.watcher();
@@ -184,18 +184,24 @@ where
         tokio::spawn(async move {
             let _held_while_connected = (held, slot);
             let _open = open;
+            let waiting = Arc::new(HeadWait::new());
+            let on_head = waiting.clone();
             let service = service_fn(move |mut request: Request<Incoming>| {
+                on_head.head_arrived();
                 if options.peer_addr {
                     request.extensions_mut().insert(PeerAddr(peer));
                 }
                 let response = handler(request);
-                async move { Ok::<_, Infallible>(response.await) }
+                let on_done = on_head.clone();
+                async move {
+                    // The connection waits for its next head once this
+                    // response's body is done with (or dropped).
+                    let response = response.await.map(|body| AnswerBody { body, waiting: Some(on_done) });
+                    Ok::<_, Infallible>(response)
+                }
             });
             let mut builder = http1::Builder::new();
             builder.keep_alive(true);
-            if let Some(timeout) = options.header_read_timeout {
-                builder.timer(hyper_util::rt::TokioTimer::new()).header_read_timeout(timeout);
-            }
             let connection = builder.serve_connection(TokioIo::new(stream), service);
             tokio::pin!(connection);
             tokio::select! {
@@ -208,9 +214,112 @@ where
                     connection.as_mut().graceful_shutdown();
                     let _ = connection.await;
                 }
+                _ = head_read_timeout(&waiting, options.header_read_timeout) => {
+                    tracing::debug!("closing a connection that sent no whole request head in time");
+                }
             }
         });
         let _ = watcher.borrow_and_update();
+    }
+}
+
+/// When a connection began waiting for a request head (nanoseconds since
+/// its start), or [`HeadWait::NOT_WAITING`] while a request is being
+/// answered. One per connection: the header-read timeout is one timer per
+/// connection re-armed when it fires, not a timer per request (hyper's own
+/// costs an allocation, a timer-wheel entry and a second read of every
+/// head).
+struct HeadWait {
+    start: tokio::time::Instant,
+    since_ns: std::sync::atomic::AtomicU64,
+}
+
+impl HeadWait {
+    const NOT_WAITING: u64 = u64::MAX;
+
+    fn new() -> Self {
+        HeadWait { start: tokio::time::Instant::now(), since_ns: std::sync::atomic::AtomicU64::new(0) }
+    }
+
+    fn head_arrived(&self) {
+        self.since_ns.store(Self::NOT_WAITING, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    fn answered(&self) {
+        let now = u64::try_from(self.start.elapsed().as_nanos()).unwrap_or(Self::NOT_WAITING - 1);
+        self.since_ns.store(now, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Since when the connection waits for a head, if it does.
+    fn waiting_since(&self) -> Option<tokio::time::Instant> {
+        match self.since_ns.load(std::sync::atomic::Ordering::Relaxed) {
+            Self::NOT_WAITING => None,
+            ns => Some(self.start + std::time::Duration::from_nanos(ns)),
+        }
+    }
+}
+
+/// Returns once the connection has waited `timeout` for a request head
+/// (never without a timeout). Sleeps until the earliest moment that could
+/// be, and looks again.
+async fn head_read_timeout(waiting: &HeadWait, timeout: Option<std::time::Duration>) {
+    let Some(timeout) = timeout else { return std::future::pending().await };
+    let sleep = tokio::time::sleep(timeout);
+    tokio::pin!(sleep);
+    loop {
+        sleep.as_mut().await;
+        let now = tokio::time::Instant::now();
+        match waiting.waiting_since() {
+            Some(since) if now >= since + timeout => return,
+            Some(since) => sleep.as_mut().reset(since + timeout),
+            // Answering: the next wait starts later than now.
+            None => sleep.as_mut().reset(now + timeout),
+        }
+    }
+}
+
+/// A response body that, once done with, marks its connection as waiting
+/// for the next request head.
+struct AnswerBody<B> {
+    body: B,
+    waiting: Option<Arc<HeadWait>>,
+}
+
+impl<B> AnswerBody<B> {
+    fn done(&mut self) {
+        if let Some(waiting) = self.waiting.take() {
+            waiting.answered();
+        }
+    }
+}
+
+impl<B> Drop for AnswerBody<B> {
+    fn drop(&mut self) {
+        self.done();
+    }
+}
+
+impl<B: hyper::body::Body + Unpin> hyper::body::Body for AnswerBody<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Self::Data>, Self::Error>>> {
+        let polled = std::pin::Pin::new(&mut self.body).poll_frame(cx);
+        if matches!(polled, std::task::Poll::Ready(None)) {
+            self.done();
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.body.size_hint()
     }
 }
 
@@ -242,6 +351,36 @@ pub fn readiness(checks: &[(&str, Result<(), String>)]) -> Response<Body> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The header-read timeout counts only while a connection waits for a
+    /// head: an answer that takes longer than the timeout is delivered
+    /// whole, and the connection is closed once it has then waited the
+    /// timeout for the next head.
+    #[tokio::test]
+    async fn a_slow_answer_is_not_cut_and_the_wait_after_it_is() {
+        let timeout = std::time::Duration::from_millis(200);
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let handler = Arc::new(move |_request: Request<Incoming>| async move {
+            tokio::time::sleep(timeout * 3).await;
+            text(StatusCode::OK, "slow")
+        });
+        let stop = Stop::new();
+        let options = ServeOptions { header_read_timeout: Some(timeout), ..ServeOptions::default() };
+        let server = tokio::spawn(serve_with_options(listener, handler, stop.clone(), None, options));
+        let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.unwrap();
+        let driver = tokio::spawn(connection);
+        let request = Request::get("/").header("host", "x").body(Body::default()).unwrap();
+        let response = sender.send_request(request).await.unwrap();
+        assert_eq!(collect_limited(response.into_body(), 1024).await.unwrap(), "slow");
+        let answered = tokio::time::Instant::now();
+        // The server closes the idle connection: the client's driver ends.
+        tokio::time::timeout(std::time::Duration::from_secs(20), driver).await.unwrap().unwrap().unwrap();
+        assert!(answered.elapsed() >= timeout * 9 / 10, "closed {:?} after the answer", answered.elapsed());
+        stop.stop();
+        server.await.unwrap().unwrap();
+    }
 
     /// The client's address reaches the handler only when asked for.
     #[tokio::test]
