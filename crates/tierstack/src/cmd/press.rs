@@ -111,20 +111,41 @@ pub fn run_dispatcher(args: DispatcherArgs) -> Result<()> {
         dir: args.handoff_dir,
         lard: LardConfig { t_low: args.t_low, t_high: args.t_high },
     };
-    let runtime =
-        tokio::runtime::Builder::new_multi_thread().worker_threads(args.threads.max(1)).enable_all().build()?;
-    runtime.block_on(async {
-        let signals = args.service.stop_signals()?;
+    serve_until_stopped(args.threads, &args.service, async {
         let dispatcher = Dispatcher::start(config).await?;
         eprintln!(
             "tierstack press-dispatcher: serving http://{}{}",
             dispatcher.local_addr(),
-            dispatcher.admin_addr().map(|a| format!(", stats at http://{a}/stats")).unwrap_or_default()
+            stats_at(dispatcher.admin_addr())
         );
+        Ok(move || dispatcher.stop())
+    })
+}
+
+/// `, stats at http://…/stats` for a server with an admin listener.
+fn stats_at(admin: Option<SocketAddr>) -> String {
+    admin.map(|a| format!(", stats at http://{a}/stats")).unwrap_or_default()
+}
+
+/// Runs a PRESS server on `threads` runtime threads: `start` starts it and
+/// returns how to stop it; once it serves, `ready` is printed; at a stop
+/// signal it is stopped and its counters printed as one JSON line.
+fn serve_until_stopped<Stop, Stats>(
+    threads: usize,
+    service: &crate::service::ServiceArgs,
+    start: impl std::future::Future<Output = Result<Stop>>,
+) -> Result<()>
+where
+    Stop: FnOnce() -> Stats,
+    Stats: serde::Serialize,
+{
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(threads.max(1)).enable_all().build()?;
+    runtime.block_on(async {
+        let signals = service.stop_signals()?;
+        let stop = start.await?;
         crate::service::announce_ready()?;
         signals.wait().await;
-        let stats = dispatcher.stop();
-        println!("{}", serde_json::to_string(&stats)?);
+        println!("{}", serde_json::to_string(&stop())?);
         std::io::stdout().flush()?;
         Ok(())
     })
@@ -169,21 +190,13 @@ pub fn run(args: PressNodeArgs) -> Result<()> {
         window: args.window,
         handoff_dir: args.handoff_dir.clone(),
     };
-    let runtime =
-        tokio::runtime::Builder::new_multi_thread().worker_threads(args.threads.max(1)).enable_all().build()?;
-    runtime.block_on(async {
-        let signals = args.service.stop_signals()?;
+    serve_until_stopped(args.threads, &args.service, async {
         let node = PressNode::start(config, fabric).await?;
         eprintln!(
             "tierstack press-node: node {me} serving http://{}{}",
             node.local_addr(),
-            node.admin_addr().map(|a| format!(", stats at http://{a}/stats")).unwrap_or_default()
+            stats_at(node.admin_addr())
         );
-        crate::service::announce_ready()?;
-        signals.wait().await;
-        let stats = node.stop();
-        println!("{}", serde_json::to_string(&stats)?);
-        std::io::stdout().flush()?;
-        Ok(())
+        Ok(move || node.stop())
     })
 }
