@@ -185,9 +185,12 @@ where
             let _held_while_connected = (held, slot);
             let _open = open;
             let waiting = Arc::new(HeadWait::new());
-            let on_head = waiting.clone();
+            // Without a timeout nothing is marked (no clock read per request).
+            let on_head = options.header_read_timeout.map(|_| waiting.clone());
             let service = service_fn(move |mut request: Request<Incoming>| {
-                on_head.head_arrived();
+                if let Some(on_head) = &on_head {
+                    on_head.head_arrived();
+                }
                 if options.peer_addr {
                     request.extensions_mut().insert(PeerAddr(peer));
                 }
@@ -196,7 +199,7 @@ where
                 async move {
                     // The connection waits for its next head once this
                     // response's body is done with (or dropped).
-                    let response = response.await.map(|body| AnswerBody { body, waiting: Some(on_done) });
+                    let response = response.await.map(|body| AnswerBody { body, waiting: on_done });
                     Ok::<_, Infallible>(response)
                 }
             });
