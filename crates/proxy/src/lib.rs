@@ -76,6 +76,7 @@ mod stream;
 mod testkit;
 #[cfg(test)]
 mod tests;
+mod upstream;
 
 use bytes::Bytes;
 use cache::{Cache, Entry, InsertOutcome};
@@ -87,9 +88,6 @@ use hyper::header::{
     LAST_MODIFIED, LOCATION, RANGE, VARY,
 };
 use hyper::{Method, Request, Response, StatusCode, Uri};
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
 use policy::{Usable, Vary};
 use serde::Serialize;
 use std::collections::HashSet;
@@ -107,6 +105,7 @@ pub use tierstack_pushpull::state::CacheStateConfig;
 pub use tierstack_pushpull::SLOTS_DEFAULT as CACHE_STATE_SLOTS_DEFAULT;
 use tierstack_pushpull::{fingerprint, CacheStateWriter};
 use tierstack_tier_http::{collect_limited, serve, serve_with_options, text, Body, PeerAddr, ServeOptions, Stop};
+use upstream::{PooledBody, UpstreamError, Upstreams};
 
 /// Largest request body forwarded.
 pub const REQUEST_BODY_BYTES_MAX: usize = 16 << 20;
@@ -119,6 +118,8 @@ pub const RESPONSE_BODY_BYTES_MAX: usize = 64 << 20;
 pub const X_CACHE: &str = "x-cache";
 /// [`X_CACHE`] as a field name, parsed once.
 const X_CACHE_NAME: HeaderName = HeaderName::from_static(X_CACHE);
+/// Idle connections kept per upstream.
+const UPSTREAM_IDLE_MAX: usize = 512;
 /// Tries of a forward whose upstream fences it (421) before the 421 is
 /// the answer.
 const FENCED_ATTEMPTS_MAX: u32 = 2;
@@ -565,7 +566,7 @@ struct State {
     /// The cache's largest object (fixed when it is made).
     object_bytes_max: usize,
     checker: Option<VersionChecker>,
-    client: Client<HttpConnector, Full<Bytes>>,
+    client: Upstreams,
     upstream_timeout: Duration,
     counters: Counters,
     cache_state: Option<CacheStateWriter>,
@@ -1166,15 +1167,14 @@ const READYZ_UPSTREAM_TIMEOUT: Duration = Duration::from_secs(1);
 /// serves at all.
 async fn readiness(state: &State) -> Response<Body> {
     let mut failures = Vec::new();
-    for upstream in &state.upstreams {
-        let target = format!("{}{}", upstream.to_string().trim_end_matches('/'), tierstack_tier_http::READYZ_PATH);
-        let Ok(uri) = target.parse::<Uri>() else {
+    for (index, upstream) in state.upstreams.iter().enumerate() {
+        let Some(uri) = upstream_uri(upstream, tierstack_tier_http::READYZ_PATH) else {
             failures.push(format!("{upstream}: unusable URL"));
             continue;
         };
         let mut request = Request::new(Full::new(Bytes::new()));
         *request.uri_mut() = uri;
-        match tokio::time::timeout(READYZ_UPSTREAM_TIMEOUT, state.client.request(request)).await {
+        match tokio::time::timeout(READYZ_UPSTREAM_TIMEOUT, state.client.request(index, request)).await {
             Ok(Ok(response)) if response.status() == StatusCode::OK => {
                 return tierstack_tier_http::readiness(&[("upstreams", Ok(()))])
             }
@@ -1416,7 +1416,7 @@ async fn send<'a>(
     target: &str,
     mut headers: HeaderMap,
     body: Bytes,
-) -> Result<(Response<Incoming>, Instant, u64, Routed<'a>), Response<Body>> {
+) -> Result<(Response<PooledBody>, Instant, u64, Routed<'a>), Response<Body>> {
     let mut attempt = 0;
     // Upstreams that refused this request (as nginx's `proxy_next_upstream
     // error`): each is tried at most once.
@@ -1444,7 +1444,8 @@ async fn send<'a>(
             }
         }
         let started = Instant::now();
-        let outcome = tokio::time::timeout(state.upstream_timeout, state.client.request(upstream_request)).await;
+        let outcome =
+            tokio::time::timeout(state.upstream_timeout, state.client.request(routed.index, upstream_request)).await;
         if let Ok(Err(e)) = &outcome {
             if may_retry_elsewhere(e, method) && refused.len() + 1 < state.upstreams.len() {
                 state.counters.upstream_retries.fetch_add(1, Ordering::Relaxed);
@@ -1484,20 +1485,18 @@ async fn send<'a>(
     Ok((response, started, request_time, routed))
 }
 
-/// The absolute URI of `target` (a path and query) at `upstream`: its
-/// scheme and authority, then its path without a trailing `/`, then the
-/// target. `None` if that is no URI.
+/// The origin-form URI of `target` (a path and query) at `upstream`: the
+/// upstream's path without a trailing `/`, then the target. `None` if that
+/// is no URI.
 fn upstream_uri(upstream: &Uri, target: &str) -> Option<Uri> {
-    let bare = matches!(upstream.path_and_query().map(|p| p.as_str()), None | Some("/" | ""));
-    if bare && target.starts_with('/') {
+    let prefix = upstream.path().trim_end_matches('/');
+    if prefix.is_empty() && target.starts_with('/') {
         // The common case: no prefix to keep, so no string to format.
-        let mut parts = hyper::http::uri::Parts::default();
-        parts.scheme = upstream.scheme().cloned();
-        parts.authority = upstream.authority().cloned();
-        parts.path_and_query = Some(target.parse().ok()?);
-        return Uri::from_parts(parts).ok();
+        return target.parse().ok();
     }
-    format!("{}{}", upstream.to_string().trim_end_matches('/'), target).parse().ok()
+    let uri: Uri = format!("{prefix}{target}").parse().ok()?;
+    // Only a path and query: anything else would be sent as it is.
+    (uri.scheme().is_none() && uri.authority().is_none() && uri.path().starts_with('/')).then_some(uri)
 }
 
 /// May a request that failed with `error` go to another upstream? If the
@@ -1505,16 +1504,13 @@ fn upstream_uri(upstream: &Uri, target: &str) -> Option<Uri> {
 /// sent, so any method. If the connection broke before a whole response head
 /// arrived: only an idempotent method (RFC 9110 §9.2.2), which may have
 /// been processed but may be repeated.
-fn may_retry_elsewhere(error: &hyper_util::client::legacy::Error, method: &Method) -> bool {
+fn may_retry_elsewhere(error: &UpstreamError, method: &Method) -> bool {
     if error.is_connect() {
         return true;
     }
     let idempotent =
         matches!(*method, Method::GET | Method::HEAD | Method::PUT | Method::DELETE | Method::OPTIONS | Method::TRACE);
-    let broke_before_head = std::error::Error::source(error)
-        .and_then(|source| source.downcast_ref::<hyper::Error>())
-        .is_some_and(|e| e.is_incomplete_message());
-    idempotent && broke_before_head
+    idempotent && error.is_incomplete_message()
 }
 
 /// Forwards to the upstream and streams the answer back as it arrives. A
@@ -1990,9 +1986,7 @@ impl Proxy {
             (_, Some(fabric)) => Some(VersionChecker::new(fabric)),
             (_, None) => None,
         };
-        let mut connector = HttpConnector::new();
-        connector.set_nodelay(true);
-        let client = Client::builder(TokioExecutor::new()).pool_max_idle_per_host(512).build(connector);
+        let client = Upstreams::new(&upstreams, UPSTREAM_IDLE_MAX);
         let bind = |addr: SocketAddr| async move {
             tokio::net::TcpListener::bind(addr).await.map_err(|source| ProxyError::Listen { addr, source })
         };
