@@ -64,6 +64,10 @@ pub fn fingerprint(key: &str) -> u64 {
     hash | 1
 }
 
+/// Most dependencies a check reads without a batch where the backend can
+/// (see [`VersionChecker::is_current`]); more take the batch.
+pub const NOW_DEPS_MAX: usize = 8;
+
 fn slot_offset(slot: u32) -> u64 {
     HEADER_BYTES + SLOT_BYTES * u64::from(slot)
 }
@@ -228,8 +232,47 @@ impl VersionChecker {
         Ok(Verdict::Current)
     }
 
+    /// [`VersionChecker::judge`] of the words [`VersionChecker::read_now`]
+    /// read: the incarnation, then each slot's fingerprint and version.
+    fn judge_words(header: &DepsHeader, words: &[u64]) -> Verdict {
+        if words.first() != Some(&header.incarnation.0) {
+            return Verdict::OtherIncarnation;
+        }
+        let current = header.deps.iter().enumerate().all(|(i, dep)| {
+            words.get(1 + 2 * i) == Some(&fingerprint(&dep.key)) && words.get(2 + 2 * i) == Some(&dep.version)
+        });
+        if current {
+            Verdict::Current
+        } else {
+            Verdict::Changed
+        }
+    }
+
+    /// The check without a batch, if the backend reads at once (`shm`) and
+    /// `header` has at most [`NOW_DEPS_MAX`] dependencies: the words on the
+    /// stack, no allocation. `None`: post the batch instead.
+    fn read_now(&self, region: &dyn RemoteRegion, header: &DepsHeader) -> Option<Result<bool, FabricError>> {
+        const WORDS: usize = 1 + 2 * NOW_DEPS_MAX;
+        let used = 1 + 2 * header.deps.len();
+        if used > WORDS {
+            return None;
+        }
+        let mut offsets = [INCARNATION_OFFSET; WORDS];
+        for (i, dep) in header.deps.iter().enumerate() {
+            offsets[1 + 2 * i] = slot_offset(dep.slot);
+            offsets[2 + 2 * i] = slot_offset(dep.slot) + 8;
+        }
+        let mut words = [0u64; WORDS];
+        let read = region.read_words_now(&offsets[..used], &mut words[..used])?;
+        Some(self.settle(header, read.map(|()| Self::judge_words(header, &words[..used]))))
+    }
+
     fn conclude(&self, header: &DepsHeader, outcome: Result<Vec<OpResult>, FabricError>) -> Result<bool, FabricError> {
-        match outcome.and_then(|results| Self::judge(header, results)) {
+        self.settle(header, outcome.and_then(|results| Self::judge(header, results)))
+    }
+
+    fn settle(&self, header: &DepsHeader, verdict: Result<Verdict, FabricError>) -> Result<bool, FabricError> {
+        match verdict {
             Ok(Verdict::Current) => Ok(true),
             Ok(Verdict::Changed) => Ok(false),
             Ok(Verdict::OtherIncarnation) => {
@@ -246,12 +289,18 @@ impl VersionChecker {
 
     /// True iff every dependency in `header` is still at its version, read
     /// now from the owner's table. Errors mean "could not check": callers
-    /// must fail closed (treat as not current).
+    /// must fail closed (treat as not current). One batch of reads; on a
+    /// backend that reads at once (`shm`), up to [`NOW_DEPS_MAX`]
+    /// dependencies are read as words on the stack instead (the same reads,
+    /// without the batch's allocations).
     pub async fn is_current(&self, header: &DepsHeader) -> Result<bool, FabricError> {
         let region = self.region(header.node).await?;
         let slots_end = header.deps.iter().map(|d| slot_offset(d.slot) + SLOT_BYTES).max().unwrap_or(0);
         if slots_end > region.len() {
             return Ok(false);
+        }
+        if let Some(verdict) = self.read_now(region.as_ref(), header) {
+            return verdict;
         }
         let outcome = region.post(Self::ops(header)).wait_async().await;
         self.conclude(header, outcome)
@@ -329,6 +378,9 @@ impl VersionChecker {
         let slots_end = header.deps.iter().map(|d| slot_offset(d.slot) + SLOT_BYTES).max().unwrap_or(0);
         if slots_end > region.len() {
             return Ok(false);
+        }
+        if let Some(verdict) = self.read_now(region.as_ref(), header) {
+            return verdict;
         }
         let outcome = region.post(Self::ops(header)).wait();
         self.conclude(header, outcome)

@@ -428,6 +428,18 @@ impl RemoteRegion for ShmRemote {
         self.memory.load_u64(offset)
     }
 
+    fn read_words_now(&self, offsets: &[u64], words: &mut [u64]) -> Option<Result<()>> {
+        Some(self.check_live().and_then(|()| {
+            if offsets.len() != words.len() {
+                return Err(FabricError::BatchSize { ops: offsets.len(), max: words.len() });
+            }
+            for (word, &offset) in words.iter_mut().zip(offsets) {
+                *word = self.memory.load_u64(offset)?;
+            }
+            Ok(())
+        }))
+    }
+
     fn write(&self, offset: u64, data: &[u8]) -> Result<()> {
         self.check_live()?;
         self.memory.write(offset, data)

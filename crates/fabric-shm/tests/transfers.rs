@@ -8,6 +8,7 @@ mod suite;
 
 use std::sync::Arc;
 use tierstack_base::NodeId;
+use tierstack_fabric::Fabric;
 use tierstack_fabric_shm::{ShmConfig, ShmFabric};
 
 /// Node 0 owns the remote regions; node 1 operates on them.
@@ -57,6 +58,27 @@ fn a_view_sees_the_bytes_that_arrived_before_it() {
 
 /// The owner closes its node (its regions are revoked): the peer's mapping
 /// is still there, but every transfer fails with `PeerDead`.
+#[test]
+fn words_read_at_once_match_a_batch_of_reads() {
+    let (_dir, owner, peer) = pair();
+    let (_at_owner_keep, remote) = {
+        let region = owner.register("xfer.words.offered", 64).unwrap();
+        (region, peer.connect(NodeId(0), "xfer.words.offered").unwrap())
+    };
+    // shm offers it: the suite below is not passed trivially.
+    assert!(remote.read_words_now(&[0], &mut [0u64; 1]).is_some());
+    suite::words_read_at_once_match_a_batch_of_reads(owner.as_ref(), peer.as_ref());
+}
+
+#[test]
+fn words_read_at_once_from_a_dead_peer_fail() {
+    let (_dir, owner, peer) = pair();
+    let (remote, _local) = suite::before_the_owner_dies(owner.as_ref(), peer.as_ref());
+    drop(owner);
+    assert!(remote.read_words_now(&[0], &mut [0u64; 1]).is_some());
+    suite::words_read_at_once_from_a_dead_peer_fail(remote.as_ref());
+}
+
 #[test]
 fn read_into_a_dead_peer_is_peer_dead() {
     let (_dir, owner, peer) = pair();

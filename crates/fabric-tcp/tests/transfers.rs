@@ -33,6 +33,12 @@ fn round_trips_match_plain_reads_and_writes() {
 }
 
 #[test]
+fn words_read_at_once_match_a_batch_of_reads() {
+    let (owner, peer) = pair();
+    suite::words_read_at_once_match_a_batch_of_reads(owner.as_ref(), peer.as_ref());
+}
+
+#[test]
 fn large_transfers_round_trip() {
     let (owner, peer) = pair();
     suite::large_transfers_round_trip(owner.as_ref(), peer.as_ref());

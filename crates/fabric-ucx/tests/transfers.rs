@@ -53,6 +53,7 @@ both_transports!(
     alignment_follows_the_same_phase_rule,
     a_batch_mixes_old_and_new_ops,
     a_view_sees_the_bytes_that_arrived_before_it,
+    words_read_at_once_match_a_batch_of_reads,
 );
 
 /// The owner closes its node: it says `BYE` on its hello connections and

@@ -166,6 +166,18 @@ pub trait RemoteRegion: Send + Sync {
         Ok(())
     }
 
+    /// Reads the 64-bit words at `offsets` (each 8-byte aligned, each read
+    /// atomically, the set not atomic as a whole) into `words`, one per
+    /// offset, at once, if this backend can without waiting for anyone: `None`
+    /// if it cannot (then post the reads as a batch). On `shm`, loads from
+    /// the mapping without a batch's allocations: the version check's hot
+    /// path. `words` and `offsets` of different lengths are a
+    /// [`FabricError::BatchSize`] error.
+    fn read_words_now(&self, offsets: &[u64], words: &mut [u64]) -> Option<Result<()>> {
+        let _ = (offsets, words);
+        None
+    }
+
     /// Reads the 64-bit word at `offset` (8-byte aligned) atomically.
     fn read_u64(&self, offset: u64) -> Result<u64> {
         if !offset.is_multiple_of(8) {

@@ -362,3 +362,54 @@ pub fn read_into_a_dead_peer_fails_and_writes_nothing(remote: &dyn RemoteRegion,
     }
     assert_eq!(contents(local.memory()), pattern(64, 12), "nothing landed in the local region");
 }
+
+/// `read_words_now`, where a backend offers it (`Some`), reads exactly the
+/// words a batch of 8-byte `Read`s would, and fails at the first offset that
+/// is not 8-byte aligned (`Misaligned`) or past the end (the batch's
+/// `OutOfBounds`); offsets and words of different lengths are a
+/// `BatchSize` error. A backend that returns `None` (reads go through
+/// batches only) passes trivially.
+pub fn words_read_at_once_match_a_batch_of_reads(owner: &dyn Fabric, peer: &dyn Fabric) {
+    let (_at_owner, remote) = remote_region(owner, peer, "xfer.words", 256, 11);
+    let offsets = proptest::collection::vec(prop_oneof![4 => (0u64..32).prop_map(|w| w * 8), 1 => 0u64..300], 0..12);
+    let mut runner = TestRunner::new(Config { cases: 64, ..Config::default() });
+    runner
+        .run(&offsets, |offsets| {
+            let mut words = vec![0u64; offsets.len()];
+            let Some(now) = remote.read_words_now(&offsets, &mut words) else { return Ok(()) };
+            if offsets.is_empty() {
+                // No words: nothing read, nothing wrong (a batch must not be empty).
+                prop_assert_eq!(now, Ok(()));
+                return Ok(());
+            }
+            let bad = offsets.iter().find(|&&offset| !offset.is_multiple_of(8) || offset + 8 > remote.len());
+            if let Some(&offset) = bad.filter(|&&offset| !offset.is_multiple_of(8)) {
+                prop_assert_eq!(now, Err(FabricError::Misaligned { offset }));
+                return Ok(());
+            }
+            let batch = remote.post(offsets.iter().map(|&offset| Op::Read { offset, len: 8 }).collect()).wait();
+            prop_assert_eq!(batch.is_err(), bad.is_some());
+            match batch {
+                Ok(results) => {
+                    prop_assert_eq!(now, Ok(()));
+                    let expected: Vec<u64> = results.into_iter().map(|r| r.into_u64().unwrap()).collect();
+                    prop_assert_eq!(words, expected);
+                }
+                Err(e) => prop_assert_eq!(now, Err(e)),
+            }
+            Ok(())
+        })
+        .unwrap();
+    let mut two = [0u64; 2];
+    if let Some(mismatched) = remote.read_words_now(&[0, 8, 16], &mut two) {
+        assert_eq!(mismatched, Err(FabricError::BatchSize { ops: 3, max: 2 }));
+    }
+}
+
+/// `read_words_now` on a region whose owner is gone fails (where offered).
+pub fn words_read_at_once_from_a_dead_peer_fail(remote: &dyn RemoteRegion) {
+    let mut word = [0u64; 1];
+    if let Some(read) = remote.read_words_now(&[0], &mut word) {
+        assert!(matches!(read, Err(FabricError::PeerDead { .. })), "{read:?}");
+    }
+}
