@@ -708,7 +708,7 @@ fn cache_key(uri: &Uri, headers: &HeaderMap, default: &str) -> String {
 
 /// The target part of a cache key (authorities hold no `/`).
 fn target_of(key: &str) -> &str {
-    key.find('/').map_or(key, |at| &key[at..])
+    key.bytes().position(|b| b == b'/').map_or(key, |at| &key[at..])
 }
 
 /// The key a coalesced fetch is shared under: the cache key and the
@@ -728,7 +728,10 @@ fn is_unsafe(method: &Method) -> bool {
 /// Does the stored response satisfy the client's `If-None-Match` or
 /// `If-Modified-Since` (RFC 9110 §13.1.2, §13.1.3; weak comparison)?
 fn client_not_modified(entry: &Entry, request: &HeaderMap) -> bool {
-    if entry.status != StatusCode::OK {
+    // One pass over the request's names first: most requests carry no
+    // condition, and comparing names is cheaper than two hashed lookups.
+    if entry.status != StatusCode::OK || !request.keys().any(|name| name == IF_NONE_MATCH || name == IF_MODIFIED_SINCE)
+    {
         return false;
     }
     let mut inm = request.get_all(IF_NONE_MATCH).iter().peekable();
@@ -769,24 +772,39 @@ fn respond(entry: &Entry, request: &HeaderMap, method: &Method, now: u64, label:
         let mut response = Response::new(body);
         *response.status_mut() = entry.status;
         let reply = entry.reply.get_or_init(|| {
-            let mut fields = entry.headers.clone();
+            // `Age` and `X-Cache` first (an origin's own replaced), so a
+            // hit finds them by walking two fields, not by two lookups.
+            let mut fields = HeaderMap::with_capacity(entry.headers.len() + 2);
             fields.insert(AGE, HeaderValue::from_static("0"));
             fields.insert(X_CACHE_NAME, HeaderValue::from_static("HIT"));
+            for (name, value) in &entry.headers {
+                if name != AGE && name != X_CACHE_NAME {
+                    fields.append(name, value.clone());
+                }
+            }
             fields
         });
-        *response.headers_mut() = reply.clone();
-        response
+        let mut headers = reply.clone();
+        let (mut age, mut cache) = (false, false);
+        for (name, value) in headers.iter_mut() {
+            if name == AGE {
+                *value = age_value(entry.freshness.age(now));
+                age = true;
+            } else if name == X_CACHE_NAME {
+                *value = HeaderValue::from_static(label);
+                cache = true;
+            }
+            if age && cache {
+                break;
+            }
+        }
+        debug_assert!(age && cache, "the reply map holds Age and X-Cache");
+        *response.headers_mut() = headers;
+        return response;
     };
     let headers = response.headers_mut();
-    let age = age_value(entry.freshness.age(now));
-    match headers.get_mut(AGE) {
-        Some(value) => *value = age,
-        None => drop(headers.insert(AGE, age)),
-    }
-    match headers.get_mut(X_CACHE_NAME) {
-        Some(value) => *value = HeaderValue::from_static(label),
-        None => drop(headers.insert(X_CACHE_NAME, HeaderValue::from_static(label))),
-    }
+    headers.insert(AGE, age_value(entry.freshness.age(now)));
+    headers.insert(X_CACHE_NAME, HeaderValue::from_static(label));
     response
 }
 
@@ -1236,7 +1254,7 @@ where
     let readable = method == Method::GET || method == Method::HEAD;
     // Range requests pass through (never answered from, nor stored in, the
     // cache): see ARCHITECTURE.md.
-    if !readable || state.mode == CacheMode::NoCache || request.headers().contains_key(RANGE) {
+    if !readable || state.mode == CacheMode::NoCache || request.headers().keys().any(|name| name == RANGE) {
         state.counters.misses.fetch_add(1, Ordering::Relaxed);
         unserved.pending = false;
         // On the heap (here and below): a miss's state (request and response
