@@ -103,6 +103,8 @@ impl HotSet {
 /// The proxy's refresh state (a field of its `State`).
 pub(crate) struct Refresh {
     hot: Mutex<HotSet>,
+    /// Refreshing at all (`k` > 0 and an interval): off, a hit takes no lock.
+    on: bool,
     interval: Duration,
     /// Batched version reads made.
     pub(crate) reads: AtomicU64,
@@ -116,6 +118,7 @@ impl Refresh {
     pub(crate) fn new(k: usize, interval: Duration) -> Self {
         Self {
             hot: Mutex::new(HotSet::new(k)),
+            on: k > 0 && !interval.is_zero(),
             interval,
             reads: AtomicU64::new(0),
             refetches: AtomicU64::new(0),
@@ -124,7 +127,7 @@ impl Refresh {
     }
 
     fn enabled(&self) -> bool {
-        self.hot.lock().is_ok_and(|hot| hot.k > 0) && !self.interval.is_zero()
+        self.on
     }
 
     /// Notes a hit of a cached document with dependencies.
@@ -132,6 +135,9 @@ impl Refresh {
     /// another hit or by the refresh round); hotness is advisory, and a
     /// document hot enough to matter is noted by its next hits.
     pub(crate) fn note(&self, key: &str, request: &HeaderMap) {
+        if !self.on {
+            return;
+        }
         if let Ok(mut hot) = self.hot.try_lock() {
             hot.note(key, request);
         }
