@@ -389,6 +389,20 @@ pub fn readiness(checks: &[(&str, Result<(), String>)]) -> Response<Body> {
 mod tests {
     use super::*;
 
+    type Client = hyper::client::conn::http1::SendRequest<Body>;
+
+    /// A client connection to `addr` and the task driving it (it ends when
+    /// the server closes the connection).
+    async fn connect(addr: std::net::SocketAddr) -> (Client, tokio::task::JoinHandle<hyper::Result<()>>) {
+        let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.unwrap();
+        (sender, tokio::spawn(connection))
+    }
+
+    fn get(path: &str) -> Request<Body> {
+        Request::get(path).header("host", "x").body(Body::default()).unwrap()
+    }
+
     /// The header-read timeout counts only while a connection waits for a
     /// head: an answer that takes longer than the timeout is delivered
     /// whole, and the connection is closed once it has then waited the
@@ -405,11 +419,8 @@ mod tests {
         let stop = Stop::new();
         let options = ServeOptions { header_read_timeout: Some(timeout), ..ServeOptions::default() };
         let server = tokio::spawn(serve_with_options(listener, handler, stop.clone(), None, options));
-        let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-        let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.unwrap();
-        let driver = tokio::spawn(connection);
-        let request = Request::get("/").header("host", "x").body(Body::default()).unwrap();
-        let response = sender.send_request(request).await.unwrap();
+        let (mut sender, driver) = connect(addr).await;
+        let response = sender.send_request(get("/")).await.unwrap();
         assert_eq!(collect_limited(response.into_body(), 1024).await.unwrap(), "slow");
         let answered = tokio::time::Instant::now();
         // The server closes the idle connection: the client's driver ends.
@@ -441,17 +452,11 @@ mod tests {
         });
         let stop = Stop::new();
         let server = tokio::spawn(serve_with_options(listener, handler, stop.clone(), None, ServeOptions::default()));
-        let connect = || async {
-            let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-            let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.unwrap();
-            (sender, tokio::spawn(connection))
-        };
-        let get = |path: &str| Request::get(path).header("host", "x").body(Body::default()).unwrap();
         // One connection idle after an answer, one with a request in progress.
-        let (mut idle, idle_driver) = connect().await;
+        let (mut idle, idle_driver) = connect(addr).await;
         let response = idle.send_request(get("/")).await.unwrap();
         assert_eq!(collect_limited(response.into_body(), 1024).await.unwrap(), "answered");
-        let (mut busy, busy_driver) = connect().await;
+        let (mut busy, busy_driver) = connect(addr).await;
         let in_progress = tokio::spawn(busy.send_request(get("/held")));
         entered.recv().await.unwrap();
         stop.stop();
@@ -477,11 +482,8 @@ mod tests {
             let stop = Stop::new();
             let options = ServeOptions { peer_addr: asked, ..ServeOptions::default() };
             let server = tokio::spawn(serve_with_options(listener, handler, stop.clone(), None, options));
-            let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-            let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.unwrap();
-            let driver = tokio::spawn(connection);
-            let request = Request::get("/").header("host", "x").body(Body::default()).unwrap();
-            let response = sender.send_request(request).await.unwrap();
+            let (mut sender, driver) = connect(addr).await;
+            let response = sender.send_request(get("/")).await.unwrap();
             let body = collect_limited(response.into_body(), 1024).await.unwrap();
             assert_eq!(body, if asked { "127.0.0.1" } else { "none" });
             drop(sender);
