@@ -360,3 +360,18 @@ fn built_age_values_equal_formatted_ones() {
         assert_eq!(crate::age_value(age), hyper::header::HeaderValue::from(age), "{age}");
     }
 }
+
+/// The target goes upstream in origin-form, after the upstream URL's own
+/// path (without its trailing `/`); a target that would not stay a path
+/// is refused.
+#[test]
+fn the_upstream_target_is_origin_form_after_the_upstream_s_path() {
+    let uri = |upstream: &str, target: &str| {
+        crate::upstream_uri(&upstream.parse().unwrap(), target).map(|uri| uri.to_string())
+    };
+    assert_eq!(uri("http://127.0.0.1:8080", "/a?b=1").as_deref(), Some("/a?b=1"));
+    assert_eq!(uri("http://127.0.0.1:8080/", "/a").as_deref(), Some("/a"));
+    assert_eq!(uri("http://127.0.0.1:8080/app", "/a?b=1").as_deref(), Some("/app/a?b=1"));
+    assert_eq!(uri("http://127.0.0.1:8080/app/", "/a").as_deref(), Some("/app/a"));
+    assert_eq!(uri("http://127.0.0.1:8080", "*"), None);
+}
