@@ -566,7 +566,8 @@ struct State {
     /// The cache's largest object (fixed when it is made).
     object_bytes_max: usize,
     checker: Option<VersionChecker>,
-    client: Upstreams,
+    /// Idle connections to each upstream (by index in `upstreams`).
+    connections: Upstreams,
     upstream_timeout: Duration,
     counters: Counters,
     cache_state: Option<CacheStateWriter>,
@@ -1192,7 +1193,7 @@ async fn readiness(state: &State) -> Response<Body> {
         };
         let mut request = Request::new(Full::new(Bytes::new()));
         *request.uri_mut() = uri;
-        match tokio::time::timeout(READYZ_UPSTREAM_TIMEOUT, state.client.request(index, request)).await {
+        match tokio::time::timeout(READYZ_UPSTREAM_TIMEOUT, state.connections.request(index, request)).await {
             Ok(Ok(response)) if response.status() == StatusCode::OK => {
                 return tierstack_tier_http::readiness(&[("upstreams", Ok(()))])
             }
@@ -1463,7 +1464,8 @@ async fn send<'a>(
         }
         let started = Instant::now();
         let outcome =
-            tokio::time::timeout(state.upstream_timeout, state.client.request(routed.index, upstream_request)).await;
+            tokio::time::timeout(state.upstream_timeout, state.connections.request(routed.index, upstream_request))
+                .await;
         if let Ok(Err(e)) = &outcome {
             if may_retry_elsewhere(e, method) && refused.len() + 1 < state.upstreams.len() {
                 state.counters.upstream_retries.fetch_add(1, Ordering::Relaxed);
@@ -2004,7 +2006,7 @@ impl Proxy {
             (_, Some(fabric)) => Some(VersionChecker::new(fabric)),
             (_, None) => None,
         };
-        let client = Upstreams::new(&upstreams, UPSTREAM_IDLE_MAX);
+        let connections = Upstreams::new(&upstreams, UPSTREAM_IDLE_MAX);
         let bind = |addr: SocketAddr| async move {
             tokio::net::TcpListener::bind(addr).await.map_err(|source| ProxyError::Listen { addr, source })
         };
@@ -2031,7 +2033,7 @@ impl Proxy {
             object_bytes_max: cache.object_bytes_max(),
             cache: Mutex::new(cache),
             checker,
-            client,
+            connections,
             upstream_timeout: config.upstream_timeout,
             counters: Counters::default(),
             cache_state,
