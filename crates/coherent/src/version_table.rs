@@ -224,12 +224,16 @@ impl VersionChecker {
         }
         for dep in &header.deps {
             let slot = results.next().ok_or(FabricError::Closed)?.into_bytes()?;
-            if slot.len() != 16 || Self::word(&slot, 0) != fingerprint(&dep.key) || Self::word(&slot, 8) != dep.version
-            {
+            if slot.len() != 16 || !Self::slot_holds(dep, Self::word(&slot, 0), Self::word(&slot, 8)) {
                 return Ok(Verdict::Changed);
             }
         }
         Ok(Verdict::Current)
+    }
+
+    /// Does a slot read as these two words still hold `dep` at its version?
+    fn slot_holds(dep: &Dep, fingerprint_word: u64, version_word: u64) -> bool {
+        fingerprint_word == fingerprint(&dep.key) && version_word == dep.version
     }
 
     /// [`VersionChecker::judge`] of the words [`VersionChecker::read_now`]
@@ -238,9 +242,11 @@ impl VersionChecker {
         if words.first() != Some(&header.incarnation.0) {
             return Verdict::OtherIncarnation;
         }
-        let current = header.deps.iter().enumerate().all(|(i, dep)| {
-            words.get(1 + 2 * i) == Some(&fingerprint(&dep.key)) && words.get(2 + 2 * i) == Some(&dep.version)
-        });
+        let current =
+            header.deps.iter().enumerate().all(|(i, dep)| match (words.get(1 + 2 * i), words.get(2 + 2 * i)) {
+                (Some(&fingerprint_word), Some(&version_word)) => Self::slot_holds(dep, fingerprint_word, version_word),
+                _ => false,
+            });
         if current {
             Verdict::Current
         } else {
