@@ -24,9 +24,9 @@
 //! operation, back to back, on one thread; `ops_per_sec` in the JSON is
 //! therefore 1 / mean.
 
-use crate::html::Page;
+use crate::html::Report;
 use crate::owner::{write_topology, ChildNode, NodeLine};
-use crate::report::{line_plot, us, write_json, Axes, Series, Table};
+use crate::report::{us, Axes, Plot, Series, Table};
 use crate::stats::{summarize, Summary};
 use anyhow::{bail, Context, Result};
 use serde::Serialize;
@@ -329,8 +329,9 @@ fn get_path(model: &Coherence) -> &'static str {
 }
 
 fn print_and_plot(config: &DdssBenchConfig, report: &DdssReport) -> Result<()> {
-    let mut page = Page::new("tierstack bench ddss: the data sharing substrate (services paper Fig. 3a)");
-    page.paragraph(&format!("Home node: {}. Latencies are p50 and p99 over each cell's operations.", report.home));
+    let mut out = Report::new(&config.out_dir, "bench ddss", "the data sharing substrate (services paper Fig. 3a)");
+    out.page()
+        .paragraph(&format!("Home node: {}. Latencies are p50 and p99 over each cell's operations.", report.home));
     let systems: Vec<String> = config.backends.iter().map(|b| format!("ddss-{}", b.name())).collect();
     let p50 = |cell: Option<&Cell>| cell.map(|c| us(c.latency.p50_ns)).unwrap_or_else(|| "-".into());
     let p99 = |cell: Option<&Cell>| cell.map(|c| us(c.latency.p99_ns)).unwrap_or_else(|| "-".into());
@@ -356,10 +357,10 @@ fn print_and_plot(config: &DdssBenchConfig, report: &DdssReport) -> Result<()> {
         }
         by_model.row(row);
     }
-    page.print(&by_model);
+    out.table(&by_model);
     // The models share one put path, and three share one guarantee: say so
     // beside the numbers rather than let their noise read as differences.
-    page.print_text(&format!("note: {}\n", tierstack_ddss::bench::MODEL_NOTE));
+    out.text(&format!("note: {}\n", tierstack_ddss::bench::MODEL_NOTE));
 
     let model_names: Vec<String> = config.models.iter().map(Coherence::to_string).collect();
     for system in &systems {
@@ -378,7 +379,7 @@ fn print_and_plot(config: &DdssBenchConfig, report: &DdssReport) -> Result<()> {
             row.extend(model_names.iter().map(|m| p50(report.cell(system, "grid", "put", m, bytes))));
             grid.row(row);
         }
-        page.print(&grid);
+        out.table(&grid);
     }
 
     let mut compared: Vec<(String, String)> = Vec::new(); // (system, model)
@@ -413,7 +414,7 @@ fn print_and_plot(config: &DdssBenchConfig, report: &DdssReport) -> Result<()> {
         }
         by_size.row(row);
     }
-    page.print(&by_size);
+    out.table(&by_size);
 
     let mut paper = Table::new("The paper beside ours", &["quantity", "the paper (2006 InfiniBand)", "ours"]);
     for system in &systems {
@@ -435,12 +436,12 @@ fn print_and_plot(config: &DdssBenchConfig, report: &DdssReport) -> Result<()> {
             ]);
         }
     }
-    page.table(&paper);
+    out.page().table(&paper);
     if let Some(reason) = &report.redis_skipped {
-        page.print_text(&format!("redis: not measured: {reason}"));
+        out.text(&format!("redis: not measured: {reason}"));
     }
 
-    write_json(&config.out_dir.join("ddss.json"), report)?;
+    out.json("ddss.json", report)?;
     let series_of = |filter: &dyn Fn(&Cell) -> bool, label: String| Series {
         label,
         points: report
@@ -460,14 +461,12 @@ fn print_and_plot(config: &DdssBenchConfig, report: &DdssReport) -> Result<()> {
         }
     }
     let log_log = Axes { x_label: "value size (bytes)", y_label: "latency p50 (µs)", log_x: true, log_y: true };
-    let dir = &config.out_dir;
-    line_plot(
-        &dir.join("ddss-put-latency.svg"),
+    out.plot(&Plot::lines(
+        "ddss-put-latency.svg",
         "Fig. 3a: DDSS put latency by coherence model",
         log_log,
-        &grid_series,
-    )?;
-    page.plot(&dir.join("ddss-put-latency.svg"))?;
+        grid_series,
+    ))?;
     let mut size_series = Vec::new();
     for (system, model) in &compared {
         for op in ["put", "get"] {
@@ -477,14 +476,12 @@ fn print_and_plot(config: &DdssBenchConfig, report: &DdssReport) -> Result<()> {
             ));
         }
     }
-    line_plot(
-        &dir.join("ddss-size.svg"),
+    out.plot(&Plot::lines(
+        "ddss-size.svg",
         "Latency by value size: DDSS (write coherence) vs Redis (beyond Fig. 3a)",
         log_log,
-        &size_series,
-    )?;
-    page.plot(&dir.join("ddss-size.svg"))?;
-    let index = page.write(dir)?;
-    println!("wrote {}/ddss.json, ddss-{{put-latency,size}}.svg and {}", config.out_dir.display(), index.display());
+        size_series,
+    ))?;
+    out.finish()?;
     Ok(())
 }

@@ -39,8 +39,8 @@
 //! messages per pair, which N-CoShED and DQNL only send when requests meet.
 
 use crate::dlm_nodes::ProcessNodes;
-use crate::html::Page;
-use crate::report::{line_plot, us, write_json, Axes, Series, Table};
+use crate::html::Report;
+use crate::report::{us, Axes, Plot, Series, Table};
 use crate::stats::{summarize, Summary};
 use anyhow::{bail, Context, Result};
 use serde::Serialize;
@@ -554,7 +554,7 @@ fn ratio_cell(ratio: Option<f64>) -> String {
 }
 
 fn print_and_plot(config: &DlmBenchConfig, report: &DlmReport) -> Result<()> {
-    let mut page = Page::new("tierstack bench dlm: the distributed lock manager (services paper Fig. 5)");
+    let mut out = Report::new(&config.out_dir, "bench dlm", "the distributed lock manager (services paper Fig. 5)");
     let has = |scheme| config.schemes.contains(&scheme);
     let show_srsl = has(Scheme::CoShed) && has(Scheme::Srsl);
     let show_dqnl = has(Scheme::CoShed) && has(Scheme::Dqnl);
@@ -595,7 +595,7 @@ fn print_and_plot(config: &DlmBenchConfig, report: &DlmReport) -> Result<()> {
             cascade.row(row);
         }
     }
-    page.print(&cascade);
+    out.table(&cascade);
 
     let mut uncontended =
         Table::new("Uncontended acquire+release latency (µs)", &["scheme", "mode", "backend", "p50", "p99", "mean"]);
@@ -619,7 +619,7 @@ fn print_and_plot(config: &DlmBenchConfig, report: &DlmReport) -> Result<()> {
             }
         }
     }
-    page.print(&uncontended);
+    out.table(&uncontended);
 
     let mut header = vec!["contenders".to_string(), "% shared".to_string()];
     for backend in &config.backends {
@@ -654,7 +654,7 @@ fn print_and_plot(config: &DlmBenchConfig, report: &DlmReport) -> Result<()> {
             throughput.row(row);
         }
     }
-    page.print(&throughput);
+    out.table(&throughput);
 
     if !report.recovery.is_empty() {
         let ms = |ns: u64| format!("{:.1}", ns as f64 / 1e6);
@@ -685,12 +685,10 @@ fn print_and_plot(config: &DlmBenchConfig, report: &DlmReport) -> Result<()> {
     }
     for (backend, &errors) in &report.message_errors {
         if errors > 0 {
-            page.print_text(&format!(
-                "WARNING: {errors} lock messages failed on {backend}: the numbers above are suspect"
-            ));
+            out.text(&format!("WARNING: {errors} lock messages failed on {backend}: the numbers above are suspect"));
         }
     }
-    write_json(&config.out_dir.join("dlm.json"), report)?;
+    out.json("dlm.json", report)?;
     for mode in MODES {
         let series: Vec<Series> = config
             .backends
@@ -709,20 +707,13 @@ fn print_and_plot(config: &DlmBenchConfig, report: &DlmReport) -> Result<()> {
             .collect();
         let name = mode.name();
         let figure = if name == "shared" { "Fig. 5a" } else { "Fig. 5b" };
-        let path = config.out_dir.join(format!("dlm-cascade-{name}.svg"));
-        line_plot(
-            &path,
+        out.plot(&Plot::lines(
+            &format!("dlm-cascade-{name}.svg"),
             &format!("{figure}: lock cascading latency, {name} lock queue (p50)"),
             Axes { x_label: "waiting nodes (count)", y_label: "cascade latency p50 (µs)", log_x: true, log_y: true },
-            &series,
-        )?;
-        page.plot(&path)?;
+            series,
+        ))?;
     }
-    let index = page.write(&config.out_dir)?;
-    println!(
-        "wrote {}/dlm.json, dlm-cascade-{{shared,exclusive}}.svg and {}",
-        config.out_dir.display(),
-        index.display()
-    );
+    out.finish()?;
     Ok(())
 }

@@ -15,9 +15,9 @@
 //! is a batch's time / N. So p50 and p99 are percentiles of per-batch means:
 //! exact per operation when N = 1, smoothed tails when N > 1.
 
-use crate::html::Page;
+use crate::html::Report;
 use crate::owner::{spawn_owner, write_topology, ChildNode, NodeLine};
-use crate::report::{line_plot, us, write_json, Axes, Series, Table};
+use crate::report::{us, Axes, Plot, Series, Table};
 use crate::stats::{summarize, Summary};
 use anyhow::{bail, Context, Result};
 use serde::Serialize;
@@ -386,8 +386,9 @@ pub fn run(config: &FabricBenchConfig) -> Result<FabricReport> {
 }
 
 fn print_and_plot(config: &FabricBenchConfig, report: &FabricReport) -> Result<()> {
-    let mut page = Page::new("tierstack bench fabric: one-sided and two-sided operations (coherency paper Fig. 8)");
-    page.paragraph(&format!(
+    let mut out =
+        Report::new(&config.out_dir, "bench fabric", "one-sided and two-sided operations (coherency paper Fig. 8)");
+    out.page().paragraph(&format!(
         "Backends: {}. Owner process pinned to one CPU, the measuring process to another; busy owner threads: {:?}.",
         config.backends.iter().map(|b| b.name()).collect::<Vec<_>>().join(", "),
         config.loads
@@ -399,7 +400,7 @@ fn print_and_plot(config: &FabricBenchConfig, report: &FabricReport) -> Result<(
             latency.row(vec![op.clone(), backend.clone(), us(s.p50_ns), us(s.p99_ns), format!("{:.0}", s.ops_per_sec)]);
         }
     }
-    page.print(&latency);
+    out.table(&latency);
 
     let mut header = vec!["bytes".to_string()];
     for backend in report.backends.keys() {
@@ -423,8 +424,8 @@ fn print_and_plot(config: &FabricBenchConfig, report: &FabricReport) -> Result<(
         lat_by_size.row(lat_row);
         bandwidth.row(bw_row);
     }
-    page.print(&lat_by_size);
-    page.print(&bandwidth);
+    out.table(&lat_by_size);
+    out.table(&bandwidth);
 
     let mut load = Table::new(
         "Owner under load: latency vs busy owner threads (µs)",
@@ -444,7 +445,7 @@ fn print_and_plot(config: &FabricBenchConfig, report: &FabricReport) -> Result<(
             ]);
         }
     }
-    page.print(&load);
+    out.table(&load);
 
     let mut messages = Table::new(
         "Messages by how receivers wait: round trip (µs), one-way 64 B messages/s, idle receiver CPU (ms/s)",
@@ -465,7 +466,7 @@ fn print_and_plot(config: &FabricBenchConfig, report: &FabricReport) -> Result<(
     }
     println!("{}", messages.render());
 
-    write_json(&config.out_dir.join("fabric.json"), report)?;
+    out.json("fabric.json", report)?;
     let mut lat_series = Vec::new();
     let mut bw_series = Vec::new();
     for (backend, results) in &report.backends {
@@ -481,16 +482,18 @@ fn print_and_plot(config: &FabricBenchConfig, report: &FabricReport) -> Result<(
         }
     }
     let log_log = |y: &'static str| Axes { x_label: "size (bytes)", y_label: y, log_x: true, log_y: true };
-    let dir = &config.out_dir;
-    line_plot(&dir.join("fabric-latency.svg"), "Fig. 8a: latency by size (p50)", log_log("latency (µs)"), &lat_series)?;
-    page.plot(&dir.join("fabric-latency.svg"))?;
-    line_plot(
-        &dir.join("fabric-bandwidth.svg"),
+    out.plot(&Plot::lines(
+        "fabric-latency.svg",
+        "Fig. 8a: latency by size (p50)",
+        log_log("latency (µs)"),
+        lat_series,
+    ))?;
+    out.plot(&Plot::lines(
+        "fabric-bandwidth.svg",
         "Fig. 8b: bandwidth by size",
         log_log("bandwidth (MB/s)"),
-        &bw_series,
-    )?;
-    page.plot(&dir.join("fabric-bandwidth.svg"))?;
+        bw_series,
+    ))?;
     let load_series: Vec<Series> = report
         .backends
         .iter()
@@ -515,21 +518,15 @@ fn print_and_plot(config: &FabricBenchConfig, report: &FabricReport) -> Result<(
             ]
         })
         .collect();
-    line_plot(
-        &dir.join("fabric-load.svg"),
+    out.plot(&Plot::lines(
+        "fabric-load.svg",
         "p50 latency vs busy owner threads (beyond Fig. 8: the owner under load)",
         Axes {
             x_label: "busy threads in the owner (threads)", y_label: "latency p50 (µs)", log_x: false, log_y: true
         },
-        &load_series,
-    )?;
-    page.plot(&dir.join("fabric-load.svg"))?;
-    let index = page.write(dir)?;
-    println!(
-        "wrote {}/fabric.json, fabric-{{latency,bandwidth,load}}.svg and {}",
-        config.out_dir.display(),
-        index.display()
-    );
+        load_series,
+    ))?;
+    out.finish()?;
     Ok(())
 }
 

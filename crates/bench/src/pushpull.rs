@@ -22,8 +22,8 @@
 //! first exceeds the second by the most.
 
 use crate::deploy::{Deployment, DeploymentConfig, DeploymentOptions};
-use crate::html::Page;
-use crate::report::{line_plot, write_json, Axes, Series, Table};
+use crate::html::Report;
+use crate::report::{Axes, Plot, Series, Table};
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
@@ -413,7 +413,7 @@ pub fn run(config: &PushPullBenchConfig) -> Result<PushPullReport> {
 }
 
 fn print_and_plot(config: &PushPullBenchConfig, report: &PushPullReport) -> Result<()> {
-    let mut page = Page::new("tierstack bench push-pull: adaptive push-pull (coherency paper Fig. 12-14)");
+    let mut out = Report::new(&config.out_dir, "bench push-pull", "adaptive push-pull (coherency paper Fig. 12-14)");
     let mut table = Table::new(
         &format!(
             "Fig. 12-14: wasted updates and cache misses ({} Zipf({}) documents, {} KiB caches, an update every {} ms, {} s)",
@@ -462,7 +462,7 @@ fn print_and_plot(config: &PushPullBenchConfig, report: &PushPullReport) -> Resu
             r.stale_responses.to_string(),
         ]);
     }
-    page.print(&table);
+    out.table(&table);
     let mut per_proxy = Table::new(
         "Per proxy: misses, wasted updates, pushes",
         &["backend", "policy", "proxy", "misses", "wasted", "pushes", "push KiB"],
@@ -480,7 +480,7 @@ fn print_and_plot(config: &PushPullBenchConfig, report: &PushPullReport) -> Resu
             ]);
         }
     }
-    page.print(&per_proxy);
+    out.table(&per_proxy);
     let mut knees = vec!["== The knee of the hybrid sweep (measured) ==".to_string()];
     for backend in &config.backends {
         for metric in ["misses", "update-misses"] {
@@ -502,9 +502,9 @@ fn print_and_plot(config: &PushPullBenchConfig, report: &PushPullReport) -> Resu
     let stale: u64 = report.runs.iter().map(|r| r.stale_responses).sum();
     let errors: u64 = report.runs.iter().map(|r| r.errors).sum();
     knees.push(format!("stale responses over all runs: {stale} (must be 0); errors: {errors}"));
-    page.print_text(&knees.join("\n"));
+    out.text(&knees.join("\n"));
 
-    write_json(&config.out_dir.join("pushpull.json"), report)?;
+    out.json("pushpull.json", report)?;
     let sweep = |f: fn(&PushPullRun) -> f64| -> Vec<Series> {
         config
             .backends
@@ -527,35 +527,30 @@ fn print_and_plot(config: &PushPullBenchConfig, report: &PushPullReport) -> Resu
         log_x: false,
         log_y: false,
     };
-    let dir = &config.out_dir;
-    line_plot(
-        &dir.join("pushpull-wasted.svg"),
+    out.plot(&Plot::lines(
+        "pushpull-wasted.svg",
         "Fig. 12-14a: wasted updates",
         axes("wasted updates per 100 updates"),
-        &sweep(|r| r.wasted_per_100_updates),
-    )?;
-    page.plot(&dir.join("pushpull-wasted.svg"))?;
-    line_plot(
-        &dir.join("pushpull-misses.svg"),
+        sweep(|r| r.wasted_per_100_updates),
+    ))?;
+    out.plot(&Plot::lines(
+        "pushpull-misses.svg",
         "Fig. 12-14b: cache misses",
         axes("misses per 1000 requests"),
-        &sweep(|r| r.misses_per_1k_requests),
-    )?;
-    page.plot(&dir.join("pushpull-misses.svg"))?;
-    line_plot(
-        &dir.join("pushpull-update-misses.svg"),
+        sweep(|r| r.misses_per_1k_requests),
+    ))?;
+    out.plot(&Plot::lines(
+        "pushpull-update-misses.svg",
         "Misses on copies an update invalidated (part of Fig. 12-14b)",
         axes("update misses per 1000 requests"),
-        &sweep(update_misses_per_1k),
-    )?;
-    page.plot(&dir.join("pushpull-update-misses.svg"))?;
-    line_plot(
-        &dir.join("pushpull-response-time.svg"),
+        sweep(update_misses_per_1k),
+    ))?;
+    out.plot(&Plot::lines(
+        "pushpull-response-time.svg",
         "Response time (not in the paper)",
         axes("mean response time (µs)"),
-        &sweep(|r| r.mean_us),
-    )?;
-    page.plot(&dir.join("pushpull-response-time.svg"))?;
+        sweep(|r| r.mean_us),
+    ))?;
     let mut tradeoff = Vec::new();
     for b in &config.backends {
         let mut sweep_points: Vec<(f64, f64, f64)> = report
@@ -579,8 +574,8 @@ fn print_and_plot(config: &PushPullBenchConfig, report: &PushPullReport) -> Resu
             tradeoff.push(Series { label: format!("{} useful", b.name()), points: others });
         }
     }
-    line_plot(
-        &dir.join("pushpull-tradeoff.svg"),
+    out.plot(&Plot::lines(
+        "pushpull-tradeoff.svg",
         "Trade-off: misses vs wasted updates (Fig. 12-14a against 12-14b)",
         Axes {
             x_label: "wasted updates per 100 updates",
@@ -588,15 +583,9 @@ fn print_and_plot(config: &PushPullBenchConfig, report: &PushPullReport) -> Resu
             log_x: false,
             log_y: false,
         },
-        &tradeoff,
-    )?;
-    page.plot(&dir.join("pushpull-tradeoff.svg"))?;
-    let index = page.write(dir)?;
-    println!(
-        "wrote {}/pushpull.json, pushpull-{{wasted,misses,update-misses,response-time,tradeoff}}.svg and {}",
-        config.out_dir.display(),
-        index.display()
-    );
+        tradeoff,
+    ))?;
+    out.finish()?;
     Ok(())
 }
 
