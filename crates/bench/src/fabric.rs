@@ -393,78 +393,12 @@ fn print_and_plot(config: &FabricBenchConfig, report: &FabricReport) -> Result<(
         config.backends.iter().map(|b| b.name()).collect::<Vec<_>>().join(", "),
         config.loads
     ));
-    let mut latency =
-        Table::new("Fig. 8a: latency of one operation (µs)", &["operation", "backend", "p50", "p99", "ops/s"]);
-    for (backend, results) in &report.backends {
-        for (op, s) in &results.latency {
-            latency.row(vec![op.clone(), backend.clone(), us(s.p50_ns), us(s.p99_ns), format!("{:.0}", s.ops_per_sec)]);
-        }
-    }
-    out.table(&latency);
-
-    let mut header = vec!["bytes".to_string()];
-    for backend in report.backends.keys() {
-        for kind in ["read", "write", "message"] {
-            header.push(format!("{backend} {kind}"));
-        }
-    }
-    let header_refs: Vec<&str> = header.iter().map(String::as_str).collect();
-    let mut lat_by_size = Table::new("Fig. 8a: p50 latency by size (µs)", &header_refs);
-    let mut bandwidth = Table::new("Fig. 8b: bandwidth by size (MB/s)", &header_refs);
-    for (i, bytes) in config.sizes.iter().enumerate() {
-        let mut lat_row = vec![bytes.to_string()];
-        let mut bw_row = vec![bytes.to_string()];
-        for results in report.backends.values() {
-            for kind in ["read", "write", "message"] {
-                let point = results.curves.get(kind).and_then(|c| c.get(i));
-                lat_row.push(point.map(|p| us(p.latency.p50_ns)).unwrap_or_default());
-                bw_row.push(point.map(|p| format!("{:.1}", p.megabytes_per_sec)).unwrap_or_default());
-            }
-        }
-        lat_by_size.row(lat_row);
-        bandwidth.row(bw_row);
-    }
+    out.table(&operations_table(report));
+    let (lat_by_size, bandwidth) = size_tables(config, report);
     out.table(&lat_by_size);
     out.table(&bandwidth);
-
-    let mut load = Table::new(
-        "Owner under load: latency vs busy owner threads (µs)",
-        &["busy threads", "backend", "read p50", "read p99", "fetch_add p50", "fetch_add p99", "read p50 / unloaded"],
-    );
-    for (backend, results) in &report.backends {
-        let base = results.load.first().map(|p| p.read_8b.p50_ns.max(1)).unwrap_or(1);
-        for p in &results.load {
-            load.row(vec![
-                p.busy_threads.to_string(),
-                backend.clone(),
-                us(p.read_8b.p50_ns),
-                us(p.read_8b.p99_ns),
-                us(p.fetch_add.p50_ns),
-                us(p.fetch_add.p99_ns),
-                format!("{:.2}", p.read_8b.p50_ns as f64 / base as f64),
-            ]);
-        }
-    }
-    out.table(&load);
-
-    let mut messages = Table::new(
-        "Messages by how receivers wait: round trip (µs), one-way 64 B messages/s, idle receiver CPU (ms/s)",
-        &["backend", "receivers", "spin µs", "round trip p50", "p99", "one-way 64 B msg/s", "idle CPU ms/s"],
-    );
-    for (backend, results) in &report.backends {
-        for p in &results.messages {
-            messages.row(vec![
-                backend.clone(),
-                p.receiver.clone(),
-                p.spin_us.map(|s| s.to_string()).unwrap_or_else(|| "default".into()),
-                us(p.round_trip.p50_ns),
-                us(p.round_trip.p99_ns),
-                format!("{:.0}", p.one_way_64b_per_sec),
-                p.idle_receiver_cpu_ms_per_sec.map(|c| format!("{c:.1}")).unwrap_or_default(),
-            ]);
-        }
-    }
-    println!("{}", messages.render());
+    out.table(&load_table(report));
+    println!("{}", messages_table(report).render());
 
     out.json("fabric.json", report)?;
     let mut lat_series = Vec::new();
@@ -528,6 +462,91 @@ fn print_and_plot(config: &FabricBenchConfig, report: &FabricReport) -> Result<(
     ))?;
     out.finish()?;
     Ok(())
+}
+
+/// Fig. 8a: one operation's latency and rate, by backend.
+fn operations_table(report: &FabricReport) -> Table {
+    let mut latency =
+        Table::new("Fig. 8a: latency of one operation (µs)", &["operation", "backend", "p50", "p99", "ops/s"]);
+    for (backend, results) in &report.backends {
+        for (op, s) in &results.latency {
+            latency.row(vec![op.clone(), backend.clone(), us(s.p50_ns), us(s.p99_ns), format!("{:.0}", s.ops_per_sec)]);
+        }
+    }
+    latency
+}
+
+/// Fig. 8a and 8b: p50 latency and bandwidth by size, a column per backend
+/// and kind of transfer.
+fn size_tables(config: &FabricBenchConfig, report: &FabricReport) -> (Table, Table) {
+    let mut header = vec!["bytes".to_string()];
+    for backend in report.backends.keys() {
+        for kind in ["read", "write", "message"] {
+            header.push(format!("{backend} {kind}"));
+        }
+    }
+    let header_refs: Vec<&str> = header.iter().map(String::as_str).collect();
+    let mut lat_by_size = Table::new("Fig. 8a: p50 latency by size (µs)", &header_refs);
+    let mut bandwidth = Table::new("Fig. 8b: bandwidth by size (MB/s)", &header_refs);
+    for (i, bytes) in config.sizes.iter().enumerate() {
+        let mut lat_row = vec![bytes.to_string()];
+        let mut bw_row = vec![bytes.to_string()];
+        for results in report.backends.values() {
+            for kind in ["read", "write", "message"] {
+                let point = results.curves.get(kind).and_then(|c| c.get(i));
+                lat_row.push(point.map(|p| us(p.latency.p50_ns)).unwrap_or_default());
+                bw_row.push(point.map(|p| format!("{:.1}", p.megabytes_per_sec)).unwrap_or_default());
+            }
+        }
+        lat_by_size.row(lat_row);
+        bandwidth.row(bw_row);
+    }
+    (lat_by_size, bandwidth)
+}
+
+/// The owner under load: latency against busy owner threads.
+fn load_table(report: &FabricReport) -> Table {
+    let mut load = Table::new(
+        "Owner under load: latency vs busy owner threads (µs)",
+        &["busy threads", "backend", "read p50", "read p99", "fetch_add p50", "fetch_add p99", "read p50 / unloaded"],
+    );
+    for (backend, results) in &report.backends {
+        let base = results.load.first().map(|p| p.read_8b.p50_ns.max(1)).unwrap_or(1);
+        for p in &results.load {
+            load.row(vec![
+                p.busy_threads.to_string(),
+                backend.clone(),
+                us(p.read_8b.p50_ns),
+                us(p.read_8b.p99_ns),
+                us(p.fetch_add.p50_ns),
+                us(p.fetch_add.p99_ns),
+                format!("{:.2}", p.read_8b.p50_ns as f64 / base as f64),
+            ]);
+        }
+    }
+    load
+}
+
+/// Messages by how receivers wait (printed, not on the page).
+fn messages_table(report: &FabricReport) -> Table {
+    let mut messages = Table::new(
+        "Messages by how receivers wait: round trip (µs), one-way 64 B messages/s, idle receiver CPU (ms/s)",
+        &["backend", "receivers", "spin µs", "round trip p50", "p99", "one-way 64 B msg/s", "idle CPU ms/s"],
+    );
+    for (backend, results) in &report.backends {
+        for p in &results.messages {
+            messages.row(vec![
+                backend.clone(),
+                p.receiver.clone(),
+                p.spin_us.map(|s| s.to_string()).unwrap_or_else(|| "default".into()),
+                us(p.round_trip.p50_ns),
+                us(p.round_trip.p99_ns),
+                format!("{:.0}", p.one_way_64b_per_sec),
+                p.idle_receiver_cpu_ms_per_sec.map(|c| format!("{c:.1}")).unwrap_or_default(),
+            ]);
+        }
+    }
+    messages
 }
 
 #[cfg(test)]
