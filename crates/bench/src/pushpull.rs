@@ -414,95 +414,9 @@ pub fn run(config: &PushPullBenchConfig) -> Result<PushPullReport> {
 
 fn print_and_plot(config: &PushPullBenchConfig, report: &PushPullReport) -> Result<()> {
     let mut out = Report::new(&config.out_dir, "bench push-pull", "adaptive push-pull (coherency paper Fig. 12-14)");
-    let mut table = Table::new(
-        &format!(
-            "Fig. 12-14: wasted updates and cache misses ({} Zipf({}) documents, {} KiB caches, an update every {} ms, {} s)",
-            config.docs,
-            config.alpha,
-            config.cache_bytes >> 10,
-            config.update_interval_ms,
-            config.duration.as_secs_f64()
-        ),
-        &[
-            "backend",
-            "policy",
-            "requests",
-            "updates",
-            "pushes",
-            "wasted",
-            "misses",
-            "update misses",
-            "misses/1k req",
-            "wasted/100 upd",
-            "push hits",
-            "evictions",
-            "mean µs",
-            "p99 µs",
-            "state read µs",
-            "stale",
-        ],
-    );
-    for r in &report.runs {
-        table.row(vec![
-            r.backend.clone(),
-            r.policy.clone(),
-            r.requests.to_string(),
-            r.updates.to_string(),
-            r.pushes_received.to_string(),
-            r.wasted_updates.to_string(),
-            r.misses.to_string(),
-            r.update_misses.to_string(),
-            format!("{:.1}", r.misses_per_1k_requests),
-            format!("{:.1}", r.wasted_per_100_updates),
-            r.push_hits.to_string(),
-            r.evictions.to_string(),
-            format!("{:.0}", r.mean_us),
-            format!("{:.0}", r.p99_us),
-            format!("{:.1}", r.state_read_us),
-            r.stale_responses.to_string(),
-        ]);
-    }
-    out.table(&table);
-    let mut per_proxy = Table::new(
-        "Per proxy: misses, wasted updates, pushes",
-        &["backend", "policy", "proxy", "misses", "wasted", "pushes", "push KiB"],
-    );
-    for r in &report.runs {
-        for (i, p) in r.per_proxy.iter().enumerate() {
-            per_proxy.row(vec![
-                r.backend.clone(),
-                r.policy.clone(),
-                (i + 1).to_string(),
-                p.misses.to_string(),
-                p.wasted_updates.to_string(),
-                p.pushes_received.to_string(),
-                (p.push_bytes >> 10).to_string(),
-            ]);
-        }
-    }
-    out.table(&per_proxy);
-    let mut knees = vec!["== The knee of the hybrid sweep (measured) ==".to_string()];
-    for backend in &config.backends {
-        for metric in ["misses", "update-misses"] {
-            match report.knees.iter().find(|k| k.backend == backend.name() && k.metric == metric) {
-                Some(k) => knees.push(format!(
-                    "{} ({metric}): hybrid:{} achieves {:.0}% of push's reduction over pull at {:.0}% of push's wasted updates",
-                    k.backend,
-                    k.fraction,
-                    100.0 * k.miss_reduction_share,
-                    100.0 * k.wasted_share
-                )),
-                None => knees.push(format!(
-                    "{} ({metric}): no knee (push did not reduce them or wasted nothing)",
-                    backend.name()
-                )),
-            }
-        }
-    }
-    let stale: u64 = report.runs.iter().map(|r| r.stale_responses).sum();
-    let errors: u64 = report.runs.iter().map(|r| r.errors).sum();
-    knees.push(format!("stale responses over all runs: {stale} (must be 0); errors: {errors}"));
-    out.text(&knees.join("\n"));
+    out.table(&runs_table(config, report));
+    out.table(&per_proxy_table(report));
+    out.text(&knee_lines(config, report).join("\n"));
 
     out.json("pushpull.json", report)?;
     let sweep = |f: fn(&PushPullRun) -> f64| -> Vec<Series> {
@@ -551,6 +465,126 @@ fn print_and_plot(config: &PushPullBenchConfig, report: &PushPullReport) -> Resu
         axes("mean response time (µs)"),
         sweep(|r| r.mean_us),
     ))?;
+    out.plot(&Plot::lines(
+        "pushpull-tradeoff.svg",
+        "Trade-off: misses vs wasted updates (Fig. 12-14a against 12-14b)",
+        Axes {
+            x_label: "wasted updates per 100 updates",
+            y_label: "misses per 1000 requests",
+            log_x: false,
+            log_y: false,
+        },
+        tradeoff_series(config, report),
+    ))?;
+    out.finish()?;
+    Ok(())
+}
+
+/// Fig. 12-14: every run's wasted updates, misses and response time.
+fn runs_table(config: &PushPullBenchConfig, report: &PushPullReport) -> Table {
+    let mut table = Table::new(
+        &format!(
+            "Fig. 12-14: wasted updates and cache misses ({} Zipf({}) documents, {} KiB caches, an update every {} ms, {} s)",
+            config.docs,
+            config.alpha,
+            config.cache_bytes >> 10,
+            config.update_interval_ms,
+            config.duration.as_secs_f64()
+        ),
+        &[
+            "backend",
+            "policy",
+            "requests",
+            "updates",
+            "pushes",
+            "wasted",
+            "misses",
+            "update misses",
+            "misses/1k req",
+            "wasted/100 upd",
+            "push hits",
+            "evictions",
+            "mean µs",
+            "p99 µs",
+            "state read µs",
+            "stale",
+        ],
+    );
+    for r in &report.runs {
+        table.row(vec![
+            r.backend.clone(),
+            r.policy.clone(),
+            r.requests.to_string(),
+            r.updates.to_string(),
+            r.pushes_received.to_string(),
+            r.wasted_updates.to_string(),
+            r.misses.to_string(),
+            r.update_misses.to_string(),
+            format!("{:.1}", r.misses_per_1k_requests),
+            format!("{:.1}", r.wasted_per_100_updates),
+            r.push_hits.to_string(),
+            r.evictions.to_string(),
+            format!("{:.0}", r.mean_us),
+            format!("{:.0}", r.p99_us),
+            format!("{:.1}", r.state_read_us),
+            r.stale_responses.to_string(),
+        ]);
+    }
+    table
+}
+
+/// Each proxy's misses, wasted updates and pushes.
+fn per_proxy_table(report: &PushPullReport) -> Table {
+    let mut per_proxy = Table::new(
+        "Per proxy: misses, wasted updates, pushes",
+        &["backend", "policy", "proxy", "misses", "wasted", "pushes", "push KiB"],
+    );
+    for r in &report.runs {
+        for (i, p) in r.per_proxy.iter().enumerate() {
+            per_proxy.row(vec![
+                r.backend.clone(),
+                r.policy.clone(),
+                (i + 1).to_string(),
+                p.misses.to_string(),
+                p.wasted_updates.to_string(),
+                p.pushes_received.to_string(),
+                (p.push_bytes >> 10).to_string(),
+            ]);
+        }
+    }
+    per_proxy
+}
+
+/// The knee of the hybrid sweep per backend and metric, and the stale and
+/// error totals.
+fn knee_lines(config: &PushPullBenchConfig, report: &PushPullReport) -> Vec<String> {
+    let mut knees = vec!["== The knee of the hybrid sweep (measured) ==".to_string()];
+    for backend in &config.backends {
+        for metric in ["misses", "update-misses"] {
+            match report.knees.iter().find(|k| k.backend == backend.name() && k.metric == metric) {
+                Some(k) => knees.push(format!(
+                    "{} ({metric}): hybrid:{} achieves {:.0}% of push's reduction over pull at {:.0}% of push's wasted updates",
+                    k.backend,
+                    k.fraction,
+                    100.0 * k.miss_reduction_share,
+                    100.0 * k.wasted_share
+                )),
+                None => knees.push(format!(
+                    "{} ({metric}): no knee (push did not reduce them or wasted nothing)",
+                    backend.name()
+                )),
+            }
+        }
+    }
+    let stale: u64 = report.runs.iter().map(|r| r.stale_responses).sum();
+    let errors: u64 = report.runs.iter().map(|r| r.errors).sum();
+    knees.push(format!("stale responses over all runs: {stale} (must be 0); errors: {errors}"));
+    knees
+}
+
+/// Misses against wasted updates: the pull-hybrid-push sweep as one line
+/// per backend, the `useful` policies as another.
+fn tradeoff_series(config: &PushPullBenchConfig, report: &PushPullReport) -> Vec<Series> {
     let mut tradeoff = Vec::new();
     for b in &config.backends {
         let mut sweep_points: Vec<(f64, f64, f64)> = report
@@ -574,19 +608,7 @@ fn print_and_plot(config: &PushPullBenchConfig, report: &PushPullReport) -> Resu
             tradeoff.push(Series { label: format!("{} useful", b.name()), points: others });
         }
     }
-    out.plot(&Plot::lines(
-        "pushpull-tradeoff.svg",
-        "Trade-off: misses vs wasted updates (Fig. 12-14a against 12-14b)",
-        Axes {
-            x_label: "wasted updates per 100 updates",
-            y_label: "misses per 1000 requests",
-            log_x: false,
-            log_y: false,
-        },
-        tradeoff,
-    ))?;
-    out.finish()?;
-    Ok(())
+    tradeoff
 }
 
 #[cfg(test)]
