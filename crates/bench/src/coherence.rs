@@ -445,18 +445,7 @@ fn print_and_plot(config: &CoherenceBenchConfig, report: &CoherenceReport) -> Re
         out.table(&table);
     }
     out.table(&breakdown_table(config, report, &labels));
-    let mut traces = Table::new("Fig. 11: throughput (requests/s) by trace, 0 compute threads", &header_refs);
-    for trace in ["single", "zipf", "worldcup"] {
-        let mut row = vec![trace.to_string()];
-        row.extend(
-            labels
-                .iter()
-                .map(|m| find(report, m, trace, 0).map(|r| format!("{:.0}", r.throughput_rps)).unwrap_or_default()),
-        );
-        traces.row(row);
-    }
-    traces.header[0] = "trace".into();
-    out.table(&traces);
+    out.table(&traces_table(report, &header_refs));
     out.table(&quality_table(report));
     out.text(&targets(config, report).join("\n"));
 
@@ -486,6 +475,23 @@ fn print_and_plot(config: &CoherenceBenchConfig, report: &CoherenceReport) -> Re
     ))?;
     out.finish()?;
     Ok(())
+}
+
+/// Fig. 11: throughput by trace at 0 compute threads, a column per mode.
+fn traces_table(report: &CoherenceReport, header: &[&str]) -> Table {
+    let labels = header.get(1..).unwrap_or(&[]);
+    let mut traces = Table::new("Fig. 11: throughput (requests/s) by trace, 0 compute threads", header);
+    for trace in ["single", "zipf", "worldcup"] {
+        let mut row = vec![trace.to_string()];
+        row.extend(
+            labels
+                .iter()
+                .map(|m| find(report, m, trace, 0).map(|r| format!("{:.0}", r.throughput_rps)).unwrap_or_default()),
+        );
+        traces.row(row);
+    }
+    traces.header[0] = "trace".into();
+    traces
 }
 
 /// Fig. 10: where a request's time goes, at the fewest and the most
@@ -712,6 +718,34 @@ fn report_hot(config: &CoherenceBenchConfig, report: &CoherenceReport) -> Result
         config.write_through_bound,
         REFRESH_ARGS.join(" ")
     ));
+    out.table(&hot_table(report));
+    out.json("coherence-hot.json", report)?;
+    let case = |r: &Run| format!("{}, {} threads", r.trace, r.compute_threads);
+    let mode = |r: &Run| r.mode.clone();
+    let axes = |y| Axes {
+        x_label: "trace, compute threads on the application server",
+        y_label: y,
+        log_x: false,
+        log_y: false,
+    };
+    out.plot(&Plot::bars(
+        "coherence-hot-p99.svg",
+        "Hot documents: client response time p99 by mode",
+        Axes { log_y: true, ..axes("response time p99 (µs)") },
+        bars_by(&report.runs, case, mode, |r| r.p99_us),
+    ))?;
+    out.plot(&Plot::bars(
+        "coherence-hot-throughput.svg",
+        "Hot documents: throughput by mode",
+        axes("throughput (requests/s)"),
+        bars_by(&report.runs, case, mode, |r| r.throughput_rps),
+    ))?;
+    out.finish()?;
+    Ok(())
+}
+
+/// Every run of the hot-document experiment, with its ratios to ttl.
+fn hot_table(report: &CoherenceReport) -> Table {
     let mut table = Table::with_units(
         "Hot document and traces: client latency, throughput, update latency",
         &[
@@ -749,30 +783,7 @@ fn report_hot(config: &CoherenceBenchConfig, report: &CoherenceReport) -> Result
             r.load_average.clone(),
         ]);
     }
-    out.table(&table);
-    out.json("coherence-hot.json", report)?;
-    let case = |r: &Run| format!("{}, {} threads", r.trace, r.compute_threads);
-    let mode = |r: &Run| r.mode.clone();
-    let axes = |y| Axes {
-        x_label: "trace, compute threads on the application server",
-        y_label: y,
-        log_x: false,
-        log_y: false,
-    };
-    out.plot(&Plot::bars(
-        "coherence-hot-p99.svg",
-        "Hot documents: client response time p99 by mode",
-        Axes { log_y: true, ..axes("response time p99 (µs)") },
-        bars_by(&report.runs, case, mode, |r| r.p99_us),
-    ))?;
-    out.plot(&Plot::bars(
-        "coherence-hot-throughput.svg",
-        "Hot documents: throughput by mode",
-        axes("throughput (requests/s)"),
-        bars_by(&report.runs, case, mode, |r| r.throughput_rps),
-    ))?;
-    out.finish()?;
-    Ok(())
+    table
 }
 
 #[cfg(test)]
