@@ -298,6 +298,7 @@ pub fn line_plot_with(path: &Path, title: &str, axes: Axes<'_>, series: &[Series
             }
             chart
                 .configure_series_labels()
+                .label_font(LEGEND_FONT)
                 .background_style(WHITE.mix(0.85))
                 .border_style(BLACK)
                 .draw()
