@@ -32,8 +32,8 @@
 //! before UPDATE_DONE) in the same run, update latency and load average beside.
 
 use crate::deploy::{strings, Deployment, DeploymentConfig, DeploymentOptions, ExtraArgs};
-use crate::html::Page;
-use crate::report::{line_plot, write_json, Axes, Series, Table};
+use crate::html::Report;
+use crate::report::{bars_by, series_by, Axes, Plot, Table};
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
@@ -413,8 +413,9 @@ fn find<'a>(report: &'a CoherenceReport, mode: &str, trace: &str, threads: usize
 }
 
 fn print_and_plot(config: &CoherenceBenchConfig, report: &CoherenceReport) -> Result<()> {
-    let mut page = Page::new("tierstack bench coherence: strongly coherent caching (coherency paper Fig. 9-11)");
-    page.paragraph(&format!(
+    let mut out =
+        Report::new(&config.out_dir, "bench coherence", "strongly coherent caching (coherency paper Fig. 9-11)");
+    out.page().paragraph(&format!(
         "Module, application server and {} proxies as processes (application tier on one CPU, proxies and load \
          client on the other), {} connections, an update every {} ms, {:.0} s per run, warm caches; every response \
          is checked for staleness. ttl serves cached copies without revalidating: not coherent, kept as the bound.",
@@ -438,12 +439,64 @@ fn print_and_plot(config: &CoherenceBenchConfig, report: &CoherenceReport) -> Re
         latency.row(cell(|r| format!("{:.1}", r.mean_us)));
         throughput.row(cell(|r| format!("{:.0}", r.throughput_rps)));
     }
-    page.print(&latency);
-    page.print(&throughput);
+    out.table(&latency);
+    out.table(&throughput);
     if let Some(table) = placement_table(config, report) {
-        page.print(&table);
+        out.table(&table);
     }
+    out.table(&breakdown_table(config, report, &labels));
+    out.table(&traces_table(report, &header_refs));
+    out.table(&quality_table(report));
+    out.text(&targets(config, report).join("\n"));
 
+    out.json("coherence.json", report)?;
+    let single = |f: fn(&Run) -> f64| {
+        let threads = &config.compute_threads;
+        let runs = labels.iter().flat_map(|m| threads.iter().filter_map(move |&t| find(report, m, "single", t)));
+        series_by(runs, |r| r.mode.clone(), |r| Some((r.compute_threads as f64, f(r))))
+    };
+    let axes = |y| Axes {
+        x_label: "compute threads on the application server (threads)",
+        y_label: y,
+        log_x: false,
+        log_y: true,
+    };
+    out.plot(&Plot::lines(
+        "coherence-response-time.svg",
+        "Fig. 9a: client response time, single 8 KiB document",
+        axes("mean response time (µs)"),
+        single(|r| r.mean_us),
+    ))?;
+    out.plot(&Plot::lines(
+        "coherence-throughput.svg",
+        "Fig. 9b: throughput, single 8 KiB document",
+        axes("throughput (requests/s)"),
+        single(|r| r.throughput_rps),
+    ))?;
+    out.finish()?;
+    Ok(())
+}
+
+/// Fig. 11: throughput by trace at 0 compute threads, a column per mode.
+fn traces_table(report: &CoherenceReport, header: &[&str]) -> Table {
+    let labels = header.get(1..).unwrap_or(&[]);
+    let mut traces = Table::new("Fig. 11: throughput (requests/s) by trace, 0 compute threads", header);
+    for trace in ["single", "zipf", "worldcup"] {
+        let mut row = vec![trace.to_string()];
+        row.extend(
+            labels
+                .iter()
+                .map(|m| find(report, m, trace, 0).map(|r| format!("{:.0}", r.throughput_rps)).unwrap_or_default()),
+        );
+        traces.row(row);
+    }
+    traces.header[0] = "trace".into();
+    traces
+}
+
+/// Fig. 10: where a request's time goes, at the fewest and the most
+/// compute threads.
+fn breakdown_table(config: &CoherenceBenchConfig, report: &CoherenceReport, labels: &[String]) -> Table {
     let mut breakdown = Table::new(
         "Fig. 10: response-time breakdown, mean µs per request",
         &[
@@ -459,7 +512,7 @@ fn print_and_plot(config: &CoherenceBenchConfig, report: &CoherenceReport) -> Re
     let extremes =
         [config.compute_threads.first().copied().unwrap_or(0), config.compute_threads.last().copied().unwrap_or(0)];
     for threads in extremes {
-        for label in &labels {
+        for label in labels {
             if let Some(r) = find(report, label, "single", threads) {
                 let b = &r.breakdown;
                 let total = b.client_proxy_us + b.module_processing_us + b.version_check_us + b.app_server_us;
@@ -475,21 +528,11 @@ fn print_and_plot(config: &CoherenceBenchConfig, report: &CoherenceReport) -> Re
             }
         }
     }
-    page.print(&breakdown);
+    breakdown
+}
 
-    let mut traces = Table::new("Fig. 11: throughput (requests/s) by trace, 0 compute threads", &header_refs);
-    for trace in ["single", "zipf", "worldcup"] {
-        let mut row = vec![trace.to_string()];
-        row.extend(
-            labels
-                .iter()
-                .map(|m| find(report, m, trace, 0).map(|r| format!("{:.0}", r.throughput_rps)).unwrap_or_default()),
-        );
-        traces.row(row);
-    }
-    traces.header[0] = "trace".into();
-    page.print(&traces);
-
+/// Every run's hit rate, updates, stale responses and errors.
+fn quality_table(report: &CoherenceReport) -> Table {
     let mut quality = Table::new(
         "Every run: hit rate, updates, stale responses (must be 0 except ttl), errors",
         &["mode", "trace", "compute threads", "hit rate", "updates", "stale", "errors"],
@@ -505,51 +548,7 @@ fn print_and_plot(config: &CoherenceBenchConfig, report: &CoherenceReport) -> Re
             r.errors.to_string(),
         ]);
     }
-    page.print(&quality);
-    page.print_text(&targets(config, report).join("\n"));
-
-    write_json(&config.out_dir.join("coherence.json"), report)?;
-    let series = |f: fn(&Run) -> f64| -> Vec<Series> {
-        labels
-            .iter()
-            .map(|m| Series {
-                label: m.clone(),
-                points: config
-                    .compute_threads
-                    .iter()
-                    .filter_map(|t| find(report, m, "single", *t).map(|r| (*t as f64, f(r))))
-                    .collect(),
-            })
-            .collect()
-    };
-    let axes = |y| Axes {
-        x_label: "compute threads on the application server (threads)",
-        y_label: y,
-        log_x: false,
-        log_y: true,
-    };
-    let dir = &config.out_dir;
-    line_plot(
-        &dir.join("coherence-response-time.svg"),
-        "Fig. 9a: client response time, single 8 KiB document",
-        axes("mean response time (µs)"),
-        &series(|r| r.mean_us),
-    )?;
-    page.plot(&dir.join("coherence-response-time.svg"))?;
-    line_plot(
-        &dir.join("coherence-throughput.svg"),
-        "Fig. 9b: throughput, single 8 KiB document",
-        axes("throughput (requests/s)"),
-        &series(|r| r.throughput_rps),
-    )?;
-    page.plot(&dir.join("coherence-throughput.svg"))?;
-    let index = page.write(dir)?;
-    println!(
-        "wrote {}/coherence.json, coherence-{{response-time,throughput}}.svg and {}",
-        config.out_dir.display(),
-        index.display()
-    );
-    Ok(())
+    quality
 }
 
 /// Throughput of poll/tcp and poll/shm in each placement of the module and
@@ -696,8 +695,18 @@ pub fn run_hot(config: &CoherenceBenchConfig) -> Result<CoherenceReport> {
         }
     }
     let report = CoherenceReport { runs };
-    let mut page = Page::new("tierstack bench coherence --hot: strong coherence without update stalls (issue 16)");
-    page.paragraph(&format!(
+    report_hot(config, &report)?;
+    stale_verdict(report.runs.iter().map(|r| (r.mode.as_str(), r.trace.as_str(), r.stale_responses)))?;
+    Ok(report)
+}
+
+/// The hot-document experiment's page: one table of every run, bars of
+/// p99 and of throughput per mode at each trace and thread count, and
+/// `coherence-hot.json`.
+fn report_hot(config: &CoherenceBenchConfig, report: &CoherenceReport) -> Result<()> {
+    let mut out =
+        Report::new(&config.out_dir, "bench coherence --hot", "hot documents, strong coherence without update stalls");
+    out.page().paragraph(&format!(
         "{} connections, compute threads on the application server as in each row, an update every {} ms, {:.0} s \
          per run, warm caches, {} proxies; poll/shm+wt pushes each update's new version to the proxies before \
          UPDATE_DONE (bound {:?}); poll/shm+refresh has no push, its proxies refresh their hot documents \
@@ -709,26 +718,54 @@ pub fn run_hot(config: &CoherenceBenchConfig) -> Result<CoherenceReport> {
         config.write_through_bound,
         REFRESH_ARGS.join(" ")
     ));
-    let mut table = Table::new(
+    out.table(&hot_table(report));
+    out.json("coherence-hot.json", report)?;
+    let case = |r: &Run| format!("{}, {} threads", r.trace, r.compute_threads);
+    let mode = |r: &Run| r.mode.clone();
+    let axes = |y| Axes {
+        x_label: "trace, compute threads on the application server",
+        y_label: y,
+        log_x: false,
+        log_y: false,
+    };
+    out.plot(&Plot::bars(
+        "coherence-hot-p99.svg",
+        "Hot documents: client response time p99 by mode",
+        Axes { log_y: true, ..axes("response time p99 (µs)") },
+        bars_by(&report.runs, case, mode, |r| r.p99_us),
+    ))?;
+    out.plot(&Plot::bars(
+        "coherence-hot-throughput.svg",
+        "Hot documents: throughput by mode",
+        axes("throughput (requests/s)"),
+        bars_by(&report.runs, case, mode, |r| r.throughput_rps),
+    ))?;
+    out.finish()?;
+    Ok(())
+}
+
+/// Every run of the hot-document experiment, with its ratios to ttl.
+fn hot_table(report: &CoherenceReport) -> Table {
+    let mut table = Table::with_units(
         "Hot document and traces: client latency, throughput, update latency",
         &[
-            "trace",
-            "compute threads",
-            "mode",
-            "p50 µs",
-            "p99 µs",
-            "p99 / ttl",
-            "requests/s",
-            "rps / ttl",
-            "hit rate",
-            "stale",
-            "update p50 µs",
-            "update p99 µs",
-            "load average",
+            ("trace", ""),
+            ("compute threads", ""),
+            ("mode", ""),
+            ("p50", "µs"),
+            ("p99", "µs"),
+            ("p99 / ttl", ""),
+            ("throughput", "requests/s"),
+            ("rps / ttl", ""),
+            ("hit rate", ""),
+            ("stale", ""),
+            ("update p50", "µs"),
+            ("update p99", "µs"),
+            ("load average", ""),
         ],
     );
     for r in &report.runs {
-        let ttl = find(&report, "ttl@own", &r.trace, r.compute_threads);
+        let ttl = find(report, "ttl@own", &r.trace, r.compute_threads);
         let ratio = |a: f64, b: Option<f64>| b.map(|b| format!("{:.2}", a / b.max(1e-9))).unwrap_or_default();
         table.row(vec![
             r.trace.clone(),
@@ -746,12 +783,7 @@ pub fn run_hot(config: &CoherenceBenchConfig) -> Result<CoherenceReport> {
             r.load_average.clone(),
         ]);
     }
-    page.print(&table);
-    write_json(&config.out_dir.join("coherence-hot.json"), &report)?;
-    let index = page.write(&config.out_dir)?;
-    println!("wrote {}/coherence-hot.json and {}", config.out_dir.display(), index.display());
-    stale_verdict(report.runs.iter().map(|r| (r.mode.as_str(), r.trace.as_str(), r.stale_responses)))?;
-    Ok(report)
+    table
 }
 
 #[cfg(test)]

@@ -20,8 +20,8 @@
 //! alone (every message the schemes send, charged by the seed-notes a.3
 //! rule), per scheme, over each trace, and printed beside the paper's cell.
 
-use crate::html::Page;
-use crate::report::{bar_chart, write_json, Axes, BarGroup, Table};
+use crate::html::Report;
+use crate::report::{Axes, BarGroup, Plot, Table};
 use anyhow::{Context, Result};
 use serde::Serialize;
 use std::path::PathBuf;
@@ -251,13 +251,13 @@ pub fn run_bench(config: &CoopBenchConfig) -> Result<CoopReport> {
         miss_cpu_ns: config.miss_cpu_ns,
         lookup_ns: config.lookup_ns,
     };
-    let mut page = Page::new("tierstack bench coop: cooperative caching (coop seed Fig. 5/6 and Table 2)");
-    page.paragraph(
+    let mut page = Report::new(&config.out, "bench coop", "cooperative caching (coop seed Fig. 5/6 and Table 2)");
+    page.page().paragraph(
         "Simulated with tierstack sim and the schemes' own decision code (tierstack_coop); the seed's values \
          beside ours where it gives them. See docs/results.md for the calibration and each shape checked.",
     );
     print_report(&report, &mut page);
-    write_json(&config.out.join("coop.json"), &report)?;
+    page.json("coop.json", &report)?;
     for &proxies in &config.proxies {
         let categories: Vec<String> = CoopTrace::ALL.iter().map(|t| format!("{}-trace", t.name())).collect();
         let groups: Vec<BarGroup> = SCHEMES
@@ -274,11 +274,9 @@ pub fn run_bench(config: &CoopBenchConfig) -> Result<CoopReport> {
             .collect();
         let axes = Axes { x_label: "trace", y_label: "throughput (requests/s, simulated)", log_x: false, log_y: false };
         let title = format!("Data-center throughput, {proxies} proxies + {WEB_SERVERS} web servers (coop Fig. 5)");
-        let svg = config.out.join(format!("fig5-{proxies}p.svg"));
-        bar_chart(&svg, &title, axes, &categories, &groups)?;
-        page.plot(&svg)?;
+        page.plot(&Plot::bars(&format!("fig5-{proxies}p.svg"), &title, axes, (categories, groups)))?;
     }
-    page.write(&config.out)?;
+    page.finish()?;
     Ok(report)
 }
 
@@ -456,7 +454,7 @@ fn measure_service(config: &CoopBenchConfig) -> Result<Vec<ServiceRow>> {
     Ok(out)
 }
 
-fn print_report(report: &CoopReport, page: &mut Page) {
+fn print_report(report: &CoopReport, page: &mut Report) {
     let mut table = Table::new(
         &format!(
             "coop Fig. 5/6 (tierstack sim, scale {}, web-server disk seek {} us, proxy CPU per miss {} us, lookup {} ns per page table)",
@@ -478,7 +476,7 @@ fn print_report(report: &CoopReport, page: &mut Page) {
             r.paper.clone(),
         ]);
     }
-    page.print(&table);
+    page.table(&table);
     let mut t2 = Table::new(
         "coop Table 2: messages per primitive (control, data): paper's maximum vs measured maximum and mean",
         &["scheme", "primitive", "paper max", "measured max", "measured mean", "calls"],
@@ -493,7 +491,7 @@ fn print_report(report: &CoopReport, page: &mut Page) {
             r.calls.to_string(),
         ]);
     }
-    page.print(&t2);
+    page.table(&t2);
     let mut sv = Table::new(
         &format!(
             "the fabric service in-process ({SERVICE_TRACE}, 2 proxies + 2 passive, {SERVICE_REQUESTS} requests, every body checked; {} build)",
@@ -516,7 +514,7 @@ fn print_report(report: &CoopReport, page: &mut Page) {
             r.load_average.clone(),
         ]);
     }
-    page.print(&sv);
+    page.table(&sv);
     let mut sw = Table::new(
         "HYBCC's size threshold (small: BCC on the proxies; larger: MTACC)",
         &["proxies", "trace", "small max", "TPS"],
@@ -529,5 +527,5 @@ fn print_report(report: &CoopReport, page: &mut Page) {
             format!("{:.0}", r.throughput_per_s),
         ]);
     }
-    page.print(&sw);
+    page.table(&sw);
 }

@@ -24,9 +24,9 @@
 //! operation, back to back, on one thread; `ops_per_sec` in the JSON is
 //! therefore 1 / mean.
 
-use crate::html::Page;
+use crate::html::Report;
 use crate::owner::{write_topology, ChildNode, NodeLine};
-use crate::report::{line_plot, us, write_json, Axes, Series, Table};
+use crate::report::{us, Axes, Plot, Series, Table};
 use crate::stats::{summarize, Summary};
 use anyhow::{bail, Context, Result};
 use serde::Serialize;
@@ -329,58 +329,18 @@ fn get_path(model: &Coherence) -> &'static str {
 }
 
 fn print_and_plot(config: &DdssBenchConfig, report: &DdssReport) -> Result<()> {
-    let mut page = Page::new("tierstack bench ddss: the data sharing substrate (services paper Fig. 3a)");
-    page.paragraph(&format!("Home node: {}. Latencies are p50 and p99 over each cell's operations.", report.home));
+    let mut out = Report::new(&config.out_dir, "bench ddss", "the data sharing substrate (services paper Fig. 3a)");
+    out.page()
+        .paragraph(&format!("Home node: {}. Latencies are p50 and p99 over each cell's operations.", report.home));
     let systems: Vec<String> = config.backends.iter().map(|b| format!("ddss-{}", b.name())).collect();
-    let p50 = |cell: Option<&Cell>| cell.map(|c| us(c.latency.p50_ns)).unwrap_or_else(|| "-".into());
-    let p99 = |cell: Option<&Cell>| cell.map(|c| us(c.latency.p99_ns)).unwrap_or_else(|| "-".into());
-
-    let mut header = vec!["model".to_string(), "get path".to_string()];
-    for system in &systems {
-        for column in ["put p50", "put p99", "get p50", "get p99"] {
-            header.push(format!("{system} {column}"));
-        }
-    }
-    let header_refs: Vec<&str> = header.iter().map(String::as_str).collect();
-    let mut by_model = Table::new(
-        &format!("Fig. 3a: 1-byte put and get latency by coherence model (µs; {})", report.home),
-        &header_refs,
-    );
-    for model in &config.models {
-        let name = model.to_string();
-        let mut row = vec![name.clone(), get_path(model).to_string()];
-        for system in &systems {
-            let put = report.cell(system, "model", "put", &name, 1);
-            let get = report.cell(system, "model", "get", &name, 1);
-            row.extend([p50(put), p99(put), p50(get), p99(get)]);
-        }
-        by_model.row(row);
-    }
-    page.print(&by_model);
+    out.table(&model_table(config, report, &systems));
     // The models share one put path, and three share one guarantee: say so
     // beside the numbers rather than let their noise read as differences.
-    page.print_text(&format!("note: {}\n", tierstack_ddss::bench::MODEL_NOTE));
-
+    out.text(&format!("note: {}\n", tierstack_ddss::bench::MODEL_NOTE));
     let model_names: Vec<String> = config.models.iter().map(Coherence::to_string).collect();
-    for system in &systems {
-        let mut header = vec!["bytes".to_string()];
-        header.extend(model_names.iter().cloned());
-        let header_refs: Vec<&str> = header.iter().map(String::as_str).collect();
-        let mut grid = Table::new(
-            &format!(
-                "Fig. 3a: put latency by value size on {system}, per model (one put path: differences are noise; p50 µs; {})",
-                report.home
-            ),
-            &header_refs,
-        );
-        for &bytes in &config.sizes {
-            let mut row = vec![bytes.to_string()];
-            row.extend(model_names.iter().map(|m| p50(report.cell(system, "grid", "put", m, bytes))));
-            grid.row(row);
-        }
-        page.print(&grid);
+    for grid in grid_tables(config, report, &systems, &model_names) {
+        out.table(&grid);
     }
-
     let mut compared: Vec<(String, String)> = Vec::new(); // (system, model)
     for system in &systems {
         compared.push((system.clone(), Coherence::Write.to_string()));
@@ -389,58 +349,13 @@ fn print_and_plot(config: &DdssBenchConfig, report: &DdssReport) -> Result<()> {
     if redis_measured {
         compared.push(("redis".into(), "-".into()));
     }
-    let mut header = vec!["bytes".to_string()];
-    for (system, _) in &compared {
-        for op in ["put", "get"] {
-            header.push(format!("{system} {op}"));
-        }
-    }
-    let header_refs: Vec<&str> = header.iter().map(String::as_str).collect();
-    let mut by_size = Table::new(
-        &format!(
-            "Latency by value size, p50 / p99 µs: DDSS under write coherence vs Redis SET/GET on loopback ({})",
-            report.home
-        ),
-        &header_refs,
-    );
-    for &bytes in &config.sizes {
-        let mut row = vec![bytes.to_string()];
-        for (system, model) in &compared {
-            for op in ["put", "get"] {
-                let cell = report.cell(system, "size", op, model, bytes);
-                row.push(format!("{} / {}", p50(cell), p99(cell)));
-            }
-        }
-        by_size.row(row);
-    }
-    page.print(&by_size);
-
-    let mut paper = Table::new("The paper beside ours", &["quantity", "the paper (2006 InfiniBand)", "ours"]);
-    for system in &systems {
-        let worst = report
-            .cells
-            .iter()
-            .filter(|c| &c.system == system && c.experiment == "model" && c.op == "put")
-            .max_by_key(|c| c.latency.p50_ns);
-        if let Some(worst) = worst {
-            println!(
-                "{system}: largest 1-byte put p50 over the models: {} µs ({}); the paper: about 55 µs on 2006 InfiniBand",
-                us(worst.latency.p50_ns),
-                worst.model
-            );
-            paper.row(vec![
-                format!("largest 1-byte put p50 over the models, {system}"),
-                "about 55 µs".to_string(),
-                format!("{} µs ({})", us(worst.latency.p50_ns), worst.model),
-            ]);
-        }
-    }
-    page.table(&paper);
+    out.table(&size_table(config, report, &compared));
+    out.page().table(&paper_table(report, &systems));
     if let Some(reason) = &report.redis_skipped {
-        page.print_text(&format!("redis: not measured: {reason}"));
+        out.text(&format!("redis: not measured: {reason}"));
     }
 
-    write_json(&config.out_dir.join("ddss.json"), report)?;
+    out.json("ddss.json", report)?;
     let series_of = |filter: &dyn Fn(&Cell) -> bool, label: String| Series {
         label,
         points: report
@@ -460,14 +375,12 @@ fn print_and_plot(config: &DdssBenchConfig, report: &DdssReport) -> Result<()> {
         }
     }
     let log_log = Axes { x_label: "value size (bytes)", y_label: "latency p50 (µs)", log_x: true, log_y: true };
-    let dir = &config.out_dir;
-    line_plot(
-        &dir.join("ddss-put-latency.svg"),
+    out.plot(&Plot::lines(
+        "ddss-put-latency.svg",
         "Fig. 3a: DDSS put latency by coherence model",
         log_log,
-        &grid_series,
-    )?;
-    page.plot(&dir.join("ddss-put-latency.svg"))?;
+        grid_series,
+    ))?;
     let mut size_series = Vec::new();
     for (system, model) in &compared {
         for op in ["put", "get"] {
@@ -477,14 +390,132 @@ fn print_and_plot(config: &DdssBenchConfig, report: &DdssReport) -> Result<()> {
             ));
         }
     }
-    line_plot(
-        &dir.join("ddss-size.svg"),
+    out.plot(&Plot::lines(
+        "ddss-size.svg",
         "Latency by value size: DDSS (write coherence) vs Redis (beyond Fig. 3a)",
         log_log,
-        &size_series,
-    )?;
-    page.plot(&dir.join("ddss-size.svg"))?;
-    let index = page.write(dir)?;
-    println!("wrote {}/ddss.json, ddss-{{put-latency,size}}.svg and {}", config.out_dir.display(), index.display());
+        size_series,
+    ))?;
+    out.finish()?;
     Ok(())
+}
+
+/// A cell's p50 in µs ("-": not measured).
+fn p50(cell: Option<&Cell>) -> String {
+    cell.map(|c| us(c.latency.p50_ns)).unwrap_or_else(|| "-".into())
+}
+
+/// A cell's p99 in µs ("-": not measured).
+fn p99(cell: Option<&Cell>) -> String {
+    cell.map(|c| us(c.latency.p99_ns)).unwrap_or_else(|| "-".into())
+}
+
+/// Fig. 3a: 1-byte put and get by coherence model, each system's columns.
+fn model_table(config: &DdssBenchConfig, report: &DdssReport, systems: &[String]) -> Table {
+    let mut header = vec!["model".to_string(), "get path".to_string()];
+    for system in systems {
+        for column in ["put p50", "put p99", "get p50", "get p99"] {
+            header.push(format!("{system} {column}"));
+        }
+    }
+    let header_refs: Vec<&str> = header.iter().map(String::as_str).collect();
+    let mut by_model = Table::new(
+        &format!("Fig. 3a: 1-byte put and get latency by coherence model (µs; {})", report.home),
+        &header_refs,
+    );
+    for model in &config.models {
+        let name = model.to_string();
+        let mut row = vec![name.clone(), get_path(model).to_string()];
+        for system in systems {
+            let put = report.cell(system, "model", "put", &name, 1);
+            let get = report.cell(system, "model", "get", &name, 1);
+            row.extend([p50(put), p99(put), p50(get), p99(get)]);
+        }
+        by_model.row(row);
+    }
+    by_model
+}
+
+/// Put latency by value size, one table per system, a column per model.
+fn grid_tables(
+    config: &DdssBenchConfig,
+    report: &DdssReport,
+    systems: &[String],
+    model_names: &[String],
+) -> Vec<Table> {
+    let mut tables = Vec::new();
+    for system in systems {
+        let mut header = vec!["bytes".to_string()];
+        header.extend(model_names.iter().cloned());
+        let header_refs: Vec<&str> = header.iter().map(String::as_str).collect();
+        let mut grid = Table::new(
+            &format!(
+                "Fig. 3a: put latency by value size on {system}, per model (one put path: differences are noise; p50 µs; {})",
+                report.home
+            ),
+            &header_refs,
+        );
+        for &bytes in &config.sizes {
+            let mut row = vec![bytes.to_string()];
+            row.extend(model_names.iter().map(|m| p50(report.cell(system, "grid", "put", m, bytes))));
+            grid.row(row);
+        }
+        tables.push(grid);
+    }
+
+    tables
+}
+
+/// DDSS under write coherence beside Redis, p50 / p99 by value size.
+fn size_table(config: &DdssBenchConfig, report: &DdssReport, compared: &[(String, String)]) -> Table {
+    let mut header = vec!["bytes".to_string()];
+    for (system, _) in compared {
+        for op in ["put", "get"] {
+            header.push(format!("{system} {op}"));
+        }
+    }
+    let header_refs: Vec<&str> = header.iter().map(String::as_str).collect();
+    let mut by_size = Table::new(
+        &format!(
+            "Latency by value size, p50 / p99 µs: DDSS under write coherence vs Redis SET/GET on loopback ({})",
+            report.home
+        ),
+        &header_refs,
+    );
+    for &bytes in &config.sizes {
+        let mut row = vec![bytes.to_string()];
+        for (system, model) in compared {
+            for op in ["put", "get"] {
+                let cell = report.cell(system, "size", op, model, bytes);
+                row.push(format!("{} / {}", p50(cell), p99(cell)));
+            }
+        }
+        by_size.row(row);
+    }
+    by_size
+}
+
+/// The paper's put latency beside ours (also printed, one line a system).
+fn paper_table(report: &DdssReport, systems: &[String]) -> Table {
+    let mut paper = Table::new("The paper beside ours", &["quantity", "the paper (2006 InfiniBand)", "ours"]);
+    for system in systems {
+        let worst = report
+            .cells
+            .iter()
+            .filter(|c| &c.system == system && c.experiment == "model" && c.op == "put")
+            .max_by_key(|c| c.latency.p50_ns);
+        if let Some(worst) = worst {
+            println!(
+                "{system}: largest 1-byte put p50 over the models: {} µs ({}); the paper: about 55 µs on 2006 InfiniBand",
+                us(worst.latency.p50_ns),
+                worst.model
+            );
+            paper.row(vec![
+                format!("largest 1-byte put p50 over the models, {system}"),
+                "about 55 µs".to_string(),
+                format!("{} µs ({})", us(worst.latency.p50_ns), worst.model),
+            ]);
+        }
+    }
+    paper
 }

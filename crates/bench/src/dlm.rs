@@ -39,8 +39,8 @@
 //! messages per pair, which N-CoShED and DQNL only send when requests meet.
 
 use crate::dlm_nodes::ProcessNodes;
-use crate::html::Page;
-use crate::report::{line_plot, us, write_json, Axes, Series, Table};
+use crate::html::Report;
+use crate::report::{us, Axes, Plot, Series, Table};
 use crate::stats::{summarize, Summary};
 use anyhow::{bail, Context, Result};
 use serde::Serialize;
@@ -554,7 +554,48 @@ fn ratio_cell(ratio: Option<f64>) -> String {
 }
 
 fn print_and_plot(config: &DlmBenchConfig, report: &DlmReport) -> Result<()> {
-    let mut page = Page::new("tierstack bench dlm: the distributed lock manager (services paper Fig. 5)");
+    let mut out = Report::new(&config.out_dir, "bench dlm", "the distributed lock manager (services paper Fig. 5)");
+    out.table(&cascade_table(config, report));
+    out.table(&uncontended_table(config, report));
+    out.table(&throughput_table(config, report));
+    print_recovery(report);
+    for (backend, &errors) in &report.message_errors {
+        if errors > 0 {
+            out.text(&format!("WARNING: {errors} lock messages failed on {backend}: the numbers above are suspect"));
+        }
+    }
+    out.json("dlm.json", report)?;
+    for mode in MODES {
+        let series: Vec<Series> = config
+            .backends
+            .iter()
+            .flat_map(|backend| config.schemes.iter().map(move |scheme| (*backend, *scheme)))
+            .map(|(backend, scheme)| Series {
+                label: format!("{} {}", backend.name(), scheme.name()),
+                points: config
+                    .waiters
+                    .iter()
+                    .filter_map(|&w| {
+                        report.cascade_p50(backend.name(), scheme, mode, w).map(|ns| (w as f64, ns as f64 / 1000.0))
+                    })
+                    .collect(),
+            })
+            .collect();
+        let name = mode.name();
+        let figure = if name == "shared" { "Fig. 5a" } else { "Fig. 5b" };
+        out.plot(&Plot::lines(
+            &format!("dlm-cascade-{name}.svg"),
+            &format!("{figure}: lock cascading latency, {name} lock queue (p50)"),
+            Axes { x_label: "waiting nodes (count)", y_label: "cascade latency p50 (µs)", log_x: true, log_y: true },
+            series,
+        ))?;
+    }
+    out.finish()?;
+    Ok(())
+}
+
+/// Fig. 5: cascade latency by waiters and mode, and the ratios to N-CoShED.
+fn cascade_table(config: &DlmBenchConfig, report: &DlmReport) -> Table {
     let has = |scheme| config.schemes.contains(&scheme);
     let show_srsl = has(Scheme::CoShed) && has(Scheme::Srsl);
     let show_dqnl = has(Scheme::CoShed) && has(Scheme::Dqnl);
@@ -595,8 +636,11 @@ fn print_and_plot(config: &DlmBenchConfig, report: &DlmReport) -> Result<()> {
             cascade.row(row);
         }
     }
-    page.print(&cascade);
+    cascade
+}
 
+/// Uncontended acquire+release by scheme, mode and backend.
+fn uncontended_table(config: &DlmBenchConfig, report: &DlmReport) -> Table {
     let mut uncontended =
         Table::new("Uncontended acquire+release latency (µs)", &["scheme", "mode", "backend", "p50", "p99", "mean"]);
     for &scheme in &config.schemes {
@@ -619,8 +663,11 @@ fn print_and_plot(config: &DlmBenchConfig, report: &DlmReport) -> Result<()> {
             }
         }
     }
-    page.print(&uncontended);
+    uncontended
+}
 
+/// Throughput with K contending nodes, and lock messages per pair.
+fn throughput_table(config: &DlmBenchConfig, report: &DlmReport) -> Table {
     let mut header = vec!["contenders".to_string(), "% shared".to_string()];
     for backend in &config.backends {
         for scheme in &config.schemes {
@@ -654,8 +701,12 @@ fn print_and_plot(config: &DlmBenchConfig, report: &DlmReport) -> Result<()> {
             throughput.row(row);
         }
     }
-    page.print(&throughput);
+    throughput
+}
 
+/// Recovery after a kill, printed (not on the page), with etcd's and
+/// ZooKeeper's documented bounds beside it.
+fn print_recovery(report: &DlmReport) {
     if !report.recovery.is_empty() {
         let ms = |ns: u64| format!("{:.1}", ns as f64 / 1e6);
         let mut recovery = Table::new(
@@ -683,46 +734,4 @@ fn print_and_plot(config: &DlmBenchConfig, report: &DlmReport) -> Result<()> {
              min/maxSessionTimeout say otherwise (tickTime 2 s in the sample configuration)."
         );
     }
-    for (backend, &errors) in &report.message_errors {
-        if errors > 0 {
-            page.print_text(&format!(
-                "WARNING: {errors} lock messages failed on {backend}: the numbers above are suspect"
-            ));
-        }
-    }
-    write_json(&config.out_dir.join("dlm.json"), report)?;
-    for mode in MODES {
-        let series: Vec<Series> = config
-            .backends
-            .iter()
-            .flat_map(|backend| config.schemes.iter().map(move |scheme| (*backend, *scheme)))
-            .map(|(backend, scheme)| Series {
-                label: format!("{} {}", backend.name(), scheme.name()),
-                points: config
-                    .waiters
-                    .iter()
-                    .filter_map(|&w| {
-                        report.cascade_p50(backend.name(), scheme, mode, w).map(|ns| (w as f64, ns as f64 / 1000.0))
-                    })
-                    .collect(),
-            })
-            .collect();
-        let name = mode.name();
-        let figure = if name == "shared" { "Fig. 5a" } else { "Fig. 5b" };
-        let path = config.out_dir.join(format!("dlm-cascade-{name}.svg"));
-        line_plot(
-            &path,
-            &format!("{figure}: lock cascading latency, {name} lock queue (p50)"),
-            Axes { x_label: "waiting nodes (count)", y_label: "cascade latency p50 (µs)", log_x: true, log_y: true },
-            &series,
-        )?;
-        page.plot(&path)?;
-    }
-    let index = page.write(&config.out_dir)?;
-    println!(
-        "wrote {}/dlm.json, dlm-cascade-{{shared,exclusive}}.svg and {}",
-        config.out_dir.display(),
-        index.display()
-    );
-    Ok(())
 }

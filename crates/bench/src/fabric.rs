@@ -15,9 +15,9 @@
 //! is a batch's time / N. So p50 and p99 are percentiles of per-batch means:
 //! exact per operation when N = 1, smoothed tails when N > 1.
 
-use crate::html::Page;
+use crate::html::Report;
 use crate::owner::{spawn_owner, write_topology, ChildNode, NodeLine};
-use crate::report::{line_plot, us, write_json, Axes, Series, Table};
+use crate::report::{us, Axes, Plot, Series, Table};
 use crate::stats::{summarize, Summary};
 use anyhow::{bail, Context, Result};
 use serde::Serialize;
@@ -386,86 +386,21 @@ pub fn run(config: &FabricBenchConfig) -> Result<FabricReport> {
 }
 
 fn print_and_plot(config: &FabricBenchConfig, report: &FabricReport) -> Result<()> {
-    let mut page = Page::new("tierstack bench fabric: one-sided and two-sided operations (coherency paper Fig. 8)");
-    page.paragraph(&format!(
+    let mut out =
+        Report::new(&config.out_dir, "bench fabric", "one-sided and two-sided operations (coherency paper Fig. 8)");
+    out.page().paragraph(&format!(
         "Backends: {}. Owner process pinned to one CPU, the measuring process to another; busy owner threads: {:?}.",
         config.backends.iter().map(|b| b.name()).collect::<Vec<_>>().join(", "),
         config.loads
     ));
-    let mut latency =
-        Table::new("Fig. 8a: latency of one operation (µs)", &["operation", "backend", "p50", "p99", "ops/s"]);
-    for (backend, results) in &report.backends {
-        for (op, s) in &results.latency {
-            latency.row(vec![op.clone(), backend.clone(), us(s.p50_ns), us(s.p99_ns), format!("{:.0}", s.ops_per_sec)]);
-        }
-    }
-    page.print(&latency);
+    out.table(&operations_table(report));
+    let (lat_by_size, bandwidth) = size_tables(config, report);
+    out.table(&lat_by_size);
+    out.table(&bandwidth);
+    out.table(&load_table(report));
+    println!("{}", messages_table(report).render());
 
-    let mut header = vec!["bytes".to_string()];
-    for backend in report.backends.keys() {
-        for kind in ["read", "write", "message"] {
-            header.push(format!("{backend} {kind}"));
-        }
-    }
-    let header_refs: Vec<&str> = header.iter().map(String::as_str).collect();
-    let mut lat_by_size = Table::new("Fig. 8a: p50 latency by size (µs)", &header_refs);
-    let mut bandwidth = Table::new("Fig. 8b: bandwidth by size (MB/s)", &header_refs);
-    for (i, bytes) in config.sizes.iter().enumerate() {
-        let mut lat_row = vec![bytes.to_string()];
-        let mut bw_row = vec![bytes.to_string()];
-        for results in report.backends.values() {
-            for kind in ["read", "write", "message"] {
-                let point = results.curves.get(kind).and_then(|c| c.get(i));
-                lat_row.push(point.map(|p| us(p.latency.p50_ns)).unwrap_or_default());
-                bw_row.push(point.map(|p| format!("{:.1}", p.megabytes_per_sec)).unwrap_or_default());
-            }
-        }
-        lat_by_size.row(lat_row);
-        bandwidth.row(bw_row);
-    }
-    page.print(&lat_by_size);
-    page.print(&bandwidth);
-
-    let mut load = Table::new(
-        "Owner under load: latency vs busy owner threads (µs)",
-        &["busy threads", "backend", "read p50", "read p99", "fetch_add p50", "fetch_add p99", "read p50 / unloaded"],
-    );
-    for (backend, results) in &report.backends {
-        let base = results.load.first().map(|p| p.read_8b.p50_ns.max(1)).unwrap_or(1);
-        for p in &results.load {
-            load.row(vec![
-                p.busy_threads.to_string(),
-                backend.clone(),
-                us(p.read_8b.p50_ns),
-                us(p.read_8b.p99_ns),
-                us(p.fetch_add.p50_ns),
-                us(p.fetch_add.p99_ns),
-                format!("{:.2}", p.read_8b.p50_ns as f64 / base as f64),
-            ]);
-        }
-    }
-    page.print(&load);
-
-    let mut messages = Table::new(
-        "Messages by how receivers wait: round trip (µs), one-way 64 B messages/s, idle receiver CPU (ms/s)",
-        &["backend", "receivers", "spin µs", "round trip p50", "p99", "one-way 64 B msg/s", "idle CPU ms/s"],
-    );
-    for (backend, results) in &report.backends {
-        for p in &results.messages {
-            messages.row(vec![
-                backend.clone(),
-                p.receiver.clone(),
-                p.spin_us.map(|s| s.to_string()).unwrap_or_else(|| "default".into()),
-                us(p.round_trip.p50_ns),
-                us(p.round_trip.p99_ns),
-                format!("{:.0}", p.one_way_64b_per_sec),
-                p.idle_receiver_cpu_ms_per_sec.map(|c| format!("{c:.1}")).unwrap_or_default(),
-            ]);
-        }
-    }
-    println!("{}", messages.render());
-
-    write_json(&config.out_dir.join("fabric.json"), report)?;
+    out.json("fabric.json", report)?;
     let mut lat_series = Vec::new();
     let mut bw_series = Vec::new();
     for (backend, results) in &report.backends {
@@ -481,16 +416,18 @@ fn print_and_plot(config: &FabricBenchConfig, report: &FabricReport) -> Result<(
         }
     }
     let log_log = |y: &'static str| Axes { x_label: "size (bytes)", y_label: y, log_x: true, log_y: true };
-    let dir = &config.out_dir;
-    line_plot(&dir.join("fabric-latency.svg"), "Fig. 8a: latency by size (p50)", log_log("latency (µs)"), &lat_series)?;
-    page.plot(&dir.join("fabric-latency.svg"))?;
-    line_plot(
-        &dir.join("fabric-bandwidth.svg"),
+    out.plot(&Plot::lines(
+        "fabric-latency.svg",
+        "Fig. 8a: latency by size (p50)",
+        log_log("latency (µs)"),
+        lat_series,
+    ))?;
+    out.plot(&Plot::lines(
+        "fabric-bandwidth.svg",
         "Fig. 8b: bandwidth by size",
         log_log("bandwidth (MB/s)"),
-        &bw_series,
-    )?;
-    page.plot(&dir.join("fabric-bandwidth.svg"))?;
+        bw_series,
+    ))?;
     let load_series: Vec<Series> = report
         .backends
         .iter()
@@ -515,22 +452,101 @@ fn print_and_plot(config: &FabricBenchConfig, report: &FabricReport) -> Result<(
             ]
         })
         .collect();
-    line_plot(
-        &dir.join("fabric-load.svg"),
+    out.plot(&Plot::lines(
+        "fabric-load.svg",
         "p50 latency vs busy owner threads (beyond Fig. 8: the owner under load)",
         Axes {
             x_label: "busy threads in the owner (threads)", y_label: "latency p50 (µs)", log_x: false, log_y: true
         },
-        &load_series,
-    )?;
-    page.plot(&dir.join("fabric-load.svg"))?;
-    let index = page.write(dir)?;
-    println!(
-        "wrote {}/fabric.json, fabric-{{latency,bandwidth,load}}.svg and {}",
-        config.out_dir.display(),
-        index.display()
-    );
+        load_series,
+    ))?;
+    out.finish()?;
     Ok(())
+}
+
+/// Fig. 8a: one operation's latency and rate, by backend.
+fn operations_table(report: &FabricReport) -> Table {
+    let mut latency =
+        Table::new("Fig. 8a: latency of one operation (µs)", &["operation", "backend", "p50", "p99", "ops/s"]);
+    for (backend, results) in &report.backends {
+        for (op, s) in &results.latency {
+            latency.row(vec![op.clone(), backend.clone(), us(s.p50_ns), us(s.p99_ns), format!("{:.0}", s.ops_per_sec)]);
+        }
+    }
+    latency
+}
+
+/// Fig. 8a and 8b: p50 latency and bandwidth by size, a column per backend
+/// and kind of transfer.
+fn size_tables(config: &FabricBenchConfig, report: &FabricReport) -> (Table, Table) {
+    let mut header = vec!["bytes".to_string()];
+    for backend in report.backends.keys() {
+        for kind in ["read", "write", "message"] {
+            header.push(format!("{backend} {kind}"));
+        }
+    }
+    let header_refs: Vec<&str> = header.iter().map(String::as_str).collect();
+    let mut lat_by_size = Table::new("Fig. 8a: p50 latency by size (µs)", &header_refs);
+    let mut bandwidth = Table::new("Fig. 8b: bandwidth by size (MB/s)", &header_refs);
+    for (i, bytes) in config.sizes.iter().enumerate() {
+        let mut lat_row = vec![bytes.to_string()];
+        let mut bw_row = vec![bytes.to_string()];
+        for results in report.backends.values() {
+            for kind in ["read", "write", "message"] {
+                let point = results.curves.get(kind).and_then(|c| c.get(i));
+                lat_row.push(point.map(|p| us(p.latency.p50_ns)).unwrap_or_default());
+                bw_row.push(point.map(|p| format!("{:.1}", p.megabytes_per_sec)).unwrap_or_default());
+            }
+        }
+        lat_by_size.row(lat_row);
+        bandwidth.row(bw_row);
+    }
+    (lat_by_size, bandwidth)
+}
+
+/// The owner under load: latency against busy owner threads.
+fn load_table(report: &FabricReport) -> Table {
+    let mut load = Table::new(
+        "Owner under load: latency vs busy owner threads (µs)",
+        &["busy threads", "backend", "read p50", "read p99", "fetch_add p50", "fetch_add p99", "read p50 / unloaded"],
+    );
+    for (backend, results) in &report.backends {
+        let base = results.load.first().map(|p| p.read_8b.p50_ns.max(1)).unwrap_or(1);
+        for p in &results.load {
+            load.row(vec![
+                p.busy_threads.to_string(),
+                backend.clone(),
+                us(p.read_8b.p50_ns),
+                us(p.read_8b.p99_ns),
+                us(p.fetch_add.p50_ns),
+                us(p.fetch_add.p99_ns),
+                format!("{:.2}", p.read_8b.p50_ns as f64 / base as f64),
+            ]);
+        }
+    }
+    load
+}
+
+/// Messages by how receivers wait (printed, not on the page).
+fn messages_table(report: &FabricReport) -> Table {
+    let mut messages = Table::new(
+        "Messages by how receivers wait: round trip (µs), one-way 64 B messages/s, idle receiver CPU (ms/s)",
+        &["backend", "receivers", "spin µs", "round trip p50", "p99", "one-way 64 B msg/s", "idle CPU ms/s"],
+    );
+    for (backend, results) in &report.backends {
+        for p in &results.messages {
+            messages.row(vec![
+                backend.clone(),
+                p.receiver.clone(),
+                p.spin_us.map(|s| s.to_string()).unwrap_or_else(|| "default".into()),
+                us(p.round_trip.p50_ns),
+                us(p.round_trip.p99_ns),
+                format!("{:.0}", p.one_way_64b_per_sec),
+                p.idle_receiver_cpu_ms_per_sec.map(|c| format!("{c:.1}")).unwrap_or_default(),
+            ]);
+        }
+    }
+    messages
 }
 
 #[cfg(test)]

@@ -22,8 +22,8 @@
 //! first exceeds the second by the most.
 
 use crate::deploy::{Deployment, DeploymentConfig, DeploymentOptions};
-use crate::html::Page;
-use crate::report::{line_plot, write_json, Axes, Series, Table};
+use crate::html::Report;
+use crate::report::{Axes, Plot, Series, Table};
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
@@ -413,7 +413,75 @@ pub fn run(config: &PushPullBenchConfig) -> Result<PushPullReport> {
 }
 
 fn print_and_plot(config: &PushPullBenchConfig, report: &PushPullReport) -> Result<()> {
-    let mut page = Page::new("tierstack bench push-pull: adaptive push-pull (coherency paper Fig. 12-14)");
+    let mut out = Report::new(&config.out_dir, "bench push-pull", "adaptive push-pull (coherency paper Fig. 12-14)");
+    out.table(&runs_table(config, report));
+    out.table(&per_proxy_table(report));
+    out.text(&knee_lines(config, report).join("\n"));
+
+    out.json("pushpull.json", report)?;
+    let sweep = |f: fn(&PushPullRun) -> f64| -> Vec<Series> {
+        config
+            .backends
+            .iter()
+            .map(|b| {
+                let mut points: Vec<(f64, f64)> = report
+                    .runs
+                    .iter()
+                    .filter(|r| r.backend == b.name())
+                    .filter_map(|r| r.fraction.map(|x| (x, f(r))))
+                    .collect();
+                points.sort_by(|a, b| a.0.total_cmp(&b.0));
+                Series { label: b.name().to_string(), points }
+            })
+            .collect()
+    };
+    let axes = |y| Axes {
+        x_label: "fraction of recently accessed documents pushed (fraction; pull = 0, push = 1)",
+        y_label: y,
+        log_x: false,
+        log_y: false,
+    };
+    out.plot(&Plot::lines(
+        "pushpull-wasted.svg",
+        "Fig. 12-14a: wasted updates",
+        axes("wasted updates per 100 updates"),
+        sweep(|r| r.wasted_per_100_updates),
+    ))?;
+    out.plot(&Plot::lines(
+        "pushpull-misses.svg",
+        "Fig. 12-14b: cache misses",
+        axes("misses per 1000 requests"),
+        sweep(|r| r.misses_per_1k_requests),
+    ))?;
+    out.plot(&Plot::lines(
+        "pushpull-update-misses.svg",
+        "Misses on copies an update invalidated (part of Fig. 12-14b)",
+        axes("update misses per 1000 requests"),
+        sweep(update_misses_per_1k),
+    ))?;
+    out.plot(&Plot::lines(
+        "pushpull-response-time.svg",
+        "Response time (not in the paper)",
+        axes("mean response time (µs)"),
+        sweep(|r| r.mean_us),
+    ))?;
+    out.plot(&Plot::lines(
+        "pushpull-tradeoff.svg",
+        "Trade-off: misses vs wasted updates (Fig. 12-14a against 12-14b)",
+        Axes {
+            x_label: "wasted updates per 100 updates",
+            y_label: "misses per 1000 requests",
+            log_x: false,
+            log_y: false,
+        },
+        tradeoff_series(config, report),
+    ))?;
+    out.finish()?;
+    Ok(())
+}
+
+/// Fig. 12-14: every run's wasted updates, misses and response time.
+fn runs_table(config: &PushPullBenchConfig, report: &PushPullReport) -> Table {
     let mut table = Table::new(
         &format!(
             "Fig. 12-14: wasted updates and cache misses ({} Zipf({}) documents, {} KiB caches, an update every {} ms, {} s)",
@@ -462,7 +530,11 @@ fn print_and_plot(config: &PushPullBenchConfig, report: &PushPullReport) -> Resu
             r.stale_responses.to_string(),
         ]);
     }
-    page.print(&table);
+    table
+}
+
+/// Each proxy's misses, wasted updates and pushes.
+fn per_proxy_table(report: &PushPullReport) -> Table {
     let mut per_proxy = Table::new(
         "Per proxy: misses, wasted updates, pushes",
         &["backend", "policy", "proxy", "misses", "wasted", "pushes", "push KiB"],
@@ -480,7 +552,12 @@ fn print_and_plot(config: &PushPullBenchConfig, report: &PushPullReport) -> Resu
             ]);
         }
     }
-    page.print(&per_proxy);
+    per_proxy
+}
+
+/// The knee of the hybrid sweep per backend and metric, and the stale and
+/// error totals.
+fn knee_lines(config: &PushPullBenchConfig, report: &PushPullReport) -> Vec<String> {
     let mut knees = vec!["== The knee of the hybrid sweep (measured) ==".to_string()];
     for backend in &config.backends {
         for metric in ["misses", "update-misses"] {
@@ -502,60 +579,12 @@ fn print_and_plot(config: &PushPullBenchConfig, report: &PushPullReport) -> Resu
     let stale: u64 = report.runs.iter().map(|r| r.stale_responses).sum();
     let errors: u64 = report.runs.iter().map(|r| r.errors).sum();
     knees.push(format!("stale responses over all runs: {stale} (must be 0); errors: {errors}"));
-    page.print_text(&knees.join("\n"));
+    knees
+}
 
-    write_json(&config.out_dir.join("pushpull.json"), report)?;
-    let sweep = |f: fn(&PushPullRun) -> f64| -> Vec<Series> {
-        config
-            .backends
-            .iter()
-            .map(|b| {
-                let mut points: Vec<(f64, f64)> = report
-                    .runs
-                    .iter()
-                    .filter(|r| r.backend == b.name())
-                    .filter_map(|r| r.fraction.map(|x| (x, f(r))))
-                    .collect();
-                points.sort_by(|a, b| a.0.total_cmp(&b.0));
-                Series { label: b.name().to_string(), points }
-            })
-            .collect()
-    };
-    let axes = |y| Axes {
-        x_label: "fraction of recently accessed documents pushed (fraction; pull = 0, push = 1)",
-        y_label: y,
-        log_x: false,
-        log_y: false,
-    };
-    let dir = &config.out_dir;
-    line_plot(
-        &dir.join("pushpull-wasted.svg"),
-        "Fig. 12-14a: wasted updates",
-        axes("wasted updates per 100 updates"),
-        &sweep(|r| r.wasted_per_100_updates),
-    )?;
-    page.plot(&dir.join("pushpull-wasted.svg"))?;
-    line_plot(
-        &dir.join("pushpull-misses.svg"),
-        "Fig. 12-14b: cache misses",
-        axes("misses per 1000 requests"),
-        &sweep(|r| r.misses_per_1k_requests),
-    )?;
-    page.plot(&dir.join("pushpull-misses.svg"))?;
-    line_plot(
-        &dir.join("pushpull-update-misses.svg"),
-        "Misses on copies an update invalidated (part of Fig. 12-14b)",
-        axes("update misses per 1000 requests"),
-        &sweep(update_misses_per_1k),
-    )?;
-    page.plot(&dir.join("pushpull-update-misses.svg"))?;
-    line_plot(
-        &dir.join("pushpull-response-time.svg"),
-        "Response time (not in the paper)",
-        axes("mean response time (µs)"),
-        &sweep(|r| r.mean_us),
-    )?;
-    page.plot(&dir.join("pushpull-response-time.svg"))?;
+/// Misses against wasted updates: the pull-hybrid-push sweep as one line
+/// per backend, the `useful` policies as another.
+fn tradeoff_series(config: &PushPullBenchConfig, report: &PushPullReport) -> Vec<Series> {
     let mut tradeoff = Vec::new();
     for b in &config.backends {
         let mut sweep_points: Vec<(f64, f64, f64)> = report
@@ -579,25 +608,7 @@ fn print_and_plot(config: &PushPullBenchConfig, report: &PushPullReport) -> Resu
             tradeoff.push(Series { label: format!("{} useful", b.name()), points: others });
         }
     }
-    line_plot(
-        &dir.join("pushpull-tradeoff.svg"),
-        "Trade-off: misses vs wasted updates (Fig. 12-14a against 12-14b)",
-        Axes {
-            x_label: "wasted updates per 100 updates",
-            y_label: "misses per 1000 requests",
-            log_x: false,
-            log_y: false,
-        },
-        &tradeoff,
-    )?;
-    page.plot(&dir.join("pushpull-tradeoff.svg"))?;
-    let index = page.write(dir)?;
-    println!(
-        "wrote {}/pushpull.json, pushpull-{{wasted,misses,update-misses,response-time,tradeoff}}.svg and {}",
-        config.out_dir.display(),
-        index.display()
-    );
-    Ok(())
+    tradeoff
 }
 
 #[cfg(test)]

@@ -5,6 +5,12 @@
 //! a linear axis of a quantity that cannot be negative starts at zero, and
 //! a bounded quantity (a fraction, a percentage) gets its bounds
 //! ([`PlotOptions::y_range`]) rather than padding past them.
+//!
+//! An experiment describes its report rather than drawing it: [`Table`]s
+//! (columns with their units, rows) and [`Plot`]s (which series against
+//! what, drawn from the same rows by [`series_by`] and [`bars_by`]); one
+//! [`crate::html::Report`] prints the tables, writes the JSON, draws the
+//! plots and the page, so every experiment's page has the same shape.
 
 use anyhow::{Context, Result};
 use plotters::prelude::*;
@@ -17,12 +23,35 @@ use std::path::Path;
 pub struct Table {
     pub title: String,
     pub header: Vec<String>,
+    /// Each column's unit (`""`: none, or named in the header); the page
+    /// sets it under the column's name, keeping the column narrow.
+    pub units: Vec<String>,
     pub rows: Vec<Vec<String>>,
 }
 
 impl Table {
     pub fn new(title: &str, header: &[&str]) -> Self {
-        Self { title: title.to_string(), header: header.iter().map(|h| h.to_string()).collect(), rows: Vec::new() }
+        let header: Vec<String> = header.iter().map(|h| h.to_string()).collect();
+        Self { title: title.to_string(), units: vec![String::new(); header.len()], header, rows: Vec::new() }
+    }
+
+    /// A table whose columns are `(name, unit)`; the unit is `""` for a
+    /// count, a name or a ratio. Printed, a column reads `name (unit)`.
+    pub fn with_units(title: &str, columns: &[(&str, &str)]) -> Self {
+        Self {
+            title: title.to_string(),
+            header: columns.iter().map(|c| c.0.to_string()).collect(),
+            units: columns.iter().map(|c| c.1.to_string()).collect(),
+            rows: Vec::new(),
+        }
+    }
+
+    /// Column `i`'s heading as printed: its name, and its unit if it has one.
+    pub fn heading(&self, i: usize) -> String {
+        match self.units.get(i).map(String::as_str) {
+            None | Some("") => self.header[i].clone(),
+            Some(unit) => format!("{} ({unit})", self.header[i]),
+        }
     }
 
     pub fn row(&mut self, cells: Vec<String>) {
@@ -32,16 +61,18 @@ impl Table {
     /// The table as aligned text.
     pub fn render(&self) -> String {
         let columns = self.header.len();
-        let mut widths: Vec<usize> = self.header.iter().map(|h| h.len()).collect();
+        let header: Vec<String> = (0..columns).map(|i| self.heading(i)).collect();
+        // Characters, not bytes: `format!` pads to characters, and a µ is two bytes.
+        let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
         for row in &self.rows {
             for (i, cell) in row.iter().enumerate().take(columns) {
-                widths[i] = widths[i].max(cell.len());
+                widths[i] = widths[i].max(cell.chars().count());
             }
         }
         let line = |cells: &[String]| {
             cells.iter().enumerate().map(|(i, c)| format!("{:>w$}", c, w = widths[i])).collect::<Vec<_>>().join("  ")
         };
-        let mut out = format!("== {} ==\n{}\n", self.title, line(&self.header));
+        let mut out = format!("== {} ==\n{}\n", self.title, line(&header));
         for row in &self.rows {
             out.push_str(&line(row));
             out.push('\n');
@@ -92,6 +123,118 @@ fn bounds(values: impl Iterator<Item = f64>, log: bool) -> (f64, f64) {
         let pad = ((hi - lo) * 0.05).max(1e-9);
         (lo - pad, hi.max(0.0) + pad)
     }
+}
+
+/// What a [`Plot`] draws.
+pub enum Chart {
+    /// One line per series, x against y ([`line_plot_with`]).
+    Lines { series: Vec<Series>, options: PlotOptions },
+    /// One cluster of bars per category, one bar per group ([`bar_chart`]).
+    Bars { categories: Vec<String>, groups: Vec<BarGroup> },
+}
+
+/// A plot described, drawn by [`Plot::draw`] into the experiment's folder
+/// as `file` (a name the experiment's docs and tests know).
+pub struct Plot {
+    pub file: String,
+    pub title: String,
+    pub axes: Axes<'static>,
+    pub chart: Chart,
+}
+
+impl Plot {
+    /// Lines: `series` against `axes`.
+    pub fn lines(file: &str, title: &str, axes: Axes<'static>, series: Vec<Series>) -> Self {
+        let chart = Chart::Lines { series, options: PlotOptions::default() };
+        Self { file: file.to_string(), title: title.to_string(), axes, chart }
+    }
+
+    /// Bars: `groups` by `categories`.
+    pub fn bars(
+        file: &str,
+        title: &str,
+        axes: Axes<'static>,
+        (categories, groups): (Vec<String>, Vec<BarGroup>),
+    ) -> Self {
+        let chart = Chart::Bars { categories, groups };
+        Self { file: file.to_string(), title: title.to_string(), axes, chart }
+    }
+
+    /// The plot with `options` (lines only: bars start at zero anyway).
+    pub fn with(mut self, options: PlotOptions) -> Self {
+        if let Chart::Lines { options: o, .. } = &mut self.chart {
+            *o = options;
+        }
+        self
+    }
+
+    /// Draws the plot as `dir/file`; returns that path.
+    pub fn draw(&self, dir: &Path) -> Result<std::path::PathBuf> {
+        let path = dir.join(&self.file);
+        match &self.chart {
+            Chart::Lines { series, options } => line_plot_with(&path, &self.title, self.axes, series, *options)?,
+            Chart::Bars { categories, groups } => bar_chart(&path, &self.title, self.axes, categories, groups)?,
+        }
+        Ok(path)
+    }
+}
+
+/// Lines from rows: one series per distinct `label(row)`, in the order the
+/// labels first appear, of the points `point(row)` (a row giving `None` is
+/// left out), sorted by x.
+pub fn series_by<'r, R: 'r>(
+    rows: impl IntoIterator<Item = &'r R>,
+    label: impl Fn(&R) -> String,
+    point: impl Fn(&R) -> Option<(f64, f64)>,
+) -> Vec<Series> {
+    let mut out: Vec<Series> = Vec::new();
+    for row in rows {
+        let Some(p) = point(row) else { continue };
+        let label = label(row);
+        match out.iter_mut().find(|s| s.label == label) {
+            Some(series) => series.points.push(p),
+            None => out.push(Series { label, points: vec![p] }),
+        }
+    }
+    for series in &mut out {
+        series.points.sort_by(|a, b| a.0.total_cmp(&b.0));
+    }
+    out
+}
+
+/// Bars from rows: categories and groups in the order they first appear,
+/// each bar `value(row)` of the row of its category and group (NaN, drawn
+/// as "-", where no row has both).
+pub fn bars_by<'r, R: 'r>(
+    rows: impl IntoIterator<Item = &'r R> + Clone,
+    category: impl Fn(&R) -> String,
+    group: impl Fn(&R) -> String,
+    value: impl Fn(&R) -> f64,
+) -> (Vec<String>, Vec<BarGroup>) {
+    let mut categories: Vec<String> = Vec::new();
+    let mut groups: Vec<BarGroup> = Vec::new();
+    for row in rows.clone() {
+        let c = category(row);
+        if !categories.contains(&c) {
+            categories.push(c);
+        }
+        let g = group(row);
+        if !groups.iter().any(|x| x.label == g) {
+            groups.push(BarGroup { label: g, values: Vec::new() });
+        }
+    }
+    for g in &mut groups {
+        g.values = vec![f64::NAN; categories.len()];
+    }
+    for row in rows {
+        let (c, g) = (category(row), group(row));
+        if let (Some(i), Some(bars)) =
+            (categories.iter().position(|x| *x == c), groups.iter_mut().find(|x| x.label == g))
+        {
+            bars.values[i] = value(row);
+        }
+    }
+    (categories, groups)
 }
 
 /// Choices of a plot beyond its [`Axes`].
@@ -155,6 +298,7 @@ pub fn line_plot_with(path: &Path, title: &str, axes: Axes<'_>, series: &[Series
             }
             chart
                 .configure_series_labels()
+                .label_font(LEGEND_FONT)
                 .background_style(WHITE.mix(0.85))
                 .border_style(BLACK)
                 .draw()
@@ -206,6 +350,7 @@ pub fn bar_chart(path: &Path, title: &str, axes: Axes<'_>, categories: &[String]
     let (y_lo, y_hi) = bounds(values(), axes.log_y);
     // Room above the tallest bar for its label.
     let y_hi = if axes.log_y { y_hi * 1.5 } else { y_hi * 1.08 };
+    let y_hi = above_legend(y_lo, y_hi, if groups.len() > 1 { groups.len() } else { 0 }, axes.log_y);
     let root = SVGBackend::new(path, (900, 500)).into_drawing_area();
     root.fill(&WHITE).map_err(|e| plot_error(&e))?;
     let x_range = -0.5..(categories.len().max(1) as f64 - 0.5);
@@ -266,6 +411,7 @@ pub fn bar_chart(path: &Path, title: &str, axes: Axes<'_>, categories: &[String]
                 chart
                     .configure_series_labels()
                     .position(SeriesLabelPosition::UpperLeft)
+                    .label_font(LEGEND_FONT)
                     .background_style(WHITE.mix(0.85))
                     .border_style(BLACK)
                     .draw()
@@ -280,6 +426,24 @@ pub fn bar_chart(path: &Path, title: &str, axes: Axes<'_>, categories: &[String]
     }
     root.present().map_err(|e| plot_error(&e))?;
     Ok(())
+}
+
+/// A legend's entries: as legible as the ticks.
+const LEGEND_FONT: (&str, u32) = ("sans-serif", 14);
+
+/// The top of a bar chart's y axis that leaves the upper band of the plot
+/// to a legend of `entries` lines (none: `y_hi` unchanged), so the legend
+/// covers no bar: about 20 px a line of a plot about 400 px high.
+fn above_legend(y_lo: f64, y_hi: f64, entries: usize, log: bool) -> f64 {
+    if entries == 0 {
+        return y_hi;
+    }
+    let band = ((entries as f64 * 20.0 + 16.0) / 400.0).min(0.6);
+    if log {
+        (y_lo.ln() + (y_hi.ln() - y_lo.ln()) / (1.0 - band)).exp()
+    } else {
+        y_lo + (y_hi - y_lo) / (1.0 - band)
+    }
 }
 
 /// A value as a bar's or a tick's label: whole numbers with thousands
@@ -311,6 +475,37 @@ pub fn thousands(value: i64) -> String {
     }
     if value < 0 {
         out.insert(0, '-');
+    }
+    out
+}
+
+/// `cell` as a person reads it on a page: a number of four or more
+/// digits before its point gets thousands separators (`1234567.5` is
+/// `1,234,567.5`), as [`compact`] writes plots' labels; anything else is
+/// kept as it is.
+pub fn readable(cell: &str) -> String {
+    let (sign, unsigned) = match cell.strip_prefix('-') {
+        Some(rest) => ("-", rest),
+        None => ("", cell),
+    };
+    let (whole, fraction) = match unsigned.split_once('.') {
+        Some((w, f)) => (w, Some(f)),
+        None => (unsigned, None),
+    };
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    if whole.len() < 4 || !digits(whole) || fraction.is_some_and(|f| !digits(f)) {
+        return cell.to_string();
+    }
+    let mut out = String::from(sign);
+    for (i, digit) in whole.chars().enumerate() {
+        if i > 0 && (whole.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(digit);
+    }
+    if let Some(f) = fraction {
+        out.push('.');
+        out.push_str(f);
     }
     out
 }
@@ -412,6 +607,15 @@ mod tests {
     }
 
     #[test]
+    fn a_bar_charts_legend_gets_a_band_of_its_own() {
+        assert_eq!(above_legend(0.0, 100.0, 0, false), 100.0, "no legend, no band");
+        let top = above_legend(0.0, 100.0, 4, false);
+        assert!(top > 100.0 / (1.0 - 0.2) - 1e-9, "4 lines take over a fifth of the height: {top}");
+        let top = above_legend(10.0, 1000.0, 4, true);
+        assert!(top > 1000.0 * 2.0, "the band is a share of the log range: {top}");
+    }
+
+    #[test]
     fn numbers_are_written_for_people() {
         assert_eq!(thousands(0), "0");
         assert_eq!(thousands(999), "999");
@@ -425,5 +629,33 @@ mod tests {
         assert_eq!(compact(0.001), "0.001");
         assert_eq!(compact(0.0314159), "0.0314");
         assert_eq!(compact(f64::NAN), "-");
+        assert_eq!(readable("123"), "123", "short numbers stay");
+        assert_eq!(readable("1.000"), "1.000");
+        assert_eq!(readable("4227"), "4,227", "grouped as the plots' labels are");
+        assert_eq!(readable("12345"), "12,345");
+        assert_eq!(readable("-1234567.25"), "-1,234,567.25");
+        for kept in ["poll/shm", "0.95 0.80 0.71", "12345x", "1.2e10", "", "-", "123456.7.8"] {
+            assert_eq!(readable(kept), kept);
+        }
+    }
+
+    #[test]
+    fn units_are_printed_beside_the_column_names() {
+        let mut t = Table::with_units("t", &[("mode", ""), ("p99", "µs")]);
+        t.row(vec!["ttl".into(), "12".into()]);
+        assert!(t.render().contains("mode  p99 (µs)"), "{}", t.render());
+        assert_eq!(Table::new("t", &["a"]).units, [""], "a plain table has no units");
+    }
+
+    #[test]
+    fn rows_become_series_and_bars() {
+        let rows = [("a", 2.0, 20.0), ("b", 1.0, 5.0), ("a", 1.0, 10.0)];
+        let lines = series_by(&rows, |r| r.0.to_string(), |r| Some((r.1, r.2)));
+        let shown: Vec<(&str, &[(f64, f64)])> = lines.iter().map(|s| (s.label.as_str(), &s.points[..])).collect();
+        assert_eq!(shown, [("a", &[(1.0, 10.0), (2.0, 20.0)][..]), ("b", &[(1.0, 5.0)][..])]);
+        let (categories, groups) = bars_by(&rows, |r| format!("x{}", r.1), |r| r.0.to_string(), |r| r.2);
+        assert_eq!(categories, ["x2", "x1"]);
+        assert_eq!(groups[0].values, [20.0, 10.0]);
+        assert!(groups[1].values[0].is_nan() && groups[1].values[1] == 5.0, "b has no bar at x2");
     }
 }
