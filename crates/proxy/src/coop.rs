@@ -9,7 +9,7 @@
 //! the owner by a message for groupcache); what it gets is served under the
 //! same rules as the proxy's own copy:
 //! - a response **with dependencies** only after the usual version check
-//!   (`State::validate`), so cooperation never weakens coherence; a copy
+//!   (`State::usable`), so cooperation never weakens coherence; a copy
 //!   that fails it is invalidated in the pool (every copy, at its home);
 //! - a static response only while fresh (RFC 9111 §4.2; a stale one is a
 //!   miss here: the proxy's own revalidation path is for its own copies);

@@ -2,7 +2,7 @@
 //! `/metrics` on the admin listener: the same numbers as
 //! `/_tierstack/stats`, plus the version checks' latency histogram.
 
-use crate::ProxyStats;
+use crate::stats::ProxyStats;
 use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
 

@@ -20,7 +20,8 @@
 //! further keys; those are validated like any other.
 
 use crate::cache::{Entry, InsertOutcome};
-use crate::{CacheMode, State};
+use crate::state::State;
+use crate::CacheMode;
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper::header::CONTENT_TYPE;

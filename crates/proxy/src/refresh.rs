@@ -11,7 +11,11 @@
 //! versions it was generated at, and validated on every hit like any other.
 //! A refresh read that fails refetches nothing (the hit path fails closed).
 
-use crate::{coalesce, fetch, flight_key, maybe_store, target_of, upstream_fields, State};
+use crate::coalesce;
+use crate::forward::fetch;
+use crate::headers::{flight_key, target_of, upstream_fields};
+use crate::state::State;
+use crate::store::maybe_store;
 use bytes::Bytes;
 use hyper::header::HeaderMap;
 use hyper::Method;

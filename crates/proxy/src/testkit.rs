@@ -3,7 +3,8 @@
 //! all on shm, plus hooks that stop a request at a chosen point so tests can
 //! drive interleavings without sleeping.
 
-use crate::{CacheMode, Proxy, ProxyConfig, ProxyStats, State, DEPS_HEADER};
+use crate::state::State;
+use crate::{CacheMode, Proxy, ProxyConfig, ProxyStats};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
@@ -16,7 +17,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tierstack_coherent::version_table::VersionTable;
-use tierstack_coherent::Incarnation;
+use tierstack_coherent::{Incarnation, DEPS_HEADER};
 use tierstack_fabric::{Fabric, NodeId};
 use tierstack_fabric_shm::{ShmConfig, ShmFabric};
 use tierstack_tier_http::{serve, text, Stop};

@@ -316,7 +316,7 @@ fn answers_from_one_entry_carry_their_own_age_and_label() {
     let mut headers = HeaderMap::new();
     headers.insert(CONTENT_TYPE, HeaderValue::from_static("text/plain"));
     headers.insert(AGE, HeaderValue::from_static("7"));
-    headers.insert(crate::X_CACHE_NAME, HeaderValue::from_static("FROM-ORIGIN"));
+    headers.insert(crate::headers::X_CACHE_NAME, HeaderValue::from_static("FROM-ORIGIN"));
     headers.append(multi.clone(), HeaderValue::from_static("a"));
     headers.append(multi.clone(), HeaderValue::from_static("b"));
     let entry = Entry {
@@ -339,14 +339,14 @@ fn answers_from_one_entry_carry_their_own_age_and_label() {
         reply: std::sync::OnceLock::new(),
     };
     let request = HeaderMap::new();
-    let first = crate::respond(&entry, &request, &Method::GET, T, "HIT");
+    let first = crate::handler::respond(&entry, &request, &Method::GET, T, "HIT");
     // Past the ages built once (1,024), and another label.
-    let later = crate::respond(&entry, &request, &Method::GET, T + 2_000, "MISS");
-    let again = crate::respond(&entry, &request, &Method::GET, T + 1, "HIT");
+    let later = crate::handler::respond(&entry, &request, &Method::GET, T + 2_000, "MISS");
+    let again = crate::handler::respond(&entry, &request, &Method::GET, T + 1, "HIT");
     for (response, age, label) in [(&first, "7", "HIT"), (&later, "2007", "MISS"), (&again, "8", "HIT")] {
         let fields = response.headers();
         assert_eq!(fields.get_all(AGE).iter().collect::<Vec<_>>(), [age]);
-        assert_eq!(fields.get_all(crate::X_CACHE_NAME).iter().collect::<Vec<_>>(), [label]);
+        assert_eq!(fields.get_all(crate::headers::X_CACHE_NAME).iter().collect::<Vec<_>>(), [label]);
         assert_eq!(fields.get_all(&multi).iter().collect::<Vec<_>>(), ["a", "b"]);
         assert_eq!(fields[CONTENT_TYPE], "text/plain");
         assert_eq!(fields.len(), 5);
@@ -357,7 +357,7 @@ fn answers_from_one_entry_carry_their_own_age_and_label() {
 #[test]
 fn built_age_values_equal_formatted_ones() {
     for age in (0..1_100).chain([u64::from(u32::MAX), u64::MAX]) {
-        assert_eq!(crate::age_value(age), hyper::header::HeaderValue::from(age), "{age}");
+        assert_eq!(crate::headers::age_value(age), hyper::header::HeaderValue::from(age), "{age}");
     }
 }
 
@@ -367,7 +367,7 @@ fn built_age_values_equal_formatted_ones() {
 #[test]
 fn the_upstream_target_is_origin_form_after_the_upstream_s_path() {
     let uri = |upstream: &str, target: &str| {
-        crate::upstream_uri(&upstream.parse().unwrap(), target).map(|uri| uri.to_string())
+        crate::forward::upstream_uri(&upstream.parse().unwrap(), target).map(|uri| uri.to_string())
     };
     assert_eq!(uri("http://127.0.0.1:8080", "/a?b=1").as_deref(), Some("/a?b=1"));
     assert_eq!(uri("http://127.0.0.1:8080/", "/a").as_deref(), Some("/a"));
