@@ -21,8 +21,9 @@
 use std::io::{Read, Write};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tierstack_base::limits::{CHANNELS_MAX, INBOX_MESSAGES_MAX};
+use tierstack_base::time::instant_now;
 use tierstack_base::NodeId;
 use tierstack_fabric::{Channel, Fabric, FabricError, Message};
 use tierstack_fabric_wire::{encode, Frame, LENGTH_PREFIX_BYTES};
@@ -318,7 +319,10 @@ impl FullChannelOutcome {
 /// another thread, and those messages arrive. Then the receiver drains
 /// `TEST` and every message arrives, in order. Both fabrics need a send
 /// timeout of at least [`SEND_TIMEOUT`].
-pub(crate) fn a_full_channel_holds_back_only_itself(sender: Arc<dyn Fabric>, receiver: Arc<dyn Fabric>) -> FullChannelOutcome {
+pub(crate) fn a_full_channel_holds_back_only_itself(
+    sender: Arc<dyn Fabric>,
+    receiver: Arc<dyn Fabric>,
+) -> FullChannelOutcome {
     let to = receiver.local_node();
     let sent = Arc::new(AtomicUsize::new(0));
     let filling = {
@@ -339,11 +343,11 @@ pub(crate) fn a_full_channel_holds_back_only_itself(sender: Arc<dyn Fabric>, rec
     // Bounded by progress, not by a total: a backend whose sends are slow
     // (each one acknowledged, on a loaded machine) still fills the inbox; a
     // broken one stops making progress and fails.
-    let (mut seen, mut progressed) = ((0, 0), Instant::now());
+    let (mut seen, mut progressed) = ((0, 0), instant_now());
     while full.len() < INBOX_MESSAGES_MAX {
         let now = (full.len(), sent.load(Ordering::Acquire));
         if now != seen {
-            (seen, progressed) = (now, Instant::now());
+            (seen, progressed) = (now, instant_now());
         } else if progressed.elapsed() > BOUND {
             break;
         }
