@@ -12,6 +12,7 @@
 //! that uses it says "RUBiS-like".
 
 use serde::Serialize;
+use tierstack_base::time::instant_now;
 
 /// A bounded Pareto distribution of CPU time per request.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
@@ -104,7 +105,7 @@ pub fn thread_cpu_ns() -> Option<u64> {
 pub fn burn_cpu(micros: u64) {
     let budget_ns = micros.saturating_mul(1000);
     let start_cpu = thread_cpu_ns();
-    let start_wall = std::time::Instant::now();
+    let start_wall = instant_now();
     let mut x: u64 = micros | 1;
     loop {
         for _ in 0..256 {

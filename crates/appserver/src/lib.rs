@@ -51,6 +51,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
+use tierstack_base::time::instant_now;
 use tierstack_coherent::module::ModuleClient;
 use tierstack_coherent::{DepsHeader, DEPS_HEADER};
 use tierstack_fabric::LocalRegion;
@@ -317,7 +318,7 @@ async fn read_document(state: Arc<State>, name: String, size: usize, head_only: 
         }
     }
     let (name, keys) = (name.as_str(), [key_of(&name)]);
-    let started = Instant::now();
+    let started = instant_now();
     let queued = state.enter(Gauge::QueueLength);
     let access = match state.module.read(&keys).await {
         Ok(access) => access,
@@ -329,7 +330,7 @@ async fn read_document(state: Arc<State>, name: String, size: usize, head_only: 
     drop(queued);
     state.counters.module_wait_ns.fetch_add(elapsed_ns(started), Ordering::Relaxed);
     let running = state.enter(Gauge::RunningThreads);
-    let generating = Instant::now();
+    let generating = instant_now();
     let version = version_of(&access.deps, &keys[0]).unwrap_or(0);
     let deps = access.deps.clone();
     // Copied under the READ grant: no update may be writing it now.
@@ -446,11 +447,11 @@ async fn readiness(state: &State) -> Response<Body> {
 
 /// Connects to the module, retrying while it starts (bounded).
 async fn connect_module(config: &AppServerConfig) -> Result<ModuleClient, AppServerError> {
-    let deadline = Instant::now() + MODULE_CONNECT_TIMEOUT;
+    let deadline = instant_now() + MODULE_CONNECT_TIMEOUT;
     loop {
         match ModuleClient::connect(&config.module_socket).await {
             Ok(client) => return Ok(client),
-            Err(e) if Instant::now() >= deadline => {
+            Err(e) if instant_now() >= deadline => {
                 return Err(AppServerError::Module { path: config.module_socket.clone(), reason: e.to_string() })
             }
             Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,

@@ -35,6 +35,7 @@ use serde::{Deserialize, Serialize};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use tierstack_base::time::instant_now;
 use tierstack_base::{Clock, NodeId, SystemClock};
 use tierstack_coherent::{DepsHeader, DEPS_HEADER};
 use tierstack_fabric::Fabric;
@@ -281,7 +282,7 @@ impl Pusher {
     /// within the bound.
     pub(crate) async fn write_through(self: &Arc<Self>, name: &str, content: Content, deps: String) -> bool {
         let bound = self.write_through.unwrap_or(self.timeout);
-        let started = Instant::now();
+        let started = instant_now();
         let Some(push) = self.spawn_push(name, content, deps) else { return false };
         let ended = tokio::time::timeout(bound, push).await.is_ok();
         let c = &self.counters;
@@ -333,7 +334,7 @@ impl Pusher {
             let pusher = self.clone();
             let node = *node;
             reads.spawn(async move {
-                let started = Instant::now();
+                let started = instant_now();
                 let state = tokio::time::timeout(pusher.timeout, pusher.reader.read(node)).await;
                 (index, state, elapsed_ns(started))
             });
@@ -526,7 +527,7 @@ mod tests {
         /// Waits (bounded) until `updates` updates went through the push
         /// path, with `decisions` (update, proxy) decisions made and every push answered.
         async fn stats_after(&self, updates: u64, decisions: u64) -> PushStats {
-            let deadline = Instant::now() + Duration::from_secs(20);
+            let deadline = instant_now() + Duration::from_secs(20);
             loop {
                 let uri = format!("http://{}/_tierstack/stats", self.app).parse().unwrap();
                 let body = self.client.get(uri).await.unwrap().into_body().collect().await.unwrap().to_bytes();
@@ -536,7 +537,7 @@ mod tests {
                     && push.state_reads + push.decided_never >= decisions
                     && push.pushes_ok + push.pushes_declined + push.pushes_failed == push.pushes_sent
                     && push.decided_push == push.pushes_sent;
-                if settled || Instant::now() > deadline {
+                if settled || instant_now() > deadline {
                     return push;
                 }
                 tokio::time::sleep(Duration::from_millis(10)).await;

@@ -99,6 +99,7 @@ impl DocumentStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tierstack_base::time::instant_now;
 
     fn store(pause: Duration) -> DocumentStore {
         DocumentStore::new(&["a".to_string()], &StoreConfig { update_write_pause: pause })
@@ -123,10 +124,10 @@ mod tests {
         let writer = store.clone();
         let rewrite = tokio::spawn(async move { writer.rewrite("a", 2, 200).await });
         let (old, new) = (generate_body("a", 1, 200), generate_body("a", 2, 200));
-        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        let deadline = instant_now() + Duration::from_secs(20);
         let seen = loop {
             let seen = store.read("a", 2, 200).unwrap();
-            if seen != old || std::time::Instant::now() > deadline {
+            if seen != old || instant_now() > deadline {
                 break seen;
             }
             tokio::task::yield_now().await;

@@ -2,14 +2,18 @@
 //! server is doing (connections, requests in flight, requests queued for
 //! the module, running threads), and a read burns its drawn CPU cost.
 
+// Helpers outside #[test] functions unwrap too: in a test a panic is the failure report.
+#![allow(clippy::unwrap_used)]
+
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::{Method, Request, StatusCode};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tierstack_appserver::{AppServer, AppServerConfig, CpuCost, StoreConfig, UPDATE_WRITE_PAUSE_MAX};
+use tierstack_base::time::instant_now;
 use tierstack_cluster::{local_cluster, Backend};
 use tierstack_coherent::module::{ModuleOptions, ModuleServer};
 use tierstack_coherent::version_table::{Incarnation, VersionTable};
@@ -81,21 +85,21 @@ impl Setup {
 
     /// Waits (bounded) until the published counters satisfy `holds`.
     async fn counters_until(&self, what: &str, holds: impl Fn(Counters) -> bool) -> Counters {
-        let deadline = Instant::now() + Duration::from_secs(20);
+        let deadline = instant_now() + Duration::from_secs(20);
         loop {
             let counters = self.publisher.counters();
             if holds(counters) {
                 return counters;
             }
-            assert!(Instant::now() < deadline, "never {what}: {counters:?}");
+            assert!(instant_now() < deadline, "never {what}: {counters:?}");
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
     }
 
     async fn module_requests(&self, n: usize) {
-        let deadline = Instant::now() + Duration::from_secs(20);
+        let deadline = instant_now() + Duration::from_secs(20);
         while self.module.requests_in_progress() != n {
-            assert!(Instant::now() < deadline, "module never had {n} requests");
+            assert!(instant_now() < deadline, "module never had {n} requests");
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
     }

@@ -3,6 +3,9 @@
 //! waits out an update's rewrite; with the module's test-only switch a read
 //! lands in the middle of it and gets a mixed body.
 
+// Helpers outside #[test] functions unwrap too: in a test a panic is the failure report.
+#![allow(clippy::unwrap_used)]
+
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::{Method, Request, StatusCode};
@@ -11,6 +14,7 @@ use hyper_util::rt::TokioExecutor;
 use std::sync::Arc;
 use std::time::Duration;
 use tierstack_appserver::{generate_body, AppServer, AppServerConfig, StoreConfig};
+use tierstack_base::time::instant_now;
 use tierstack_cluster::{local_cluster, Backend};
 use tierstack_coherent::module::{ModuleOptions, ModuleServer};
 use tierstack_coherent::version_table::{Incarnation, VersionTable};
@@ -64,9 +68,9 @@ impl Setup {
 
     /// Waits (bounded) until the module has `n` requests queued or holding.
     async fn requests_in_progress(&self, n: usize) {
-        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        let deadline = instant_now() + Duration::from_secs(20);
         while self.module.requests_in_progress() != n {
-            assert!(std::time::Instant::now() < deadline, "module never had {n} requests");
+            assert!(instant_now() < deadline, "module never had {n} requests");
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
     }
@@ -113,11 +117,11 @@ async fn with_reads_admitted_during_updates_a_read_gets_a_mixed_body() {
     // The update is granted (version bumped) and writes its first half
     // before its pause; read until the new first half shows.
     let new = generate_body("a", v1 + 1, 300);
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let deadline = instant_now() + Duration::from_secs(20);
     let (version, body) = loop {
         let (status, version, body) = s.request(Method::GET).await;
         assert_eq!(status, StatusCode::OK);
-        if body[..150] == new[..150] || std::time::Instant::now() > deadline {
+        if body[..150] == new[..150] || instant_now() > deadline {
             break (version, body);
         }
     };

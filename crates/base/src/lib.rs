@@ -6,11 +6,15 @@
 //! - the **time and randomness seam**: [`Clock`] and [`SeededRng`]. Code that a
 //!   simulator will drive takes a `&dyn Clock` and a seeded RNG instead of
 //!   calling `Instant::now` or `thread_rng`, so a failing run replays from its seed.
+//!   Real I/O (deadlines on sockets, rings and UCX, measurements of real runs)
+//!   reads the OS clocks through [`time::instant_now`] and [`time::system_now`];
+//!   a run that picks its own seed takes it from [`fresh_seed`]; clippy's
+//!   `disallowed_methods` (`clippy.toml`) forbids every other call.
 //!
 //! It depends on no other tierstack crate and performs no I/O.
 
 pub mod limits;
-mod time;
+pub mod time;
 
 pub use time::{host_monotonic_ns, Clock, HostClock, ManualClock, SystemClock};
 
@@ -38,4 +42,12 @@ pub type SeededRng = rand::rngs::SmallRng;
 /// from configuration or a test so that a run can be replayed.
 pub fn seeded_rng(seed: u64) -> SeededRng {
     SeededRng::seed_from_u64(seed)
+}
+
+/// A fresh seed from the OS's entropy: for the one place a run picks its seed
+/// (and reports it, so that the run replays) and for incarnation stamps that
+/// must differ between processes. Everything else draws from [`seeded_rng`].
+#[allow(clippy::disallowed_methods)] // The RNG seam itself.
+pub fn fresh_seed() -> u64 {
+    rand::random()
 }

@@ -1,6 +1,9 @@
+//! Time: the [`Clock`] seam that simulated code takes, and the one door to the
+//! OS clocks for real I/O ([`instant_now`], [`system_now`]).
+
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
-use std::time::Instant;
+use std::time::{Instant, SystemTime};
 
 /// A monotonic clock in nanoseconds since an arbitrary origin.
 ///
@@ -18,7 +21,28 @@ pub struct SystemClock;
 
 fn process_origin() -> Instant {
     static ORIGIN: OnceLock<Instant> = OnceLock::new();
-    *ORIGIN.get_or_init(Instant::now)
+    *ORIGIN.get_or_init(instant_now)
+}
+
+/// The real monotonic clock as an [`Instant`], for real I/O only: socket, ring
+/// and UCX deadlines, a thread's sleep until its next period, and wall-time
+/// measurements of real runs. Code that a policy or the simulator drives takes
+/// a [`Clock`] (or the time as an argument) instead.
+///
+/// With [`system_now`] this is the one door to the OS clocks: clippy's
+/// `disallowed_methods` (`clippy.toml`) rejects `Instant::now` and
+/// `SystemTime::now` everywhere else, so every reading of real time is
+/// visible as a call to this seam.
+#[allow(clippy::disallowed_methods)] // The seam itself.
+pub fn instant_now() -> Instant {
+    Instant::now()
+}
+
+/// The real wall clock, for what must carry calendar time or differ between
+/// runs: HTTP `Date` headers and a node's incarnation stamp. See [`instant_now`].
+#[allow(clippy::disallowed_methods)] // The seam itself.
+pub fn system_now() -> SystemTime {
+    SystemTime::now()
 }
 
 impl Clock for SystemClock {
@@ -88,7 +112,7 @@ mod tests {
     fn host_clock_agrees_with_std_instant() {
         // Instant is CLOCK_MONOTONIC on Linux: an interval read with the host
         // clock inside one read with Instant is no longer than it.
-        let std = Instant::now();
+        let std = instant_now();
         let host = HostClock.now_ns();
         std::thread::sleep(std::time::Duration::from_millis(2));
         let host_elapsed = HostClock.now_ns() - host;

@@ -1,8 +1,12 @@
 //! The application module over its socket, and proxies validating against
 //! its version table on both fabric backends.
 
+// Helpers outside #[test] functions unwrap too: in a test a panic is the failure report.
+#![allow(clippy::unwrap_used)]
+
 use std::sync::Arc;
 use std::time::Duration;
+use tierstack_base::time::instant_now;
 use tierstack_cluster::{local_cluster, Backend};
 use tierstack_coherent::module::{ModuleClient, ModuleError, ModuleServer};
 use tierstack_coherent::version_table::{Incarnation, VersionChecker, VersionTable};
@@ -86,8 +90,8 @@ async fn bounded<T>(future: impl std::future::Future<Output = T>) -> T {
 
 /// Waits (bounded) until `condition` holds.
 async fn wait_for(condition: impl Fn() -> bool) {
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    while std::time::Instant::now() < deadline {
+    let deadline = instant_now() + Duration::from_secs(30);
+    while instant_now() < deadline {
         if condition() {
             return;
         }

@@ -1,6 +1,9 @@
 //! Table 1 of the coherency paper, one test vector per row, plus the
 //! module core's multi-key and admission behaviour checked against a model.
 
+// Helpers outside #[test] functions unwrap too: in a test a panic is the failure report.
+#![allow(clippy::unwrap_used)]
+
 use proptest::prelude::*;
 use std::collections::{BTreeSet, HashMap};
 use tierstack_coherent::module_core::{Grant, Kind, ModuleCore};

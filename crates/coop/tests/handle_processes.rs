@@ -9,6 +9,9 @@
 //! The children are this test binary run again on `child_entry`, configured
 //! by environment variables; each exits when its standard input closes.
 
+// Helpers outside #[test] functions unwrap too: in a test a panic is the failure report.
+#![allow(clippy::unwrap_used)]
+
 mod common;
 
 use common::Kid;
@@ -17,6 +20,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
+use tierstack_base::time::system_now;
 use tierstack_coop::handle::{Fetched, Source};
 use tierstack_coop::service::CoopConfig;
 use tierstack_coop::{CoopHandle, Scheme, PAGE_BYTES};
@@ -179,7 +183,7 @@ fn free_ports(n: u32) -> Vec<u16> {
 }
 
 fn processes(backend: &str, scheme: &str) {
-    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+    let nanos = system_now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
     let root = TempDir(std::env::temp_dir().join(format!("tierstack-coop-handle-{}-{nanos}", std::process::id())));
     std::fs::create_dir_all(&root.0).unwrap();
     let ports = if backend == "tcp" { free_ports(NODES) } else { Vec::new() };

@@ -7,6 +7,9 @@
 //! with the node in an environment variable; each exits when its standard
 //! input closes, so a failed test leaves no process behind.
 
+// Helpers outside #[test] functions unwrap too: in a test a panic is the failure report.
+#![allow(clippy::unwrap_used)]
+
 mod common;
 
 use common::Kid;
@@ -14,6 +17,7 @@ use std::io::BufRead;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
+use tierstack_base::time::{instant_now, system_now};
 use tierstack_coop::service::{CoopConfig, CoopNode, Lookup};
 use tierstack_coop::{Scheme, PAGE_BYTES};
 use tierstack_fabric::{Fabric, NodeId, PeerState};
@@ -107,9 +111,9 @@ fn processes(scheme: &str) {
     let mut dead = kids.pop().unwrap();
     dead.child.kill().unwrap();
     dead.child.wait().unwrap();
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let deadline = instant_now() + Duration::from_secs(10);
     while fabric.peer_state(NodeId(2)) != PeerState::Gone {
-        assert!(std::time::Instant::now() < deadline, "node 2 never reported gone");
+        assert!(instant_now() < deadline, "node 2 never reported gone");
         std::thread::sleep(Duration::from_millis(5));
     }
     kids[0].start_run(7, 400);
@@ -130,7 +134,7 @@ fn tempfile_dir() -> TempDir {
 }
 
 fn rand_suffix() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
+    system_now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
 }
 
 struct TempDir(std::path::PathBuf);

@@ -1,6 +1,9 @@
 //! Each scheme's placement decisions against the seed's rules (coop §3,
 //! seed-notes a.2), on tiny clusters where every state is spelled out.
 
+// Helpers outside #[test] functions unwrap too: in a test a panic is the failure report.
+#![allow(clippy::unwrap_used)]
+
 use tierstack_coop::{Charge, Model, ModelConfig, MsgKind, Primitive, Scheme, Served, PAGE_BYTES};
 
 const ONE_PAGE: u64 = PAGE_BYTES;

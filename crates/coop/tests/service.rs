@@ -2,8 +2,12 @@
 //! same request script through the service and through the model must give
 //! the same service kinds, the same bytes and the same Table 2 counts.
 
+// Helpers outside #[test] functions unwrap too: in a test a panic is the failure report.
+#![allow(clippy::unwrap_used)]
+
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tierstack_base::time::instant_now;
 use tierstack_cluster::{local_cluster, Backend, LocalCluster};
 use tierstack_coop::service::{CoopConfig, CoopNode, Lookup};
 use tierstack_coop::{Model, ModelConfig, Primitive, Scheme, Served, Tally, PAGE_BYTES};
@@ -41,7 +45,7 @@ impl Cluster {
     /// messages still flow could balance by accident; two identical ones
     /// cannot, as nothing moved between them).
     fn settle(&self) {
-        let deadline = Instant::now() + Duration::from_secs(10);
+        let deadline = instant_now() + Duration::from_secs(10);
         let mut previous = None;
         loop {
             let now = self.nodes.iter().map(CoopNode::message_counts).fold((0, 0), |(a, b), (s, h)| (a + s, b + h));
@@ -49,7 +53,7 @@ impl Cluster {
                 return;
             }
             previous = Some(now);
-            assert!(Instant::now() < deadline, "the cluster never settled: {} sent, {} handled", now.0, now.1);
+            assert!(instant_now() < deadline, "the cluster never settled: {} sent, {} handled", now.0, now.1);
             std::thread::sleep(Duration::from_micros(200));
         }
     }
@@ -289,7 +293,7 @@ fn groupcache_with_a_silent_owner_misses() {
     let mut nodes = cluster.nodes;
     let survivor = nodes.remove(0);
     drop(nodes);
-    let started = Instant::now();
+    let started = instant_now();
     assert_eq!(survivor.get(key).unwrap(), Lookup::Miss);
     assert!(started.elapsed() < Duration::from_secs(10));
     survivor.put(key, 0, &body(key, 0, 4096)).unwrap();
@@ -315,7 +319,7 @@ fn last_copy_refusal(guard: bool) -> (bool, Option<u64>, u64) {
     let bytes = PAGE_BYTES;
     // Waits until every message sent (plus `extra` sent by hand) is handled.
     let settle = |extra: u64| {
-        let deadline = Instant::now() + Duration::from_secs(10);
+        let deadline = instant_now() + Duration::from_secs(10);
         let mut previous = None;
         loop {
             let now = nodes.iter().map(CoopNode::message_counts).fold((extra, 0), |(a, b), (s, h)| (a + s, b + h));
@@ -323,7 +327,7 @@ fn last_copy_refusal(guard: bool) -> (bool, Option<u64>, u64) {
                 return;
             }
             previous = Some(now);
-            assert!(Instant::now() < deadline, "never settled: {now:?}");
+            assert!(instant_now() < deadline, "never settled: {now:?}");
             std::thread::sleep(Duration::from_micros(200));
         }
     };
@@ -378,13 +382,13 @@ fn two_racing_redundant_evictions_leave_one_copy() {
         let homes = tierstack_coop::Homes::new(3).unwrap();
         let k = (1u64 + round * 100..).find(|&k| homes.home(k) == 2).unwrap();
         nodes[0].put(k, 0, &body(k, 0, PAGE_BYTES)).unwrap();
-        let deadline = Instant::now() + Duration::from_secs(10);
+        let deadline = instant_now() + Duration::from_secs(10);
         while nodes[1].get(k).unwrap() == Lookup::Miss {
-            assert!(Instant::now() < deadline);
+            assert!(instant_now() < deadline);
             std::thread::sleep(Duration::from_millis(1));
         }
         while nodes[2].holders_at_home(k) != Some(0b011) {
-            assert!(Instant::now() < deadline, "{:?}", nodes[2].holders_at_home(k));
+            assert!(instant_now() < deadline, "{:?}", nodes[2].holders_at_home(k));
             std::thread::sleep(Duration::from_millis(1));
         }
         // Both ask at once (raw requests, as two evicting nodes send them).
@@ -398,7 +402,7 @@ fn two_racing_redundant_evictions_leave_one_copy() {
             s.spawn(|| ask(1, 1 << 41));
         });
         while nodes[2].message_counts().1 < before + 2 {
-            assert!(Instant::now() < deadline, "the home never handled both requests");
+            assert!(instant_now() < deadline, "the home never handled both requests");
             std::thread::sleep(Duration::from_millis(1));
         }
         let h_after = nodes[2].holders_at_home(k).unwrap();

@@ -2,6 +2,9 @@
 //! measured exactly by the model's counting rule (seed-notes a.3) over
 //! paper-shaped runs (fixed-size entities, working set above the cache).
 
+// Helpers outside #[test] functions unwrap too: in a test a panic is the failure report.
+#![allow(clippy::unwrap_used)]
+
 use tierstack_coop::{paper_table_2, Charge, Model, ModelConfig, MsgKind, Primitive, Scheme};
 
 /// A deterministic, uniform-looking request stream (no RNG in the crate).

@@ -62,6 +62,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tierstack_base::limits::{CHANNELS_MAX, TRANSFER_BYTES_MAX};
+use tierstack_base::time::{instant_now, system_now};
 use tierstack_base::NodeId;
 use tierstack_fabric::{Channel, FabricError, InboxSource, Message, Result};
 
@@ -526,7 +527,7 @@ impl InboxSource for RingReceiver {
     }
 
     fn wait(&self, channel: Channel, timeout: Duration, spin: bool, ready: &dyn Fn() -> bool) {
-        let start = Instant::now();
+        let start = instant_now();
         let pending = || ready() || self.has_pending(channel) || self.is_closed();
         let spin_ns = &self.spin_ns[channel.index()];
         let spin_for =
@@ -679,7 +680,7 @@ impl From<FabricError> for LinkFailure {
 impl RingSenders {
     pub(crate) fn new(node: NodeId, send_timeout: Duration) -> RingSenders {
         static OPENED: AtomicU64 = AtomicU64::new(0);
-        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+        let nanos = system_now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
         let incarnation = format!("{}-{}-{nanos}", std::process::id(), OPENED.fetch_add(1, Ordering::Relaxed));
         RingSenders {
             node,
@@ -891,7 +892,7 @@ impl PeerLink {
             if !self.watch.alive() {
                 return Err(self.dead().into());
             }
-            let now = Instant::now();
+            let now = instant_now();
             let deadline = *deadline.get_or_insert_with(|| now + senders.send_timeout.min(SEND_TIMEOUT_MAX));
             let left = deadline.saturating_duration_since(now);
             if left.is_zero() {

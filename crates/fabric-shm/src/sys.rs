@@ -20,7 +20,7 @@ fn futex_address(word: &AtomicU64) -> *const u32 {
 /// a [`wake_all`] on the same word, or `timeout`; may return early (a
 /// signal, a changed value). A shared (not process-private) futex, so it
 /// works across processes that map the same file.
-pub fn futex_wait(word: &AtomicU64, expected: u64, timeout: Duration) {
+pub(crate) fn futex_wait(word: &AtomicU64, expected: u64, timeout: Duration) {
     let timeout = libc::timespec {
         tv_sec: libc::time_t::try_from(timeout.as_secs()).unwrap_or(libc::time_t::MAX),
         // Below 10^9: fits a c_long of any width.
@@ -43,7 +43,7 @@ pub fn futex_wait(word: &AtomicU64, expected: u64, timeout: Duration) {
 }
 
 /// Wakes every thread, of any process, sleeping on `word` in [`futex_wait`].
-pub fn wake_all(word: &AtomicU64) {
+pub(crate) fn wake_all(word: &AtomicU64) {
     // SAFETY: as in `futex_wait`; FUTEX_WAKE does not access the memory.
     unsafe {
         libc::syscall(
@@ -61,7 +61,7 @@ pub fn wake_all(word: &AtomicU64) {
 /// A monotonic clock read at the cost of a memory load (the kernel's
 /// coarse clock: it advances once per scheduler tick, a few ms), for checks
 /// on hot paths that only need to happen every few milliseconds.
-pub fn coarse_now() -> Duration {
+pub(crate) fn coarse_now() -> Duration {
     let mut now = libc::timespec { tv_sec: 0, tv_nsec: 0 };
     // SAFETY: clock_gettime writes one timespec we own.
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut now) };
@@ -69,7 +69,7 @@ pub fn coarse_now() -> Duration {
 }
 
 /// True if `pid` names a live (possibly stopped) process.
-pub fn process_alive(pid: u32) -> bool {
+pub(crate) fn process_alive(pid: u32) -> bool {
     let Ok(pid_t) = libc::pid_t::try_from(pid) else { return false };
     // SAFETY: kill with signal 0 only checks for existence and permission.
     let exists =
@@ -90,13 +90,13 @@ pub fn process_alive(pid: u32) -> bool {
 /// one `poll` and immune to the pid's reuse; without, it falls back to
 /// [`process_alive`].
 #[derive(Debug)]
-pub struct ProcessWatch {
+pub(crate) struct ProcessWatch {
     pid: u32,
     pidfd: Option<OwnedFd>,
 }
 
 impl ProcessWatch {
-    pub fn new(pid: u32) -> ProcessWatch {
+    pub(crate) fn new(pid: u32) -> ProcessWatch {
         let pidfd = libc::pid_t::try_from(pid).ok().and_then(|pid_t| {
             // SAFETY: pidfd_open takes a pid and flags and returns a new
             // descriptor or -1.
@@ -108,12 +108,12 @@ impl ProcessWatch {
         ProcessWatch { pid, pidfd }
     }
 
-    pub fn pid(&self) -> u32 {
+    pub(crate) fn pid(&self) -> u32 {
         self.pid
     }
 
     /// True while the process runs (a stopped process runs).
-    pub fn alive(&self) -> bool {
+    pub(crate) fn alive(&self) -> bool {
         let Some(fd) = &self.pidfd else { return process_alive(self.pid) };
         let mut poll = libc::pollfd { fd: fd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
         // SAFETY: one valid pollfd, zero timeout.

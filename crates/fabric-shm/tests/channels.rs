@@ -6,6 +6,9 @@
 //! made); its counterpart, a ring file naming a channel out of range or a
 //! corrupt ring, refused without harming the receiver, is in `rings.rs`.
 
+// Helpers outside #[test] functions unwrap too: in a test a panic is the failure report.
+#![allow(clippy::unwrap_used)]
+
 #[path = "../../fabric/tests/support/channels.rs"]
 mod channels;
 

@@ -10,12 +10,16 @@
 //! test with the role in an environment variable; each child exits when its
 //! standard input closes, so a failed test leaves no process behind.
 
+// Helpers outside #[test] functions unwrap too: in a test a panic is the failure report.
+#![allow(clippy::unwrap_used)]
+
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tierstack_base::time::instant_now;
 use tierstack_base::NodeId;
 use tierstack_fabric::{Channel, Fabric, FabricError};
 use tierstack_fabric_shm::messages::layout;
@@ -228,7 +232,7 @@ impl Drop for ChildProcess {
 /// unread words (its sender is then held by a full ring).
 fn wait_for_ring_fill(root: &Path, node: u32, from: u32, words: u64) -> PathBuf {
     let prefix = format!("{}{}.{from}.", layout::RING_PREFIX, Channel::TEST.id());
-    let deadline = Instant::now() + BOUND;
+    let deadline = instant_now() + BOUND;
     loop {
         let entries = std::fs::read_dir(root.join(format!("node-{node}"))).unwrap();
         for entry in entries.flatten() {
@@ -245,7 +249,7 @@ fn wait_for_ring_fill(root: &Path, node: u32, from: u32, words: u64) -> PathBuf 
                 return entry.path();
             }
         }
-        assert!(Instant::now() < deadline, "the ring of {from} at {node} never filled");
+        assert!(instant_now() < deadline, "the ring of {from} at {node} never filled");
         std::thread::yield_now();
     }
 }
@@ -377,9 +381,9 @@ fn a_stopped_receiver_holds_its_senders_and_then_gets_exactly_what_was_sent() {
     assert!(matches!(error, FabricError::Timeout { node: NodeId(1), .. }), "{error}");
     receiver.signal(libc::SIGCONT);
     // The ring may still be full: a report that times out was not sent.
-    let deadline = Instant::now() + BOUND;
+    let deadline = instant_now() + BOUND;
     while let Err(e) = sender.send(NodeId(1), Channel::TEST, b"report") {
-        assert!(matches!(e, FabricError::Timeout { .. }) && Instant::now() < deadline, "{e}");
+        assert!(matches!(e, FabricError::Timeout { .. }) && instant_now() < deadline, "{e}");
     }
     assert_eq!(receiver.line(), format!("received {seq} bad 0"), "every sent message, in order, whole; no other");
 }

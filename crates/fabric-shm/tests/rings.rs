@@ -3,11 +3,15 @@
 //! files. (Several processes: `ring_processes.rs`; the word protocol under
 //! loom: `loom_ring.rs`.)
 
+// Helpers outside #[test] functions unwrap too: in a test a panic is the failure report.
+#![allow(clippy::unwrap_used)]
+
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tierstack_base::limits::{INBOX_MESSAGES_MAX, TRANSFER_BYTES_MAX};
+use tierstack_base::time::instant_now;
 use tierstack_base::NodeId;
 use tierstack_fabric::{Channel, Fabric, FabricError};
 use tierstack_fabric_shm::messages::layout;
@@ -111,9 +115,9 @@ fn a_full_inbox_leaves_the_rest_in_its_rings_and_loses_none() {
         })
     };
     let inbox = receiver.inbox(Channel::TEST);
-    let deadline = std::time::Instant::now() + BOUND;
+    let deadline = instant_now() + BOUND;
     while inbox.len() < INBOX_MESSAGES_MAX {
-        assert!(std::time::Instant::now() < deadline, "the inbox fills");
+        assert!(instant_now() < deadline, "the inbox fills");
         std::thread::yield_now();
     }
     // Full: the rest waits in the ring, which fills and holds the sender;
@@ -126,7 +130,7 @@ fn a_full_inbox_leaves_the_rest_in_its_rings_and_loses_none() {
         if used + 3 > (layout::RING_DATA_BYTES / 8) as u64 {
             break;
         }
-        assert!(std::time::Instant::now() < deadline, "the ring fills");
+        assert!(instant_now() < deadline, "the ring fills");
         std::thread::yield_now();
     }
     assert!(!sending.is_finished(), "the sender is held");
@@ -227,7 +231,7 @@ fn a_sender_held_by_a_full_ring_gets_peer_dead_when_its_receiver_closes() {
         })
     };
     // Wait until the ring is full: the sender is then held.
-    let deadline = std::time::Instant::now() + BOUND;
+    let deadline = instant_now() + BOUND;
     let full = loop {
         if let Some(path) = ring_files(dir.path(), 1, Channel::TEST, 0).first() {
             let ring = MappedFile::open(path);
@@ -237,7 +241,7 @@ fn a_sender_held_by_a_full_ring_gets_peer_dead_when_its_receiver_closes() {
                 break true;
             }
         }
-        if std::time::Instant::now() > deadline {
+        if instant_now() > deadline {
             break false;
         }
         std::thread::yield_now();

@@ -1,5 +1,8 @@
 //! The shm backend in one process: several nodes, each its own ShmFabric.
 
+// Helpers outside #[test] functions unwrap too: in a test a panic is the failure report.
+#![allow(clippy::unwrap_used)]
+
 use std::sync::Arc;
 use std::time::Duration;
 use tierstack_base::NodeId;

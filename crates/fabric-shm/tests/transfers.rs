@@ -3,6 +3,9 @@
 //! one pair of nodes per test. Here every transfer is one copy, mapping to
 //! mapping, executed by the caller's thread.
 
+// Helpers outside #[test] functions unwrap too: in a test a panic is the failure report.
+#![allow(clippy::unwrap_used)]
+
 #[path = "../../fabric/tests/backend_suite/transfers.rs"]
 mod suite;
 

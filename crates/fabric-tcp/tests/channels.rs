@@ -1,6 +1,9 @@
 //! Message channels on the `tcp` backend: the backend-neutral scenarios of
 //! `crates/fabric/tests/support/channels.rs`, on loopback nodes of one process.
 
+// Helpers outside #[test] functions unwrap too: in a test a panic is the failure report.
+#![allow(clippy::unwrap_used)]
+
 #[path = "../../fabric/tests/support/channels.rs"]
 mod channels;
 mod common;

@@ -2,6 +2,9 @@
 //! operation, every error path, timeouts, dead and returning peers, message
 //! order, contention, and hostile clients.
 
+// Helpers outside #[test] functions unwrap too: in a test a panic is the failure report.
+#![allow(clippy::unwrap_used)]
+
 mod common;
 
 use common::{black_hole, cluster, node, Proxy, RawClient};
@@ -9,6 +12,7 @@ use std::collections::HashSet;
 use std::sync::{Arc, Barrier};
 use std::time::Duration;
 use tierstack_base::limits::{BATCH_OPS_MAX, REGIONS_PER_NODE_MAX, TRANSFER_BYTES_MAX};
+use tierstack_base::time::instant_now;
 use tierstack_base::NodeId;
 use tierstack_fabric::{Channel, Fabric, FabricError, Op, OpResult, RemoteRegion};
 use tierstack_fabric_tcp::{TcpConfig, TcpFabric};
@@ -265,8 +269,8 @@ fn a_broken_connection_fails_pending_requests_with_peer_dead_and_reconnects() {
     // The requests reach the owner and execute; their answers are held.
     proxy.freeze_answers();
     let pending: Vec<_> = (0..3).map(|_| remote.post(vec![Op::FetchAdd { offset: 0, delta: 10 }])).collect();
-    let deadline = std::time::Instant::now() + RECV;
-    while local.memory().load_u64(0).unwrap() < 31 && std::time::Instant::now() < deadline {
+    let deadline = instant_now() + RECV;
+    while local.memory().load_u64(0).unwrap() < 31 && instant_now() < deadline {
         std::thread::yield_now();
     }
     assert_eq!(local.memory().load_u64(0).unwrap(), 31, "all three were written and executed");
@@ -514,8 +518,8 @@ fn shutdown_fails_everything_with_closed_and_stops_every_thread() {
 /// new thread sets its own name when it first runs, which under load can be
 /// a moment after `spawn` returns.
 fn threads_named_at_least(prefix: &str, count: usize) -> bool {
-    let deadline = std::time::Instant::now() + RECV;
-    while std::time::Instant::now() < deadline {
+    let deadline = instant_now() + RECV;
+    while instant_now() < deadline {
         if threads_named(prefix) >= count {
             return true;
         }
@@ -527,8 +531,8 @@ fn threads_named_at_least(prefix: &str, count: usize) -> bool {
 /// Waits (bounded) until no thread is named `prefix`...: a joined thread can
 /// linger in /proc for a moment after `join` returns.
 fn no_threads_named(prefix: &str) -> bool {
-    let deadline = std::time::Instant::now() + RECV;
-    while std::time::Instant::now() < deadline {
+    let deadline = instant_now() + RECV;
+    while instant_now() < deadline {
         if threads_named(prefix) == 0 {
             return true;
         }

@@ -2,9 +2,13 @@
 //! not a pass/fail test). Run:
 //! `cargo test --release -p tierstack-fabric-tcp --test latency -- --ignored --nocapture`
 
+// Helpers outside #[test] functions unwrap too: in a test a panic is the failure report.
+#![allow(clippy::unwrap_used)]
+
 mod common;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tierstack_base::time::instant_now;
 use tierstack_base::NodeId;
 use tierstack_fabric::{Fabric, Op};
 
@@ -21,7 +25,7 @@ fn read_8_bytes_round_trip_latency() {
     }
     let mut samples_ns: Vec<u64> = (0..SAMPLES)
         .map(|_| {
-            let start = Instant::now();
+            let start = instant_now();
             remote.post(vec![Op::Read { offset: 8, len: 8 }]).wait().unwrap();
             start.elapsed().as_nanos() as u64
         })

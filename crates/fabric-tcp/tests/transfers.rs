@@ -4,6 +4,9 @@
 //! received frame into the local slice by the reader thread, so a late
 //! answer (after a timeout) and a malformed answer must write nothing.
 
+// Helpers outside #[test] functions unwrap too: in a test a panic is the failure report.
+#![allow(clippy::unwrap_used)]
+
 mod common;
 #[path = "../../fabric/tests/backend_suite/transfers.rs"]
 mod suite;

@@ -5,6 +5,9 @@
 //! active message whose header the receiver checks, dropping one that
 //! names an unknown channel.)
 
+// Helpers outside #[test] functions unwrap too: in a test a panic is the failure report.
+#![allow(clippy::unwrap_used)]
+
 #[path = "../../fabric/tests/support/channels.rs"]
 mod channels;
 mod common;

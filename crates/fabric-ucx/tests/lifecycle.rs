@@ -4,6 +4,9 @@
 //! hang (a close waits for its peers' answers to `BYE`, bounded) and must
 //! leave every handle of the closed node failing with `PeerDead`.
 
+// Helpers outside #[test] functions unwrap too: in a test a panic is the failure report.
+#![allow(clippy::unwrap_used)]
+
 mod common;
 
 use std::time::Duration;

@@ -19,6 +19,9 @@
 //! the role in environment variables; a child exits when its standard input
 //! closes, so a failed test leaves no process behind.
 
+// Helpers outside #[test] functions unwrap too: in a test a panic is the failure report.
+#![allow(clippy::unwrap_used)]
+
 mod common;
 
 use rand::{Rng, SeedableRng};
@@ -28,7 +31,8 @@ use std::net::SocketAddr;
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tierstack_base::time::instant_now;
 use tierstack_base::NodeId;
 use tierstack_fabric::{Channel, Fabric, FabricError, Op, OpResult};
 use tierstack_fabric_ucx::{UcxConfig, UcxFabric};
@@ -193,9 +197,9 @@ impl ChildProcess {
     /// What follows `prefix` on the next line that has it (other output is
     /// skipped; the test harness may print its own text before it).
     fn line(&self, prefix: &str) -> String {
-        let until = Instant::now() + BOUND;
+        let until = instant_now() + BOUND;
         loop {
-            let left = until.saturating_duration_since(Instant::now());
+            let left = until.saturating_duration_since(instant_now());
             let line = self.lines.recv_timeout(left).unwrap_or_else(|e| panic!("no {prefix:?} line: {e}"));
             if let Some(at) = line.find(prefix) {
                 return line[at + prefix.len()..].trim().to_string();
@@ -219,8 +223,8 @@ impl Drop for ChildProcess {
         // SAFETY: signalling our own child; harmless if it already exited.
         unsafe { libc::kill(self.pid(), libc::SIGCONT) };
         drop(self.stdin.take());
-        let until = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < until {
+        let until = instant_now() + Duration::from_secs(10);
+        while instant_now() < until {
             if let Ok(Some(_)) = self.child.try_wait() {
                 return;
             }
@@ -241,7 +245,10 @@ fn stress(tls: &str) {
     if !common::ucx_or_skip() {
         return;
     }
-    let seed: u64 = std::env::var("TIERSTACK_TEST_SEED").ok().and_then(|v| v.parse().ok()).unwrap_or_else(rand::random);
+    let seed: u64 = std::env::var("TIERSTACK_TEST_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(tierstack_base::fresh_seed);
     let messages = stress_messages();
     eprintln!(
         "ucx stress over {tls}: seed {seed} (replay with TIERSTACK_TEST_SEED={seed}), {messages} messages per sender"
@@ -306,8 +313,8 @@ fn stress(tls: &str) {
         fetch_adds += f;
     }
     // Every send returned only once acknowledged in the inbox: all are queued.
-    let until = Instant::now() + BOUND;
-    while received.lock().unwrap().values().map(|n| u64::from(*n)).sum::<u64>() < sent && Instant::now() < until {
+    let until = instant_now() + BOUND;
+    while received.lock().unwrap().values().map(|n| u64::from(*n)).sum::<u64>() < sent && instant_now() < until {
         std::thread::sleep(Duration::from_millis(5));
     }
     done.store(true, Ordering::Release);
@@ -341,7 +348,7 @@ fn ops_against_a_stopped_owner(tls: &str) -> Vec<(&'static str, Result<(), Fabri
     region.write(0, &5u64.to_ne_bytes()).unwrap();
     // SAFETY: stopping our own child.
     assert_eq!(unsafe { libc::kill(owner.pid(), libc::SIGSTOP) }, 0);
-    let until = Instant::now() + BOUND;
+    let until = instant_now() + BOUND;
     while !std::fs::read_to_string(format!("/proc/{}/stat", owner.pid()))
         .unwrap()
         .rsplit(')')
@@ -350,7 +357,7 @@ fn ops_against_a_stopped_owner(tls: &str) -> Vec<(&'static str, Result<(), Fabri
         .trim_start()
         .starts_with('T')
     {
-        assert!(Instant::now() < until, "the owner did not stop");
+        assert!(instant_now() < until, "the owner did not stop");
         std::thread::sleep(Duration::from_millis(1));
     }
     let outcomes = vec![

@@ -5,6 +5,9 @@
 //! local region, and a `ReadInto` lands in a bounce buffer that is copied
 //! into its target only when the batch succeeds.
 
+// Helpers outside #[test] functions unwrap too: in a test a panic is the failure report.
+#![allow(clippy::unwrap_used)]
+
 mod common;
 #[path = "../../fabric/tests/backend_suite/transfers.rs"]
 mod suite;

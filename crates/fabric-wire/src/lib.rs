@@ -95,38 +95,38 @@ pub mod kind {
 
 /// Op and result tags inside `Ops` and `OpsOk` bodies.
 mod op_tag {
-    pub const READ: u8 = 1;
-    pub const WRITE: u8 = 2;
-    pub const FETCH_ADD: u8 = 3;
-    pub const COMPARE_SWAP: u8 = 4;
+    pub(crate) const READ: u8 = 1;
+    pub(crate) const WRITE: u8 = 2;
+    pub(crate) const FETCH_ADD: u8 = 3;
+    pub(crate) const COMPARE_SWAP: u8 = 4;
 }
 
 /// `FabricError` variant codes inside `Error` bodies. Every variant has one,
 /// so any error a responder produces crosses the wire unchanged.
 mod error_code {
-    pub const OUT_OF_BOUNDS: u8 = 1;
-    pub const MISALIGNED: u8 = 2;
-    pub const UNKNOWN_REGION: u8 = 3;
-    pub const UNKNOWN_NODE: u8 = 4;
-    pub const REGION_EXISTS: u8 = 5;
-    pub const INVALID_NAME: u8 = 6;
-    pub const REGION_SIZE: u8 = 7;
-    pub const TOO_MANY_REGIONS: u8 = 8;
-    pub const TRANSFER_TOO_LARGE: u8 = 9;
-    pub const BATCH_SIZE: u8 = 10;
-    pub const TIMEOUT: u8 = 11;
-    pub const PEER_DEAD: u8 = 12;
-    pub const TORN_READ: u8 = 13;
-    pub const PROTOCOL: u8 = 14;
-    pub const RECV_TIMEOUT: u8 = 15;
-    pub const INBOX_FULL: u8 = 16;
-    pub const CLOSED: u8 = 17;
-    pub const IO: u8 = 18;
-    pub const NODE_IN_USE: u8 = 19;
-    pub const UNKNOWN_CHANNEL: u8 = 20;
+    pub(crate) const OUT_OF_BOUNDS: u8 = 1;
+    pub(crate) const MISALIGNED: u8 = 2;
+    pub(crate) const UNKNOWN_REGION: u8 = 3;
+    pub(crate) const UNKNOWN_NODE: u8 = 4;
+    pub(crate) const REGION_EXISTS: u8 = 5;
+    pub(crate) const INVALID_NAME: u8 = 6;
+    pub(crate) const REGION_SIZE: u8 = 7;
+    pub(crate) const TOO_MANY_REGIONS: u8 = 8;
+    pub(crate) const TRANSFER_TOO_LARGE: u8 = 9;
+    pub(crate) const BATCH_SIZE: u8 = 10;
+    pub(crate) const TIMEOUT: u8 = 11;
+    pub(crate) const PEER_DEAD: u8 = 12;
+    pub(crate) const TORN_READ: u8 = 13;
+    pub(crate) const PROTOCOL: u8 = 14;
+    pub(crate) const RECV_TIMEOUT: u8 = 15;
+    pub(crate) const INBOX_FULL: u8 = 16;
+    pub(crate) const CLOSED: u8 = 17;
+    pub(crate) const IO: u8 = 18;
+    pub(crate) const NODE_IN_USE: u8 = 19;
+    pub(crate) const UNKNOWN_CHANNEL: u8 = 20;
     // Client-side errors (a responder never sends them), coded like every variant.
-    pub const LOCAL_OUT_OF_BOUNDS: u8 = 21;
-    pub const LOCAL_MISALIGNED: u8 = 22;
+    pub(crate) const LOCAL_OUT_OF_BOUNDS: u8 = 21;
+    pub(crate) const LOCAL_MISALIGNED: u8 = 22;
 }
 
 /// Why a frame could not be read or decoded.

@@ -2,6 +2,9 @@
 //! transfers naming local memory encode exactly as the plain ops they stand
 //! for, and the borrowed decoder agrees with the owned one.
 
+// Helpers outside #[test] functions unwrap too: in a test a panic is the failure report.
+#![allow(clippy::unwrap_used)]
+
 use proptest::prelude::*;
 use std::sync::Arc;
 use tierstack_base::limits::CHANNELS_MAX;

@@ -1,5 +1,6 @@
 use crate::{FabricError, OpResult, Result};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tierstack_base::time::instant_now;
 
 type BatchResult = Result<Vec<OpResult>>;
 
@@ -56,7 +57,7 @@ impl Completion {
             Inner::Ready(result) => result,
             Inner::Pending(rx, spin) => {
                 if !spin.is_zero() {
-                    let start = Instant::now();
+                    let start = instant_now();
                     loop {
                         match rx.try_recv() {
                             Ok(result) => return result,

@@ -5,8 +5,9 @@ use crate::{FabricError, Result};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::task::{Poll, Waker};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tierstack_base::limits::{CHANNELS_MAX, INBOX_MESSAGES_MAX};
+use tierstack_base::time::instant_now;
 use tierstack_base::NodeId;
 
 /// A message channel: which service of the receiving node a message is for.
@@ -244,7 +245,7 @@ impl Inbox {
         if let Some(message) = self.try_recv() {
             return Ok(message);
         }
-        let start = Instant::now();
+        let start = instant_now();
         loop {
             if let Some(message) = self.try_recv() {
                 return Ok(message);

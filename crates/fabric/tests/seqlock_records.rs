@@ -3,6 +3,9 @@
 //! read that overlaps a write is retried (only the torn records), a write in
 //! progress is never accepted, and the async forms agree.
 
+// Helpers outside #[test] functions unwrap too: in a test a panic is the failure report.
+#![allow(clippy::unwrap_used)]
+
 use std::sync::Mutex;
 use tierstack_fabric::seqlock::{read_many, read_many_async, SeqRecord, READ_ATTEMPTS_MAX};
 use tierstack_fabric::{

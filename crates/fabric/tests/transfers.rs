@@ -3,6 +3,9 @@
 //! `execute_on_memory` against plain `Read`/`Write`, `RegionMemory::copy_from`
 //! word by word, and the `RegionBytes` view's contract.
 
+// Helpers outside #[test] functions unwrap too: in a test a panic is the failure report.
+#![allow(clippy::unwrap_used)]
+
 use proptest::prelude::*;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;

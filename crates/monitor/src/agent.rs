@@ -22,8 +22,9 @@ use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tierstack_base::host_monotonic_ns;
+use tierstack_base::time::instant_now;
 
 /// Asks for one frame now.
 pub const REQUEST_SYNC: u8 = b'S';
@@ -148,7 +149,7 @@ fn spawn(name: &str, body: impl FnOnce() + Send + 'static) -> Result<JoinHandle<
 /// Every `interval`: sample the kernel, write the record, feed subscribers.
 fn tick_loop(shared: Arc<Shared>, interval: Duration, write_record: bool) {
     let mut sampler = KernelSampler::new();
-    let mut next = Instant::now();
+    let mut next = instant_now();
     while !shared.stop.load(Ordering::Relaxed) {
         let kernel = sampler.sample();
         if let Ok(mut latest) = shared.kernel.lock() {
@@ -168,7 +169,7 @@ fn tick_loop(shared: Arc<Shared>, interval: Duration, write_record: bool) {
         // The period is the monitor thread's: when it is starved of CPU its
         // samples age, which is exactly what the async schemes suffer.
         next += interval;
-        let now = Instant::now();
+        let now = instant_now();
         if next > now {
             std::thread::sleep(next - now);
         } else {

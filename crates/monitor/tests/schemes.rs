@@ -2,8 +2,12 @@
 //! fabric endpoints of an in-process cluster): what each reports, its
 //! staleness rule, and death.
 
+// Helpers outside #[test] functions unwrap too: in a test a panic is the failure report.
+#![allow(clippy::unwrap_used)]
+
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tierstack_base::time::instant_now;
 use tierstack_base::{host_monotonic_ns, NodeId};
 use tierstack_cluster::{local_cluster, Backend};
 use tierstack_monitor::{
@@ -21,10 +25,10 @@ fn config() -> SourceConfig {
 
 /// Reads until `done` holds (async schemes catch up within some intervals).
 fn read_until(source: &dyn LoadSource, done: impl Fn(&Reading) -> bool) -> Reading {
-    let deadline = Instant::now() + PATIENCE;
+    let deadline = instant_now() + PATIENCE;
     loop {
         let reading = source.read(0);
-        if done(&reading) || Instant::now() > deadline {
+        if done(&reading) || instant_now() > deadline {
             return reading;
         }
         std::thread::yield_now();

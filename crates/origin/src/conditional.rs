@@ -28,7 +28,7 @@ pub fn synthetic_etag(path: &str, size: u64) -> String {
 }
 
 /// `time` cut to whole seconds, as an HTTP-date carries it.
-pub fn whole_seconds(time: SystemTime) -> SystemTime {
+pub(crate) fn whole_seconds(time: SystemTime) -> SystemTime {
     let since_epoch = time.duration_since(UNIX_EPOCH).unwrap_or_default();
     UNIX_EPOCH + Duration::from_secs(since_epoch.as_secs())
 }

@@ -12,6 +12,7 @@ use std::cmp::Ordering;
 use std::collections::BinaryHeap;
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::time::Instant;
+use tierstack_base::time::instant_now;
 use tokio::sync::oneshot;
 
 /// One waiter: woken at `at`; `seq` keeps equal deadlines in arrival order.
@@ -62,7 +63,7 @@ impl Deadlines {
 
     /// Resolves at `deadline` (at once if it has passed), never before it.
     pub(crate) async fn wait_until(&self, deadline: Instant) {
-        if deadline <= Instant::now() {
+        if deadline <= instant_now() {
             return;
         }
         if let Some(requests) = &self.requests {
@@ -82,7 +83,7 @@ fn serve(incoming: Receiver<(Instant, oneshot::Sender<()>)>) {
     let mut waiting = BinaryHeap::new();
     let mut seq = 0u64;
     loop {
-        let now = Instant::now();
+        let now = instant_now();
         while waiting.peek().is_some_and(|w: &Waiter| w.at <= now) {
             if let Some(waiter) = waiting.pop() {
                 // The waiter may have gone (its connection closed): nothing to do.
@@ -112,7 +113,7 @@ mod tests {
 
     #[test]
     fn the_heap_pops_the_earliest_deadline_first_and_ties_in_arrival_order() {
-        let start = Instant::now();
+        let start = instant_now();
         let mut heap = BinaryHeap::new();
         for (seq, ms) in [(0u64, 30u64), (1, 5), (2, 20), (3, 5), (4, 0)] {
             heap.push(Waiter { at: start + Duration::from_millis(ms), seq, wake: oneshot::channel().0 });
@@ -128,7 +129,7 @@ mod tests {
         for deadlines in [Deadlines::start(), Deadlines { requests: None }] {
             let threaded = deadlines.requests.is_some();
             let deadlines = Arc::new(deadlines);
-            let start = Instant::now();
+            let start = instant_now();
             // Some far apart, some close together.
             let tasks: Vec<_> = [30u64, 5, 20, 5, 0, 12, 1, 2, 13, 6]
                 .into_iter()
@@ -137,7 +138,7 @@ mod tests {
                     tokio::spawn(async move {
                         let at = start + Duration::from_millis(ms);
                         deadlines.wait_until(at).await;
-                        assert!(Instant::now() >= at, "woke before its deadline (+{ms} ms, thread: {threaded})");
+                        assert!(instant_now() >= at, "woke before its deadline (+{ms} ms, thread: {threaded})");
                     })
                 })
                 .collect();

@@ -17,6 +17,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime};
+use tierstack_base::time::system_now;
 use tierstack_model::{Caching, Storage};
 use tierstack_tier_http::{text, Body};
 use tokio::time::Instant;
@@ -174,7 +175,7 @@ impl State {
                     size: metadata.len(),
                     etag: conditional::file_etag(metadata.ino(), metadata.len(), mtime_ns),
                     // An origin never claims a modification after its own Date (RFC 9110 §8.8.2.1).
-                    last_modified: mtime.min(SystemTime::now()),
+                    last_modified: mtime.min(system_now()),
                     content_type: files::content_type(decoded),
                     source: Source::File(path),
                 })
@@ -183,7 +184,7 @@ impl State {
     }
 
     fn validator_headers(&self, representation: &Representation, headers: &mut HeaderMap) {
-        headers.insert(DATE, header(&httpdate::fmt_http_date(SystemTime::now())));
+        headers.insert(DATE, header(&httpdate::fmt_http_date(system_now())));
         if let Ok(etag) = HeaderValue::from_str(&representation.etag) {
             headers.insert(ETAG, etag);
         }

@@ -2,6 +2,9 @@
 //! paths, the emulated disk and the memory cache, seen through responses
 //! and the counters.
 
+// Helpers outside #[test] functions unwrap too: in a test a panic is the failure report.
+#![allow(clippy::unwrap_used)]
+
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::header::HeaderMap;
@@ -11,7 +14,8 @@ use hyper_util::rt::TokioExecutor;
 use std::net::SocketAddr;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, SystemTime};
+use tierstack_base::time::{instant_now, system_now};
 use tierstack_origin::{
     file_etag, synthetic_body, synthetic_etag, synthetic_last_modified_default, synthetic_prefix, Caching, DiskModel,
     FileSet, Origin, OriginConfig, OriginError, OriginStats, StatsReader, Storage, StorageConfig, SyntheticSet,
@@ -118,10 +122,10 @@ fn http_date(time: SystemTime) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_synthetic_object_carries_every_header_and_its_named_body() {
-    let before = SystemTime::now() - Duration::from_secs(1);
+    let before = system_now() - Duration::from_secs(1);
     let running = start(synthetic(&[("/doc/page.html", 5_000), ("/doc/z0", 17)]), no_storage()).await;
     let reply = get(&running.url("/doc/page.html")).await;
-    let after = SystemTime::now();
+    let after = system_now();
     assert_eq!(reply.status, StatusCode::OK);
     assert_eq!(reply.header("content-length"), "5000");
     assert_eq!(reply.header("content-type"), "text/html; charset=utf-8");
@@ -395,7 +399,7 @@ async fn concurrent_misses_queue_on_the_disk_and_their_service_times_add_up() {
 /// Fetches every URL at once, each on its own connection; each reply comes
 /// with the time from the start until it was complete.
 async fn futures_join(urls: Vec<String>) -> Vec<(Reply, Duration)> {
-    let started = Instant::now();
+    let started = instant_now();
     let tasks: Vec<_> = urls
         .into_iter()
         .map(|url| {

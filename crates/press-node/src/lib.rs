@@ -44,7 +44,8 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tierstack_base::time::instant_now;
 use tierstack_fabric::Fabric;
 use tierstack_origin::{StorageConfig, SyntheticSet};
 use tierstack_press::{ClusterView, Member, PolicyConfig, ViewError};
@@ -265,7 +266,7 @@ impl PressNode {
             config,
             link,
             view: Mutex::new(view),
-            started: Instant::now(),
+            started: instant_now(),
             load: Arc::new(AtomicU32::new(0)),
             pending: Mutex::new(HashMap::new()),
             next_request: AtomicU64::new(0),

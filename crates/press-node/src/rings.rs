@@ -45,6 +45,7 @@ use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
+use tierstack_base::time::{instant_now, system_now};
 use tierstack_fabric::{Fabric, LocalRegion, LocalSlice, Op, RegionBytes, RemoteRegion};
 use tierstack_press::proto::{decode, encode, Body, FileStatus, Message, MsgType};
 use tierstack_press::ring::{Full, ReceiverRing, RingLayout, SenderRing, ENTRY_HEADER_BYTES, ENTRY_PAYLOAD_MAX};
@@ -79,7 +80,7 @@ pub struct Rings {
 /// A nonzero epoch that differs between incarnations of a node: the clock's
 /// nanoseconds mixed with the process id.
 fn new_epoch() -> u32 {
-    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+    let nanos = system_now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
     let mixed = (nanos as u64) ^ (u64::from(std::process::id()) << 32) ^ (nanos >> 64) as u64;
     let folded = (mixed ^ (mixed >> 32)) as u32;
     folded.max(1)
@@ -212,7 +213,7 @@ impl Rings {
             (None, Some(d)) => Some(d.len() as u64),
             _ => None,
         };
-        let start = Instant::now();
+        let start = instant_now();
         // Wait (bounded) for a slot and, for a file, contiguous data room.
         let (seq, data_start) = loop {
             let (consumed, released) = self.credits(to);

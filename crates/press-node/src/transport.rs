@@ -15,7 +15,8 @@
 //!   `window` messages: they wait (bounded) instead of overrunning it.
 
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tierstack_base::time::instant_now;
 use tierstack_base::NodeId;
 use tierstack_fabric::{Channel, Fabric, FabricError};
 use tierstack_press::proto::{encode, Body, Message, MsgType, ProtoError};
@@ -109,7 +110,7 @@ impl Window {
 
     /// Takes one credit towards `to`, waiting up to `timeout` for one.
     pub fn acquire(&self, to: Member, timeout: Duration) -> Result<(), LinkError> {
-        let start = Instant::now();
+        let start = instant_now();
         let mut credits = self.credits.lock().unwrap_or_else(PoisonError::into_inner);
         loop {
             match credits.get_mut(to.index()) {

@@ -11,6 +11,9 @@
 //! - coop: sizes exact, uniformity by Pearson's chi-square over the 10 000
 //!   files (df 9 999), bound = df + 6·sqrt(2·df).
 
+// Helpers outside #[test] functions unwrap too: in a test a panic is the failure report.
+#![allow(clippy::unwrap_used)]
+
 use std::collections::HashSet;
 use tierstack_workload::published::{Targets, COOP_CACHE_BYTES_PER_NODE, COOP_FILES, MB, PRESS_TABLE_1};
 use tierstack_workload::{

@@ -23,7 +23,7 @@ pub(crate) struct KeyTable {
 }
 
 impl KeyTable {
-    pub fn new(region: Arc<LocalRegion>, capacity: u64) -> Self {
+    pub(super) fn new(region: Arc<LocalRegion>, capacity: u64) -> Self {
         let slots = (capacity + PROBE_MAX) as usize;
         Self { region, capacity, entries: HashMap::new(), used: vec![false; slots], full: 0 }
     }
@@ -57,16 +57,16 @@ impl KeyTable {
     }
 
     /// `key`'s holder bitmap, if the table has an entry for it.
-    pub fn holders(&self, key: Key) -> Option<u64> {
+    pub(super) fn holders(&self, key: Key) -> Option<u64> {
         self.entries.get(&key).map(|e| e.holders)
     }
 
     /// `key`'s version (0 if it was never invalidated).
-    pub fn version(&self, key: Key) -> u64 {
+    pub(super) fn version(&self, key: Key) -> u64 {
         self.entries.get(&key).map_or(0, |e| e.version)
     }
 
-    pub fn update(&mut self, key: Key, remove: Option<u32>, add: Option<u32>) {
+    pub(super) fn update(&mut self, key: Key, remove: Option<u32>, add: Option<u32>) {
         let Some(e) = self.entry(key) else { return };
         if let Some(n) = remove.filter(|&n| n < 64) {
             e.holders &= !(1u64 << n);
@@ -81,7 +81,7 @@ impl KeyTable {
     /// A guarded remove-holder (seed-notes a.7 #7): removes `node` only if
     /// another holder remains; whether it did. An entry the table could not
     /// hold is refused (the copy is kept).
-    pub fn remove_if_shared(&mut self, key: Key, node: u32) -> bool {
+    pub(super) fn remove_if_shared(&mut self, key: Key, node: u32) -> bool {
         let Some(e) = self.entries.get_mut(&key) else { return false };
         if !crate::placement::may_drop_copy(e.holders, node) {
             return false;
@@ -95,7 +95,7 @@ impl KeyTable {
     }
 
     /// Bumps the version and forgets every holder; returns the old holders.
-    pub fn invalidate(&mut self, key: Key) -> u64 {
+    pub(super) fn invalidate(&mut self, key: Key) -> u64 {
         let Some(e) = self.entry(key) else { return 0 };
         let old = e.holders;
         e.holders = 0;

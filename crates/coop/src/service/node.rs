@@ -1,7 +1,11 @@
 //! One node of the cooperative cache service (see the module docs above):
 //! the request path (get, put, validate, invalidate) is here, the receiver
-//! thread's side (every message a node handles) in `receive`.
+//! thread's side (every message a node handles) in `receive`, groupcache's
+//! two-sided path in `group`, and the bytes of the pool's pages (local, and
+//! read one-sided from a peer) in `pages`.
 
+mod group;
+mod pages;
 mod receive;
 
 use super::home::{version_in_window, KeyTable};
@@ -21,8 +25,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{sync_channel, SyncSender};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
-use tierstack_fabric::{Channel, Fabric, FabricError, LocalRegion, LocalSlice, NodeId, Op, PeerState, RemoteRegion};
+use std::time::Duration;
+use tierstack_base::time::instant_now;
+use tierstack_fabric::{Channel, Fabric, FabricError, LocalRegion, NodeId, Op, PeerState, RemoteRegion};
 
 /// A service's configuration; every node of a cluster gets the same.
 #[derive(Clone, Debug)]
@@ -552,11 +557,11 @@ impl Shared {
         }
         if !waiting.is_empty() {
             drop(state);
-            let deadline = Instant::now() + self.config.ack_timeout;
+            let deadline = instant_now() + self.config.ack_timeout;
             let got: Vec<(Key, Option<(u32, u32)>)> = waiting
                 .into_iter()
                 .map(|(v, id, rx)| {
-                    let reply = rx.recv_timeout(deadline.saturating_duration_since(Instant::now())).ok();
+                    let reply = rx.recv_timeout(deadline.saturating_duration_since(instant_now())).ok();
                     lock(&self.acks).remove(&id);
                     (v, reply)
                 })
@@ -593,50 +598,6 @@ impl Shared {
             }
         }
         (state, all_granted)
-    }
-
-    fn read_body(&self, pages: &[u32], bytes: u64) -> Vec<u8> {
-        let mut body = vec![0u8; bytes as usize];
-        for (chunk, &p) in body.chunks_mut(PAGE_BYTES as usize).zip(pages) {
-            let _ = self.pool.memory().read(self.layout.page_offset(p), chunk);
-        }
-        body
-    }
-
-    fn write_body(&self, pages: &[u32], body: &[u8]) {
-        for (chunk, &p) in body.chunks(PAGE_BYTES as usize).zip(pages) {
-            let _ = self.pool.memory().write(self.layout.page_offset(p), chunk);
-        }
-    }
-
-    /// One-sided read of an entity's pages from `node`'s pool into `local`
-    /// pages, then of the record's sequence word, in one batch. True if the
-    /// bytes are the announced entity's.
-    fn read_remote(
-        &self,
-        node: usize,
-        from_pages: &[u32],
-        local: &[u32],
-        bytes: u64,
-        check: Option<(u32, u64)>,
-    ) -> Result<bool, FabricError> {
-        let region = self.region(node, POOL_REGION)?;
-        let mut ops = Vec::with_capacity(from_pages.len() + 1);
-        let mut left = bytes;
-        for (&rp, &lp) in from_pages.iter().zip(local) {
-            let len = left.min(PAGE_BYTES);
-            left -= len;
-            let target = LocalSlice::new(self.pool.clone(), self.layout.page_offset(lp), len as u32);
-            ops.push(Op::ReadInto { offset: self.layout.page_offset(rp), target });
-        }
-        if let Some((slot, _)) = check {
-            ops.push(Op::Read { offset: self.layout.record_seq_offset(slot), len: 8 });
-        }
-        let mut results = region.post(ops).wait()?;
-        match check {
-            None => Ok(true),
-            Some((_, seq)) => Ok(results.pop().map(|r| r.into_u64()).transpose()?.is_some_and(|s| s == seq)),
-        }
     }
 
     fn spaces(&self, state: &State, bytes: u64) -> Vec<Space> {
@@ -862,65 +823,6 @@ impl Shared {
             }
         }
         self.store(key, version, body);
-    }
-
-    /// Groupcache at a non-owner: a two-sided GET to the owner, answered by
-    /// its receiver thread from its pool; a silent owner is a miss.
-    fn group_get(&self, key: Key, owner: usize) -> Lookup {
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let (tx, rx) = sync_channel(1);
-        lock(&self.replies).insert(id, tx);
-        let ok = self.send(owner, &Msg::GroupGet { id, key });
-        let reply = if ok { rx.recv_timeout(self.config.ack_timeout).ok() } else { None };
-        lock(&self.replies).remove(&id);
-        let mut state = lock(&self.state);
-        let mut sent: Sent = vec![(MsgKind::GroupGet, CONTROL_BYTES, true)];
-        let lookup = match reply {
-            None => {
-                state.stats.peer_failures += 1;
-                if self.fabric.peer_state(self.members[owner]) == PeerState::Gone {
-                    lock(&self.regions).retain(|(n, _), _| *n != owner);
-                }
-                state.stats.misses += 1;
-                Lookup::Miss
-            }
-            Some(None) => {
-                sent.push((MsgKind::GroupReply, 0, true));
-                state.stats.misses += 1;
-                Lookup::Miss
-            }
-            Some(Some((version, body))) => {
-                sent.push((MsgKind::GroupReply, body.len() as u64, true));
-                state.stats.remote_hits += 1;
-                Lookup::Remote { body, version, holder: self.members[owner] }
-            }
-        };
-        state.stats.tally.record(Primitive::Fetch, &sent);
-        lookup
-    }
-
-    /// Groupcache at a non-owner after a miss: the body goes to the owner
-    /// (one message, not waited for); nothing is kept here.
-    fn group_put(&self, key: Key, owner: usize, version: u64, body: &[u8]) {
-        if !cacheable(body.len() as u64) {
-            return;
-        }
-        let ok = self.send(owner, &Msg::GroupPut { key, version, body: body.to_vec() });
-        let mut state = lock(&self.state);
-        if !ok {
-            state.stats.peer_failures += 1;
-        }
-        state.stats.tally.record(Primitive::Store, &[(MsgKind::GroupPut, body.len() as u64, true)]);
-    }
-
-    /// Groupcache's owner side: `key`'s version and bytes if held here.
-    pub(super) fn group_serve(&self, key: Key) -> Option<(u64, Vec<u8>)> {
-        let mut state = lock(&self.state);
-        if state.pending.contains(&key) || !state.cache.touch(key) {
-            return None;
-        }
-        let e = state.cache.get(key)?;
-        Some((e.version, self.read_body(&e.pages, e.bytes)))
     }
 
     /// Cache Store on this node's own behalf (every scheme; groupcache's

@@ -5,14 +5,14 @@
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdout, Command, Stdio};
 
-pub struct Kid {
+pub(crate) struct Kid {
     pub child: Child,
     lines: std::io::Lines<BufReader<ChildStdout>>,
 }
 
 impl Kid {
     /// Starts child `id` with `envs` and waits for its `ready` line.
-    pub fn spawn(id: u32, envs: &[(&str, String)]) -> Kid {
+    pub(crate) fn spawn(id: u32, envs: &[(&str, String)]) -> Kid {
         let mut child = Command::new(std::env::current_exe().unwrap())
             .args(["--exact", "child_entry", "--nocapture", "--test-threads=1"])
             .envs(envs.iter().map(|(k, v)| (*k, v.as_str())))
@@ -26,12 +26,12 @@ impl Kid {
         Kid { child, lines }
     }
 
-    pub fn start_run(&mut self, seed: u64, n: u64) {
+    pub(crate) fn start_run(&mut self, seed: u64, n: u64) {
         writeln!(self.child.stdin.as_mut().unwrap(), "run {seed} {n}").unwrap();
     }
 
     /// (served, wrong, remote hits) of the run started last.
-    pub fn finish_run(&mut self) -> (u64, u64, u64) {
+    pub(crate) fn finish_run(&mut self) -> (u64, u64, u64) {
         let line = self.lines.by_ref().map(Result::unwrap).find(|l| l.contains("done ")).expect("child died");
         let done = &line[line.find("done ").unwrap_or(0)..];
         let v: Vec<u64> = done.split_whitespace().skip(1).map(|w| w.parse().unwrap()).collect();

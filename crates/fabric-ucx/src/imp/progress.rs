@@ -4,7 +4,7 @@
 //! flume queue, then write the eventfd) and waits for its answer on a
 //! bounded flume channel. UCX callbacks run inside `ucp_worker_progress`
 //! on this thread; they only record what happened in a thread-local list
-//! ([`EVENTS`]), which the loop handles after progress returns, so no
+//! (`callbacks::EVENTS`), which the loop handles after progress returns, so no
 //! callback ever touches the worker state that is borrowed while it runs.
 //!
 //! The loop (see the crate docs for why it cannot lose a wake-up):
@@ -13,15 +13,18 @@
 //! round again) → `poll` the worker's fd and the submit eventfd, bounded
 //! by the nearest deadline → clear the eventfd → round again.
 
+mod callbacks;
+
+use callbacks::{callback_param, on_am, on_ep_error, Event, EVENTS, RNDV};
+
 use super::ucx::{status_error, status_text, Context};
 use crate::imp::Shared;
-use std::cell::RefCell;
 use std::collections::HashMap;
-use std::ffi::c_void;
 use std::os::raw::c_int;
 use std::sync::atomic::{fence, AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tierstack_base::time::instant_now;
 use tierstack_base::NodeId;
 use tierstack_fabric::{Channel, CompletionSender, FabricError, Op, OpResult, Result};
 use tierstack_ucx_sys as sys;
@@ -114,112 +117,6 @@ pub(crate) struct Mapped {
     pub memh: usize,
     pub base: usize,
     pub rkey: Vec<u8>,
-}
-
-/// What callbacks record during `ucp_worker_progress`.
-enum Event {
-    /// A flush (batch) or active-message send finished.
-    Done { id: u64, status: sys::ucs_status_t },
-    /// A message or acknowledgement arrived.
-    Am { header: [u8; AM_HEADER_BYTES], payload: Vec<u8> },
-    /// A rendezvous receive of a message finished.
-    RndvDone { id: u64, status: sys::ucs_status_t },
-    /// An endpoint failed (peer failure).
-    EpError { ep: usize, status: sys::ucs_status_t },
-}
-
-/// A rendezvous receive in flight: the message's header and its buffer.
-type RndvReceive = ([u8; AM_HEADER_BYTES], Vec<u8>);
-
-thread_local! {
-    static EVENTS: RefCell<Vec<Event>> = const { RefCell::new(Vec::new()) };
-    /// Rendezvous receives in flight: id -> (header, buffer).
-    static RNDV: RefCell<HashMap<u64, RndvReceive>> = RefCell::new(HashMap::new());
-    static RNDV_NEXT: std::cell::Cell<u64> = const { std::cell::Cell::new(1) };
-}
-
-fn record(event: Event) {
-    EVENTS.with(|events| events.borrow_mut().push(event));
-}
-
-/// Completion callback of flushes and sends: `user_data` is the id.
-unsafe extern "C" fn on_done(request: *mut c_void, status: sys::ucs_status_t, user_data: *mut c_void) {
-    record(Event::Done { id: user_data as u64, status });
-    // SAFETY: UCX passes the request this callback completes; freeing it in
-    // its own callback is allowed, and nothing else holds it.
-    unsafe { sys::ucp_request_free(request) };
-}
-
-unsafe extern "C" fn on_rndv_done(
-    request: *mut c_void,
-    status: sys::ucs_status_t,
-    _length: usize,
-    user_data: *mut c_void,
-) {
-    record(Event::RndvDone { id: user_data as u64, status });
-    // SAFETY: as in `on_done`.
-    unsafe { sys::ucp_request_free(request) };
-}
-
-unsafe extern "C" fn on_ep_error(_arg: *mut c_void, ep: sys::ucp_ep_h, status: sys::ucs_status_t) {
-    record(Event::EpError { ep: ep as usize, status });
-}
-
-/// The active-message handler: copies the payload (eager), or starts a
-/// rendezvous receive into a buffer of ours. `arg` is the worker.
-unsafe extern "C" fn on_am(
-    arg: *mut c_void,
-    header: *const c_void,
-    header_length: usize,
-    data: *mut c_void,
-    length: usize,
-    param: *const sys::ucp_am_recv_param_t,
-) -> sys::ucs_status_t {
-    if header_length != AM_HEADER_BYTES || header.is_null() || param.is_null() {
-        tracing::warn!(header_length, "ucx: an active message with a malformed header was dropped");
-        return sys::UCS_OK;
-    }
-    let mut head = [0u8; AM_HEADER_BYTES];
-    // SAFETY: UCX passes `header_length` (checked: 16) readable bytes.
-    unsafe { std::ptr::copy_nonoverlapping(header.cast::<u8>(), head.as_mut_ptr(), AM_HEADER_BYTES) };
-    // SAFETY: `param` is valid for the duration of the callback.
-    let recv_attr = unsafe { (*param).recv_attr };
-    if recv_attr & u64::from(sys::UCP_AM_RECV_ATTR_FLAG_RNDV) != 0 {
-        // The sender forces eager, so this is unexpected; handle it anyway.
-        let id = RNDV_NEXT.with(|n| {
-            let id = n.get();
-            n.set(id + 1);
-            id
-        });
-        let mut buffer = vec![0u8; length];
-        // SAFETY: zeroed is a valid value of this plain C struct.
-        let mut request: sys::ucp_request_param_t = unsafe { std::mem::zeroed() };
-        request.op_attr_mask = sys::UCP_OP_ATTR_FIELD_CALLBACK | sys::UCP_OP_ATTR_FIELD_USER_DATA;
-        request.cb.recv_am = Some(on_rndv_done);
-        request.user_data = id as *mut c_void;
-        // SAFETY: `arg` is the worker this handler was set on; `data` is the
-        // rendezvous descriptor of this callback; `buffer` has `length`
-        // bytes and is kept (in RNDV) until the receive completes.
-        let status =
-            unsafe { sys::ucp_am_recv_data_nbx(arg.cast(), data, buffer.as_mut_ptr().cast(), length, &request) };
-        match sys::ucs_ptr_status(status) {
-            sys::PtrStatus::Done => record(Event::Am { header: head, payload: buffer }),
-            sys::PtrStatus::Error(s) => tracing::warn!(status = %status_text(s), "ucx: a rendezvous receive failed"),
-            sys::PtrStatus::Request(_) => RNDV.with(|r| {
-                r.borrow_mut().insert(id, (head, buffer));
-            }),
-        }
-        return sys::UCS_OK;
-    }
-    let payload = if length == 0 || data.is_null() {
-        Vec::new()
-    } else {
-        // SAFETY: UCX passes `length` readable bytes at `data` for the
-        // duration of the callback; we copy them out before returning.
-        unsafe { std::slice::from_raw_parts(data.cast::<u8>(), length) }.to_vec()
-    };
-    record(Event::Am { header: head, payload });
-    sys::UCS_OK
 }
 
 /// How other threads reach the progress thread.
@@ -418,7 +315,7 @@ impl Progress {
             if self.shared.is_closed() {
                 break;
             }
-            self.expire(Instant::now());
+            self.expire(instant_now());
             if worked || burst == PROGRESS_BURST_MAX {
                 continue;
             }
@@ -464,7 +361,7 @@ impl Progress {
     /// Polls the worker and the submit queue until either has work (true)
     /// or `spin` has passed (false).
     fn spin_for_work(&self, spin: Duration) -> bool {
-        let start = Instant::now();
+        let start = instant_now();
         loop {
             // SAFETY: the worker is used by this thread only.
             if unsafe { sys::ucp_worker_progress(self.worker) } != 0 || !self.queue.is_empty() {
@@ -490,7 +387,7 @@ impl Progress {
         if !armed {
             return 1;
         }
-        let now = Instant::now();
+        let now = instant_now();
         let nearest = self
             .batches
             .values()
@@ -681,7 +578,7 @@ impl Progress {
             }
         }
         let id = self.fresh_id();
-        let deadline = Instant::now() + self.shared.op_timeout;
+        let deadline = instant_now() + self.shared.op_timeout;
         self.batches.insert(id, Batch { node, ops, slots, sender: Some(sender), deadline, failed });
         let status = self.flush(ep, id);
         match sys::ucs_ptr_status(status) {
@@ -828,7 +725,7 @@ impl Progress {
             return;
         }
         let msg_id = self.fresh_id();
-        let deadline = Instant::now() + self.shared.op_timeout;
+        let deadline = instant_now() + self.shared.op_timeout;
         self.awaiting.insert(msg_id, AwaitingAck { node, reply, deadline });
         self.send_am(node, generation, AM_MESSAGE, channel.id(), msg_id, payload);
     }
@@ -1011,9 +908,9 @@ impl Progress {
         // SAFETY: an endpoint of ours, closed once (removed from the table).
         let status = unsafe { sys::ucp_ep_close_nbx(ep, &param) };
         if let sys::PtrStatus::Request(request) = sys::ucs_ptr_status(status) {
-            let until = Instant::now() + CLOSE_BOUND;
+            let until = instant_now() + CLOSE_BOUND;
             // SAFETY: polling the request UCX returned, on the worker's thread.
-            while unsafe { sys::ucp_request_check_status(request) } == sys::UCS_INPROGRESS && Instant::now() < until {
+            while unsafe { sys::ucp_request_check_status(request) } == sys::UCS_INPROGRESS && instant_now() < until {
                 // SAFETY: as in `run`.
                 unsafe { sys::ucp_worker_progress(self.worker) };
             }
@@ -1073,16 +970,6 @@ fn peer_failure_mode(transports: Option<&str>) -> bool {
     let Some(named) = named else { return false };
     const SHARED_MEMORY: [&str; 8] = ["sysv", "posix", "cma", "knem", "xpmem", "sm", "shm", "all"];
     !named.split(',').map(|t| t.trim().trim_start_matches('^')).any(|t| SHARED_MEMORY.contains(&t))
-}
-
-/// Request parameters with the completion callback and `id` as user data.
-fn callback_param(id: u64) -> sys::ucp_request_param_t {
-    // SAFETY: zeroed is a valid value of this plain C struct.
-    let mut param: sys::ucp_request_param_t = unsafe { std::mem::zeroed() };
-    param.op_attr_mask = sys::UCP_OP_ATTR_FIELD_CALLBACK | sys::UCP_OP_ATTR_FIELD_USER_DATA;
-    param.cb.send = Some(on_done);
-    param.user_data = id as *mut c_void;
-    param
 }
 
 /// The address of a local slice's first byte, through the region's

@@ -87,10 +87,9 @@ impl Context {
             let mut handle: sys::ucp_context_h = std::ptr::null_mut();
             // SAFETY: `ucp_init` is an inline wrapper of this call with the
             // header's API version; params and config are valid.
-            check(
-                unsafe { sys::ucp_init_version(sys::UCP_API_MAJOR, sys::UCP_API_MINOR, &params, config, &mut handle) },
-                "ucp_init",
-            )?;
+            let rc =
+                unsafe { sys::ucp_init_version(sys::UCP_API_MAJOR, sys::UCP_API_MINOR, &params, config, &mut handle) };
+            check(rc, "ucp_init")?;
             Ok(Context { handle, lock: Mutex::new(()) })
         })();
         // SAFETY: the config is ours and no longer needed.
@@ -149,9 +148,8 @@ impl Context {
         let mut packed: *mut std::ffi::c_void = std::ptr::null_mut();
         let mut packed_len: usize = 0;
         // SAFETY: valid context and handle; the out-pointers are written.
-        if let Err(e) =
-            check(unsafe { sys::ucp_rkey_pack(self.handle, memh, &mut packed, &mut packed_len) }, "ucp_rkey_pack")
-        {
+        let rc = unsafe { sys::ucp_rkey_pack(self.handle, memh, &mut packed, &mut packed_len) };
+        if let Err(e) = check(rc, "ucp_rkey_pack") {
             unmap(memh);
             return Err(e);
         }

@@ -10,13 +10,13 @@ use tierstack_base::NodeId;
 use tierstack_fabric_ucx::{UcxConfig, UcxFabric};
 
 /// UCX over shared memory (one-sided: the owner's CPU never runs).
-pub const SHM: &str = "sysv,self";
+pub(crate) const SHM: &str = "sysv,self";
 /// UCX over TCP (one-sided operations emulated with the owner's progress).
-pub const TCP: &str = "tcp,self";
+pub(crate) const TCP: &str = "tcp,self";
 
 /// False (with the reason printed) when this build has no UCX and the test
 /// should skip; panics instead when `TIERSTACK_REQUIRE_UCX=1`.
-pub fn ucx_or_skip() -> bool {
+pub(crate) fn ucx_or_skip() -> bool {
     if tierstack_fabric_ucx::AVAILABLE {
         return true;
     }
@@ -28,7 +28,7 @@ pub fn ucx_or_skip() -> bool {
 
 /// `n` nodes (ids from `first`) in this process over `transports`, each
 /// knowing every other's bootstrap address.
-pub fn cluster(first: u32, n: u32, transports: &str, op_timeout: Duration) -> Vec<Arc<UcxFabric>> {
+pub(crate) fn cluster(first: u32, n: u32, transports: &str, op_timeout: Duration) -> Vec<Arc<UcxFabric>> {
     let loopback: SocketAddr = SocketAddr::from(([127, 0, 0, 1], 0));
     let nodes: Vec<Arc<UcxFabric>> = (first..first + n)
         .map(|id| {

@@ -23,11 +23,11 @@ const LOCAL_BYTES: u64 = 512;
 /// Cases of the round-trip property per backend.
 const ROUND_TRIP_CASES: u32 = 48;
 
-pub fn pattern(len: usize, seed: u8) -> Vec<u8> {
+pub(crate) fn pattern(len: usize, seed: u8) -> Vec<u8> {
     (0..len).map(|i| (i as u8).wrapping_mul(29).wrapping_add(seed) ^ (i >> 8) as u8).collect()
 }
 
-pub fn contents(memory: &RegionMemory) -> Vec<u8> {
+pub(crate) fn contents(memory: &RegionMemory) -> Vec<u8> {
     let mut all = vec![0u8; memory.len() as usize];
     memory.read(0, &mut all).unwrap();
     all
@@ -106,7 +106,7 @@ fn misfit(remote: u64, local: u64, len: u32, local_name: &str) -> FabricError {
 /// would, as seen by plain reads of the remote region, by its owner, and in
 /// the local region; a transfer that does not fit fails with the exact
 /// bounds error and changes nothing.
-pub fn round_trips_match_plain_reads_and_writes(owner: &dyn Fabric, peer: &dyn Fabric) {
+pub(crate) fn round_trips_match_plain_reads_and_writes(owner: &dyn Fabric, peer: &dyn Fabric) {
     let (at_owner, remote) = remote_region(owner, peer, "xfer.prop", REMOTE_BYTES, 0);
     let local = peer.register("xfer.prop.local", LOCAL_BYTES).unwrap();
     let mut runner =
@@ -169,7 +169,7 @@ pub fn round_trips_match_plain_reads_and_writes(owner: &dyn Fabric, peer: &dyn F
 
 /// Transfers larger than a socket read buffer and than a kept frame buffer
 /// (`tcp`), in both directions, with the helpers `write_from`/`read_into`.
-pub fn large_transfers_round_trip(owner: &dyn Fabric, peer: &dyn Fabric) {
+pub(crate) fn large_transfers_round_trip(owner: &dyn Fabric, peer: &dyn Fabric) {
     const BIG: u64 = 3 << 20;
     let (at_owner, remote) = remote_region(owner, peer, "xfer.big", BIG, 0);
     let local = peer.register("xfer.big.local", BIG).unwrap();
@@ -193,7 +193,7 @@ pub fn large_transfers_round_trip(owner: &dyn Fabric, peer: &dyn Fabric) {
 /// Bounds: a local slice outside its region and a remote range outside the
 /// remote region are refused with their own typed errors, and nothing of
 /// the batch executes; the handle keeps working.
-pub fn bounds_errors_are_typed_and_execute_nothing(owner: &dyn Fabric, peer: &dyn Fabric) {
+pub(crate) fn bounds_errors_are_typed_and_execute_nothing(owner: &dyn Fabric, peer: &dyn Fabric) {
     let (at_owner, remote) = remote_region(owner, peer, "xfer.bounds", 64, 3);
     let local = peer.register("xfer.bounds.local", 32).unwrap();
     local.memory().write(0, &pattern(32, 4)).unwrap();
@@ -250,7 +250,7 @@ pub fn bounds_errors_are_typed_and_execute_nothing(owner: &dyn Fabric, peer: &dy
 /// Alignment: the local and remote offsets of a transfer must be equal
 /// modulo 8 (`LocalMisaligned`, nothing executes); equal phases work at any
 /// offset and length, unaligned edges included.
-pub fn alignment_follows_the_same_phase_rule(owner: &dyn Fabric, peer: &dyn Fabric) {
+pub(crate) fn alignment_follows_the_same_phase_rule(owner: &dyn Fabric, peer: &dyn Fabric) {
     let (at_owner, remote) = remote_region(owner, peer, "xfer.align", 128, 5);
     let local = peer.register("xfer.align.local", 64).unwrap();
     local.memory().write(0, &pattern(64, 6)).unwrap();
@@ -280,7 +280,7 @@ pub fn alignment_follows_the_same_phase_rule(owner: &dyn Fabric, peer: &dyn Fabr
 
 /// A batch mixing every kind of op executes in order, each result in its
 /// op's position, each transfer seeing the effects of the ops before it.
-pub fn a_batch_mixes_old_and_new_ops(owner: &dyn Fabric, peer: &dyn Fabric) {
+pub(crate) fn a_batch_mixes_old_and_new_ops(owner: &dyn Fabric, peer: &dyn Fabric) {
     let (at_owner, remote) = remote_region(owner, peer, "xfer.mixed", 64, 7);
     let local = peer.register("xfer.mixed.local", 64).unwrap();
     local.memory().write(0, &pattern(64, 8)).unwrap();
@@ -321,7 +321,7 @@ pub fn a_batch_mixes_old_and_new_ops(owner: &dyn Fabric, peer: &dyn Fabric) {
 /// (into the peer's slot) or by a peer's `WriteFrom` (into the owner's
 /// region), once their completion was waited on, are what a `RegionBytes`
 /// made afterwards shows.
-pub fn a_view_sees_the_bytes_that_arrived_before_it(owner: &dyn Fabric, peer: &dyn Fabric) {
+pub(crate) fn a_view_sees_the_bytes_that_arrived_before_it(owner: &dyn Fabric, peer: &dyn Fabric) {
     let (at_owner, remote) = remote_region(owner, peer, "xfer.view", 4096, 9);
     let pool = peer.register("xfer.view.pool", 4096).unwrap();
     let slot = LocalSlice::new(pool.clone(), 1024, 3000);
@@ -341,7 +341,10 @@ pub fn a_view_sees_the_bytes_that_arrived_before_it(owner: &dyn Fabric, peer: &d
 /// Registers what `read_into_a_dead_peer_fails_and_writes_nothing` needs
 /// before the owner dies: the owner's region, the peer's handle and its
 /// local region (filled with a known pattern).
-pub fn before_the_owner_dies(owner: &dyn Fabric, peer: &dyn Fabric) -> (Arc<dyn RemoteRegion>, Arc<LocalRegion>) {
+pub(crate) fn before_the_owner_dies(
+    owner: &dyn Fabric,
+    peer: &dyn Fabric,
+) -> (Arc<dyn RemoteRegion>, Arc<LocalRegion>) {
     let (_at_owner, remote) = remote_region(owner, peer, "xfer.dead", 64, 11);
     let local = peer.register("xfer.dead.local", 64).unwrap();
     local.memory().write(0, &pattern(64, 12)).unwrap();
@@ -352,7 +355,7 @@ pub fn before_the_owner_dies(owner: &dyn Fabric, peer: &dyn Fabric) -> (Arc<dyn 
 
 /// After the owner died: `ReadInto` and `WriteFrom` fail with `PeerDead`,
 /// and the local region is untouched.
-pub fn read_into_a_dead_peer_fails_and_writes_nothing(remote: &dyn RemoteRegion, local: &Arc<LocalRegion>) {
+pub(crate) fn read_into_a_dead_peer_fails_and_writes_nothing(remote: &dyn RemoteRegion, local: &Arc<LocalRegion>) {
     let owner = remote.node();
     for _ in 0..3 {
         let err = remote.read_into(0, &LocalSlice::new(local.clone(), 0, 64)).unwrap_err();
@@ -369,7 +372,7 @@ pub fn read_into_a_dead_peer_fails_and_writes_nothing(remote: &dyn RemoteRegion,
 /// `OutOfBounds`); offsets and words of different lengths are a
 /// `BatchSize` error. A backend that returns `None` (reads go through
 /// batches only) passes trivially.
-pub fn words_read_at_once_match_a_batch_of_reads(owner: &dyn Fabric, peer: &dyn Fabric) {
+pub(crate) fn words_read_at_once_match_a_batch_of_reads(owner: &dyn Fabric, peer: &dyn Fabric) {
     let (_at_owner, remote) = remote_region(owner, peer, "xfer.words", 256, 11);
     let offsets = proptest::collection::vec(prop_oneof![4 => (0u64..32).prop_map(|w| w * 8), 1 => 0u64..300], 0..12);
     let mut runner = TestRunner::new(Config { cases: 64, ..Config::default() });
@@ -407,7 +410,7 @@ pub fn words_read_at_once_match_a_batch_of_reads(owner: &dyn Fabric, peer: &dyn 
 }
 
 /// `read_words_now` on a region whose owner is gone fails (where offered).
-pub fn words_read_at_once_from_a_dead_peer_fail(remote: &dyn RemoteRegion) {
+pub(crate) fn words_read_at_once_from_a_dead_peer_fail(remote: &dyn RemoteRegion) {
     let mut word = [0u64; 1];
     if let Some(read) = remote.read_words_now(&[0], &mut word) {
         assert!(matches!(read, Err(FabricError::PeerDead { .. })), "{read:?}");

@@ -21,24 +21,25 @@
 use std::io::{Read, Write};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tierstack_base::limits::{CHANNELS_MAX, INBOX_MESSAGES_MAX};
+use tierstack_base::time::instant_now;
 use tierstack_base::NodeId;
 use tierstack_fabric::{Channel, Fabric, FabricError, Message};
 use tierstack_fabric_wire::{encode, Frame, LENGTH_PREFIX_BYTES};
 
 /// A bound on every wait, only so that a broken backend fails instead of
 /// hanging; nothing here waits for it to pass.
-pub const BOUND: Duration = Duration::from_secs(30);
+pub(crate) const BOUND: Duration = Duration::from_secs(30);
 
 /// The fabric timeout the full-channel scenario needs: longer than filling
 /// and draining a channel takes, so a held send waits for room instead of
 /// timing out (a timeout would be a typed error, not a loss, but it is not
 /// the scenario).
-pub const SEND_TIMEOUT: Duration = Duration::from_secs(30);
+pub(crate) const SEND_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The channels the scenarios send on: every named service and a spare id.
-pub fn channels() -> Vec<Channel> {
+pub(crate) fn channels() -> Vec<Channel> {
     vec![
         Channel::LOCKS,
         Channel::COOP_CACHE,
@@ -52,7 +53,7 @@ pub fn channels() -> Vec<Channel> {
 
 /// A payload that names its channel, sender and sequence number (per sender
 /// and channel), padded to `len` bytes with a pattern of its own.
-pub fn tagged(channel: Channel, sender: NodeId, seq: u32, len: usize) -> Vec<u8> {
+pub(crate) fn tagged(channel: Channel, sender: NodeId, seq: u32, len: usize) -> Vec<u8> {
     let mut payload = vec![channel.id()];
     payload.extend_from_slice(&sender.0.to_le_bytes());
     payload.extend_from_slice(&seq.to_le_bytes());
@@ -62,7 +63,7 @@ pub fn tagged(channel: Channel, sender: NodeId, seq: u32, len: usize) -> Vec<u8>
 }
 
 /// The (channel id, sender, seq) a [`tagged`] payload names.
-pub fn tag_of(payload: &[u8]) -> (u8, NodeId, u32) {
+pub(crate) fn tag_of(payload: &[u8]) -> (u8, NodeId, u32) {
     let sender = u32::from_le_bytes(payload[1..5].try_into().unwrap());
     let seq = u32::from_le_bytes(payload[5..9].try_into().unwrap());
     (payload[0], NodeId(sender), seq)
@@ -82,7 +83,7 @@ fn assert_all_empty(fabric: &dyn Fabric, what: &str) {
 /// `receiver` and to itself. A service thread drains `Channel::LOCKS` of
 /// the receiver while the others are still being sent, and sees exactly its
 /// own messages; every other channel then holds exactly its own, in order.
-pub fn messages_stay_on_their_channel(sender: Arc<dyn Fabric>, receiver: Arc<dyn Fabric>) {
+pub(crate) fn messages_stay_on_their_channel(sender: Arc<dyn Fabric>, receiver: Arc<dyn Fabric>) {
     const ROUNDS: u32 = 200;
     let (to, me) = (receiver.local_node(), sender.local_node());
     let locks_service = {
@@ -135,7 +136,7 @@ pub fn messages_stay_on_their_channel(sender: Arc<dyn Fabric>, receiver: Arc<dyn
 /// bytes to a few KiB. The receiver drains every channel concurrently (a
 /// thread per channel) and sees, per channel and sender, sequence numbers
 /// 0, 1, 2, … without gaps.
-pub fn per_sender_order_holds_per_channel(senders: Vec<Arc<dyn Fabric>>, receiver: Arc<dyn Fabric>) {
+pub(crate) fn per_sender_order_holds_per_channel(senders: Vec<Arc<dyn Fabric>>, receiver: Arc<dyn Fabric>) {
     const PER_SENDER: u32 = 3000;
     let chosen = channels();
     let pick = |sender: u32, i: u32| chosen[((i * 7 + sender * 3 + (i / 5) * sender) as usize) % chosen.len()];
@@ -200,7 +201,7 @@ pub fn per_sender_order_holds_per_channel(senders: Vec<Arc<dyn Fabric>>, receive
 
 /// A channel id out of range is refused with a typed error before anything
 /// is sent, and nothing arrives anywhere.
-pub fn out_of_range_channels_are_typed_errors(sender: &dyn Fabric, receiver: &dyn Fabric) {
+pub(crate) fn out_of_range_channels_are_typed_errors(sender: &dyn Fabric, receiver: &dyn Fabric) {
     for id in [CHANNELS_MAX as u8, 200, u8::MAX] {
         let sent = Channel::new(id).and_then(|channel| sender.send(receiver.local_node(), channel, b"nowhere"));
         assert_eq!(sent, Err(FabricError::UnknownChannel { channel: id }));
@@ -211,7 +212,7 @@ pub fn out_of_range_channels_are_typed_errors(sender: &dyn Fabric, receiver: &dy
 }
 
 /// A byte stream to a receiver's message endpoint, as a backend opens it.
-pub trait RawStream: Read + Write {}
+pub(crate) trait RawStream: Read + Write {}
 impl<T: Read + Write> RawStream for T {}
 
 /// A raw connection that says `Hello` as `from`, delivers one good message,
@@ -220,7 +221,7 @@ impl<T: Read + Write> RawStream for T {}
 /// the bad frame (never reading the third), and goes on serving `sender`.
 /// `open_raw` connects to the receiver's message endpoint with a read
 /// timeout of [`BOUND`].
-pub fn a_bad_channel_byte_on_the_wire_closes_that_connection_only(
+pub(crate) fn a_bad_channel_byte_on_the_wire_closes_that_connection_only(
     open_raw: &dyn Fn() -> Box<dyn RawStream>,
     from: NodeId,
     sender: &dyn Fabric,
@@ -286,7 +287,7 @@ fn fill_payload(seq: usize) -> Vec<u8> {
 /// What the full-channel scenario observed; every backend must produce
 /// [`FullChannelOutcome::EXPECTED`].
 #[derive(Debug, PartialEq, Eq)]
-pub struct FullChannelOutcome {
+pub(crate) struct FullChannelOutcome {
     /// The full channel's inbox reached its bound while its sender was held
     /// back (had not finished sending).
     pub filled_while_sender_held: bool,
@@ -303,7 +304,7 @@ pub struct FullChannelOutcome {
 const OTHER_CHANNEL_MESSAGES: usize = 100;
 
 impl FullChannelOutcome {
-    pub const EXPECTED: FullChannelOutcome = FullChannelOutcome {
+    pub(crate) const EXPECTED: FullChannelOutcome = FullChannelOutcome {
         filled_while_sender_held: true,
         other_channels_delivered_while_held: OTHER_CHANNEL_MESSAGES,
         still_held_after_other_channels: true,
@@ -318,7 +319,10 @@ impl FullChannelOutcome {
 /// another thread, and those messages arrive. Then the receiver drains
 /// `TEST` and every message arrives, in order. Both fabrics need a send
 /// timeout of at least [`SEND_TIMEOUT`].
-pub fn a_full_channel_holds_back_only_itself(sender: Arc<dyn Fabric>, receiver: Arc<dyn Fabric>) -> FullChannelOutcome {
+pub(crate) fn a_full_channel_holds_back_only_itself(
+    sender: Arc<dyn Fabric>,
+    receiver: Arc<dyn Fabric>,
+) -> FullChannelOutcome {
     let to = receiver.local_node();
     let sent = Arc::new(AtomicUsize::new(0));
     let filling = {
@@ -339,11 +343,11 @@ pub fn a_full_channel_holds_back_only_itself(sender: Arc<dyn Fabric>, receiver: 
     // Bounded by progress, not by a total: a backend whose sends are slow
     // (each one acknowledged, on a loaded machine) still fills the inbox; a
     // broken one stops making progress and fails.
-    let (mut seen, mut progressed) = ((0, 0), Instant::now());
+    let (mut seen, mut progressed) = ((0, 0), instant_now());
     while full.len() < INBOX_MESSAGES_MAX {
         let now = (full.len(), sent.load(Ordering::Acquire));
         if now != seen {
-            (seen, progressed) = (now, Instant::now());
+            (seen, progressed) = (now, instant_now());
         } else if progressed.elapsed() > BOUND {
             break;
         }
