@@ -13,8 +13,11 @@ use crate::layout::{
 use rand::Rng;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
+// These maps are caches: a panic while holding them cannot leave them
+// inconsistent in a way that matters, so a poisoned lock is recovered.
+use tierstack_base::sync::lock;
 use tierstack_base::{seeded_rng, Clock, NodeId, SeededRng, SystemClock};
 use tierstack_fabric::{
     check_batch, execute_on_memory, Completion, Fabric, FabricError, LocalRegion, Op, OpResult, PeerState, RemoteRegion,
@@ -171,12 +174,6 @@ pub struct Ddss {
     stats: Stats,
 }
 
-fn locked<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    // A panic while holding these maps cannot leave them inconsistent in a
-    // way that matters (they are caches), so a poisoned lock is recovered.
-    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
 fn word_at(bytes: &[u8], at: usize) -> u64 {
     let mut w = [0u8; 8];
     w.copy_from_slice(&bytes[at..at + 8]);
@@ -305,7 +302,7 @@ impl Ddss {
     }
 
     fn home(&self, node: NodeId) -> Result<Arc<Home>> {
-        if let Some(home) = locked(&self.homes).get(&node) {
+        if let Some(home) = lock(&self.homes).get(&node) {
             return Ok(home.clone());
         }
         let region: Arc<dyn RemoteRegion> = match &self.local {
@@ -323,7 +320,7 @@ impl Ddss {
         region.read(0, &mut header)?;
         let layout = Layout::from_header(node, &header, region.len())?;
         let home = Arc::new(Home { region, layout });
-        locked(&self.homes).insert(node, home.clone());
+        lock(&self.homes).insert(node, home.clone());
         Ok(home)
     }
 
@@ -477,7 +474,7 @@ impl Ddss {
             });
             match free {
                 Ok(free) => {
-                    let tie: u64 = locked(&self.rng).gen();
+                    let tie: u64 = lock(&self.rng).gen();
                     ranked.push((std::cmp::Reverse(free), tie, node));
                 }
                 Err(e) => {
@@ -512,7 +509,7 @@ impl Ddss {
         let slots = home.layout.slots(class);
         let (bitmap_offset, words) = home.layout.bitmap(class);
         let bitmap = RegionBitmap { region: &*home.region, offset: bitmap_offset, words };
-        let start = locked(&self.rng).gen_range(0..slots);
+        let start = lock(&self.rng).gen_range(0..slots);
         let mut swept = false;
         loop {
             let mut claimed = 0;
@@ -654,7 +651,7 @@ impl Ddss {
         if nth_u64(results, 3)? != locked_word {
             return Err(DdssError::Corrupt { node: key.home(), reason: "lock word changed while held".into() });
         }
-        locked(&self.copies).remove(&key);
+        lock(&self.copies).remove(&key);
         let index = home.layout.slot_index(key.class(), slot).ok_or_else(|| DdssError::UnknownKey {
             key: key.to_string(),
             reason: "slot vanished from the layout".into(),
@@ -712,7 +709,7 @@ impl Ddss {
         bump(&self.stats.puts);
         if keeps_copies(key.coherence()) {
             let copy = LocalCopy { raw_version, base, bytes: Arc::from(value), fetched_at_ns: started_ns };
-            locked(&self.copies).offer(key, copy);
+            lock(&self.copies).offer(key, copy);
         }
         Ok(raw_version.saturating_sub(base))
     }
@@ -722,7 +719,7 @@ impl Ddss {
         let (home, slot) = self.slot(&key)?;
         let model = key.coherence();
         let now_ns = self.clock.now_ns();
-        let copy = locked(&self.copies).get(&key).cloned();
+        let copy = lock(&self.copies).get(&key).cloned();
         match plan_get(model, copy.as_ref(), now_ns) {
             GetPlan::UseCopy => {
                 if let Some(copy) = copy {
@@ -736,11 +733,11 @@ impl Ddss {
                     home.region.read(slot + SLOT_CONTROL, &mut words)?;
                     let control = SlotWord::unpack(word_at(&words, 0));
                     if control.generation != key.generation() || !control.live {
-                        locked(&self.copies).remove(&key);
+                        lock(&self.copies).remove(&key);
                         return Err(Self::mismatch(key, control));
                     }
                     if copy_is_fresh(model, copy.raw_version, word_at(&words, 8)) {
-                        locked(&self.copies).refresh(&key, copy.raw_version, now_ns);
+                        lock(&self.copies).refresh(&key, copy.raw_version, now_ns);
                         bump(&self.stats.gets_validated);
                         return Ok(user_value(&copy));
                     }
@@ -754,7 +751,7 @@ impl Ddss {
         bump(&self.stats.gets_fetched);
         if keeps_copies(model) {
             let copy = LocalCopy { raw_version, base, bytes: Arc::from(data), fetched_at_ns: now_ns };
-            let newest = locked(&self.copies).offer(key, copy);
+            let newest = lock(&self.copies).offer(key, copy);
             return Ok(user_value(&newest));
         }
         Ok((raw_version.saturating_sub(base), data))
@@ -819,11 +816,11 @@ impl Ddss {
         }
         let header = SlotWord::unpack(word_at(&payload, 0));
         if header.generation != key.generation() || !header.live {
-            locked(&self.copies).remove(&key);
+            lock(&self.copies).remove(&key);
             return Err(Self::mismatch(key, header));
         }
         if header.low == LOST_VALUE_LEN {
-            locked(&self.copies).remove(&key);
+            lock(&self.copies).remove(&key);
             return Err(DdssError::ValueLost { key });
         }
         let base = word_at(&payload, 8);
@@ -841,7 +838,7 @@ impl Ddss {
 
     /// Forgets the cached region handle and layout of `node` (after it restarted).
     pub fn forget_home(&self, node: NodeId) {
-        locked(&self.homes).remove(&node);
+        lock(&self.homes).remove(&node);
     }
 }
 

@@ -37,6 +37,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
+// A panic while holding a cell would be a bug; the state is still the
+// machine's last consistent state, so keep going rather than cascade.
+use tierstack_base::sync::lock;
 use tierstack_base::{host_monotonic_ns, NodeId};
 use tierstack_fabric::{Channel, Fabric, FabricError, LocalRegion, PeerState, RemoteRegion};
 
@@ -302,12 +305,6 @@ pub trait LockScheme: Send + Sync {
     fn debug_state(&self, lock: LockId) -> String {
         format!("{}: no state dump for {lock}", self.node())
     }
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    // A panic while holding a cell would be a bug; the state is still the
-    // machine's last consistent state, so keep going rather than cascade.
-    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 fn unix_ms() -> u64 {
