@@ -18,8 +18,11 @@
 use crate::generate_body;
 use bytes::Bytes;
 use std::collections::HashMap;
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::Mutex;
 use std::time::Duration;
+// A body is plain bytes: a panic elsewhere while holding the lock leaves
+// nothing inconsistent that the body check would not itself report.
+use tierstack_base::sync::lock;
 
 /// Default pause between the two halves of an update's rewrite.
 pub const UPDATE_WRITE_PAUSE_DEFAULT: Duration = Duration::from_millis(1);
@@ -43,12 +46,6 @@ impl Default for StoreConfig {
 pub(crate) struct DocumentStore {
     documents: HashMap<String, Mutex<Option<Vec<u8>>>>,
     update_write_pause: Duration,
-}
-
-/// A body is plain bytes: a panic elsewhere while holding the lock leaves
-/// nothing inconsistent that the body check would not itself report.
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 impl DocumentStore {

@@ -1,8 +1,10 @@
 //! Base types every tierstack layer shares, and nothing else.
 //!
-//! This crate owns three small things:
+//! This crate owns four small things:
 //! - [`NodeId`], the one name for a node of a cluster (a process);
 //! - [`limits`], the named bounds the rest of the system is sized by;
+//! - [`sync::lock`], the one poison-tolerant mutex lock (and why poisoning
+//!   is tolerated);
 //! - the **time and randomness seam**: [`Clock`] and [`SeededRng`]. Code that a
 //!   simulator will drive takes a `&dyn Clock` and a seeded RNG instead of
 //!   calling `Instant::now` or `thread_rng`, so a failing run replays from its seed.
@@ -14,6 +16,7 @@
 //! It depends on no other tierstack crate and performs no I/O.
 
 pub mod limits;
+pub mod sync;
 pub mod time;
 
 pub use time::{host_monotonic_ns, Clock, HostClock, ManualClock, SystemClock};

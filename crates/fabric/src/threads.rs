@@ -1,13 +1,12 @@
 //! Helpers every backend uses for its service threads.
 
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::Mutex;
 use std::thread::JoinHandle;
 
 /// Locks a mutex, ignoring poisoning: a backend's critical sections leave
 /// their data consistent, and a panic elsewhere must not take the fabric down.
-pub fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
-}
+/// The one helper of the tree, re-exported for the backends.
+pub use tierstack_base::sync::lock;
 
 /// Joins every thread in `threads`, taking the list again until it stays
 /// empty (a thread may start another while we join) and never holding its

@@ -27,6 +27,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::Duration;
 use tierstack_base::time::instant_now;
+// A panic while holding a lock is a bug elsewhere; the state is still the
+// best there is, so keep serving with it.
+use tierstack_base::sync::lock;
 use tierstack_fabric::{Channel, Fabric, FabricError, LocalRegion, NodeId, Op, PeerState, RemoteRegion};
 
 /// A service's configuration; every node of a cluster gets the same.
@@ -166,12 +169,6 @@ type Found = Option<(u64, Vec<u8>)>;
 
 /// Messages of one primitive call: (kind, bytes, charged).
 type Sent = Vec<(MsgKind, u64, bool)>;
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // A panic while holding a lock is a bug elsewhere; the state is still
-    // the best there is, so keep serving with it.
-    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-}
 
 impl CoopNode {
     /// Registers this node's regions and starts its receiver thread.
