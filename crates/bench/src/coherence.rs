@@ -163,6 +163,82 @@ pub fn autogroup_enabled() -> Option<bool> {
     std::fs::read_to_string("/proc/sys/kernel/sched_autogroup_enabled").ok().map(|text| text.trim() == "1")
 }
 
+/// `tierstack bench coherence`'s flags; `--hot` picks
+/// [`CoherenceBenchConfig::hot`]'s defaults instead of
+/// [`CoherenceBenchConfig::new`]'s.
+#[derive(clap::Args, Clone, Debug)]
+pub struct CoherenceArgs {
+    /// Output folder for JSON and plots.
+    #[arg(long, default_value = "report/coherence")]
+    pub out: PathBuf,
+    /// Compute threads 0 and 200 only, 3 s per run.
+    #[arg(long)]
+    pub quick: bool,
+    /// Compute-thread counts (default 0,25,50,100,200).
+    #[arg(long, value_delimiter = ',')]
+    pub compute_threads: Option<Vec<usize>>,
+    /// Seconds per run.
+    #[arg(long)]
+    pub duration_s: Option<u64>,
+    /// Placements of the module for poll/tcp and poll/shm: `shared` (in the compute
+    /// threads' scheduling group, the paper's node) and/or `own` (module and server
+    /// each in a session, so an autogroup, of its own).
+    #[arg(long, value_delimiter = ',', default_value = "shared,own")]
+    pub placements: Vec<String>,
+    /// The hot-document experiment instead (issue 16): ttl, poll/shm, poll/shm with
+    /// write-through push and poll/shm with proxy-side refresh at 200 compute threads and
+    /// 32 connections, single/zipf/worldcup.
+    #[arg(long)]
+    pub hot: bool,
+    /// Connections of the load client (default 16; 32 with --hot).
+    #[arg(long)]
+    pub connections: Option<usize>,
+    /// With --hot: compute threads of the Zipf and WorldCup-like runs (default: the last
+    /// of --compute-threads, 200).
+    #[arg(long, requires = "hot")]
+    pub trace_threads: Option<usize>,
+    /// Write-through's bound on an update's wait for its pushes.
+    #[arg(long, default_value_t = 500)]
+    pub write_through_bound_ms: u64,
+}
+
+impl CoherenceArgs {
+    /// The configuration these flags describe; an unknown placement is an error.
+    pub fn config(self, exe: PathBuf) -> Result<CoherenceBenchConfig> {
+        let mut config = if self.hot {
+            CoherenceBenchConfig::hot(exe, self.out, self.quick)
+        } else {
+            CoherenceBenchConfig::new(exe, self.out, self.quick)
+        };
+        config.placements = self.placements.iter().map(|p| Placement::parse(p)).collect::<Result<_>>()?;
+        if let Some(connections) = self.connections {
+            config.connections = connections;
+        }
+        config.trace_threads = self.trace_threads;
+        config.write_through_bound = Duration::from_millis(self.write_through_bound_ms);
+        if let Some(threads) = self.compute_threads {
+            config.compute_threads = threads;
+        }
+        if let Some(seconds) = self.duration_s {
+            config.duration = Duration::from_secs(seconds);
+        }
+        Ok(config)
+    }
+
+    /// Runs the experiment `--hot` chose; `exe` is the `tierstack`
+    /// executable the tiers are started from.
+    pub fn run(self, exe: impl FnOnce() -> std::io::Result<PathBuf>) -> Result<()> {
+        let hot = self.hot;
+        let config = self.config(exe()?)?;
+        if hot {
+            run_hot(&config)?;
+        } else {
+            run(&config)?;
+        }
+        Ok(())
+    }
+}
+
 pub struct CoherenceBenchConfig {
     pub exe: PathBuf,
     pub out_dir: PathBuf,

@@ -72,6 +72,88 @@ impl CoopBenchConfig {
     }
 }
 
+/// `tierstack bench coop`'s flags: the simulator's knobs, or with `--http`
+/// the real processes' ([`crate::coop_http::CoopHttpConfig`]). Unset
+/// options keep the `--quick`-dependent defaults of the configs.
+#[derive(clap::Args, Clone, Debug)]
+pub struct CoopArgs {
+    /// Output folder for JSON and plots.
+    #[arg(long, default_value = "report/coop")]
+    pub out: PathBuf,
+    /// Scale 0.05, 10 requests per file.
+    #[arg(long)]
+    pub quick: bool,
+    /// Working set and cache scale (1.0 = the seed's 10,000 files and 64 MiB per node).
+    #[arg(long)]
+    pub scale: Option<f64>,
+    /// Requests per document of the trace.
+    #[arg(long)]
+    pub requests_per_file: Option<u64>,
+    /// The web servers' disk seek (the miss cost), microseconds.
+    #[arg(long)]
+    pub disk_seek_us: Option<f64>,
+    /// Replica search cost per page table, nanoseconds.
+    #[arg(long)]
+    pub lookup_ns: Option<u64>,
+    /// Proxy CPU per miss, microseconds (the calibration knob).
+    #[arg(long)]
+    pub miss_cpu_us: Option<u64>,
+    /// Proxy counts to run (default 2,8; with --http: 2).
+    #[arg(long, value_delimiter = ',')]
+    pub proxies: Option<Vec<usize>>,
+    /// Real processes instead: `tierstack origin` web servers, `proxy --coop` proxies and
+    /// `coop-node` passive nodes under `tierstack load`'s closed loop, the simulator beside.
+    #[arg(long)]
+    pub http: bool,
+    /// --http: the traces (default 8k,32k with --quick, else all four).
+    #[arg(long, value_delimiter = ',', requires = "http")]
+    pub traces: Option<Vec<String>>,
+    /// --http: fabric backend (shm or tcp).
+    #[arg(long, requires = "http")]
+    pub backend: Option<tierstack_cluster::Backend>,
+    /// --http: measured seconds per run (after a warm-up).
+    #[arg(long, requires = "http")]
+    pub duration_s: Option<f64>,
+}
+
+impl CoopArgs {
+    /// The simulator's configuration (without `--http`).
+    pub fn config(&self) -> CoopBenchConfig {
+        let mut config = CoopBenchConfig::new(self.out.clone(), self.quick);
+        config.scale = self.scale.unwrap_or(config.scale);
+        config.requests_per_file = self.requests_per_file.unwrap_or(config.requests_per_file);
+        config.disk_seek_us = self.disk_seek_us.unwrap_or(config.disk_seek_us);
+        config.lookup_ns = self.lookup_ns.unwrap_or(config.lookup_ns);
+        config.miss_cpu_ns = self.miss_cpu_us.map_or(config.miss_cpu_ns, |us| us * 1000);
+        config.proxies = self.proxies.clone().unwrap_or(config.proxies);
+        config
+    }
+
+    /// The real processes' configuration (`--http`): one proxy count, the
+    /// first of `--proxies`.
+    pub fn http_config(&self, exe: PathBuf) -> crate::coop_http::CoopHttpConfig {
+        let mut config = crate::coop_http::CoopHttpConfig::new(exe, self.out.clone(), self.quick);
+        config.scale = self.scale.unwrap_or(config.scale);
+        config.traces = self.traces.clone().unwrap_or(config.traces);
+        config.backend = self.backend.unwrap_or(config.backend);
+        config.proxies = self.proxies.as_ref().and_then(|p| p.first().copied()).unwrap_or(config.proxies);
+        config.duration_ms = self.duration_s.map_or(config.duration_ms, |s| (s * 1000.0) as u64);
+        config.disk_seek_us = self.disk_seek_us.map_or(config.disk_seek_us, |us| us as u64);
+        config
+    }
+
+    /// Runs the experiment `--http` chose; `exe` is the `tierstack`
+    /// executable the real processes are started from.
+    pub fn run(&self, exe: impl FnOnce() -> std::io::Result<PathBuf>) -> anyhow::Result<()> {
+        if self.http {
+            crate::coop_http::run_http(&self.http_config(exe()?))?;
+        } else {
+            run_bench(&self.config())?;
+        }
+        Ok(())
+    }
+}
+
 /// The calibrated web-server disk seek (see the module docs and
 /// docs/results.md): AC ≈ ½ of the cooperative schemes at 8k / 2 proxies.
 pub const DISK_SEEK_US: f64 = 100.0;

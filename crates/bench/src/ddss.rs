@@ -91,6 +91,55 @@ pub struct DdssBenchConfig {
     pub redis_server: Option<PathBuf>,
 }
 
+/// `tierstack bench ddss`'s flags.
+#[derive(clap::Args, Clone, Debug)]
+pub struct DdssArgs {
+    /// Output folder for JSON and plots.
+    #[arg(long, default_value = "report/ddss")]
+    pub out: PathBuf,
+    /// Fewer operations per cell (300 instead of 5000).
+    #[arg(long)]
+    pub quick: bool,
+    /// Backends to measure.
+    #[arg(long, value_delimiter = ',', default_value = "shm,tcp")]
+    pub backends: Vec<Backend>,
+    /// Measured operations per cell (overrides the --quick choice).
+    #[arg(long)]
+    pub iterations: Option<usize>,
+    /// Value sizes in bytes.
+    #[arg(long, value_delimiter = ',', default_value = "1,64,1024,4096,16384,65536")]
+    pub sizes: Vec<usize>,
+    /// Run the home node inside this process instead of a separate `ddss-daemon` process.
+    #[arg(long)]
+    pub in_process: bool,
+    /// Skip the Redis comparison.
+    #[arg(long)]
+    pub no_redis: bool,
+}
+
+impl DdssArgs {
+    /// The configuration these flags describe; `exe` (the `tierstack`
+    /// executable) is asked for only when the home node is a process.
+    pub fn config(self, exe: impl FnOnce() -> std::io::Result<PathBuf>) -> Result<DdssBenchConfig> {
+        let home = if self.in_process { Home::InProcess } else { Home::Process(exe()?) };
+        let mut config = DdssBenchConfig::new(self.out, home, self.quick);
+        config.backends = self.backends;
+        config.sizes = self.sizes;
+        if let Some(iterations) = self.iterations {
+            config.iterations = iterations;
+            config.warmup = iterations / 10;
+        }
+        config.redis = !self.no_redis;
+        Ok(config)
+    }
+
+    /// Runs the experiment.
+    pub fn run(self, exe: impl FnOnce() -> std::io::Result<PathBuf>) -> Result<()> {
+        run(&self.config(exe)?)?;
+        Ok(())
+    }
+}
+
 impl DdssBenchConfig {
     pub fn new(out_dir: PathBuf, home: Home, quick: bool) -> Self {
         let iterations = if quick { ITERATIONS_QUICK } else { ITERATIONS_FULL };

@@ -81,6 +81,64 @@ pub enum NodeKind {
     Processes { exe: PathBuf },
 }
 
+/// `tierstack bench dlm`'s flags; unset options keep
+/// [`DlmBenchConfig::new`]'s `--quick`-dependent defaults.
+#[derive(clap::Args, Clone, Debug)]
+pub struct DlmArgs {
+    /// Output folder for JSON and plots.
+    #[arg(long, default_value = "report/dlm")]
+    pub out: PathBuf,
+    /// Fewer rounds and waiter counts 1,4,16 (for smoke runs).
+    #[arg(long)]
+    pub quick: bool,
+    /// Backends to measure.
+    #[arg(long, value_delimiter = ',', default_value = "shm,tcp")]
+    pub backends: Vec<Backend>,
+    /// Lock schemes to compare.
+    #[arg(long, value_delimiter = ',', default_value = "ncoshed,srsl,dqnl")]
+    pub schemes: Vec<Scheme>,
+    /// Waiter counts of the cascade sweep (default 1,2,4,8,16; 1,4,16 with --quick).
+    #[arg(long, value_delimiter = ',')]
+    pub waiters: Option<Vec<usize>>,
+    /// Cascades per cell, spread over 3 passes (default 90; 5 in one pass with --quick).
+    #[arg(long)]
+    pub rounds: Option<usize>,
+    /// Run the nodes as threads of this process (each with its own fabric) instead of processes.
+    #[arg(long)]
+    pub threads: bool,
+    /// Rounds of the recovery-after-a-kill measurement per scheme and backend (default 15; 3 with
+    /// --quick; 0 skips it; processes only).
+    #[arg(long)]
+    pub recovery_rounds: Option<usize>,
+}
+
+impl DlmArgs {
+    /// The configuration these flags describe; `exe` (the `tierstack`
+    /// executable) is asked for only when the nodes are processes.
+    pub fn config(self, exe: impl FnOnce() -> std::io::Result<PathBuf>) -> Result<DlmBenchConfig> {
+        let nodes = if self.threads { NodeKind::Threads } else { NodeKind::Processes { exe: exe()? } };
+        let mut config = DlmBenchConfig::new(self.out, nodes, self.quick);
+        config.backends = self.backends;
+        config.schemes = self.schemes;
+        if let Some(waiters) = self.waiters {
+            config.waiters = waiters;
+        }
+        if let Some(rounds) = self.rounds {
+            config.rounds = rounds;
+        }
+        if let Some(recovery_rounds) = self.recovery_rounds {
+            config.recovery_rounds = recovery_rounds;
+        }
+        Ok(config)
+    }
+
+    /// Runs the experiment.
+    pub fn run(self, exe: impl FnOnce() -> std::io::Result<PathBuf>) -> Result<()> {
+        run(&self.config(exe)?)?;
+        Ok(())
+    }
+}
+
 /// What to measure.
 #[derive(Clone, Debug)]
 pub struct DlmBenchConfig {

@@ -62,6 +62,39 @@ impl FabricBenchConfig {
     }
 }
 
+/// `tierstack bench fabric`'s flags.
+#[derive(clap::Args, Clone, Debug)]
+pub struct FabricArgs {
+    /// Output folder for JSON and plots.
+    #[arg(long, default_value = "report/fabric")]
+    pub out: PathBuf,
+    /// Shorter measurements (for smoke runs).
+    #[arg(long)]
+    pub quick: bool,
+    /// Backends to measure.
+    #[arg(long, value_delimiter = ',', default_value = "shm,tcp")]
+    pub backends: Vec<Backend>,
+    /// Busy threads in the owner, one run each.
+    #[arg(long, value_delimiter = ',', default_value = "0,16,64,200")]
+    pub loads: Vec<usize>,
+}
+
+impl FabricArgs {
+    /// The configuration these flags describe.
+    pub fn config(self, exe: PathBuf) -> FabricBenchConfig {
+        let mut config = FabricBenchConfig::new(exe, self.out, self.quick);
+        config.backends = self.backends;
+        config.loads = self.loads;
+        config
+    }
+
+    /// Runs the experiment; `exe` is the `tierstack` executable the owners are started from.
+    pub fn run(self, exe: impl FnOnce() -> std::io::Result<PathBuf>) -> Result<()> {
+        run(&self.config(exe()?))?;
+        Ok(())
+    }
+}
+
 /// Results for one backend. A message's latency is a round trip (send and
 /// acknowledgement); its bandwidth is measured by streaming bursts.
 #[derive(Serialize, Default)]

@@ -12,7 +12,9 @@
 //! optionally loaded with busy threads), [`deploy`] (a 2-tier data-center
 //! as processes), [`cluster`] (`tierstack cluster up|status|down`: a
 //! topology's services as detached processes). Experiments: [`fabric`], [`coherence`], [`pushpull`],
-//! [`dlm`], [`ddss`], [`monitor`]; [`demo`] is the comparison `tierstack demo` tells.
+//! [`dlm`], [`ddss`], [`monitor`]; [`demo`] is the comparison `tierstack demo` tells and
+//! [`demo_run`] runs it;
+//! [`dlm_holds`] is the random-hold workload `tierstack dlm-node` runs.
 
 pub mod cluster;
 pub mod coherence;
@@ -20,8 +22,10 @@ pub mod coop;
 pub mod coop_http;
 pub mod ddss;
 pub mod demo;
+pub mod demo_run;
 pub mod deploy;
 pub mod dlm;
+pub mod dlm_holds;
 pub mod dlm_nodes;
 pub mod fabric;
 pub mod html;

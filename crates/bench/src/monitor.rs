@@ -43,6 +43,83 @@ use tierstack_workload::Trace;
 const BACKEND: NodeId = NodeId(0);
 const FRONT: NodeId = NodeId(1);
 
+/// `tierstack bench monitor`'s flags: Fig. 8a ([`MonitorBenchConfig`]),
+/// Fig. 8b ([`ThroughputConfig`]) or the reconfiguration experiment
+/// ([`ReconfigBenchConfig`]).
+#[derive(clap::Args, Clone, Debug)]
+pub struct MonitorArgs {
+    /// Output folder for JSON and plots.
+    #[arg(long, default_value = "report/monitor")]
+    pub out: PathBuf,
+    /// Compute threads 0, 50, 200 and 1 s per run.
+    #[arg(long)]
+    pub quick: bool,
+    /// Compute-thread counts (default 0,25,50,100,200).
+    #[arg(long, value_delimiter = ',')]
+    pub compute_threads: Option<Vec<usize>>,
+    /// Seconds of sampling per run.
+    #[arg(long)]
+    pub duration_s: Option<u64>,
+    /// The back end's monitor interval (RDMA-Async, Socket-Async), ms.
+    #[arg(long, default_value_t = 10)]
+    pub interval_ms: u64,
+    /// Which figure: 8a (accuracy), 8b (throughput of balancing), both,
+    /// or reconfig (two sites, load shifting, with and without the agent).
+    #[arg(long, default_value = "both", value_parser = ["8a", "8b", "both", "reconfig"])]
+    pub figure: String,
+    /// Fig. 8b: Zipf exponents (default 0.25,0.5,0.75,0.9; 0.5,0.9 with --quick).
+    #[arg(long, value_delimiter = ',')]
+    pub alphas: Option<Vec<f64>>,
+    /// Fig. 8b: per-read CPU cost of the application servers (`app-server --cpu-cost`).
+    #[arg(long, default_value = "rubis")]
+    pub cpu_cost: String,
+    /// Fig. 8b: closed-loop clients.
+    #[arg(long, default_value_t = 16)]
+    pub connections: usize,
+}
+
+impl MonitorArgs {
+    /// Runs the figures `--figure` chose; `exe` is the `tierstack`
+    /// executable the back ends are started from.
+    pub fn run(self, exe: impl FnOnce() -> std::io::Result<PathBuf>) -> Result<()> {
+        let exe = exe()?;
+        let interval = Duration::from_millis(self.interval_ms.max(1));
+        if self.figure == "reconfig" {
+            let mut config = ReconfigBenchConfig::new(exe, self.out, self.quick);
+            if let Some(seconds) = self.duration_s {
+                config.phase = Duration::from_secs(seconds);
+            }
+            run_reconfig(&config)?;
+            return Ok(());
+        }
+        if self.figure != "8b" {
+            let mut config = MonitorBenchConfig::new(exe.clone(), self.out.clone(), self.quick);
+            if let Some(threads) = self.compute_threads {
+                config.compute_threads = threads;
+            }
+            if let Some(seconds) = self.duration_s {
+                config.duration = Duration::from_secs(seconds);
+            }
+            config.interval = interval;
+            run(&config)?;
+        }
+        if self.figure != "8a" {
+            let mut config = ThroughputConfig::new(exe, self.out, self.quick);
+            if let Some(alphas) = self.alphas {
+                config.alphas = alphas;
+            }
+            if let Some(seconds) = self.duration_s {
+                config.duration = Duration::from_secs(seconds);
+            }
+            config.interval = interval;
+            config.cpu_cost = self.cpu_cost;
+            config.connections = self.connections;
+            run_throughput(&config)?;
+        }
+        Ok(())
+    }
+}
+
 pub struct MonitorBenchConfig {
     /// The `tierstack` executable, to start the back end.
     pub exe: PathBuf,

@@ -159,6 +159,81 @@ impl PressBenchConfig {
     }
 }
 
+/// `tierstack bench press`'s flags; unset options keep
+/// [`PressBenchConfig::new`]'s `--quick`-dependent defaults.
+#[derive(clap::Args, Clone, Debug)]
+pub struct PressArgs {
+    /// Output folder for JSON and plots.
+    #[arg(long, default_value = "report/press")]
+    pub out: PathBuf,
+    /// Clarknet only, 1 and 2 nodes, 2 s per run.
+    #[arg(long)]
+    pub quick: bool,
+    /// Traces (clarknet, nasa, rutgers, usask, wc98).
+    #[arg(long, value_delimiter = ',')]
+    pub traces: Option<Vec<String>>,
+    /// Node counts of Fig. 5 (the largest is used for the per-trace runs).
+    #[arg(long, value_delimiter = ',')]
+    pub nodes: Option<Vec<usize>>,
+    /// Scale of the synthesized traces (files and per-node caches).
+    #[arg(long)]
+    pub scale: Option<f64>,
+    /// Seconds measured per run.
+    #[arg(long)]
+    pub duration_s: Option<u64>,
+    /// Closed-loop client connections.
+    #[arg(long)]
+    pub connections: Option<usize>,
+    /// Systems run per trace (press-tcp, press-base, press-rdma-1c, press-rdma, press-zero, traditional,
+    /// distrib-ho, dispatch-ho, haproxy); default all (haproxy skipped when not installed).
+    #[arg(long, value_delimiter = ',')]
+    pub systems: Option<Vec<String>>,
+    /// Rounds: each point run this many times, the systems alternated; the tables show means and the
+    /// versions' order per round.
+    #[arg(long, default_value_t = 1)]
+    pub repeats: usize,
+    /// Skip Fig. 5's node-count sweep.
+    #[arg(long)]
+    pub skip_fig5: bool,
+}
+
+impl PressArgs {
+    /// The configuration these flags describe; an unknown system is an error.
+    pub fn config(self, exe: PathBuf) -> Result<PressBenchConfig> {
+        let mut config = PressBenchConfig::new(exe, self.out, self.quick);
+        if let Some(traces) = self.traces {
+            config.traces = traces;
+        }
+        if let Some(nodes) = self.nodes {
+            config.nodes = nodes;
+        }
+        if let Some(scale) = self.scale {
+            config.scale = scale;
+        }
+        if let Some(duration_s) = self.duration_s {
+            config.duration_s = duration_s;
+        }
+        if let Some(connections) = self.connections {
+            config.connections = connections;
+        }
+        if let Some(systems) = self.systems {
+            if let Some(bad) = systems.iter().find(|s| !SYSTEMS.contains(&s.as_str())) {
+                anyhow::bail!("unknown system {bad:?} (expected one of {SYSTEMS:?})");
+            }
+            config.systems = systems;
+        }
+        config.repeats = self.repeats.max(1);
+        config.skip_fig5 = self.skip_fig5;
+        Ok(config)
+    }
+
+    /// Runs the experiment; `exe` is the `tierstack` executable the nodes are started from.
+    pub fn run(self, exe: impl FnOnce() -> std::io::Result<PathBuf>) -> Result<()> {
+        run(&self.config(exe()?)?)?;
+        Ok(())
+    }
+}
+
 /// One measured run.
 #[derive(Clone, Debug, Serialize)]
 pub struct PressRun {

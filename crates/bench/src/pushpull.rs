@@ -71,6 +71,67 @@ pub struct PushPullBenchConfig {
     pub seed: u64,
 }
 
+/// `tierstack bench push-pull`'s flags.
+#[derive(clap::Args, Clone, Debug)]
+pub struct PushPullArgs {
+    /// Output folder for JSON and plots.
+    #[arg(long, default_value = "report/pushpull")]
+    pub out: PathBuf,
+    /// 3 s per run instead of 10.
+    #[arg(long)]
+    pub quick: bool,
+    /// Backends to measure.
+    #[arg(long, value_delimiter = ',', default_value = "shm,tcp")]
+    pub backends: Vec<Backend>,
+    /// Push policies (pull, push, hybrid:<fraction>, useful:<probability>).
+    #[arg(long, value_delimiter = ',')]
+    pub policies: Option<Vec<String>>,
+    /// Each proxy's cache size: small enough that pushes evict.
+    #[arg(long, default_value_t = CACHE_BYTES_DEFAULT)]
+    pub cache_bytes: usize,
+    /// Zipf documents (sizes 200 B to 1 MiB).
+    #[arg(long, default_value_t = DOCS_DEFAULT)]
+    pub docs: usize,
+    /// Zipf exponent of the requests.
+    #[arg(long, default_value_t = ALPHA_DEFAULT)]
+    pub alpha: f64,
+    /// One update of a uniformly chosen document every this many ms.
+    #[arg(long, default_value_t = UPDATE_INTERVAL_MS_DEFAULT)]
+    pub update_interval_ms: u64,
+    /// Seconds per run (overrides the --quick choice).
+    #[arg(long)]
+    pub duration_s: Option<u64>,
+    /// Load client connections.
+    #[arg(long, default_value_t = CONNECTIONS_DEFAULT)]
+    pub connections: usize,
+}
+
+impl PushPullArgs {
+    /// The configuration these flags describe.
+    pub fn config(self, exe: PathBuf) -> PushPullBenchConfig {
+        let mut config = PushPullBenchConfig::new(exe, self.out, self.quick);
+        config.backends = self.backends;
+        if let Some(policies) = self.policies {
+            config.policies = policies;
+        }
+        config.cache_bytes = self.cache_bytes;
+        config.docs = self.docs;
+        config.alpha = self.alpha;
+        config.update_interval_ms = self.update_interval_ms;
+        config.connections = self.connections;
+        if let Some(seconds) = self.duration_s {
+            config.duration = Duration::from_secs(seconds);
+        }
+        config
+    }
+
+    /// Runs the experiment; `exe` is the `tierstack` executable the tiers are started from.
+    pub fn run(self, exe: impl FnOnce() -> std::io::Result<PathBuf>) -> Result<()> {
+        run(&self.config(exe()?))?;
+        Ok(())
+    }
+}
+
 /// The default policy sweep: the paper's three models, the hybrid at four
 /// fractions, and our `useful` rule at two thresholds.
 pub fn default_policies() -> Vec<String> {

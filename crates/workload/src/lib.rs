@@ -80,6 +80,7 @@ pub mod arrival;
 pub mod clf;
 mod fit;
 pub mod published;
+pub mod show;
 pub mod sizes;
 pub mod target;
 pub mod worldcup;

@@ -18,32 +18,16 @@
 //! then calls `create_lock` for every lock as well, before `ready`:
 //! creation is idempotent (the slot is claimed by a compare-and-swap on its
 //! tag, so it finds the slot the home claimed, or claims that same slot),
-//! and it is retried for up to [`LOCK_SETUP_TIMEOUT_MS`] while a home is
+//! and it is retried for up to `LOCK_SETUP_TIMEOUT_MS` while a home is
 //! not up yet. A non-server's `ready` therefore means every lock exists; a
 //! server checks the other servers' locks the same way after `go`, before
 //! its first operation. A launcher starts the servers, then the others.
 //!
 //! **Output** (one JSON object per line on standard output):
 //! - `ready` (plain text) once the manager runs and the locks exist;
-//! - per completed hold: `{node, lock, mode, token, start_ns, granted_ns,
-//!   released_ns}` — `token` is the fencing token (null for a shared hold
-//!   without one); `start_ns` is read before the acquire call,
-//!   `granted_ns` after it returned and `released_ns` before the release
-//!   call, all from `CLOCK_MONOTONIC` (one clock for every process on the
-//!   host), so `granted_ns..released_ns` lies inside the real hold and two
-//!   recorded intervals that overlap prove that the holds overlapped;
-//! - per failed acquire or release: `{node, lock, mode, phase, error, peer,
-//!   message, start_ns, failed_ns}` with `error` one of `timeout`,
-//!   `peer_dead`, `broken`, `would_block`, `other` and `peer` the node the
-//!   error names (the holder waited for, the dead node), or null; a failed
-//!   release also has the hold's `token`, `granted_ns` and `released_ns`
-//!   (a hold whose release says `broken` was revoked: a recovery went past
-//!   it while this node was stopped, or an operator broke the lock); the
-//!   node goes on with its next operation;
-//! - with `--announce`: `{event: "granted", ...}` as soon as a grant
-//!   returns, and during each hold `{event: "handled", messages}` whenever
-//!   the count of lock messages this node has handled changes (a holder's
-//!   view of who queued behind it);
+//! - per hold, per failed operation and (with `--announce`) per grant and
+//!   handled-message count: the lines of `tierstack_bench::dlm_holds`,
+//!   which runs the workload;
 //! - after the last operation the summary `{done, scheme, ops, holds,
 //!   errors, messages_handled, message_errors, violations, moves,
 //!   peers_lost}` (see `DlmStats`).
@@ -56,30 +40,17 @@
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use rand::Rng;
 use serde_json::{json, Value};
-use std::io::{BufRead, Write};
+use std::io::BufRead;
 use std::ops::Range;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tierstack_base::host_monotonic_ns as monotonic_ns;
-use tierstack_base::{seeded_rng, NodeId};
-use tierstack_cluster::{Role, Topology};
+use tierstack_base::NodeId;
+use tierstack_bench::dlm_holds::{emit, ensure_locks, lock_servers, parse_lock_range, HoldWorkload};
 use tierstack_dlm::status::{read_node_status, NodeStatus};
 use tierstack_dlm::table::{alive_region, home_of, read_table, table_region, SlotView};
-use tierstack_dlm::{DlmConfig, Grant, LockError, LockId, LockManager, LockMode, Scheme, Wait};
+use tierstack_dlm::{DlmConfig, LockId, LockManager, Scheme};
 use tierstack_fabric::PeerState;
-
-/// Most locks one node may operate on.
-pub const LOCKS_MAX: u64 = 1024;
-/// How long a node waits for the homes of its locks to come up.
-pub const LOCK_SETUP_TIMEOUT_MS: u64 = 30_000;
-/// Pause between attempts to reach a home that is not up yet.
-const LOCK_SETUP_RETRY_MS: u64 = 5;
-/// Poll interval of an announced hold (for `handled` events).
-const ANNOUNCE_POLL_US: u64 = 500;
-/// Pause after an acquire that failed for a reason other than a timeout
-/// (a home that is down, say), so the node does not spin on it.
-const FAILED_ACQUIRE_PAUSE_MS: u64 = 20;
 
 #[derive(Args)]
 pub struct LockNodeArgs {
@@ -166,104 +137,6 @@ pub fn run_bench_node(args: BenchNodeArgs) -> Result<()> {
     tierstack_bench::dlm_nodes::serve_node(fabric, topology.node_ids(), std::io::stdin().lock(), std::io::stdout())
 }
 
-fn parse_lock_range(text: &str) -> Result<Range<u64>, String> {
-    let (first, end) = text.split_once("..").ok_or_else(|| format!("expected FIRST..END, got {text:?}"))?;
-    let first: u64 = first.trim().parse().map_err(|e| format!("bad first lock in {text:?}: {e}"))?;
-    let end: u64 = end.trim().parse().map_err(|e| format!("bad end in {text:?}: {e}"))?;
-    if first >= end || end - first > LOCKS_MAX || end == u64::MAX {
-        return Err(format!("{text:?} must name 1..={LOCKS_MAX} locks below {}", u64::MAX));
-    }
-    Ok(first..end)
-}
-
-/// The nodes that keep lock tables: the topology's non-passive nodes.
-pub fn lock_servers(topology: &Topology) -> Vec<NodeId> {
-    topology.nodes.iter().filter(|n| n.role != Role::Passive).map(|n| n.id).collect()
-}
-
-/// Prints one line; standard output is line-buffered, so it leaves at once.
-fn emit(line: &Value) -> Result<()> {
-    let mut out = std::io::stdout().lock();
-    writeln!(out, "{line}")?;
-    out.flush()?;
-    Ok(())
-}
-
-/// The kind and the node an error names, for the checker.
-fn classify(error: &LockError) -> (&'static str, Option<NodeId>) {
-    match error {
-        LockError::Timeout { blocked_on, .. } => ("timeout", *blocked_on),
-        LockError::PeerDead { node, .. } => ("peer_dead", Some(*node)),
-        LockError::Broken { .. } => ("broken", None),
-        LockError::WouldBlock { .. } => ("would_block", None),
-        _ => ("other", None),
-    }
-}
-
-/// Creates every lock in `locks` (idempotent), retrying while its home is
-/// not up yet, until [`LOCK_SETUP_TIMEOUT_MS`].
-fn ensure_locks(manager: &LockManager, locks: impl Iterator<Item = LockId>) -> Result<()> {
-    let deadline = Instant::now() + Duration::from_millis(LOCK_SETUP_TIMEOUT_MS);
-    for lock in locks {
-        loop {
-            match manager.create_lock(lock) {
-                Ok(()) => break,
-                Err(e @ (LockError::InvalidLockId { .. } | LockError::TableFull { .. } | LockError::Config(_))) => {
-                    return Err(e).with_context(|| format!("creating {lock}"));
-                }
-                Err(e) if Instant::now() >= deadline => {
-                    return Err(e).with_context(|| {
-                        format!("{lock}: its home was not reachable within {LOCK_SETUP_TIMEOUT_MS} ms")
-                    });
-                }
-                Err(_) => std::thread::sleep(Duration::from_millis(LOCK_SETUP_RETRY_MS)),
-            }
-        }
-    }
-    Ok(())
-}
-
-/// Holds for `hold`; with `announce`, reports the lock messages handled meanwhile.
-fn hold_for(manager: &LockManager, node: NodeId, hold: Duration, announce: bool) -> Result<()> {
-    if !announce {
-        if hold.is_zero() {
-            std::thread::yield_now();
-        } else {
-            std::thread::sleep(hold);
-        }
-        return Ok(());
-    }
-    let end = Instant::now() + hold;
-    let mut seen = manager.stats().messages_handled;
-    loop {
-        let now = Instant::now();
-        if now >= end {
-            return Ok(());
-        }
-        std::thread::sleep((end - now).min(Duration::from_micros(ANNOUNCE_POLL_US)));
-        let handled = manager.stats().messages_handled;
-        if handled != seen {
-            seen = handled;
-            emit(&json!({ "event": "handled", "node": node.0, "messages": handled }))?;
-        }
-    }
-}
-
-fn error_line(node: NodeId, lock: LockId, mode: LockMode, phase: &str, error: &LockError, start_ns: u64) -> Value {
-    let (kind, peer) = classify(error);
-    json!({
-        "node": node.0,
-        "lock": lock.0,
-        "mode": mode.name(),
-        "phase": phase,
-        "error": kind,
-        "peer": peer.map(|p| p.0),
-        "message": error.to_string(),
-        "start_ns": start_ns,
-        "failed_ns": monotonic_ns(),
-    })
-}
-
 /// Runs the node: see the module documentation.
 pub fn run_node(args: LockNodeArgs) -> Result<()> {
     let node = args.at.id();
@@ -296,70 +169,40 @@ pub fn run_node(args: LockNodeArgs) -> Result<()> {
         ensure_locks(&manager, locks())?;
     }
 
-    let mut rng = seeded_rng(args.seed.wrapping_add(u64::from(node.0)));
-    let timeout = Duration::from_millis(args.acquire_timeout_ms);
-    let hold = Duration::from_micros(args.hold_us);
-    let scheme = manager.scheme().clone();
-    let (mut holds, mut errors) = (0usize, 0usize);
-    for _ in 0..args.ops {
-        if args.run_until_ns.is_some_and(|end| monotonic_ns() >= end) {
-            break;
-        }
-        let lock = LockId(rng.gen_range(args.locks.clone()));
-        let mode = if rng.gen_range(0..100) < args.shared_percent { LockMode::Shared } else { LockMode::Exclusive };
-        let start_ns = monotonic_ns();
-        let grant: Grant = match scheme.acquire(lock, mode, Wait::Timeout(timeout)) {
-            Ok(grant) => grant,
-            Err(e) => {
-                errors += 1;
-                emit(&error_line(node, lock, mode, "acquire", &e, start_ns))?;
-                if !matches!(e, LockError::Timeout { .. }) {
-                    std::thread::sleep(Duration::from_millis(FAILED_ACQUIRE_PAUSE_MS));
-                }
-                continue;
-            }
-        };
-        // Read after the grant returned and before the release is called:
-        // the recorded interval lies inside the real hold.
-        let granted_ns = monotonic_ns();
-        let token = grant.fencing_token();
-        if args.announce {
-            emit(&json!({
-                "event": "granted", "node": node.0, "lock": lock.0, "mode": mode.name(),
-                "token": token, "granted_ns": granted_ns,
-            }))?;
-        }
-        hold_for(&manager, node, hold, args.announce)?;
-        let released_ns = monotonic_ns();
-        if let Err(e) = scheme.release(&grant) {
-            errors += 1;
-            let mut line = error_line(node, lock, mode, "release", &e, start_ns);
-            line["token"] = json!(token);
-            line["granted_ns"] = json!(granted_ns);
-            line["released_ns"] = json!(released_ns);
-            emit(&line)?;
-            continue;
-        }
-        holds += 1;
-        emit(&json!({
-            "node": node.0, "lock": lock.0, "mode": mode.name(), "token": token,
-            "start_ns": start_ns, "granted_ns": granted_ns, "released_ns": released_ns,
-        }))?;
-    }
+    let workload = HoldWorkload {
+        node,
+        locks: args.locks.clone(),
+        ops: args.ops,
+        shared_percent: args.shared_percent,
+        seed: args.seed,
+        hold: Duration::from_micros(args.hold_us),
+        acquire_timeout: Duration::from_millis(args.acquire_timeout_ms),
+        announce: args.announce,
+        run_until_ns: args.run_until_ns,
+    };
+    let mut out = std::io::stdout();
+    let tally = workload.run(&manager, &mut out)?;
+    let (holds, errors) = (tally.holds, tally.errors);
     let stats = manager.stats();
-    emit(&json!({
+    emit(
+        &mut out,
+        &json!({
         "done": node.0, "scheme": args.scheme.name(), "ops": args.ops, "holds": holds, "errors": errors,
         "messages_handled": stats.messages_handled, "message_errors": stats.message_errors,
         "moves": stats.moves, "peers_lost": stats.peers_lost, "violations": stats.violations,
-    }))?;
+        }),
+    )?;
 
     // Keep serving (the receive thread does) until asked to stop.
     let _ = stopped.recv();
     let stats = manager.stats();
     drop(manager);
-    emit(&json!({
+    emit(
+        &mut out,
+        &json!({
         "stopped": node.0, "messages_handled": stats.messages_handled, "message_errors": stats.message_errors,
-    }))?;
+        }),
+    )?;
     if errors > 0 {
         bail!("{errors} of {} operations failed", args.ops);
     }
