@@ -27,7 +27,7 @@
 use crate::html::Page;
 use crate::owner::{write_topology, ChildNode, NodeLine};
 use crate::report::{line_plot, us, write_json, Axes, Series, Table};
-use crate::stats::{summarize, Summary};
+use crate::stats::{summarize_serial, Summary};
 use anyhow::{bail, Context, Result};
 use serde::Serialize;
 use std::path::{Path, PathBuf};
@@ -164,11 +164,6 @@ impl DdssReport {
     }
 }
 
-fn summarize_samples(samples_ns: Vec<u64>) -> Summary {
-    let wall_ns = samples_ns.iter().sum();
-    summarize(samples_ns, wall_ns)
-}
-
 fn cells_of(rows: Vec<LatencyRow>, experiment: &str) -> impl Iterator<Item = Cell> + '_ {
     rows.into_iter().map(move |row| Cell {
         system: row.system,
@@ -176,7 +171,7 @@ fn cells_of(rows: Vec<LatencyRow>, experiment: &str) -> impl Iterator<Item = Cel
         op: row.op,
         model: row.model,
         value_bytes: row.value_bytes,
-        latency: summarize_samples(row.samples_ns),
+        latency: summarize_serial(row.samples_ns),
     })
 }
 
@@ -256,7 +251,7 @@ fn put_grid(config: &DdssBenchConfig, client: &Ddss) -> Result<Vec<Cell>> {
                 op: "put".into(),
                 model: model.to_string(),
                 value_bytes: size,
-                latency: summarize_samples(samples_ns),
+                latency: summarize_serial(samples_ns),
             });
         }
     }

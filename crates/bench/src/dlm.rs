@@ -41,7 +41,7 @@
 use crate::dlm_nodes::ProcessNodes;
 use crate::html::Page;
 use crate::report::{line_plot, us, write_json, Axes, Series, Table};
-use crate::stats::{summarize, Summary};
+use crate::stats::{summarize_serial, Summary};
 use anyhow::{bail, Context, Result};
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -255,11 +255,6 @@ impl DlmReport {
     }
 }
 
-fn summary_of(samples_ns: Vec<u64>) -> Summary {
-    let wall_ns = samples_ns.iter().sum();
-    summarize(samples_ns, wall_ns)
-}
-
 /// Raw samples of one backend, gathered over the passes.
 #[derive(Default)]
 struct Samples {
@@ -329,9 +324,9 @@ pub fn run(config: &DlmBenchConfig) -> Result<DlmReport> {
                 report.recovery.push(RecoveryResult {
                     backend: backend.name().to_string(),
                     scheme: scheme.name().to_string(),
-                    handoff: summary_of(handoff),
-                    dead_holder: summary_of(dead_holder),
-                    dead_waiter: summary_of(dead_waiter),
+                    handoff: summarize_serial(handoff),
+                    dead_holder: summarize_serial(dead_holder),
+                    dead_waiter: summarize_serial(dead_waiter),
                 });
             }
         }
@@ -498,7 +493,7 @@ fn collect(backend: Backend, samples: Samples, report: &mut DlmReport) {
             scheme: scheme.to_string(),
             mode: mode.name().to_string(),
             waiters,
-            summary: summary_of(samples_ns.clone()),
+            summary: summarize_serial(samples_ns.clone()),
             samples_ns,
         });
     }
@@ -507,7 +502,7 @@ fn collect(backend: Backend, samples: Samples, report: &mut DlmReport) {
             backend: b.clone(),
             scheme: scheme.to_string(),
             mode: mode.name().to_string(),
-            summary: summary_of(samples_ns),
+            summary: summarize_serial(samples_ns),
         });
     }
     for ((scheme, contenders, shared_percent), mut per_pass) in samples.throughput {

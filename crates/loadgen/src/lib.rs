@@ -44,7 +44,8 @@
 //! responses, a per-second series, and optionally every record,
 //! [`record::RecordLog`], writable as JSON Lines). The pure parts —
 //! [`deps`] (the `X-Tierstack-Deps` header of docs/coherence-protocol.md),
-//! [`staleness`] (offline and online checkers), [`stats`] — do no I/O.
+//! [`staleness`] (offline and online checkers) — do no I/O; latency
+//! statistics are `tierstack_stats`'s.
 //!
 //! Each connection is hyper's low-level `client::conn::http1` over its own
 //! `TcpStream`, re-opened after any error (in the closed loop with a bounded
@@ -86,7 +87,6 @@ pub mod record;
 mod report;
 mod run;
 pub mod staleness;
-pub mod stats;
 
 pub use http::Endpoint;
 pub use report::{

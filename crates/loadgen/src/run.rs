@@ -11,7 +11,6 @@ use crate::report::{
     UpdateSummary,
 };
 use crate::staleness::{self, OnlineChecker};
-use crate::stats::{percentile, Histogram};
 use crate::LoadError;
 use http::Method;
 use rand::Rng;
@@ -22,6 +21,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 use tierstack_base::{seeded_rng, Clock, SystemClock};
+use tierstack_stats::{percentile, Histogram};
 use tierstack_workload::{RequestStream, TargetChoice, TargetChooser, Trace};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
