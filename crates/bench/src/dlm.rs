@@ -2,9 +2,9 @@
 //! latency) for N-CoShED, SRSL and DQNL on our backends, plus uncontended
 //! acquire+release latency and throughput under contention.
 //!
-//! The measurements themselves live in [`tierstack_dlm::bench`]; this module
-//! chooses the sweep, runs it on the nodes, and reports tables, JSON and
-//! plots. Nodes are separate OS processes by default
+//! The measurements themselves live in [`measure`] (each node's side of
+//! them in `tierstack_dlm::harness`); this module chooses the sweep, runs it
+//! on the nodes, and reports tables, JSON and plots. Nodes are separate OS processes by default
 //! ([`crate::dlm_nodes::ProcessNodes`], one `tierstack dlm-bench-node` each,
 //! on a generated topology); or threads of this process, each with its own
 //! fabric ([`ThreadNodes`] on [`tierstack_cluster::local_cluster`]), for
@@ -38,17 +38,20 @@
 //! fit in a scheduler slice); the throughput table therefore shows lock
 //! messages per pair, which N-CoShED and DQNL only send when requests meet.
 
+pub mod measure;
+
 use crate::dlm_nodes::ProcessNodes;
 use crate::html::Page;
 use crate::report::{line_plot, us, write_json, Axes, Series, Table};
 use crate::stats::{summarize_serial, Summary};
 use anyhow::{bail, Context, Result};
+use measure::{contended_throughput, figure5, uncontended_ns, ThreadNodes};
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 use tierstack_cluster::{local_cluster, Backend};
-use tierstack_dlm::bench::{contended_throughput, figure5, uncontended_ns, LockNodes, ThreadNodes, BENCH_WAIT};
+use tierstack_dlm::harness::{LockNodes, BENCH_WAIT};
 use tierstack_dlm::LockMode;
 
 pub use tierstack_dlm::Scheme;
