@@ -14,7 +14,7 @@
 //! is known to be queued (each queued request costs exactly one message,
 //! which the managers count), node 1 releases. The sample is the time from
 //! that release until the last waiter is granted, both read from the host's
-//! monotonic clock ([`HostClock`]) so that they compare across processes;
+//! monotonic clock ([`tierstack_base::HostClock`]) so that they compare across processes;
 //! each waiter releases as soon as it is granted (the exclusive queue
 //! cascades through all of them). Each round starts only when no message is
 //! in flight (sent and handled counts agree) and ends only when every
