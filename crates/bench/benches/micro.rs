@@ -15,7 +15,7 @@ use std::time::Duration;
 use tierstack_base::NodeId;
 use tierstack_cluster::{local_cluster, Backend, LocalCluster};
 use tierstack_coherent::{DepsHeader, Incarnation, VersionChecker, VersionTable};
-use tierstack_dlm::bench::{start_managers, BENCH_LOCK};
+use tierstack_dlm::harness::{start_managers, BENCH_LOCK};
 use tierstack_dlm::{LockMode, Scheme, Wait};
 use tierstack_fabric::{LocalSlice, Op, RemoteRegion};
 

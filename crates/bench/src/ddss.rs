@@ -4,7 +4,7 @@
 //! sizes against Redis on loopback, measured in the same run.
 //!
 //! The 1-byte rows by model, the write-coherence size sweep and the Redis
-//! rows come from [`tierstack_ddss::bench`]; this module adds the figure's
+//! rows come from [`measure`] (RESP client: [`resp`]); this module adds the figure's
 //! own grid (put latency for every model at every size), chooses the nodes,
 //! and reports tables, JSON and plots.
 //!
@@ -24,20 +24,21 @@
 //! operation, back to back, on one thread; `ops_per_sec` in the JSON is
 //! therefore 1 / mean.
 
+pub mod measure;
+pub mod resp;
+
 use crate::html::Report;
 use crate::owner::{write_topology, ChildNode, NodeLine};
 use crate::report::{us, Axes, Plot, Series, Table};
-use crate::stats::{summarize, Summary};
+use crate::stats::{summarize_serial, Summary};
 use anyhow::{bail, Context, Result};
+use measure::{measure, measure_redis, measure_redis_server, BenchOptions, LatencyRow, RedisOutcome, SIZES};
 use serde::Serialize;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 use tierstack_base::NodeId;
 use tierstack_cluster::{local_cluster, open_fabric, pin_to_cpu, Backend, LocalCluster, Topology};
-use tierstack_ddss::bench::{
-    measure, measure_redis, measure_redis_server, BenchOptions, LatencyRow, RedisOutcome, SIZES,
-};
 use tierstack_ddss::ipc::DdssClient;
 use tierstack_ddss::layout::VALUE_BYTES_MAX;
 use tierstack_ddss::{Coherence, Ddss, DdssConfig, Placement};
@@ -200,7 +201,7 @@ pub struct DdssReport {
     pub cells: Vec<Cell>,
     /// Why Redis was not measured, if it was not.
     pub redis_skipped: Option<String>,
-    /// What the per-model rows can and cannot show (`tierstack_ddss::bench::MODEL_NOTE`).
+    /// What the per-model rows can and cannot show (`measure::MODEL_NOTE`).
     pub model_note: &'static str,
 }
 
@@ -213,11 +214,6 @@ impl DdssReport {
     }
 }
 
-fn summarize_samples(samples_ns: Vec<u64>) -> Summary {
-    let wall_ns = samples_ns.iter().sum();
-    summarize(samples_ns, wall_ns)
-}
-
 fn cells_of(rows: Vec<LatencyRow>, experiment: &str) -> impl Iterator<Item = Cell> + '_ {
     rows.into_iter().map(move |row| Cell {
         system: row.system,
@@ -225,7 +221,7 @@ fn cells_of(rows: Vec<LatencyRow>, experiment: &str) -> impl Iterator<Item = Cel
         op: row.op,
         model: row.model,
         value_bytes: row.value_bytes,
-        latency: summarize_samples(row.samples_ns),
+        latency: summarize_serial(row.samples_ns),
     })
 }
 
@@ -305,7 +301,7 @@ fn put_grid(config: &DdssBenchConfig, client: &Ddss) -> Result<Vec<Cell>> {
                 op: "put".into(),
                 model: model.to_string(),
                 value_bytes: size,
-                latency: summarize_samples(samples_ns),
+                latency: summarize_serial(samples_ns),
             });
         }
     }
@@ -318,7 +314,7 @@ pub fn run(config: &DdssBenchConfig) -> Result<DdssReport> {
     std::fs::create_dir_all(&config.out_dir).with_context(|| format!("creating {}", config.out_dir.display()))?;
     let scratch = tempfile::Builder::new().prefix("tierstack-ddss-").tempdir()?;
     let mut report = DdssReport {
-        model_note: tierstack_ddss::bench::MODEL_NOTE,
+        model_note: measure::MODEL_NOTE,
         cpus: tierstack_cluster::online_cpus(),
         home: config.home.describe(two_cpus()),
         iterations: config.iterations,
@@ -385,7 +381,7 @@ fn print_and_plot(config: &DdssBenchConfig, report: &DdssReport) -> Result<()> {
     out.table(&model_table(config, report, &systems));
     // The models share one put path, and three share one guarantee: say so
     // beside the numbers rather than let their noise read as differences.
-    out.text(&format!("note: {}\n", tierstack_ddss::bench::MODEL_NOTE));
+    out.text(&format!("note: {}\n", measure::MODEL_NOTE));
     let model_names: Vec<String> = config.models.iter().map(Coherence::to_string).collect();
     for grid in grid_tables(config, report, &systems, &model_names) {
         out.table(&grid);

@@ -2,9 +2,9 @@
 //! latency) for N-CoShED, SRSL and DQNL on our backends, plus uncontended
 //! acquire+release latency and throughput under contention.
 //!
-//! The measurements themselves live in [`tierstack_dlm::bench`]; this module
-//! chooses the sweep, runs it on the nodes, and reports tables, JSON and
-//! plots. Nodes are separate OS processes by default
+//! The measurements themselves live in [`measure`] (each node's side of
+//! them in `tierstack_dlm::harness`); this module chooses the sweep, runs it
+//! on the nodes, and reports tables, JSON and plots. Nodes are separate OS processes by default
 //! ([`crate::dlm_nodes::ProcessNodes`], one `tierstack dlm-bench-node` each,
 //! on a generated topology); or threads of this process, each with its own
 //! fabric ([`ThreadNodes`] on [`tierstack_cluster::local_cluster`]), for
@@ -38,17 +38,20 @@
 //! fit in a scheduler slice); the throughput table therefore shows lock
 //! messages per pair, which N-CoShED and DQNL only send when requests meet.
 
+pub mod measure;
+
 use crate::dlm_nodes::ProcessNodes;
 use crate::html::Report;
 use crate::report::{us, Axes, Plot, Series, Table};
-use crate::stats::{summarize, Summary};
+use crate::stats::{summarize_serial, Summary};
 use anyhow::{bail, Context, Result};
+use measure::{contended_throughput, figure5, uncontended_ns, ThreadNodes};
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 use tierstack_cluster::{local_cluster, Backend};
-use tierstack_dlm::bench::{contended_throughput, figure5, uncontended_ns, LockNodes, ThreadNodes, BENCH_WAIT};
+use tierstack_dlm::harness::{LockNodes, BENCH_WAIT};
 use tierstack_dlm::LockMode;
 
 pub use tierstack_dlm::Scheme;
@@ -313,11 +316,6 @@ impl DlmReport {
     }
 }
 
-fn summary_of(samples_ns: Vec<u64>) -> Summary {
-    let wall_ns = samples_ns.iter().sum();
-    summarize(samples_ns, wall_ns)
-}
-
 /// Raw samples of one backend, gathered over the passes.
 #[derive(Default)]
 struct Samples {
@@ -387,9 +385,9 @@ pub fn run(config: &DlmBenchConfig) -> Result<DlmReport> {
                 report.recovery.push(RecoveryResult {
                     backend: backend.name().to_string(),
                     scheme: scheme.name().to_string(),
-                    handoff: summary_of(handoff),
-                    dead_holder: summary_of(dead_holder),
-                    dead_waiter: summary_of(dead_waiter),
+                    handoff: summarize_serial(handoff),
+                    dead_holder: summarize_serial(dead_holder),
+                    dead_waiter: summarize_serial(dead_waiter),
                 });
             }
         }
@@ -556,7 +554,7 @@ fn collect(backend: Backend, samples: Samples, report: &mut DlmReport) {
             scheme: scheme.to_string(),
             mode: mode.name().to_string(),
             waiters,
-            summary: summary_of(samples_ns.clone()),
+            summary: summarize_serial(samples_ns.clone()),
             samples_ns,
         });
     }
@@ -565,7 +563,7 @@ fn collect(backend: Backend, samples: Samples, report: &mut DlmReport) {
             backend: b.clone(),
             scheme: scheme.to_string(),
             mode: mode.name().to_string(),
-            summary: summary_of(samples_ns),
+            summary: summarize_serial(samples_ns),
         });
     }
     for ((scheme, contenders, shared_percent), mut per_pass) in samples.throughput {

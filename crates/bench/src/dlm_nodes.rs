@@ -5,7 +5,7 @@
 //! it attaches to the fabric, prints `ready`, then runs the commands it reads
 //! on standard input, one per line, until standard input closes
 //! ([`serve_node`]). [`ProcessNodes`] is the driver, a
-//! [`LockNodes`] like the in-process [`tierstack_dlm::bench::ThreadNodes`],
+//! [`LockNodes`] like the in-process [`crate::dlm::measure::ThreadNodes`],
 //! so the same measurement code runs on both.
 //!
 //! Commands and their replies (`ok …` or `err MESSAGE`, one line each, in
@@ -38,7 +38,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 use tierstack_base::{host_monotonic_ns, NodeId};
 use tierstack_cluster::Backend;
-use tierstack_dlm::bench::{
+use tierstack_dlm::harness::{
     contend_pairs, hold_exclusive, overall_span, release_timed, start_manager, uncontended_pairs_ns, wait_and_release,
     LockNodes, MessageTotals, BENCH_WAIT,
 };

@@ -136,12 +136,11 @@
 //! one-sidedly on the mapped regions. The wire is documented in [`ipc`].
 //!
 //! # Benchmark
-//! [`bench`](mod@bench) measures Fig. 3a (put latency per model at 1 byte, get latency,
-//! value sizes 1 B .. 64 KiB) and the same sizes against a local
-//! `redis-server` over a minimal RESP client.
+//! The `bench` crate measures Fig. 3a (put latency per model at 1 byte, get
+//! latency, value sizes 1 B .. 64 KiB) through this crate's public API, and
+//! the same sizes against a local `redis-server`.
 
 pub mod alloc;
-pub mod bench;
 pub mod check;
 pub mod coherence;
 mod error;

@@ -10,7 +10,7 @@
 //! [`LockError`]; the [`LockScheme`] trait behind which the three
 //! [`Scheme`]s run; the pure protocol machines [`proto::LockClient`]
 //! (N-CoShED and DQNL) and [`srsl`]; the wire format [`msg`]; the
-//! measurements of Fig. 5 in [`mod@bench`]. `tests/model_check.rs` and
+//! node side of the Fig. 5 measurements in [`harness`]. `tests/model_check.rs` and
 //! `tests/model_check_srsl.rs` explore every interleaving of the protocol
 //! machines for small configurations (what they cover: "Model check" below).
 //!
@@ -267,8 +267,8 @@
 //! feeds [`LockManager::handle_message`]). Payloads start with the tag
 //! [`msg::SERVICE_TAG`] (`0x01`), checked on decode.
 
-pub mod bench;
 mod error;
+pub mod harness;
 pub mod msg;
 pub mod proto;
 mod runtime;

@@ -44,7 +44,8 @@
 //! responses, a per-second series, and optionally every record,
 //! [`record::RecordLog`], writable as JSON Lines). The pure parts —
 //! [`deps`] (the `X-Tierstack-Deps` header of docs/coherence-protocol.md),
-//! [`staleness`] (offline and online checkers), [`stats`] — do no I/O.
+//! [`staleness`] (offline and online checkers) — do no I/O; latency
+//! statistics are `tierstack_stats`'s.
 //!
 //! Each connection is hyper's low-level `client::conn::http1` over its own
 //! `TcpStream`, re-opened after any error (in the closed loop with a bounded
@@ -80,24 +81,30 @@
 //! ([`LoadReport::accounted`] checks all of these).
 
 pub mod body;
+mod client;
+mod config;
 pub mod deps;
 mod http;
+mod loops;
 pub mod record;
 mod report;
 mod run;
 pub mod staleness;
-pub mod stats;
+mod tally;
+mod updater;
 
+pub use config::{
+    LoadConfig, OpenLoop, CONNECTIONS_DEFAULT, CONNECTIONS_MAX, CONNECT_BACKOFF_MS_MAX, CONNECT_BACKOFF_MS_MIN,
+    MAX_IN_FLIGHT_DEFAULT, MAX_IN_FLIGHT_MAX, RATE_RPS_MAX, RECORDS_MAX_DEFAULT, REQUEST_TIMEOUT_MS_DEFAULT,
+    TARGETS_MAX, UPDATE_INTERVAL_MS_DEFAULT,
+};
 pub use http::Endpoint;
 pub use report::{
     ErrorCounts, IncarnationSeen, LoadReport, LoadShape, OpenLoopSummary, SecondPoint, StaleExample, TargetCounts,
     UpdateSummary,
 };
-pub use run::{
-    run, run_with, LiveSnapshot, LiveStats, LoadConfig, OpenLoop, CONNECTIONS_DEFAULT, CONNECTIONS_MAX,
-    CONNECT_BACKOFF_MS_MAX, CONNECT_BACKOFF_MS_MIN, MAX_IN_FLIGHT_DEFAULT, MAX_IN_FLIGHT_MAX, RATE_RPS_MAX,
-    RECORDS_MAX_DEFAULT, REQUEST_TIMEOUT_MS_DEFAULT, TARGETS_MAX, UPDATE_INTERVAL_MS_DEFAULT,
-};
+pub use run::{run, run_with};
+pub use tally::{LiveSnapshot, LiveStats};
 /// The open loop's schedule: `tierstack_workload::arrival`, the rule this
 /// client shares with the simulator, re-exported here as part of this API.
 pub use tierstack_workload::arrival;

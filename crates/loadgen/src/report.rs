@@ -2,8 +2,8 @@
 
 use crate::arrival::Arrivals;
 use crate::record::RecordLog;
-use crate::stats::LatencySummary;
 use serde::Serialize;
+use tierstack_stats::LatencySummary;
 use tierstack_workload::{TargetChoice, TraceSummary};
 
 /// Failed requests and bad responses, by kind.

@@ -73,16 +73,9 @@ pub struct MessageCount {
 }
 
 /// Request latencies from issue (open loop: from the scheduled time) to the
-/// reply's arrival at the client. Percentiles are nearest-rank.
-#[derive(Clone, Debug, Default, PartialEq, Serialize)]
-pub struct LatencySummary {
-    pub mean_ns: f64,
-    pub p50_ns: u64,
-    pub p90_ns: u64,
-    pub p99_ns: u64,
-    pub p999_ns: u64,
-    pub max_ns: u64,
-}
+/// reply's arrival at the client: `tierstack_stats`'s summary (nearest-rank
+/// percentiles), part of this crate's API as [`SimReport::latency`].
+pub use tierstack_stats::LatencySummary;
 
 /// Busy time over the makespan (CPU: over makespan × cores), across nodes.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
@@ -158,28 +151,9 @@ fn ratio(a: u64, b: u64) -> f64 {
     }
 }
 
-/// Nearest-rank percentile of sorted values.
-fn percentile(sorted: &[u64], p: f64) -> u64 {
-    if sorted.is_empty() {
-        return 0;
-    }
-    let rank = (p * sorted.len() as f64).ceil() as usize;
-    sorted[rank.clamp(1, sorted.len()) - 1]
-}
-
 impl SimReport {
     pub(crate) fn build(o: Outcome<'_>) -> Self {
-        let mut latencies = o.latencies;
-        latencies.sort_unstable();
-        let sum: u128 = latencies.iter().map(|&l| u128::from(l)).sum();
-        let latency = LatencySummary {
-            mean_ns: if latencies.is_empty() { 0.0 } else { sum as f64 / latencies.len() as f64 },
-            p50_ns: percentile(&latencies, 0.50),
-            p90_ns: percentile(&latencies, 0.90),
-            p99_ns: percentile(&latencies, 0.99),
-            p999_ns: percentile(&latencies, 0.999),
-            max_ns: latencies.last().copied().unwrap_or(0),
-        };
+        let latency = tierstack_stats::summarize(o.latencies);
         let mut totals = NodeCounts::default();
         for n in &o.per_node {
             totals.add(n);
@@ -332,20 +306,5 @@ impl SimReport {
             let _ = writeln!(s, "({} more nodes in the JSON report)", self.per_node.len() - shown);
         }
         s
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn percentiles_are_nearest_rank() {
-        let v: Vec<u64> = (1..=100).collect();
-        assert_eq!(percentile(&v, 0.5), 50);
-        assert_eq!(percentile(&v, 0.99), 99);
-        assert_eq!(percentile(&v, 0.999), 100);
-        assert_eq!(percentile(&[7], 0.5), 7);
-        assert_eq!(percentile(&[], 0.5), 0);
     }
 }

@@ -6,10 +6,11 @@
 //! run with a clear error, not a hang.
 
 use std::path::PathBuf;
+use tierstack_bench::dlm::measure::{cascade_latency_ns, wait_quiescent};
 use tierstack_bench::dlm::{run, DlmBenchConfig, NodeKind};
 use tierstack_bench::dlm_nodes::ProcessNodes;
 use tierstack_cluster::Backend;
-use tierstack_dlm::bench::{cascade_latency_ns, wait_quiescent, LockNodes};
+use tierstack_dlm::harness::LockNodes;
 use tierstack_dlm::{LockMode, Scheme};
 
 fn exe() -> PathBuf {

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 fn layer(name: &str) -> Option<u32> {
     Some(match name.strip_prefix("tierstack-").unwrap_or(name) {
-        "base" => 0,
+        "base" | "stats" => 0,
         "model" => 1,
         "fabric" => 1,
         "fabric-wire" | "ucx-sys" => 2,

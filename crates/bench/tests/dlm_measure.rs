@@ -1,15 +1,10 @@
 //! The benchmark functions run on every scheme and backend; their
 //! per-round message accounting (which keeps rounds from overlapping) holds.
 
-mod common;
-
-use common::{Backend, Cluster};
-use std::sync::Arc;
-use tierstack_dlm::bench::{
-    cascade_latency_ns, contended_throughput, figure5, uncontended_ns, LockNodes, ThreadNodes, BENCH_LOCK,
-};
+use tierstack_bench::dlm::measure::{cascade_latency_ns, contended_throughput, figure5, uncontended_ns, ThreadNodes};
+use tierstack_cluster::{local_cluster, Backend};
+use tierstack_dlm::harness::{LockNodes, BENCH_LOCK};
 use tierstack_dlm::{LockMode, Scheme};
-use tierstack_fabric::Fabric;
 
 fn states(nodes: &ThreadNodes) -> String {
     let states: Vec<String> =
@@ -20,9 +15,8 @@ fn states(nodes: &ThreadNodes) -> String {
 #[test]
 fn cascades_and_latencies_run_on_every_scheme() {
     for backend in [Backend::Shm, Backend::Tcp] {
-        let cluster = Cluster::new(backend, 5);
-        let fabrics: Vec<Arc<dyn Fabric>> = (0..5).map(|i| cluster.fabric(i)).collect();
-        let mut nodes = ThreadNodes::new(fabrics);
+        let cluster = local_cluster(backend, 5).unwrap();
+        let mut nodes = ThreadNodes::new(cluster.fabrics().to_vec());
         for (i, scheme) in Scheme::ALL.into_iter().enumerate() {
             nodes.start(scheme, &format!("bench{i}")).unwrap();
             assert_eq!(nodes.scheme().unwrap(), scheme);

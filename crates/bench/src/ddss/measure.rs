@@ -6,7 +6,8 @@
 //!
 //! The functions return raw per-operation samples ([`LatencyRow`]) so the
 //! caller can summarize, tabulate and plot them its own way;
-//! [`LatencyRow::summary`] is a small built-in summary.
+//! [`LatencyRow::summary`] is `tierstack_stats`'s summary of them. (This
+//! code lived in the `ddss` crate; it uses only its public API.)
 //!
 //! Gets under null and temporal coherence are answered from the reader's
 //! local copy, and under delta and read from it after a one-sided 16-byte
@@ -18,16 +19,15 @@
 //! per-model put rows measure the same thing; reports should say so
 //! ([`MODEL_NOTE`]) rather than present their differences as the models'.
 
-use crate::error::{DdssError, Result};
-use crate::key::{Coherence, Placement};
-use crate::substrate::Ddss;
+use super::resp::RespClient;
 use serde::Serialize;
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 use tierstack_base::{Clock, NodeId, SystemClock};
+use tierstack_ddss::{Coherence, Ddss, DdssError, Placement, Result};
+use tierstack_stats::LatencySummary;
 
 /// What a report of the per-model rows must say next to them.
 pub const MODEL_NOTE: &str = "put: one code path for all six models (lock + one batch), so per-model put \
@@ -39,8 +39,6 @@ for a put";
 pub const SIZES: [usize; 6] = [1, 64, 1024, 4096, 16 * 1024, 64 * 1024];
 /// How long to wait for a freshly started `redis-server` to answer.
 pub const REDIS_START_TIMEOUT_MS: u64 = 5000;
-/// Longest RESP reply the client accepts.
-const RESP_REPLY_BYTES_MAX: usize = 16 << 20;
 
 /// What to measure.
 #[derive(Clone, Debug)]
@@ -72,32 +70,15 @@ pub struct LatencyRow {
     pub samples_ns: Vec<u64>,
 }
 
-/// A row's summary.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
-pub struct LatencySummary {
-    pub count: usize,
-    pub mean_us: f64,
-    pub p50_us: f64,
-    pub p99_us: f64,
-    pub max_us: f64,
-}
-
 impl LatencyRow {
     pub fn summary(&self) -> LatencySummary {
-        let mut sorted = self.samples_ns.clone();
-        sorted.sort_unstable();
-        let pct = |p: f64| {
-            if sorted.is_empty() {
-                return 0.0;
-            }
-            let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
-            sorted[rank.clamp(1, sorted.len()) - 1] as f64 / 1000.0
-        };
-        let count = sorted.len();
-        let mean_us =
-            if count == 0 { 0.0 } else { sorted.iter().map(|s| *s as f64).sum::<f64>() / count as f64 / 1000.0 };
-        LatencySummary { count, mean_us, p50_us: pct(50.0), p99_us: pct(99.0), max_us: pct(100.0) }
+        tierstack_stats::summarize(self.samples_ns.clone())
     }
+}
+
+/// Nanoseconds as microseconds, for the table.
+fn us(ns: u64) -> f64 {
+    ns as f64 / 1000.0
 }
 
 /// A plain-text table of rows (for reports and the CLI).
@@ -110,7 +91,14 @@ pub fn table(rows: &[LatencyRow]) -> String {
         let s = row.summary();
         out.push_str(&format!(
             "{:<10} {:<4} {:<12} {:>8} {:>7} {:>10.2} {:>10.2} {:>10.2}\n",
-            row.system, row.op, row.model, row.value_bytes, s.count, s.mean_us, s.p50_us, s.p99_us
+            row.system,
+            row.op,
+            row.model,
+            row.value_bytes,
+            s.count,
+            s.mean_ns / 1000.0,
+            us(s.p50_ns),
+            us(s.p99_ns)
         ));
     }
     out
@@ -279,129 +267,9 @@ pub fn measure_redis_with(client: &mut RespClient, options: &BenchOptions) -> Re
     Ok(rows)
 }
 
-/// A minimal RESP (Redis protocol) client: PING, SET and GET only.
-pub struct RespClient {
-    reader: BufReader<TcpStream>,
-    writer: TcpStream,
-}
-
-fn resp_error(message: impl Into<String>) -> DdssError {
-    DdssError::Ipc(format!("redis: {}", message.into()))
-}
-
-impl RespClient {
-    pub fn connect(addr: &str) -> Result<Self> {
-        let stream = TcpStream::connect(addr).map_err(|e| resp_error(format!("connect {addr}: {e}")))?;
-        stream.set_nodelay(true).map_err(|e| resp_error(e.to_string()))?;
-        stream.set_read_timeout(Some(Duration::from_secs(5))).map_err(|e| resp_error(e.to_string()))?;
-        let writer = stream.try_clone().map_err(|e| resp_error(e.to_string()))?;
-        Ok(Self { reader: BufReader::new(stream), writer })
-    }
-
-    fn command(&mut self, parts: &[&[u8]]) -> Result<()> {
-        let mut out = format!("*{}\r\n", parts.len()).into_bytes();
-        for part in parts {
-            out.extend_from_slice(format!("${}\r\n", part.len()).as_bytes());
-            out.extend_from_slice(part);
-            out.extend_from_slice(b"\r\n");
-        }
-        self.writer.write_all(&out).map_err(|e| resp_error(format!("send: {e}")))
-    }
-
-    fn line(&mut self) -> Result<Vec<u8>> {
-        let mut line = Vec::new();
-        (&mut self.reader)
-            .take(RESP_REPLY_BYTES_MAX as u64)
-            .read_until(b'\n', &mut line)
-            .map_err(|e| resp_error(e.to_string()))?;
-        if !line.ends_with(b"\r\n") {
-            return Err(resp_error("truncated reply"));
-        }
-        line.truncate(line.len() - 2);
-        Ok(line)
-    }
-
-    fn simple(&mut self, expected: &[u8]) -> Result<()> {
-        let line = self.line()?;
-        if line.first() == Some(&b'+') && &line[1..] == expected {
-            Ok(())
-        } else {
-            Err(resp_error(format!("unexpected reply {:?}", String::from_utf8_lossy(&line))))
-        }
-    }
-
-    pub fn ping(&mut self) -> Result<()> {
-        self.command(&[b"PING"])?;
-        self.simple(b"PONG")
-    }
-
-    pub fn set(&mut self, key: &[u8], value: &[u8]) -> Result<()> {
-        self.command(&[b"SET", key, value])?;
-        self.simple(b"OK")
-    }
-
-    /// The value, or `None` for a missing key.
-    pub fn get(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>> {
-        self.command(&[b"GET", key])?;
-        let line = self.line()?;
-        if line.first() != Some(&b'$') {
-            return Err(resp_error(format!("unexpected reply {:?}", String::from_utf8_lossy(&line))));
-        }
-        let len: i64 = std::str::from_utf8(&line[1..])
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .ok_or_else(|| resp_error("bad bulk length"))?;
-        if len < 0 {
-            return Ok(None);
-        }
-        let len = usize::try_from(len).map_err(|_| resp_error("bad bulk length"))?;
-        if len > RESP_REPLY_BYTES_MAX {
-            return Err(resp_error("reply too large"));
-        }
-        let mut value = vec![0u8; len + 2];
-        self.reader.read_exact(&mut value).map_err(|e| resp_error(e.to_string()))?;
-        if !value.ends_with(b"\r\n") {
-            return Err(resp_error("bulk reply not terminated"));
-        }
-        value.truncate(len);
-        Ok(Some(value))
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::io::BufReader;
-
-    /// A fake RESP server on loopback that answers a scripted sequence, to
-    /// test the client's parsing without Redis.
-    fn fake_server(replies: &'static [u8]) -> String {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = listener.local_addr().unwrap().to_string();
-        std::thread::spawn(move || {
-            let (stream, _) = listener.accept().unwrap();
-            let mut writer = stream.try_clone().unwrap();
-            let mut reader = BufReader::new(stream);
-            let mut buf = Vec::new();
-            // Read one command's first line, then send everything.
-            reader.read_until(b'\n', &mut buf).unwrap();
-            writer.write_all(replies).unwrap();
-            // Keep the connection until the client goes away.
-            let _ = reader.read_to_end(&mut buf);
-        });
-        addr
-    }
-
-    #[test]
-    fn resp_client_parses_replies() {
-        let addr = fake_server(b"+PONG\r\n+OK\r\n$3\r\nabc\r\n$-1\r\n-ERR nope\r\n");
-        let mut client = RespClient::connect(&addr).unwrap();
-        client.ping().unwrap();
-        client.set(b"k", b"abc").unwrap();
-        assert_eq!(client.get(b"k").unwrap(), Some(b"abc".to_vec()));
-        assert_eq!(client.get(b"missing").unwrap(), None);
-        assert!(client.set(b"k", b"v").is_err(), "an error reply is an error");
-    }
 
     #[test]
     fn summaries_use_nearest_rank() {
@@ -413,8 +281,8 @@ mod tests {
             samples_ns: (1..=100).map(|i| i * 1000).collect(),
         };
         let s = row.summary();
-        assert_eq!((s.count, s.p50_us, s.p99_us, s.max_us), (100, 50.0, 99.0, 100.0));
-        assert!((s.mean_us - 50.5).abs() < 1e-9);
+        assert_eq!((s.count, us(s.p50_ns), us(s.p99_ns), us(s.max_ns)), (100, 50.0, 99.0, 100.0));
+        assert!((s.mean_ns / 1000.0 - 50.5).abs() < 1e-9);
         assert!(table(&[row]).contains("null"));
     }
 }

@@ -1,12 +1,12 @@
 //! Prints the Fig. 3a measurements on shm and tcp and the Redis comparison:
-//! `cargo run --release -p tierstack-ddss --example fig3a [iterations]`.
+//! `cargo run --release -p tierstack-bench --example ddss_fig3a [iterations]`.
 //! (The `tierstack bench ddss` command is the full experiment; this is the
-//! crate-level harness.)
+//! measurement alone.)
 
 use std::sync::Arc;
 use tierstack_base::NodeId;
+use tierstack_bench::ddss::measure::{measure, measure_redis, table, BenchOptions, RedisOutcome};
 use tierstack_cluster::{local_cluster, Backend};
-use tierstack_ddss::bench::{measure, measure_redis, table, BenchOptions, RedisOutcome};
 use tierstack_ddss::{Ddss, DdssConfig};
 
 fn main() -> anyhow::Result<()> {
