@@ -2,8 +2,6 @@
 //! not a pass/fail test). Run:
 //! `cargo test --release -p tierstack-fabric-tcp --test latency -- --ignored --nocapture`
 
-mod common;
-
 use std::time::{Duration, Instant};
 use tierstack_base::NodeId;
 use tierstack_fabric::{Fabric, Op};
@@ -13,7 +11,7 @@ use tierstack_fabric::{Fabric, Op};
 fn read_8_bytes_round_trip_latency() {
     const WARMUP: usize = 2_000;
     const SAMPLES: usize = 20_000;
-    let nodes = common::cluster(0, 2, Duration::from_secs(5));
+    let nodes = tierstack_testkit::nodes::tcp::cluster(0, 2, Duration::from_secs(5));
     nodes[1].register("lat", 64).unwrap();
     let remote = nodes[0].connect(NodeId(1), "lat").unwrap();
     for _ in 0..WARMUP {
