@@ -3,7 +3,7 @@
 //! each coherence model's definition by the independent checkers of
 //! `tierstack_ddss::check`.
 
-mod common;
+use crate::common;
 
 use common::{backends_with_ucx, start_with_clock};
 use rand::Rng;

@@ -2,7 +2,7 @@
 //! the counts are the model's for the same request order, one-sided reads
 //! appear only for the one-sided schemes, and bad configurations are refused.
 
-mod common;
+use crate::common;
 
 use common::closed;
 use tierstack_coop::{Model, ModelConfig, Scheme};

@@ -1,7 +1,7 @@
 //! The lock manager on real fabrics (shm and tcp), every scheme: a stress
 //! run with an independent mutual-exclusion checker, and every error path.
 
-mod common;
+use crate::common;
 
 use common::{Backend, Cluster};
 use rand::Rng;

@@ -7,7 +7,7 @@
 //! interval set to an hour) and wait for states they can observe
 //! ([`LockManager::waits`], message counters), never for time to pass.
 
-mod common;
+use crate::common;
 
 use common::{Backend, Cluster};
 use std::sync::Arc;
@@ -175,7 +175,7 @@ fn a_holder_that_stops_renewing_its_lease_loses_the_lock() {
 /// a restart, the new incarnation acknowledging, needs separate processes:
 /// inside one process a killed node's accepted message connections live on,
 /// so peers' cached links reach the dead incarnation; the chaos test in
-/// `tierstack/tests/dlm_processes.rs` restarts real processes.)
+/// `tierstack/tests/it/dlm_processes.rs` restarts real processes.)
 #[test]
 fn a_waiter_that_dies_and_restarts_is_still_found_lost() {
     let mut cluster = Cluster::new(Backend::Shm, 4);

@@ -1,7 +1,7 @@
 //! The node daemon (IPC management): clients share a node's substrate over
 //! the control socket, and get and put on shared memory directly.
 
-mod common;
+use crate::common;
 
 use common::small_config;
 use std::io::{BufRead, BufReader, Write};

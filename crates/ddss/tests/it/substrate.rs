@@ -1,7 +1,7 @@
 //! The substrate's operations and every error path, on both backends, and
 //! a model-based test of allocate/free/put/get against a map.
 
-mod common;
+use crate::common;
 
 use common::{small_config, start, start_with_clock, BACKENDS};
 use proptest::prelude::*;

@@ -63,7 +63,7 @@
 //! **did overlap** in some state (where the script makes it possible), and,
 //! where a death is explored, that some run did recover (a move happened).
 
-mod explorer;
+use crate::explorer;
 
 use explorer::{Req, E, S, TE, TS};
 use std::sync::Arc;

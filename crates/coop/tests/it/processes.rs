@@ -7,9 +7,7 @@
 //! with the node in an environment variable; each exits when its standard
 //! input closes, so a failed test leaves no process behind.
 
-mod common;
-
-use common::Kid;
+use crate::common::Kid;
 use std::io::BufRead;
 use std::path::Path;
 use std::sync::Arc;
@@ -18,6 +16,9 @@ use tierstack_coop::service::{CoopConfig, CoopNode, Lookup};
 use tierstack_coop::{Scheme, PAGE_BYTES};
 use tierstack_fabric::{Fabric, NodeId, PeerState};
 use tierstack_fabric_shm::{ShmConfig, ShmFabric};
+
+/// The test the children run (its path in the crate's one test binary).
+const CHILD_ENTRY: &str = "processes::child_entry";
 
 const ROOT: &str = "TIERSTACK_COOP_CHILD_ROOT";
 const NODE: &str = "TIERSTACK_COOP_CHILD_NODE";
@@ -84,7 +85,7 @@ fn processes(scheme: &str) {
     let mut kids: Vec<Kid> = (1..NODES)
         .map(|id| {
             Kid::spawn(
-                id,
+                CHILD_ENTRY,
                 &[(ROOT, root.path().display().to_string()), (NODE, id.to_string()), (SCHEME, scheme.to_string())],
             )
         })
@@ -105,8 +106,7 @@ fn processes(scheme: &str) {
     assert!(served > 0 && remote > 0, "{scheme}: cooperation happened ({served} served, {remote} remote)");
     // Kill node 2 (a holder of some entities and the home of others).
     let mut dead = kids.pop().unwrap();
-    dead.child.kill().unwrap();
-    dead.child.wait().unwrap();
+    dead.child.kill();
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while fabric.peer_state(NodeId(2)) != PeerState::Gone {
         assert!(std::time::Instant::now() < deadline, "node 2 never reported gone");

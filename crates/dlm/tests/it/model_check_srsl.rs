@@ -33,7 +33,7 @@
 //! revoked all the same (`break_floor_does_not_bound_grants_racing_the_break`
 //! pins that window; see the crate docs).
 
-mod explorer;
+use crate::explorer;
 
 use explorer::{Req, E, S, TE};
 use std::collections::BTreeMap;

@@ -4,7 +4,7 @@
 //! its `tests/modes.rs` checks a real run against), and takes the next
 //! document and target of stream `k mod W`.
 
-mod common;
+use crate::common;
 
 use common::{closed, ROUND_COSTS};
 use std::cell::RefCell;

@@ -12,7 +12,7 @@
 //! reads of the hottest files several nodes start caching them, and
 //! replicas make local hits; the paper measures after a warm-up run.
 
-mod common;
+use crate::common;
 
 use common::closed;
 use tierstack_sim::press::{Press, PressVersion};

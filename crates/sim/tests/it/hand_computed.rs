@@ -1,7 +1,7 @@
 //! Tiny configurations whose every event time is computed by hand from the
 //! round costs in `common` (1 byte per ns everywhere).
 
-mod common;
+use crate::common;
 
 use common::{closed, round_costs};
 use tierstack_sim::{

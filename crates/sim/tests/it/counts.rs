@@ -2,7 +2,7 @@
 //! the `independent` policy through `ByteLru`, determinism, and the engine's
 //! refusal of policies that break the request lifecycle.
 
-mod common;
+use crate::common;
 
 use common::closed;
 use proptest::prelude::*;

@@ -9,9 +9,7 @@
 //! The children are this test binary run again on `child_entry`, configured
 //! by environment variables; each exits when its standard input closes.
 
-mod common;
-
-use common::Kid;
+use crate::common::Kid;
 use std::io::BufRead;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -23,6 +21,9 @@ use tierstack_coop::{CoopHandle, Scheme, PAGE_BYTES};
 use tierstack_fabric::{Fabric, NodeId};
 use tierstack_fabric_shm::{ShmConfig, ShmFabric};
 use tierstack_fabric_tcp::{TcpConfig, TcpFabric};
+
+/// The test the children run (its path in the crate's one test binary).
+const CHILD_ENTRY: &str = "handle_processes::child_entry";
 
 const BACKEND: &str = "TIERSTACK_COOP_HANDLE_BACKEND";
 const ROOT: &str = "TIERSTACK_COOP_HANDLE_ROOT";
@@ -187,7 +188,7 @@ fn processes(backend: &str, scheme: &str) {
     let rt = runtime();
     let coop = handle(opened.fabric(), scheme.parse().unwrap());
     let mut kids: Vec<Kid> =
-        (1..NODES).map(|id| Kid::spawn(id, &child_env(backend, &root.0, &ports, id, scheme))).collect();
+        (1..NODES).map(|id| Kid::spawn(CHILD_ENTRY, &child_env(backend, &root.0, &ports, id, scheme))).collect();
     for (i, kid) in kids.iter_mut().enumerate() {
         kid.start_run(i as u64 + 1, 800);
     }
@@ -202,8 +203,7 @@ fn processes(backend: &str, scheme: &str) {
     assert!(served > 0 && remote > 0, "{backend}/{scheme}: cooperation happened ({served} served, {remote} remote)");
     // Kill node 2: a holder of some entities, the home (or owner) of others.
     let mut dead = kids.pop().unwrap();
-    dead.child.kill().unwrap();
-    dead.child.wait().unwrap();
+    dead.child.kill();
     kids[0].start_run(7, 400);
     let (served_after, wrong, _) = run(&rt, &coop, 8, 400);
     assert_eq!(wrong, 0, "{backend}/{scheme}: wrong bytes after a kill");
