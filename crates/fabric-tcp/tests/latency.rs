@@ -2,13 +2,7 @@
 //! not a pass/fail test). Run:
 //! `cargo test --release -p tierstack-fabric-tcp --test latency -- --ignored --nocapture`
 
-// Helpers outside #[test] functions unwrap too: in a test a panic is the failure report.
-#![allow(clippy::unwrap_used)]
-
-mod common;
-
-use std::time::Duration;
-use tierstack_base::time::instant_now;
+use std::time::{Duration, Instant};
 use tierstack_base::NodeId;
 use tierstack_fabric::{Fabric, Op};
 
@@ -17,7 +11,7 @@ use tierstack_fabric::{Fabric, Op};
 fn read_8_bytes_round_trip_latency() {
     const WARMUP: usize = 2_000;
     const SAMPLES: usize = 20_000;
-    let nodes = common::cluster(0, 2, Duration::from_secs(5));
+    let nodes = tierstack_testkit::nodes::tcp::cluster(0, 2, Duration::from_secs(5));
     nodes[1].register("lat", 64).unwrap();
     let remote = nodes[0].connect(NodeId(1), "lat").unwrap();
     for _ in 0..WARMUP {
@@ -25,7 +19,7 @@ fn read_8_bytes_round_trip_latency() {
     }
     let mut samples_ns: Vec<u64> = (0..SAMPLES)
         .map(|_| {
-            let start = instant_now();
+            let start = Instant::now();
             remote.post(vec![Op::Read { offset: 8, len: 8 }]).wait().unwrap();
             start.elapsed().as_nanos() as u64
         })

@@ -8,15 +8,11 @@
 //! test with the role in an environment variable; each child exits when its
 //! standard input closes, so a failed test leaves no process behind.
 
-// Helpers outside #[test] functions unwrap too: in a test a panic is the failure report.
-#![allow(clippy::unwrap_used)]
-
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, Command, Stdio};
-use std::sync::{mpsc, Arc};
-use std::time::Duration;
-use tierstack_base::time::instant_now;
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 use tierstack_base::{host_monotonic_ns, NodeId};
 use tierstack_fabric::Fabric;
 use tierstack_fabric_shm::{ShmConfig, ShmFabric};
@@ -25,12 +21,15 @@ use tierstack_monitor::{
     open_source, AgentConfig, BackendAddress, Gauge, Health, KernelSample, LoadPublisher, LoadSource, MonitorAgent,
     Reading, Scheme, SourceConfig,
 };
+use tierstack_testkit::child::{self, ChildProcess};
 
 /// A bound on every wait, only so that a broken service fails instead of hanging.
 const BOUND: Duration = Duration::from_secs(60);
 const ROLE: &str = "TIERSTACK_MONITOR_CHILD_ROLE";
 const ROOT: &str = "TIERSTACK_MONITOR_CHILD_ROOT";
 const NODE: &str = "TIERSTACK_MONITOR_CHILD_NODE";
+/// The test the children run.
+const CHILD_ENTRY: &str = "child_entry";
 /// Every test's cluster: the parent is node 0, children 1 to 5.
 const NODES: [u32; 6] = [0, 1, 2, 3, 4, 5];
 /// Writer threads of the hammered back end (nested guards: three levels).
@@ -152,8 +151,8 @@ fn child_entry() {
                 // Until the value changed often enough under the reader's
                 // eyes (a reader that ran while the writers slept proves nothing).
                 let (mut changes, mut previous, mut reads) = (0u32, None, 0u64);
-                let until = instant_now() + READ_FOR;
-                while changes < CHANGES_SEEN && (reads % 1024 != 0 || instant_now() < until) {
+                let until = Instant::now() + READ_FOR;
+                while changes < CHANGES_SEEN && (reads % 1024 != 0 || Instant::now() < until) {
                     reads += 1;
                     let reading = source.read(0);
                     let value =
@@ -211,85 +210,20 @@ fn child_entry() {
     }
 }
 
-/// A child process; continued (if stopped), killed and reaped when dropped.
-struct ChildProcess {
-    child: Child,
-    stdin: Option<ChildStdin>,
-    lines: mpsc::Receiver<String>,
-}
-
-impl ChildProcess {
-    fn start(role: &str, root: &Path, node: u32) -> ChildProcess {
-        let mut child = Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", "child_entry", "--nocapture", "--test-threads", "1"])
-            .env(ROLE, role)
-            .env(ROOT, root)
-            .env(NODE, node.to_string())
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap();
-        let stdout = child.stdout.take().unwrap();
-        let (tx, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if let Some(line) = line.strip_prefix("@@") {
-                    if tx.send(line.to_string()).is_err() {
-                        return;
-                    }
-                }
-            }
-        });
-        ChildProcess { stdin: child.stdin.take(), child, lines }
-    }
-
-    /// The child's next line (bounded, so a hung child fails the test).
-    fn line(&mut self) -> String {
-        self.line_within(BOUND)
-    }
-
-    fn line_within(&mut self, bound: Duration) -> String {
-        match self.lines.recv_timeout(bound) {
-            Ok(line) => line,
-            Err(e) => panic!("the child did not answer ({e}); its state: {:?}", self.child.try_wait()),
-        }
-    }
-
-    fn tell(&mut self, line: &str) {
-        let stdin = self.stdin.as_mut().unwrap();
-        writeln!(stdin, "{line}").unwrap();
-        stdin.flush().unwrap();
-    }
-
-    fn signal(&self, signal: libc::c_int) {
-        // SAFETY: kill on our own child's pid.
-        assert_eq!(unsafe { libc::kill(self.child.id() as libc::pid_t, signal) }, 0);
-    }
-
-    /// Kills the child with SIGKILL and reaps it (a zombie would still look alive).
-    fn kill(&mut self) {
-        self.signal(libc::SIGCONT);
-        self.child.kill().unwrap();
-        self.child.wait().unwrap();
-    }
-}
-
-impl Drop for ChildProcess {
-    fn drop(&mut self) {
-        // SAFETY: signals to our own child; it may have exited already.
-        unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGCONT) };
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// A child running `role` as `node` (this binary re-run on `child_entry`);
+/// its answers are the lines it prints after `@@`.
+fn start(role: &str, root: &Path, node: u32) -> ChildProcess {
+    let mut command = child::reentry(CHILD_ENTRY);
+    command.env(ROLE, role).env(ROOT, root).env(NODE, node.to_string()).stderr(Stdio::inherit());
+    ChildProcess::spawn(&mut command).with_marker("@@").with_bound(BOUND)
 }
 
 /// Reads until `done` holds, within the bound.
 fn read_until(source: &dyn LoadSource, done: impl Fn(&Reading) -> bool) -> Reading {
-    let deadline = instant_now() + BOUND;
+    let deadline = Instant::now() + BOUND;
     loop {
         let reading = source.read(0);
-        if done(&reading) || instant_now() > deadline {
+        if done(&reading) || Instant::now() > deadline {
             return reading;
         }
         std::thread::yield_now();
@@ -301,9 +235,9 @@ fn read_until(source: &dyn LoadSource, done: impl Fn(&Reading) -> bool) -> Readi
 #[test]
 fn readers_in_other_processes_never_see_a_torn_record_or_impossible_counters() {
     let root = tempfile::tempdir().unwrap();
-    let mut back_end = ChildProcess::start("hammered-back-end", root.path(), 1);
+    let mut back_end = start("hammered-back-end", root.path(), 1);
     assert_eq!(back_end.line(), "ready");
-    let mut readers: Vec<ChildProcess> = (2..=3).map(|node| ChildProcess::start("reader", root.path(), node)).collect();
+    let mut readers: Vec<ChildProcess> = (2..=3).map(|node| start("reader", root.path(), node)).collect();
     for reader in &mut readers {
         // Two schemes of at most READ_FOR each, after a start under load.
         let report = reader.line_within(2 * READ_FOR + BOUND);
@@ -323,7 +257,7 @@ fn readers_in_other_processes_never_see_a_torn_record_or_impossible_counters() {
 fn a_stopped_back_end_is_read_by_rdma_sync_alone_and_a_killed_one_is_dead_for_every_scheme() {
     let root = tempfile::tempdir().unwrap();
     let parent: Arc<dyn Fabric> = fabric(root.path(), 0);
-    let mut back_end = ChildProcess::start("back-end", root.path(), 1);
+    let mut back_end = start("back-end", root.path(), 1);
     let socket = back_end.line().strip_prefix("ready ").unwrap().parse().unwrap();
     let address = [BackendAddress { node: Some(NodeId(1)), socket: Some(socket) }];
     let sources: Vec<Arc<dyn LoadSource>> = Scheme::ALL
@@ -372,8 +306,7 @@ fn of_several_agent_processes_exactly_one_claims_the_role_word_each_round() {
     let root = tempfile::tempdir().unwrap();
     let owner = fabric(root.path(), 0);
     let role = register_role(owner.as_ref(), 0).unwrap();
-    let mut claimers: Vec<ChildProcess> =
-        (1..=4).map(|node| ChildProcess::start("claimer", root.path(), node)).collect();
+    let mut claimers: Vec<ChildProcess> = (1..=4).map(|node| start("claimer", root.path(), node)).collect();
     for claimer in &mut claimers {
         assert_eq!(claimer.line(), "ready");
     }

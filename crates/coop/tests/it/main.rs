@@ -1,0 +1,9 @@
+//! The coop crate's integration tests as one test binary, one module per suite.
+
+mod common;
+mod handle_processes;
+mod processes;
+mod props;
+mod schemes;
+mod service;
+mod table2;

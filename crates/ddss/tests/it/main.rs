@@ -1,0 +1,10 @@
+//! The ddss crate's integration tests as one test binary, one module per suite.
+//! `bench.rs` stays a binary of its own (the benchmark code is moving to
+//! the bench crate).
+
+// Shared with `bench.rs`, a binary of its own.
+#[path = "../common/mod.rs"]
+mod common;
+mod histories;
+mod ipc;
+mod substrate;

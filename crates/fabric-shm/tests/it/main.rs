@@ -1,0 +1,5 @@
+mod channels;
+mod ring_processes;
+mod rings;
+mod shm;
+mod transfers;

@@ -1,0 +1,4 @@
+mod channels;
+mod common;
+mod fabric_tcp;
+mod transfers;

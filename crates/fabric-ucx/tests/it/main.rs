@@ -1,0 +1,5 @@
+mod channels;
+mod common;
+mod lifecycle;
+mod processes;
+mod transfers;

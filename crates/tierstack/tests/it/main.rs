@@ -1,0 +1,36 @@
+//! The tierstack crate's integration tests as one test binary: one module
+//! per suite (each module's `//!` says what it proves). One binary links the
+//! whole workspace once instead of once per suite, which is most of these
+//! tests' build time and disk.
+//!
+//! `sim_agreement` stays a binary of its own: it measures throughput and
+//! runs with no other test beside it (see its `//!` and
+//! `.config/nextest.toml`).
+
+use std::path::PathBuf;
+
+mod cluster_e2e;
+mod coherence_e2e;
+mod coop_http;
+mod ddss_processes;
+mod demo;
+mod deploy_files;
+mod dlm_bench_processes;
+mod dlm_processes;
+mod fabric_processes;
+mod layering;
+mod monitor_e2e;
+mod origin_process;
+mod press_bench;
+mod press_processes;
+mod pushpull_e2e;
+mod reconfig_e2e;
+mod refresh_e2e;
+mod service_e2e;
+mod table1_e2e;
+mod test_script;
+
+/// The `tierstack` binary these tests run.
+fn exe() -> PathBuf {
+    tierstack_testkit::exe!()
+}

@@ -1,0 +1,229 @@
+//! Load balancing end to end, as processes on shm: the module, two
+//! application servers publishing their load (registered `monitor.load`
+//! and a monitor socket server), and four proxies balancing least-loaded
+//! over them, one per monitoring scheme. Every request is served, each
+//! proxy reads both loads for every choice; once one application server is
+//! SIGKILLed, every scheme reports it dead and its proxy stops sending to it.
+//! `tierstack top --once` from a node of its own shows exactly the two
+//! publishing servers, then the killed one as dead.
+
+use crate::exe;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::{Duration, Instant};
+use tierstack_bench::deploy::{proxy_args, strings};
+use tierstack_bench::owner::{free_loopback_port, write_topology, ChildNode, NodeLine};
+use tierstack_cluster::Backend;
+use tierstack_monitor::Scheme;
+use tierstack_proxy::ProxyStats;
+
+const DOCS: [&str; 6] = ["a", "b", "c", "d", "e", "f"];
+const TOP_NODE: u32 = 7;
+
+/// `tierstack top --once --json`: (node, health now, sampled health, open connections) per row.
+fn top(topology: &str) -> Vec<(u64, String, String, u64)> {
+    let output = std::process::Command::new(exe())
+        .args(["top", "--topology", topology, "--node", &TOP_NODE.to_string(), "--once", "--json"])
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let rows: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    rows.as_array()
+        .unwrap()
+        .iter()
+        .map(|row| {
+            (
+                row["node"].as_u64().unwrap(),
+                row["now"]["health"].as_str().unwrap().to_string(),
+                row["sampled"]["health"].as_str().unwrap().to_string(),
+                row["now"]["record"]["counters"]["open_connections"].as_u64().unwrap(),
+            )
+        })
+        .collect()
+}
+
+/// One GET over its own connection: the status and the body.
+fn get(addr: SocketAddr, path: &str) -> (u16, String) {
+    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(10)).unwrap();
+    stream.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    write!(stream, "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    let status = response.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let body = response.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
+    (status, body)
+}
+
+fn stats(admin: SocketAddr) -> ProxyStats {
+    let (status, body) = get(admin, "/_tierstack/stats");
+    assert_eq!(status, 200);
+    let stats: ProxyStats = serde_json::from_str(&body).unwrap();
+    assert_eq!(stats.accounting_error(), None, "{stats:?}");
+    stats
+}
+
+#[test]
+fn every_scheme_balances_and_skips_a_killed_server() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut nodes = vec![NodeLine { id: 0, role: "app", cpu: None }];
+    nodes.extend((1..=2).map(|id| NodeLine { id, role: "app", cpu: None }));
+    nodes.extend((3..=6).map(|id| NodeLine { id, role: "proxy", cpu: None }));
+    nodes.push(NodeLine { id: TOP_NODE, role: "passive", cpu: None });
+    let topology = write_topology(dir.path(), "monitor", Backend::Shm, 1000, &nodes).unwrap().display().to_string();
+    let socket = dir.path().join("module.sock").display().to_string();
+    let documents = dir.path().join("docs.txt");
+    std::fs::write(&documents, DOCS.iter().map(|d| format!("{d} 200\n")).collect::<String>()).unwrap();
+    let documents = format!("file:{}", documents.display());
+
+    let _module = ChildNode::spawn(
+        &exe(),
+        &strings(&["app-module", "--topology", &topology, "--node", "0", "--socket", &socket]),
+    )
+    .unwrap();
+    let mut servers = Vec::new();
+    let mut upstreams = Vec::new();
+    for node in 1..=2u32 {
+        let (listen, monitor) = (free_loopback_port().unwrap(), free_loopback_port().unwrap());
+        let args = strings(&[
+            "app-server",
+            "--listen",
+            &listen.to_string(),
+            "--module-socket",
+            &socket,
+            "--documents",
+            &documents,
+            "--topology",
+            &topology,
+            "--node",
+            &node.to_string(),
+            "--publish-load",
+            "--monitor-listen",
+            &monitor.to_string(),
+            "--monitor-interval-ms",
+            "5",
+            "--cpu-cost",
+            "pareto:1.1,100,2000",
+        ]);
+        servers.push(ChildNode::spawn(&exe(), &args).unwrap());
+        upstreams.push((format!("http://{listen}"), format!("{node}@{monitor}")));
+    }
+    let mut proxies = Vec::new();
+    for (scheme, node) in Scheme::ALL.into_iter().zip(3u32..) {
+        let (listen, admin) = (free_loopback_port().unwrap(), free_loopback_port().unwrap());
+        let mut args = proxy_args(listen, admin, "no-cache", &topology, node);
+        args.extend(strings(&["--balance", "least-loaded", "--monitor", scheme.name(), "--monitor-interval-ms", "5"]));
+        for (url, monitor) in &upstreams {
+            args.extend(strings(&["--upstream", url, "--upstream-monitor", monitor]));
+        }
+        proxies.push((scheme, listen, admin, ChildNode::spawn(&exe(), &args).unwrap()));
+    }
+
+    for (scheme, listen, admin, _) in &proxies {
+        for doc in DOCS.iter().cycle().take(12) {
+            let (status, body) = get(*listen, &format!("/doc/{doc}"));
+            assert_eq!(status, 200, "{scheme}: {body}");
+            assert!(body.starts_with(&format!("doc={doc} ")), "{scheme}: {body}");
+        }
+        let stats = stats(*admin);
+        assert_eq!(stats.monitor, Some(*scheme));
+        assert_eq!(stats.routed.iter().sum::<u64>(), 12, "{scheme}: {stats:?}");
+        assert_eq!(stats.monitor_reads, 24, "{scheme}: both loads read for every choice");
+    }
+
+    let rows = top(&topology);
+    assert_eq!(rows.iter().map(|r| r.0).collect::<Vec<_>>(), [1, 2], "only the publishing servers: {rows:?}");
+    for (node, now, sampled, connections) in &rows {
+        assert_eq!((now.as_str(), sampled.as_str()), ("fresh", "fresh"), "node {node}");
+        assert!(*connections >= 1, "node {node}: the proxies keep connections open");
+    }
+
+    servers[1].kill().unwrap();
+    // RDMA-Sync on shm still reads a killed node's counters word (its file
+    // outlives it) and asks whether the node lives once per liveness period
+    // (`SourceConfig::liveness_every`, 100 ms): only a streak of successes
+    // that starts after that period says the scheme has noticed.
+    let noticed_by = Instant::now() + Duration::from_millis(100);
+    for (scheme, listen, admin, _) in &proxies {
+        // Requests may fail until the scheme notices (a failed liveness
+        // check, a refused connection, a closed push stream); then none may.
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let mut streak = 0;
+        while streak < 5 {
+            assert!(Instant::now() < deadline, "{scheme} never stopped routing to the killed server");
+            let began = Instant::now();
+            let (status, _) = get(*listen, "/doc/a");
+            streak = if status == 200 && began > noticed_by { streak + 1 } else { 0 };
+        }
+        let before = stats(*admin).routed;
+        for doc in DOCS {
+            assert_eq!(get(*listen, &format!("/doc/{doc}")).0, 200, "{scheme}");
+        }
+        let after = stats(*admin).routed;
+        assert_eq!(after[1], before[1], "{scheme}: nothing more to the killed server");
+        assert_eq!(after[0], before[0] + DOCS.len() as u64, "{scheme}");
+    }
+    let rows = top(&topology);
+    assert_eq!(rows[1].0, 2);
+    assert_eq!((rows[1].1.as_str(), rows[1].2.as_str()), ("dead", "dead"), "{rows:?}");
+    assert_eq!(rows[0].1, "fresh");
+}
+
+/// `tierstack bench monitor` end to end, one short run: a back-end process,
+/// the four schemes sampled, the join written as JSON and plots.
+#[test]
+fn the_accuracy_bench_runs_and_reports_every_scheme() {
+    let out = tempfile::tempdir().unwrap();
+    let status = std::process::Command::new(exe())
+        .args(["bench", "monitor", "--figure", "8a", "--compute-threads", "0,4", "--duration-s", "1", "--out"])
+        .arg(out.path())
+        .stdout(std::process::Stdio::null())
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let report: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.path().join("monitor.json")).unwrap()).unwrap();
+    let points = report["accuracy"].as_array().unwrap();
+    assert_eq!(points.len(), 2 * Scheme::ALL.len());
+    for point in points {
+        assert!(point["deviation"]["samples"].as_u64().unwrap() > 0, "{point}");
+    }
+    for changes in report["walk_changes"].as_array().unwrap() {
+        assert!(changes[1].as_u64().unwrap() > 1, "the walk moved: {changes}");
+    }
+    assert!(out.path().join("fig8a_mean_deviation.svg").exists());
+}
+
+/// Fig. 8b end to end, one α and one second per configuration: every
+/// configuration is measured without errors, compared with hash, and the
+/// load-oblivious round-robin splits requests evenly.
+#[test]
+fn the_throughput_bench_runs_every_configuration() {
+    let out = tempfile::tempdir().unwrap();
+    let status = std::process::Command::new(exe())
+        .args(["bench", "monitor", "--figure", "8b", "--alphas", "0.9", "--duration-s", "1", "--connections", "4"])
+        .arg("--out")
+        .arg(out.path())
+        .stdout(std::process::Stdio::null())
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let report: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.path().join("monitor_throughput.json")).unwrap()).unwrap();
+    let points = report["points"].as_array().unwrap();
+    let labels: Vec<&str> = points.iter().map(|p| p["balance"].as_str().unwrap()).collect();
+    assert_eq!(labels[..2], ["hash", "round-robin"]);
+    assert_eq!(labels.len(), 2 + Scheme::ALL.len());
+    for point in points {
+        assert_eq!(point["errors"], 0, "{point}");
+        assert!(point["requests"].as_u64().unwrap() > 0, "{point}");
+        let routed: u64 = point["routed"].as_array().unwrap().iter().map(|r| r.as_u64().unwrap()).sum();
+        // Requests still in flight when the load stops were forwarded but
+        // are not counted by the client: at most one per connection.
+        let requests = point["requests"].as_u64().unwrap();
+        assert!((requests..=requests + 4).contains(&routed), "every request forwarded once: {point}");
+    }
+    assert_eq!(points[0]["throughput_vs_hash"], 1.0);
+    let round_robin: Vec<u64> = points[1]["routed"].as_array().unwrap().iter().map(|r| r.as_u64().unwrap()).collect();
+    assert!(round_robin[0].abs_diff(round_robin[1]) <= 1, "{round_robin:?}");
+    assert!(out.path().join("fig8b_throughput.svg").exists());
+}

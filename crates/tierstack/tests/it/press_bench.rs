@@ -1,0 +1,51 @@
+//! `tierstack bench press` runs end to end (one trace, one and two nodes,
+//! short runs) and prints every table with the paper's values beside ours,
+//! writes its JSON, draws its plots and its report page.
+
+use crate::exe;
+use std::process::Command;
+
+#[test]
+fn bench_press_prints_its_tables_and_draws_its_plots() {
+    let out = tempfile::tempdir().unwrap();
+    let output = Command::new(exe())
+        .args(["bench", "press", "--quick", "--duration-s", "1", "--out"])
+        .arg(out.path())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&output.stderr));
+    for heading in [
+        "Fig. 3",
+        "Fig. 4",
+        "Table 2: press-base",
+        "Table 2: press-rdma-1c",
+        "Table 2: press-rdma,",
+        "Table 2: press-zero",
+        "Fig. 5",
+        "traditional",
+        "Fig. 6 and Table 3",
+        "distrib-ho",
+        "dispatch-ho",
+        "The versions' order per round",
+    ] {
+        assert!(stdout.contains(heading), "missing {heading:?} in\n{stdout}");
+    }
+    // The paper's Table 2 (Base, Clarknet) is printed beside ours.
+    assert!(stdout.contains("766.7") && stdout.contains("1969.5"), "{stdout}");
+    for file in ["runs.json", "fig3.svg", "fig5.svg", "index.html"] {
+        assert!(out.path().join(file).is_file(), "{file} written");
+    }
+    let runs: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.path().join("runs.json")).unwrap()).unwrap();
+    let runs = runs.as_array().unwrap();
+    // Quick: clarknet, 8 systems on 2 nodes (9 with HAProxy), 4 on 1 node.
+    let haproxy = usize::from(tierstack_bench::press::haproxy_path().is_some());
+    assert_eq!(runs.len(), 8 + haproxy + 4);
+    // Table 3's paper values are printed beside ours (Clarknet, PRESS-Zero).
+    assert!(stdout.contains("99.6 / 99.9 / 87.4"), "{stdout}");
+    for run in runs {
+        assert_eq!(run["errors"], 0, "{run}");
+        assert!(run["throughput_rps"].as_f64().unwrap() > 0.0, "{run}");
+    }
+}
