@@ -9,6 +9,8 @@
 //! `cargo bench -p tierstack-bench --bench micro` (add `-- <filter>` for one group).
 //! Every node is a thread of this process with its own fabric endpoint.
 
+#![allow(clippy::unwrap_used)] // Test code: a failed unwrap is the failure report.
+
 use criterion::{black_box, criterion_group, criterion_main, Criterion};
 use std::sync::Arc;
 use std::time::Duration;

@@ -1,6 +1,8 @@
 //! The benchmark functions run end to end with few iterations (numbers are
 //! not asserted: machines are shared; shapes and outcomes are).
 
+#![allow(clippy::unwrap_used)] // Test code: a failed unwrap is the failure report.
+
 use std::path::Path;
 use std::sync::Arc;
 use tierstack_base::NodeId;

@@ -3,6 +3,8 @@
 //! tests): every cell is measured, the JSON and both plots are written, and
 //! every latency is a real sample.
 
+#![allow(clippy::unwrap_used)] // Test code: a failed unwrap is the failure report.
+
 use tierstack_bench::ddss::{run, DdssBenchConfig, Home};
 use tierstack_cluster::Backend;
 use tierstack_ddss::Coherence;

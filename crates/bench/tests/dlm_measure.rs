@@ -1,6 +1,8 @@
 //! The benchmark functions run on every scheme and backend; their
 //! per-round message accounting (which keeps rounds from overlapping) holds.
 
+#![allow(clippy::unwrap_used)] // Test code: a failed unwrap is the failure report.
+
 use tierstack_bench::dlm::measure::{cascade_latency_ns, contended_throughput, figure5, uncontended_ns, ThreadNodes};
 use tierstack_cluster::{local_cluster, Backend};
 use tierstack_dlm::harness::{LockNodes, BENCH_LOCK};

@@ -1,6 +1,8 @@
 //! `bench dlm` end to end on a tiny configuration: it runs every scheme,
 //! writes its JSON and plots, and every latency it reports is a real sample.
 
+#![allow(clippy::unwrap_used)] // Test code: a failed unwrap is the failure report.
+
 use tierstack_bench::dlm::{run, DlmBenchConfig, NodeKind, Scheme};
 use tierstack_cluster::Backend;
 

@@ -2,6 +2,8 @@
 //! from threads and from async tasks. (`ucx` is left out, saying why, when
 //! this build has no UCX; CI builds with it.)
 
+#![allow(clippy::unwrap_used)] // Test code: a failed unwrap is the failure report.
+
 use proptest::prelude::*;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use tierstack_base::NodeId;

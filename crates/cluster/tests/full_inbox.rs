@@ -3,6 +3,8 @@
 //! wait) instead of its messages being dropped, and once the receiver drains,
 //! every message arrives, in send order.
 
+#![allow(clippy::unwrap_used)] // Test code: a failed unwrap is the failure report.
+
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -101,13 +101,13 @@ pub(crate) struct LocalCopies {
 }
 
 impl LocalCopies {
-    pub fn get(&self, key: &Key) -> Option<&LocalCopy> {
+    pub(crate) fn get(&self, key: &Key) -> Option<&LocalCopy> {
         self.map.get(key)
     }
 
     /// Stores `copy` unless a copy at least as new is there; returns the copy
     /// that is now the newest (which a monotonic reader must not undercut).
-    pub fn offer(&mut self, key: Key, copy: LocalCopy) -> LocalCopy {
+    pub(crate) fn offer(&mut self, key: Key, copy: LocalCopy) -> LocalCopy {
         if let Some(existing) = self.map.get(&key) {
             if existing.raw_version > copy.raw_version {
                 return existing.clone();
@@ -133,7 +133,7 @@ impl LocalCopies {
     }
 
     /// Marks the copy as validated current at `checked_at_ns`.
-    pub fn refresh(&mut self, key: &Key, raw_version: u64, checked_at_ns: u64) {
+    pub(crate) fn refresh(&mut self, key: &Key, raw_version: u64, checked_at_ns: u64) {
         if let Some(copy) = self.map.get_mut(key) {
             if copy.raw_version == raw_version {
                 copy.fetched_at_ns = copy.fetched_at_ns.max(checked_at_ns);
@@ -141,14 +141,14 @@ impl LocalCopies {
         }
     }
 
-    pub fn remove(&mut self, key: &Key) {
+    pub(crate) fn remove(&mut self, key: &Key) {
         if let Some(old) = self.map.remove(key) {
             self.bytes -= old.bytes.len();
         }
     }
 
     #[cfg(test)]
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.map.len()
     }
 }

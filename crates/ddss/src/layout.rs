@@ -88,22 +88,22 @@ const LOW_MASK: u64 = LIVE_BIT - 1;
 pub(crate) const LOST_VALUE_LEN: u32 = LOW_MASK as u32;
 
 impl SlotWord {
-    pub fn pack(self) -> u64 {
+    pub(crate) fn pack(self) -> u64 {
         debug_assert!(u64::from(self.low) <= LOW_MASK);
         (u64::from(self.generation) << 32) | if self.live { LIVE_BIT } else { 0 } | (u64::from(self.low) & LOW_MASK)
     }
 
-    pub fn unpack(word: u64) -> Self {
+    pub(crate) fn unpack(word: u64) -> Self {
         Self { generation: (word >> 32) as u32, live: word & LIVE_BIT != 0, low: (word & LOW_MASK) as u32 }
     }
 
     /// The control word of a live, unlocked slot of `generation`.
-    pub fn unlocked(generation: u32) -> u64 {
+    pub(crate) fn unlocked(generation: u32) -> u64 {
         Self { generation, live: true, low: 0 }.pack()
     }
 
     /// The control word of a live slot of `generation` locked by `token`.
-    pub fn locked(generation: u32, token: u32) -> u64 {
+    pub(crate) fn locked(generation: u32, token: u32) -> u64 {
         Self { generation, live: true, low: token }.pack()
     }
 }

@@ -11,6 +11,7 @@
 //!
 //! Run with: RUSTFLAGS="--cfg tierstack_loom" cargo test -p tierstack-fabric-shm --test loom_ring --release
 #![cfg(tierstack_loom)]
+#![allow(clippy::unwrap_used)] // Test code: a failed unwrap is the failure report.
 
 use loom::sync::atomic::AtomicU64;
 use loom::sync::Arc;

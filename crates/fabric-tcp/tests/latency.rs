@@ -2,7 +2,9 @@
 //! not a pass/fail test). Run:
 //! `cargo test --release -p tierstack-fabric-tcp --test latency -- --ignored --nocapture`
 
-use std::time::{Duration, Instant};
+#![allow(clippy::unwrap_used)] // Test code: a failed unwrap is the failure report.
+
+use std::time::Duration;
 use tierstack_base::NodeId;
 use tierstack_fabric::{Fabric, Op};
 
@@ -19,7 +21,7 @@ fn read_8_bytes_round_trip_latency() {
     }
     let mut samples_ns: Vec<u64> = (0..SAMPLES)
         .map(|_| {
-            let start = Instant::now();
+            let start = tierstack_base::time::instant_now();
             remote.post(vec![Op::Read { offset: 8, len: 8 }]).wait().unwrap();
             start.elapsed().as_nanos() as u64
         })

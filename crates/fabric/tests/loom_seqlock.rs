@@ -2,6 +2,7 @@
 //! a reader that accepts a payload never sees a mix of two writes.
 //! Run with: RUSTFLAGS="--cfg tierstack_loom" cargo test -p tierstack-fabric --test loom_seqlock --release
 #![cfg(tierstack_loom)]
+#![allow(clippy::unwrap_used)] // Test code: a failed unwrap is the failure report.
 
 use loom::sync::atomic::AtomicU64;
 use loom::sync::Arc;

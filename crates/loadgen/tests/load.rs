@@ -1,6 +1,8 @@
 //! The load client against a tiny in-test HTTP server that implements the
 //! header contract — correctly, or deliberately wrongly.
 
+#![allow(clippy::unwrap_used)] // Test code: a failed unwrap is the failure report.
+
 use bytes::Bytes;
 use http::{Method, Request, Response};
 use http_body_util::Full;

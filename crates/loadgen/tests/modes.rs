@@ -8,6 +8,8 @@
 //! answering, and answer GETs with the current version in
 //! `X-Tierstack-Deps`: a correct server, so every GET is a checked 2xx.
 
+#![allow(clippy::unwrap_used)] // Test code: a failed unwrap is the failure report.
+
 use bytes::Bytes;
 use http::{Method, Request, Response};
 use http_body_util::Full;

@@ -8,11 +8,13 @@
 //! test with the role in an environment variable; each child exits when its
 //! standard input closes, so a failed test leaves no process behind.
 
+#![allow(clippy::unwrap_used)] // Test code: a failed unwrap is the failure report.
+
 use std::io::{BufRead, Write};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tierstack_base::{host_monotonic_ns, NodeId};
 use tierstack_fabric::Fabric;
 use tierstack_fabric_shm::{ShmConfig, ShmFabric};
@@ -151,8 +153,8 @@ fn child_entry() {
                 // Until the value changed often enough under the reader's
                 // eyes (a reader that ran while the writers slept proves nothing).
                 let (mut changes, mut previous, mut reads) = (0u32, None, 0u64);
-                let until = Instant::now() + READ_FOR;
-                while changes < CHANGES_SEEN && (reads % 1024 != 0 || Instant::now() < until) {
+                let until = tierstack_base::time::instant_now() + READ_FOR;
+                while changes < CHANGES_SEEN && (reads % 1024 != 0 || tierstack_base::time::instant_now() < until) {
                     reads += 1;
                     let reading = source.read(0);
                     let value =
@@ -220,10 +222,10 @@ fn start(role: &str, root: &Path, node: u32) -> ChildProcess {
 
 /// Reads until `done` holds, within the bound.
 fn read_until(source: &dyn LoadSource, done: impl Fn(&Reading) -> bool) -> Reading {
-    let deadline = Instant::now() + BOUND;
+    let deadline = tierstack_base::time::instant_now() + BOUND;
     loop {
         let reading = source.read(0);
-        if done(&reading) || Instant::now() > deadline {
+        if done(&reading) || tierstack_base::time::instant_now() > deadline {
             return reading;
         }
         std::thread::yield_now();

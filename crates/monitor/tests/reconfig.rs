@@ -1,6 +1,8 @@
 //! The role word over a real fabric: one CAS claim, exactly one winner
 //! among contending agents, and moves that only the holder can complete.
 
+#![allow(clippy::unwrap_used)] // Test code: a failed unwrap is the failure report.
+
 use std::sync::{Arc, Barrier};
 use tierstack_base::NodeId;
 use tierstack_cluster::{local_cluster, Backend};

@@ -17,6 +17,7 @@
 //!
 //! Run with: RUSTFLAGS="--cfg tierstack_loom" cargo test -p tierstack-press --test loom_ring --release
 #![cfg(tierstack_loom)]
+#![allow(clippy::unwrap_used)] // Test code: a failed unwrap is the failure report.
 
 use loom::sync::atomic::{fence, AtomicU64, Ordering};
 use loom::sync::Arc;

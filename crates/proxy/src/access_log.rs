@@ -30,7 +30,7 @@ pub(crate) struct AccessLog {
 
 impl AccessLog {
     /// Appends to `path` (created if missing) from a thread of its own.
-    pub fn open(path: &Path) -> std::io::Result<AccessLog> {
+    pub(crate) fn open(path: &Path) -> std::io::Result<AccessLog> {
         let file = std::fs::OpenOptions::new().create(true).append(true).open(path)?;
         let (lines, receiver) = mpsc::sync_channel::<String>(PENDING_MAX);
         std::thread::Builder::new().name("access-log".into()).spawn(move || {
@@ -50,7 +50,7 @@ impl AccessLog {
     }
 
     /// Logs the response to `pending`.
-    pub fn log(&self, pending: Pending, status: StatusCode, response: &HeaderMap) {
+    pub(crate) fn log(&self, pending: Pending, status: StatusCode, response: &HeaderMap) {
         let bytes = match response.get(CONTENT_LENGTH).and_then(|v| v.to_str().ok()) {
             _ if pending.head => "0".to_string(),
             Some(length) if length.bytes().all(|b| b.is_ascii_digit()) && !length.is_empty() => length.to_string(),
@@ -85,7 +85,12 @@ fn quoted(value: Option<&hyper::header::HeaderValue>) -> String {
 }
 
 impl Pending {
-    pub fn of(peer: Option<std::net::SocketAddr>, method: &Method, target: &str, headers: &HeaderMap) -> Pending {
+    pub(crate) fn of(
+        peer: Option<std::net::SocketAddr>,
+        method: &Method,
+        target: &str,
+        headers: &HeaderMap,
+    ) -> Pending {
         // The target as logged: no spaces or quotes (percent-encoded by
         // any valid client; replaced here if not).
         let target: String = target.chars().map(|c| if c == ' ' || c == '"' { '_' } else { c }).collect();
@@ -102,7 +107,7 @@ impl Pending {
 /// Now as `dd/Mon/yyyy:hh:mm:ss +0000`, from the HTTP date
 /// (`Sun, 06 Nov 1994 08:49:37 GMT`).
 fn clf_now() -> String {
-    let http = httpdate::fmt_http_date(std::time::SystemTime::now());
+    let http = httpdate::fmt_http_date(tierstack_base::time::system_now());
     let parts: Vec<&str> = http.split(' ').collect();
     match parts.as_slice() {
         [_, day, month, year, time, _] => format!("{day}/{month}/{year}:{time} +0000"),

@@ -47,7 +47,12 @@ pub(crate) struct Entry {
 
 impl Entry {
     /// A pushed document (`deps_raw` is its dependency header).
-    pub fn pushed(body: Bytes, content_type: Option<HeaderValue>, deps_raw: HeaderValue, deps: DepsHeader) -> Entry {
+    pub(crate) fn pushed(
+        body: Bytes,
+        content_type: Option<HeaderValue>,
+        deps_raw: HeaderValue,
+        deps: DepsHeader,
+    ) -> Entry {
         let mut headers = HeaderMap::new();
         if let Some(content_type) = content_type {
             headers.insert(hyper::header::CONTENT_TYPE, content_type);
@@ -134,26 +139,26 @@ pub(crate) struct Cache {
 }
 
 impl Cache {
-    pub fn new(bytes_max: usize) -> Self {
+    pub(crate) fn new(bytes_max: usize) -> Self {
         Self { entries: LruCache::unbounded(), bytes: 0, bytes_max, evictions: 0, waste: WasteTracker::default() }
     }
 
     /// The most recently stored variant of `key` that `request` selects
     /// (RFC 9111 §4.1), making `key` the most recently used.
-    pub fn get(&mut self, key: &str, request: &HeaderMap) -> Option<Arc<Entry>> {
+    pub(crate) fn get(&mut self, key: &str, request: &HeaderMap) -> Option<Arc<Entry>> {
         self.entries.get(key)?.iter().find(|e| e.vary.matches(request)).cloned()
     }
 
     /// The variant of `key` that varies on nothing, without making it more
     /// recently used (pushes).
-    pub fn peek(&self, key: &str) -> Option<Arc<Entry>> {
+    pub(crate) fn peek(&self, key: &str) -> Option<Arc<Entry>> {
         self.entries.peek(key)?.iter().find(|e| e.vary.is_empty()).cloned()
     }
 
     /// Removes `entry` from `key` only if it is still stored there (the
     /// very entry a failed check looked at, not a newer one cached since);
     /// true if removed.
-    pub fn remove_entry(&mut self, key: &str, entry: &Arc<Entry>) -> bool {
+    pub(crate) fn remove_entry(&mut self, key: &str, entry: &Arc<Entry>) -> bool {
         let Some(variants) = self.entries.peek_mut(key) else { return false };
         let Some(at) = variants.iter().position(|v| Arc::ptr_eq(v, entry)) else { return false };
         let removed = variants.remove(at);
@@ -165,17 +170,17 @@ impl Cache {
     }
 
     /// True if an entry of this size can be cached at all.
-    pub fn admits(&self, entry: &Entry) -> bool {
+    pub(crate) fn admits(&self, entry: &Entry) -> bool {
         entry.bytes() <= self.object_bytes_max()
     }
 
     /// The largest entry the cache takes: an eighth of it.
-    pub fn object_bytes_max(&self) -> usize {
+    pub(crate) fn object_bytes_max(&self) -> usize {
         self.bytes_max / 8
     }
 
     /// Removes `key` with all its variants; true if it was cached.
-    pub fn remove(&mut self, key: &str) -> bool {
+    pub(crate) fn remove(&mut self, key: &str) -> bool {
         match self.entries.pop(key) {
             Some(old) => {
                 self.bytes -= variants_bytes(&old);
@@ -189,7 +194,7 @@ impl Cache {
     /// evicting least recently used keys to stay within the bound. An entry
     /// larger than an eighth of the cache is not stored, nor one that would
     /// replace an entry generated at newer versions.
-    pub fn insert(&mut self, key: String, entry: Arc<Entry>) -> Inserted {
+    pub(crate) fn insert(&mut self, key: String, entry: Arc<Entry>) -> Inserted {
         let size = entry.bytes();
         if size > self.object_bytes_max() {
             return Inserted { outcome: InsertOutcome::TooLarge, evicted: Vec::new() };
@@ -226,15 +231,15 @@ impl Cache {
     }
 
     /// Stored responses (all variants).
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.entries.iter().map(|(_, v)| v.len()).sum()
     }
 
-    pub fn bytes(&self) -> usize {
+    pub(crate) fn bytes(&self) -> usize {
         self.bytes
     }
 
-    pub fn evictions(&self) -> u64 {
+    pub(crate) fn evictions(&self) -> u64 {
         self.evictions
     }
 }

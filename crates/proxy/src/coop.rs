@@ -89,7 +89,7 @@ pub(crate) struct CoopLayer {
 }
 
 impl CoopLayer {
-    pub fn new(handle: CoopHandle, own_authority: &str) -> Self {
+    pub(crate) fn new(handle: CoopHandle, own_authority: &str) -> Self {
         Self {
             handle,
             own_authority: own_authority.to_ascii_lowercase(),
@@ -99,7 +99,7 @@ impl CoopLayer {
     }
 
     /// The pool's name for the cache key `key` (see the module docs).
-    pub fn pool_key(&self, key: &str) -> String {
+    pub(crate) fn pool_key(&self, key: &str) -> String {
         match key.strip_prefix(self.own_authority.as_str()) {
             Some(target) if target.starts_with('/') => format!("{SHARED_AUTHORITY}{target}"),
             _ => key.to_string(),
@@ -108,7 +108,7 @@ impl CoopLayer {
 
     /// The pool's copy of `key`, decoded, and where it came from; a miss
     /// keeps its ticket for the store that follows.
-    pub async fn fetch(&self, key: &str) -> Option<(Arc<Entry>, Source)> {
+    pub(crate) async fn fetch(&self, key: &str) -> Option<(Arc<Entry>, Source)> {
         let key = self.pool_key(key);
         match self.handle.fetch(&key).await {
             Fetched::Hit(hit) => match decode(&hit.body) {
@@ -131,7 +131,7 @@ impl CoopLayer {
         }
     }
 
-    pub fn served(&self, source: Source) {
+    pub(crate) fn served(&self, source: Source) {
         let counter = match source {
             Source::Local => &self.counters.local_hits,
             Source::Remote { .. } => &self.counters.remote_hits,
@@ -139,14 +139,14 @@ impl CoopLayer {
         counter.fetch_add(1, Ordering::Relaxed);
     }
 
-    pub fn unusable(&self) {
+    pub(crate) fn unusable(&self) {
         self.counters.unusable.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Stores `entry` under `key` in the pool (in the background). Only
     /// responses without `Vary` are shared; a store without a ticket from
     /// its miss (a push, a revalidation) reads one now.
-    pub fn store(self: &Arc<Self>, key: &str, entry: &Entry) {
+    pub(crate) fn store(self: &Arc<Self>, key: &str, entry: &Entry) {
         if !entry.vary.is_empty() {
             return;
         }
@@ -166,7 +166,7 @@ impl CoopLayer {
     }
 
     /// Drops every copy of `key` in the pool (in the background).
-    pub fn invalidate(self: &Arc<Self>, key: &str) {
+    pub(crate) fn invalidate(self: &Arc<Self>, key: &str) {
         let key = self.pool_key(key);
         if let Ok(mut tickets) = self.tickets.lock() {
             tickets.remove(&key);
@@ -178,7 +178,7 @@ impl CoopLayer {
         });
     }
 
-    pub fn stats(&self) -> CoopStats {
+    pub(crate) fn stats(&self) -> CoopStats {
         let c = &self.counters;
         CoopStats {
             scheme: self.handle.scheme().name().to_string(),

@@ -123,7 +123,7 @@ async fn send<'a>(
                 upstream_request.headers_mut().insert(ROLE_HEADER, value);
             }
         }
-        let started = Instant::now();
+        let started = tierstack_base::time::instant_now();
         let outcome =
             tokio::time::timeout(state.upstream_timeout, state.connections.request(routed.index, upstream_request))
                 .await;

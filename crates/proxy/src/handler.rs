@@ -24,7 +24,6 @@ use hyper::header::{
 use hyper::{Method, Request, Response, StatusCode};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
-use std::time::Instant;
 use tierstack_pushpull::fingerprint;
 use tierstack_tier_http::{text, Body};
 
@@ -336,7 +335,7 @@ impl State {
             return Usability::Serve;
         }
         let Some(checker) = &self.checker else { return Usability::OutOfDate };
-        let started = Instant::now();
+        let started = tierstack_base::time::instant_now();
         let verdict = checker.is_current(deps).await;
         #[cfg(test)]
         self.hooks.after_check().await;

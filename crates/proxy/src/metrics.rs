@@ -18,7 +18,7 @@ pub(crate) struct Histogram {
 }
 
 impl Histogram {
-    pub fn record(&self, ns: u64) {
+    pub(crate) fn record(&self, ns: u64) {
         let secs = ns as f64 / 1e9;
         match CHECK_BUCKETS_SECS.iter().position(|bound| secs <= *bound) {
             Some(at) => self.buckets[at].fetch_add(1, Ordering::Relaxed),

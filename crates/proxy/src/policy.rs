@@ -30,7 +30,7 @@ const DELTA_MAX: u64 = 1 << 31;
 /// Seconds since the epoch now (the one clock read; everything else here
 /// takes the time as an argument).
 pub(crate) fn now_secs() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
+    tierstack_base::time::system_now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
 
 /// One directive's argument: absent, a valid delta-seconds, or invalid
@@ -94,7 +94,7 @@ pub(crate) struct Directives {
 
 impl Directives {
     /// Parses every line of `field` in `headers`; `None` if there is none.
-    pub fn parse(headers: &HeaderMap, field: &HeaderName) -> Option<Directives> {
+    pub(crate) fn parse(headers: &HeaderMap, field: &HeaderName) -> Option<Directives> {
         let mut lines = headers.get_all(field).iter().peekable();
         lines.peek()?;
         let mut d = Directives::default();
@@ -274,7 +274,7 @@ pub(crate) enum Usable {
 
 impl Freshness {
     /// Current age (§4.2.3) at `now`.
-    pub fn age(&self, now: u64) -> u64 {
+    pub(crate) fn age(&self, now: u64) -> u64 {
         self.initial_age.saturating_add(now.saturating_sub(self.response_time))
     }
 
@@ -283,7 +283,7 @@ impl Freshness {
     }
 
     /// May this stored response answer `request` (its directives) at `now`?
-    pub fn usable(&self, request: &Directives, now: u64) -> Usable {
+    pub(crate) fn usable(&self, request: &Directives, now: u64) -> Usable {
         let age = self.age(now);
         if self.no_cache || request.no_cache {
             return Usable::Revalidate;
@@ -322,7 +322,7 @@ impl Freshness {
 
     /// May it answer in place of an error (5xx or no answer) at `now`?
     /// The response's `stale-if-error`, or the request's (RFC 5861 §4).
-    pub fn usable_on_error(&self, request: &Directives, now: u64) -> bool {
+    pub(crate) fn usable_on_error(&self, request: &Directives, now: u64) -> bool {
         if self.fresh(now) {
             return true;
         }
@@ -490,7 +490,7 @@ pub(crate) struct Vary {
 impl Vary {
     /// The field names `response` varies on; `None` for `Vary: *` (never
     /// matches anything).
-    pub fn of(response: &HeaderMap) -> Option<Vec<HeaderName>> {
+    pub(crate) fn of(response: &HeaderMap) -> Option<Vec<HeaderName>> {
         let mut names = Vec::new();
         for line in response.get_all(hyper::header::VARY) {
             let Ok(line) = line.to_str() else { return None };
@@ -508,16 +508,16 @@ impl Vary {
     }
 
     /// The secondary key of `request` for a response varying on `names`.
-    pub fn key(names: &[HeaderName], request: &HeaderMap) -> Vary {
+    pub(crate) fn key(names: &[HeaderName], request: &HeaderMap) -> Vary {
         Vary { fields: names.iter().map(|name| (name.clone(), normalized(request, name))).collect() }
     }
 
     /// Does `request` select a response stored with this key?
-    pub fn matches(&self, request: &HeaderMap) -> bool {
+    pub(crate) fn matches(&self, request: &HeaderMap) -> bool {
         self.fields.iter().all(|(name, value)| same_members(request, name, value.as_deref()))
     }
 
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.fields.is_empty()
     }
 }

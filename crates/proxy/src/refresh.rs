@@ -22,7 +22,7 @@ use hyper::Method;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// `tierstack proxy --refresh-hot`'s default.
 pub const REFRESH_HOT_DEFAULT: usize = 64;
@@ -167,11 +167,11 @@ pub(crate) fn spawn(state: &Arc<State>) -> Option<Task> {
     Some(Task(tokio::spawn(async move {
         let mut ticks = tokio::time::interval(state.refresh.interval);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut decayed = Instant::now();
+        let mut decayed = tierstack_base::time::instant_now();
         loop {
             ticks.tick().await;
             if decayed.elapsed() >= HALF_LIFE {
-                decayed = Instant::now();
+                decayed = tierstack_base::time::instant_now();
                 if let Ok(mut hot) = state.refresh.hot.lock() {
                     hot.decay();
                 }

@@ -7,7 +7,6 @@ use crate::stats::elapsed_ns;
 use hyper::{Response, StatusCode};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
 use tierstack_base::host_monotonic_ns;
 use tierstack_monitor::balance::fnv1a;
 use tierstack_monitor::reconfig::{read_role, RoleStamp};
@@ -79,7 +78,7 @@ impl State {
             return Ok(self.routed(Routed { index, balancer: None, stamp: None }));
         };
         if let Some(source) = &balancing.source {
-            let started = Instant::now();
+            let started = tierstack_base::time::instant_now();
             let readings = read_loads(source).await;
             self.counters.monitor_reads.fetch_add(readings.len() as u64, Ordering::Relaxed);
             self.counters.monitor_read_ns.fetch_add(elapsed_ns(started), Ordering::Relaxed);

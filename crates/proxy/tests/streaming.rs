@@ -4,6 +4,8 @@
 //! per-object limit streams through uncached while a smaller one is teed
 //! into the cache.
 
+#![allow(clippy::unwrap_used)] // Test code: a failed unwrap is the failure report.
+
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;

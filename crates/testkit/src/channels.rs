@@ -314,10 +314,7 @@ impl FullChannelOutcome {
 /// another thread, and those messages arrive. Then the receiver drains
 /// `TEST` and every message arrives, in order. Both fabrics need a send
 /// timeout of at least [`SEND_TIMEOUT`].
-pub fn a_full_channel_holds_back_only_itself(
-    sender: Arc<dyn Fabric>,
-    receiver: Arc<dyn Fabric>,
-) -> FullChannelOutcome {
+pub fn a_full_channel_holds_back_only_itself(sender: Arc<dyn Fabric>, receiver: Arc<dyn Fabric>) -> FullChannelOutcome {
     let to = receiver.local_node();
     let sent = Arc::new(AtomicUsize::new(0));
     let filling = {

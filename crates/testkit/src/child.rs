@@ -116,7 +116,7 @@ impl ChildProcess {
 
     /// [`line`](Self::line) with a bound of its own.
     pub fn line_within(&mut self, bound: Duration) -> String {
-        let until = Instant::now() + bound;
+        let until = tierstack_base::time::instant_now() + bound;
         loop {
             let line = self.next_raw(until, "a line");
             match &self.marker {
@@ -133,7 +133,7 @@ impl ChildProcess {
     /// What follows `prefix` on the next line that has it, trimmed (other
     /// lines are skipped), within the bound.
     pub fn line_after(&mut self, prefix: &str) -> String {
-        let until = Instant::now() + self.bound;
+        let until = tierstack_base::time::instant_now() + self.bound;
         loop {
             let line = self.next_raw(until, prefix);
             if let Some(at) = line.find(prefix) {
@@ -145,12 +145,12 @@ impl ChildProcess {
     /// Waits for the line `ready`, which every `tierstack` service prints
     /// once it serves, skipping other lines.
     pub fn wait_ready(&mut self) {
-        let until = Instant::now() + self.bound;
+        let until = tierstack_base::time::instant_now() + self.bound;
         while self.next_raw(until, "ready").trim() != "ready" {}
     }
 
     fn next_raw(&mut self, until: Instant, awaited: &str) -> String {
-        let left = until.saturating_duration_since(Instant::now());
+        let left = until.saturating_duration_since(tierstack_base::time::instant_now());
         match self.lines.recv_timeout(left) {
             Ok(line) => line,
             Err(e) => panic!(
@@ -229,8 +229,8 @@ impl Drop for ChildProcess {
         unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGCONT) };
         if let Some(within) = self.exit_within {
             self.stdin.take();
-            let until = Instant::now() + within;
-            while Instant::now() < until {
+            let until = tierstack_base::time::instant_now() + within;
+            while tierstack_base::time::instant_now() < until {
                 if let Ok(Some(_)) = self.child.try_wait() {
                     return;
                 }
@@ -267,9 +267,9 @@ mod tests {
     fn ready_after_other_lines_and_stderr_captured() {
         let mut child = ChildProcess::spawn_capturing(&mut sh("echo starting; echo oops >&2; echo ready; read l"));
         child.wait_ready();
-        let until = Instant::now() + Duration::from_secs(10);
+        let until = tierstack_base::time::instant_now() + Duration::from_secs(10);
         while !child.stderr().contains("oops") {
-            assert!(Instant::now() < until, "stderr not captured");
+            assert!(tierstack_base::time::instant_now() < until, "stderr not captured");
             std::thread::sleep(Duration::from_millis(5));
         }
     }

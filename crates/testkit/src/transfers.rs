@@ -338,10 +338,7 @@ pub fn a_view_sees_the_bytes_that_arrived_before_it(owner: &dyn Fabric, peer: &d
 /// Registers what `read_into_a_dead_peer_fails_and_writes_nothing` needs
 /// before the owner dies: the owner's region, the peer's handle and its
 /// local region (filled with a known pattern).
-pub fn before_the_owner_dies(
-    owner: &dyn Fabric,
-    peer: &dyn Fabric,
-) -> (Arc<dyn RemoteRegion>, Arc<LocalRegion>) {
+pub fn before_the_owner_dies(owner: &dyn Fabric, peer: &dyn Fabric) -> (Arc<dyn RemoteRegion>, Arc<LocalRegion>) {
     let (_at_owner, remote) = remote_region(owner, peer, "xfer.dead", 64, 11);
     let local = peer.register("xfer.dead.local", 64).unwrap();
     local.memory().write(0, &pattern(64, 12)).unwrap();

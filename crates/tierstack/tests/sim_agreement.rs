@@ -27,6 +27,8 @@
 //! 0.92–0.99 (fixed) and 0.95–0.98 (random, new connections), the lowest at
 //! load average 41 (docs/sim.md).
 
+#![allow(clippy::unwrap_used)] // Test code: a failed unwrap is the failure report.
+
 use serde_json::Value;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};

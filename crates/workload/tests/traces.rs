@@ -1,5 +1,7 @@
 //! Properties of the trace generators, through the public API.
 
+#![allow(clippy::unwrap_used)] // Test code: a failed unwrap is the failure report.
+
 use proptest::prelude::*;
 use std::collections::HashSet;
 use std::io::Write;

@@ -180,7 +180,7 @@ fn free_ports(n: u32) -> Vec<u16> {
 }
 
 fn processes(backend: &str, scheme: &str) {
-    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+    let nanos = tierstack_base::time::system_now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
     let root = TempDir(std::env::temp_dir().join(format!("tierstack-coop-handle-{}-{nanos}", std::process::id())));
     std::fs::create_dir_all(&root.0).unwrap();
     let ports = if backend == "tcp" { free_ports(NODES) } else { Vec::new() };

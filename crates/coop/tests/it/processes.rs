@@ -107,9 +107,9 @@ fn processes(scheme: &str) {
     // Kill node 2 (a holder of some entities and the home of others).
     let mut dead = kids.pop().unwrap();
     dead.child.kill();
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let deadline = tierstack_base::time::instant_now() + Duration::from_secs(10);
     while fabric.peer_state(NodeId(2)) != PeerState::Gone {
-        assert!(std::time::Instant::now() < deadline, "node 2 never reported gone");
+        assert!(tierstack_base::time::instant_now() < deadline, "node 2 never reported gone");
         std::thread::sleep(Duration::from_millis(5));
     }
     kids[0].start_run(7, 400);
@@ -130,7 +130,7 @@ fn tempfile_dir() -> TempDir {
 }
 
 fn rand_suffix() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
+    tierstack_base::time::system_now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
 }
 
 struct TempDir(std::path::PathBuf);

@@ -515,7 +515,8 @@ fn register_incarnation(fabric: &dyn Fabric, region_name: &str) -> Result<(u32, 
     static BASE: OnceLock<u32> = OnceLock::new();
     static NEXT: AtomicU32 = AtomicU32::new(0);
     let base = *BASE.get_or_init(|| {
-        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
+        let nanos =
+            tierstack_base::time::system_now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
         let mixed = (u64::from(std::process::id()) << 32 | u64::from(nanos)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
         (mixed >> 40) as u32
     });

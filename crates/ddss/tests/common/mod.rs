@@ -7,11 +7,11 @@ use tierstack_base::{Clock, NodeId, SystemClock};
 use tierstack_cluster::{local_cluster, Backend, LocalCluster};
 use tierstack_ddss::{Ddss, DdssConfig};
 
-pub const BACKENDS: [Backend; 2] = [Backend::Shm, Backend::Tcp];
+pub(crate) const BACKENDS: [Backend; 2] = [Backend::Shm, Backend::Tcp];
 
 /// [`BACKENDS`] and ucx (over UCX shared memory) when this build has UCX;
 /// without it, says why (and fails under `TIERSTACK_REQUIRE_UCX=1`, as CI sets).
-pub fn backends_with_ucx() -> Vec<Backend> {
+pub(crate) fn backends_with_ucx() -> Vec<Backend> {
     let mut backends = BACKENDS.to_vec();
     if tierstack_cluster::ucx_available() {
         backends.push(Backend::Ucx);
@@ -24,7 +24,7 @@ pub fn backends_with_ucx() -> Vec<Backend> {
 }
 
 /// A small region: 16 slots of 8 B, 8 of 64 B, 4 of 1 KiB, 2 of 64 KiB.
-pub fn small_config(nodes: u32) -> DdssConfig {
+pub(crate) fn small_config(nodes: u32) -> DdssConfig {
     DdssConfig::empty()
         .with_slots(8, 16)
         .with_slots(64, 8)
@@ -34,16 +34,16 @@ pub fn small_config(nodes: u32) -> DdssConfig {
 }
 
 /// `n` nodes on `backend`, each with its own fabric and started substrate.
-pub struct Nodes {
+pub(crate) struct Nodes {
     pub cluster: LocalCluster,
     pub ddss: Vec<Arc<Ddss>>,
 }
 
-pub fn start(backend: Backend, n: u32, config: DdssConfig) -> Nodes {
+pub(crate) fn start(backend: Backend, n: u32, config: DdssConfig) -> Nodes {
     start_with_clock(backend, n, config, Arc::new(SystemClock))
 }
 
-pub fn start_with_clock(backend: Backend, n: u32, config: DdssConfig, clock: Arc<dyn Clock>) -> Nodes {
+pub(crate) fn start_with_clock(backend: Backend, n: u32, config: DdssConfig, clock: Arc<dyn Clock>) -> Nodes {
     let cluster = local_cluster(backend, n).expect("cluster");
     let ddss = cluster
         .fabrics()

@@ -172,7 +172,7 @@ pub(super) fn show<E: Engine>(engine: &E, cell: &Cell<E::Machine>, st: &mut Cell
 }
 
 pub(super) fn wait_until<'a, T>(cv: &Condvar, guard: MutexGuard<'a, T>, deadline: Instant) -> MutexGuard<'a, T> {
-    let left = deadline.saturating_duration_since(Instant::now());
+    let left = deadline.saturating_duration_since(tierstack_base::time::instant_now());
     match cv.wait_timeout(guard, left) {
         Ok((guard, _)) => guard,
         Err(poisoned) => poisoned.into_inner().0,
@@ -188,7 +188,7 @@ pub(super) enum Attempt {
 }
 
 pub(super) fn acquire_in<E: Engine>(engine: &E, id: LockId, mode: LockMode, wait: Wait) -> Result<Grant, LockError> {
-    let started = Instant::now();
+    let started = tierstack_base::time::instant_now();
     let (try_only, budget) = match wait {
         Wait::Try => (true, engine.core().config.try_reply_timeout),
         Wait::Timeout(budget) => (false, budget),
@@ -198,7 +198,7 @@ pub(super) fn acquire_in<E: Engine>(engine: &E, id: LockId, mode: LockMode, wait
         match attempt(engine, id, mode, try_only, started, deadline)? {
             Attempt::Granted(grant) => return Ok(grant),
             Attempt::Again if try_only => return Err(LockError::WouldBlock { lock: id }),
-            Attempt::Again if Instant::now() >= deadline => {
+            Attempt::Again if tierstack_base::time::instant_now() >= deadline => {
                 return Err(engine.core().timeout_error(id, started.elapsed(), None));
             }
             Attempt::Again => {}
@@ -222,7 +222,7 @@ pub(super) fn attempt<E: Engine>(
         if try_only {
             return Err(LockError::WouldBlock { lock: id });
         }
-        if Instant::now() >= deadline {
+        if tierstack_base::time::instant_now() >= deadline {
             let waited_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
             return Err(LockError::Timeout { lock: id, waited_ms, blocked_on: Some(engine.core().me) });
         }
@@ -262,7 +262,7 @@ pub(super) fn attempt<E: Engine>(
                 Outcome::Failed(e) => Err(e),
             };
         }
-        if Instant::now() >= deadline {
+        if tierstack_base::time::instant_now() >= deadline {
             let blocked_on = engine.blocked_on(&cell, &st.machine);
             engine.abandon(&cell, &mut st);
             drop(st);

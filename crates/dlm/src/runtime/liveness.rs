@@ -92,7 +92,11 @@ impl Core {
         }
         let handle = self.fabric.connect(node, &self.node_region_name).ok();
         let mut watches = lock(&self.watches);
-        let watch = watches.entry(node).or_insert_with(|| Watch { handle: None, beat: None, since: Instant::now() });
+        let watch = watches.entry(node).or_insert_with(|| Watch {
+            handle: None,
+            beat: None,
+            since: tierstack_base::time::instant_now(),
+        });
         if watch.handle.is_none() {
             watch.handle = handle;
         }
@@ -156,10 +160,14 @@ impl Core {
         }?;
         let beat = words.map(|w| w[1]);
         let mut watches = lock(&self.watches);
-        let watch = watches.entry(node).or_insert_with(|| Watch { handle: None, beat: None, since: Instant::now() });
+        let watch = watches.entry(node).or_insert_with(|| Watch {
+            handle: None,
+            beat: None,
+            since: tierstack_base::time::instant_now(),
+        });
         if beat.is_some() && beat != watch.beat {
             watch.beat = beat;
-            watch.since = Instant::now();
+            watch.since = tierstack_base::time::instant_now();
             return None;
         }
         (watch.since.elapsed() >= lease).then(|| format!("no heartbeat for its lease of {} ms", lease.as_millis()))

@@ -14,7 +14,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tierstack_base::NodeId;
 use tierstack_fabric::{Channel, Fabric, FabricError, LocalRegion};
 
@@ -167,12 +167,12 @@ fn receive_loop(fabric: Arc<dyn Fabric>, scheme: Weak<dyn LockScheme>, stop: Arc
 
 /// Sleeps `total`, looking at `stop` every [`RECEIVE_POLL_MS`]; false if stopped.
 fn nap(total: Duration, stop: &AtomicBool) -> bool {
-    let end = Instant::now() + total;
+    let end = tierstack_base::time::instant_now() + total;
     loop {
         if stop.load(Ordering::Acquire) {
             return false;
         }
-        let left = end.saturating_duration_since(Instant::now());
+        let left = end.saturating_duration_since(tierstack_base::time::instant_now());
         if left.is_zero() {
             return true;
         }

@@ -18,7 +18,7 @@ use tierstack_base::NodeId;
 use tierstack_fabric::{Channel, Fabric, FabricError, LocalRegion};
 
 fn unix_ms() -> u64 {
-    std::time::SystemTime::now()
+    tierstack_base::time::system_now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
@@ -71,7 +71,7 @@ impl Core {
         // table finds the incarnation it belongs to.
         let node_region = register(&node_region_name, node_region_bytes())?;
         let memory = node_region.memory();
-        let incarnation = rand::random::<u64>() | 1;
+        let incarnation = tierstack_base::fresh_seed() | 1;
         let lease_ms = config.lease.map_or(0, |l| u64::try_from(l.as_millis()).unwrap_or(u64::MAX).max(1));
         let setup = |e: FabricError| LockError::Config(format!("cannot write the node region: {e}"));
         memory.store_u64(INCARNATION_OFFSET, incarnation).map_err(setup)?;

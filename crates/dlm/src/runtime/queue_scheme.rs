@@ -15,7 +15,7 @@ use crate::LockId;
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tierstack_base::sync::lock;
 use tierstack_base::NodeId;
 use tierstack_fabric::FabricError;
@@ -142,7 +142,7 @@ impl QueueScheme {
             let st = lock(&cell.state);
             (st.machine.waits(), st.machine.barrier().map(|(g, p)| (g, p.to_vec())), st.progress)
         };
-        let now = Instant::now();
+        let now = tierstack_base::time::instant_now();
         let mut watching = lock(&cell.watching);
         if waits.nodes.is_empty() && !waits.unknown {
             *watching = Watching::default();
@@ -338,8 +338,8 @@ impl LockScheme for QueueScheme {
         let floor = st.moved.ok_or_else(|| {
             LockError::Protocol(format!("{lock_id}: a concurrent recovery overtook the break; break it again"))
         })?;
-        let settle = Instant::now() + BREAK_SETTLE;
-        while !st.machine.is_idle() && Instant::now() < settle {
+        let settle = tierstack_base::time::instant_now() + BREAK_SETTLE;
+        while !st.machine.is_idle() && tierstack_base::time::instant_now() < settle {
             st = wait_until(&cell.changed, st, settle);
         }
         Ok(floor)

@@ -15,7 +15,6 @@ use crate::LockId;
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
 use tierstack_base::sync::lock;
 use tierstack_base::NodeId;
 
@@ -186,7 +185,7 @@ impl SrslScheme {
             return;
         }
         if watching.progress.is_none_or(|(seen, _)| seen != progress) {
-            watching.progress = Some((progress, Instant::now()));
+            watching.progress = Some((progress, tierstack_base::time::instant_now()));
             return;
         }
         drop(watching);

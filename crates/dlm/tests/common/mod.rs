@@ -11,7 +11,7 @@ use tierstack_fabric_tcp::{TcpConfig, TcpFabric};
 use tierstack_fabric_ucx::{UcxConfig, UcxFabric};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Backend {
+pub(crate) enum Backend {
     Shm,
     Tcp,
     /// UCX over its shared-memory transports (`sysv,self`).
@@ -20,7 +20,7 @@ pub enum Backend {
 
 /// False (saying why) when this build has no UCX; under
 /// `TIERSTACK_REQUIRE_UCX=1` (CI) that fails the test instead.
-pub fn ucx_or_skip() -> bool {
+pub(crate) fn ucx_or_skip() -> bool {
     if tierstack_fabric_ucx::AVAILABLE {
         return true;
     }
@@ -30,14 +30,14 @@ pub fn ucx_or_skip() -> bool {
     false
 }
 
-pub struct Cluster {
+pub(crate) struct Cluster {
     // Keeps the shm root alive; dropped after the fabrics.
     pub fabrics: Vec<Option<Arc<dyn Fabric>>>,
     _dir: Option<tempfile::TempDir>,
 }
 
 impl Cluster {
-    pub fn new(backend: Backend, n: u32) -> Cluster {
+    pub(crate) fn new(backend: Backend, n: u32) -> Cluster {
         match backend {
             Backend::Shm => {
                 let dir = tempfile::tempdir().unwrap();
@@ -80,16 +80,16 @@ impl Cluster {
         }
     }
 
-    pub fn fabric(&self, i: usize) -> Arc<dyn Fabric> {
+    pub(crate) fn fabric(&self, i: usize) -> Arc<dyn Fabric> {
         self.fabrics[i].clone().expect("node is alive")
     }
 
     /// Starts a lock manager on every node; `servers` keep lock tables.
-    pub fn managers(&self, scheme: Scheme, servers: &[u32]) -> Vec<LockManager> {
+    pub(crate) fn managers(&self, scheme: Scheme, servers: &[u32]) -> Vec<LockManager> {
         self.managers_with(scheme, servers, |c| c)
     }
 
-    pub fn managers_with(
+    pub(crate) fn managers_with(
         &self,
         scheme: Scheme,
         servers: &[u32],
@@ -106,7 +106,7 @@ impl Cluster {
     }
 
     /// Kills node `i`: the caller must have dropped its lock manager.
-    pub fn kill(&mut self, i: usize) {
+    pub(crate) fn kill(&mut self, i: usize) {
         let fabric = self.fabrics[i].take().expect("node is alive");
         assert_eq!(Arc::strong_count(&fabric), 1, "something still holds node {i}'s fabric");
         drop(fabric);
@@ -114,7 +114,7 @@ impl Cluster {
 
     /// Starts node `i` again after [`Cluster::kill`] (shm only): a new
     /// incarnation of the same node id.
-    pub fn restart(&mut self, i: usize) {
+    pub(crate) fn restart(&mut self, i: usize) {
         let dir = self._dir.as_ref().expect("restart needs shm");
         assert!(self.fabrics[i].is_none(), "node {i} still runs");
         let fabric: Arc<dyn Fabric> = ShmFabric::open(ShmConfig::new(dir.path(), NodeId(i as u32))).unwrap();
@@ -122,7 +122,7 @@ impl Cluster {
     }
 
     /// Starts a lock manager on node `i` alone (after a restart).
-    pub fn manager(
+    pub(crate) fn manager(
         &self,
         i: usize,
         scheme: Scheme,

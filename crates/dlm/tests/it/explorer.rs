@@ -11,19 +11,19 @@ use tierstack_dlm::proto::LockMode;
 
 /// One scripted request of a node.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct Req {
+pub(crate) struct Req {
     pub mode: LockMode,
     pub try_only: bool,
 }
 
-pub const E: Req = Req { mode: LockMode::Exclusive, try_only: false };
-pub const S: Req = Req { mode: LockMode::Shared, try_only: false };
-pub const TE: Req = Req { mode: LockMode::Exclusive, try_only: true };
-pub const TS: Req = Req { mode: LockMode::Shared, try_only: true };
+pub(crate) const E: Req = Req { mode: LockMode::Exclusive, try_only: false };
+pub(crate) const S: Req = Req { mode: LockMode::Shared, try_only: false };
+pub(crate) const TE: Req = Req { mode: LockMode::Exclusive, try_only: true };
+pub(crate) const TS: Req = Req { mode: LockMode::Shared, try_only: true };
 
 /// A 128-bit fingerprint (two independently seeded hashes), so that two
 /// distinct states colliding is negligible over millions of states.
-pub fn fingerprint<W: Hash>(world: &W) -> u128 {
+pub(crate) fn fingerprint<W: Hash>(world: &W) -> u128 {
     let mut a = DefaultHasher::new();
     world.hash(&mut a);
     let mut b = DefaultHasher::new();
@@ -34,7 +34,7 @@ pub fn fingerprint<W: Hash>(world: &W) -> u128 {
 
 /// What an exploration visited.
 #[derive(Debug, Default)]
-pub struct Explored {
+pub(crate) struct Explored {
     pub states: usize,
     /// States with no successor, each checked by `check_terminal`.
     pub terminals: usize,
@@ -50,7 +50,7 @@ enum Colour {
 /// Visits every state reachable from `start` (each once, `visit` called on
 /// each), checks every terminal one, and fails on the first broken
 /// invariant or on a cycle.
-pub fn explore<W: Hash + Debug>(
+pub(crate) fn explore<W: Hash + Debug>(
     start: W,
     successors: impl Fn(&W) -> Result<Vec<W>, String>,
     check_terminal: impl Fn(&W) -> Result<(), String>,

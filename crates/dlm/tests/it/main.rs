@@ -2,6 +2,8 @@
 //! `bench.rs` stays a binary of its own (the benchmark code is moving to
 //! the bench crate).
 
+#![allow(clippy::unwrap_used)] // Test code: a failed unwrap is the failure report.
+
 // Shared with `bench.rs`, a binary of its own.
 #[path = "../common/mod.rs"]
 mod common;

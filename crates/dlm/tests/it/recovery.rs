@@ -11,7 +11,7 @@ use crate::common;
 
 use common::{Backend, Cluster};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tierstack_base::NodeId;
 use tierstack_dlm::proto::Waits;
 use tierstack_dlm::{DlmConfig, LockError, LockId, LockManager, Scheme};
@@ -49,9 +49,9 @@ fn wait_on(m: &Managers, i: usize, id: LockId) -> std::thread::JoinHandle<Result
 
 /// Polls `condition` (which may drive the monitor) until it holds.
 fn until(what: &str, mut condition: impl FnMut() -> bool) {
-    let deadline = Instant::now() + PATIENT;
+    let deadline = tierstack_base::time::instant_now() + PATIENT;
     while !condition() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        assert!(tierstack_base::time::instant_now() < deadline, "timed out waiting for {what}");
         std::thread::yield_now();
     }
 }
@@ -158,7 +158,7 @@ fn a_holder_that_stops_renewing_its_lease_loses_the_lock() {
         node(&m, 0).create_lock(id).unwrap();
         let stale = node(&m, 1).acquire_exclusive(id, PATIENT).unwrap();
         let stale_token = stale.fencing_token();
-        let stopped = Instant::now();
+        let stopped = tierstack_base::time::instant_now();
         let holder = m[1].take();
         std::mem::forget(stale);
         drop(holder); // its fabric lives on: the node is not dead, only silent
@@ -260,7 +260,7 @@ fn a_dead_home_fails_fast_and_its_next_incarnation_serves_with_higher_tokens() {
         until("node 1 behind node 2", || waits_for(node(&m, 1), id, &[2]));
         drop(m[0].take());
         cluster.kill(0);
-        let started = Instant::now();
+        let started = tierstack_base::time::instant_now();
         until("the waiter to fail", || {
             node(&m, 1).scheme().tick();
             waiter.is_finished()
@@ -283,7 +283,7 @@ fn a_dead_home_fails_fast_and_its_next_incarnation_serves_with_higher_tokens() {
 }
 
 fn unix_ms() -> u128 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis()
+    tierstack_base::time::system_now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis()
 }
 
 /// Recovery off: a dead holder wedges its lock until an operator breaks it,

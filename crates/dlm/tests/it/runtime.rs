@@ -247,23 +247,23 @@ fn total_messages(managers: &[LockManager]) -> u64 {
 /// a late count of an earlier message cannot inflate.
 fn settled_messages(managers: &[LockManager]) -> u64 {
     let sent = |ms: &[LockManager]| ms.iter().map(|m| m.stats().messages_sent).sum::<u64>();
-    let deadline = std::time::Instant::now() + PATIENT;
+    let deadline = tierstack_base::time::instant_now() + PATIENT;
     loop {
         let sent_before = sent(managers);
         let handled = total_messages(managers);
         if sent_before == sent(managers) && handled >= sent_before {
             return handled;
         }
-        assert!(std::time::Instant::now() < deadline, "messages in flight never settled");
+        assert!(tierstack_base::time::instant_now() < deadline, "messages in flight never settled");
         std::thread::yield_now();
     }
 }
 
 /// Waits until the managers together have handled at least `n` messages.
 fn wait_for_messages(managers: &[LockManager], n: u64) {
-    let deadline = std::time::Instant::now() + PATIENT;
+    let deadline = tierstack_base::time::instant_now() + PATIENT;
     while total_messages(managers) < n {
-        assert!(std::time::Instant::now() < deadline, "messages never arrived");
+        assert!(tierstack_base::time::instant_now() < deadline, "messages never arrived");
         std::thread::yield_now();
     }
 }
@@ -281,9 +281,9 @@ fn uncontended_ncoshed_does_not_involve_the_home() {
             m[1].acquire_exclusive(id, PATIENT).unwrap().release().unwrap();
             m[1].acquire_shared(id, PATIENT).unwrap().release().unwrap();
         }
-        let deadline = std::time::Instant::now() + PATIENT;
+        let deadline = tierstack_base::time::instant_now() + PATIENT;
         while m[0].stats().messages_handled < 20 * per_cycle {
-            assert!(std::time::Instant::now() < deadline, "{scheme:?}: the home never saw the requests");
+            assert!(tierstack_base::time::instant_now() < deadline, "{scheme:?}: the home never saw the requests");
             std::thread::yield_now();
         }
         assert_eq!(m[0].stats().messages_handled, 20 * per_cycle, "{scheme:?}");
@@ -441,9 +441,9 @@ fn a_broken_hold_reports_broken() {
         });
         // Node 1 has handled two messages (N-CoShED: node 2's successor
         // notice; SRSL: its grant) plus the break notice.
-        let deadline = std::time::Instant::now() + PATIENT;
+        let deadline = tierstack_base::time::instant_now() + PATIENT;
         while m[1].stats().messages_handled < 2 {
-            assert!(std::time::Instant::now() < deadline, "{scheme:?}: the break notice never arrived");
+            assert!(tierstack_base::time::instant_now() < deadline, "{scheme:?}: the break notice never arrived");
             std::thread::yield_now();
         }
         assert_eq!(held.release(), Err(LockError::Broken { lock: id }), "{scheme:?}");

@@ -1,3 +1,4 @@
+#![allow(clippy::unwrap_used)] // Test code: a failed unwrap is the failure report.
 mod channels;
 mod ring_processes;
 mod rings;

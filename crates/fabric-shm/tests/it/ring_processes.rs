@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tierstack_base::NodeId;
 use tierstack_fabric::{Channel, Fabric, FabricError};
 use tierstack_fabric_shm::messages::layout;
@@ -170,7 +170,7 @@ fn start(role: &str, root: &Path, node: u32) -> ChildProcess {
 /// unread words (its sender is then held by a full ring).
 fn wait_for_ring_fill(root: &Path, node: u32, from: u32, words: u64) -> PathBuf {
     let prefix = format!("{}{}.{from}.", layout::RING_PREFIX, Channel::TEST.id());
-    let deadline = Instant::now() + BOUND;
+    let deadline = tierstack_base::time::instant_now() + BOUND;
     loop {
         let entries = std::fs::read_dir(root.join(format!("node-{node}"))).unwrap();
         for entry in entries.flatten() {
@@ -187,7 +187,7 @@ fn wait_for_ring_fill(root: &Path, node: u32, from: u32, words: u64) -> PathBuf 
                 return entry.path();
             }
         }
-        assert!(Instant::now() < deadline, "the ring of {from} at {node} never filled");
+        assert!(tierstack_base::time::instant_now() < deadline, "the ring of {from} at {node} never filled");
         std::thread::yield_now();
     }
 }
@@ -319,9 +319,9 @@ fn a_stopped_receiver_holds_its_senders_and_then_gets_exactly_what_was_sent() {
     assert!(matches!(error, FabricError::Timeout { node: NodeId(1), .. }), "{error}");
     receiver.signal(libc::SIGCONT);
     // The ring may still be full: a report that times out was not sent.
-    let deadline = Instant::now() + BOUND;
+    let deadline = tierstack_base::time::instant_now() + BOUND;
     while let Err(e) = sender.send(NodeId(1), Channel::TEST, b"report") {
-        assert!(matches!(e, FabricError::Timeout { .. }) && Instant::now() < deadline, "{e}");
+        assert!(matches!(e, FabricError::Timeout { .. }) && tierstack_base::time::instant_now() < deadline, "{e}");
     }
     assert_eq!(receiver.line(), format!("received {seq} bad 0"), "every sent message, in order, whole; no other");
 }

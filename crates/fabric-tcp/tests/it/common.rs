@@ -11,12 +11,12 @@ use std::time::Duration;
 use tierstack_base::NodeId;
 use tierstack_fabric_wire::{read_frame, write_frame, Frame};
 
-pub use tierstack_testkit::nodes::tcp::{cluster, loopback, node};
+pub(crate) use tierstack_testkit::nodes::tcp::{cluster, loopback, node};
 
 /// A TCP forwarder in front of an address. `freeze` holds every byte in
 /// flight (in both directions) until `thaw`; `freeze_answers` holds only the
 /// owner's answers; `sever` cuts every connection.
-pub struct Proxy {
+pub(crate) struct Proxy {
     pub addr: SocketAddr,
     state: Arc<ProxyState>,
 }
@@ -29,7 +29,7 @@ struct ProxyState {
 }
 
 impl Proxy {
-    pub fn start(target: SocketAddr) -> Proxy {
+    pub(crate) fn start(target: SocketAddr) -> Proxy {
         let listener = TcpListener::bind(loopback()).unwrap();
         let addr = listener.local_addr().unwrap();
         let state = Arc::new(ProxyState {
@@ -63,20 +63,20 @@ impl Proxy {
         Proxy { addr, state }
     }
 
-    pub fn freeze(&self) {
+    pub(crate) fn freeze(&self) {
         *self.state.frozen.lock().unwrap() = (true, true);
     }
 
-    pub fn freeze_answers(&self) {
+    pub(crate) fn freeze_answers(&self) {
         *self.state.frozen.lock().unwrap() = (false, true);
     }
 
-    pub fn thaw(&self) {
+    pub(crate) fn thaw(&self) {
         *self.state.frozen.lock().unwrap() = (false, false);
         self.state.thawed.notify_all();
     }
 
-    pub fn sever(&self) {
+    pub(crate) fn sever(&self) {
         for stream in self.state.streams.lock().unwrap().drain(..) {
             let _ = stream.shutdown(Shutdown::Both);
         }
@@ -106,45 +106,45 @@ fn pump(mut from: TcpStream, mut to: TcpStream, towards_owner: bool, state: &Pro
 
 /// A listener that the kernel accepts connections for but that never reads
 /// or answers: an unresponsive owner.
-pub fn black_hole() -> TcpListener {
+pub(crate) fn black_hole() -> TcpListener {
     TcpListener::bind(loopback()).unwrap()
 }
 
 /// A raw client speaking the wire format directly to a fabric's listener.
-pub struct RawClient {
+pub(crate) struct RawClient {
     pub stream: TcpStream,
 }
 
 impl RawClient {
-    pub fn connect(addr: SocketAddr) -> RawClient {
+    pub(crate) fn connect(addr: SocketAddr) -> RawClient {
         let stream = TcpStream::connect(addr).unwrap();
         // Bounds every read in these tests; a hang fails instead of blocking.
         stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
         RawClient { stream }
     }
 
-    pub fn hello(addr: SocketAddr, node: NodeId) -> RawClient {
+    pub(crate) fn hello(addr: SocketAddr, node: NodeId) -> RawClient {
         let mut client = RawClient::connect(addr);
         client.send(&Frame::Hello { node });
         client
     }
 
-    pub fn send(&mut self, frame: &Frame) {
+    pub(crate) fn send(&mut self, frame: &Frame) {
         write_frame(&mut self.stream, frame).unwrap();
     }
 
-    pub fn recv(&mut self) -> Frame {
+    pub(crate) fn recv(&mut self) -> Frame {
         read_frame(&mut self.stream).unwrap().expect("a frame, not EOF")
     }
 
-    pub fn call(&mut self, frame: &Frame) -> Frame {
+    pub(crate) fn call(&mut self, frame: &Frame) -> Frame {
         self.send(frame);
         self.recv()
     }
 
     /// True once the server has closed the connection (EOF or reset);
     /// false if it is still open when the read timeout passes.
-    pub fn closed_by_server(&mut self) -> bool {
+    pub(crate) fn closed_by_server(&mut self) -> bool {
         let mut buf = [0u8; 256];
         loop {
             match self.stream.read(&mut buf) {

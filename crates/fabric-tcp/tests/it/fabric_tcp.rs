@@ -265,8 +265,8 @@ fn a_broken_connection_fails_pending_requests_with_peer_dead_and_reconnects() {
     // The requests reach the owner and execute; their answers are held.
     proxy.freeze_answers();
     let pending: Vec<_> = (0..3).map(|_| remote.post(vec![Op::FetchAdd { offset: 0, delta: 10 }])).collect();
-    let deadline = std::time::Instant::now() + RECV;
-    while local.memory().load_u64(0).unwrap() < 31 && std::time::Instant::now() < deadline {
+    let deadline = tierstack_base::time::instant_now() + RECV;
+    while local.memory().load_u64(0).unwrap() < 31 && tierstack_base::time::instant_now() < deadline {
         std::thread::yield_now();
     }
     assert_eq!(local.memory().load_u64(0).unwrap(), 31, "all three were written and executed");
@@ -514,8 +514,8 @@ fn shutdown_fails_everything_with_closed_and_stops_every_thread() {
 /// new thread sets its own name when it first runs, which under load can be
 /// a moment after `spawn` returns.
 fn threads_named_at_least(prefix: &str, count: usize) -> bool {
-    let deadline = std::time::Instant::now() + RECV;
-    while std::time::Instant::now() < deadline {
+    let deadline = tierstack_base::time::instant_now() + RECV;
+    while tierstack_base::time::instant_now() < deadline {
         if threads_named(prefix) >= count {
             return true;
         }
@@ -527,8 +527,8 @@ fn threads_named_at_least(prefix: &str, count: usize) -> bool {
 /// Waits (bounded) until no thread is named `prefix`...: a joined thread can
 /// linger in /proc for a moment after `join` returns.
 fn no_threads_named(prefix: &str) -> bool {
-    let deadline = std::time::Instant::now() + RECV;
-    while std::time::Instant::now() < deadline {
+    let deadline = tierstack_base::time::instant_now() + RECV;
+    while tierstack_base::time::instant_now() < deadline {
         if threads_named(prefix) == 0 {
             return true;
         }

@@ -2,4 +2,4 @@
 //! chosen UCX transport set, and the skip rule for builds without UCX (all
 //! `tierstack_testkit`'s, named here as the tests have always named them).
 
-pub use tierstack_testkit::nodes::ucx::{cluster, ucx_or_skip, SHM, TCP};
+pub(crate) use tierstack_testkit::nodes::ucx::{cluster, ucx_or_skip, SHM, TCP};

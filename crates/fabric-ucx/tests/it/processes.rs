@@ -27,7 +27,7 @@ use std::io::Write;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tierstack_base::NodeId;
 use tierstack_fabric::{Channel, Fabric, FabricError, Op, OpResult};
 use tierstack_fabric_ucx::{UcxConfig, UcxFabric};
@@ -180,7 +180,10 @@ fn stress(tls: &str) {
     if !common::ucx_or_skip() {
         return;
     }
-    let seed: u64 = std::env::var("TIERSTACK_TEST_SEED").ok().and_then(|v| v.parse().ok()).unwrap_or_else(rand::random);
+    let seed: u64 = std::env::var("TIERSTACK_TEST_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(tierstack_base::fresh_seed);
     let messages = stress_messages();
     eprintln!(
         "ucx stress over {tls}: seed {seed} (replay with TIERSTACK_TEST_SEED={seed}), {messages} messages per sender"
@@ -245,8 +248,10 @@ fn stress(tls: &str) {
         fetch_adds += f;
     }
     // Every send returned only once acknowledged in the inbox: all are queued.
-    let until = Instant::now() + BOUND;
-    while received.lock().unwrap().values().map(|n| u64::from(*n)).sum::<u64>() < sent && Instant::now() < until {
+    let until = tierstack_base::time::instant_now() + BOUND;
+    while received.lock().unwrap().values().map(|n| u64::from(*n)).sum::<u64>() < sent
+        && tierstack_base::time::instant_now() < until
+    {
         std::thread::sleep(Duration::from_millis(5));
     }
     done.store(true, Ordering::Release);
@@ -280,7 +285,7 @@ fn ops_against_a_stopped_owner(tls: &str) -> Vec<(&'static str, Result<(), Fabri
     region.write(0, &5u64.to_ne_bytes()).unwrap();
     // SAFETY: stopping our own child.
     assert_eq!(unsafe { libc::kill(owner.pid() as libc::pid_t, libc::SIGSTOP) }, 0);
-    let until = Instant::now() + BOUND;
+    let until = tierstack_base::time::instant_now() + BOUND;
     while !std::fs::read_to_string(format!("/proc/{}/stat", owner.pid()))
         .unwrap()
         .rsplit(')')
@@ -289,7 +294,7 @@ fn ops_against_a_stopped_owner(tls: &str) -> Vec<(&'static str, Result<(), Fabri
         .trim_start()
         .starts_with('T')
     {
-        assert!(Instant::now() < until, "the owner did not stop");
+        assert!(tierstack_base::time::instant_now() < until, "the owner did not stop");
         std::thread::sleep(Duration::from_millis(1));
     }
     let outcomes = vec![

@@ -2,6 +2,8 @@
 //! `loom_ring.rs` stays a binary of its own: it is built and run only
 //! under `--cfg tierstack_loom` (`.ci/run`).
 
+#![allow(clippy::unwrap_used)] // Test code: a failed unwrap is the failure report.
+
 mod proto_props;
 mod ring_props;
 mod view_props;

@@ -10,7 +10,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tierstack_proxy::{CacheMode, Proxy, ProxyConfig, ProxyOptions};
 use tierstack_tier_http::{serve, text, Stop};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -53,9 +53,9 @@ async fn get(proxy: SocketAddr) -> StatusCode {
 /// Waits (at most `within`) until the server closes `stream`.
 async fn closed_within(stream: &mut TcpStream, within: Duration) -> bool {
     let mut buf = [0u8; 512];
-    let deadline = Instant::now() + within;
+    let deadline = tierstack_base::time::instant_now() + within;
     loop {
-        let left = deadline.saturating_duration_since(Instant::now());
+        let left = deadline.saturating_duration_since(tierstack_base::time::instant_now());
         match tokio::time::timeout(left, stream.read(&mut buf)).await {
             Ok(Ok(0)) | Ok(Err(_)) => return true,
             Ok(Ok(_)) => continue,
@@ -69,7 +69,7 @@ async fn thousands_of_unfinished_headers_are_closed_after_the_timeout_and_others
     const SLOW: usize = 2000;
     let timeout = Duration::from_secs(4);
     let proxy = proxy(ProxyOptions { header_read_timeout: Some(timeout), ..ProxyOptions::default() }).await;
-    let started = Instant::now();
+    let started = tierstack_base::time::instant_now();
     let mut slow = Vec::with_capacity(SLOW);
     for _ in 0..SLOW {
         let mut stream = TcpStream::connect(proxy).await.unwrap();
@@ -108,7 +108,7 @@ async fn an_idle_keep_alive_connection_is_closed_after_the_timeout() {
         assert!(n > 0, "closed before answering");
         answer.extend_from_slice(&buf[..n]);
     }
-    let idle_since = Instant::now();
+    let idle_since = tierstack_base::time::instant_now();
     assert!(closed_within(&mut stream, Duration::from_secs(20)).await, "the idle connection stayed open");
     assert!(idle_since.elapsed() >= timeout - Duration::from_millis(50));
 }
@@ -125,7 +125,7 @@ async fn connections_beyond_the_limit_wait_until_one_closes() {
         stream.write_all(b"GET /page HTTP/1.1\r\nHost: x\r\n").await.unwrap();
         holders.push(stream);
     }
-    let started = Instant::now();
+    let started = tierstack_base::time::instant_now();
     assert_eq!(get(proxy).await, StatusCode::OK);
     assert!(started.elapsed() >= timeout / 2, "served at once although both slots were taken");
     for stream in &mut holders {

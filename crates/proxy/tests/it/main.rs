@@ -2,6 +2,8 @@
 //! `streaming.rs` stays a binary of its own: it measures this process's peak
 //! memory, which other tests beside it would raise.
 
+#![allow(clippy::unwrap_used)] // Test code: a failed unwrap is the failure report.
+
 mod access_log;
 mod bad_input;
 mod balance;

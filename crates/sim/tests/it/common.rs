@@ -13,7 +13,7 @@ use tierstack_workload::TargetChoice;
 ///   reply headers 200 B;
 /// - messages: 50 µs one way of which 5 µs CPU at each end, 1 B/ns;
 /// - remote reads: 10 µs of which 1 µs CPU, 1 B/ns; remote writes: 8 µs, 1 µs CPU.
-pub const ROUND_COSTS: &str = r#"
+pub(crate) const ROUND_COSTS: &str = r#"
 [cpu]
 cores = 1
 request_ns = 10000
@@ -45,17 +45,17 @@ bandwidth_bytes_per_s = 1000000000
 sender_cpu_ns = 1000
 "#;
 
-pub fn round_costs() -> Costs {
+pub(crate) fn round_costs() -> Costs {
     Costs::parse(ROUND_COSTS, "round").expect("the round costs are valid")
 }
 
 /// A 1 ms seek and 1 B/ns: a read of `b` bytes takes 1_000_000 + b ns.
-pub fn round_disk() -> DiskModel {
+pub(crate) fn round_disk() -> DiskModel {
     DiskModel::new(1_000_000, 1_000_000_000).expect("valid disk")
 }
 
 /// A closed loop of `clients` over `nodes` with round costs.
-pub fn closed(nodes: usize, clients: usize, requests: u64, cache_bytes: u64) -> SimConfig {
+pub(crate) fn closed(nodes: usize, clients: usize, requests: u64, cache_bytes: u64) -> SimConfig {
     SimConfig {
         client_nodes: None,
         nodes,

@@ -7,6 +7,8 @@
 //! runs with no other test beside it (see its `//!` and
 //! `.config/nextest.toml`).
 
+#![allow(clippy::unwrap_used)] // Test code: a failed unwrap is the failure report.
+
 use std::path::PathBuf;
 
 mod cluster_e2e;

@@ -242,7 +242,7 @@ pub(crate) async fn wait_for(what: &str, mut condition: impl FnMut() -> bool) {
 }
 
 pub(crate) fn http_date(offset_secs: i64) -> String {
-    let now = std::time::SystemTime::now();
+    let now = tierstack_base::time::system_now();
     let at = if offset_secs >= 0 {
         now + Duration::from_secs(offset_secs as u64)
     } else {
