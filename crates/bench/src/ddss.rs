@@ -25,7 +25,6 @@
 //! therefore 1 / mean.
 
 use crate::html::Page;
-use crate::owner::{write_topology, ChildNode, NodeLine};
 use crate::report::{line_plot, us, write_json, Axes, Series, Table};
 use crate::stats::{summarize, Summary};
 use anyhow::{bail, Context, Result};
@@ -41,6 +40,7 @@ use tierstack_ddss::bench::{
 use tierstack_ddss::ipc::DdssClient;
 use tierstack_ddss::layout::VALUE_BYTES_MAX;
 use tierstack_ddss::{Coherence, Ddss, DdssConfig, Placement};
+use tierstack_deploy::process::{write_topology, ChildNode, NodeLine};
 
 /// The node that is home to every measured key.
 const HOME: NodeId = NodeId(0);

@@ -16,7 +16,6 @@
 //! exact per operation when N = 1, smoothed tails when N > 1.
 
 use crate::html::Page;
-use crate::owner::{spawn_owner, write_topology, ChildNode, NodeLine};
 use crate::report::{line_plot, us, write_json, Axes, Series, Table};
 use crate::stats::{summarize, Summary};
 use anyhow::{bail, Context, Result};
@@ -27,6 +26,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tierstack_base::NodeId;
 use tierstack_cluster::{open_fabric, pin_to_cpu, Backend, Topology};
+use tierstack_deploy::process::{spawn_owner, write_topology, ChildNode, NodeLine};
 use tierstack_fabric::{Channel, Fabric, Op, RemoteRegion};
 
 /// The region the owner registers: large enough for the 1 MiB transfers.

@@ -22,13 +22,13 @@
 //! printed beside them: this host's cores are shared.
 
 use crate::html::Page;
-use crate::owner::{write_topology, ChildNode, NodeLine};
 use crate::report::{bar_chart, line_plot, write_json, Axes, BarGroup, Series, Table};
 use anyhow::{Context, Result};
 use serde::Serialize;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use tierstack_cluster::Backend;
+use tierstack_deploy::process::{write_topology, ChildNode, NodeLine};
 use tierstack_loadgen::{LoadConfig, TargetChoice};
 use tierstack_press::{Counts, MsgType};
 use tierstack_press_node::NodeStats;
@@ -210,7 +210,7 @@ impl Haproxy {
     /// until it accepts connections.
     pub fn start(exe: &std::path::Path, servers: &[SocketAddr]) -> Result<Haproxy> {
         let dir = tempfile::tempdir()?;
-        let listen = crate::owner::free_loopback_port()?;
+        let listen = tierstack_deploy::process::free_loopback_port()?;
         let mut cfg = format!(
             "global\n    maxconn 4096\n\ndefaults\n    mode http\n    timeout connect 5s\n    timeout client 30s\n    \
              timeout server 30s\n\nfrontend press\n    bind {listen}\n    default_backend nodes\n\nbackend nodes\n    \
@@ -292,7 +292,8 @@ fn run_one(config: &PressBenchConfig, trace: &str, system: &str, nodes: usize, r
     let spec = trace_name(trace, config.scale);
     let mut running = Vec::new();
     for id in 0..nodes {
-        let (listen, admin) = (crate::owner::free_loopback_port()?, crate::owner::free_loopback_port()?);
+        let (listen, admin) =
+            (tierstack_deploy::process::free_loopback_port()?, tierstack_deploy::process::free_loopback_port()?);
         let args: Vec<String> = [
             "press-node",
             "--topology",
@@ -331,7 +332,8 @@ fn run_one(config: &PressBenchConfig, trace: &str, system: &str, nodes: usize, r
     let mut haproxy: Option<Haproxy> = None;
     let mut targets: Vec<String> = running.iter().map(|n| format!("http://{}", n.listen)).collect();
     if system == "dispatch-ho" {
-        let (listen, admin) = (crate::owner::free_loopback_port()?, crate::owner::free_loopback_port()?);
+        let (listen, admin) =
+            (tierstack_deploy::process::free_loopback_port()?, tierstack_deploy::process::free_loopback_port()?);
         let args: Vec<String> = vec![
             "press-dispatcher".into(),
             "--listen".into(),
@@ -368,10 +370,10 @@ fn run_one(config: &PressBenchConfig, trace: &str, system: &str, nodes: usize, r
     };
     load(config.warmup_s, 7)?;
     let before: Vec<NodeStats> =
-        running.iter().map(|n| crate::deploy::get_json(n.admin, "/stats")).collect::<Result<_>>()?;
+        running.iter().map(|n| tierstack_deploy::deployment::get_json(n.admin, "/stats")).collect::<Result<_>>()?;
     let report = load(config.duration_s, 1)?;
     let after: Vec<NodeStats> =
-        running.iter().map(|n| crate::deploy::get_json(n.admin, "/stats")).collect::<Result<_>>()?;
+        running.iter().map(|n| tierstack_deploy::deployment::get_json(n.admin, "/stats")).collect::<Result<_>>()?;
     let load_average = load_average();
     drop(haproxy);
     if let Some((child, _)) = dispatcher {

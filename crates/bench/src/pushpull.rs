@@ -5,7 +5,7 @@
 //!
 //! Every configuration is a fresh deployment of processes (module, an
 //! application server that pushes by the policy under test, proxies; see
-//! [`crate::deploy`]) with small proxy caches, so that pushes compete with
+//! [`tierstack_deploy::deployment`]) with small proxy caches, so that pushes compete with
 //! fetched entries for room, which is the paper's point about push. The
 //! load client replays the Zipf trace while the updater changes a uniformly
 //! chosen document every few milliseconds; the staleness checker runs on
@@ -21,7 +21,6 @@
 //! costs a share of push's wasted updates; the knee is the fraction where the
 //! first exceeds the second by the most.
 
-use crate::deploy::{Deployment, DeploymentConfig, DeploymentOptions};
 use crate::html::Page;
 use crate::report::{line_plot, write_json, Axes, Series, Table};
 use anyhow::{Context, Result};
@@ -29,6 +28,7 @@ use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 use std::time::Duration;
 use tierstack_cluster::{pin_to_cpu, Backend};
+use tierstack_deploy::deployment::{Deployment, DeploymentConfig, DeploymentOptions};
 use tierstack_loadgen::{run as run_load, LoadConfig, LoadReport};
 use tierstack_proxy::ProxyStats;
 use tierstack_workload::Trace;

@@ -12,7 +12,7 @@
 //! environment) also stops it when standard input reaches its end: the
 //! option for a parent that owns the process through a pipe, so that the
 //! child stops when the parent drops it (the tests, the demo's deployment;
-//! `tierstack_bench::owner::ChildNode` sets the variable for every child).
+//! `tierstack_deploy::process::ChildNode` sets the variable for every child).
 //!
 //! SIGHUP is logged and ignored: nothing a running tier holds can be
 //! reloaded safely yet (its listeners, fabric node and caches are fixed at
@@ -24,7 +24,7 @@ use std::time::Duration;
 use tokio::signal::unix::{signal, Signal, SignalKind};
 
 /// The environment variable that turns `--stop-on-stdin-eof` on.
-pub const STOP_ON_STDIN_EOF_ENV: &str = tierstack_bench::owner::STOP_ON_STDIN_EOF_ENV;
+pub const STOP_ON_STDIN_EOF_ENV: &str = tierstack_deploy::process::STOP_ON_STDIN_EOF_ENV;
 
 /// The grace period's default: how long requests in flight may take to
 /// finish once a stop was asked for.

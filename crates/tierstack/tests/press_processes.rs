@@ -9,7 +9,7 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
 use std::time::{Duration, Instant};
-use tierstack_bench::owner::{free_loopback_port, ChildNode};
+use tierstack_deploy::process::{free_loopback_port, ChildNode};
 use tierstack_origin::synthetic_body;
 use tierstack_press::MsgType;
 use tierstack_press_node::NodeStats;

@@ -1,11 +1,11 @@
 //! `tierstack cluster up|status|down <topology.toml>`: the tier processes a
 //! topology's `[node.service]` sections describe, on this host, as detached
-//! services (glue over `tierstack_bench::cluster`).
+//! services (glue over `tierstack_deploy::cluster`).
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
 use std::path::{Path, PathBuf};
-use tierstack_bench::cluster::{self, UpConfig};
+use tierstack_deploy::cluster::{self, UpConfig};
 
 #[derive(Subcommand)]
 pub enum ClusterCommand {
@@ -51,7 +51,7 @@ fn exec(args: ExecArgs) -> Result<()> {
     let error = std::process::Command::new(std::env::current_exe()?)
         .args(&launch.args)
         .args(["--grace-ms", &args.grace_ms.to_string()])
-        .env_remove(tierstack_bench::owner::STOP_ON_STDIN_EOF_ENV)
+        .env_remove(tierstack_deploy::process::STOP_ON_STDIN_EOF_ENV)
         .exec();
     Err(error).context("starting the service")
 }

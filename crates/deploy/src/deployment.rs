@@ -15,7 +15,7 @@
 //! proxies' cache states and pushes updates: `tierstack bench push-pull`),
 //! and the proxies' cache and cache-state sizes.
 
-use crate::owner::{free_loopback_port, write_topology, ChildNode, NodeLine};
+use crate::process::{free_loopback_port, write_topology, ChildNode, NodeLine};
 use anyhow::{Context, Result};
 use serde::de::DeserializeOwned;
 use std::io::{Read, Write};

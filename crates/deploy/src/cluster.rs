@@ -20,8 +20,8 @@
 //!
 //! [`plan`] (topology to command lines) is pure.
 
-use crate::deploy::{get, proxy_args, strings};
-use crate::owner::{spawn_service, READY_TIMEOUT};
+use crate::deployment::{get, proxy_args, strings};
+use crate::process::{spawn_service, READY_TIMEOUT};
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 use std::net::SocketAddr;
