@@ -27,11 +27,11 @@ use anyhow::{Context, Result};
 use serde::Serialize;
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use tierstack_cluster::Backend;
+use tierstack_cluster::{Backend, NodeArgs};
 use tierstack_deploy::process::{write_topology, ChildNode, NodeLine};
 use tierstack_loadgen::{LoadConfig, TargetChoice};
 use tierstack_press::{Counts, MsgType};
-use tierstack_press_node::NodeStats;
+use tierstack_press_node::{DispatcherArgs, NodeStats};
 use tierstack_workload::{Trace, TraceSpec};
 
 /// The paper's Base-VIA gain over TCP on 8 nodes, Fig. 3 (§4.2): only the
@@ -294,12 +294,9 @@ fn run_one(config: &PressBenchConfig, trace: &str, system: &str, nodes: usize, r
     for id in 0..nodes {
         let (listen, admin) =
             (tierstack_deploy::process::free_loopback_port()?, tierstack_deploy::process::free_loopback_port()?);
+        let at = NodeArgs { topology: topology.clone(), node: id as u32 };
         let args: Vec<String> = [
             "press-node",
-            "--topology",
-            topology.to_str().context("topology path")?,
-            "--node",
-            &id.to_string(),
             "--listen",
             &listen.to_string(),
             "--admin",
@@ -319,6 +316,7 @@ fn run_one(config: &PressBenchConfig, trace: &str, system: &str, nodes: usize, r
         ]
         .iter()
         .map(|s| s.to_string())
+        .chain(at.to_args())
         .collect();
         let mut args = args;
         if matches!(system, "distrib-ho" | "dispatch-ho") {
@@ -334,17 +332,10 @@ fn run_one(config: &PressBenchConfig, trace: &str, system: &str, nodes: usize, r
     if system == "dispatch-ho" {
         let (listen, admin) =
             (tierstack_deploy::process::free_loopback_port()?, tierstack_deploy::process::free_loopback_port()?);
-        let args: Vec<String> = vec![
-            "press-dispatcher".into(),
-            "--listen".into(),
-            listen.to_string(),
-            "--admin".into(),
-            admin.to_string(),
-            "--backends".into(),
-            nodes.to_string(),
-            "--handoff-dir".into(),
-            dir.path().display().to_string(),
-        ];
+        let dispatcher_args =
+            DispatcherArgs { admin: Some(admin), ..DispatcherArgs::new(listen, nodes, dir.path().to_path_buf()) };
+        let args: Vec<String> =
+            std::iter::once("press-dispatcher".to_string()).chain(dispatcher_args.to_args()).collect();
         dispatcher = Some((ChildNode::spawn(&config.exe, &args)?, admin));
         targets = vec![format!("http://{listen}")];
     }

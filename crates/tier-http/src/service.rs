@@ -48,6 +48,13 @@ pub struct ServiceArgs {
     pub grace_ms: u64,
 }
 
+impl Default for ServiceArgs {
+    /// As parsed from no flags (and no environment).
+    fn default() -> Self {
+        ServiceArgs { stop_on_stdin_eof: false, grace_ms: GRACE_MS_DEFAULT }
+    }
+}
+
 impl ServiceArgs {
     /// The command-line words that parse back into these arguments.
     pub fn to_args(&self) -> Vec<String> {
