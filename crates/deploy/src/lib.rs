@@ -14,6 +14,7 @@
 //! - [`cluster`]: `tierstack cluster up|status|down`, a topology's
 //!   `[node.service]` sections as detached processes, tracked in a state
 //!   file so that `down` never signals a reused pid.
+//! - [`haproxy`]: a real HAProxy as a child process (the PRESS baseline).
 //!
 //! Invariant: this crate sits above the tiers and below the experiments and
 //! the binary; it depends on no experiment (`tierstack-bench`) and no tier
@@ -21,4 +22,5 @@
 
 pub mod cluster;
 pub mod deployment;
+pub mod haproxy;
 pub mod process;
