@@ -37,22 +37,8 @@ pub struct ExecArgs {
 /// Replaces this process with the node's service.
 fn exec(args: ExecArgs) -> Result<()> {
     use std::os::unix::process::CommandExt;
-    let path = std::fs::canonicalize(&args.topology)
-        .with_context(|| format!("reading topology {}", args.topology.display()))?;
-    let topology = tierstack_cluster::Topology::load(&path)?;
-    let launches = cluster::plan(&topology, &path)?;
-    let launch = launches
-        .iter()
-        .find(|l| l.node == args.node)
-        .with_context(|| format!("node {} has no [node.service] in {}", args.node, path.display()))?;
-    if let Some(kind) = &args.kind {
-        anyhow::ensure!(launch.kind.command() == kind, "node {} runs {}, not {kind}", args.node, launch.kind.command());
-    }
-    let error = std::process::Command::new(std::env::current_exe()?)
-        .args(&launch.args)
-        .args(["--grace-ms", &args.grace_ms.to_string()])
-        .env_remove(tierstack_deploy::process::STOP_ON_STDIN_EOF_ENV)
-        .exec();
+    let exe = std::env::current_exe()?;
+    let error = cluster::exec_command(&exe, &args.topology, args.node, args.kind.as_deref(), args.grace_ms)?.exec();
     Err(error).context("starting the service")
 }
 
