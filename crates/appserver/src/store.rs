@@ -13,7 +13,7 @@
 //!
 //! The store is this process's: every update of its documents must go
 //! through this server (one application server per module, as deployed by
-//! `tierstack_bench::deploy`).
+//! `tierstack_deploy::deployment`).
 
 use crate::generate_body;
 use bytes::Bytes;

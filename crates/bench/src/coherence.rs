@@ -3,7 +3,7 @@
 //! non-coherent upper bound plain HTTP caches reach).
 //!
 //! Every configuration is a fresh deployment of processes (module, app
-//! server, proxies; see [`crate::deploy`]) with the application tier pinned
+//! server, proxies; see [`tierstack_deploy::deployment`]) with the application tier pinned
 //! to one CPU and the proxies and load client to the other, and the load
 //! client replaying a trace while an updater changes a random document every
 //! second, as in the paper. The staleness checker runs on every response.
@@ -31,7 +31,7 @@
 //! application server installs each update's new version at the proxies
 //! before UPDATE_DONE) in the same run, update latency and load average beside.
 
-use crate::deploy::{strings, Deployment, DeploymentConfig, DeploymentOptions, ExtraArgs};
+use tierstack_deploy::deployment::{strings, Deployment, DeploymentConfig, DeploymentOptions, ExtraArgs};
 use crate::html::Report;
 use crate::report::{bars_by, series_by, Axes, Plot, Table};
 use anyhow::{Context, Result};

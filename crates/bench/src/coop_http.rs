@@ -19,8 +19,6 @@
 //! is then the paper's, counted in files.
 
 use crate::coop::{costs, load_average, paper_note, simulate, CoopBenchConfig, WEB_SERVERS};
-use crate::deploy::{proxy_args, strings};
-use crate::owner::{free_loopback_port, write_topology, ChildNode, NodeLine};
 use crate::report::{write_json, Table};
 use anyhow::{Context, Result};
 use serde::Serialize;
@@ -28,6 +26,8 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use tierstack_cluster::Backend;
 use tierstack_coop::{pages_for, Scheme, PAGE_BYTES};
+use tierstack_deploy::deployment::{proxy_args, strings};
+use tierstack_deploy::process::{free_loopback_port, write_topology, ChildNode, NodeLine};
 use tierstack_workload::TraceSpec;
 
 /// Bytes an entity takes in the pool beyond its body, at most (the stored
@@ -104,7 +104,7 @@ pub struct HttpRow {
 fn coop_counts(admins: &[SocketAddr]) -> Result<(u64, u64, u64)> {
     let mut sum = (0, 0, 0);
     for admin in admins {
-        let v: serde_json::Value = crate::deploy::get_json(*admin, "/_tierstack/coop")?;
+        let v: serde_json::Value = tierstack_deploy::deployment::get_json(*admin, "/_tierstack/coop")?;
         let n = |k: &str| v[k].as_u64().unwrap_or(0);
         sum = (sum.0 + n("local_hits"), sum.1 + n("remote_hits"), sum.2 + n("misses"));
     }

@@ -28,7 +28,7 @@ pub mod measure;
 pub mod resp;
 
 use crate::html::Report;
-use crate::owner::{write_topology, ChildNode, NodeLine};
+use tierstack_deploy::process::{write_topology, ChildNode, NodeLine};
 use crate::report::{us, Axes, Plot, Series, Table};
 use crate::stats::{summarize_serial, Summary};
 use anyhow::{bail, Context, Result};

@@ -2,7 +2,7 @@
 //! (no cache, a TTL cache, coherent polling over two-sided messages and over
 //! one-sided reads), one row each, a one-line verdict, and the report page.
 //!
-//! `tierstack demo` runs the configurations (see [`crate::deploy`]); this
+//! `tierstack demo` runs the configurations (see [`tierstack_deploy::deployment`]); this
 //! module turns their load reports and proxy counters into the comparison
 //! table, the verdict and `index.html` with its plots. Everything here but
 //! [`write_report`] is pure.

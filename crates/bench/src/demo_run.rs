@@ -32,7 +32,7 @@
 
 use crate::coherence::Mode;
 use crate::demo::{self as story, RunView, Setup};
-use crate::deploy::{Deployment, DeploymentConfig, DeploymentOptions};
+use tierstack_deploy::deployment::{Deployment, DeploymentConfig, DeploymentOptions};
 use crate::report::{write_json, Table};
 use anyhow::{bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};

@@ -26,7 +26,6 @@
 //! MODE is `shared` or `exclusive`. A `granted` line may come between any
 //! reply lines; the driver sets it aside until it asks for it.
 
-use crate::owner::{write_topology, ChildNode, NodeLine};
 use anyhow::{Context, Result};
 use std::collections::VecDeque;
 use std::io::{BufRead, Write};
@@ -38,6 +37,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 use tierstack_base::{host_monotonic_ns, NodeId};
 use tierstack_cluster::Backend;
+use tierstack_deploy::process::{write_topology, ChildNode, NodeLine};
 use tierstack_dlm::harness::{
     contend_pairs, hold_exclusive, overall_span, release_timed, start_manager, uncontended_pairs_ns, wait_and_release,
     LockNodes, MessageTotals, BENCH_WAIT,

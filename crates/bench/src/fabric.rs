@@ -16,7 +16,7 @@
 //! exact per operation when N = 1, smoothed tails when N > 1.
 
 use crate::html::Report;
-use crate::owner::{spawn_owner, write_topology, ChildNode, NodeLine};
+use tierstack_deploy::process::{spawn_owner, write_topology, ChildNode, NodeLine};
 use crate::report::{us, Axes, Plot, Series, Table};
 use crate::stats::{summarize, Summary};
 use anyhow::{bail, Context, Result};

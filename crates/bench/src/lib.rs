@@ -8,29 +8,25 @@
 //!
 //! Shared pieces: [`stats`] (latency summaries), [`report`] (tables, JSON,
 //! plots), [`html`] (the page a person opens: `index.html` per experiment),
-//! [`owner`] (a fabric node in a separate process, pinned to its own CPU,
-//! optionally loaded with busy threads), [`deploy`] (a 2-tier data-center
-//! as processes), [`cluster`] (`tierstack cluster up|status|down`: a
-//! topology's services as detached processes). Experiments: [`fabric`], [`coherence`], [`pushpull`],
+//! [`dlm_nodes`] (the lock-manager benchmark's node processes and their
+//! pipe protocol). Experiments: [`fabric`], [`coherence`], [`pushpull`],
 //! [`dlm`], [`ddss`], [`monitor`]; [`demo`] is the comparison `tierstack demo` tells and
-//! [`demo_run`] runs it;
-//! [`dlm_holds`] is the random-hold workload `tierstack dlm-node` runs.
+//! [`demo_run`] runs it; [`dlm_holds`] is the random-hold workload `tierstack dlm-node` runs.
+//! Launching processes (children, the 2-tier deployment, `tierstack
+//! cluster`) is deployment and lives in `tierstack_deploy`.
 
-pub mod cluster;
 pub mod coherence;
 pub mod coop;
 pub mod coop_http;
 pub mod ddss;
 pub mod demo;
 pub mod demo_run;
-pub mod deploy;
 pub mod dlm;
 pub mod dlm_holds;
 pub mod dlm_nodes;
 pub mod fabric;
 pub mod html;
 pub mod monitor;
-pub mod owner;
 pub mod press;
 pub mod pushpull;
 pub mod report;

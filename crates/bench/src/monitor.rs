@@ -24,8 +24,6 @@
 //! end, under a closed-loop Zipf load at each α. Throughput and p99 are
 //! reported as ratios against hash at the same α, measured in the same run.
 
-use crate::deploy::{proxy_args, strings};
-use crate::owner::{free_loopback_port, write_topology, ChildNode, NodeLine};
 use crate::report::{line_plot, write_json, Axes, Series, Table};
 use anyhow::{Context, Result};
 use serde::Serialize;
@@ -34,6 +32,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tierstack_base::{host_monotonic_ns, NodeId};
 use tierstack_cluster::{open_fabric, Backend, Topology};
+use tierstack_deploy::deployment::{proxy_args, strings};
+use tierstack_deploy::process::{free_loopback_port, write_topology, ChildNode, NodeLine};
 use tierstack_loadgen::{run as run_load, LoadConfig, LoadReport};
 use tierstack_monitor::deviation::{deviations, summarize, Change, DeviationSummary, Sample};
 use tierstack_monitor::{open_source, BackendAddress, Health, LoadSource, Scheme, SourceConfig};
@@ -529,7 +529,7 @@ pub fn run_throughput(config: &ThroughputConfig) -> Result<ThroughputReport> {
             load.seed = config.seed;
             load.check_bodies = true;
             let report: LoadReport = runtime.block_on(run_load(load)).context("load run")?;
-            let stats: ProxyStats = crate::deploy::get_json(admin, "/_tierstack/stats")?;
+            let stats: ProxyStats = tierstack_deploy::deployment::get_json(admin, "/_tierstack/stats")?;
             drop(proxy);
             let errors = report.errors.total();
             anyhow::ensure!(report.accounted(), "{}: requests not accounted for", balance.label());
@@ -822,7 +822,7 @@ fn run_reconfig_once(
     }
     let mut fenced = 0;
     for (_, admin, _) in &proxies {
-        let stats: ProxyStats = crate::deploy::get_json(*admin, "/_tierstack/stats")?;
+        let stats: ProxyStats = tierstack_deploy::deployment::get_json(*admin, "/_tierstack/stats")?;
         if let Some(error) = stats.accounting_error() {
             anyhow::bail!("{label}: proxy accounting: {error}");
         }

@@ -22,16 +22,17 @@
 //! printed beside them: this host's cores are shared.
 
 use crate::html::Page;
-use crate::owner::{write_topology, ChildNode, NodeLine};
 use crate::report::{bar_chart, line_plot, write_json, Axes, BarGroup, Series, Table};
 use anyhow::{Context, Result};
 use serde::Serialize;
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use tierstack_cluster::Backend;
+use tierstack_cluster::{Backend, NodeArgs};
+use tierstack_deploy::haproxy::{haproxy_path, Haproxy};
+use tierstack_deploy::process::{write_topology, ChildNode, NodeLine};
 use tierstack_loadgen::{LoadConfig, TargetChoice};
 use tierstack_press::{Counts, MsgType};
-use tierstack_press_node::NodeStats;
+use tierstack_press_node::{DispatcherArgs, NodeStats};
 use tierstack_workload::{Trace, TraceSpec};
 
 /// The paper's Base-VIA gain over TCP on 8 nodes, Fig. 3 (§4.2): only the
@@ -257,80 +258,6 @@ pub struct PressRun {
     pub load_average: f64,
 }
 
-/// The `haproxy` executable: `$TIERSTACK_HAPROXY`, else the first on
-/// `PATH`, else `/usr/sbin/haproxy`; `None` when there is none.
-pub fn haproxy_path() -> Option<PathBuf> {
-    if let Some(path) = std::env::var_os("TIERSTACK_HAPROXY") {
-        return Some(PathBuf::from(path)).filter(|p| p.is_file());
-    }
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    std::env::split_paths(&path)
-        .chain([PathBuf::from("/usr/sbin")])
-        .map(|dir| dir.join("haproxy"))
-        .find(|candidate| candidate.is_file())
-}
-
-/// A real HAProxy in front of `servers`: `balance uri`, `hash-type
-/// consistent`, `hash-balance-factor 125` (consistent hashing with bounded
-/// loads: no server takes more than 125 % of the average load). Killed and
-/// reaped when dropped.
-pub struct Haproxy {
-    child: std::process::Child,
-    pub listen: SocketAddr,
-    _dir: tempfile::TempDir,
-}
-
-impl Haproxy {
-    /// Writes the configuration, starts `haproxy -db` and waits (bounded)
-    /// until it accepts connections.
-    pub fn start(exe: &std::path::Path, servers: &[SocketAddr]) -> Result<Haproxy> {
-        let dir = tempfile::tempdir()?;
-        let listen = crate::owner::free_loopback_port()?;
-        let mut cfg = format!(
-            "global\n    maxconn 4096\n\ndefaults\n    mode http\n    timeout connect 5s\n    timeout client 30s\n    \
-             timeout server 30s\n\nfrontend press\n    bind {listen}\n    default_backend nodes\n\nbackend nodes\n    \
-             balance uri\n    hash-type consistent\n    hash-balance-factor 125\n"
-        );
-        for (i, server) in servers.iter().enumerate() {
-            cfg.push_str(&format!("    server node{i} {server}\n"));
-        }
-        let path = dir.path().join("haproxy.cfg");
-        std::fs::write(&path, cfg)?;
-        let mut child = std::process::Command::new(exe)
-            .arg("-db")
-            .arg("-f")
-            .arg(&path)
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::inherit())
-            .spawn()
-            .with_context(|| format!("starting {}", exe.display()))?;
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-        loop {
-            if std::net::TcpStream::connect(listen).is_ok() {
-                break;
-            }
-            if let Some(status) = child.try_wait()? {
-                anyhow::bail!("haproxy exited before it listened: {status}");
-            }
-            if std::time::Instant::now() > deadline {
-                let _ = child.kill();
-                let _ = child.wait();
-                anyhow::bail!("haproxy did not listen on {listen} within 20 s");
-            }
-            std::thread::sleep(std::time::Duration::from_millis(20));
-        }
-        Ok(Haproxy { child, listen, _dir: dir })
-    }
-}
-
-impl Drop for Haproxy {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 fn load_average() -> f64 {
     std::fs::read_to_string("/proc/loadavg")
         .ok()
@@ -367,13 +294,11 @@ fn run_one(config: &PressBenchConfig, trace: &str, system: &str, nodes: usize, r
     let spec = trace_name(trace, config.scale);
     let mut running = Vec::new();
     for id in 0..nodes {
-        let (listen, admin) = (crate::owner::free_loopback_port()?, crate::owner::free_loopback_port()?);
+        let (listen, admin) =
+            (tierstack_deploy::process::free_loopback_port()?, tierstack_deploy::process::free_loopback_port()?);
+        let at = NodeArgs { topology: topology.clone(), node: id as u32 };
         let args: Vec<String> = [
             "press-node",
-            "--topology",
-            topology.to_str().context("topology path")?,
-            "--node",
-            &id.to_string(),
             "--listen",
             &listen.to_string(),
             "--admin",
@@ -393,6 +318,7 @@ fn run_one(config: &PressBenchConfig, trace: &str, system: &str, nodes: usize, r
         ]
         .iter()
         .map(|s| s.to_string())
+        .chain(at.to_args())
         .collect();
         let mut args = args;
         if matches!(system, "distrib-ho" | "dispatch-ho") {
@@ -406,18 +332,12 @@ fn run_one(config: &PressBenchConfig, trace: &str, system: &str, nodes: usize, r
     let mut haproxy: Option<Haproxy> = None;
     let mut targets: Vec<String> = running.iter().map(|n| format!("http://{}", n.listen)).collect();
     if system == "dispatch-ho" {
-        let (listen, admin) = (crate::owner::free_loopback_port()?, crate::owner::free_loopback_port()?);
-        let args: Vec<String> = vec![
-            "press-dispatcher".into(),
-            "--listen".into(),
-            listen.to_string(),
-            "--admin".into(),
-            admin.to_string(),
-            "--backends".into(),
-            nodes.to_string(),
-            "--handoff-dir".into(),
-            dir.path().display().to_string(),
-        ];
+        let (listen, admin) =
+            (tierstack_deploy::process::free_loopback_port()?, tierstack_deploy::process::free_loopback_port()?);
+        let dispatcher_args =
+            DispatcherArgs { admin: Some(admin), ..DispatcherArgs::new(listen, nodes, dir.path().to_path_buf()) };
+        let args: Vec<String> =
+            std::iter::once("press-dispatcher".to_string()).chain(dispatcher_args.to_args()).collect();
         dispatcher = Some((ChildNode::spawn(&config.exe, &args)?, admin));
         targets = vec![format!("http://{listen}")];
     }
@@ -443,10 +363,10 @@ fn run_one(config: &PressBenchConfig, trace: &str, system: &str, nodes: usize, r
     };
     load(config.warmup_s, 7)?;
     let before: Vec<NodeStats> =
-        running.iter().map(|n| crate::deploy::get_json(n.admin, "/stats")).collect::<Result<_>>()?;
+        running.iter().map(|n| tierstack_deploy::deployment::get_json(n.admin, "/stats")).collect::<Result<_>>()?;
     let report = load(config.duration_s, 1)?;
     let after: Vec<NodeStats> =
-        running.iter().map(|n| crate::deploy::get_json(n.admin, "/stats")).collect::<Result<_>>()?;
+        running.iter().map(|n| tierstack_deploy::deployment::get_json(n.admin, "/stats")).collect::<Result<_>>()?;
     let load_average = load_average();
     drop(haproxy);
     if let Some((child, _)) = dispatcher {

@@ -5,7 +5,7 @@
 //!
 //! Every configuration is a fresh deployment of processes (module, an
 //! application server that pushes by the policy under test, proxies; see
-//! [`crate::deploy`]) with small proxy caches, so that pushes compete with
+//! [`tierstack_deploy::deployment`]) with small proxy caches, so that pushes compete with
 //! fetched entries for room, which is the paper's point about push. The
 //! load client replays the Zipf trace while the updater changes a uniformly
 //! chosen document every few milliseconds; the staleness checker runs on
@@ -21,7 +21,7 @@
 //! costs a share of push's wasted updates; the knee is the fraction where the
 //! first exceeds the second by the most.
 
-use crate::deploy::{Deployment, DeploymentConfig, DeploymentOptions};
+use tierstack_deploy::deployment::{Deployment, DeploymentConfig, DeploymentOptions};
 use crate::html::Report;
 use crate::report::{Axes, Plot, Series, Table};
 use anyhow::{Context, Result};

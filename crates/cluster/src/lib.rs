@@ -45,7 +45,12 @@
 //! validated topology into the node's `Arc<dyn Fabric>`; services above never
 //! see which backend they run on. [`local_cluster`] builds N nodes inside one
 //! process for tests and benchmarks.
+//! [`NodeArgs`] (`--topology FILE --node ID`) are the flags by which a
+//! process names its node, shared by every tier and tool that attaches.
 
+mod args;
+
+pub use args::{open_node, NodeArgs, NodeOpenError};
 use serde::Deserialize;
 use std::collections::HashSet;
 use std::net::SocketAddr;

@@ -28,6 +28,7 @@
 //! by others; the request that found it gone is served locally, so a killed
 //! node costs a bounded wait (`forward_timeout`), never a hung client.
 
+mod args;
 pub mod dispatcher;
 pub mod handoff;
 mod ho;
@@ -36,6 +37,7 @@ pub mod rings;
 pub mod slab;
 pub mod transport;
 
+pub use args::{DispatcherArgs, DISPATCHER_THREADS_DEFAULT};
 pub use transport::{TransportKind, Window, WINDOW_DEFAULT};
 
 use node::{LoadGuard, Shared, Stats};

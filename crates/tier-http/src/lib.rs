@@ -1,6 +1,10 @@
 //! HTTP/1.1 plumbing shared by the tiers (application server, proxy): the
 //! accept loop with graceful stop, the response body type, and small
-//! responses. No tier logic lives here.
+//! responses. No tier logic lives here. [`service`]: how every tier process
+//! stops (signals, `--stop-on-stdin-eof`, the grace period) and announces
+//! that it is ready.
+
+pub mod service;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};

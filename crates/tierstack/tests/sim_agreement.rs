@@ -35,7 +35,7 @@ use std::net::{SocketAddr, TcpStream};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
-use tierstack_bench::owner::free_loopback_port;
+use tierstack_deploy::process::free_loopback_port;
 
 const STEP: Duration = Duration::from_secs(60);
 const TRACE: &str = "worldcup";

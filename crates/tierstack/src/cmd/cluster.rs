@@ -1,11 +1,11 @@
 //! `tierstack cluster up|status|down <topology.toml>`: the tier processes a
 //! topology's `[node.service]` sections describe, on this host, as detached
-//! services (glue over `tierstack_bench::cluster`).
+//! services (glue over `tierstack_deploy::cluster`).
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
 use std::path::{Path, PathBuf};
-use tierstack_bench::cluster::{self, UpConfig};
+use tierstack_deploy::cluster::{self, UpConfig};
 
 #[derive(Subcommand)]
 pub enum ClusterCommand {
@@ -37,22 +37,8 @@ pub struct ExecArgs {
 /// Replaces this process with the node's service.
 fn exec(args: ExecArgs) -> Result<()> {
     use std::os::unix::process::CommandExt;
-    let path = std::fs::canonicalize(&args.topology)
-        .with_context(|| format!("reading topology {}", args.topology.display()))?;
-    let topology = tierstack_cluster::Topology::load(&path)?;
-    let launches = cluster::plan(&topology, &path)?;
-    let launch = launches
-        .iter()
-        .find(|l| l.node == args.node)
-        .with_context(|| format!("node {} has no [node.service] in {}", args.node, path.display()))?;
-    if let Some(kind) = &args.kind {
-        anyhow::ensure!(launch.kind.command() == kind, "node {} runs {}, not {kind}", args.node, launch.kind.command());
-    }
-    let error = std::process::Command::new(std::env::current_exe()?)
-        .args(&launch.args)
-        .args(["--grace-ms", &args.grace_ms.to_string()])
-        .env_remove(tierstack_bench::owner::STOP_ON_STDIN_EOF_ENV)
-        .exec();
+    let exe = std::env::current_exe()?;
+    let error = cluster::exec_command(&exe, &args.topology, args.node, args.kind.as_deref(), args.grace_ms)?.exec();
     Err(error).context("starting the service")
 }
 

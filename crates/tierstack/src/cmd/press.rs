@@ -13,6 +13,7 @@ use std::time::Duration;
 use tierstack_origin::{DiskModel, StorageConfig, SyntheticSet};
 use tierstack_press::{LardConfig, Member, PolicyConfig, MAX_SIZE_BYTES, THRESHOLD_DEFAULT};
 use tierstack_press_node::dispatcher::{Dispatcher, DispatcherConfig};
+pub use tierstack_press_node::DispatcherArgs;
 use tierstack_press_node::{Mode, NodeConfig, PressNode, TransportKind, WINDOW_DEFAULT};
 use tierstack_workload::{TraceSpec, ZIPF_ALPHA_DEFAULT, ZIPF_DOCS_DEFAULT};
 
@@ -74,33 +75,6 @@ pub struct PressNodeArgs {
     /// traditional node); distrib-ho needs it.
     #[arg(long)]
     handoff_dir: Option<PathBuf>,
-}
-
-#[derive(Args)]
-pub struct DispatcherArgs {
-    #[command(flatten)]
-    service: crate::service::ServiceArgs,
-    /// Where clients connect.
-    #[arg(long)]
-    listen: SocketAddr,
-    /// Where `GET /stats` is served.
-    #[arg(long)]
-    admin: Option<SocketAddr>,
-    /// Back-end press-nodes 0..N (started with the same --handoff-dir).
-    #[arg(long)]
-    backends: usize,
-    /// Directory of the back-ends' hand-off sockets.
-    #[arg(long)]
-    handoff_dir: PathBuf,
-    /// LARD's T_low (open connections).
-    #[arg(long, default_value_t = LardConfig::default().t_low)]
-    t_low: u32,
-    /// LARD's T_high (open connections).
-    #[arg(long, default_value_t = LardConfig::default().t_high)]
-    t_high: u32,
-    /// Runtime worker threads.
-    #[arg(long, default_value_t = 1)]
-    threads: usize,
 }
 
 pub fn run_dispatcher(args: DispatcherArgs) -> Result<()> {

@@ -482,7 +482,8 @@ pub fn proxy(args: ProxyArgs) -> Result<()> {
         announce_ready()?;
         signals.wait().await;
         stop.stop();
-        drain(serving, args.service.grace(), "proxy").await
+        drain(serving, args.service.grace(), "proxy").await?;
+        anyhow::Ok(())
     })?;
     // The proxy's fabric node went with its runtime's tasks: its regions
     // (the cache state) are revoked.

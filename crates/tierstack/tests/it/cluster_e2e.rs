@@ -8,8 +8,8 @@
 use crate::exe;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-use tierstack_bench::cluster::{State, STATE_FILE};
-use tierstack_bench::owner::free_loopback_port;
+use tierstack_deploy::cluster::{State, STATE_FILE};
+use tierstack_deploy::process::free_loopback_port;
 use tierstack_loadgen::{run, LoadConfig};
 use tierstack_workload::Trace;
 

@@ -16,9 +16,9 @@ use serde_json::Value;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
-use tierstack_bench::deploy::{proxy_args, strings, Deployment, DeploymentConfig, DeploymentOptions, ExtraArgs};
-use tierstack_bench::owner::{free_loopback_port, write_topology, ChildNode, NodeLine};
 use tierstack_cluster::Backend;
+use tierstack_deploy::deployment::{proxy_args, strings, Deployment, DeploymentConfig, DeploymentOptions, ExtraArgs};
+use tierstack_deploy::process::{free_loopback_port, write_topology, ChildNode, NodeLine};
 use tierstack_loadgen::{run, LoadConfig};
 use tierstack_workload::{Trace, TraceSpec};
 

@@ -16,11 +16,11 @@ use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use tierstack_base::NodeId;
-use tierstack_bench::owner::{write_topology, ChildNode, NodeLine};
 use tierstack_cluster::Backend;
 use tierstack_ddss::check::{self, Event, History};
 use tierstack_ddss::ipc::DdssClient;
 use tierstack_ddss::{Coherence, DdssError, Key, Placement};
+use tierstack_deploy::process::{write_topology, ChildNode, NodeLine};
 
 const DAEMONS: u32 = 2;
 const CLIENTS: u32 = 4;

@@ -54,8 +54,8 @@ use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
 use tierstack_base::NodeId;
-use tierstack_bench::owner::{write_topology, NodeLine};
 use tierstack_cluster::{open_fabric, Backend, Topology};
+use tierstack_deploy::process::{write_topology, NodeLine};
 use tierstack_dlm::{DlmConfig, LockId, LockManager, Scheme};
 
 /// Bound on any one step of a test (a child becoming ready, a run finishing).
@@ -71,7 +71,7 @@ fn seed() -> u64 {
 
 /// A `tierstack dlm-node` child whose output lines are read as they come.
 ///
-/// (`tierstack_bench::owner::ChildNode` reads a child's output only at the
+/// (`tierstack_deploy::process::ChildNode` reads a child's output only at the
 /// end, after closing its standard input; a lock node must keep serving
 /// until every peer has finished, so these tests read line by line.)
 struct Node {

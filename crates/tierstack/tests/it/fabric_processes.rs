@@ -8,8 +8,8 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use tierstack_base::NodeId;
-use tierstack_bench::owner::{spawn_owner, write_topology, ChildNode, NodeLine};
 use tierstack_cluster::{open_fabric, ucx_available, ucx_unavailable_reason, Backend, Topology};
+use tierstack_deploy::process::{spawn_owner, write_topology, ChildNode, NodeLine};
 use tierstack_fabric::{Fabric, FabricError, Op, OpResult, PeerState};
 
 /// A topology of `nodes` nodes (no pinning) in a fresh directory.

@@ -22,6 +22,7 @@ fn layer(name: &str) -> Option<u32> {
         "workload" | "press-node" => 9,
         "loadgen" => 10,
         "sim" => 10,
+        "deploy" => 10,
         "bench" => 11,
         "tierstack" => 12,
         _ => return None,

@@ -11,9 +11,9 @@ use crate::exe;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
-use tierstack_bench::deploy::{proxy_args, strings};
-use tierstack_bench::owner::{free_loopback_port, write_topology, ChildNode, NodeLine};
 use tierstack_cluster::Backend;
+use tierstack_deploy::deployment::{proxy_args, strings};
+use tierstack_deploy::process::{free_loopback_port, write_topology, ChildNode, NodeLine};
 use tierstack_monitor::Scheme;
 use tierstack_proxy::ProxyStats;
 

@@ -9,7 +9,7 @@ use std::net::{SocketAddr, TcpStream};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
-use tierstack_bench::owner::free_loopback_port;
+use tierstack_deploy::process::free_loopback_port;
 use tierstack_origin::{synthetic_prefix, DiskModel, OriginStats};
 use tierstack_workload::{Trace, TraceSpec, ZIPF_ALPHA_DEFAULT, ZIPF_DOCS_DEFAULT};
 

@@ -40,7 +40,7 @@ fn bench_press_prints_its_tables_and_draws_its_plots() {
         serde_json::from_slice(&std::fs::read(out.path().join("runs.json")).unwrap()).unwrap();
     let runs = runs.as_array().unwrap();
     // Quick: clarknet, 8 systems on 2 nodes (9 with HAProxy), 4 on 1 node.
-    let haproxy = usize::from(tierstack_bench::press::haproxy_path().is_some());
+    let haproxy = usize::from(tierstack_deploy::haproxy::haproxy_path().is_some());
     assert_eq!(runs.len(), 8 + haproxy + 4);
     // Table 3's paper values are printed beside ours (Clarknet, PRESS-Zero).
     assert!(stdout.contains("99.6 / 99.9 / 87.4"), "{stdout}");

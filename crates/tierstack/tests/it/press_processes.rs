@@ -10,7 +10,7 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
 use std::time::{Duration, Instant};
-use tierstack_bench::owner::{free_loopback_port, ChildNode};
+use tierstack_deploy::process::{free_loopback_port, ChildNode};
 use tierstack_origin::synthetic_body;
 use tierstack_press::MsgType;
 use tierstack_press_node::NodeStats;
@@ -406,14 +406,14 @@ fn a_dispatcher_hands_every_connection_to_a_back_end_by_locality() {
 /// checked, and the hash keeps each file on one node.
 #[test]
 fn haproxy_with_bounded_load_hashing_serves_every_byte() {
-    let Some(exe) = tierstack_bench::press::haproxy_path() else {
+    let Some(exe) = tierstack_deploy::haproxy::haproxy_path() else {
         eprintln!("skipping: no haproxy executable (install haproxy or set TIERSTACK_HAPROXY)");
         return;
     };
     let dir = tempfile::tempdir().unwrap();
     let nodes = start_cluster(dir.path(), "press-haproxy", "base", 3, &["--mode", "traditional"]);
     let servers: Vec<SocketAddr> = nodes.iter().map(|n| n.listen).collect();
-    let haproxy = tierstack_bench::press::Haproxy::start(&exe, &servers).unwrap();
+    let haproxy = tierstack_deploy::haproxy::Haproxy::start(&exe, &servers).unwrap();
     let trace = trace();
     let docs = trace.documents();
     let mut requests = 0;

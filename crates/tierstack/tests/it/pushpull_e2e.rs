@@ -8,8 +8,8 @@
 
 use crate::exe;
 use serde_json::Value;
-use tierstack_bench::deploy::{Deployment, DeploymentConfig, DeploymentOptions};
 use tierstack_cluster::Backend;
+use tierstack_deploy::deployment::{Deployment, DeploymentConfig, DeploymentOptions};
 use tierstack_loadgen::{run, LoadConfig, LoadReport};
 use tierstack_proxy::ProxyStats;
 use tierstack_workload::Trace;
@@ -266,7 +266,7 @@ fn gets_after_updates(options: DeploymentOptions, rounds: u64) -> (u64, u64, u64
             .iter()
             .map(|url| {
                 let addr: std::net::SocketAddr = url.trim_start_matches("http://").parse().unwrap();
-                let (code, body) = tierstack_bench::deploy::get(addr, &path).unwrap();
+                let (code, body) = tierstack_deploy::deployment::get(addr, &path).unwrap();
                 assert_eq!(code, 200, "round {round}: {body}");
                 body_version(&body)
             })

@@ -17,9 +17,9 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::sync::mpsc::Receiver;
 use std::time::{Duration, Instant};
-use tierstack_bench::deploy::{proxy_args, strings};
-use tierstack_bench::owner::{free_loopback_port, write_topology, ChildNode, NodeLine};
 use tierstack_cluster::Backend;
+use tierstack_deploy::deployment::{proxy_args, strings};
+use tierstack_deploy::process::{free_loopback_port, write_topology, ChildNode, NodeLine};
 use tierstack_proxy::ProxyStats;
 
 const DOCS: [&str; 6] = ["a", "b", "c", "d", "e", "f"];

@@ -14,9 +14,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
-use tierstack_bench::deploy::get;
-use tierstack_bench::owner::{free_loopback_port, write_topology, NodeLine, STOP_ON_STDIN_EOF_ENV};
 use tierstack_cluster::Backend;
+use tierstack_deploy::deployment::get;
+use tierstack_deploy::process::{free_loopback_port, write_topology, NodeLine, STOP_ON_STDIN_EOF_ENV};
 use tierstack_proxy::ProxyStats;
 
 const BOUND: Duration = Duration::from_secs(20);
@@ -153,7 +153,7 @@ impl Site {
     }
 
     fn proxy(&self, node: u32, listen: SocketAddr, admin: SocketAddr, upstream: SocketAddr) -> Service {
-        let mut args = tierstack_bench::deploy::proxy_args(listen, admin, "poll", &self.topology, node);
+        let mut args = tierstack_deploy::deployment::proxy_args(listen, admin, "poll", &self.topology, node);
         args.extend(strings(&["--upstream", &format!("http://{upstream}"), "--grace-ms", "15000"]));
         Service::start(&args)
     }
@@ -264,7 +264,7 @@ fn sigterm_during_load_finishes_requests_in_flight_exits_0_and_revokes_the_proxy
     // Forwarded (a miss is counted as it is forwarded) and none answered
     // yet (the upstream's time is added when its answer arrives).
     wait_for("every request forwarded and waiting for its upstream", || {
-        tierstack_bench::deploy::get_json::<ProxyStats>(admin, "/_tierstack/stats").is_ok_and(|stats| {
+        tierstack_deploy::deployment::get_json::<ProxyStats>(admin, "/_tierstack/stats").is_ok_and(|stats| {
             assert_eq!(stats.upstream_ns, 0, "an upstream answered before SIGTERM: the reads are too fast");
             stats.misses == IN_FLIGHT as u64
         })

@@ -19,9 +19,9 @@ use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
-use tierstack_bench::deploy::{Deployment, DeploymentConfig, DeploymentOptions, ExtraArgs};
 use tierstack_cluster::Backend;
 use tierstack_coherent::DepsHeader;
+use tierstack_deploy::deployment::{Deployment, DeploymentConfig, DeploymentOptions, ExtraArgs};
 use tierstack_loadgen::{run_with, LiveStats, LoadConfig, LoadReport};
 use tierstack_workload::Trace;
 

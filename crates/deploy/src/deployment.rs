@@ -15,14 +15,14 @@
 //! proxies' cache states and pushes updates: `tierstack bench push-pull`),
 //! and the proxies' cache and cache-state sizes.
 
-use crate::owner::{free_loopback_port, write_topology, ChildNode, NodeLine};
+use crate::process::{free_loopback_port, write_topology, ChildNode, NodeLine};
 use anyhow::{Context, Result};
 use serde::de::DeserializeOwned;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
-use tierstack_cluster::Backend;
+use tierstack_cluster::{Backend, NodeArgs};
 use tierstack_proxy::ProxyStats;
 
 /// Warm-up fetches in flight at once (see [`Deployment::warm_up`]).
@@ -115,19 +115,10 @@ pub fn strings(list: &[&str]) -> Vec<String> {
 /// The start of every `tierstack proxy` command line a deployment runs:
 /// its client and admin listeners, cache mode, topology file and fabric node.
 pub fn proxy_args(listen: SocketAddr, admin: SocketAddr, mode: &str, topology: &str, node: u32) -> Vec<String> {
-    strings(&[
-        "proxy",
-        "--listen",
-        &listen.to_string(),
-        "--admin-listen",
-        &admin.to_string(),
-        "--mode",
-        mode,
-        "--topology",
-        topology,
-        "--node",
-        &node.to_string(),
-    ])
+    let mut args =
+        strings(&["proxy", "--listen", &listen.to_string(), "--admin-listen", &admin.to_string(), "--mode", mode]);
+    args.extend(NodeArgs { topology: PathBuf::from(topology), node }.to_args());
+    args
 }
 
 impl Deployment {

@@ -16,8 +16,9 @@ use tierstack_cluster::Backend;
 
 /// Set to `1` in every [`ChildNode`]'s environment: a long-running
 /// `tierstack` command then also stops when its standard input closes (as
-/// `--stop-on-stdin-eof`), so dropping the child stops it.
-pub const STOP_ON_STDIN_EOF_ENV: &str = "TIERSTACK_STOP_ON_STDIN_EOF";
+/// `--stop-on-stdin-eof`), so dropping the child stops it. The services
+/// define it (`tierstack_tier_http::service`).
+pub use tierstack_tier_http::service::STOP_ON_STDIN_EOF_ENV;
 
 /// How long a child may take to print `ready`.
 pub const READY_TIMEOUT: Duration = Duration::from_secs(30);

@@ -14,20 +14,22 @@
 //!   be taken `down`; a failed `up` stops what it started.
 //! - **status** reads that file: every process alive, its `/healthz`,
 //!   `/readyz`, and its load (the proxies' and servers' counters).
+//! - **exec** ([`exec_command`]) is one node's service in the caller's
+//!   place, for systemd units and containers.
 //! - **down** sends SIGTERM, proxies first, waits for each (bounded by the
 //!   grace period plus [`DOWN_MARGIN`]), SIGKILLs what is still there and
 //!   reports it; the state file is removed once nothing is left.
 //!
 //! [`plan`] (topology to command lines) is pure.
 
-use crate::deploy::{get, proxy_args, strings};
-use crate::owner::{spawn_service, READY_TIMEOUT};
+use crate::deployment::{get, proxy_args, strings};
+use crate::process::{spawn_service, READY_TIMEOUT};
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
-use tierstack_cluster::{ServiceKind, Topology};
+use tierstack_cluster::{NodeArgs, ServiceKind, Topology};
 use tierstack_tier_http::{HEALTHZ_PATH, READYZ_PATH};
 
 /// The state file in the run directory.
@@ -68,8 +70,7 @@ pub fn plan(topology: &Topology, topology_path: &Path) -> Result<Vec<Launch>> {
     let mut launches = Vec::new();
     for kind in [ServiceKind::AppModule, ServiceKind::AppServer, ServiceKind::Proxy] {
         for (node, service) in topology.services().filter(|(_, s)| s.kind == kind) {
-            let id = node.id.0.to_string();
-            let at = strings(&["--topology", &path, "--node", &id]);
+            let at = NodeArgs { topology: topology_path.to_path_buf(), node: node.id.0 }.to_args();
             let mut args = strings(&[kind.command()]);
             let (mut health, mut socket) = (None, None);
             let missing = |field: &str| format!("{}'s service has no {field}", node.id);
@@ -107,6 +108,36 @@ pub fn plan(topology: &Topology, topology_path: &Path) -> Result<Vec<Launch>> {
         bail!("the topology describes no services ([node.service] sections)");
     }
     Ok(launches)
+}
+
+/// `tierstack cluster exec`: the command (`exe` and its arguments) that
+/// runs `node`'s service as `up` would start it, refused unless the service
+/// is of `kind` when one is named; without stop-on-stdin-eof (a unit's
+/// standard input is not its owner).
+pub fn exec_command(
+    exe: &Path,
+    topology_path: &Path,
+    node: u32,
+    kind: Option<&str>,
+    grace_ms: u64,
+) -> Result<std::process::Command> {
+    let path = std::fs::canonicalize(topology_path)
+        .with_context(|| format!("reading topology {}", topology_path.display()))?;
+    let topology = Topology::load(&path)?;
+    let launches = plan(&topology, &path)?;
+    let launch = launches
+        .iter()
+        .find(|l| l.node == node)
+        .with_context(|| format!("node {node} has no [node.service] in {}", path.display()))?;
+    if let Some(kind) = kind {
+        anyhow::ensure!(launch.kind.command() == kind, "node {node} runs {}, not {kind}", launch.kind.command());
+    }
+    let mut command = std::process::Command::new(exe);
+    command
+        .args(&launch.args)
+        .args(["--grace-ms", &grace_ms.to_string()])
+        .env_remove(crate::process::STOP_ON_STDIN_EOF_ENV);
+    Ok(command)
 }
 
 /// A started process, as the state file records it.
