@@ -31,7 +31,6 @@
 //! application server installs each update's new version at the proxies
 //! before UPDATE_DONE) in the same run, update latency and load average beside.
 
-use tierstack_deploy::deployment::{strings, Deployment, DeploymentConfig, DeploymentOptions, ExtraArgs};
 use crate::html::Report;
 use crate::report::{bars_by, series_by, Axes, Plot, Table};
 use anyhow::{Context, Result};
@@ -39,6 +38,7 @@ use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 use std::time::Duration;
 use tierstack_cluster::{pin_to_cpu, Backend};
+use tierstack_deploy::deployment::{strings, Deployment, DeploymentConfig, DeploymentOptions, ExtraArgs};
 use tierstack_loadgen::{run as run_load, LoadConfig, LoadReport};
 use tierstack_proxy::ProxyStats;
 use tierstack_workload::TraceSpec;

@@ -462,7 +462,7 @@ pub(crate) fn load_average() -> String {
 /// own counters and times remote hits and stores.
 fn measure_service(config: &CoopBenchConfig) -> Result<Vec<ServiceRow>> {
     use std::sync::Arc;
-    use std::time::Instant;
+
     use tierstack_cluster::{local_cluster, Backend};
     use tierstack_coop::service::{CoopConfig, CoopNode, Lookup};
     use tierstack_fabric::NodeId;
@@ -488,7 +488,7 @@ fn measure_service(config: &CoopBenchConfig) -> Result<Vec<ServiceRow>> {
             let (mut remote_ns, mut store_ns, mut wrong) = (Vec::new(), Vec::new(), 0u64);
             for (i, doc) in trace.stream(config.seed, 0, 1).take(SERVICE_REQUESTS).enumerate() {
                 let node = &nodes[i % 2];
-                let started = Instant::now();
+                let started = tierstack_base::time::instant_now();
                 match node.get(doc as u64)? {
                     Lookup::Local { body: b, .. } => wrong += u64::from(b != body(doc)),
                     Lookup::Remote { body: b, .. } => {
@@ -497,7 +497,7 @@ fn measure_service(config: &CoopBenchConfig) -> Result<Vec<ServiceRow>> {
                     }
                     Lookup::Miss => {
                         let b = body(doc);
-                        let started = Instant::now();
+                        let started = tierstack_base::time::instant_now();
                         node.put(doc as u64, 0, &b)?;
                         store_ns.push(started.elapsed().as_nanos() as u64);
                     }

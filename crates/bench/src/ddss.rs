@@ -28,7 +28,6 @@ pub mod measure;
 pub mod resp;
 
 use crate::html::Report;
-use tierstack_deploy::process::{write_topology, ChildNode, NodeLine};
 use crate::report::{us, Axes, Plot, Series, Table};
 use crate::stats::{summarize_serial, Summary};
 use anyhow::{bail, Context, Result};
@@ -36,12 +35,12 @@ use measure::{measure, measure_redis, measure_redis_server, BenchOptions, Latenc
 use serde::Serialize;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Instant;
 use tierstack_base::NodeId;
 use tierstack_cluster::{local_cluster, open_fabric, pin_to_cpu, Backend, LocalCluster, Topology};
 use tierstack_ddss::ipc::DdssClient;
 use tierstack_ddss::layout::VALUE_BYTES_MAX;
 use tierstack_ddss::{Coherence, Ddss, DdssConfig, Placement};
+use tierstack_deploy::process::{write_topology, ChildNode, NodeLine};
 
 /// The node that is home to every measured key.
 const HOME: NodeId = NodeId(0);
@@ -290,7 +289,7 @@ fn put_grid(config: &DdssBenchConfig, client: &Ddss) -> Result<Vec<Cell>> {
             }
             let mut samples_ns = Vec::with_capacity(config.iterations);
             for _ in 0..config.iterations {
-                let start = Instant::now();
+                let start = tierstack_base::time::instant_now();
                 client.put(key, &value)?;
                 samples_ns.push(u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX));
             }

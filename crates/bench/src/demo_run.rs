@@ -32,15 +32,15 @@
 
 use crate::coherence::Mode;
 use crate::demo::{self as story, RunView, Setup};
-use tierstack_deploy::deployment::{Deployment, DeploymentConfig, DeploymentOptions};
 use crate::report::{write_json, Table};
 use anyhow::{bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::json;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tierstack_cluster::{pin_to_cpu, Backend};
+use tierstack_deploy::deployment::{Deployment, DeploymentConfig, DeploymentOptions};
 use tierstack_loadgen::{run_with, LiveStats, LoadConfig, LoadReport};
 use tierstack_proxy::ProxyStats;
 use tierstack_workload::{Trace, TraceSpec};
@@ -272,7 +272,7 @@ fn run_mode(
         let watcher = live.clone();
         let bar_task = bar.clone();
         let progress = tokio::spawn(async move {
-            let started = Instant::now();
+            let started = tierstack_base::time::instant_now();
             loop {
                 tokio::time::sleep(Duration::from_millis(250)).await;
                 let s = watcher.snapshot();

@@ -49,7 +49,7 @@ use measure::{contended_throughput, figure5, uncontended_ns, ThreadNodes};
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tierstack_cluster::{local_cluster, Backend};
 use tierstack_dlm::harness::{LockNodes, BENCH_WAIT};
 use tierstack_dlm::LockMode;
@@ -473,7 +473,7 @@ const RECOVERY_PREFIX: &str = "dlm-recovery";
 /// Waits until the lock messages handled reach `base + 1`: a request made
 /// after `base` was read has reached the node it queues at.
 fn await_queued(nodes: &mut dyn LockNodes, base: u64) -> Result<()> {
-    let started = Instant::now();
+    let started = tierstack_base::time::instant_now();
     while nodes.totals()?.handled <= base {
         if started.elapsed() > BENCH_WAIT {
             bail!("a waiter's request was never handled");
@@ -527,15 +527,15 @@ fn measure_recovery(nodes: &mut dyn LockNodes, rounds: usize) -> Result<(Vec<u64
 /// more than the quiet time would still be missed, and shows up as a
 /// message error.
 fn settle(nodes: &mut dyn LockNodes) -> Result<u64> {
-    let started = Instant::now();
+    let started = tierstack_base::time::instant_now();
     let mut seen = nodes.totals()?.handled;
-    let mut quiet_since = Instant::now();
+    let mut quiet_since = tierstack_base::time::instant_now();
     loop {
         std::thread::sleep(SETTLE_POLL);
         let now = nodes.totals()?.handled;
         if now != seen {
             seen = now;
-            quiet_since = Instant::now();
+            quiet_since = tierstack_base::time::instant_now();
         } else if quiet_since.elapsed() >= SETTLE_QUIET {
             return Ok(seen);
         }

@@ -32,7 +32,7 @@ use rand::Rng;
 use serde_json::{json, Value};
 use std::io::Write;
 use std::ops::Range;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tierstack_base::host_monotonic_ns as monotonic_ns;
 use tierstack_base::{seeded_rng, NodeId, SeededRng};
 use tierstack_cluster::{Role, Topology};
@@ -80,7 +80,7 @@ pub fn classify(error: &LockError) -> (&'static str, Option<NodeId>) {
 /// Creates every lock in `locks` (idempotent), retrying while its home is
 /// not up yet, until [`LOCK_SETUP_TIMEOUT_MS`].
 pub fn ensure_locks(manager: &LockManager, locks: impl Iterator<Item = LockId>) -> Result<()> {
-    let deadline = Instant::now() + Duration::from_millis(LOCK_SETUP_TIMEOUT_MS);
+    let deadline = tierstack_base::time::instant_now() + Duration::from_millis(LOCK_SETUP_TIMEOUT_MS);
     for lock in locks {
         loop {
             match manager.create_lock(lock) {
@@ -88,7 +88,7 @@ pub fn ensure_locks(manager: &LockManager, locks: impl Iterator<Item = LockId>) 
                 Err(e @ (LockError::InvalidLockId { .. } | LockError::TableFull { .. } | LockError::Config(_))) => {
                     return Err(e).with_context(|| format!("creating {lock}"));
                 }
-                Err(e) if Instant::now() >= deadline => {
+                Err(e) if tierstack_base::time::instant_now() >= deadline => {
                     return Err(e).with_context(|| {
                         format!("{lock}: its home was not reachable within {LOCK_SETUP_TIMEOUT_MS} ms")
                     });
@@ -246,10 +246,10 @@ impl HoldWorkload {
             }
             return Ok(());
         }
-        let end = Instant::now() + self.hold;
+        let end = tierstack_base::time::instant_now() + self.hold;
         let mut seen = manager.stats().messages_handled;
         loop {
-            let now = Instant::now();
+            let now = tierstack_base::time::instant_now();
             if now >= end {
                 return Ok(());
             }

@@ -34,7 +34,7 @@ use std::path::Path;
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tierstack_base::{host_monotonic_ns, NodeId};
 use tierstack_cluster::Backend;
 use tierstack_deploy::process::{write_topology, ChildNode, NodeLine};
@@ -203,9 +203,10 @@ impl NodeProcess {
 
     /// The reply to the command sent last: its fields after `ok`.
     fn reply(&mut self, index: usize, bound: Duration) -> Result<String, LockError> {
-        let deadline = Instant::now() + bound;
+        let deadline = tierstack_base::time::instant_now() + bound;
         loop {
-            let line = self.next_line(index, deadline.saturating_duration_since(Instant::now()))?;
+            let line =
+                self.next_line(index, deadline.saturating_duration_since(tierstack_base::time::instant_now()))?;
             if line.starts_with("granted ") || line.starts_with("waiter-err ") {
                 self.waiter_outcomes.push_back(line);
             } else if line == "ok" {

@@ -16,7 +16,6 @@
 //! exact per operation when N = 1, smoothed tails when N > 1.
 
 use crate::html::Report;
-use tierstack_deploy::process::{spawn_owner, write_topology, ChildNode, NodeLine};
 use crate::report::{us, Axes, Plot, Series, Table};
 use crate::stats::{summarize, Summary};
 use anyhow::{bail, Context, Result};
@@ -24,9 +23,10 @@ use serde::Serialize;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tierstack_base::NodeId;
 use tierstack_cluster::{open_fabric, pin_to_cpu, Backend, Topology};
+use tierstack_deploy::process::{spawn_owner, write_topology, ChildNode, NodeLine};
 use tierstack_fabric::{Channel, Fabric, Op, RemoteRegion};
 
 /// The region the owner registers: large enough for the 1 MiB transfers.
@@ -187,7 +187,7 @@ pub const BATCH_OPS_MAX: u64 = 4096;
 /// Times `op` in batches until `budget` has passed (and at least
 /// `MIN_SAMPLES` batches ran); see the module docs.
 fn measure(budget: Duration, op: impl FnMut() -> Result<()>) -> Result<Summary> {
-    let origin = Instant::now();
+    let origin = tierstack_base::time::instant_now();
     let now_ns = || u64::try_from(origin.elapsed().as_nanos()).unwrap_or(u64::MAX);
     measure_with(now_ns, u64::try_from(budget.as_nanos()).unwrap_or(u64::MAX), op)
 }

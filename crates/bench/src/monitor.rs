@@ -29,7 +29,7 @@ use anyhow::{Context, Result};
 use serde::Serialize;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tierstack_base::{host_monotonic_ns, NodeId};
 use tierstack_cluster::{open_fabric, Backend, Topology};
 use tierstack_deploy::deployment::{proxy_args, strings};
@@ -188,7 +188,7 @@ struct SchemeLog {
 /// Reads back end 0 through `source` every `sample_every` for `duration`.
 fn sample(source: &dyn LoadSource, config: &MonitorBenchConfig) -> SchemeLog {
     let mut log = SchemeLog::default();
-    let started = Instant::now();
+    let started = tierstack_base::time::instant_now();
     let mut next = started;
     while started.elapsed() < config.duration {
         let before = host_monotonic_ns();
@@ -205,7 +205,7 @@ fn sample(source: &dyn LoadSource, config: &MonitorBenchConfig) -> SchemeLog {
             log.samples.push(Sample { used_ns, reported: i64::from(reading.record.counters.load()) });
         }
         next += config.sample_every;
-        if let Some(wait) = next.checked_duration_since(Instant::now()) {
+        if let Some(wait) = next.checked_duration_since(tierstack_base::time::instant_now()) {
             std::thread::sleep(wait);
         }
     }

@@ -21,7 +21,6 @@
 //! costs a share of push's wasted updates; the knee is the fraction where the
 //! first exceeds the second by the most.
 
-use tierstack_deploy::deployment::{Deployment, DeploymentConfig, DeploymentOptions};
 use crate::html::Report;
 use crate::report::{Axes, Plot, Series, Table};
 use anyhow::{Context, Result};
@@ -29,6 +28,7 @@ use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 use std::time::Duration;
 use tierstack_cluster::{pin_to_cpu, Backend};
+use tierstack_deploy::deployment::{Deployment, DeploymentConfig, DeploymentOptions};
 use tierstack_loadgen::{run as run_load, LoadConfig, LoadReport};
 use tierstack_proxy::ProxyStats;
 use tierstack_workload::Trace;
@@ -255,7 +255,7 @@ const PUSHES_SETTLE_TIMEOUT: Duration = Duration::from_secs(10);
 /// the `proxies` and every push answered, so the proxies' counters include
 /// the last updates' pushes.
 fn settle_pushes(deployment: &Deployment, proxies: u32) -> Result<AppView> {
-    let deadline = std::time::Instant::now() + PUSHES_SETTLE_TIMEOUT;
+    let deadline = tierstack_base::time::instant_now() + PUSHES_SETTLE_TIMEOUT;
     loop {
         let app: AppView = deployment.app_stats()?;
         let settled = app.push.as_ref().is_none_or(|p| {
@@ -263,7 +263,7 @@ fn settle_pushes(deployment: &Deployment, proxies: u32) -> Result<AppView> {
                 && p.decided_push == p.pushes_sent
                 && p.pushes_sent == p.pushes_ok + p.pushes_declined + p.pushes_failed
         });
-        if settled || std::time::Instant::now() > deadline {
+        if settled || tierstack_base::time::instant_now() > deadline {
             return Ok(app);
         }
         std::thread::sleep(Duration::from_millis(10));

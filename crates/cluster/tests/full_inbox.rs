@@ -7,7 +7,7 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tierstack_base::limits::INBOX_MESSAGES_MAX;
 use tierstack_base::NodeId;
 use tierstack_cluster::{local_cluster_with_timeout, Backend};
@@ -66,8 +66,8 @@ fn full_inbox_scenario(backend: Backend) -> Outcome {
     });
 
     // The receiver does not drain until its inbox is full.
-    let deadline = Instant::now() + BOUND;
-    while receiver.inbox(Channel::TEST).len() < INBOX_MESSAGES_MAX && Instant::now() < deadline {
+    let deadline = tierstack_base::time::instant_now() + BOUND;
+    while receiver.inbox(Channel::TEST).len() < INBOX_MESSAGES_MAX && tierstack_base::time::instant_now() < deadline {
         std::thread::yield_now();
     }
     let filled = receiver.inbox(Channel::TEST).len() == INBOX_MESSAGES_MAX;

@@ -28,7 +28,7 @@ use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tierstack_cluster::{NodeArgs, ServiceKind, Topology};
 use tierstack_tier_http::{HEALTHZ_PATH, READYZ_PATH};
 
@@ -269,7 +269,7 @@ fn start_one(launch: &Launch, config: &UpConfig) -> Result<Started> {
         socket: launch.socket.clone(),
         log: log_path.clone(),
     };
-    let deadline = Instant::now() + READY_TIMEOUT;
+    let deadline = tierstack_base::time::instant_now() + READY_TIMEOUT;
     let log_tail = || std::fs::read_to_string(&log_path).unwrap_or_default();
     loop {
         let printed = std::fs::read_to_string(&out_path).unwrap_or_default();
@@ -279,7 +279,7 @@ fn start_one(launch: &Launch, config: &UpConfig) -> Result<Started> {
         if let Some(status) = child.try_wait()? {
             bail!("it exited ({status}) before it was ready: {}", log_tail());
         }
-        if Instant::now() >= deadline {
+        if tierstack_base::time::instant_now() >= deadline {
             let _ = started.signal(libc::SIGKILL);
             bail!("it printed no `ready` within {READY_TIMEOUT:?}: {}", log_tail());
         }
@@ -291,7 +291,7 @@ fn start_one(launch: &Launch, config: &UpConfig) -> Result<Started> {
             if matches!(answer, Ok((200, _))) {
                 break;
             }
-            if Instant::now() >= deadline {
+            if tierstack_base::time::instant_now() >= deadline {
                 let _ = started.signal(libc::SIGKILL);
                 bail!("/readyz at {addr} did not answer 200 within {READY_TIMEOUT:?}: {answer:?}");
             }
@@ -416,7 +416,7 @@ fn down_state(state: &State) -> Result<DownReport> {
         let outcome = if !started.signal(libc::SIGTERM) {
             "was not running".to_string()
         } else {
-            let since = Instant::now();
+            let since = tierstack_base::time::instant_now();
             while started.alive() && since.elapsed() < bound {
                 std::thread::sleep(POLL);
             }

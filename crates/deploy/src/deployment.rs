@@ -21,7 +21,7 @@ use serde::de::DeserializeOwned;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tierstack_cluster::{Backend, NodeArgs};
 use tierstack_proxy::ProxyStats;
 
@@ -291,10 +291,10 @@ impl Deployment {
     /// [`SETTLE_TIMEOUT`] the stats are returned as they are (a proxy that
     /// never settles fails its accounting check, with the numbers).
     pub fn settled_proxy_stats(&self) -> Result<Vec<ProxyStats>> {
-        let deadline = Instant::now() + SETTLE_TIMEOUT;
+        let deadline = tierstack_base::time::instant_now() + SETTLE_TIMEOUT;
         loop {
             let stats: Vec<ProxyStats> = self.proxy_stats()?;
-            if stats.iter().all(|p| p.in_flight() == 0) || Instant::now() >= deadline {
+            if stats.iter().all(|p| p.in_flight() == 0) || tierstack_base::time::instant_now() >= deadline {
                 return Ok(stats);
             }
             std::thread::sleep(SETTLE_POLL);

@@ -54,7 +54,7 @@ impl Haproxy {
             .stderr(std::process::Stdio::inherit())
             .spawn()
             .with_context(|| format!("starting {}", exe.display()))?;
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        let deadline = tierstack_base::time::instant_now() + std::time::Duration::from_secs(20);
         loop {
             if std::net::TcpStream::connect(listen).is_ok() {
                 break;
@@ -62,7 +62,7 @@ impl Haproxy {
             if let Some(status) = child.try_wait()? {
                 anyhow::bail!("haproxy exited before it listened: {status}");
             }
-            if std::time::Instant::now() > deadline {
+            if tierstack_base::time::instant_now() > deadline {
                 let _ = child.kill();
                 let _ = child.wait();
                 anyhow::bail!("haproxy did not listen on {listen} within 20 s");

@@ -11,7 +11,7 @@ use std::net::{SocketAddr, TcpListener};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tierstack_cluster::Backend;
 
 /// Set to `1` in every [`ChildNode`]'s environment: a long-running
@@ -116,7 +116,9 @@ pub fn free_loopback_port() -> Result<SocketAddr> {
     static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
     let end = ephemeral_port_start();
     if end > CHOSEN_PORT_MIN {
-        let mut rng = rand::thread_rng();
+        // Ports differ per process by a fresh seed (two test processes must
+        // not walk the same sequence); nothing replays a port choice.
+        let mut rng = tierstack_base::seeded_rng(tierstack_base::fresh_seed());
         for _ in 0..CHOSEN_PORT_ATTEMPTS {
             let port = rng.gen_range(CHOSEN_PORT_MIN..end);
             let mut given = GIVEN.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -281,11 +283,13 @@ impl ChildNode {
 impl Drop for ChildNode {
     fn drop(&mut self) {
         self.stdin.take();
-        let deadline = Instant::now() + Duration::from_secs(5);
+        let deadline = tierstack_base::time::instant_now() + Duration::from_secs(5);
         loop {
             match self.child.try_wait() {
                 Ok(Some(_)) => return,
-                Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(10)),
+                Ok(None) if tierstack_base::time::instant_now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(10))
+                }
                 _ => {
                     let _ = self.child.kill();
                     let _ = self.child.wait();

@@ -24,7 +24,7 @@ use serde::Serialize;
 use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tierstack_base::{Clock, NodeId, SystemClock};
 use tierstack_ddss::{Coherence, Ddss, DdssError, Placement, Result};
 use tierstack_stats::LatencySummary;
@@ -211,7 +211,7 @@ pub fn measure_redis_server(binary: &std::path::Path, options: &BenchOptions) ->
         Ok(child) => RedisChild(child),
         Err(e) => return RedisOutcome::Failed(format!("cannot start {}: {e}", binary.display())),
     };
-    let deadline = Instant::now() + Duration::from_millis(REDIS_START_TIMEOUT_MS);
+    let deadline = tierstack_base::time::instant_now() + Duration::from_millis(REDIS_START_TIMEOUT_MS);
     let mut client = loop {
         match RespClient::connect(&format!("127.0.0.1:{port}")).and_then(|mut c| c.ping().map(|()| c)) {
             Ok(client) => break client,
@@ -219,7 +219,7 @@ pub fn measure_redis_server(binary: &std::path::Path, options: &BenchOptions) ->
                 if let Ok(Some(status)) = child.0.try_wait() {
                     return RedisOutcome::Failed(format!("{} exited ({status}) before answering", binary.display()));
                 }
-                if Instant::now() >= deadline {
+                if tierstack_base::time::instant_now() >= deadline {
                     return RedisOutcome::Failed(format!(
                         "redis-server did not answer within {REDIS_START_TIMEOUT_MS} ms: {e}"
                     ));

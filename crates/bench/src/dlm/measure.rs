@@ -174,7 +174,7 @@ fn bench_timeout(started: Instant) -> LockError {
 /// and (N-CoShED, DQNL) is granted without any message, and the round's
 /// final wait expects a message that is never sent.
 pub fn wait_quiescent<N: LockNodes + ?Sized>(nodes: &mut N) -> Result<(), LockError> {
-    let started = Instant::now();
+    let started = tierstack_base::time::instant_now();
     loop {
         // Each counter only grows, so equal sums mean no send happened while
         // the handled counts were read; handled >= sent then means none is
@@ -193,7 +193,7 @@ pub fn wait_quiescent<N: LockNodes + ?Sized>(nodes: &mut N) -> Result<(), LockEr
 }
 
 fn wait_for_messages<N: LockNodes + ?Sized>(nodes: &mut N, at_least: u64) -> Result<(), LockError> {
-    let started = Instant::now();
+    let started = tierstack_base::time::instant_now();
     while nodes.totals()?.handled < at_least {
         if started.elapsed() > BENCH_WAIT {
             return Err(bench_timeout(started));

@@ -7,7 +7,7 @@ use clap::Subcommand;
 use tierstack_bench::{coherence, coop, ddss, dlm, fabric, monitor, press, pushpull};
 
 #[derive(Subcommand)]
-pub enum BenchCommand {
+pub(crate) enum BenchCommand {
     /// Cooperative caching (coop seed Fig. 5/6 and Table 2) on `tierstack sim`: AC, BCC, CCWR,
     /// MTACC, HYBCC and a groupcache baseline on 2 and 8 proxies + 2 web servers, 8k-64k traces.
     Coop(coop::CoopArgs),
@@ -35,7 +35,7 @@ pub enum BenchCommand {
 }
 
 /// Runs the chosen experiment; the processes it starts are this executable.
-pub fn run(command: BenchCommand) -> Result<()> {
+pub(crate) fn run(command: BenchCommand) -> Result<()> {
     let exe = std::env::current_exe;
     match command {
         BenchCommand::Coop(args) => args.run(exe),

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use tierstack_deploy::cluster::{self, UpConfig};
 
 #[derive(Subcommand)]
-pub enum ClusterCommand {
+pub(crate) enum ClusterCommand {
     /// Start every service of the topology, in dependency order, each once the one before is ready; they keep running after this command returns.
     Up(UpArgs),
     /// Every service's process, /healthz, /readyz and load; fails unless all are alive and ready.
@@ -20,7 +20,7 @@ pub enum ClusterCommand {
 }
 
 #[derive(Args)]
-pub struct ExecArgs {
+pub(crate) struct ExecArgs {
     /// The cluster's topology file.
     topology: PathBuf,
     /// The node whose service to run.
@@ -43,7 +43,7 @@ fn exec(args: ExecArgs) -> Result<()> {
 }
 
 #[derive(Args)]
-pub struct Where {
+pub(crate) struct Where {
     /// The cluster's topology file.
     topology: PathBuf,
     /// Where the pid/state file and the services' logs are (default: `<topology file>.run` beside it).
@@ -64,7 +64,7 @@ fn default_run_dir(topology: &Path) -> PathBuf {
 }
 
 #[derive(Args)]
-pub struct UpArgs {
+pub(crate) struct UpArgs {
     #[command(flatten)]
     at: Where,
     /// Each service's grace period on SIGTERM (its --grace-ms).
@@ -72,7 +72,7 @@ pub struct UpArgs {
     grace_ms: u64,
 }
 
-pub fn run(command: ClusterCommand) -> Result<()> {
+pub(crate) fn run(command: ClusterCommand) -> Result<()> {
     match command {
         ClusterCommand::Up(args) => {
             let config =

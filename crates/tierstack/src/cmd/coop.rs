@@ -12,13 +12,13 @@ use tierstack_coop::Scheme;
 use tierstack_fabric::NodeId;
 
 /// A scheme's name on the command line.
-pub fn parse_scheme(s: &str) -> Result<Scheme, String> {
+pub(crate) fn parse_scheme(s: &str) -> Result<Scheme, String> {
     s.parse::<Scheme>().map_err(|e| e.to_string())
 }
 
 /// Who cooperates, and with how much memory (the same on every node).
 #[derive(Args, Clone, Debug)]
-pub struct CoopArgs {
+pub(crate) struct CoopArgs {
     /// The cooperating proxies' fabric nodes, in order (comma-separated);
     /// default: every `proxy` node of the topology.
     #[arg(long = "coop-peers", value_delimiter = ',')]
@@ -44,11 +44,11 @@ pub struct CoopArgs {
 
 /// Bytes a pooled response takes beyond its body, at most, in the
 /// threshold's sense (its stored head and the envelope's key).
-pub const HEAD_ALLOWANCE_BYTES: u64 = 1024;
+pub(crate) const HEAD_ALLOWANCE_BYTES: u64 = 1024;
 
 impl CoopArgs {
     /// The service configuration for `scheme` on `topology`.
-    pub fn config(&self, topology: &Topology, scheme: Scheme) -> Result<CoopConfig> {
+    pub(crate) fn config(&self, topology: &Topology, scheme: Scheme) -> Result<CoopConfig> {
         let pick = |given: &[u32], role: Role| -> Vec<NodeId> {
             if given.is_empty() {
                 topology.nodes_with_role(role)
@@ -73,7 +73,7 @@ impl CoopArgs {
 }
 
 #[derive(Args)]
-pub struct CoopNodeArgs {
+pub(crate) struct CoopNodeArgs {
     #[command(flatten)]
     at: super::NodeArgs,
     /// ac | bcc | ccwr | mtacc | hybcc | groupcache (as the proxies').
@@ -87,7 +87,7 @@ pub struct CoopNodeArgs {
 
 /// Runs the node until SIGTERM/SIGINT (or its standard input's end with
 /// `--stop-on-stdin-eof`); prints its counters as JSON on the way out.
-pub fn run(args: CoopNodeArgs) -> Result<()> {
+pub(crate) fn run(args: CoopNodeArgs) -> Result<()> {
     let (topology, fabric) = args.at.open()?;
     let config = args.coop.config(&topology, args.scheme)?;
     if config.passive.contains(&args.at.id()) && !args.scheme.uses_passive() {

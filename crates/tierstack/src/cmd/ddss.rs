@@ -24,7 +24,7 @@ use tierstack_ddss::ipc::{DdssClient, DdssDaemon};
 use tierstack_ddss::{Ddss, DdssConfig, DdssStats, Key};
 
 #[derive(Args)]
-pub struct DaemonArgs {
+pub(crate) struct DaemonArgs {
     #[command(flatten)]
     at: NodeArgs,
     /// The control socket to listen on (a stale one is replaced).
@@ -39,7 +39,7 @@ pub struct DaemonArgs {
 }
 
 #[derive(Args)]
-pub struct ClientArgs {
+pub(crate) struct ClientArgs {
     /// This process's own node: a passive node of the topology, its data-path endpoint.
     #[command(flatten)]
     at: NodeArgs,
@@ -84,11 +84,11 @@ fn parse_key_ops(text: &str) -> Result<(Key, usize), String> {
 }
 
 /// The nodes that hold DDSS regions: every node of the topology but the passive ones.
-pub fn members(topology: &Topology) -> Vec<NodeId> {
+pub(crate) fn members(topology: &Topology) -> Vec<NodeId> {
     topology.nodes.iter().filter(|n| n.role != Role::Passive).map(|n| n.id).collect()
 }
 
-pub fn stats_json(stats: &DdssStats) -> Value {
+pub(crate) fn stats_json(stats: &DdssStats) -> Value {
     json!({
         "gets_from_copy": stats.gets_from_copy,
         "gets_validated": stats.gets_validated,
@@ -108,7 +108,7 @@ pub fn stats_json(stats: &DdssStats) -> Value {
 /// standard input's end with `--stop-on-stdin-eof`), then stops
 /// the daemon (closing its clients and removing the socket) and prints one
 /// JSON line with the daemon handle's own counters.
-pub fn run_daemon(args: DaemonArgs) -> Result<()> {
+pub(crate) fn run_daemon(args: DaemonArgs) -> Result<()> {
     let node = args.at.id();
     let (topology, fabric) = args.at.open()?;
     let members = members(&topology);
@@ -141,14 +141,14 @@ fn hex(bytes: &[u8]) -> String {
 
 /// The bytes a client writes in its `n`-th put: distinct per (client, n) and
 /// position, so a torn or misattributed value cannot pass the checkers.
-pub fn pattern(client: u32, n: usize, len: usize) -> Vec<u8> {
+pub(crate) fn pattern(client: u32, n: usize, len: usize) -> Vec<u8> {
     (0..len).map(|i| (client as usize * 97 + n * 31 + i * 7) as u8).collect()
 }
 
 /// Connects to the daemon, attaches the data path, prints `ready`, runs the
 /// shuffled operations, then prints one JSON line per event and a last line
 /// with the counters.
-pub fn run_client(args: ClientArgs) -> Result<()> {
+pub(crate) fn run_client(args: ClientArgs) -> Result<()> {
     let client_id = args.client.unwrap_or(args.at.node);
     let (_, fabric) = args.at.open()?;
     let mut control = DdssClient::connect(&args.socket)?;

@@ -5,9 +5,9 @@
 
 use anyhow::Result;
 
-pub use tierstack_bench::demo_run::DemoArgs;
+pub(crate) use tierstack_bench::demo_run::DemoArgs;
 
-pub fn run(args: DemoArgs) -> Result<()> {
+pub(crate) fn run(args: DemoArgs) -> Result<()> {
     tierstack_bench::demo_run::run(&args, &std::env::current_exe()?, command_line())
 }
 

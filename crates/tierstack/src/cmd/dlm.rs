@@ -53,7 +53,7 @@ use tierstack_dlm::{DlmConfig, LockId, LockManager, Scheme};
 use tierstack_fabric::PeerState;
 
 #[derive(Args)]
-pub struct LockNodeArgs {
+pub(crate) struct LockNodeArgs {
     /// The node; the topology's non-passive nodes serve locks.
     #[command(flatten)]
     at: super::NodeArgs,
@@ -97,7 +97,7 @@ pub struct LockNodeArgs {
 /// How a lock manager recovers from dead and stopped peers (every node of a
 /// cluster must use the same).
 #[derive(Args, Clone, Debug)]
-pub struct RecoveryArgs {
+pub(crate) struct RecoveryArgs {
     /// Turn automatic recovery off: a dead holder wedges its lock until `tierstack dlm break`.
     #[arg(long)]
     no_recovery: bool,
@@ -124,21 +124,21 @@ impl RecoveryArgs {
 
 /// `tierstack dlm-bench-node`: one node of `bench dlm`, run by the benchmark.
 #[derive(Args)]
-pub struct BenchNodeArgs {
+pub(crate) struct BenchNodeArgs {
     #[command(flatten)]
     at: super::NodeArgs,
 }
 
 /// Attaches to the fabric, prints `ready`, and runs the benchmark's commands
 /// from standard input until it closes.
-pub fn run_bench_node(args: BenchNodeArgs) -> Result<()> {
+pub(crate) fn run_bench_node(args: BenchNodeArgs) -> Result<()> {
     let (topology, fabric) = args.at.open()?;
     crate::service::announce_ready()?;
     tierstack_bench::dlm_nodes::serve_node(fabric, topology.node_ids(), std::io::stdin().lock(), std::io::stdout())
 }
 
 /// Runs the node: see the module documentation.
-pub fn run_node(args: LockNodeArgs) -> Result<()> {
+pub(crate) fn run_node(args: LockNodeArgs) -> Result<()> {
     let node = args.at.id();
     let (topology, fabric) = args.at.open()?;
     let servers = lock_servers(&topology);
@@ -213,7 +213,7 @@ pub fn run_node(args: LockNodeArgs) -> Result<()> {
 
 /// `tierstack dlm …`: the operator's tools.
 #[derive(clap::Subcommand)]
-pub enum DlmCommand {
+pub(crate) enum DlmCommand {
     /// Every lock's home words (generation, tail, shared count, drain, fence) and every node's view of
     /// each lock (holding, waiting and for whom, moving, barrier), read one-sidedly; plus each node's
     /// liveness, incarnation, heartbeat and lease.
@@ -226,7 +226,7 @@ pub enum DlmCommand {
 
 /// Which lock manager, on which cluster, as which node.
 #[derive(Args)]
-pub struct ManagerArgs {
+pub(crate) struct ManagerArgs {
     /// This tool's node: a node of the topology that runs nothing else now.
     #[command(flatten)]
     at: super::NodeArgs,
@@ -239,7 +239,7 @@ pub struct ManagerArgs {
 }
 
 #[derive(Args)]
-pub struct StatusArgs {
+pub(crate) struct StatusArgs {
     #[command(flatten)]
     manager: ManagerArgs,
     /// Print JSON instead of tables.
@@ -248,7 +248,7 @@ pub struct StatusArgs {
 }
 
 #[derive(Args)]
-pub struct BreakArgs {
+pub(crate) struct BreakArgs {
     #[command(flatten)]
     manager: ManagerArgs,
     /// The lock to break.
@@ -257,7 +257,7 @@ pub struct BreakArgs {
     recovery: RecoveryArgs,
 }
 
-pub fn run(command: DlmCommand) -> Result<()> {
+pub(crate) fn run(command: DlmCommand) -> Result<()> {
     match command {
         DlmCommand::Status(args) => status(args),
         DlmCommand::Break(args) => break_lock(args),

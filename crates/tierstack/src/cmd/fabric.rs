@@ -12,7 +12,7 @@ use tierstack_fabric::seqlock::SeqRecord;
 use tierstack_fabric::Channel;
 
 #[derive(Args)]
-pub struct TargetArgs {
+pub(crate) struct TargetArgs {
     /// The node that owns the region.
     #[arg(long)]
     target: u32,
@@ -22,7 +22,7 @@ pub struct TargetArgs {
 }
 
 #[derive(Subcommand)]
-pub enum FabricCommand {
+pub(crate) enum FabricCommand {
     /// Register regions and serve them until standard input closes.
     /// Prints `ready` once the regions exist. Answers messages whose first
     /// byte is 1 with a one-byte message (an acknowledgement for benchmarks).
@@ -98,14 +98,14 @@ fn parse_region(s: &str) -> Result<(String, u64), String> {
 const SEQ_WRITER_PAUSE: std::time::Duration = std::time::Duration::from_micros(20);
 
 /// Payload size of the stress records: several words, so tearing is possible.
-pub const SEQ_PAYLOAD_BYTES: u32 = 64;
+pub(crate) const SEQ_PAYLOAD_BYTES: u32 = 64;
 
 fn seq_record(index: u32) -> Result<SeqRecord> {
     let footprint = 8 + u64::from(SEQ_PAYLOAD_BYTES);
     Ok(SeqRecord::new(u64::from(index) * footprint, SEQ_PAYLOAD_BYTES)?)
 }
 
-pub fn run(command: FabricCommand) -> Result<()> {
+pub(crate) fn run(command: FabricCommand) -> Result<()> {
     match command {
         FabricCommand::Serve { node, regions, busy_threads, seq_records, service } => {
             serve(&node, &regions, busy_threads, seq_records, &service)

@@ -11,7 +11,7 @@ use tierstack_loadgen::{Arrivals, LiveStats, LoadConfig, OpenLoop, MAX_IN_FLIGHT
 use tierstack_workload::{TargetChoice, TraceSpec, ZIPF_ALPHA_DEFAULT, ZIPF_DOCS_DEFAULT};
 
 #[derive(Args)]
-pub struct LoadArgs {
+pub(crate) struct LoadArgs {
     /// Base URL to load, e.g. http://127.0.0.1:8080 (repeat or comma-separate
     /// for several, e.g. the proxies; --target-choice says which request goes where).
     #[arg(long, value_delimiter = ',', required = true)]
@@ -95,7 +95,7 @@ pub struct LoadArgs {
     static_content: bool,
 }
 
-pub fn run(args: LoadArgs) -> Result<()> {
+pub(crate) fn run(args: LoadArgs) -> Result<()> {
     let spec = TraceSpec::parse(&args.trace, args.alpha, args.docs)?;
     let trace = spec.build(args.seed).with_context(|| format!("building trace {}", args.trace))?;
     let duration_s = args.duration_s.or(if args.requests.is_none() { Some(20.0) } else { None });

@@ -19,7 +19,7 @@ use tierstack_base::{host_monotonic_ns, seeded_rng};
 use tierstack_monitor::{AgentConfig, Gauge, LoadPublisher, MonitorAgent};
 
 #[derive(Args)]
-pub struct MonitorNodeArgs {
+pub(crate) struct MonitorNodeArgs {
     #[command(flatten)]
     at: super::NodeArgs,
     /// The monitor socket server's address (socket schemes).
@@ -47,7 +47,7 @@ pub struct MonitorNodeArgs {
     service: crate::service::ServiceArgs,
 }
 
-pub fn run_node(args: MonitorNodeArgs) -> Result<()> {
+pub(crate) fn run_node(args: MonitorNodeArgs) -> Result<()> {
     let (_, fabric) = args.at.open()?;
     let publisher = LoadPublisher::register(fabric.as_ref())?;
     let config = AgentConfig {

@@ -16,7 +16,7 @@ use tierstack_workload::{TraceSpec, ZIPF_ALPHA_DEFAULT, ZIPF_DOCS_DEFAULT};
 
 #[derive(Args)]
 #[command(group(clap::ArgGroup::new("content").required(true).args(["root", "files", "trace"])))]
-pub struct OriginArgs {
+pub(crate) struct OriginArgs {
     /// Where clients connect.
     #[arg(long)]
     listen: SocketAddr,
@@ -107,13 +107,13 @@ fn disk(args: &OriginArgs) -> Result<Option<DiskModel>> {
 fn last_modified(text: Option<&str>) -> Result<SystemTime> {
     match text {
         None => Ok(tierstack_origin::synthetic_last_modified_default()),
-        Some("start") => Ok(SystemTime::now()),
+        Some("start") => Ok(tierstack_base::time::system_now()),
         Some(date) => tierstack_origin::parse_http_date(date)
             .with_context(|| format!("--last-modified {date:?}: expected an HTTP-date or `start`")),
     }
 }
 
-pub fn run(args: OriginArgs) -> Result<()> {
+pub(crate) fn run(args: OriginArgs) -> Result<()> {
     if let Some(cpu) = args.cpu {
         pin_to_cpu(cpu)?;
     }

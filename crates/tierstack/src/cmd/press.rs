@@ -13,12 +13,12 @@ use std::time::Duration;
 use tierstack_origin::{DiskModel, StorageConfig, SyntheticSet};
 use tierstack_press::{LardConfig, Member, PolicyConfig, MAX_SIZE_BYTES, THRESHOLD_DEFAULT};
 use tierstack_press_node::dispatcher::{Dispatcher, DispatcherConfig};
-pub use tierstack_press_node::DispatcherArgs;
+pub(crate) use tierstack_press_node::DispatcherArgs;
 use tierstack_press_node::{Mode, NodeConfig, PressNode, TransportKind, WINDOW_DEFAULT};
 use tierstack_workload::{TraceSpec, ZIPF_ALPHA_DEFAULT, ZIPF_DOCS_DEFAULT};
 
 #[derive(Args)]
-pub struct PressNodeArgs {
+pub(crate) struct PressNodeArgs {
     #[command(flatten)]
     node: NodeArgs,
     #[command(flatten)]
@@ -77,7 +77,7 @@ pub struct PressNodeArgs {
     handoff_dir: Option<PathBuf>,
 }
 
-pub fn run_dispatcher(args: DispatcherArgs) -> Result<()> {
+pub(crate) fn run_dispatcher(args: DispatcherArgs) -> Result<()> {
     let config = DispatcherConfig {
         listen: args.listen,
         admin: args.admin,
@@ -134,7 +134,7 @@ fn disk(args: &PressNodeArgs) -> Result<Option<DiskModel>> {
     Ok(Some(DiskModel::new(seek_ns, (mb_per_s * 1e6).round().max(1.0) as u64)?))
 }
 
-pub fn run(args: PressNodeArgs) -> Result<()> {
+pub(crate) fn run(args: PressNodeArgs) -> Result<()> {
     let trace = TraceSpec::parse(&args.trace, args.alpha, args.docs)?
         .build(args.seed)
         .with_context(|| format!("building trace {}", args.trace))?;

@@ -19,7 +19,7 @@ use std::ffi::OsString;
 
 /// `args` (the process's arguments) with a `proxy` command's `--config`
 /// file expanded; unchanged for any other command.
-pub fn expand(args: Vec<OsString>) -> Result<Vec<OsString>, String> {
+pub(crate) fn expand(args: Vec<OsString>) -> Result<Vec<OsString>, String> {
     if args.get(1).is_none_or(|command| command != "proxy") {
         return Ok(args);
     }

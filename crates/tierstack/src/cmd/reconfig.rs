@@ -11,12 +11,12 @@ use anyhow::{Context, Result};
 use clap::Args;
 use serde::Serialize;
 use std::io::Write;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tierstack_base::{host_monotonic_ns, NodeId};
 use tierstack_monitor::{AgentEvent, ReconfigAgent, ReconfigConfig};
 
 #[derive(Args)]
-pub struct ReconfigureArgs {
+pub(crate) struct ReconfigureArgs {
     /// The agent's own fabric node.
     #[command(flatten)]
     at: super::NodeArgs,
@@ -56,7 +56,7 @@ struct Line {
     event: AgentEvent,
 }
 
-pub fn run(args: ReconfigureArgs) -> Result<()> {
+pub(crate) fn run(args: ReconfigureArgs) -> Result<()> {
     anyhow::ensure!(args.ratio.is_finite() && args.ratio >= 1.0, "--ratio must be at least 1");
     anyhow::ensure!(args.windows >= 1, "--windows must be at least 1");
     let (_, fabric) = args.at.open()?;
@@ -72,7 +72,7 @@ pub fn run(args: ReconfigureArgs) -> Result<()> {
         .context("connecting to the back ends' role regions")?;
     let stopped = args.service.stop_watch_thread()?;
     crate::service::announce_ready()?;
-    let mut next = Instant::now();
+    let mut next = tierstack_base::time::instant_now();
     while matches!(stopped.try_recv(), Err(std::sync::mpsc::TryRecvError::Empty)) {
         let now_ns = host_monotonic_ns();
         if let Some(event) = agent.step(now_ns)? {
@@ -81,7 +81,7 @@ pub fn run(args: ReconfigureArgs) -> Result<()> {
         }
         // The agent's period (its policy's window), not a synchronization.
         next += window;
-        std::thread::sleep(next.saturating_duration_since(Instant::now()));
+        std::thread::sleep(next.saturating_duration_since(tierstack_base::time::instant_now()));
     }
     Ok(())
 }

@@ -5,7 +5,6 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use std::io::Write;
 use std::path::PathBuf;
-use std::time::Instant;
 use tierstack_sim::{Arrivals, Budget, Costs, DiskModel, Load, PolicyName, SimConfig, TransportChoice};
 use tierstack_workload::{TargetChoice, TraceSpec, ZIPF_ALPHA_DEFAULT, ZIPF_DOCS_DEFAULT};
 
@@ -15,7 +14,7 @@ const CACHE_BYTES_DEFAULT: u64 = 64 << 20;
 
 #[derive(Args)]
 #[command(group(clap::ArgGroup::new("budget").required(true).args(["requests", "client_requests"])))]
-pub struct SimArgs {
+pub(crate) struct SimArgs {
     /// Simulated server nodes.
     #[arg(long)]
     nodes: usize,
@@ -114,7 +113,7 @@ fn disk_model(args: &SimArgs, costs: &Costs) -> Result<DiskModel> {
     Ok(DiskModel::new(seek_ns, bytes_per_s)?)
 }
 
-pub fn run(args: SimArgs) -> Result<()> {
+pub(crate) fn run(args: SimArgs) -> Result<()> {
     let mut costs = Costs::resolve(&args.costs)?;
     if args.messages_transport.is_some()
         || args.remote_read_transport.is_some()
@@ -155,7 +154,7 @@ pub fn run(args: SimArgs) -> Result<()> {
         costs,
         seed: args.seed,
     };
-    let started = Instant::now();
+    let started = tierstack_base::time::instant_now();
     let mut report = tierstack_sim::run_named(args.policy, &config, &trace)?;
     let wall = started.elapsed();
     report.costs = args.costs.clone();

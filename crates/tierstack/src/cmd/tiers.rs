@@ -27,7 +27,7 @@ fn runtime(worker_threads: usize) -> Result<tokio::runtime::Runtime> {
 }
 
 #[derive(Args)]
-pub struct ModuleArgs {
+pub(crate) struct ModuleArgs {
     /// The module's node (it owns the version table).
     #[command(flatten)]
     at: super::NodeArgs,
@@ -46,9 +46,9 @@ pub struct ModuleArgs {
     service: ServiceArgs,
 }
 
-pub fn app_module(args: ModuleArgs) -> Result<()> {
+pub(crate) fn app_module(args: ModuleArgs) -> Result<()> {
     let (_, fabric) = args.at.open()?;
-    let incarnation = Incarnation(rand::random::<u64>());
+    let incarnation = Incarnation(tierstack_base::fresh_seed());
     let table = Arc::new(VersionTable::create(fabric.as_ref(), args.capacity, incarnation)?);
     if args.test_only_admit_reads_during_updates {
         let warning = "TEST ONLY: --test-only-admit-reads-during-updates is on: this module admits reads \
@@ -73,7 +73,7 @@ pub fn app_module(args: ModuleArgs) -> Result<()> {
 }
 
 #[derive(Args)]
-pub struct AppServerArgs {
+pub(crate) struct AppServerArgs {
     #[arg(long)]
     listen: SocketAddr,
     /// The application module's socket.
@@ -165,7 +165,7 @@ fn parse_push_target(text: &str) -> Result<PushTarget, String> {
 }
 
 /// The document set named by `spec` (see `AppServerArgs::documents`).
-pub fn documents(spec: &str, docs: usize, seed: u64) -> Result<Vec<(String, usize)>> {
+pub(crate) fn documents(spec: &str, docs: usize, seed: u64) -> Result<Vec<(String, usize)>> {
     if let Some(path) = spec.strip_prefix("file:") {
         let text = std::fs::read_to_string(path).with_context(|| format!("reading {path}"))?;
         return text
@@ -183,7 +183,7 @@ pub fn documents(spec: &str, docs: usize, seed: u64) -> Result<Vec<(String, usiz
     Ok(trace.documents().iter().map(|d| (d.name.clone(), d.size_bytes as usize)).collect())
 }
 
-pub fn app_server(args: AppServerArgs) -> Result<()> {
+pub(crate) fn app_server(args: AppServerArgs) -> Result<()> {
     if let Some(cpu) = args.cpu {
         pin_to_cpu(cpu)?;
     }
@@ -264,7 +264,7 @@ pub fn app_server(args: AppServerArgs) -> Result<()> {
 }
 
 #[derive(Args)]
-pub struct ProxyArgs {
+pub(crate) struct ProxyArgs {
     #[arg(long)]
     listen: SocketAddr,
     /// Where the admin endpoints listen (the application tier's pushes,
@@ -378,7 +378,7 @@ fn parse_backend_address(text: &str) -> Result<BackendAddress, String> {
     Ok(BackendAddress { node, socket })
 }
 
-pub fn proxy(args: ProxyArgs) -> Result<()> {
+pub(crate) fn proxy(args: ProxyArgs) -> Result<()> {
     if let Some(path) = &args.config {
         tracing::info!(path = %path.display(), "configuration file expanded into flags");
     }

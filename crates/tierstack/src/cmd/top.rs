@@ -15,7 +15,7 @@ use tierstack_monitor::scheme::RdmaSource;
 use tierstack_monitor::{Health, LoadSource, Reading, Scheme, SourceConfig};
 
 #[derive(Args)]
-pub struct TopArgs {
+pub(crate) struct TopArgs {
     /// This process's node (an otherwise idle one, e.g. role `passive`).
     #[command(flatten)]
     at: super::NodeArgs,
@@ -32,7 +32,7 @@ pub struct TopArgs {
 
 /// One node's line.
 #[derive(Debug, Serialize)]
-pub struct TopRow {
+pub(crate) struct TopRow {
     pub node: NodeId,
     pub role: String,
     /// The counters word, read now.
@@ -55,7 +55,7 @@ fn opt<T: std::fmt::Display>(value: Option<T>) -> String {
 }
 
 /// The table: one line per node that publishes a load (or did).
-pub fn render(rows: &[TopRow]) -> String {
+pub(crate) fn render(rows: &[TopRow]) -> String {
     let mut out = format!(
         "{:>5} {:<8} {:<6} {:>7} {:>6} {:>9} {:>6} | {:<6} {:>8} {:>6} {:>6} {:>10} {:>7}\n",
         "node",
@@ -97,7 +97,7 @@ pub fn render(rows: &[TopRow]) -> String {
     out
 }
 
-pub fn run(args: TopArgs) -> Result<()> {
+pub(crate) fn run(args: TopArgs) -> Result<()> {
     let (topology, fabric) = args.at.open()?;
     let others: Vec<_> = topology.nodes.iter().filter(|n| n.id != args.at.id()).collect();
     let ids: Vec<NodeId> = others.iter().map(|n| n.id).collect();

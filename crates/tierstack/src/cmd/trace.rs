@@ -16,7 +16,7 @@ use tierstack_workload::show::fitted_alpha;
 use tierstack_workload::{write_clf, Trace, TraceSpec, ZIPF_ALPHA_DEFAULT, ZIPF_DOCS_DEFAULT};
 
 #[derive(Subcommand)]
-pub enum TraceCommand {
+pub(crate) enum TraceCommand {
     /// Target vs synthesized statistics: files, mean file and request size, alpha fitted from a sample, working set, cache per node.
     Show(ShowArgs),
     /// Write a trace's requests as Common Log Format (replay them with --trace clf:FILE).
@@ -25,7 +25,7 @@ pub enum TraceCommand {
 
 /// Which trace: the name, and the options every subcommand shares.
 #[derive(Args)]
-pub struct TraceArgs {
+pub(crate) struct TraceArgs {
     /// press:{clarknet,nasa,rutgers,usask,wc98}[@SCALE], coop:{8k,16k,32k,64k}[@SCALE], single, zipf, worldcup or clf:PATH.
     name: String,
     /// Seed of the synthesis and of the request stream.
@@ -50,7 +50,7 @@ impl TraceArgs {
 }
 
 #[derive(Args)]
-pub struct ShowArgs {
+pub(crate) struct ShowArgs {
     #[command(flatten)]
     trace: TraceArgs,
     /// Requests drawn for the alpha fit.
@@ -62,7 +62,7 @@ pub struct ShowArgs {
 }
 
 #[derive(Args)]
-pub struct ExportArgs {
+pub(crate) struct ExportArgs {
     #[command(flatten)]
     trace: TraceArgs,
     /// Requests to write.
@@ -73,7 +73,7 @@ pub struct ExportArgs {
     out: PathBuf,
 }
 
-pub fn run(command: TraceCommand) -> Result<()> {
+pub(crate) fn run(command: TraceCommand) -> Result<()> {
     match command {
         TraceCommand::Show(args) => show(args),
         TraceCommand::Export(args) => export(args),

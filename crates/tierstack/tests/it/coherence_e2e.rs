@@ -6,7 +6,7 @@
 use crate::exe;
 use serde_json::Value;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tierstack_cluster::Backend;
 use tierstack_deploy::deployment::{Deployment, DeploymentConfig};
 use tierstack_loadgen::{run, run_with, LiveSnapshot, LiveStats, LoadConfig, LoadReport};
@@ -156,13 +156,13 @@ fn no_cache_mode_forwards_everything_and_is_coherent() {
 
 /// Waits (bounded) until the live counters satisfy `done`.
 fn wait_for(live: &LiveStats, what: &str, done: impl Fn(&LiveSnapshot) -> bool) -> LiveSnapshot {
-    let deadline = Instant::now() + Duration::from_secs(60);
+    let deadline = tierstack_base::time::instant_now() + Duration::from_secs(60);
     loop {
         let now = live.snapshot();
         if done(&now) {
             return now;
         }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}: {now:?}");
+        assert!(tierstack_base::time::instant_now() < deadline, "timed out waiting for {what}: {now:?}");
         std::thread::sleep(Duration::from_millis(10));
     }
 }

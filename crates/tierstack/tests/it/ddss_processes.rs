@@ -38,7 +38,10 @@ const STRICT_OPS_PER_CLIENT: usize = 24;
 
 fn seed() -> u64 {
     std::env::var("TIERSTACK_TEST_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(1)
+        tierstack_base::time::system_now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(1)
     })
 }
 
@@ -432,9 +435,9 @@ fn killed_writers_never_wedge_a_key(backend: Backend, rounds: usize) {
         let mut writer = ChildNode::spawn(&exe(), &args).unwrap();
         writer.send_line("go").unwrap();
         // Kill once the writer is seen putting (bounded wait).
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        let deadline = tierstack_base::time::instant_now() + std::time::Duration::from_secs(60);
         while home.get(key).map(|(v, _)| v).unwrap_or(version + 1) <= version {
-            assert!(std::time::Instant::now() < deadline, "round {round}: the writer never put");
+            assert!(tierstack_base::time::instant_now() < deadline, "round {round}: the writer never put");
         }
         // SAFETY: kill(2) on a child process this test owns.
         assert_eq!(unsafe { libc::kill(writer.pid() as libc::pid_t, libc::SIGKILL) }, 0);

@@ -3,7 +3,7 @@
 use crate::exe;
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// The pids of `pid`'s child processes.
 fn children(pid: u32) -> Vec<u32> {
@@ -212,13 +212,13 @@ fn interrupting_the_demo_stops_every_process_it_started() {
         .unwrap();
     let pid = demo.id();
     // Wait (bounded) until the module, the server and the proxies run.
-    let deadline = Instant::now() + Duration::from_secs(60);
+    let deadline = tierstack_base::time::instant_now() + Duration::from_secs(60);
     let started = loop {
         let kids = children(pid);
         if kids.len() >= 5 {
             break kids;
         }
-        assert!(Instant::now() < deadline, "the demo did not start its processes");
+        assert!(tierstack_base::time::instant_now() < deadline, "the demo did not start its processes");
         std::thread::sleep(Duration::from_millis(20));
     };
     // SAFETY: signalling our own child.

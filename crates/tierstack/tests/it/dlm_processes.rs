@@ -65,7 +65,10 @@ const OP_TIMEOUT_MS: u64 = 3000;
 
 fn seed() -> u64 {
     std::env::var("TIERSTACK_TEST_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(1)
+        tierstack_base::time::system_now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(1)
     })
 }
 
@@ -109,7 +112,7 @@ impl Node {
 
     /// The next output line, waiting at most until `deadline`.
     fn line(&self, deadline: Instant) -> String {
-        match self.lines.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+        match self.lines.recv_timeout(deadline.saturating_duration_since(tierstack_base::time::instant_now())) {
             Ok(line) => line,
             Err(RecvTimeoutError::Timeout) => panic!("node {}: no output line in time", self.id),
             Err(RecvTimeoutError::Disconnected) => panic!("node {}: output ended early", self.id),
@@ -122,7 +125,7 @@ impl Node {
     }
 
     fn expect_ready(&self) {
-        assert_eq!(self.line(Instant::now() + STEP), "ready", "node {}", self.id);
+        assert_eq!(self.line(tierstack_base::time::instant_now() + STEP), "ready", "node {}", self.id);
     }
 
     fn go(&mut self) {
@@ -148,7 +151,7 @@ impl Node {
     /// unread output before it) and the exit status.
     fn stop(mut self) -> (Value, ExitStatus) {
         self.stdin.take();
-        let deadline = Instant::now() + STEP;
+        let deadline = tierstack_base::time::instant_now() + STEP;
         let stopped = loop {
             let value = self.json(deadline);
             if value.get("stopped").is_some() {
@@ -160,7 +163,7 @@ impl Node {
             if let Some(status) = self.child.try_wait().expect("waiting for a child") {
                 return (stopped, status);
             }
-            assert!(Instant::now() < deadline, "node {} did not exit", self.id);
+            assert!(tierstack_base::time::instant_now() < deadline, "node {} did not exit", self.id);
             std::thread::sleep(Duration::from_millis(5));
         }
     }
@@ -349,7 +352,7 @@ fn stress(backend: Backend, scheme: Scheme, ops: usize) {
     for node in &mut nodes {
         node.go();
     }
-    let deadline = Instant::now() + STEP;
+    let deadline = tierstack_base::time::instant_now() + STEP;
     let mut holds = Vec::new();
     for node in &nodes {
         let (records, summary) = node.run_report(deadline);
@@ -441,7 +444,7 @@ fn dlm_tool(topology: &Path, scheme: Scheme, words: &[&str]) -> Value {
 
 /// Waits until the holder reports having handled at least `n` lock messages.
 fn await_handled(holder: &Node, n: u64) {
-    let deadline = Instant::now() + STEP;
+    let deadline = tierstack_base::time::instant_now() + STEP;
     loop {
         let value = holder.json(deadline);
         if value["event"] == "handled" && value["messages"].as_u64().unwrap() >= n {
@@ -468,7 +471,7 @@ fn killed_holder(backend: Backend, scheme: Scheme) {
         &[hold_forever, vec!["--announce".into()], no_recovery.clone()].concat(),
     );
     holder.expect_ready();
-    let granted = holder.json(Instant::now() + STEP);
+    let granted = holder.json(tierstack_base::time::instant_now() + STEP);
     assert_eq!(granted["event"], "granted", "{label}: {granted}");
     let dead_token = granted["token"].as_u64().expect("an exclusive grant has a token");
 
@@ -525,7 +528,7 @@ fn killed_holder(backend: Backend, scheme: Scheme) {
         Scheme::Srsl => ("timeout", HOME),
         _ => ("peer_dead", HOLDER),
     };
-    let deadline = Instant::now() + STEP;
+    let deadline = tierstack_base::time::instant_now() + STEP;
     for waiter in &waiters {
         let (records, summary) = waiter.run_report(deadline);
         assert_eq!(summary["errors"], 1, "{label}: node {}: {records:?}", waiter.id);
@@ -668,9 +671,9 @@ impl Chaos {
         std::thread::sleep(RESTART_AFTER); // the schedule: the node stays down this long
         let readies = self.ready_count(id);
         self.nodes[id as usize] = self.spawn(id);
-        let deadline = Instant::now() + STEP;
+        let deadline = tierstack_base::time::instant_now() + STEP;
         while self.ready_count(id) == readies {
-            assert!(Instant::now() < deadline, "node {id} did not come back");
+            assert!(tierstack_base::time::instant_now() < deadline, "node {id} did not come back");
             std::thread::yield_now();
         }
         (at_ns, tierstack_base::host_monotonic_ns())
@@ -795,9 +798,9 @@ fn chaos(backend: Backend, scheme: Scheme, run: Duration) {
     for id in 0..CHAOS_NODES {
         let node = chaos.spawn(id);
         chaos.nodes.push(node);
-        let deadline = Instant::now() + STEP;
+        let deadline = tierstack_base::time::instant_now() + STEP;
         while chaos.ready_count(id) == 0 {
-            assert!(Instant::now() < deadline, "{label}: node {id} never ready");
+            assert!(tierstack_base::time::instant_now() < deadline, "{label}: node {id} never ready");
             std::thread::yield_now();
         }
     }
@@ -813,9 +816,9 @@ fn chaos(backend: Backend, scheme: Scheme, run: Duration) {
         ('k', rng.gen_range(0..CHAOS_NODES)),
     ];
     let mut events = Vec::new();
-    let mut due = Instant::now() + CHAOS_FIRST_EVENT;
+    let mut due = tierstack_base::time::instant_now() + CHAOS_FIRST_EVENT;
     for (what, node) in plan {
-        std::thread::sleep(due.saturating_duration_since(Instant::now())); // the schedule
+        std::thread::sleep(due.saturating_duration_since(tierstack_base::time::instant_now())); // the schedule
         events.push(match what {
             'k' => {
                 let (at_ns, restarted_ns) = chaos.kill_and_restart(node);
@@ -829,14 +832,14 @@ fn chaos(backend: Backend, scheme: Scheme, run: Duration) {
         due += CHAOS_EVENT_GAP;
     }
     // Every node ends its operations at `end_ns`; wait for their summaries.
-    let deadline = Instant::now() + run + STEP;
+    let deadline = tierstack_base::time::instant_now() + run + STEP;
     loop {
         let done: std::collections::BTreeSet<u32> =
             chaos.lines.lock().unwrap().iter().filter(|(_, l)| l.starts_with("{\"done\"")).map(|(n, _)| *n).collect();
         if done.len() == CHAOS_NODES as usize {
             break;
         }
-        assert!(Instant::now() < deadline, "{label}: only {done:?} finished");
+        assert!(tierstack_base::time::instant_now() < deadline, "{label}: only {done:?} finished");
         std::thread::sleep(Duration::from_millis(20));
     }
     for node in &mut chaos.nodes {

@@ -10,7 +10,7 @@
 use crate::exe;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tierstack_cluster::Backend;
 use tierstack_deploy::deployment::{proxy_args, strings};
 use tierstack_deploy::process::{free_loopback_port, write_topology, ChildNode, NodeLine};
@@ -142,15 +142,18 @@ fn every_scheme_balances_and_skips_a_killed_server() {
     // outlives it) and asks whether the node lives once per liveness period
     // (`SourceConfig::liveness_every`, 100 ms): only a streak of successes
     // that starts after that period says the scheme has noticed.
-    let noticed_by = Instant::now() + Duration::from_millis(100);
+    let noticed_by = tierstack_base::time::instant_now() + Duration::from_millis(100);
     for (scheme, listen, admin, _) in &proxies {
         // Requests may fail until the scheme notices (a failed liveness
         // check, a refused connection, a closed push stream); then none may.
-        let deadline = Instant::now() + Duration::from_secs(20);
+        let deadline = tierstack_base::time::instant_now() + Duration::from_secs(20);
         let mut streak = 0;
         while streak < 5 {
-            assert!(Instant::now() < deadline, "{scheme} never stopped routing to the killed server");
-            let began = Instant::now();
+            assert!(
+                tierstack_base::time::instant_now() < deadline,
+                "{scheme} never stopped routing to the killed server"
+            );
+            let began = tierstack_base::time::instant_now();
             let (status, _) = get(*listen, "/doc/a");
             streak = if status == 200 && began > noticed_by { streak + 1 } else { 0 };
         }

@@ -9,7 +9,7 @@ use crate::exe;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tierstack_deploy::process::{free_loopback_port, ChildNode};
 use tierstack_origin::synthetic_body;
 use tierstack_press::MsgType;
@@ -210,7 +210,7 @@ fn check_kill(transport: &str) {
     assert!(held_by_2 > 0, "node 2 cached some files");
     let mut victim = cluster.pop().unwrap();
     victim.child.kill().unwrap();
-    let start = Instant::now();
+    let start = tierstack_base::time::instant_now();
     let survivors: Vec<&NodeChild> = cluster.iter().collect();
     request_all(&survivors, &trace, 2);
     let took = start.elapsed();
@@ -239,7 +239,7 @@ fn all_threads_stopped(pid: i32) -> bool {
 
 /// Polls `check` until it holds, failing after `STEP`.
 fn eventually(what: &str, mut check: impl FnMut() -> bool) {
-    let start = Instant::now();
+    let start = tierstack_base::time::instant_now();
     while !check() {
         assert!(start.elapsed() < STEP, "{what} did not happen within {STEP:?}");
         std::thread::sleep(Duration::from_millis(20));
@@ -505,7 +505,7 @@ fn check_restart(transport: &str) {
     // The new node 2 reads files and broadcasts its caching: its first
     // ring entries reach both survivors.
     request_all(&[&cluster[2]], &trace, 1);
-    let found = Instant::now();
+    let found = tierstack_base::time::instant_now();
     while !cluster[..2].iter().all(|n| stats(n).ring_peer_restarts == 1) {
         let all: Vec<NodeStats> = cluster.iter().map(stats).collect();
         assert!(found.elapsed() < STEP, "both survivors finding node 2 restarted: {all:?}");

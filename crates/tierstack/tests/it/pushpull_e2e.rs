@@ -92,14 +92,14 @@ fn assert_coherent(what: &str, report: &LoadReport) {
 /// pushes the last updates started have landed: the identities hold when
 /// nothing is in flight, so they are polled until then (bounded).
 fn assert_proxies_account_for_everything(what: &str, deployment: &Deployment) {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let deadline = tierstack_base::time::instant_now() + std::time::Duration::from_secs(20);
     loop {
         let stats: Vec<ProxyStats> = deployment.proxy_stats().unwrap();
         let errors: Vec<String> = stats.iter().filter_map(ProxyStats::accounting_error).collect();
         if errors.is_empty() {
             return;
         }
-        assert!(std::time::Instant::now() < deadline, "{what}: proxies' counters do not add up: {errors:?}");
+        assert!(tierstack_base::time::instant_now() < deadline, "{what}: proxies' counters do not add up: {errors:?}");
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
 }

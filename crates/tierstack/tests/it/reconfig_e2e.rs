@@ -16,7 +16,7 @@ use crate::exe;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::sync::mpsc::Receiver;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tierstack_cluster::Backend;
 use tierstack_deploy::deployment::{proxy_args, strings};
 use tierstack_deploy::process::{free_loopback_port, write_topology, ChildNode, NodeLine};
@@ -170,10 +170,10 @@ fn exactly_one_agent_moves_the_idle_sites_node_and_it_serves_its_new_site() {
     // there, none in site 1: (1 + 1) / (0 + 1) reaches the ratio 2).
     let node1 = servers[0].0;
     let update = std::thread::spawn(move || request(node1, "POST", "/doc/a", None));
-    let deadline = Instant::now() + Duration::from_millis(4500);
+    let deadline = tierstack_base::time::instant_now() + Duration::from_millis(4500);
     let mut events: Vec<serde_json::Value> = Vec::new();
     while !events.iter().any(|e| e["event"] == "moved") {
-        assert!(Instant::now() < deadline, "no agent moved a node; events: {events:?}");
+        assert!(tierstack_base::time::instant_now() < deadline, "no agent moved a node; events: {events:?}");
         for (_, lines) in &agents {
             if let Ok(line) = lines.recv_timeout(Duration::from_millis(20)) {
                 events.push(serde_json::from_str(&line).unwrap());

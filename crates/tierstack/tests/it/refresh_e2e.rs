@@ -8,7 +8,7 @@
 use crate::exe;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tierstack_cluster::Backend;
 use tierstack_deploy::deployment::{Deployment, DeploymentConfig, DeploymentOptions, ExtraArgs};
 use tierstack_loadgen::{run, LoadConfig};
@@ -82,25 +82,25 @@ fn refetches_the_hot_document_before_clients_ask(backend: Backend) {
         assert_eq!((code, cache.as_str(), &deps), (200, "HIT", &old_deps), "cached, and hot now");
     }
     // The hot document's versions are read (bounded wait on the counter).
-    let deadline = Instant::now() + Duration::from_secs(20);
+    let deadline = tierstack_base::time::instant_now() + Duration::from_secs(20);
     let before = loop {
         let now = stats(&deployment);
         if now.refresh_reads > 0 {
             break now;
         }
-        assert!(Instant::now() < deadline, "the hot set is never read: {now:?}");
+        assert!(tierstack_base::time::instant_now() < deadline, "the hot set is never read: {now:?}");
         std::thread::sleep(Duration::from_millis(10));
     };
     deployment.update(&path).unwrap();
     // The refresh finds the new version and installs a new copy by itself
     // (bounded wait on the counter, no client request meanwhile).
-    let deadline = Instant::now() + Duration::from_secs(20);
+    let deadline = tierstack_base::time::instant_now() + Duration::from_secs(20);
     let after = loop {
         let now = stats(&deployment);
         if now.refresh_installed > before.refresh_installed {
             break now;
         }
-        assert!(Instant::now() < deadline, "no refetch after the update: {now:?}");
+        assert!(tierstack_base::time::instant_now() < deadline, "no refetch after the update: {now:?}");
         std::thread::sleep(Duration::from_millis(10));
     };
     assert_eq!(after.requests, before.requests, "no client asked meanwhile");
@@ -146,11 +146,11 @@ fn refresh_serves_nothing_stale_under_reads_racing_updates() {
     let stats = deployment.settled_proxy_stats().unwrap().remove(0);
     assert!(stats.refresh_refetches > 0 && stats.refresh_installed > 0, "refresh raced the reads: {stats:?}");
     assert!(stats.checks >= stats.hits, "every hit, refetched or not, was validated: {stats:?}");
-    let deadline = Instant::now() + Duration::from_secs(20);
+    let deadline = tierstack_base::time::instant_now() + Duration::from_secs(20);
     loop {
         let stats = deployment.proxy_stats_at::<ProxyStats>(0).unwrap();
         let Some(error) = stats.accounting_error() else { break };
-        assert!(Instant::now() < deadline, "the proxy's counters do not add up: {error}");
+        assert!(tierstack_base::time::instant_now() < deadline, "the proxy's counters do not add up: {error}");
         std::thread::sleep(Duration::from_millis(20));
     }
     deployment.stop().unwrap();

@@ -13,7 +13,7 @@ use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tierstack_cluster::Backend;
 use tierstack_deploy::deployment::get;
 use tierstack_deploy::process::{free_loopback_port, write_topology, NodeLine, STOP_ON_STDIN_EOF_ENV};
@@ -82,12 +82,12 @@ impl Service {
     }
 
     fn wait(&mut self) -> ExitStatus {
-        let deadline = Instant::now() + BOUND;
+        let deadline = tierstack_base::time::instant_now() + BOUND;
         loop {
             if let Some(status) = self.child.try_wait().unwrap() {
                 return status;
             }
-            assert!(Instant::now() < deadline, "the process did not exit within {BOUND:?}");
+            assert!(tierstack_base::time::instant_now() < deadline, "the process did not exit within {BOUND:?}");
             std::thread::sleep(POLL);
         }
     }
@@ -106,9 +106,9 @@ fn strings(list: &[&str]) -> Vec<String> {
 
 /// Waits (bounded) until `condition` holds.
 fn wait_for(what: &str, mut condition: impl FnMut() -> bool) {
-    let deadline = Instant::now() + BOUND;
+    let deadline = tierstack_base::time::instant_now() + BOUND;
     while !condition() {
-        assert!(Instant::now() < deadline, "{what}: not within {BOUND:?}");
+        assert!(tierstack_base::time::instant_now() < deadline, "{what}: not within {BOUND:?}");
         std::thread::sleep(POLL);
     }
 }
@@ -257,7 +257,7 @@ fn sigterm_during_load_finishes_requests_in_flight_exits_0_and_revokes_the_proxy
         .map(|i| {
             std::thread::spawn(move || {
                 let outcome = fetch(listen, &format!("/doc/d{i}"));
-                (outcome, Instant::now())
+                (outcome, tierstack_base::time::instant_now())
             })
         })
         .collect();
@@ -270,7 +270,7 @@ fn sigterm_during_load_finishes_requests_in_flight_exits_0_and_revokes_the_proxy
         })
     });
     proxy.signal(libc::SIGTERM);
-    let signalled = Instant::now();
+    let signalled = tierstack_base::time::instant_now();
     // The listener closes at once (bounded wait), while the requests finish.
     wait_for("the proxy stops accepting", || TcpStream::connect_timeout(&listen, Duration::from_secs(1)).is_err());
     for (i, client) in clients.into_iter().enumerate() {

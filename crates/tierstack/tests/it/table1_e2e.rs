@@ -185,7 +185,7 @@ fn run_checked(deployment: &Deployment) -> (Checked, LoadReport) {
     let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();
     let checked = Arc::new(std::sync::Mutex::new(Checked::default()));
     let live = Arc::new(LiveStats::default());
-    let deadline = std::time::Instant::now() + RUN_BOUND;
+    let deadline = tierstack_base::time::instant_now() + RUN_BOUND;
     let readers = {
         let checked = checked.clone();
         let live = live.clone();
@@ -198,7 +198,7 @@ fn run_checked(deployment: &Deployment) -> (Checked, LoadReport) {
                         let mut reads = 0;
                         while reads < READS_PER_READER
                             || (live.updates.load(Ordering::Relaxed) < UPDATES_MIN
-                                && std::time::Instant::now() < deadline)
+                                && tierstack_base::time::instant_now() < deadline)
                         {
                             reads += 1;
                             let (status, deps, body) = get(proxy, &format!("/doc/{DOC}")).unwrap();
