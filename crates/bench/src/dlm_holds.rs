@@ -344,6 +344,46 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_node_creates_its_locks_runs_and_writes_its_summaries() {
+        use tierstack_cluster::{local_cluster, Backend};
+        use tierstack_dlm::{DlmConfig, Scheme};
+        let cluster = local_cluster(Backend::Tcp, 2).unwrap();
+        let (servers, nodes) = (vec![NodeId(0)], vec![NodeId(0), NodeId(1)]);
+        let start = |i: usize| {
+            let config = DlmConfig::new(Scheme::CoShed, servers.clone(), nodes.clone());
+            LockManager::start(cluster.fabric(i).clone(), config).unwrap()
+        };
+        let (home, user) = (start(0), start(1));
+        let locks = 0..2;
+        ensure_locks_before_ready(&home, &servers, NodeId(0), &locks).unwrap();
+        ensure_locks_before_ready(&user, &servers, NodeId(1), &locks).unwrap();
+        ensure_locks_after_go(&home, &servers, NodeId(0), &locks).unwrap();
+        let workload = HoldWorkload {
+            node: NodeId(1),
+            locks,
+            ops: 3,
+            shared_percent: 50,
+            seed: 1,
+            hold: Duration::ZERO,
+            acquire_timeout: Duration::from_secs(30),
+            announce: false,
+            run_until_ns: None,
+        };
+        let mut out = Vec::new();
+        let tally = workload.run_and_summarize(&user, "ncoshed", &mut out).unwrap();
+        assert_eq!(tally, HoldTally { holds: 3, errors: 0 });
+        emit_stopped(&mut out, NodeId(1), user).unwrap();
+        let lines: Vec<Value> =
+            String::from_utf8(out).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+        assert_eq!(lines.len(), 5, "three holds, the summary, the stop");
+        assert_eq!(lines[3]["done"], 1);
+        assert_eq!(lines[3]["scheme"], "ncoshed");
+        assert_eq!((lines[3]["holds"].clone(), lines[3]["errors"].clone()), (json!(3), json!(0)));
+        assert_eq!(lines[4]["stopped"], 1);
+        drop(home);
+    }
+
+    #[test]
     fn a_lock_range_names_one_to_locks_max_locks() {
         assert_eq!(parse_lock_range("0..3"), Ok(0..3));
         assert_eq!(parse_lock_range(" 5 .. 6 "), Ok(5..6));

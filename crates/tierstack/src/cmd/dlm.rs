@@ -12,17 +12,10 @@
 //! node of the topology is a lock-manager node (`DlmConfig::nodes`), so
 //! `break_lock` tells them all.
 //!
-//! **Who creates the locks**, and the summary lines: see
-//! `tierstack_bench::dlm_holds`, which also runs the workload.
-//!
-//! **Output** (one JSON object per line on standard output):
-//! - `ready` (plain text) once the manager runs and the locks exist;
-//! - per hold, per failed operation and (with `--announce`) per grant and
-//!   handled-message count: the lines of `tierstack_bench::dlm_holds`,
-//!   which runs the workload;
-//! - after the last operation the summary `{done, scheme, ops, holds,
-//!   errors, messages_handled, message_errors, violations, moves,
-//!   peers_lost}` (see `DlmStats`).
+//! **Output** (one JSON object per line on standard output): `ready`
+//! (plain text) once the manager runs and the locks exist, then the lines of
+//! `tierstack_bench::dlm_holds` (which creates the locks, runs the workload
+//! and writes its summary).
 //!
 //! Then the node keeps serving lock traffic — it may be the home of locks
 //! others use, or the predecessor that passes a lock on — until its
