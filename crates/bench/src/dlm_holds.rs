@@ -26,6 +26,22 @@
 //!
 //! The mix is a pure function of the seed and the node ([`HoldPlan`]), so
 //! a run can be replayed and its choices tested without a cluster.
+//!
+//! **Who creates the locks** ([`ensure_locks_before_ready`],
+//! [`ensure_locks_after_go`]). Each lock server creates the locks of its
+//! range that it is home to, locally, before it says `ready`; it waits for
+//! nobody, so servers can be started in any order. Every other node then
+//! creates every lock as well, before `ready`: creation is idempotent (the
+//! slot is claimed by a compare-and-swap on its tag, so it finds the slot
+//! the home claimed, or claims that same slot), and it is retried for up to
+//! [`LOCK_SETUP_TIMEOUT_MS`] while a home is not up yet. A non-server's
+//! `ready` therefore means every lock exists; a server checks the other
+//! servers' locks the same way after `go`, before its first operation.
+//!
+//! **Summaries**: after the last operation [`HoldWorkload::run_and_summarize`]
+//! writes `{done, scheme, ops, holds, errors, messages_handled,
+//! message_errors, violations, moves, peers_lost}`, and when the node stops
+//! [`emit_stopped`] writes `{stopped, messages_handled, message_errors}`.
 
 use anyhow::{Context, Result};
 use rand::Rng;
@@ -36,7 +52,8 @@ use std::time::Duration;
 use tierstack_base::host_monotonic_ns as monotonic_ns;
 use tierstack_base::{seeded_rng, NodeId, SeededRng};
 use tierstack_cluster::{Role, Topology};
-use tierstack_dlm::{Grant, LockError, LockId, LockManager, LockMode, Wait};
+use tierstack_dlm::table::home_of;
+use tierstack_dlm::{DlmStats, Grant, LockError, LockId, LockManager, LockMode, Wait};
 
 /// Most locks one node may operate on.
 pub const LOCKS_MAX: u64 = 1024;
@@ -98,6 +115,58 @@ pub fn ensure_locks(manager: &LockManager, locks: impl Iterator<Item = LockId>) 
         }
     }
     Ok(())
+}
+
+/// Before `ready`: a lock server creates the locks of `locks` it is home
+/// to; any other node creates every lock (see the module documentation).
+pub fn ensure_locks_before_ready(
+    manager: &LockManager,
+    servers: &[NodeId],
+    node: NodeId,
+    locks: &Range<u64>,
+) -> Result<()> {
+    let all = || (locks.start..locks.end).map(LockId);
+    ensure_locks(manager, all().filter(|&l| home_of(l, servers) == Some(node)))?;
+    if !servers.contains(&node) {
+        ensure_locks(manager, all())?;
+    }
+    Ok(())
+}
+
+/// After `go`: a lock server checks that the other servers' locks exist
+/// (a non-server did so before `ready`).
+pub fn ensure_locks_after_go(
+    manager: &LockManager,
+    servers: &[NodeId],
+    node: NodeId,
+    locks: &Range<u64>,
+) -> Result<()> {
+    if servers.contains(&node) {
+        ensure_locks(manager, (locks.start..locks.end).map(LockId))?;
+    }
+    Ok(())
+}
+
+/// The node's summary once its operations are done.
+fn done_line(workload: &HoldWorkload, scheme: &str, tally: HoldTally, stats: &DlmStats) -> Value {
+    json!({
+    "done": workload.node.0, "scheme": scheme, "ops": workload.ops, "holds": tally.holds, "errors": tally.errors,
+    "messages_handled": stats.messages_handled, "message_errors": stats.message_errors,
+    "moves": stats.moves, "peers_lost": stats.peers_lost, "violations": stats.violations,
+    })
+}
+
+/// Stops `manager` and writes the node's last line, with the lock traffic
+/// it served after its own operations.
+pub fn emit_stopped(out: &mut impl Write, node: NodeId, manager: LockManager) -> Result<()> {
+    let stats = manager.stats();
+    drop(manager);
+    emit(
+        out,
+        &json!({
+        "stopped": node.0, "messages_handled": stats.messages_handled, "message_errors": stats.message_errors,
+        }),
+    )
 }
 
 /// The seeded sequence of (lock, mode) choices of one node: the generator
@@ -177,6 +246,13 @@ pub fn error_line(node: NodeId, lock: LockId, mode: LockMode, phase: &str, error
 }
 
 impl HoldWorkload {
+    /// [`run`](Self::run), then the summary line (`scheme` names the lock scheme in it).
+    pub fn run_and_summarize(&self, manager: &LockManager, scheme: &str, out: &mut impl Write) -> Result<HoldTally> {
+        let tally = self.run(manager, out)?;
+        emit(out, &done_line(self, scheme, tally, &manager.stats()))?;
+        Ok(tally)
+    }
+
     /// Runs the operations on `manager`, writing a line per hold or failure
     /// to `out` (see the module documentation).
     pub fn run(&self, manager: &LockManager, out: &mut impl Write) -> Result<HoldTally> {
@@ -266,6 +342,46 @@ impl HoldWorkload {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_node_creates_its_locks_runs_and_writes_its_summaries() {
+        use tierstack_cluster::{local_cluster, Backend};
+        use tierstack_dlm::{DlmConfig, Scheme};
+        let cluster = local_cluster(Backend::Tcp, 2).unwrap();
+        let (servers, nodes) = (vec![NodeId(0)], vec![NodeId(0), NodeId(1)]);
+        let start = |i: usize| {
+            let config = DlmConfig::new(Scheme::CoShed, servers.clone(), nodes.clone());
+            LockManager::start(cluster.fabric(i).clone(), config).unwrap()
+        };
+        let (home, user) = (start(0), start(1));
+        let locks = 0..2;
+        ensure_locks_before_ready(&home, &servers, NodeId(0), &locks).unwrap();
+        ensure_locks_before_ready(&user, &servers, NodeId(1), &locks).unwrap();
+        ensure_locks_after_go(&home, &servers, NodeId(0), &locks).unwrap();
+        let workload = HoldWorkload {
+            node: NodeId(1),
+            locks,
+            ops: 3,
+            shared_percent: 50,
+            seed: 1,
+            hold: Duration::ZERO,
+            acquire_timeout: Duration::from_secs(30),
+            announce: false,
+            run_until_ns: None,
+        };
+        let mut out = Vec::new();
+        let tally = workload.run_and_summarize(&user, "ncoshed", &mut out).unwrap();
+        assert_eq!(tally, HoldTally { holds: 3, errors: 0 });
+        emit_stopped(&mut out, NodeId(1), user).unwrap();
+        let lines: Vec<Value> =
+            String::from_utf8(out).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+        assert_eq!(lines.len(), 5, "three holds, the summary, the stop");
+        assert_eq!(lines[3]["done"], 1);
+        assert_eq!(lines[3]["scheme"], "ncoshed");
+        assert_eq!((lines[3]["holds"].clone(), lines[3]["errors"].clone()), (json!(3), json!(0)));
+        assert_eq!(lines[4]["stopped"], 1);
+        drop(home);
+    }
 
     #[test]
     fn a_lock_range_names_one_to_locks_max_locks() {

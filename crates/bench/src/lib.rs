@@ -9,8 +9,8 @@
 //! Shared pieces: [`stats`] (latency summaries), [`report`] (tables, JSON,
 //! plots), [`html`] (the page a person opens: `index.html` per experiment),
 //! [`dlm_nodes`] (the lock-manager benchmark's node processes and their
-//! pipe protocol). Experiments: [`fabric`], [`coherence`], [`pushpull`],
-//! [`dlm`], [`ddss`], [`monitor`]; [`demo`] is the comparison `tierstack demo` tells and
+//! pipe protocol), [`fabric_node`] (`tierstack fabric`'s node tools). Experiments: [`fabric`], [`coherence`], [`pushpull`],
+//! [`dlm`], [`ddss`], [`monitor`] (its back end: [`monitor_node`]); [`demo`] is the comparison `tierstack demo` tells and
 //! [`demo_run`] runs it; [`dlm_holds`] is the random-hold workload `tierstack dlm-node` runs.
 //! Launching processes (children, the 2-tier deployment, `tierstack
 //! cluster`) is deployment and lives in `tierstack_deploy`.
@@ -25,8 +25,10 @@ pub mod dlm;
 pub mod dlm_holds;
 pub mod dlm_nodes;
 pub mod fabric;
+pub mod fabric_node;
 pub mod html;
 pub mod monitor;
+pub mod monitor_node;
 pub mod press;
 pub mod pushpull;
 pub mod report;

@@ -134,6 +134,8 @@
 //! fallback). A client process's data path is the shared memory itself: it
 //! attaches its own fabric endpoint ([`Ddss::attach`]) and gets and puts
 //! one-sidedly on the mapped regions. The wire is documented in [`ipc`].
+//! [`history`] is the randomized client history `tierstack ddss-client`
+//! runs through either path, for the checkers of [`check`].
 //!
 //! # Benchmark
 //! The `bench` crate measures Fig. 3a (put latency per model at 1 byte, get
@@ -144,6 +146,7 @@ pub mod alloc;
 pub mod check;
 pub mod coherence;
 mod error;
+pub mod history;
 pub mod ipc;
 mod key;
 pub mod layout;

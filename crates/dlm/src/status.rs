@@ -22,11 +22,18 @@
 //! been started again meanwhile. The entries are advisory (written after
 //! each change of a lock's state, not atomically with it) and only for
 //! diagnosis: no decision reads them.
+//!
+//! [`StatusReport`] is what `tierstack dlm status` shows: every home's
+//! table and every node's region, read here and rendered here (as tables or
+//! JSON), so that the binary only parses its flags.
 
 use crate::proto::{ClientState, LockMode};
+use crate::table::{alive_region, read_table, table_region, SlotView};
 use crate::LockId;
+use serde_json::{json, Value};
+use std::fmt::Write as _;
 use tierstack_base::NodeId;
-use tierstack_fabric::{FabricError, RegionMemory, RemoteRegion};
+use tierstack_fabric::{Fabric, FabricError, PeerState, RegionMemory, RemoteRegion};
 
 /// Words before the entries.
 const HEADER_WORDS: u64 = 4;
@@ -158,6 +165,144 @@ pub fn read_node_status(region: &dyn RemoteRegion) -> Result<NodeStatus, FabricE
     })
 }
 
+/// What `tierstack dlm status` read: each part read one-sidedly, each
+/// failure kept as its message (one unreadable node does not hide the rest).
+#[derive(Debug)]
+pub struct StatusReport {
+    /// Per lock server: its table, or why it could not be read.
+    pub homes: Vec<(NodeId, Result<Vec<SlotView>, String>)>,
+    /// Per node: its liveness and node region, or why it could not be read.
+    pub nodes: Vec<(NodeId, PeerState, Result<NodeStatus, String>)>,
+}
+
+impl StatusReport {
+    /// Reads the tables of `homes` and the node regions of `nodes` of the
+    /// cluster whose regions are named by `prefix` and `scheme`.
+    pub fn read(fabric: &dyn Fabric, homes: &[NodeId], nodes: &[NodeId], prefix: &str, scheme: &str) -> Self {
+        let homes = homes
+            .iter()
+            .map(|&home| {
+                let table = fabric
+                    .connect(home, &table_region(prefix, scheme))
+                    .and_then(|region| read_table(region.as_ref()))
+                    .map_err(|e| e.to_string());
+                (home, table)
+            })
+            .collect();
+        let nodes = nodes
+            .iter()
+            .map(|&n| {
+                let view = fabric
+                    .connect(n, &alive_region(prefix, scheme))
+                    .and_then(|region| read_node_status(region.as_ref()))
+                    .map_err(|e| e.to_string());
+                (n, fabric.peer_state(n), view)
+            })
+            .collect();
+        Self { homes, nodes }
+    }
+
+    /// The report as one JSON object `{homes, nodes}`.
+    pub fn to_json(&self) -> Value {
+        let homes: Vec<Value> = self
+            .homes
+            .iter()
+            .map(|(home, table)| match table {
+                Ok(slots) => json!({ "home": home.0, "locks": slots.iter().map(slot_json).collect::<Vec<_>>() }),
+                Err(e) => json!({ "home": home.0, "error": e }),
+            })
+            .collect();
+        let nodes: Vec<Value> = self
+            .nodes
+            .iter()
+            .map(|(n, state, view)| match view {
+                Ok(v) => json!({
+                    "node": n.0, "process": format!("{state:?}"), "incarnation": v.incarnation,
+                    "heartbeat": v.heartbeat, "lease_ms": v.lease_ms,
+                    "locks": v.entries.iter().map(|e| json!({
+                        "lock": e.lock.0, "state": format!("{:?}", e.state), "generation": e.generation,
+                        "waits_for": e.peer.map(|p| p.0), "since_ns": e.since_ns, "requests": e.requests,
+                    })).collect::<Vec<_>>(),
+                }),
+                Err(e) => json!({ "node": n.0, "process": format!("{state:?}"), "error": e }),
+            })
+            .collect();
+        json!({ "homes": homes, "nodes": nodes })
+    }
+
+    /// The report as tables; `now_ns` (`CLOCK_MONOTONIC`) dates the states' ages.
+    pub fn render(&self, now_ns: u64) -> String {
+        // Writing to a String cannot fail.
+        let mut out = String::new();
+        let _ = writeln!(out, "locks (home words, read one-sidedly):");
+        let _ = writeln!(
+            out,
+            "  {:>8} {:>6} {:>4} {:>8} {:>7} {:>14} {:>20}",
+            "lock", "home", "gen", "tail", "shared", "drain waiter", "fence count/gen"
+        );
+        for (home, table) in &self.homes {
+            match table {
+                Ok(slots) => {
+                    for slot in slots {
+                        let tail = slot.word.tail.map_or("-".to_string(), |t| t.to_string());
+                        let drain = slot.drain.waiter.map_or("-".to_string(), |w| w.to_string());
+                        let _ = writeln!(
+                            out,
+                            "  {:>8} {:>6} {:>4} {:>8} {:>7} {:>14} {:>20}",
+                            slot.lock.0,
+                            home.to_string(),
+                            slot.word.generation,
+                            tail,
+                            slot.word.shared,
+                            drain,
+                            format!("{}/{}", slot.fence.count, slot.fence.generation)
+                        );
+                    }
+                }
+                Err(e) => {
+                    let _ = writeln!(out, "  {home}: table unreadable: {e}");
+                }
+            }
+        }
+        let _ = writeln!(out, "nodes (each node's own view, read one-sidedly):");
+        for (n, state, view) in &self.nodes {
+            match view {
+                Ok(v) => {
+                    let lease =
+                        if v.lease_ms == 0 { "no lease".to_string() } else { format!("lease {} ms", v.lease_ms) };
+                    let _ = writeln!(
+                        out,
+                        "  {n}: process {state:?}, incarnation {:#x}, heartbeat {}, {lease}",
+                        v.incarnation, v.heartbeat
+                    );
+                    for e in &v.entries {
+                        let peer = e.peer.map(|p| format!(" for {p}")).unwrap_or_default();
+                        let age = now_ns.saturating_sub(e.since_ns) / 1_000_000;
+                        let _ = writeln!(
+                            out,
+                            "    lock {:>8}: {:?}{peer} in generation {} for {age} ms ({} requests)",
+                            e.lock.0, e.state, e.generation, e.requests
+                        );
+                    }
+                }
+                Err(e) => {
+                    let _ = writeln!(out, "  {n}: process {state:?}, no lock manager readable: {e}");
+                }
+            }
+        }
+        out
+    }
+}
+
+fn slot_json(slot: &SlotView) -> Value {
+    json!({
+        "lock": slot.lock.0, "generation": slot.word.generation, "tail": slot.word.tail.map(|t| t.0),
+        "shared": slot.word.shared, "drain_waiter": slot.drain.waiter.map(|w| w.0),
+        "drain_balance": slot.drain.balance, "fence_count": slot.fence.count,
+        "fence_generation": slot.fence.generation,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -181,5 +326,57 @@ mod tests {
         }
         assert_eq!(StatusEntry::decode([0, 0, 0, 0]), None, "an unused entry");
         assert_eq!(StatusEntry::decode([1, 0xFF, 0, 0]), None, "an unknown state code");
+    }
+
+    fn sample_report() -> StatusReport {
+        use crate::word::{DrainWord, FenceWord, LockWord};
+        let slot = SlotView {
+            lock: LockId(5),
+            word: LockWord { generation: 2, tail: Some(NodeId(3)), shared: 1 },
+            drain: DrainWord { generation: 2, waiter: None, balance: 0 },
+            fence: FenceWord { count: 7, generation: 2 },
+        };
+        let entry = StatusEntry {
+            lock: LockId(5),
+            state: ClientState::Waiting { mode: LockMode::Exclusive },
+            generation: 2,
+            peer: Some(NodeId(3)),
+            since_ns: 1_000_000,
+            requests: 4,
+        };
+        let view = NodeStatus { node: NodeId(1), incarnation: 0xab, heartbeat: 9, lease_ms: 0, entries: vec![entry] };
+        StatusReport {
+            homes: vec![(NodeId(0), Ok(vec![slot])), (NodeId(2), Err("gone".into()))],
+            nodes: vec![
+                (NodeId(1), PeerState::Running, Ok(view)),
+                (NodeId(3), PeerState::Gone, Err("no region".into())),
+            ],
+        }
+    }
+
+    #[test]
+    fn the_report_renders_every_home_and_node_with_ages() {
+        let text = sample_report().render(6_000_000);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines[0], "locks (home words, read one-sidedly):");
+        let slot: Vec<&str> = lines[2].split_whitespace().collect();
+        assert_eq!(slot, ["5", "node0", "2", "node3", "1", "-", "7/2"]);
+        assert_eq!(lines[3], "  node2: table unreadable: gone");
+        assert_eq!(lines[4], "nodes (each node's own view, read one-sidedly):");
+        assert_eq!(lines[5], "  node1: process Running, incarnation 0xab, heartbeat 9, no lease");
+        assert!(lines[6].ends_with(": Waiting { mode: Exclusive } for node3 in generation 2 for 5 ms (4 requests)"));
+        assert_eq!(lines[7], "  node3: process Gone, no lock manager readable: no region");
+        assert_eq!(lines.len(), 8);
+    }
+
+    #[test]
+    fn the_report_as_json_names_every_field() {
+        let value = sample_report().to_json();
+        assert_eq!(value["homes"][0]["locks"][0]["tail"], 3);
+        assert_eq!(value["homes"][0]["locks"][0]["fence_count"], 7);
+        assert_eq!(value["homes"][1]["error"], "gone");
+        assert_eq!(value["nodes"][0]["locks"][0]["waits_for"], 3);
+        assert_eq!(value["nodes"][0]["process"], "Running");
+        assert_eq!(value["nodes"][1]["error"], "no region");
     }
 }

@@ -45,7 +45,8 @@
 //! [`record::RecordLog`], writable as JSON Lines). The pure parts —
 //! [`deps`] (the `X-Tierstack-Deps` header of docs/coherence-protocol.md),
 //! [`staleness`] (offline and online checkers) — do no I/O; latency
-//! statistics are `tierstack_stats`'s.
+//! statistics are `tierstack_stats`'s. [`console`] is the command line's
+//! run: stopped by Ctrl-C, with a progress line.
 //!
 //! Each connection is hyper's low-level `client::conn::http1` over its own
 //! `TcpStream`, re-opened after any error (in the closed loop with a bounded
@@ -83,6 +84,7 @@
 pub mod body;
 mod client;
 mod config;
+pub mod console;
 pub mod deps;
 mod http;
 mod loops;

@@ -14,6 +14,7 @@
 //! - [`sampler`]: `/proc` parsers.
 //! - [`deviation`]: the accuracy experiment's offline join (pure).
 //! - [`balance`]: the load-balancing policy (pure state machine).
+//! - [`top`]: `tierstack top`'s rows (both RDMA readings of every node) and table.
 //! - [`reconfig`]: the role word, its one-CAS claim, and the sensitivity and
 //!   history rules (pure).
 
@@ -25,6 +26,7 @@ pub mod reconfig;
 pub mod record;
 pub mod sampler;
 pub mod scheme;
+pub mod top;
 
 pub use agent::{AgentConfig, MonitorAgent};
 pub use balance::{Balancer, BalancerConfig, Decision, Policy};

@@ -10,6 +10,7 @@
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use tierstack_model::DiskModel;
 
 /// The compiled-in `costs/seeds.toml`.
 pub const SEEDS_TOML: &str = include_str!("../costs/seeds.toml");
@@ -36,6 +37,11 @@ pub enum CostsError {
     Choice(String),
     #[error("no cost file {0:?} (and it is not a built-in name: measured, seeds)")]
     NotFound(String),
+    /// A disk given on the command line that cannot be (its message names the flag).
+    #[error("{0}")]
+    DiskFlags(String),
+    #[error(transparent)]
+    Disk(#[from] tierstack_model::ModelError),
 }
 
 /// Per-node CPU costs. The CPU is a FIFO server (`cores` of them per node).
@@ -181,6 +187,54 @@ impl Costs {
         self.cluster = choice;
         self.validate().map_err(CostsError::Choice)?;
         Ok(self)
+    }
+
+    /// Replaces the transports named (`--messages-transport`,
+    /// `--remote-read-transport`, `--remote-write-transport`), keeping the
+    /// cost file's for the others; unchanged when none is named.
+    pub fn with_overrides(
+        self,
+        messages: Option<String>,
+        remote_read: Option<String>,
+        remote_write: Option<String>,
+    ) -> Result<Self, CostsError> {
+        if messages.is_none() && remote_read.is_none() && remote_write.is_none() {
+            return Ok(self);
+        }
+        let choice = TransportChoice {
+            messages: messages.unwrap_or_else(|| self.cluster.messages.clone()),
+            remote_read: remote_read.unwrap_or_else(|| self.cluster.remote_read.clone()),
+            remote_write: remote_write.unwrap_or_else(|| self.cluster.remote_write.clone()),
+        };
+        self.with_choice(choice)
+    }
+
+    /// The disk of a run: the command line's seek time (µs) and transfer
+    /// rate (MB/s, 10^6 bytes per second) when both are given, else the
+    /// cost file's `[disk]`.
+    pub fn disk_model(&self, seek_us: Option<f64>, mb_per_s: Option<f64>) -> Result<DiskModel, CostsError> {
+        let (seek_ns, bytes_per_s) = match (seek_us, mb_per_s, &self.disk) {
+            (Some(seek_us), Some(mb_per_s), _) => {
+                if !(seek_us.is_finite() && seek_us >= 0.0) {
+                    return Err(CostsError::DiskFlags(format!(
+                        "--disk-seek-us must be a finite non-negative number (got {seek_us})"
+                    )));
+                }
+                if !(mb_per_s.is_finite() && mb_per_s > 0.0) {
+                    return Err(CostsError::DiskFlags(format!(
+                        "--disk-mb-per-s must be a finite positive number (got {mb_per_s})"
+                    )));
+                }
+                ((seek_us * 1e3).round() as u64, (mb_per_s * 1e6).round() as u64)
+            }
+            (_, _, Some(disk)) => (disk.seek_ns, disk.bandwidth_bytes_per_s),
+            _ => {
+                return Err(CostsError::DiskFlags(
+                    "the cost file has no [disk]: give --disk-seek-us and --disk-mb-per-s".into(),
+                ))
+            }
+        };
+        Ok(DiskModel::new(seek_ns, bytes_per_s)?)
     }
 
     /// The transport carrying two-sided messages.
@@ -385,5 +439,36 @@ receiver_cpu_ns = 10
         let costs = Costs::parse(&minimal(""), "x").unwrap();
         assert_eq!(costs.messages().wire_ns(true), 80);
         assert_eq!(costs.remote_read().wire_ns(false), 90);
+    }
+
+    #[test]
+    fn command_line_overrides_replace_only_what_they_name() {
+        let costs = Costs::resolve("seeds").unwrap();
+        let same = costs.clone().with_overrides(None, None, None).unwrap();
+        assert_eq!(same.cluster, costs.cluster);
+        let read = costs.cluster.messages.clone();
+        let changed = costs.clone().with_overrides(None, Some(read.clone()), None).unwrap();
+        assert_eq!(changed.cluster.remote_read, read);
+        assert_eq!(changed.cluster.messages, costs.cluster.messages);
+        assert!(matches!(
+            costs.with_overrides(Some("no such transport".into()), None, None),
+            Err(CostsError::Choice(_))
+        ));
+    }
+
+    #[test]
+    fn the_disk_comes_from_the_flags_or_the_cost_file() {
+        let mut costs = Costs::resolve("seeds").unwrap();
+        let disk = costs.disk_model(Some(5000.0), Some(20.0)).unwrap();
+        assert_eq!((disk.seek_ns, disk.bandwidth_bytes_per_s), (5_000_000, 20_000_000));
+        let seek = costs.disk_model(Some(-1.0), Some(20.0)).unwrap_err().to_string();
+        assert_eq!(seek, "--disk-seek-us must be a finite non-negative number (got -1)");
+        let rate = costs.disk_model(Some(1.0), Some(f64::NAN)).unwrap_err().to_string();
+        assert!(rate.starts_with("--disk-mb-per-s must be a finite positive number"));
+        costs.disk = Some(DiskCosts { seek_ns: 7, bandwidth_bytes_per_s: 9 });
+        let disk = costs.disk_model(None, None).unwrap();
+        assert_eq!((disk.seek_ns, disk.bandwidth_bytes_per_s), (7, 9));
+        costs.disk = None;
+        assert!(costs.disk_model(None, None).unwrap_err().to_string().contains("has no [disk]"));
     }
 }

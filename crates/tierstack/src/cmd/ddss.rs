@@ -11,17 +11,15 @@
 use super::NodeArgs;
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use rand::seq::SliceRandom;
-use rand::Rng;
 use serde_json::{json, Value};
 use std::io::{BufRead, Write};
 use std::path::PathBuf;
 use std::sync::Arc;
-use tierstack_base::host_monotonic_ns as monotonic_ns;
-use tierstack_base::{seeded_rng, NodeId};
+use tierstack_base::NodeId;
 use tierstack_cluster::{Role, Topology};
+use tierstack_ddss::history::{parse_key_ops, stats_json, History, HistoryConfig};
 use tierstack_ddss::ipc::{DdssClient, DdssDaemon};
-use tierstack_ddss::{Ddss, DdssConfig, DdssStats, Key};
+use tierstack_ddss::{Ddss, DdssConfig, Key};
 
 #[derive(Args)]
 pub(crate) struct DaemonArgs {
@@ -76,31 +74,9 @@ pub(crate) struct ClientArgs {
     wait_go: bool,
 }
 
-fn parse_key_ops(text: &str) -> Result<(Key, usize), String> {
-    let (key, ops) = text.split_once(':').ok_or_else(|| format!("expected KEY:OPS, got {text:?}"))?;
-    let key = key.parse::<Key>().map_err(|e| format!("bad key in {text:?}: {e}"))?;
-    let ops = ops.parse::<usize>().map_err(|e| format!("bad operation count in {text:?}: {e}"))?;
-    Ok((key, ops))
-}
-
 /// The nodes that hold DDSS regions: every node of the topology but the passive ones.
-pub(crate) fn members(topology: &Topology) -> Vec<NodeId> {
+fn members(topology: &Topology) -> Vec<NodeId> {
     topology.nodes.iter().filter(|n| n.role != Role::Passive).map(|n| n.id).collect()
-}
-
-pub(crate) fn stats_json(stats: &DdssStats) -> Value {
-    json!({
-        "gets_from_copy": stats.gets_from_copy,
-        "gets_validated": stats.gets_validated,
-        "gets_fetched": stats.gets_fetched,
-        "gets_locked": stats.gets_locked,
-        "puts": stats.puts,
-        "lock_retries": stats.lock_retries,
-        "lock_takeovers": stats.lock_takeovers,
-        "values_lost": stats.values_lost,
-        "allocations": stats.allocations,
-        "frees": stats.frees,
-    })
 }
 
 /// Starts the node's substrate, serves it on the socket, prints `ready`,
@@ -134,65 +110,35 @@ pub(crate) fn run_daemon(args: DaemonArgs) -> Result<()> {
     Ok(())
 }
 
-/// Lower-case hex of `bytes`.
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-/// The bytes a client writes in its `n`-th put: distinct per (client, n) and
-/// position, so a torn or misattributed value cannot pass the checkers.
-pub(crate) fn pattern(client: u32, n: usize, len: usize) -> Vec<u8> {
-    (0..len).map(|i| (client as usize * 97 + n * 31 + i * 7) as u8).collect()
-}
-
 /// Connects to the daemon, attaches the data path, prints `ready`, runs the
-/// shuffled operations, then prints one JSON line per event and a last line
-/// with the counters.
+/// shuffled operations (`tierstack_ddss::history`), then prints one JSON
+/// line per event and a last line with the counters.
 pub(crate) fn run_client(args: ClientArgs) -> Result<()> {
-    let client_id = args.client.unwrap_or(args.at.node);
+    let client = args.client.unwrap_or(args.at.node);
     let (_, fabric) = args.at.open()?;
     let mut control = DdssClient::connect(&args.socket)?;
     // This process's own one-sided data path, or none: the daemon performs the gets and puts.
     let data_path =
         if args.via_daemon { None } else { Some(control.attach_data_path(fabric).context("attaching the data path")?) };
-    let mut rng = seeded_rng(args.seed);
-    let mut schedule: Vec<usize> = args.keys.iter().enumerate().flat_map(|(i, (_, ops))| vec![i; *ops]).collect();
-    schedule.shuffle(&mut rng);
+    let history = History::new(HistoryConfig {
+        keys: args.keys,
+        client,
+        put_percent: args.put_percent,
+        value_bytes_max: args.value_bytes_max,
+        seed: args.seed,
+        think_us_max: args.think_us_max,
+    });
     crate::service::announce_ready()?;
     if args.wait_go {
         let mut line = String::new();
         std::io::stdin().lock().read_line(&mut line)?;
     }
-
-    let mut events = Vec::with_capacity(schedule.len());
-    for (n, index) in schedule.into_iter().enumerate() {
-        let key = args.keys[index].0;
-        let is_put = rng.gen_range(0..100) < args.put_percent;
-        let len_max = args.value_bytes_max.min(key.capacity_bytes() as usize);
-        let value = if is_put { pattern(client_id, n, rng.gen_range(0..=len_max)) } else { Vec::new() };
-        let start_ns = monotonic_ns();
-        let (version, bytes) = match (&data_path, is_put) {
-            (Some(ddss), true) => (ddss.put(key, &value)?, value),
-            (Some(ddss), false) => ddss.get(key)?,
-            (None, true) => (control.put(key, &value)?, value),
-            (None, false) => control.get(key)?,
-        };
-        // A reading after the operation; at least one tick after the start,
-        // which only widens the event (weakens what the checkers conclude).
-        let end_ns = monotonic_ns().max(start_ns + 1);
-        events.push(json!({
-            "client": client_id,
-            "key": key.to_string(),
-            "op": if is_put { "put" } else { "get" },
-            "version": version,
-            "value": hex(&bytes),
-            "start_ns": start_ns,
-            "end_ns": end_ns,
-        }));
-        if args.think_us_max > 0 {
-            std::thread::sleep(std::time::Duration::from_micros(rng.gen_range(0..=args.think_us_max)));
-        }
-    }
+    let events = history.run(|key, value| match (&data_path, value) {
+        (Some(ddss), Some(value)) => Ok((ddss.put(key, value)?, Vec::new())),
+        (Some(ddss), None) => ddss.get(key),
+        (None, Some(value)) => Ok((control.put(key, value)?, Vec::new())),
+        (None, None) => control.get(key),
+    })?;
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());
     for event in &events {
         writeln!(out, "{event}")?;
@@ -201,7 +147,7 @@ pub(crate) fn run_client(args: ClientArgs) -> Result<()> {
     writeln!(
         out,
         "{}",
-        json!({ "done": client_id, "events": events.len(), "via_daemon": args.via_daemon, "stats": stats })
+        json!({ "done": client, "events": events.len(), "via_daemon": args.via_daemon, "stats": stats })
     )?;
     out.flush()?;
     Ok(())

@@ -12,25 +12,10 @@
 //! node of the topology is a lock-manager node (`DlmConfig::nodes`), so
 //! `break_lock` tells them all.
 //!
-//! **Who creates the locks.** Each lock server creates the locks of
-//! `--locks` that it is home to, locally, before it prints `ready`; it waits
-//! for nobody, so servers can be started in any order. Every other node
-//! then calls `create_lock` for every lock as well, before `ready`:
-//! creation is idempotent (the slot is claimed by a compare-and-swap on its
-//! tag, so it finds the slot the home claimed, or claims that same slot),
-//! and it is retried for up to `LOCK_SETUP_TIMEOUT_MS` while a home is
-//! not up yet. A non-server's `ready` therefore means every lock exists; a
-//! server checks the other servers' locks the same way after `go`, before
-//! its first operation. A launcher starts the servers, then the others.
-//!
-//! **Output** (one JSON object per line on standard output):
-//! - `ready` (plain text) once the manager runs and the locks exist;
-//! - per hold, per failed operation and (with `--announce`) per grant and
-//!   handled-message count: the lines of `tierstack_bench::dlm_holds`,
-//!   which runs the workload;
-//! - after the last operation the summary `{done, scheme, ops, holds,
-//!   errors, messages_handled, message_errors, violations, moves,
-//!   peers_lost}` (see `DlmStats`).
+//! **Output** (one JSON object per line on standard output): `ready`
+//! (plain text) once the manager runs and the locks exist, then the lines of
+//! `tierstack_bench::dlm_holds` (which creates the locks, runs the workload
+//! and writes its summary).
 //!
 //! Then the node keeps serving lock traffic — it may be the home of locks
 //! others use, or the predecessor that passes a lock on — until its
@@ -40,17 +25,17 @@
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use serde_json::{json, Value};
+use serde_json::json;
 use std::io::BufRead;
 use std::ops::Range;
 use std::time::Duration;
 use tierstack_base::host_monotonic_ns as monotonic_ns;
 use tierstack_base::NodeId;
-use tierstack_bench::dlm_holds::{emit, ensure_locks, lock_servers, parse_lock_range, HoldWorkload};
-use tierstack_dlm::status::{read_node_status, NodeStatus};
-use tierstack_dlm::table::{alive_region, home_of, read_table, table_region, SlotView};
+use tierstack_bench::dlm_holds::{
+    emit_stopped, ensure_locks_after_go, ensure_locks_before_ready, lock_servers, parse_lock_range, HoldWorkload,
+};
+use tierstack_dlm::status::StatusReport;
 use tierstack_dlm::{DlmConfig, LockId, LockManager, Scheme};
-use tierstack_fabric::PeerState;
 
 #[derive(Args)]
 pub(crate) struct LockNodeArgs {
@@ -147,12 +132,7 @@ pub(crate) fn run_node(args: LockNodeArgs) -> Result<()> {
     }
     let config = args.recovery.apply(DlmConfig::new(args.scheme, servers.clone(), topology.node_ids()));
     let manager = LockManager::start(fabric, config).with_context(|| format!("starting the lock manager on {node}"))?;
-    let locks = || (args.locks.start..args.locks.end).map(LockId);
-    let is_server = servers.contains(&node);
-    ensure_locks(&manager, locks().filter(|&l| home_of(l, &servers) == Some(node)))?;
-    if !is_server {
-        ensure_locks(&manager, locks())?;
-    }
+    ensure_locks_before_ready(&manager, &servers, node, &args.locks)?;
     crate::service::announce_ready()?;
     let mut stdin = std::io::stdin().lock();
     if args.wait_go {
@@ -165,9 +145,7 @@ pub(crate) fn run_node(args: LockNodeArgs) -> Result<()> {
     // watcher reads standard input to its end.
     drop(stdin);
     let stopped = args.service.stop_watch_thread()?;
-    if is_server {
-        ensure_locks(&manager, locks())?;
-    }
+    ensure_locks_after_go(&manager, &servers, node, &args.locks)?;
 
     let workload = HoldWorkload {
         node,
@@ -181,28 +159,10 @@ pub(crate) fn run_node(args: LockNodeArgs) -> Result<()> {
         run_until_ns: args.run_until_ns,
     };
     let mut out = std::io::stdout();
-    let tally = workload.run(&manager, &mut out)?;
-    let (holds, errors) = (tally.holds, tally.errors);
-    let stats = manager.stats();
-    emit(
-        &mut out,
-        &json!({
-        "done": node.0, "scheme": args.scheme.name(), "ops": args.ops, "holds": holds, "errors": errors,
-        "messages_handled": stats.messages_handled, "message_errors": stats.message_errors,
-        "moves": stats.moves, "peers_lost": stats.peers_lost, "violations": stats.violations,
-        }),
-    )?;
-
+    let errors = workload.run_and_summarize(&manager, args.scheme.name(), &mut out)?.errors;
     // Keep serving (the receive thread does) until asked to stop.
     let _ = stopped.recv();
-    let stats = manager.stats();
-    drop(manager);
-    emit(
-        &mut out,
-        &json!({
-        "stopped": node.0, "messages_handled": stats.messages_handled, "message_errors": stats.message_errors,
-        }),
-    )?;
+    emit_stopped(&mut out, node, manager)?;
     if errors > 0 {
         bail!("{errors} of {} operations failed", args.ops);
     }
@@ -264,129 +224,17 @@ pub(crate) fn run(command: DlmCommand) -> Result<()> {
     }
 }
 
-/// What `dlm status` read.
-struct Status {
-    /// Per lock server: its table, or why it could not be read.
-    homes: Vec<(NodeId, Result<Vec<SlotView>, String>)>,
-    /// Per node: its liveness and node region, or why it could not be read.
-    nodes: Vec<(NodeId, PeerState, Result<NodeStatus, String>)>,
-}
-
-fn read_status(args: &ManagerArgs) -> Result<Status> {
-    let (topology, fabric) = args.at.open()?;
-    let scheme = args.scheme.name();
-    let homes = lock_servers(&topology)
-        .into_iter()
-        .map(|home| {
-            let table = fabric
-                .connect(home, &table_region(&args.prefix, scheme))
-                .and_then(|region| read_table(region.as_ref()))
-                .map_err(|e| e.to_string());
-            (home, table)
-        })
-        .collect();
-    let nodes = topology
-        .node_ids()
-        .into_iter()
-        .filter(|&n| n != args.at.id())
-        .map(|n| {
-            let view = fabric
-                .connect(n, &alive_region(&args.prefix, scheme))
-                .and_then(|region| read_node_status(region.as_ref()))
-                .map_err(|e| e.to_string());
-            (n, fabric.peer_state(n), view)
-        })
-        .collect();
-    Ok(Status { homes, nodes })
-}
-
 fn status(args: StatusArgs) -> Result<()> {
-    let read = read_status(&args.manager)?;
+    let at = &args.manager;
+    let (topology, fabric) = at.at.open()?;
+    let nodes: Vec<NodeId> = topology.node_ids().into_iter().filter(|&n| n != at.at.id()).collect();
+    let report = StatusReport::read(fabric.as_ref(), &lock_servers(&topology), &nodes, &at.prefix, at.scheme.name());
     if args.json {
-        let homes: Vec<Value> = read
-            .homes
-            .iter()
-            .map(|(home, table)| match table {
-                Ok(slots) => json!({ "home": home.0, "locks": slots.iter().map(slot_json).collect::<Vec<_>>() }),
-                Err(e) => json!({ "home": home.0, "error": e }),
-            })
-            .collect();
-        let nodes: Vec<Value> = read
-            .nodes
-            .iter()
-            .map(|(n, state, view)| match view {
-                Ok(v) => json!({
-                    "node": n.0, "process": format!("{state:?}"), "incarnation": v.incarnation,
-                    "heartbeat": v.heartbeat, "lease_ms": v.lease_ms,
-                    "locks": v.entries.iter().map(|e| json!({
-                        "lock": e.lock.0, "state": format!("{:?}", e.state), "generation": e.generation,
-                        "waits_for": e.peer.map(|p| p.0), "since_ns": e.since_ns, "requests": e.requests,
-                    })).collect::<Vec<_>>(),
-                }),
-                Err(e) => json!({ "node": n.0, "process": format!("{state:?}"), "error": e }),
-            })
-            .collect();
-        println!("{}", json!({ "homes": homes, "nodes": nodes }));
-        return Ok(());
-    }
-    let now = monotonic_ns();
-    println!("locks (home words, read one-sidedly):");
-    println!(
-        "  {:>8} {:>6} {:>4} {:>8} {:>7} {:>14} {:>20}",
-        "lock", "home", "gen", "tail", "shared", "drain waiter", "fence count/gen"
-    );
-    for (home, table) in &read.homes {
-        match table {
-            Ok(slots) => {
-                for slot in slots {
-                    let tail = slot.word.tail.map_or("-".to_string(), |t| t.to_string());
-                    let drain = slot.drain.waiter.map_or("-".to_string(), |w| w.to_string());
-                    println!(
-                        "  {:>8} {:>6} {:>4} {:>8} {:>7} {:>14} {:>20}",
-                        slot.lock.0,
-                        home.to_string(),
-                        slot.word.generation,
-                        tail,
-                        slot.word.shared,
-                        drain,
-                        format!("{}/{}", slot.fence.count, slot.fence.generation)
-                    );
-                }
-            }
-            Err(e) => println!("  {home}: table unreadable: {e}"),
-        }
-    }
-    println!("nodes (each node's own view, read one-sidedly):");
-    for (n, state, view) in &read.nodes {
-        match view {
-            Ok(v) => {
-                let lease = if v.lease_ms == 0 { "no lease".to_string() } else { format!("lease {} ms", v.lease_ms) };
-                println!(
-                    "  {n}: process {state:?}, incarnation {:#x}, heartbeat {}, {lease}",
-                    v.incarnation, v.heartbeat
-                );
-                for e in &v.entries {
-                    let peer = e.peer.map(|p| format!(" for {p}")).unwrap_or_default();
-                    let age = now.saturating_sub(e.since_ns) / 1_000_000;
-                    println!(
-                        "    lock {:>8}: {:?}{peer} in generation {} for {age} ms ({} requests)",
-                        e.lock.0, e.state, e.generation, e.requests
-                    );
-                }
-            }
-            Err(e) => println!("  {n}: process {state:?}, no lock manager readable: {e}"),
-        }
+        println!("{}", report.to_json());
+    } else {
+        print!("{}", report.render(monotonic_ns()));
     }
     Ok(())
-}
-
-fn slot_json(slot: &SlotView) -> Value {
-    json!({
-        "lock": slot.lock.0, "generation": slot.word.generation, "tail": slot.word.tail.map(|t| t.0),
-        "shared": slot.word.shared, "drain_waiter": slot.drain.waiter.map(|w| w.0),
-        "drain_balance": slot.drain.balance, "fence_count": slot.fence.count,
-        "fence_generation": slot.fence.generation,
-    })
 }
 
 fn break_lock(args: BreakArgs) -> Result<()> {

@@ -5,9 +5,7 @@ use anyhow::{Context, Result};
 use clap::Args;
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
-use std::sync::Arc;
-use std::time::Duration;
-use tierstack_loadgen::{Arrivals, LiveStats, LoadConfig, OpenLoop, MAX_IN_FLIGHT_DEFAULT};
+use tierstack_loadgen::{Arrivals, LoadConfig, OpenLoop, MAX_IN_FLIGHT_DEFAULT};
 use tierstack_workload::{TargetChoice, TraceSpec, ZIPF_ALPHA_DEFAULT, ZIPF_DOCS_DEFAULT};
 
 #[derive(Args)]
@@ -118,45 +116,8 @@ pub(crate) fn run(args: LoadArgs) -> Result<()> {
         args.rate.map(|rate_rps| OpenLoop { rate_rps, arrivals: args.arrivals, max_in_flight: args.max_in_flight });
 
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting tokio")?;
-    let live = Arc::new(LiveStats::default());
-    let report = runtime.block_on(async {
-        let progress = std::io::stderr().is_terminal().then(|| {
-            let live = live.clone();
-            tokio::spawn(async move {
-                let mut tick = tokio::time::interval(Duration::from_secs(1));
-                tick.tick().await;
-                let (mut last, mut seconds) = (live.snapshot(), 0u64);
-                loop {
-                    tick.tick().await;
-                    seconds += 1;
-                    let now = live.snapshot();
-                    let (hits, misses) = (now.hits - last.hits, now.misses - last.misses);
-                    let hit = if hits + misses > 0 {
-                        format!("{:.1} %", 100.0 * hits as f64 / (hits + misses) as f64)
-                    } else {
-                        "n/a".into()
-                    };
-                    eprint!(
-                        "\r{seconds:>4} s  {:>8} req/s  hit {hit:>7}  updates {:>5}  errors {:>6}  stale {}   ",
-                        now.ok - last.ok,
-                        now.updates,
-                        now.errors,
-                        now.stale
-                    );
-                    last = now;
-                }
-            })
-        });
-        let shutdown = async {
-            let _ = tokio::signal::ctrl_c().await;
-        };
-        let report = tierstack_loadgen::run_with(config, live.clone(), shutdown).await;
-        if let Some(p) = progress {
-            p.abort();
-            eprintln!();
-        }
-        report
-    })?;
+    let progress = std::io::stderr().is_terminal();
+    let report = runtime.block_on(tierstack_loadgen::console::run_until_interrupted(config, progress))?;
 
     if let Some(path) = &args.records {
         if let Some(log) = &report.records {

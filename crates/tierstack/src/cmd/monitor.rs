@@ -1,5 +1,6 @@
 //! `tierstack monitor-node` (hidden): the back end of `tierstack bench
-//! monitor`'s accuracy run (Fig. 8a). It publishes its load on its fabric
+//! monitor`'s accuracy run (Fig. 8a), run by
+//! `tierstack_bench::monitor_node`. It publishes its load on its fabric
 //! node and through a monitor socket server, runs a seeded random walk of
 //! requests in flight (the true value), and burns CPU with compute threads
 //! that do not count in the load but compete with the monitor thread for
@@ -9,14 +10,10 @@
 
 use anyhow::Result;
 use clap::Args;
-use rand::Rng;
 use std::io::Write;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::Duration;
-use tierstack_base::{host_monotonic_ns, seeded_rng};
-use tierstack_monitor::{AgentConfig, Gauge, LoadPublisher, MonitorAgent};
+use tierstack_bench::monitor_node::{MonitoredNode, MonitoredNodeConfig};
 
 #[derive(Args)]
 pub(crate) struct MonitorNodeArgs {
@@ -49,62 +46,20 @@ pub(crate) struct MonitorNodeArgs {
 
 pub(crate) fn run_node(args: MonitorNodeArgs) -> Result<()> {
     let (_, fabric) = args.at.open()?;
-    let publisher = LoadPublisher::register(fabric.as_ref())?;
-    let config = AgentConfig {
+    let config = MonitoredNodeConfig {
+        monitor_listen: args.monitor_listen,
         interval: Duration::from_millis(args.interval_ms.max(1)),
-        write_record: true,
-        socket_listen: Some(args.monitor_listen),
+        compute_threads: args.compute_threads,
+        walk_max: args.walk_max,
+        step_us: args.step_us,
+        seed: args.seed,
+        walk_cpu: args.walk_cpu,
     };
-    let agent = MonitorAgent::start(publisher.clone(), config)?;
-    let stop = Arc::new(AtomicBool::new(false));
-    let burners: Vec<_> = (0..args.compute_threads)
-        .map(|i| {
-            let stop = stop.clone();
-            std::thread::spawn(move || {
-                let mut x = i as u64 | 1;
-                while !stop.load(Ordering::Relaxed) {
-                    for _ in 0..1000 {
-                        x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
-                    }
-                    std::hint::black_box(x);
-                }
-            })
-        })
-        .collect();
-    let walking = stop.clone();
-    let walk_cpu = args.walk_cpu;
-    let walker = std::thread::spawn(move || {
-        if let Some(cpu) = walk_cpu {
-            if let Err(e) = tierstack_cluster::pin_to_cpu(cpu) {
-                tracing::warn!(error = %e, cpu, "cannot pin the walk");
-            }
-        }
-        let mut rng = seeded_rng(args.seed);
-        let mut held = Vec::new();
-        let mut log = vec![(host_monotonic_ns(), 0usize)];
-        while !walking.load(Ordering::Relaxed) {
-            // The walk's own pacing (a workload, not a synchronization).
-            let pause = args.step_us * rng.gen_range(200..=1800) / 1000;
-            std::thread::sleep(Duration::from_micros(pause));
-            let up = held.is_empty() || (held.len() < args.walk_max && rng.gen_bool(0.5));
-            if up {
-                held.push(publisher.enter(Gauge::InFlightRequests));
-            } else {
-                held.pop();
-            }
-            log.push((host_monotonic_ns(), held.len()));
-        }
-        log
-    });
+    let node = MonitoredNode::start(fabric.as_ref(), &config)?;
     let stopped = args.service.stop_watch_thread()?;
     crate::service::announce_ready()?;
     let _ = stopped.recv();
-    stop.store(true, Ordering::Relaxed);
-    let log = walker.join().map_err(|_| anyhow::anyhow!("the walk thread panicked"))?;
-    for burner in burners {
-        let _ = burner.join();
-    }
-    drop(agent);
+    let log = node.stop()?;
     let mut stdout = std::io::BufWriter::new(std::io::stdout().lock());
     for (t_ns, value) in log {
         writeln!(stdout, "{t_ns} {value}")?;

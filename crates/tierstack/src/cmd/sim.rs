@@ -1,11 +1,11 @@
 //! `tierstack sim`: the trace-driven cluster simulator (glue over
 //! `tierstack-sim`).
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use clap::Args;
 use std::io::Write;
 use std::path::PathBuf;
-use tierstack_sim::{Arrivals, Budget, Costs, DiskModel, Load, PolicyName, SimConfig, TransportChoice};
+use tierstack_sim::{Arrivals, Budget, Costs, Load, PolicyName, SimConfig};
 use tierstack_workload::{TargetChoice, TraceSpec, ZIPF_ALPHA_DEFAULT, ZIPF_DOCS_DEFAULT};
 
 /// Per-node memory cache when `--cache-bytes` is not given and the trace
@@ -96,37 +96,13 @@ pub(crate) struct SimArgs {
     json: Option<PathBuf>,
 }
 
-fn disk_model(args: &SimArgs, costs: &Costs) -> Result<DiskModel> {
-    let (seek_ns, bytes_per_s) = match (args.disk_seek_us, args.disk_mb_per_s, &costs.disk) {
-        (Some(seek_us), Some(mb_per_s), _) => {
-            if !(seek_us.is_finite() && seek_us >= 0.0) {
-                bail!("--disk-seek-us must be a finite non-negative number (got {seek_us})");
-            }
-            if !(mb_per_s.is_finite() && mb_per_s > 0.0) {
-                bail!("--disk-mb-per-s must be a finite positive number (got {mb_per_s})");
-            }
-            ((seek_us * 1e3).round() as u64, (mb_per_s * 1e6).round() as u64)
-        }
-        (_, _, Some(disk)) => (disk.seek_ns, disk.bandwidth_bytes_per_s),
-        _ => bail!("the cost file has no [disk]: give --disk-seek-us and --disk-mb-per-s"),
-    };
-    Ok(DiskModel::new(seek_ns, bytes_per_s)?)
-}
-
 pub(crate) fn run(args: SimArgs) -> Result<()> {
-    let mut costs = Costs::resolve(&args.costs)?;
-    if args.messages_transport.is_some()
-        || args.remote_read_transport.is_some()
-        || args.remote_write_transport.is_some()
-    {
-        let choice = TransportChoice {
-            messages: args.messages_transport.clone().unwrap_or_else(|| costs.cluster.messages.clone()),
-            remote_read: args.remote_read_transport.clone().unwrap_or_else(|| costs.cluster.remote_read.clone()),
-            remote_write: args.remote_write_transport.clone().unwrap_or_else(|| costs.cluster.remote_write.clone()),
-        };
-        costs = costs.with_choice(choice)?;
-    }
-    let disk = disk_model(&args, &costs)?;
+    let costs = Costs::resolve(&args.costs)?.with_overrides(
+        args.messages_transport.clone(),
+        args.remote_read_transport.clone(),
+        args.remote_write_transport.clone(),
+    )?;
+    let disk = costs.disk_model(args.disk_seek_us, args.disk_mb_per_s)?;
     let spec = TraceSpec::parse(&args.trace, args.alpha, args.docs)?;
     let trace = spec.build(args.seed).with_context(|| format!("building trace {}", args.trace))?;
     let load = match (&args.client_requests, args.rate) {
