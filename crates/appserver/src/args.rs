@@ -147,64 +147,79 @@ impl AppServerArgs {
     }
 
     /// The command-line words (after the subcommand) that parse back into
-    /// these arguments. A flag that `requires` another is written only with
-    /// it (without it, its value is the default the parser would give).
+    /// these arguments: the required flags, then each flag whose value is
+    /// not the parser's default (so that a launcher may append flags of its
+    /// own without repeating one). A flag that `requires` another is
+    /// written only with it.
     pub fn to_args(&self) -> Vec<String> {
-        let mut args = vec![
-            "--listen".into(),
-            self.listen.to_string(),
-            "--module-socket".into(),
-            self.module_socket.display().to_string(),
-            "--documents".into(),
-            self.documents.clone(),
-            "--docs".into(),
-            self.docs.to_string(),
-            "--seed".into(),
-            self.seed.to_string(),
-            "--compute-threads".into(),
-            self.compute_threads.to_string(),
-        ];
-        if self.documents_in_store {
-            args.extend(["--documents-in-store".into(), "--update-write-pause-ms".into()]);
-            args.push(self.update_write_pause_ms.to_string());
-        }
-        if let Some(cpu) = self.cpu {
-            args.extend(["--cpu".into(), cpu.to_string()]);
-        }
-        if let Some(policy) = &self.push_policy {
-            args.extend(["--push-policy".into(), policy.to_string()]);
-        }
-        for target in &self.push_proxies {
-            args.extend(["--push-proxy".into(), push_target_arg(target)]);
-        }
-        args.extend(["--push-timeout-ms".into(), self.push_timeout_ms.to_string()]);
-        if self.push_write_through {
-            args.extend(["--push-write-through".into(), "--push-write-through-timeout-ms".into()]);
-            args.push(self.push_write_through_timeout_ms.to_string());
-        }
+        let default = AppServerArgs::new(self.listen, self.module_socket.clone());
+        let mut args = Vec::new();
+        let mut flag = |name: &str, value: String| args.extend([name.to_string(), value]);
         if let Some(topology) = &self.topology {
-            args.extend(["--topology".into(), topology.display().to_string()]);
+            flag("--topology", topology.display().to_string());
         }
         if let Some(node) = self.node {
-            args.extend(["--node".into(), node.to_string()]);
+            flag("--node", node.to_string());
         }
-        if self.publish_load {
-            args.extend(["--publish-load".into(), "--monitor-interval-ms".into()]);
-            args.push(self.monitor_interval_ms.to_string());
-            if let Some(listen) = self.monitor_listen {
-                args.extend(["--monitor-listen".into(), listen.to_string()]);
-            }
+        flag("--listen", self.listen.to_string());
+        flag("--module-socket", self.module_socket.display().to_string());
+        if self.documents != default.documents {
+            flag("--documents", self.documents.clone());
+        }
+        if self.docs != default.docs {
+            flag("--docs", self.docs.to_string());
+        }
+        if self.seed != default.seed {
+            flag("--seed", self.seed.to_string());
+        }
+        if self.compute_threads != default.compute_threads {
+            flag("--compute-threads", self.compute_threads.to_string());
+        }
+        if let Some(cpu) = self.cpu {
+            flag("--cpu", cpu.to_string());
+        }
+        if let Some(policy) = &self.push_policy {
+            flag("--push-policy", policy.to_string());
+        }
+        for target in &self.push_proxies {
+            flag("--push-proxy", push_target_arg(target));
+        }
+        if self.push_timeout_ms != default.push_timeout_ms {
+            flag("--push-timeout-ms", self.push_timeout_ms.to_string());
+        }
+        if self.push_write_through && self.push_write_through_timeout_ms != default.push_write_through_timeout_ms {
+            flag("--push-write-through-timeout-ms", self.push_write_through_timeout_ms.to_string());
+        }
+        if self.publish_load && self.monitor_interval_ms != default.monitor_interval_ms {
+            flag("--monitor-interval-ms", self.monitor_interval_ms.to_string());
+        }
+        if let (true, Some(listen)) = (self.publish_load, self.monitor_listen) {
+            flag("--monitor-listen", listen.to_string());
         }
         if let Some(cost) = &self.cpu_cost {
-            args.extend(["--cpu-cost".into(), cost.clone()]);
+            flag("--cpu-cost", cost.clone());
             if let Some(workers) = self.emulated_workers {
-                args.extend(["--emulated-workers".into(), workers.to_string()]);
+                flag("--emulated-workers", workers.to_string());
             }
         }
         if let Some(site) = self.site {
-            args.extend(["--site".into(), site.to_string()]);
+            flag("--site", site.to_string());
         }
-        args.extend(self.service.to_args());
+        if self.documents_in_store && self.update_write_pause_ms != default.update_write_pause_ms {
+            flag("--update-write-pause-ms", self.update_write_pause_ms.to_string());
+        }
+        for (on, name) in [
+            (self.documents_in_store, "--documents-in-store"),
+            (self.push_write_through, "--push-write-through"),
+            (self.publish_load, "--publish-load"),
+        ] {
+            if on {
+                args.push(name.to_string());
+            }
+        }
+        if self.service != default.service {
+            args.extend(self.service.to_args());
+        }
         args
     }
 }

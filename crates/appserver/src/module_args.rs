@@ -45,15 +45,22 @@ impl ModuleArgs {
     }
 
     /// The command-line words (after the subcommand) that parse back into
-    /// these arguments.
+    /// these arguments: the required flags, then each flag whose value is
+    /// not the parser's default (so that a launcher may append flags of its
+    /// own without repeating one).
     pub fn to_args(&self) -> Vec<String> {
+        let default = ModuleArgs::new(self.at.clone(), self.socket.clone());
         let mut args = self.at.to_args();
         args.extend(["--socket".into(), self.socket.display().to_string()]);
-        args.extend(["--capacity".into(), self.capacity.to_string()]);
+        if self.capacity != default.capacity {
+            args.extend(["--capacity".into(), self.capacity.to_string()]);
+        }
         if self.test_only_admit_reads_during_updates {
             args.push("--test-only-admit-reads-during-updates".into());
         }
-        args.extend(self.service.to_args());
+        if self.service != default.service {
+            args.extend(self.service.to_args());
+        }
         args
     }
 }

@@ -60,24 +60,28 @@ impl Default for CoopArgs {
 }
 
 impl CoopArgs {
-    /// The command-line words that parse back into these arguments.
+    /// The command-line words that parse back into these arguments: each
+    /// flag whose value is not the parser's default (none for `Default`).
     pub fn to_args(&self) -> Vec<String> {
+        let default = CoopArgs::default();
         let list = |nodes: &[u32]| nodes.iter().map(u32::to_string).collect::<Vec<_>>().join(",");
         let mut args = Vec::new();
+        let mut flag = |name: &str, value: String| args.extend([name.to_string(), value]);
         if !self.peers.is_empty() {
-            args.extend(["--coop-peers".into(), list(&self.peers)]);
+            flag("--coop-peers", list(&self.peers));
         }
         if !self.passive.is_empty() {
-            args.extend(["--coop-passive".into(), list(&self.passive)]);
+            flag("--coop-passive", list(&self.passive));
         }
-        args.extend([
-            "--coop-pool-bytes".into(),
-            self.pool_bytes.to_string(),
-            "--coop-ack-timeout-ms".into(),
-            self.ack_timeout_ms.to_string(),
-            "--coop-hybcc-small-max".into(),
-            self.hybcc_small_max.to_string(),
-        ]);
+        if self.pool_bytes != default.pool_bytes {
+            flag("--coop-pool-bytes", self.pool_bytes.to_string());
+        }
+        if self.ack_timeout_ms != default.ack_timeout_ms {
+            flag("--coop-ack-timeout-ms", self.ack_timeout_ms.to_string());
+        }
+        if self.hybcc_small_max != default.hybcc_small_max {
+            flag("--coop-hybcc-small-max", self.hybcc_small_max.to_string());
+        }
         args
     }
 }

@@ -97,43 +97,61 @@ impl OriginArgs {
     }
 
     /// The command-line words (after the subcommand) that parse back into
-    /// these arguments. The trace's parameters are written only with a
+    /// these arguments: the listener and the content, then each flag whose
+    /// value is not the parser's default (so that a launcher may append
+    /// flags of its own). The trace's parameters are written only with a
     /// trace, the disk only whole (the parser requires as much).
     pub fn to_args(&self) -> Vec<String> {
-        let mut args = vec!["--listen".into(), self.listen.to_string()];
+        let default = OriginArgs::for_trace(self.listen, String::new());
+        let mut args = Vec::new();
+        let mut flag = |name: &str, value: String| args.extend([name.to_string(), value]);
+        flag("--listen", self.listen.to_string());
         if let Some(admin) = self.admin {
-            args.extend(["--admin".into(), admin.to_string()]);
+            flag("--admin", admin.to_string());
         }
         if let Some(root) = &self.root {
-            args.extend(["--root".into(), root.display().to_string()]);
+            flag("--root", root.display().to_string());
         }
         if let Some(files) = &self.files {
-            args.extend(["--files".into(), files.display().to_string()]);
+            flag("--files", files.display().to_string());
         }
         if let Some(trace) = &self.trace {
-            args.extend(["--trace".into(), trace.clone()]);
-            args.extend(["--alpha".into(), self.alpha.to_string(), "--docs".into(), self.docs.to_string()]);
-            args.extend(["--seed".into(), self.seed.to_string()]);
+            flag("--trace", trace.clone());
+            if self.alpha != default.alpha {
+                flag("--alpha", self.alpha.to_string());
+            }
+            if self.docs != default.docs {
+                flag("--docs", self.docs.to_string());
+            }
+            if self.seed != default.seed {
+                flag("--seed", self.seed.to_string());
+            }
         }
-        args.extend(["--cache-control".into(), self.cache_control.clone()]);
+        if self.cache_control != default.cache_control {
+            flag("--cache-control", self.cache_control.clone());
+        }
         if let Some(date) = &self.last_modified {
-            args.extend(["--last-modified".into(), date.clone()]);
+            flag("--last-modified", date.clone());
         }
         if let (Some(seek_us), Some(mb_per_s)) = (self.disk_seek_us, self.disk_mb_per_s) {
-            args.extend(["--disk-seek-us".into(), seek_us.to_string()]);
-            args.extend(["--disk-mb-per-s".into(), mb_per_s.to_string()]);
+            flag("--disk-seek-us", seek_us.to_string());
+            flag("--disk-mb-per-s", mb_per_s.to_string());
         }
         if let Some(bytes) = self.cache_bytes {
-            args.extend(["--cache-bytes".into(), bytes.to_string()]);
+            flag("--cache-bytes", bytes.to_string());
         }
         if let Some(bytes) = self.cache_max_object_bytes {
-            args.extend(["--cache-max-object-bytes".into(), bytes.to_string()]);
+            flag("--cache-max-object-bytes", bytes.to_string());
         }
-        args.extend(["--threads".into(), self.threads.to_string()]);
+        if self.threads != default.threads {
+            flag("--threads", self.threads.to_string());
+        }
         if let Some(cpu) = self.cpu {
-            args.extend(["--cpu".into(), cpu.to_string()]);
+            flag("--cpu", cpu.to_string());
         }
-        args.extend(self.service.to_args());
+        if self.service != default.service {
+            args.extend(self.service.to_args());
+        }
         args
     }
 }

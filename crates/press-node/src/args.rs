@@ -117,49 +117,60 @@ impl PressNodeArgs {
     }
 
     /// The command-line words (after the subcommand) that parse back into
-    /// these arguments (the disk only whole, as the parser requires).
+    /// these arguments: the node, the listener and the trace, then each
+    /// flag whose value is not the parser's default (so that a launcher may
+    /// append flags of its own); the disk only whole, as the parser requires.
     pub fn to_args(&self) -> Vec<String> {
+        let default = PressNodeArgs::new(self.node.clone(), self.listen, self.trace.clone());
         let mut args = self.node.to_args();
-        args.extend(self.service.to_args());
-        args.extend(["--listen".into(), self.listen.to_string()]);
+        let mut flag = |name: &str, value: String| args.extend([name.to_string(), value]);
+        flag("--listen", self.listen.to_string());
+        flag("--trace", self.trace.clone());
         if let Some(admin) = self.admin {
-            args.extend(["--admin".into(), admin.to_string()]);
+            flag("--admin", admin.to_string());
         }
-        args.extend([
-            "--mode".into(),
-            self.mode.to_string(),
-            "--transport".into(),
-            self.transport.to_string(),
-            "--trace".into(),
-            self.trace.clone(),
-            "--alpha".into(),
-            self.alpha.to_string(),
-            "--docs".into(),
-            self.docs.to_string(),
-            "--seed".into(),
-            self.seed.to_string(),
-        ]);
+        if self.mode != default.mode {
+            flag("--mode", self.mode.to_string());
+        }
+        if self.transport != default.transport {
+            flag("--transport", self.transport.to_string());
+        }
+        if self.alpha != default.alpha {
+            flag("--alpha", self.alpha.to_string());
+        }
+        if self.docs != default.docs {
+            flag("--docs", self.docs.to_string());
+        }
+        if self.seed != default.seed {
+            flag("--seed", self.seed.to_string());
+        }
         if let Some(bytes) = self.cache_bytes {
-            args.extend(["--cache-bytes".into(), bytes.to_string()]);
+            flag("--cache-bytes", bytes.to_string());
         }
         if let (Some(seek_us), Some(mb_per_s)) = (self.disk_seek_us, self.disk_mb_per_s) {
-            args.extend(["--disk-seek-us".into(), seek_us.to_string()]);
-            args.extend(["--disk-mb-per-s".into(), mb_per_s.to_string()]);
+            flag("--disk-seek-us", seek_us.to_string());
+            flag("--disk-mb-per-s", mb_per_s.to_string());
         }
-        args.extend([
-            "--threshold".into(),
-            self.threshold.to_string(),
-            "--max-size-bytes".into(),
-            self.max_size_bytes.to_string(),
-            "--forward-timeout-ms".into(),
-            self.forward_timeout_ms.to_string(),
-            "--window".into(),
-            self.window.to_string(),
-            "--threads".into(),
-            self.threads.to_string(),
-        ]);
+        if self.threshold != default.threshold {
+            flag("--threshold", self.threshold.to_string());
+        }
+        if self.max_size_bytes != default.max_size_bytes {
+            flag("--max-size-bytes", self.max_size_bytes.to_string());
+        }
+        if self.forward_timeout_ms != default.forward_timeout_ms {
+            flag("--forward-timeout-ms", self.forward_timeout_ms.to_string());
+        }
+        if self.window != default.window {
+            flag("--window", self.window.to_string());
+        }
+        if self.threads != default.threads {
+            flag("--threads", self.threads.to_string());
+        }
         if let Some(dir) = &self.handoff_dir {
-            args.extend(["--handoff-dir".into(), dir.display().to_string()]);
+            flag("--handoff-dir", dir.display().to_string());
+        }
+        if self.service != default.service {
+            args.extend(self.service.to_args());
         }
         args
     }

@@ -181,80 +181,90 @@ impl ProxyArgs {
     }
 
     /// The command-line words (after the subcommand) that parse back into
-    /// these arguments. `--coop` is written by name: HYBCC's threshold is
-    /// `--coop-hybcc-small-max` (in [`CoopArgs`]).
+    /// these arguments: the listeners, the cache mode, the fabric node and
+    /// the upstreams, then each flag whose value is not the parser's default
+    /// (so that a launcher may append flags of its own). A flag that
+    /// `requires` another is written only with it. `--coop` is written by
+    /// name: HYBCC's threshold is `--coop-hybcc-small-max` (in [`CoopArgs`]).
     pub fn to_args(&self) -> Vec<String> {
-        let mut args = vec!["--listen".into(), self.listen.to_string()];
+        let default = ProxyArgs::new(self.listen, String::new());
+        let mut args = Vec::new();
+        let mut flag = |name: &str, value: String| args.extend([name.to_string(), value]);
+        flag("--listen", self.listen.to_string());
         if let Some(admin) = self.admin_listen {
-            args.extend(["--admin-listen".into(), admin.to_string()]);
+            flag("--admin-listen", admin.to_string());
         }
-        for upstream in &self.upstreams {
-            args.extend(["--upstream".into(), upstream.clone()]);
-        }
-        args.extend(["--mode".into(), self.mode.to_string()]);
+        flag("--mode", self.mode.to_string());
         if let Some(topology) = &self.topology {
-            args.extend(["--topology".into(), topology.display().to_string()]);
+            flag("--topology", topology.display().to_string());
         }
         if let Some(node) = self.node {
-            args.extend(["--node".into(), node.to_string()]);
+            flag("--node", node.to_string());
         }
-        args.extend([
-            "--cache-bytes".into(),
-            self.cache_bytes.to_string(),
-            "--upstream-timeout-ms".into(),
-            self.upstream_timeout_ms.to_string(),
-        ]);
+        for upstream in &self.upstreams {
+            flag("--upstream", upstream.clone());
+        }
+        if self.cache_bytes != default.cache_bytes {
+            flag("--cache-bytes", self.cache_bytes.to_string());
+        }
+        if self.upstream_timeout_ms != default.upstream_timeout_ms {
+            flag("--upstream-timeout-ms", self.upstream_timeout_ms.to_string());
+        }
         if let Some(cpu) = self.cpu {
-            args.extend(["--cpu".into(), cpu.to_string()]);
+            flag("--cpu", cpu.to_string());
         }
-        args.extend(["--state-slots".into(), self.state_slots.to_string()]);
+        if self.state_slots != default.state_slots {
+            flag("--state-slots", self.state_slots.to_string());
+        }
         if let Some(balance) = self.balance {
-            args.extend(["--balance".into(), balance.to_string()]);
+            flag("--balance", balance.to_string());
             if let Some(monitor) = self.monitor {
-                args.extend(["--monitor".into(), monitor.to_string()]);
+                flag("--monitor", monitor.to_string());
             }
             if let Some(admit_max) = self.admit_max {
-                args.extend(["--admit-max".into(), admit_max.to_string()]);
+                flag("--admit-max", admit_max.to_string());
             }
             if let Some(site) = self.site {
-                args.extend(["--site".into(), site.to_string()]);
+                flag("--site", site.to_string());
             }
         }
         for monitor in &self.upstream_monitors {
-            args.extend(["--upstream-monitor".into(), monitor.to_string()]);
+            flag("--upstream-monitor", monitor.to_string());
         }
-        args.extend([
-            "--monitor-interval-ms".into(),
-            self.monitor_interval_ms.to_string(),
-            "--balance-seed".into(),
-            self.balance_seed.to_string(),
-        ]);
+        if self.monitor_interval_ms != default.monitor_interval_ms {
+            flag("--monitor-interval-ms", self.monitor_interval_ms.to_string());
+        }
+        if self.balance_seed != default.balance_seed {
+            flag("--balance-seed", self.balance_seed.to_string());
+        }
         if let Some(config) = &self.config {
-            args.extend(["--config".into(), config.display().to_string()]);
+            flag("--config", config.display().to_string());
         }
         if let (Some(coop), Some(_)) = (self.coop, &self.topology) {
-            args.extend(["--coop".into(), coop.name().to_string()]);
+            flag("--coop", coop.name().to_string());
+        }
+        if self.header_read_timeout_ms != default.header_read_timeout_ms {
+            flag("--header-read-timeout-ms", self.header_read_timeout_ms.to_string());
+        }
+        if self.max_connections != default.max_connections {
+            flag("--max-connections", self.max_connections.to_string());
+        }
+        if let Some(log) = &self.access_log {
+            flag("--access-log", log.display().to_string());
+        }
+        if self.refresh_hot != default.refresh_hot {
+            flag("--refresh-hot", self.refresh_hot.to_string());
+        }
+        if self.refresh_interval_ms != default.refresh_interval_ms {
+            flag("--refresh-interval-ms", self.refresh_interval_ms.to_string());
+        }
+        if let Some(authority) = &self.default_authority {
+            flag("--default-authority", authority.clone());
         }
         args.extend(self.coop_args.to_args());
-        args.extend([
-            "--header-read-timeout-ms".into(),
-            self.header_read_timeout_ms.to_string(),
-            "--max-connections".into(),
-            self.max_connections.to_string(),
-        ]);
-        if let Some(log) = &self.access_log {
-            args.extend(["--access-log".into(), log.display().to_string()]);
+        if self.service != default.service {
+            args.extend(self.service.to_args());
         }
-        args.extend([
-            "--refresh-hot".into(),
-            self.refresh_hot.to_string(),
-            "--refresh-interval-ms".into(),
-            self.refresh_interval_ms.to_string(),
-        ]);
-        if let Some(authority) = &self.default_authority {
-            args.extend(["--default-authority".into(), authority.clone()]);
-        }
-        args.extend(self.service.to_args());
         args
     }
 }
