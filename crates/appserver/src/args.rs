@@ -275,6 +275,14 @@ mod tests {
         assert_eq!(parse(&args), args);
     }
 
+    /// Flags at their defaults are left out, so a launcher may append its
+    /// own without repeating one (`app-server` refuses a repeated flag).
+    #[test]
+    fn defaults_are_not_written() {
+        let args = AppServerArgs::new("127.0.0.1:8081".parse().unwrap(), PathBuf::from("/tmp/m.sock"));
+        assert_eq!(args.to_args(), ["--listen", "127.0.0.1:8081", "--module-socket", "/tmp/m.sock"]);
+    }
+
     /// `new` agrees with the parser's defaults.
     #[test]
     fn new_has_the_parsers_defaults() {

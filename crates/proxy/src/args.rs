@@ -340,6 +340,15 @@ mod tests {
         assert_eq!(parse(&parsed), parsed);
     }
 
+    /// Flags at their defaults are left out (but the mode), so a launcher
+    /// may append its own without repeating one.
+    #[test]
+    fn defaults_are_not_written() {
+        let args = ProxyArgs::new("127.0.0.1:8080".parse().unwrap(), "http://a:1".into());
+        let words = ["--listen", "127.0.0.1:8080", "--mode", "poll", "--upstream", "http://a:1"];
+        assert_eq!(args.to_args(), words);
+    }
+
     #[test]
     fn cache_modes_round_trip() {
         for mode in [CacheMode::NoCache, CacheMode::Poll, CacheMode::Ttl] {
