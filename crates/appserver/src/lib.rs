@@ -36,7 +36,9 @@
 //! UPDATE_DONE, the update waiting (bounded) for it. Its counters appear in
 //! the stats as `push`.
 
+pub mod args;
 pub mod cost;
+pub mod module_args;
 pub mod push;
 pub mod store;
 
@@ -59,7 +61,9 @@ use tierstack_monitor::reconfig::{self, RoleStamp, ROLE_HEADER};
 use tierstack_monitor::{Gauge, GaugeGuard, LoadPublisher};
 use tierstack_tier_http::{collect_limited, serve_with_hook, text, Body, ConnectionHook, Stop};
 
+pub use args::AppServerArgs;
 pub use cost::CpuCost;
+pub use module_args::ModuleArgs;
 pub use push::{
     PushConfig, PushConfigError, PushStats, PushTarget, PUSH_TIMEOUT_DEFAULT, WRITE_THROUGH_TIMEOUT_DEFAULT,
     WRITE_THROUGH_TIMEOUT_MAX,

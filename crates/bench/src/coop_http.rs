@@ -24,10 +24,13 @@ use anyhow::{Context, Result};
 use serde::Serialize;
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use tierstack_cluster::Backend;
+use tierstack_cluster::{Backend, NodeArgs};
+use tierstack_coop::args::CoopArgs;
 use tierstack_coop::{pages_for, Scheme, PAGE_BYTES};
-use tierstack_deploy::deployment::{proxy_args, strings};
+use tierstack_deploy::deployment::{proxy, strings};
 use tierstack_deploy::process::{free_loopback_port, write_topology, ChildNode, NodeLine};
+use tierstack_origin::OriginArgs;
+use tierstack_proxy::{CacheMode, ProxyArgs};
 use tierstack_workload::TraceSpec;
 
 /// Bytes an entity takes in the pool beyond its body, at most (the stored
@@ -141,56 +144,46 @@ pub fn run_http(config: &CoopHttpConfig) -> Result<Vec<HttpRow>> {
                 cpu: None,
             }));
             let topology = write_topology(scratch.path(), "coophttp", config.backend, 1000, &nodes)?;
-            let topology = topology.display().to_string();
             let mut children = Vec::new();
             let mut origins = Vec::new();
             for _ in 0..WEB_SERVERS {
                 let (listen, admin) = (free_loopback_port()?, free_loopback_port()?);
-                let args = strings(&[
-                    "origin",
-                    "--listen",
-                    &listen.to_string(),
-                    "--admin",
-                    &admin.to_string(),
-                    "--trace",
-                    &spec,
-                    "--seed",
-                    &config.seed.to_string(),
-                    "--cache-bytes",
-                    "0",
-                    "--disk-seek-us",
-                    &config.disk_seek_us.to_string(),
-                    "--disk-mb-per-s",
-                    &config.disk_mb_per_s.to_string(),
-                ]);
+                let origin = OriginArgs {
+                    admin: Some(admin),
+                    seed: config.seed,
+                    cache_bytes: Some(0),
+                    disk_seek_us: Some(config.disk_seek_us),
+                    disk_mb_per_s: Some(config.disk_mb_per_s as f64),
+                    ..OriginArgs::for_trace(listen, spec.clone())
+                };
+                let mut args = strings(&["origin"]);
+                args.extend(origin.to_args());
                 children.push(ChildNode::spawn(&config.exe, &args).context("starting an origin")?);
                 origins.push(format!("http://{listen}"));
             }
-            let pool_arg = pool.to_string();
+            let coop = CoopArgs { pool_bytes: pool, ..CoopArgs::default() };
             for i in 0..passive {
-                let node = (config.proxies + i).to_string();
-                let args = strings(&[
-                    "coop-node",
-                    "--topology",
-                    &topology,
-                    "--node",
-                    &node,
-                    "--scheme",
-                    name,
-                    "--coop-pool-bytes",
-                    &pool_arg,
-                ]);
+                let at = NodeArgs { topology: topology.clone(), node: (config.proxies + i) as u32 };
+                let mut args = strings(&["coop-node"]);
+                args.extend(at.to_args());
+                args.extend(strings(&["--scheme", scheme.name()]));
+                args.extend(coop.to_args());
                 children.push(ChildNode::spawn(&config.exe, &args).context("starting a passive node")?);
             }
             let (mut urls, mut admins) = (Vec::new(), Vec::new());
             for node in 0..config.proxies as u32 {
                 let (listen, admin) = (free_loopback_port()?, free_loopback_port()?);
-                let mut args = proxy_args(listen, admin, "ttl", &topology, node);
-                for origin in &origins {
-                    args.extend(strings(&["--upstream", origin]));
-                }
-                args.extend(strings(&["--coop", name, "--coop-pool-bytes", &pool_arg, "--cache-bytes", "0"]));
-                args.extend(strings(&["--refresh-hot", "0", "--state-slots", "0"]));
+                let proxy = ProxyArgs {
+                    upstreams: origins.clone(),
+                    coop: Some(scheme),
+                    coop_args: coop.clone(),
+                    cache_bytes: 0,
+                    refresh_hot: 0,
+                    state_slots: 0,
+                    ..proxy(listen, admin, CacheMode::Ttl, &topology, node)
+                };
+                let mut args = strings(&["proxy"]);
+                args.extend(proxy.to_args());
                 children.push(ChildNode::spawn(&config.exe, &args).with_context(|| format!("starting proxy {node}"))?);
                 urls.push(format!("http://{listen}"));
                 admins.push(admin);

@@ -247,15 +247,9 @@ fn start_session(config: &DdssBenchConfig, scratch: &Path, backend: Backend) -> 
             let name = format!("ddss-{}", backend.name());
             let topology_path = write_topology(scratch, &name, backend, OP_TIMEOUT_MS, &nodes)?;
             let socket = scratch.join(format!("{name}.sock"));
-            let args = [
-                "ddss-daemon".to_string(),
-                "--topology".into(),
-                topology_path.display().to_string(),
-                "--node".into(),
-                HOME.0.to_string(),
-                "--socket".into(),
-                socket.display().to_string(),
-            ];
+            let mut args = vec!["ddss-daemon".to_string()];
+            args.extend(tierstack_cluster::NodeArgs { topology: topology_path.clone(), node: HOME.0 }.to_args());
+            args.extend(["--socket".into(), socket.display().to_string()]);
             let daemon = ChildNode::spawn(exe, &args).context("starting the home's ddss-daemon")?;
             if pinned {
                 pin_to_cpu(1)?;

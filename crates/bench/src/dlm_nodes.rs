@@ -228,13 +228,8 @@ impl NodeProcess {
 }
 
 fn spawn_process(exe: &Path, topology: &Path, id: u32) -> Result<NodeProcess> {
-    let args = vec![
-        "dlm-bench-node".to_string(),
-        "--topology".into(),
-        topology.display().to_string(),
-        "--node".into(),
-        id.to_string(),
-    ];
+    let mut args = vec!["dlm-bench-node".to_string()];
+    args.extend(tierstack_cluster::NodeArgs { topology: topology.to_path_buf(), node: id }.to_args());
     let mut child = ChildNode::spawn(exe, &args).with_context(|| format!("starting lock node {id}"))?;
     let lines = child.take_lines()?;
     Ok(NodeProcess { child, lines, waiter_outcomes: VecDeque::new() })

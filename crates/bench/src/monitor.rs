@@ -30,14 +30,16 @@ use serde::Serialize;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
+use tierstack_appserver::{AppServerArgs, ModuleArgs};
 use tierstack_base::{host_monotonic_ns, NodeId};
-use tierstack_cluster::{open_fabric, Backend, Topology};
-use tierstack_deploy::deployment::{proxy_args, strings};
+use tierstack_cluster::{open_fabric, Backend, NodeArgs, Topology};
+use tierstack_deploy::deployment::{proxy, strings};
 use tierstack_deploy::process::{free_loopback_port, write_topology, ChildNode, NodeLine};
 use tierstack_loadgen::{run as run_load, LoadConfig, LoadReport};
 use tierstack_monitor::deviation::{deviations, summarize, Change, DeviationSummary, Sample};
+use tierstack_monitor::Policy;
 use tierstack_monitor::{open_source, BackendAddress, Health, LoadSource, Scheme, SourceConfig};
-use tierstack_proxy::ProxyStats;
+use tierstack_proxy::{CacheMode, ProxyArgs, ProxyStats};
 use tierstack_workload::Trace;
 
 const BACKEND: NodeId = NodeId(0);
@@ -442,6 +444,24 @@ pub struct ThroughputReport {
     pub points: Vec<ThroughputPoint>,
 }
 
+/// `tierstack <subcommand> <args>`.
+fn command(subcommand: &str, args: Vec<String>) -> Vec<String> {
+    let mut words = strings(&[subcommand]);
+    words.extend(args);
+    words
+}
+
+/// The application module of the experiments' deployments (fabric node 0).
+fn module_command(topology: &std::path::Path, socket: &std::path::Path) -> Vec<String> {
+    let at = NodeArgs { topology: topology.to_path_buf(), node: 0 };
+    command("app-module", ModuleArgs::new(at, socket.to_path_buf()).to_args())
+}
+
+/// An application server of the experiments: a Zipf document set.
+fn zipf_server(listen: std::net::SocketAddr, socket: &std::path::Path, docs: usize, seed: u64) -> AppServerArgs {
+    AppServerArgs { documents: "zipf".into(), docs, seed, ..AppServerArgs::new(listen, socket.to_path_buf()) }
+}
+
 /// Fig. 8b: one deployment of servers, a proxy per configuration and α.
 pub fn run_throughput(config: &ThroughputConfig) -> Result<ThroughputReport> {
     std::fs::create_dir_all(&config.out_dir)?;
@@ -457,44 +477,30 @@ pub fn run_throughput(config: &ThroughputConfig) -> Result<ThroughputReport> {
     let first_proxy = config.servers as u32 + 1;
     let proxy_nodes = (configs.len() * config.alphas.len()) as u32;
     nodes.extend((first_proxy..first_proxy + proxy_nodes).map(|id| NodeLine { id, role: "proxy", cpu: None }));
-    let topology = write_topology(scratch.path(), "balance", Backend::Shm, 1000, &nodes)?.display().to_string();
-    let socket = scratch.path().join("module.sock").display().to_string();
-    let _module = ChildNode::spawn(
-        &config.exe,
-        &strings(&["app-module", "--topology", &topology, "--node", "0", "--socket", &socket]),
-    )
-    .context("starting the application module")?;
+    let topology = write_topology(scratch.path(), "balance", Backend::Shm, 1000, &nodes)?;
+    let socket = scratch.path().join("module.sock");
+    let _module = ChildNode::spawn(&config.exe, &module_command(&topology, &socket))
+        .context("starting the application module")?;
+    let interval_ms = u64::try_from(config.interval.as_millis())?;
     let mut servers = Vec::new();
     let mut upstreams = Vec::new();
     for node in 1..=config.servers as u32 {
         let (listen, monitor) = (free_loopback_port()?, free_loopback_port()?);
-        let args = strings(&[
-            "app-server",
-            "--listen",
-            &listen.to_string(),
-            "--module-socket",
-            &socket,
-            "--documents",
-            "zipf",
-            "--docs",
-            &config.docs.to_string(),
-            "--seed",
-            &config.seed.to_string(),
-            "--topology",
-            &topology,
-            "--node",
-            &node.to_string(),
-            "--publish-load",
-            "--monitor-listen",
-            &monitor.to_string(),
-            "--monitor-interval-ms",
-            &config.interval.as_millis().to_string(),
-            "--cpu-cost",
-            &config.cpu_cost,
-        ]);
-        servers
-            .push(ChildNode::spawn(&config.exe, &args).with_context(|| format!("starting application server {node}"))?);
-        upstreams.push((format!("http://{listen}"), format!("{node}@{monitor}")));
+        let server = AppServerArgs {
+            topology: Some(topology.clone()),
+            node: Some(node),
+            publish_load: true,
+            monitor_listen: Some(monitor),
+            monitor_interval_ms: interval_ms,
+            cpu_cost: Some(config.cpu_cost.clone()),
+            ..zipf_server(listen, &socket, config.docs, config.seed)
+        };
+        servers.push(
+            ChildNode::spawn(&config.exe, &command("app-server", server.to_args()))
+                .with_context(|| format!("starting application server {node}"))?,
+        );
+        let address = BackendAddress { node: Some(NodeId(node)), socket: Some(monitor) };
+        upstreams.push((format!("http://{listen}"), address));
     }
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     let mut points = Vec::new();
@@ -503,24 +509,19 @@ pub fn run_throughput(config: &ThroughputConfig) -> Result<ThroughputReport> {
         let mut at_alpha = Vec::new();
         for balance in &configs {
             let (listen, admin) = (free_loopback_port()?, free_loopback_port()?);
-            let mut args = proxy_args(listen, admin, "no-cache", &topology, proxy_node);
-            args.extend(strings(&[
-                "--balance",
-                balance.policy,
-                "--monitor-interval-ms",
-                &config.interval.as_millis().to_string(),
-            ]));
+            let args = ProxyArgs {
+                balance: Some(balance.policy.parse::<Policy>().map_err(anyhow::Error::msg)?),
+                monitor: balance.scheme,
+                monitor_interval_ms: interval_ms,
+                upstreams: upstreams.iter().map(|(url, _)| url.clone()).collect(),
+                upstream_monitors: match balance.scheme {
+                    Some(_) => upstreams.iter().map(|(_, monitor)| monitor.clone()).collect(),
+                    None => Vec::new(),
+                },
+                ..proxy(listen, admin, CacheMode::NoCache, &topology, proxy_node)
+            };
             proxy_node += 1;
-            for (url, monitor) in &upstreams {
-                args.extend(strings(&["--upstream", url]));
-                if balance.scheme.is_some() {
-                    args.extend(strings(&["--upstream-monitor", monitor]));
-                }
-            }
-            if let Some(scheme) = balance.scheme {
-                args.extend(strings(&["--monitor", scheme.name()]));
-            }
-            let proxy = ChildNode::spawn(&config.exe, &args)
+            let proxy = ChildNode::spawn(&config.exe, &command("proxy", args.to_args()))
                 .with_context(|| format!("starting the {} proxy", balance.label()))?;
             let mut load = LoadConfig::new(format!("http://{listen}"), Trace::zipf(alpha, config.docs)?);
             load.connections = config.connections;
@@ -704,54 +705,44 @@ fn run_reconfig_once(
     let nodes: Vec<NodeLine> = (0..=agent_node)
         .map(|id| NodeLine { id, role: if id >= proxy0 { "proxy" } else { "app" }, cpu: None })
         .collect();
-    let topology = write_topology(scratch.path(), "reconfig", Backend::Shm, 1000, &nodes)?.display().to_string();
-    let socket = scratch.path().join("module.sock").display().to_string();
-    let _module = ChildNode::spawn(
-        &config.exe,
-        &strings(&["app-module", "--topology", &topology, "--node", "0", "--socket", &socket]),
-    )
-    .context("starting the application module")?;
+    let topology_path = write_topology(scratch.path(), "reconfig", Backend::Shm, 1000, &nodes)?;
+    let topology = topology_path.display().to_string();
+    let socket = scratch.path().join("module.sock");
+    let _module = ChildNode::spawn(&config.exe, &module_command(&topology_path, &socket))
+        .context("starting the application module")?;
     let mut servers = Vec::new();
     let mut upstreams = Vec::new();
     for node in 1..=config.servers as u32 {
         let listen = free_loopback_port()?;
-        let site = if (node as usize) <= config.servers / 2 { "0" } else { "1" };
-        let args = strings(&[
-            "app-server",
-            "--listen",
-            &listen.to_string(),
-            "--module-socket",
-            &socket,
-            "--documents",
-            "zipf",
-            "--docs",
-            &config.docs.to_string(),
-            "--seed",
-            &config.seed.to_string(),
-            "--topology",
-            &topology,
-            "--node",
-            &node.to_string(),
-            "--publish-load",
-            "--cpu-cost",
-            &config.cost,
-            "--emulated-workers",
-            &config.workers.to_string(),
-            "--site",
-            site,
-        ]);
-        servers.push(ChildNode::spawn(&config.exe, &args).with_context(|| format!("starting server {node}"))?);
-        upstreams.push((format!("http://{listen}"), format!("{node}@")));
+        let site = if (node as usize) <= config.servers / 2 { 0 } else { 1 };
+        let server = AppServerArgs {
+            topology: Some(topology_path.clone()),
+            node: Some(node),
+            publish_load: true,
+            cpu_cost: Some(config.cost.clone()),
+            emulated_workers: Some(config.workers),
+            site: Some(site),
+            ..zipf_server(listen, &socket, config.docs, config.seed)
+        };
+        servers.push(
+            ChildNode::spawn(&config.exe, &command("app-server", server.to_args()))
+                .with_context(|| format!("starting server {node}"))?,
+        );
+        upstreams.push((format!("http://{listen}"), BackendAddress { node: Some(NodeId(node)), socket: None }));
     }
     let mut proxies = Vec::new();
     for site in 0..2u32 {
         let (listen, admin) = (free_loopback_port()?, free_loopback_port()?);
-        let mut args = proxy_args(listen, admin, "no-cache", &topology, proxy0 + site);
-        args.extend(strings(&["--balance", "least-loaded", "--monitor", "rdma-sync", "--site", &site.to_string()]));
-        for (url, monitor) in &upstreams {
-            args.extend(strings(&["--upstream", url, "--upstream-monitor", monitor]));
-        }
-        proxies.push((listen, admin, ChildNode::spawn(&config.exe, &args).context("starting a proxy")?));
+        let args = ProxyArgs {
+            balance: Some(Policy::LeastLoaded),
+            monitor: Some(Scheme::RdmaSync),
+            site: Some(u16::try_from(site)?),
+            upstreams: upstreams.iter().map(|(url, _)| url.clone()).collect(),
+            upstream_monitors: upstreams.iter().map(|(_, monitor)| monitor.clone()).collect(),
+            ..proxy(listen, admin, CacheMode::NoCache, &topology_path, proxy0 + site)
+        };
+        let child = ChildNode::spawn(&config.exe, &command("proxy", args.to_args())).context("starting a proxy")?;
+        proxies.push((listen, admin, child));
     }
     let mut agent = if with_agent {
         let mut args = strings(&[

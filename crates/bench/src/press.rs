@@ -32,7 +32,7 @@ use tierstack_deploy::haproxy::{haproxy_path, Haproxy};
 use tierstack_deploy::process::{write_topology, ChildNode, NodeLine};
 use tierstack_loadgen::{LoadConfig, TargetChoice};
 use tierstack_press::{Counts, MsgType};
-use tierstack_press_node::{DispatcherArgs, NodeStats};
+use tierstack_press_node::{DispatcherArgs, Mode, NodeStats, PressNodeArgs, TransportKind};
 use tierstack_workload::{Trace, TraceSpec};
 
 /// The paper's Base-VIA gain over TCP on 8 nodes, Fig. 3 (§4.2): only the
@@ -278,15 +278,15 @@ fn trace_name(trace: &str, scale: f64) -> String {
 /// Starts the cluster, warms it, measures; every node stopped on return.
 fn run_one(config: &PressBenchConfig, trace: &str, system: &str, nodes: usize, repeat: usize) -> Result<PressRun> {
     let (mode, transport) = match system {
-        "traditional" | "dispatch-ho" | "haproxy" => ("traditional", "base"),
-        "distrib-ho" => ("distrib-ho", "base"),
-        "press-tcp" => ("press", "tcp"),
-        "press-rdma-1c" => ("press", "rdma-1c"),
-        "press-rdma" => ("press", "rdma"),
-        "press-zero" => ("press", "zero"),
-        _ => ("press", "base"),
+        "traditional" | "dispatch-ho" | "haproxy" => (Mode::Traditional, TransportKind::Base),
+        "distrib-ho" => (Mode::DistribHandoff, TransportKind::Base),
+        "press-tcp" => (Mode::Press, TransportKind::Tcp),
+        "press-rdma-1c" => (Mode::Press, TransportKind::Rdma1c),
+        "press-rdma" => (Mode::Press, TransportKind::Rdma),
+        "press-zero" => (Mode::Press, TransportKind::Zero),
+        _ => (Mode::Press, TransportKind::Base),
     };
-    let backend = if transport == "tcp" { Backend::Tcp } else { Backend::Shm };
+    let backend = if transport == TransportKind::Tcp { Backend::Tcp } else { Backend::Shm };
     let dir = tempfile::tempdir()?;
     let lines: Vec<NodeLine> = (0..nodes as u32).map(|id| NodeLine { id, role: "proxy", cpu: None }).collect();
     let name = format!("press-{}-{system}-{nodes}", std::process::id());
@@ -297,33 +297,17 @@ fn run_one(config: &PressBenchConfig, trace: &str, system: &str, nodes: usize, r
         let (listen, admin) =
             (tierstack_deploy::process::free_loopback_port()?, tierstack_deploy::process::free_loopback_port()?);
         let at = NodeArgs { topology: topology.clone(), node: id as u32 };
-        let args: Vec<String> = [
-            "press-node",
-            "--listen",
-            &listen.to_string(),
-            "--admin",
-            &admin.to_string(),
-            "--mode",
+        let node = PressNodeArgs {
+            admin: Some(admin),
             mode,
-            "--transport",
             transport,
-            "--trace",
-            &spec,
-            "--disk-seek-us",
-            &config.disk.0.to_string(),
-            "--disk-mb-per-s",
-            &config.disk.1.to_string(),
-            "--threads",
-            "1",
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .chain(at.to_args())
-        .collect();
-        let mut args = args;
-        if matches!(system, "distrib-ho" | "dispatch-ho") {
-            args.extend(["--handoff-dir".to_string(), dir.path().display().to_string()]);
-        }
+            disk_seek_us: Some(config.disk.0),
+            disk_mb_per_s: Some(config.disk.1),
+            threads: 1,
+            handoff_dir: matches!(system, "distrib-ho" | "dispatch-ho").then(|| dir.path().to_path_buf()),
+            ..PressNodeArgs::new(at, listen, spec.clone())
+        };
+        let args: Vec<String> = std::iter::once("press-node".to_string()).chain(node.to_args()).collect();
         running.push(Node { child: ChildNode::spawn(&config.exe, &args)?, listen, admin });
     }
     let trace_built: Trace = TraceSpec::parse(&spec, 1.0, 10)?.build(1)?;

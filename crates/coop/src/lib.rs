@@ -24,6 +24,7 @@
 //! choice is that a placement rule is written once, as a function of what the
 //! deciding node knows, and both the model and the fabric service call it.
 
+pub mod args;
 pub mod counts;
 pub mod handle;
 pub mod key;

@@ -22,14 +22,17 @@
 //!
 //! [`plan`] (topology to command lines) is pure.
 
-use crate::deployment::{get, proxy_args, strings};
+use crate::deployment::{get, proxy, strings};
 use crate::process::{spawn_service, READY_TIMEOUT};
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
+use tierstack_appserver::{AppServerArgs, ModuleArgs};
 use tierstack_cluster::{NodeArgs, ServiceKind, Topology};
+use tierstack_proxy::{CacheMode, ProxyArgs};
+use tierstack_tier_http::service::ServiceArgs;
 use tierstack_tier_http::{HEALTHZ_PATH, READYZ_PATH};
 
 /// The state file in the run directory.
@@ -58,10 +61,9 @@ pub struct Launch {
 /// application servers, proxies (each kind in file order). `topology_path`
 /// is passed to every process as `--topology`.
 pub fn plan(topology: &Topology, topology_path: &Path) -> Result<Vec<Launch>> {
-    let path = topology_path.display().to_string();
-    let socket_of = |module: tierstack_base::NodeId| -> Result<String> {
+    let socket_of = |module: tierstack_base::NodeId| -> Result<PathBuf> {
         let spec = topology.node(module)?.service.as_ref().and_then(|s| s.socket.as_ref());
-        Ok(spec.with_context(|| format!("{module} has no module socket"))?.display().to_string())
+        Ok(spec.with_context(|| format!("{module} has no module socket"))?.clone())
     };
     let url_of = |server: tierstack_base::NodeId| -> Result<String> {
         let spec = topology.node(server)?.service.as_ref().and_then(|s| s.listen);
@@ -70,22 +72,25 @@ pub fn plan(topology: &Topology, topology_path: &Path) -> Result<Vec<Launch>> {
     let mut launches = Vec::new();
     for kind in [ServiceKind::AppModule, ServiceKind::AppServer, ServiceKind::Proxy] {
         for (node, service) in topology.services().filter(|(_, s)| s.kind == kind) {
-            let at = NodeArgs { topology: topology_path.to_path_buf(), node: node.id.0 }.to_args();
+            let at = NodeArgs { topology: topology_path.to_path_buf(), node: node.id.0 };
             let mut args = strings(&[kind.command()]);
             let (mut health, mut socket) = (None, None);
             let missing = |field: &str| format!("{}'s service has no {field}", node.id);
             match kind {
                 ServiceKind::AppModule => {
                     let path = service.socket.as_ref().with_context(|| missing("socket"))?;
-                    args.extend(at);
-                    args.extend(strings(&["--socket", &path.display().to_string()]));
+                    args.extend(ModuleArgs::new(at, path.clone()).to_args());
                     socket = Some(path.clone());
                 }
                 ServiceKind::AppServer => {
                     let listen = service.listen.with_context(|| missing("listen"))?;
                     let module = service.module.with_context(|| missing("module"))?;
-                    args.extend(at);
-                    args.extend(strings(&["--listen", &listen.to_string(), "--module-socket", &socket_of(module)?]));
+                    let server = AppServerArgs {
+                        topology: Some(at.topology),
+                        node: Some(at.node),
+                        ..AppServerArgs::new(listen, socket_of(module)?)
+                    };
+                    args.extend(server.to_args());
                     health = Some(listen);
                 }
                 ServiceKind::Proxy => {
@@ -93,10 +98,11 @@ pub fn plan(topology: &Topology, topology_path: &Path) -> Result<Vec<Launch>> {
                     let admin = service.admin.with_context(|| missing("admin"))?;
                     // The same command line as the demo's proxies.
                     let mode = service.mode.as_deref().unwrap_or(PROXY_MODE_DEFAULT);
-                    args = proxy_args(listen, admin, mode, &path, node.id.0);
-                    for upstream in &service.upstreams {
-                        args.extend(strings(&["--upstream", &url_of(*upstream)?]));
-                    }
+                    let mode =
+                        mode.parse::<CacheMode>().map_err(anyhow::Error::msg).with_context(|| missing("known mode"))?;
+                    let upstreams = service.upstreams.iter().map(|u| url_of(*u)).collect::<Result<Vec<_>>>()?;
+                    let proxy = ProxyArgs { upstreams, ..proxy(listen, admin, mode, topology_path, node.id.0) };
+                    args.extend(proxy.to_args());
                     health = Some(admin);
                 }
             }
@@ -135,7 +141,7 @@ pub fn exec_command(
     let mut command = std::process::Command::new(exe);
     command
         .args(&launch.args)
-        .args(["--grace-ms", &grace_ms.to_string()])
+        .args(ServiceArgs { stop_on_stdin_eof: false, grace_ms }.to_args())
         .env_remove(crate::process::STOP_ON_STDIN_EOF_ENV);
     Ok(command)
 }
@@ -255,7 +261,7 @@ fn start_one(launch: &Launch, config: &UpConfig) -> Result<Started> {
     let out = std::fs::File::create(&out_path).with_context(|| format!("creating {}", out_path.display()))?;
     let log = std::fs::File::create(&log_path).with_context(|| format!("creating {}", log_path.display()))?;
     let mut args = launch.args.clone();
-    args.extend(strings(&["--grace-ms", &config.grace_ms.to_string()]));
+    args.extend(ServiceArgs { stop_on_stdin_eof: false, grace_ms: config.grace_ms }.to_args());
     let mut child = spawn_service(&config.exe, &args, out, log)?;
     let pid = child.id();
     let start_time = start_time_of(pid).context("the process vanished at once")?;

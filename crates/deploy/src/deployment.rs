@@ -22,8 +22,10 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
+use tierstack_appserver::{AppServerArgs, ModuleArgs, PushPolicy, PushTarget};
+use tierstack_base::NodeId;
 use tierstack_cluster::{Backend, NodeArgs};
-use tierstack_proxy::ProxyStats;
+use tierstack_proxy::{CacheMode, ProxyArgs, ProxyStats};
 
 /// Warm-up fetches in flight at once (see [`Deployment::warm_up`]).
 pub const WARM_UP_CONCURRENCY: usize = 16;
@@ -112,12 +114,32 @@ pub fn strings(list: &[&str]) -> Vec<String> {
     list.iter().map(|s| s.to_string()).collect()
 }
 
-/// The start of every `tierstack proxy` command line a deployment runs:
-/// its client and admin listeners, cache mode, topology file and fabric node.
+/// A deployment's proxy: its client and admin listeners, cache mode,
+/// topology file and fabric node, no upstream yet.
+pub fn proxy(listen: SocketAddr, admin: SocketAddr, mode: CacheMode, topology: &Path, node: u32) -> ProxyArgs {
+    ProxyArgs {
+        admin_listen: Some(admin),
+        mode,
+        topology: Some(topology.to_path_buf()),
+        node: Some(node),
+        upstreams: Vec::new(),
+        ..ProxyArgs::new(listen, String::new())
+    }
+}
+
+/// The start of every `tierstack proxy` command line a deployment runs
+/// ([`proxy`]'s words). A `mode` the proxy does not know goes through as
+/// given, so that the proxy refuses it as it would any command line's.
 pub fn proxy_args(listen: SocketAddr, admin: SocketAddr, mode: &str, topology: &str, node: u32) -> Vec<String> {
-    let mut args =
-        strings(&["proxy", "--listen", &listen.to_string(), "--admin-listen", &admin.to_string(), "--mode", mode]);
-    args.extend(NodeArgs { topology: PathBuf::from(topology), node }.to_args());
+    let mut args = strings(&["proxy"]);
+    match mode.parse::<CacheMode>() {
+        Ok(mode) => args.extend(proxy(listen, admin, mode, Path::new(topology), node).to_args()),
+        Err(_) => {
+            args.extend(proxy(listen, admin, CacheMode::Poll, Path::new(topology), node).to_args());
+            // Later flags override earlier ones for `tierstack proxy`.
+            args.extend(strings(&["--mode", mode]));
+        }
+    }
     args
 }
 
@@ -148,13 +170,11 @@ impl Deployment {
             nodes.push(NodeLine { id: app_node, role: "app", cpu: app_cpu });
         }
         let topology = write_topology(scratch.path(), "dc", config.backend, 1000, &nodes)?;
-        let topology_arg = topology.display().to_string();
         let socket = scratch.path().join("module.sock");
-        let socket_arg = socket.display().to_string();
         let mut children = Vec::new();
 
-        let mut module_args =
-            strings(&["app-module", "--topology", &topology_arg, "--node", "0", "--socket", &socket_arg]);
+        let mut module_args = strings(&["app-module"]);
+        module_args.extend(ModuleArgs::new(NodeArgs { topology: topology.clone(), node: 0 }, socket.clone()).to_args());
         module_args.extend(extra.app_module.iter().cloned());
         let spawn_tier =
             if options.application_tier_sessions { ChildNode::spawn_in_own_session } else { ChildNode::spawn };
@@ -162,24 +182,14 @@ impl Deployment {
         children.push(module);
 
         let app_addr = free_loopback_port()?;
-        let mut app_args = strings(&[
-            "app-server",
-            "--listen",
-            &app_addr.to_string(),
-            "--module-socket",
-            &socket_arg,
-            "--documents",
-            &config.documents,
-            "--docs",
-            &config.docs.to_string(),
-            "--seed",
-            &config.seed.to_string(),
-            "--compute-threads",
-            &config.compute_threads.to_string(),
-        ]);
-        if let Some(cpu) = app_cpu {
-            app_args.extend(strings(&["--cpu", &cpu.to_string()]));
-        }
+        let mut server = AppServerArgs {
+            documents: config.documents.clone(),
+            docs: config.docs,
+            seed: config.seed,
+            compute_threads: config.compute_threads,
+            cpu: app_cpu,
+            ..AppServerArgs::new(app_addr, socket)
+        };
         // With a push path the server must know the proxies' admin
         // addresses, so they are chosen now; otherwise each just before its
         // proxy starts, which leaves a free port less time to be taken by
@@ -191,19 +201,25 @@ impl Deployment {
             }
         }
         if let Some(policy) = &options.push_policy {
-            app_args.extend(strings(&["--push-policy", policy, "--topology", &topology_arg]));
-            app_args.extend(strings(&["--node", &app_node.to_string()]));
-            for (node, addr) in (1..=config.proxies).zip(&admin_addrs) {
-                app_args.extend(strings(&["--push-proxy", &format!("{node}=http://{addr}")]));
-            }
+            let policy = policy.parse::<PushPolicy>().map_err(anyhow::Error::msg).context("the push policy")?;
+            server.push_policy = Some(policy);
+            server.topology = Some(topology.clone());
+            server.node = Some(app_node);
+            server.push_proxies = (1..=config.proxies)
+                .zip(&admin_addrs)
+                .map(|(node, addr)| PushTarget { node: NodeId(node), url: format!("http://{addr}") })
+                .collect();
             if let Some(bound) = options.write_through {
-                let bound_ms = bound.as_millis().max(1).to_string();
-                app_args.extend(strings(&["--push-write-through", "--push-write-through-timeout-ms", &bound_ms]));
+                server.push_write_through = true;
+                server.push_write_through_timeout_ms = bound.as_millis().max(1) as u64;
             }
         }
+        let mut app_args = strings(&["app-server"]);
+        app_args.extend(server.to_args());
         app_args.extend(extra.app_server.iter().cloned());
         children.push(spawn_tier(&config.exe, &app_args).context("starting the application server")?);
         let app_url = format!("http://{app_addr}");
+        let mode = config.mode.parse::<CacheMode>().map_err(anyhow::Error::msg).context("the proxies' cache mode")?;
 
         let mut proxy_children = Vec::new();
         let mut proxy_addrs = Vec::new();
@@ -214,19 +230,23 @@ impl Deployment {
             }
             let addr = free_loopback_port()?;
             proxy_addrs.push(addr);
-            let mut proxy_args = proxy_args(addr, admin_addrs[index], &config.mode, &topology_arg, node);
-            proxy_args.extend(strings(&["--upstream", &app_url]));
+            let mut args = ProxyArgs {
+                upstreams: vec![app_url.clone()],
+                ..proxy(addr, admin_addrs[index], mode, &topology, node)
+            };
             if let Some(bytes) = options.proxy_cache_bytes {
-                proxy_args.extend(strings(&["--cache-bytes", &bytes.to_string()]));
+                args.cache_bytes = bytes;
             }
             if let Some(slots) = options.state_slots {
-                proxy_args.extend(strings(&["--state-slots", &slots.to_string()]));
+                args.state_slots = slots;
             }
             // Proxy-side refresh is for upstreams that do not push: with a
-            // push path the proxies leave it off (unless `extra` says).
-            if options.push_policy.is_some() && !extra.proxy.iter().any(|a| a == "--refresh-hot") {
-                proxy_args.extend(strings(&["--refresh-hot", "0"]));
+            // push path the proxies leave it off (`extra` may turn it on).
+            if options.push_policy.is_some() {
+                args.refresh_hot = 0;
             }
+            let mut proxy_args = strings(&["proxy"]);
+            proxy_args.extend(args.to_args());
             proxy_args.extend(extra.proxy.iter().cloned());
             let child = ChildNode::spawn(&config.exe, &proxy_args).with_context(|| format!("starting proxy {node}"))?;
             proxy_children.push(Some(child));

@@ -308,16 +308,9 @@ pub fn spawn_owner(
     regions: &[(&str, u64)],
     busy_threads: usize,
 ) -> Result<ChildNode> {
-    let mut args = vec![
-        "fabric".to_string(),
-        "serve".into(),
-        "--topology".into(),
-        topology.display().to_string(),
-        "--node".into(),
-        node.to_string(),
-        "--busy-threads".into(),
-        busy_threads.to_string(),
-    ];
+    let mut args = vec!["fabric".to_string(), "serve".into()];
+    args.extend(tierstack_cluster::NodeArgs { topology: topology.to_path_buf(), node }.to_args());
+    args.extend(["--busy-threads".into(), busy_threads.to_string()]);
     for (name, bytes) in regions {
         args.push("--region".into());
         args.push(format!("{name}:{bytes}"));

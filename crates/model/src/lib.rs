@@ -15,3 +15,8 @@ mod storage;
 pub use cache::{ByteLru, Inserted};
 pub use disk::{DiskModel, DiskQueue, ModelError};
 pub use storage::{Caching, ReadOutcome, Storage, StorageConfig, StorageCounts};
+
+/// Coherency paper Trace 2: 20 documents (the Zipf trace's default).
+pub const ZIPF_DOCS_DEFAULT: usize = 20;
+/// Default Zipf exponent (not published for Trace 2; see `tierstack_workload`'s essay).
+pub const ZIPF_ALPHA_DEFAULT: f64 = 0.75;

@@ -19,6 +19,7 @@
 //!   history rules (pure).
 
 pub mod agent;
+mod args;
 pub mod balance;
 pub mod deviation;
 pub mod publisher;

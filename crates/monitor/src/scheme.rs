@@ -148,7 +148,7 @@ pub trait LoadSource: Send + Sync {
 }
 
 /// Where a back end is reached.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct BackendAddress {
     /// Its fabric node (RDMA schemes).
     pub node: Option<NodeId>,

@@ -34,11 +34,13 @@
 //! The crate knows nothing of traces: the binary turns a trace's documents
 //! into a [`SyntheticSet`].
 
+mod args;
 mod conditional;
 mod deadlines;
 mod files;
 mod server;
 
+pub use args::{OriginArgs, ORIGIN_THREADS_DEFAULT};
 pub use conditional::{evaluate, file_etag, list_matches, synthetic_etag, Precondition};
 pub use files::{
     content_type, decode_request_path, percent_decode, synthetic_body, synthetic_prefix, FileSet, PathRefusal,

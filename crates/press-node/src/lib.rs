@@ -37,7 +37,9 @@ pub mod rings;
 pub mod slab;
 pub mod transport;
 
-pub use args::{DispatcherArgs, DISPATCHER_THREADS_DEFAULT};
+pub use args::{
+    DispatcherArgs, PressNodeArgs, DISPATCHER_THREADS_DEFAULT, FORWARD_TIMEOUT_MS_DEFAULT, NODE_THREADS_DEFAULT,
+};
 pub use transport::{TransportKind, Window, WINDOW_DEFAULT};
 
 use node::{LoadGuard, Shared, Stats};

@@ -73,6 +73,7 @@
 
 mod access_log;
 mod admin;
+pub mod args;
 mod cache;
 mod coalesce;
 mod coop;
@@ -122,6 +123,7 @@ use tierstack_tier_http::{serve, serve_with_options, PeerAddr, ServeOptions, Sto
 use upstream::Upstreams;
 
 pub use admin::{COOP_STATS_PATH, PURGE_PATH_PREFIX};
+pub use args::ProxyArgs;
 pub use coop::CoopStats;
 pub use forward::{REQUEST_BODY_BYTES_MAX, RESPONSE_BODY_BYTES_MAX, WHOLE_BYTES_MAX};
 pub use headers::{X_CACHE, X_CACHE_COALESCED};

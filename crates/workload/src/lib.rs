@@ -106,14 +106,14 @@ pub const DOC_PATH_PREFIX: &str = "/doc/";
 pub const DOC_KEY_PREFIX: &str = "doc/";
 /// Coherency paper Trace 1: one 8 KiB document.
 pub const SINGLE_DOC_BYTES: u64 = 8 << 10;
-/// Coherency paper Trace 2: 20 documents …
-pub const ZIPF_DOCS_DEFAULT: usize = 20;
+/// Coherency paper Trace 2: 20 documents ([`ZIPF_DOCS_DEFAULT`]) …
 /// … of 200 B …
 pub const ZIPF_MIN_BYTES: u64 = 200;
 /// … to 1 MiB.
 pub const ZIPF_MAX_BYTES: u64 = 1 << 20;
-/// Default Zipf exponent (not published for Trace 2; see the crate essay).
-pub const ZIPF_ALPHA_DEFAULT: f64 = 0.75;
+/// The Zipf defaults live in `tierstack_model`, so that the tiers whose
+/// flags default to them (origin, press-node) need not depend on workload.
+pub use tierstack_model::{ZIPF_ALPHA_DEFAULT, ZIPF_DOCS_DEFAULT};
 /// Largest Zipf exponent accepted.
 pub const ALPHA_MAX: f64 = 16.0;
 /// Most documents in one trace.

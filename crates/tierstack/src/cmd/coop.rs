@@ -11,65 +11,30 @@ use tierstack_coop::service::{CoopConfig, CoopNode};
 use tierstack_coop::Scheme;
 use tierstack_fabric::NodeId;
 
-/// A scheme's name on the command line.
-pub(crate) fn parse_scheme(s: &str) -> Result<Scheme, String> {
-    s.parse::<Scheme>().map_err(|e| e.to_string())
-}
+pub(crate) use tierstack_coop::args::{parse_scheme, CoopArgs};
 
-/// Who cooperates, and with how much memory (the same on every node).
-#[derive(Args, Clone, Debug)]
-pub(crate) struct CoopArgs {
-    /// The cooperating proxies' fabric nodes, in order (comma-separated);
-    /// default: every `proxy` node of the topology.
-    #[arg(long = "coop-peers", value_delimiter = ',')]
-    pub peers: Vec<u32>,
-    /// The passive back-end memory nodes (MTACC, HYBCC); default: every
-    /// `passive` node of the topology.
-    #[arg(long = "coop-passive", value_delimiter = ',')]
-    pub passive: Vec<u32>,
-    /// Each node's pool (the paper's 64 MB per node).
-    #[arg(long = "coop-pool-bytes", default_value_t = 64 << 20)]
-    pub pool_bytes: u64,
-    /// How long a node waits for a peer's answer (STORE acknowledgment,
-    /// groupcache reply, a home's grant) before it counts a miss.
-    #[arg(long = "coop-ack-timeout-ms", default_value_t = 500)]
-    pub ack_timeout_ms: u64,
-    /// HYBCC: the largest pooled entity treated as small (BCC on the
-    /// proxies). The pool holds the response head with the body, so the
-    /// default is the seed-notes' 8 KiB plus 1 KiB for the head: an 8 KiB
-    /// file is small.
-    #[arg(long = "coop-hybcc-small-max", default_value_t = tierstack_coop::HYBCC_SMALL_MAX_BYTES + HEAD_ALLOWANCE_BYTES)]
-    pub hybcc_small_max: u64,
-}
-
-/// Bytes a pooled response takes beyond its body, at most, in the
-/// threshold's sense (its stored head and the envelope's key).
-pub(crate) const HEAD_ALLOWANCE_BYTES: u64 = 1024;
-
-impl CoopArgs {
-    /// The service configuration for `scheme` on `topology`.
-    pub(crate) fn config(&self, topology: &Topology, scheme: Scheme) -> Result<CoopConfig> {
-        let pick = |given: &[u32], role: Role| -> Vec<NodeId> {
-            if given.is_empty() {
-                topology.nodes_with_role(role)
-            } else {
-                given.iter().map(|&n| NodeId(n)).collect()
-            }
-        };
-        let active = pick(&self.peers, Role::Proxy);
-        let passive = pick(&self.passive, Role::Passive);
-        anyhow::ensure!(!active.is_empty(), "no cooperating proxies (give --coop-peers or proxy nodes)");
-        for node in active.iter().chain(&passive) {
-            topology.node(*node).with_context(|| format!("cooperating node {node}"))?;
+/// The service configuration for `scheme` on `topology`, as `args` ask.
+pub(crate) fn config(args: &CoopArgs, topology: &Topology, scheme: Scheme) -> Result<CoopConfig> {
+    let pick = |given: &[u32], role: Role| -> Vec<NodeId> {
+        if given.is_empty() {
+            topology.nodes_with_role(role)
+        } else {
+            given.iter().map(|&n| NodeId(n)).collect()
         }
-        let scheme = match scheme {
-            Scheme::Hybcc { .. } => Scheme::Hybcc { small_max_bytes: self.hybcc_small_max },
-            other => other,
-        };
-        let mut config = CoopConfig::new(scheme, active, passive, self.pool_bytes);
-        config.ack_timeout = Duration::from_millis(self.ack_timeout_ms);
-        Ok(config)
+    };
+    let active = pick(&args.peers, Role::Proxy);
+    let passive = pick(&args.passive, Role::Passive);
+    anyhow::ensure!(!active.is_empty(), "no cooperating proxies (give --coop-peers or proxy nodes)");
+    for node in active.iter().chain(&passive) {
+        topology.node(*node).with_context(|| format!("cooperating node {node}"))?;
     }
+    let scheme = match scheme {
+        Scheme::Hybcc { .. } => Scheme::Hybcc { small_max_bytes: args.hybcc_small_max },
+        other => other,
+    };
+    let mut config = CoopConfig::new(scheme, active, passive, args.pool_bytes);
+    config.ack_timeout = Duration::from_millis(args.ack_timeout_ms);
+    Ok(config)
 }
 
 #[derive(Args)]
@@ -89,7 +54,7 @@ pub(crate) struct CoopNodeArgs {
 /// `--stop-on-stdin-eof`); prints its counters as JSON on the way out.
 pub(crate) fn run(args: CoopNodeArgs) -> Result<()> {
     let (topology, fabric) = args.at.open()?;
-    let config = args.coop.config(&topology, args.scheme)?;
+    let config = config(&args.coop, &topology, args.scheme)?;
     if config.passive.contains(&args.at.id()) && !args.scheme.uses_passive() {
         tracing::warn!(
             scheme = args.scheme.name(),

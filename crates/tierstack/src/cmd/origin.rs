@@ -4,75 +4,13 @@
 //! with `--stop-on-stdin-eof`), then prints its counters as one JSON line.
 
 use anyhow::{bail, Context, Result};
-use clap::Args;
 use std::io::Write;
-use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::time::SystemTime;
 use tierstack_cluster::pin_to_cpu;
+pub(crate) use tierstack_origin::OriginArgs;
 use tierstack_origin::{DiskModel, FileSet, Origin, OriginConfig, StorageConfig, SyntheticSet};
 use tierstack_tier_http::Stop;
-use tierstack_workload::{TraceSpec, ZIPF_ALPHA_DEFAULT, ZIPF_DOCS_DEFAULT};
-
-#[derive(Args)]
-#[command(group(clap::ArgGroup::new("content").required(true).args(["root", "files", "trace"])))]
-pub(crate) struct OriginArgs {
-    /// Where clients connect.
-    #[arg(long)]
-    listen: SocketAddr,
-    /// Where `GET /stats` is served (keep it off the clients' network).
-    #[arg(long)]
-    admin: Option<SocketAddr>,
-    /// Serve the real files under this directory.
-    #[arg(long)]
-    root: Option<PathBuf>,
-    /// Serve a synthetic set: a text file of `path size` lines.
-    #[arg(long)]
-    files: Option<PathBuf>,
-    /// Serve a trace's documents (`/doc/<name>`, their sizes) as a synthetic
-    /// set: single | zipf | worldcup | clf:PATH | press:NAME[@SCALE] |
-    /// coop:NAME[@SCALE] (as `tierstack load --trace`; see `tierstack trace show`).
-    #[arg(long)]
-    trace: Option<String>,
-    /// Zipf exponent (zipf trace).
-    #[arg(long, default_value_t = ZIPF_ALPHA_DEFAULT, requires = "trace")]
-    alpha: f64,
-    /// Number of documents (zipf trace).
-    #[arg(long, default_value_t = ZIPF_DOCS_DEFAULT, requires = "trace")]
-    docs: usize,
-    /// Seed of the trace's document set (worldcup's depends on it).
-    #[arg(long, default_value_t = 1, requires = "trace")]
-    seed: u64,
-    /// The Cache-Control header; "" sends none.
-    #[arg(long, default_value = tierstack_origin::CACHE_CONTROL_DEFAULT)]
-    cache_control: String,
-    /// Last-Modified of synthetic objects: an HTTP-date, or `start` for the
-    /// origin's start time. Default: a fixed date (Sat, 01 Jan 2000), so
-    /// origins serving one set agree on validators across restarts.
-    #[arg(long)]
-    last_modified: Option<String>,
-    /// Emulated disk: positioning time per read, in microseconds.
-    #[arg(long, requires = "disk_mb_per_s")]
-    disk_seek_us: Option<u64>,
-    /// Emulated disk: transfer rate in MB/s (10^6 bytes per second).
-    #[arg(long, requires = "disk_seek_us")]
-    disk_mb_per_s: Option<f64>,
-    /// Memory cache in bytes (LRU); 0: none, every GET reads the disk.
-    /// Default: the trace's published per-node cache (--trace press:NAME or
-    /// coop:NAME, scaled with the trace), else 0.
-    #[arg(long)]
-    cache_bytes: Option<u64>,
-    /// Objects larger than this are not cached (default: the whole cache).
-    #[arg(long)]
-    cache_max_object_bytes: Option<u64>,
-    /// Runtime worker threads.
-    #[arg(long, default_value_t = 2)]
-    threads: usize,
-    #[arg(long)]
-    cpu: Option<usize>,
-    #[command(flatten)]
-    service: crate::service::ServiceArgs,
-}
+use tierstack_workload::TraceSpec;
 
 /// The content, and the per-node cache its trace publishes (if any).
 fn file_set(args: &OriginArgs) -> Result<(FileSet, Option<u64>)> {

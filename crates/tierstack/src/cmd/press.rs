@@ -3,79 +3,16 @@
 //! standard input closes, Ctrl-C or SIGTERM, then prints its counters as one
 //! JSON line.
 
-use super::NodeArgs;
 use anyhow::{bail, Context, Result};
-use clap::Args;
 use std::io::Write;
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::time::Duration;
 use tierstack_origin::{DiskModel, StorageConfig, SyntheticSet};
-use tierstack_press::{LardConfig, Member, PolicyConfig, MAX_SIZE_BYTES, THRESHOLD_DEFAULT};
+use tierstack_press::{LardConfig, Member, PolicyConfig};
 use tierstack_press_node::dispatcher::{Dispatcher, DispatcherConfig};
-pub(crate) use tierstack_press_node::DispatcherArgs;
-use tierstack_press_node::{Mode, NodeConfig, PressNode, TransportKind, WINDOW_DEFAULT};
-use tierstack_workload::{TraceSpec, ZIPF_ALPHA_DEFAULT, ZIPF_DOCS_DEFAULT};
-
-#[derive(Args)]
-pub(crate) struct PressNodeArgs {
-    #[command(flatten)]
-    node: NodeArgs,
-    #[command(flatten)]
-    service: crate::service::ServiceArgs,
-    /// Where clients connect.
-    #[arg(long)]
-    listen: SocketAddr,
-    /// Where `GET /stats` is served.
-    #[arg(long)]
-    admin: Option<SocketAddr>,
-    /// press (Fig. 1 distribution), traditional (every node on its own) or
-    /// distrib-ho (Fig. 1, the client socket handed to the service node).
-    #[arg(long, default_value = "press")]
-    mode: Mode,
-    /// Communication version: tcp (topology fabric tcp), base, rdma-1c, rdma or zero (fabric shm).
-    #[arg(long, default_value = "base")]
-    transport: TransportKind,
-    /// The documents served: a trace's (`/doc/<name>`, their sizes), as
-    /// `tierstack origin --trace` (e.g. press:clarknet@0.01).
-    #[arg(long)]
-    trace: String,
-    #[arg(long, default_value_t = ZIPF_ALPHA_DEFAULT)]
-    alpha: f64,
-    #[arg(long, default_value_t = ZIPF_DOCS_DEFAULT)]
-    docs: usize,
-    #[arg(long, default_value_t = 1)]
-    seed: u64,
-    /// Memory cache in bytes (LRU); default the trace's published per-node cache.
-    #[arg(long)]
-    cache_bytes: Option<u64>,
-    /// Emulated disk: positioning time per read, in microseconds.
-    #[arg(long, requires = "disk_mb_per_s")]
-    disk_seek_us: Option<u64>,
-    /// Emulated disk: transfer rate in MB/s.
-    #[arg(long, requires = "disk_seek_us")]
-    disk_mb_per_s: Option<f64>,
-    /// Fig. 1's threshold T (open connections).
-    #[arg(long, default_value_t = THRESHOLD_DEFAULT)]
-    threshold: u32,
-    /// Fig. 1's max_size in bytes.
-    #[arg(long, default_value_t = MAX_SIZE_BYTES)]
-    max_size_bytes: u64,
-    /// Longest wait for a forwarded request's reply, in ms, before serving it here.
-    #[arg(long, default_value_t = 2000)]
-    forward_timeout_ms: u64,
-    /// Flow-control window: messages in flight per ordered pair (base: credits; rdma-1c: ring entries).
-    #[arg(long, default_value_t = WINDOW_DEFAULT)]
-    window: u32,
-    /// Runtime worker threads.
-    #[arg(long, default_value_t = 2)]
-    threads: usize,
-    /// Directory of the nodes' hand-off sockets: the node accepts client
-    /// sockets handed to it (distrib-ho peers, or a press-dispatcher for a
-    /// traditional node); distrib-ho needs it.
-    #[arg(long)]
-    handoff_dir: Option<PathBuf>,
-}
+pub(crate) use tierstack_press_node::{DispatcherArgs, PressNodeArgs};
+use tierstack_press_node::{NodeConfig, PressNode};
+use tierstack_workload::TraceSpec;
 
 pub(crate) fn run_dispatcher(args: DispatcherArgs) -> Result<()> {
     let config = DispatcherConfig {

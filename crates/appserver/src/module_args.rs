@@ -1,0 +1,107 @@
+//! The flags of `tierstack app-module`, spelled once: the binary's parser
+//! flattens [`ModuleArgs`], a launcher builds its command line with
+//! [`ModuleArgs::to_args`]. They live with the application server (the
+//! module server itself is `tierstack_coherent::module`) because the
+//! lifecycle flags they flatten are a layer above `coherent`.
+
+use std::path::PathBuf;
+use tierstack_cluster::NodeArgs;
+use tierstack_tier_http::service::ServiceArgs;
+
+/// The version table's capacity unless told otherwise (`--capacity`).
+pub const CAPACITY_DEFAULT: u32 = 65_536;
+
+/// `tierstack app-module`: the application module, owner of the version table.
+#[derive(clap::Args, Clone, Debug, PartialEq, Eq)]
+pub struct ModuleArgs {
+    /// The module's node (it owns the version table).
+    #[command(flatten)]
+    pub at: NodeArgs,
+    /// Local socket for application servers.
+    #[arg(long)]
+    pub socket: PathBuf,
+    /// Version table capacity (dependency keys).
+    #[arg(long, default_value_t = CAPACITY_DEFAULT)]
+    pub capacity: u32,
+    /// TEST ONLY, breaks coherence: admit reads while updates are in
+    /// progress (violating Table 1), so end-to-end tests can show their
+    /// checkers catch such a module.
+    #[arg(long, hide = true)]
+    pub test_only_admit_reads_during_updates: bool,
+    #[command(flatten)]
+    pub service: ServiceArgs,
+}
+
+impl ModuleArgs {
+    /// The required flags given, every other one at its default.
+    pub fn new(at: NodeArgs, socket: PathBuf) -> ModuleArgs {
+        ModuleArgs {
+            at,
+            socket,
+            capacity: CAPACITY_DEFAULT,
+            test_only_admit_reads_during_updates: false,
+            service: ServiceArgs::default(),
+        }
+    }
+
+    /// The command-line words (after the subcommand) that parse back into
+    /// these arguments: the required flags, then each flag whose value is
+    /// not the parser's default (so that a launcher may append flags of its
+    /// own without repeating one).
+    pub fn to_args(&self) -> Vec<String> {
+        let default = ModuleArgs::new(self.at.clone(), self.socket.clone());
+        let mut args = self.at.to_args();
+        args.extend(["--socket".into(), self.socket.display().to_string()]);
+        if self.capacity != default.capacity {
+            args.extend(["--capacity".into(), self.capacity.to_string()]);
+        }
+        if self.test_only_admit_reads_during_updates {
+            args.push("--test-only-admit-reads-during-updates".into());
+        }
+        if self.service != default.service {
+            args.extend(self.service.to_args());
+        }
+        args
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser, Debug, PartialEq)]
+    struct Command {
+        #[command(flatten)]
+        module: ModuleArgs,
+    }
+
+    fn parse(args: &ModuleArgs) -> ModuleArgs {
+        let words = std::iter::once("app-module".to_string()).chain(args.to_args());
+        Command::try_parse_from(words).unwrap().module
+    }
+
+    /// Guards "spelled once": every field, at a value other than its
+    /// default, survives `to_args` and parsing.
+    #[test]
+    fn module_args_round_trip_through_their_words() {
+        let args = ModuleArgs {
+            at: NodeArgs { topology: PathBuf::from("/tmp/a dc.toml"), node: 4 },
+            socket: PathBuf::from("/tmp/module.sock"),
+            capacity: 1024,
+            test_only_admit_reads_during_updates: true,
+            service: ServiceArgs { stop_on_stdin_eof: true, grace_ms: 77 },
+        };
+        assert_eq!(parse(&args), args);
+    }
+
+    /// `new` agrees with the parser's defaults.
+    #[test]
+    fn new_has_the_parsers_defaults() {
+        let words = ["app-module", "--topology", "/tmp/dc.toml", "--node", "0", "--socket", "/tmp/m.sock"];
+        let parsed = Command::try_parse_from(words).unwrap().module;
+        let at = NodeArgs { topology: PathBuf::from("/tmp/dc.toml"), node: 0 };
+        assert_eq!(parsed, ModuleArgs::new(at, PathBuf::from("/tmp/m.sock")));
+        assert_eq!(parse(&parsed), parsed);
+    }
+}

@@ -1,0 +1,358 @@
+//! The flags of `tierstack proxy`, spelled once: the binary's parser
+//! flattens [`ProxyArgs`] (with the cooperative cache's
+//! [`CoopArgs`]), a launcher builds its command line with
+//! [`ProxyArgs::to_args`].
+
+use crate::{
+    CacheMode, Policy, Scheme, CACHE_STATE_SLOTS_DEFAULT, HEADER_READ_TIMEOUT_DEFAULT, MAX_CONNECTIONS_DEFAULT,
+    REFRESH_HOT_DEFAULT, REFRESH_INTERVAL_DEFAULT,
+};
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use tierstack_coop::args::{parse_scheme, CoopArgs};
+use tierstack_monitor::BackendAddress;
+use tierstack_tier_http::service::ServiceArgs;
+
+/// `--cache-bytes` unless told otherwise.
+pub const CACHE_BYTES_DEFAULT: usize = 256 << 20;
+/// `--upstream-timeout-ms` unless told otherwise.
+pub const UPSTREAM_TIMEOUT_MS_DEFAULT: u64 = 30_000;
+/// `--monitor-interval-ms` unless told otherwise.
+pub const MONITOR_INTERVAL_MS_DEFAULT: u64 = 10;
+
+impl CacheMode {
+    /// The word `--mode` takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            CacheMode::NoCache => "no-cache",
+            CacheMode::Poll => "poll",
+            CacheMode::Ttl => "ttl",
+        }
+    }
+}
+
+impl fmt::Display for CacheMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// `tierstack proxy`: the caching reverse proxy.
+#[derive(clap::Args, Clone, Debug, PartialEq, Eq)]
+pub struct ProxyArgs {
+    #[arg(long)]
+    pub listen: SocketAddr,
+    /// Where the admin endpoints listen (the application tier's pushes,
+    /// `/_tierstack/stats`); keep it off the clients' network. Without it,
+    /// nothing can push to this proxy.
+    #[arg(long)]
+    pub admin_listen: Option<SocketAddr>,
+    /// Application server base URL (repeatable).
+    #[arg(long = "upstream", required = true)]
+    pub upstreams: Vec<String>,
+    /// no-cache | poll | ttl
+    #[arg(long, default_value = "poll")]
+    pub mode: CacheMode,
+    /// Topology and node id of this proxy's fabric node (needed for poll).
+    #[arg(long)]
+    pub topology: Option<PathBuf>,
+    #[arg(long)]
+    pub node: Option<u32>,
+    #[arg(long, default_value_t = CACHE_BYTES_DEFAULT)]
+    pub cache_bytes: usize,
+    #[arg(long, default_value_t = UPSTREAM_TIMEOUT_MS_DEFAULT)]
+    pub upstream_timeout_ms: u64,
+    #[arg(long)]
+    pub cpu: Option<usize>,
+    /// Documents tracked in the shared cache state the application tier
+    /// reads to decide pushes (a multiple of 8, at most 336; 0 = none).
+    #[arg(long, default_value_t = CACHE_STATE_SLOTS_DEFAULT)]
+    pub state_slots: u32,
+    /// How to pick the upstream of a forwarded request: hash (by path, the
+    /// default routing), round-robin, least-loaded.
+    #[arg(long)]
+    pub balance: Option<Policy>,
+    /// Where the balancer's load comes from: socket-async, socket-sync,
+    /// rdma-async, rdma-sync. Needs one --upstream-monitor per --upstream.
+    #[arg(long, requires = "balance")]
+    pub monitor: Option<Scheme>,
+    /// Each upstream's monitor, in --upstream order, as
+    /// `<fabric node>@<socket address>` (either part may be empty:
+    /// `3@` for the RDMA schemes, `@127.0.0.1:9101` for the socket ones).
+    #[arg(long = "upstream-monitor", value_parser = parse_backend_address)]
+    pub upstream_monitors: Vec<BackendAddress>,
+    /// Socket-Async's and RDMA-Async's interval, to judge staleness (as the
+    /// app servers' --monitor-interval-ms).
+    #[arg(long, default_value_t = MONITOR_INTERVAL_MS_DEFAULT)]
+    pub monitor_interval_ms: u64,
+    /// Admission control: answer 503 when the chosen upstream's estimated
+    /// load (running threads + requests in flight) is at least this.
+    #[arg(long, requires = "balance")]
+    pub admit_max: Option<u32>,
+    /// Seed of the balancer's tie-breaking.
+    #[arg(long, default_value_t = 1)]
+    pub balance_seed: u64,
+    /// Reconfiguration: route only to the upstreams whose role word (read
+    /// one-sidedly before each choice) names this site. Needs --balance,
+    /// --topology/--node, and a fabric node in every --upstream-monitor.
+    #[arg(long, requires = "balance")]
+    pub site: Option<u16>,
+    /// A TOML file of these flags (see `cmd::proxy_config`); flags given
+    /// here override it.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Cooperative caching across the proxies (issue 12): ac | bcc | ccwr |
+    /// mtacc | hybcc | groupcache. The proxies of the topology (or
+    /// --coop-peers) cooperate; its passive nodes (or --coop-passive, each
+    /// running `tierstack coop-node`) lend their memory to MTACC/HYBCC.
+    /// Needs --topology/--node. `--cache-bytes` stays a private first level
+    /// in front of the pool (0: the pool is the whole cache).
+    #[arg(long, value_parser = parse_scheme, requires = "topology")]
+    pub coop: Option<tierstack_coop::Scheme>,
+    #[command(flatten)]
+    pub coop_args: CoopArgs,
+    /// Close a client connection that has not sent a whole request header
+    /// this long after it began waiting for one (also idle keep-alives).
+    /// 0: no such timeout.
+    #[arg(long, default_value_t = HEADER_READ_TIMEOUT_DEFAULT.as_millis() as u64)]
+    pub header_read_timeout_ms: u64,
+    /// At most this many client connections at once.
+    #[arg(long, default_value_t = MAX_CONNECTIONS_DEFAULT)]
+    pub max_connections: usize,
+    /// Append a Combined Log Format line per client request to this file
+    /// (`tierstack load` replays it as the trace `clf:PATH`).
+    #[arg(long)]
+    pub access_log: Option<PathBuf>,
+    /// Proxy-side refresh (poll mode): watch this many of the hottest cached
+    /// documents with dependencies, read their versions in one batch every
+    /// --refresh-interval-ms, and refetch a changed one before clients ask
+    /// (for upstreams that do not push). 0: off.
+    #[arg(long, default_value_t = REFRESH_HOT_DEFAULT)]
+    pub refresh_hot: usize,
+    /// How often the refresh reads the hot documents' versions.
+    #[arg(long, default_value_t = REFRESH_INTERVAL_DEFAULT.as_millis() as u64, value_parser = clap::value_parser!(u64).range(1..))]
+    pub refresh_interval_ms: u64,
+    /// The authority (`host:port`) of requests without a Host, under which
+    /// pushed documents are cached (default: the --listen address).
+    #[arg(long)]
+    pub default_authority: Option<String>,
+    #[command(flatten)]
+    pub service: ServiceArgs,
+}
+
+/// `<fabric node>@<socket address>`, as `--upstream-monitor` takes it.
+pub fn parse_backend_address(text: &str) -> Result<BackendAddress, String> {
+    text.parse()
+}
+
+impl ProxyArgs {
+    /// The required flags given (one upstream), every other one at its default.
+    pub fn new(listen: SocketAddr, upstream: String) -> ProxyArgs {
+        ProxyArgs {
+            listen,
+            admin_listen: None,
+            upstreams: vec![upstream],
+            mode: CacheMode::Poll,
+            topology: None,
+            node: None,
+            cache_bytes: CACHE_BYTES_DEFAULT,
+            upstream_timeout_ms: UPSTREAM_TIMEOUT_MS_DEFAULT,
+            cpu: None,
+            state_slots: CACHE_STATE_SLOTS_DEFAULT,
+            balance: None,
+            monitor: None,
+            upstream_monitors: Vec::new(),
+            monitor_interval_ms: MONITOR_INTERVAL_MS_DEFAULT,
+            admit_max: None,
+            balance_seed: 1,
+            site: None,
+            config: None,
+            coop: None,
+            coop_args: CoopArgs::default(),
+            header_read_timeout_ms: HEADER_READ_TIMEOUT_DEFAULT.as_millis() as u64,
+            max_connections: MAX_CONNECTIONS_DEFAULT,
+            access_log: None,
+            refresh_hot: REFRESH_HOT_DEFAULT,
+            refresh_interval_ms: REFRESH_INTERVAL_DEFAULT.as_millis() as u64,
+            default_authority: None,
+            service: ServiceArgs::default(),
+        }
+    }
+
+    /// The command-line words (after the subcommand) that parse back into
+    /// these arguments: the listeners, the cache mode, the fabric node and
+    /// the upstreams, then each flag whose value is not the parser's default
+    /// (so that a launcher may append flags of its own). A flag that
+    /// `requires` another is written only with it. `--coop` is written by
+    /// name: HYBCC's threshold is `--coop-hybcc-small-max` (in [`CoopArgs`]).
+    pub fn to_args(&self) -> Vec<String> {
+        let default = ProxyArgs::new(self.listen, String::new());
+        let mut args = Vec::new();
+        let mut flag = |name: &str, value: String| args.extend([name.to_string(), value]);
+        flag("--listen", self.listen.to_string());
+        if let Some(admin) = self.admin_listen {
+            flag("--admin-listen", admin.to_string());
+        }
+        flag("--mode", self.mode.to_string());
+        if let Some(topology) = &self.topology {
+            flag("--topology", topology.display().to_string());
+        }
+        if let Some(node) = self.node {
+            flag("--node", node.to_string());
+        }
+        for upstream in &self.upstreams {
+            flag("--upstream", upstream.clone());
+        }
+        if self.cache_bytes != default.cache_bytes {
+            flag("--cache-bytes", self.cache_bytes.to_string());
+        }
+        if self.upstream_timeout_ms != default.upstream_timeout_ms {
+            flag("--upstream-timeout-ms", self.upstream_timeout_ms.to_string());
+        }
+        if let Some(cpu) = self.cpu {
+            flag("--cpu", cpu.to_string());
+        }
+        if self.state_slots != default.state_slots {
+            flag("--state-slots", self.state_slots.to_string());
+        }
+        if let Some(balance) = self.balance {
+            flag("--balance", balance.to_string());
+            if let Some(monitor) = self.monitor {
+                flag("--monitor", monitor.to_string());
+            }
+            if let Some(admit_max) = self.admit_max {
+                flag("--admit-max", admit_max.to_string());
+            }
+            if let Some(site) = self.site {
+                flag("--site", site.to_string());
+            }
+        }
+        for monitor in &self.upstream_monitors {
+            flag("--upstream-monitor", monitor.to_string());
+        }
+        if self.monitor_interval_ms != default.monitor_interval_ms {
+            flag("--monitor-interval-ms", self.monitor_interval_ms.to_string());
+        }
+        if self.balance_seed != default.balance_seed {
+            flag("--balance-seed", self.balance_seed.to_string());
+        }
+        if let Some(config) = &self.config {
+            flag("--config", config.display().to_string());
+        }
+        if let (Some(coop), Some(_)) = (self.coop, &self.topology) {
+            flag("--coop", coop.name().to_string());
+        }
+        if self.header_read_timeout_ms != default.header_read_timeout_ms {
+            flag("--header-read-timeout-ms", self.header_read_timeout_ms.to_string());
+        }
+        if self.max_connections != default.max_connections {
+            flag("--max-connections", self.max_connections.to_string());
+        }
+        if let Some(log) = &self.access_log {
+            flag("--access-log", log.display().to_string());
+        }
+        if self.refresh_hot != default.refresh_hot {
+            flag("--refresh-hot", self.refresh_hot.to_string());
+        }
+        if self.refresh_interval_ms != default.refresh_interval_ms {
+            flag("--refresh-interval-ms", self.refresh_interval_ms.to_string());
+        }
+        if let Some(authority) = &self.default_authority {
+            flag("--default-authority", authority.clone());
+        }
+        args.extend(self.coop_args.to_args());
+        if self.service != default.service {
+            args.extend(self.service.to_args());
+        }
+        args
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+    use tierstack_base::NodeId;
+
+    #[derive(Parser, Debug, PartialEq)]
+    struct Command {
+        #[command(flatten)]
+        proxy: ProxyArgs,
+    }
+
+    fn parse(args: &ProxyArgs) -> ProxyArgs {
+        let words = std::iter::once("proxy".to_string()).chain(args.to_args());
+        Command::try_parse_from(words).unwrap().proxy
+    }
+
+    /// Guards "spelled once": every field, at a value other than its
+    /// default, survives `to_args` and parsing.
+    #[test]
+    fn proxy_args_round_trip_through_their_words() {
+        let args = ProxyArgs {
+            listen: "127.0.0.1:8080".parse().unwrap(),
+            admin_listen: Some("127.0.0.1:9080".parse().unwrap()),
+            upstreams: vec!["http://127.0.0.1:8081".into(), "http://127.0.0.1:8082".into()],
+            mode: CacheMode::Ttl,
+            topology: Some(PathBuf::from("/tmp/a dc.toml")),
+            node: Some(2),
+            cache_bytes: 4096,
+            upstream_timeout_ms: 1234,
+            cpu: Some(0),
+            state_slots: 16,
+            balance: Some(Policy::LeastLoaded),
+            monitor: Some(Scheme::RdmaAsync),
+            upstream_monitors: vec![
+                BackendAddress { node: Some(NodeId(3)), socket: None },
+                BackendAddress { node: Some(NodeId(4)), socket: Some("127.0.0.1:9101".parse().unwrap()) },
+            ],
+            monitor_interval_ms: 20,
+            admit_max: Some(8),
+            balance_seed: 5,
+            site: Some(1),
+            config: Some(PathBuf::from("/tmp/proxy.toml")),
+            coop: Some(tierstack_coop::Scheme::Mtacc),
+            coop_args: CoopArgs {
+                peers: vec![1, 2],
+                passive: vec![7],
+                pool_bytes: 1 << 20,
+                ack_timeout_ms: 9,
+                hybcc_small_max: 77,
+            },
+            header_read_timeout_ms: 0,
+            max_connections: 12,
+            access_log: Some(PathBuf::from("/tmp/access.log")),
+            refresh_hot: 0,
+            refresh_interval_ms: 3,
+            default_authority: Some("example.org:80".into()),
+            service: ServiceArgs { stop_on_stdin_eof: true, grace_ms: 77 },
+        };
+        assert_eq!(parse(&args), args);
+    }
+
+    /// `new` agrees with the parser's defaults.
+    #[test]
+    fn new_has_the_parsers_defaults() {
+        let words = ["proxy", "--listen", "127.0.0.1:8080", "--upstream", "http://127.0.0.1:8081"];
+        let parsed = Command::try_parse_from(words).unwrap().proxy;
+        assert_eq!(parsed, ProxyArgs::new("127.0.0.1:8080".parse().unwrap(), "http://127.0.0.1:8081".into()));
+        assert_eq!(parse(&parsed), parsed);
+    }
+
+    /// Flags at their defaults are left out (but the mode), so a launcher
+    /// may append its own without repeating one.
+    #[test]
+    fn defaults_are_not_written() {
+        let args = ProxyArgs::new("127.0.0.1:8080".parse().unwrap(), "http://a:1".into());
+        let words = ["--listen", "127.0.0.1:8080", "--mode", "poll", "--upstream", "http://a:1"];
+        assert_eq!(args.to_args(), words);
+    }
+
+    #[test]
+    fn cache_modes_round_trip() {
+        for mode in [CacheMode::NoCache, CacheMode::Poll, CacheMode::Ttl] {
+            assert_eq!(mode.to_string().parse::<CacheMode>().unwrap(), mode);
+        }
+    }
+}
