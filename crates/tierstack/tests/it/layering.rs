@@ -57,7 +57,11 @@ const SAME_LAYER_EDGES: &[(&str, &str, &str)] = &[
     ("cluster", "fabric-shm", "cluster is the one crate that names the backends' constructors"),
     ("cluster", "fabric-tcp", "cluster is the one crate that names the backends' constructors"),
     ("cluster", "fabric-ucx", "cluster is the one crate that names the backends' constructors"),
-    ("pushpull", "coherent", "push-pull decides over the coherent cache's version table (coherency paper §4 builds on §3)"),
+    (
+        "pushpull",
+        "coherent",
+        "push-pull decides over the coherent cache's version table (coherency paper §4 builds on §3)",
+    ),
     ("press-node", "origin", "a PRESS node serves the origin's file set with the origin's code"),
     ("loadgen", "workload", "the load client drives the traces and target rules the workload crate defines"),
     ("sim", "workload", "the simulator replays the same traces and schedule rules as the load client"),
@@ -89,7 +93,10 @@ fn edge_violation(from: &str, to: &str) -> Option<String> {
         return None;
     }
     Some(if lt == lf {
-        format!("{from} and {to} are both in layer '{}': add the edge to SAME_LAYER_EDGES with its reason, or remove it", lf.name())
+        format!(
+            "{from} and {to} are both in layer '{}': add the edge to SAME_LAYER_EDGES with its reason, or remove it",
+            lf.name()
+        )
     } else {
         format!("{from} (layer '{}') must not depend on {to} (layer '{}', above it)", lf.name(), lt.name())
     })
@@ -102,7 +109,11 @@ fn dependencies_point_down_the_named_layers() {
     for package in metadata["packages"].as_array().unwrap() {
         let name = package["name"].as_str().unwrap();
         assert!(layer(name).is_some(), "crate {name} has no layer: add it to ARCHITECTURE.md and this test");
-        assert_eq!(package["publish"], serde_json::json!([]), "{name} must set publish = false (publish.workspace = true)");
+        assert_eq!(
+            package["publish"],
+            serde_json::json!([]),
+            "{name} must set publish = false (publish.workspace = true)"
+        );
         for dep in package["dependencies"].as_array().unwrap() {
             let dep_name = dep["name"].as_str().unwrap();
             let is_dev = dep["kind"].as_str() == Some("dev");
@@ -136,13 +147,19 @@ fn every_same_layer_edge_is_used_and_stays_within_one_layer() {
         let name = package["name"].as_str().unwrap().trim_start_matches("tierstack-").to_string();
         for dep in package["dependencies"].as_array().unwrap() {
             if dep["kind"].as_str() != Some("dev") {
-                edges.insert((name.clone(), dep["name"].as_str().unwrap().trim_start_matches("tierstack-").to_string()), ());
+                edges.insert(
+                    (name.clone(), dep["name"].as_str().unwrap().trim_start_matches("tierstack-").to_string()),
+                    (),
+                );
             }
         }
     }
     for &(from, to, reason) in SAME_LAYER_EDGES {
         assert_eq!(layer(from), layer(to), "{from} → {to} is listed as a same-layer edge but crosses layers");
-        assert!(edges.contains_key(&(from.to_string(), to.to_string())), "{from} → {to} ({reason}) is listed but unused");
+        assert!(
+            edges.contains_key(&(from.to_string(), to.to_string())),
+            "{from} → {to} ({reason}) is listed but unused"
+        );
     }
 }
 
@@ -152,7 +169,8 @@ fn architecture_md_names_the_same_layers() {
     // crates in backquotes. It must say what this test enforces.
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../ARCHITECTURE.md");
     let text = std::fs::read_to_string(path).unwrap();
-    let section = text.split("\n## ").find(|s| s.starts_with("Layers")).expect("ARCHITECTURE.md has a '## Layers' section");
+    let section =
+        text.split("\n## ").find(|s| s.starts_with("Layers")).expect("ARCHITECTURE.md has a '## Layers' section");
     let mut documented: BTreeMap<String, String> = BTreeMap::new();
     for row in section.lines().filter(|l| l.starts_with("| ")) {
         let cells: Vec<&str> = row.split('|').map(str::trim).collect();
