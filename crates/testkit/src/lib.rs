@@ -15,6 +15,7 @@
 //!   so the macro expands `env!` there, at the call site.
 //! - [`nodes`]: sets of fabric nodes in one process, per backend (`shm`
 //!   under a fresh directory, `tcp` and `ucx` on loopback).
+//! - [`ddss`]: DDSS substrates in one process over a local cluster.
 //! - [`channels`] and [`transfers`]: the backend-neutral conformance
 //!   scenarios, written once against the `Fabric` trait and run by every
 //!   backend's tests, so all backends are held to the same observable rules.
@@ -27,6 +28,7 @@
 
 pub mod channels;
 pub mod child;
+pub mod ddss;
 pub mod nodes;
 pub mod transfers;
 

@@ -3,15 +3,13 @@
 //! each coherence model's definition by the independent checkers of
 //! `tierstack_ddss::check`.
 
-use crate::common;
-
-use common::{backends_with_ucx, start_with_clock};
 use rand::Rng;
 use std::sync::{Arc, Barrier};
 use tierstack_base::{seeded_rng, Clock, ManualClock, NodeId};
 use tierstack_cluster::Backend;
 use tierstack_ddss::check::{self, Event, History, Timeline};
 use tierstack_ddss::{Coherence, DdssConfig, DdssError, DdssStats, Placement};
+use tierstack_testkit::ddss::{backends_with_ucx, start_with_clock};
 
 struct Run {
     backend: Backend,
