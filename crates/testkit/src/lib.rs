@@ -16,6 +16,7 @@
 //! - [`nodes`]: sets of fabric nodes in one process, per backend (`shm`
 //!   under a fresh directory, `tcp` and `ucx` on loopback).
 //! - [`ddss`]: DDSS substrates in one process over a local cluster.
+//! - [`http`]: a hand-written HTTP/1.1 client for the end-to-end tests.
 //! - [`channels`] and [`transfers`]: the backend-neutral conformance
 //!   scenarios, written once against the `Fabric` trait and run by every
 //!   backend's tests, so all backends are held to the same observable rules.
@@ -29,6 +30,7 @@
 pub mod channels;
 pub mod child;
 pub mod ddss;
+pub mod http;
 pub mod nodes;
 pub mod transfers;
 
