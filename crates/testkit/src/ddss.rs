@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use tierstack_base::{Clock, NodeId, SystemClock};
 use tierstack_cluster::{local_cluster, Backend, LocalCluster};
-use tierstack_ddss::{Ddss, DdssConfig};
+use tierstack_ddss::{Coherence, Ddss, DdssConfig};
 
 /// The backends every build has.
 pub const BACKENDS: [Backend; 2] = [Backend::Shm, Backend::Tcp];
@@ -21,6 +21,19 @@ pub fn backends_with_ucx() -> Vec<Backend> {
         eprintln!("ucx left out: {reason}");
     }
     backends
+}
+
+/// The six coherence models in their order, `temporal` and `delta` with
+/// the given bounds.
+pub fn every_model(max_age_ms: u64, versions: u64) -> [Coherence; 6] {
+    [
+        Coherence::Null,
+        Coherence::Temporal { max_age_ms },
+        Coherence::Delta { versions },
+        Coherence::Read,
+        Coherence::Write,
+        Coherence::Strict,
+    ]
 }
 
 /// A small region: 16 slots of 8 B, 8 of 64 B, 4 of 1 KiB, 2 of 64 KiB,

@@ -21,6 +21,7 @@ use tierstack_ddss::check::{self, Event, History};
 use tierstack_ddss::ipc::DdssClient;
 use tierstack_ddss::{Coherence, DdssError, Key, Placement};
 use tierstack_deploy::process::{write_topology, ChildNode, NodeLine};
+use tierstack_testkit::ddss::every_model;
 
 const DAEMONS: u32 = 2;
 const CLIENTS: u32 = 4;
@@ -220,14 +221,7 @@ fn run_round(
 /// over both nodes' regions (named and automatic placement).
 fn allocate_keys(site: &Site) -> Vec<Key> {
     let mut control = DdssClient::connect(site.socket(0)).unwrap();
-    let models = [
-        Coherence::Null,
-        Coherence::Temporal { max_age_ms: TEMPORAL_MS },
-        Coherence::Delta { versions: DELTA_VERSIONS },
-        Coherence::Read,
-        Coherence::Write,
-        Coherence::Strict,
-    ];
+    let models = every_model(TEMPORAL_MS, DELTA_VERSIONS);
     let placements = [Placement::Node(NodeId(1)), Placement::Local, Placement::Auto];
     models
         .iter()
