@@ -5,7 +5,7 @@
 //! miss. Under reads racing updates with refresh on, nothing stale is
 //! served.
 
-use crate::exe;
+use crate::{exe, start_deployment};
 use std::net::SocketAddr;
 use std::time::Duration;
 use tierstack_cluster::Backend;
@@ -30,18 +30,7 @@ fn deploy(backend: Backend, refresh: &[&str]) -> Deployment {
         pin: false,
     };
     let extra = ExtraArgs { proxy: refresh.iter().map(|s| s.to_string()).collect(), ..ExtraArgs::default() };
-    // Ports are picked free and bound later by the children: retried.
-    let mut attempts = 0;
-    loop {
-        match Deployment::start_with_args(&config, &DeploymentOptions::default(), &extra) {
-            Ok(deployment) => return deployment,
-            Err(e) if attempts < 2 => {
-                attempts += 1;
-                eprintln!("deployment did not start ({e:#}); retrying");
-            }
-            Err(e) => panic!("deployment did not start: {e:#}"),
-        }
-    }
+    start_deployment(&config, &DeploymentOptions::default(), &extra)
 }
 
 /// One GET through the proxy: status, `X-Cache`, `X-Tierstack-Deps`.

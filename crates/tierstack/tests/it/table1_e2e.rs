@@ -13,7 +13,7 @@
 //! file's readers with their own, independent body check. Each must find
 //! nothing with the real module; loadgen's must catch the broken one.
 
-use crate::exe;
+use crate::{exe, start_deployment};
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -62,19 +62,7 @@ fn deploy(backend: Backend, broken_module: bool) -> Deployment {
     if broken_module {
         extra.app_module.push("--test-only-admit-reads-during-updates".into());
     }
-    // Ports are picked free and bound later by the children, so a test
-    // running alongside may take one first: a failed start is retried.
-    let mut attempts = 0;
-    loop {
-        match Deployment::start_with_args(&config, &DeploymentOptions::default(), &extra) {
-            Ok(deployment) => return deployment,
-            Err(e) if attempts < 2 => {
-                attempts += 1;
-                eprintln!("deployment did not start ({e:#}); retrying");
-            }
-            Err(e) => panic!("deployment did not start: {e:#}"),
-        }
-    }
+    start_deployment(&config, &DeploymentOptions::default(), &extra)
 }
 
 /// FNV-1a, 64 bits (offset basis 0xcbf29ce484222325, prime 0x100000001b3).
