@@ -174,10 +174,7 @@ fn stress(tls: &str) {
     if !common::ucx_or_skip() {
         return;
     }
-    let seed: u64 = std::env::var("TIERSTACK_TEST_SEED")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(tierstack_base::fresh_seed);
+    let seed = tierstack_testkit::test_seed();
     let messages = stress_messages();
     eprintln!(
         "ucx stress over {tls}: seed {seed} (replay with TIERSTACK_TEST_SEED={seed}), {messages} messages per sender"

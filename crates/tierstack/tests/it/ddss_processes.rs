@@ -37,15 +37,6 @@ const DELTA_VERSIONS: u64 = 2;
 /// linearizability checker's event limit.
 const STRICT_OPS_PER_CLIENT: usize = 24;
 
-fn seed() -> u64 {
-    std::env::var("TIERSTACK_TEST_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
-        tierstack_base::time::system_now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos() as u64)
-            .unwrap_or(1)
-    })
-}
-
 /// Daemons on nodes 0..DAEMONS; client nodes after them are passive (no region).
 struct Site {
     dir: tempfile::TempDir,
@@ -231,7 +222,7 @@ fn allocate_keys(site: &Site) -> Vec<Key> {
 }
 
 fn histories_hold_every_model(backend: Backend) {
-    let seed = seed();
+    let seed = tierstack_testkit::test_seed();
     eprintln!("ddss_processes {backend:?}: seed {seed} (replay with TIERSTACK_TEST_SEED={seed})");
     let ops_per_key = match backend {
         Backend::Shm | Backend::Ucx => 300,
