@@ -4,37 +4,11 @@
 #![allow(clippy::unwrap_used)] // Test code: a failed unwrap is the failure report.
 
 use std::path::Path;
-use std::sync::Arc;
 use tierstack_base::NodeId;
 use tierstack_bench::ddss::measure::{measure, measure_redis, measure_redis_server, table, BenchOptions, RedisOutcome};
-use tierstack_cluster::{local_cluster, Backend, LocalCluster};
-use tierstack_ddss::{Coherence, Ddss, DdssConfig};
-
-/// A DDSS configuration with a few slots of each size the sweep uses.
-fn small_config(nodes: u32) -> DdssConfig {
-    DdssConfig::empty()
-        .with_slots(8, 16)
-        .with_slots(64, 8)
-        .with_slots(1024, 4)
-        .with_slots(64 * 1024, 2)
-        .with_members((0..nodes).map(NodeId).collect())
-}
-
-/// `n` nodes on `backend`, each with its own fabric and started substrate.
-struct Nodes {
-    ddss: Vec<Arc<Ddss>>,
-    _cluster: LocalCluster,
-}
-
-fn start(backend: Backend, n: u32, config: DdssConfig) -> Nodes {
-    let cluster = local_cluster(backend, n).expect("cluster");
-    let ddss = cluster
-        .fabrics()
-        .iter()
-        .map(|fabric| Arc::new(Ddss::start(fabric.clone(), config.clone()).expect("start")))
-        .collect();
-    Nodes { ddss, _cluster: cluster }
-}
+use tierstack_cluster::Backend;
+use tierstack_ddss::Coherence;
+use tierstack_testkit::ddss::{small_config, start};
 
 fn options() -> BenchOptions {
     BenchOptions { iterations: 20, warmup: 2, sizes: vec![1, 1024, 64 * 1024], models: Coherence::examples().to_vec() }

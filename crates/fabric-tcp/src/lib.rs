@@ -61,13 +61,14 @@ mod server;
 
 use client::{Link, RegionInfo, Shape, Waiter};
 use std::collections::HashMap;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::thread::JoinHandle;
 use std::time::Duration;
-use tierstack_base::limits::{NODES_MAX, REGIONS_PER_NODE_MAX, TRANSFER_BYTES_MAX};
+use tierstack_base::limits::{REGIONS_PER_NODE_MAX, TRANSFER_BYTES_MAX};
 use tierstack_base::{Clock, NodeId, SystemClock};
+use tierstack_fabric::listen::{bind_node, Listening};
 use tierstack_fabric::{
     check_batch, validate_region_name, Channel, Completion, Fabric, FabricError, Inbox, Inboxes, LocalRegion, Op,
     PeerState, RegionMemory, RemoteRegion, Result,
@@ -188,20 +189,7 @@ fn duration_ns(d: Duration) -> u64 {
 impl TcpFabric {
     /// Binds the listener and starts the node's threads.
     pub fn open(config: TcpConfig) -> Result<Arc<TcpFabric>> {
-        if config.node.0 >= NODES_MAX {
-            return Err(FabricError::UnknownNode { node: config.node });
-        }
-        if config.op_timeout.is_zero() {
-            return Err(FabricError::Io("op_timeout must be positive".to_string()));
-        }
-        let listener = TcpListener::bind(config.listen)
-            .map_err(|e| FabricError::Io(format!("binding {} for {}: {e}", config.listen, config.node)))?;
-        let local_addr = listener.local_addr()?;
-        let self_addr = match local_addr.ip() {
-            IpAddr::V4(ip) if ip.is_unspecified() => SocketAddr::new(Ipv4Addr::LOCALHOST.into(), local_addr.port()),
-            IpAddr::V6(ip) if ip.is_unspecified() => SocketAddr::new(Ipv6Addr::LOCALHOST.into(), local_addr.port()),
-            _ => local_addr,
-        };
+        let Listening { listener, local_addr, self_addr } = bind_node(config.node, config.listen, config.op_timeout)?;
         let shared = Arc::new(Shared {
             node: config.node,
             op_timeout: config.op_timeout,
@@ -387,11 +375,7 @@ impl Shared {
 
     /// Spawns a named thread that shutdown joins.
     pub(crate) fn spawn(&self, name: String, f: impl FnOnce() + Send + 'static) -> Result<()> {
-        let handle = std::thread::Builder::new().name(name).spawn(f)?;
-        let mut threads = lock(&self.threads);
-        threads.retain(|h| !h.is_finished());
-        threads.push(handle);
-        Ok(())
+        Ok(tierstack_fabric::threads::spawn_tracked(&self.threads, name, f)?)
     }
 
     /// A new region incarnation: random (seeded per process by the OS),

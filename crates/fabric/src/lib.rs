@@ -36,6 +36,7 @@
 
 mod completion;
 mod error;
+pub mod listen;
 pub mod memory;
 mod message;
 mod op;

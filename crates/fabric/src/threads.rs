@@ -8,6 +8,21 @@ use std::thread::JoinHandle;
 /// The one helper of the tree, re-exported for the backends.
 pub use tierstack_base::sync::lock;
 
+/// Spawns a thread named `name` and keeps its handle in `threads` (for
+/// [`join_all`]), forgetting the handles of threads that have finished, so a
+/// long-lived node's list stays as short as what still runs.
+pub fn spawn_tracked(
+    threads: &Mutex<Vec<JoinHandle<()>>>,
+    name: String,
+    f: impl FnOnce() + Send + 'static,
+) -> std::io::Result<()> {
+    let handle = std::thread::Builder::new().name(name).spawn(f)?;
+    let mut threads = lock(threads);
+    threads.retain(|h| !h.is_finished());
+    threads.push(handle);
+    Ok(())
+}
+
 /// Joins every thread in `threads`, taking the list again until it stays
 /// empty (a thread may start another while we join) and never holding its
 /// lock while joining. The current thread is never joined: a fabric may be

@@ -245,15 +245,8 @@ impl Dispatcher {
             let state = state.clone();
             tokio::spawn(async move {
                 loop {
-                    let stream = tokio::select! {
-                        accepted = listener.accept() => match accepted {
-                            Ok((stream, _)) => stream,
-                            Err(e) => {
-                                tracing::warn!(error = %e, "accept failed");
-                                tokio::task::yield_now().await;
-                                continue;
-                            }
-                        },
+                    let (stream, _) = tokio::select! {
+                        accepted = tierstack_tier_http::accept(&listener) => accepted,
                         _ = stopped.changed() => return,
                     };
                     tokio::spawn(state.clone().accepted(stream));

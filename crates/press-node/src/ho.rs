@@ -88,14 +88,7 @@ impl Outbound {
 pub(crate) async fn accept_loop(shared: Arc<Shared>, listener: TcpListener, mut stop: watch::Receiver<bool>) {
     loop {
         let (stream, _) = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok(accepted) => accepted,
-                Err(e) => {
-                    tracing::warn!(error = %e, "accept failed");
-                    tokio::task::yield_now().await;
-                    continue;
-                }
-            },
+            accepted = tierstack_tier_http::accept(&listener) => accepted,
             _ = stop.changed() => return,
         };
         let shared = shared.clone();

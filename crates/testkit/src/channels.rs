@@ -57,7 +57,21 @@ pub fn tagged(channel: Channel, sender: NodeId, seq: u32, len: usize) -> Vec<u8>
     payload
 }
 
-/// The (channel id, sender, seq) a [`tagged`] payload names.
+/// A payload with [`tagged`]'s header (read by [`tag_of`]), padded with bytes
+/// that depend on the channel, sender, seq and position, so that a torn,
+/// shifted or mixed-up message never equals the one expected: the payload of
+/// the backends' multi-process stress tests.
+pub fn salted(channel: Channel, sender: NodeId, seq: u32, len: usize) -> Vec<u8> {
+    let mut payload = Vec::with_capacity(len.max(9));
+    payload.push(channel.id());
+    payload.extend_from_slice(&sender.0.to_le_bytes());
+    payload.extend_from_slice(&seq.to_le_bytes());
+    let salt = sender.0.wrapping_mul(0x9e37_79b9) ^ seq.wrapping_mul(0x85eb_ca6b) ^ u32::from(channel.id());
+    payload.extend((9..len.max(9)).map(|i| (salt.rotate_left(i as u32 % 32) ^ i as u32) as u8));
+    payload
+}
+
+/// The (channel id, sender, seq) a [`tagged`] or [`salted`] payload names.
 pub fn tag_of(payload: &[u8]) -> (u8, NodeId, u32) {
     let sender = u32::from_le_bytes(payload[1..5].try_into().unwrap());
     let seq = u32::from_le_bytes(payload[5..9].try_into().unwrap());

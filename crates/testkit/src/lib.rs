@@ -15,6 +15,10 @@
 //!   so the macro expands `env!` there, at the call site.
 //! - [`nodes`]: sets of fabric nodes in one process, per backend (`shm`
 //!   under a fresh directory, `tcp` and `ucx` on loopback).
+//! - [`ddss`]: DDSS substrates in one process over a local cluster.
+//! - [`http`]: a hand-written HTTP/1.1 client for the end-to-end tests.
+//! - [`test_seed`]: a randomized test's seed, replayable with
+//!   `TIERSTACK_TEST_SEED`.
 //! - [`channels`] and [`transfers`]: the backend-neutral conformance
 //!   scenarios, written once against the `Fabric` trait and run by every
 //!   backend's tests, so all backends are held to the same observable rules.
@@ -27,6 +31,8 @@
 
 pub mod channels;
 pub mod child;
+pub mod ddss;
+pub mod http;
 pub mod nodes;
 pub mod transfers;
 
@@ -37,4 +43,10 @@ macro_rules! exe {
     () => {
         ::std::path::PathBuf::from(env!("CARGO_BIN_EXE_tierstack"))
     };
+}
+
+/// The seed of a randomized test: `TIERSTACK_TEST_SEED` when set (to replay
+/// a run), a fresh one otherwise. The caller prints it, with how to replay.
+pub fn test_seed() -> u64 {
+    std::env::var("TIERSTACK_TEST_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(tierstack_base::fresh_seed)
 }

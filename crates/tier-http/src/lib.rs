@@ -16,7 +16,7 @@ use hyper_util::rt::TokioIo;
 use std::convert::Infallible;
 use std::future::Future;
 use std::sync::Arc;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
 /// The body every tier answers with.
@@ -70,6 +70,21 @@ async fn stopped(mut watcher: watch::Receiver<bool>) {
     while !*watcher.borrow() {
         if watcher.changed().await.is_err() {
             return;
+        }
+    }
+}
+
+/// The next connection on `listener`. An accept error (out of descriptors
+/// and the like) is logged and retried after a yield, so a server keeps
+/// serving. Cancel-safe: race it against a stop signal.
+pub async fn accept(listener: &TcpListener) -> (TcpStream, std::net::SocketAddr) {
+    loop {
+        match listener.accept().await {
+            Ok(accepted) => return accepted,
+            Err(e) => {
+                tracing::warn!(error = %e, "accept failed");
+                tokio::task::yield_now().await;
+            }
         }
     }
 }
@@ -164,15 +179,7 @@ where
             None => None,
         };
         let (stream, peer) = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok(accepted) => accepted,
-                Err(e) => {
-                    // Out of descriptors and the like: log and keep serving.
-                    tracing::warn!(error = %e, "accept failed");
-                    tokio::task::yield_now().await;
-                    continue;
-                }
-            },
+            accepted = accept(&listener) => accepted,
             _ = stopped(watcher.clone()) => {
                 drop(listener);
                 drop(open_tx);

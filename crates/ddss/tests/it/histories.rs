@@ -3,15 +3,13 @@
 //! each coherence model's definition by the independent checkers of
 //! `tierstack_ddss::check`.
 
-use crate::common;
-
-use common::{backends_with_ucx, start_with_clock};
 use rand::Rng;
 use std::sync::{Arc, Barrier};
 use tierstack_base::{seeded_rng, Clock, ManualClock, NodeId};
 use tierstack_cluster::Backend;
 use tierstack_ddss::check::{self, Event, History, Timeline};
 use tierstack_ddss::{Coherence, DdssConfig, DdssError, DdssStats, Placement};
+use tierstack_testkit::ddss::{backends_with_ucx, every_model, start_with_clock};
 
 struct Run {
     backend: Backend,
@@ -346,14 +344,7 @@ fn holds(guarantee: Guarantee, history: &History) -> bool {
 /// (`the_latest_value_models_differ_in_cost_and_blocking`).
 #[test]
 fn each_pair_of_models_is_told_apart_by_a_history() {
-    let models = [
-        Coherence::Null,
-        Coherence::Temporal { max_age_ms: T_MS },
-        Coherence::Delta { versions: DELTA },
-        Coherence::Read,
-        Coherence::Write,
-        Coherence::Strict,
-    ];
+    let models = every_model(T_MS, DELTA);
     // (puts after the copy, clock advance): one put, no time passes; two
     // puts; one put and more than T passes.
     let scripts = [(1, 0), (2, 0), (1, T_MS * 1_000_000 + 1)];

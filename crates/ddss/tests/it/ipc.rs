@@ -1,9 +1,6 @@
 //! The node daemon (IPC management): clients share a node's substrate over
 //! the control socket, and get and put on shared memory directly.
 
-use crate::common;
-
-use common::small_config;
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
 use std::sync::Arc;
@@ -12,6 +9,7 @@ use tierstack_ddss::ipc::{DdssClient, DdssDaemon, IPC_LINE_BYTES_MAX};
 use tierstack_ddss::{Coherence, Ddss, DdssError, Placement};
 use tierstack_fabric::Fabric;
 use tierstack_fabric_shm::{ShmConfig, ShmFabric};
+use tierstack_testkit::ddss::small_config;
 
 struct Site {
     root: tempfile::TempDir,

@@ -1,12 +1,8 @@
-//! The ddss crate's integration tests as one test binary, one module per suite.
-//! `bench.rs` stays a binary of its own (the benchmark code is moving to
-//! the bench crate).
+//! The ddss crate's integration tests as one test binary, one module per suite;
+//! their fixtures are `tierstack_testkit::ddss`.
 
 #![allow(clippy::unwrap_used)] // Test code: a failed unwrap is the failure report.
 
-// Shared with `bench.rs`, a binary of its own.
-#[path = "../common/mod.rs"]
-mod common;
 mod histories;
 mod ipc;
 mod substrate;

@@ -1,15 +1,13 @@
 //! The substrate's operations and every error path, on both backends, and
 //! a model-based test of allocate/free/put/get against a map.
 
-use crate::common;
-
-use common::{small_config, start, start_with_clock, BACKENDS};
 use proptest::prelude::*;
 use std::collections::HashMap;
 use std::sync::Arc;
 use tierstack_base::{ManualClock, NodeId};
 use tierstack_cluster::Backend;
 use tierstack_ddss::{Coherence, Ddss, DdssConfig, DdssError, Key, Placement};
+use tierstack_testkit::ddss::{small_config, start, start_with_clock, BACKENDS};
 
 fn with_generation(key: Key, generation: u32) -> Key {
     let mut bytes = key.to_bytes();

@@ -7,8 +7,9 @@ use tierstack_base::NodeId;
 use tierstack_dlm::{DlmConfig, LockManager, Scheme};
 use tierstack_fabric::Fabric;
 use tierstack_fabric_shm::{ShmConfig, ShmFabric};
-use tierstack_fabric_tcp::{TcpConfig, TcpFabric};
-use tierstack_fabric_ucx::{UcxConfig, UcxFabric};
+use tierstack_fabric_tcp::TcpConfig;
+use tierstack_fabric_ucx::UcxConfig;
+use tierstack_testkit::nodes::{tcp, ucx};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Backend {
@@ -20,15 +21,7 @@ pub(crate) enum Backend {
 
 /// False (saying why) when this build has no UCX; under
 /// `TIERSTACK_REQUIRE_UCX=1` (CI) that fails the test instead.
-pub(crate) fn ucx_or_skip() -> bool {
-    if tierstack_fabric_ucx::AVAILABLE {
-        return true;
-    }
-    let reason = tierstack_fabric_ucx::unavailable_reason();
-    assert!(std::env::var("TIERSTACK_REQUIRE_UCX").as_deref() != Ok("1"), "{reason}");
-    eprintln!("skipped: {reason}");
-    false
-}
+pub(crate) use tierstack_testkit::nodes::ucx::ucx_or_skip;
 
 pub(crate) struct Cluster {
     // Keeps the shm root alive; dropped after the fabrics.
@@ -50,30 +43,12 @@ impl Cluster {
                 Cluster { fabrics, _dir: Some(dir) }
             }
             Backend::Tcp => {
-                let nodes: Vec<Arc<TcpFabric>> = (0..n)
-                    .map(|i| TcpFabric::open(TcpConfig::new(NodeId(i), "127.0.0.1:0".parse().unwrap())).unwrap())
-                    .collect();
-                for a in &nodes {
-                    for b in &nodes {
-                        a.add_peer(b.local_node(), b.local_addr());
-                    }
-                }
+                let nodes = tcp::cluster(0, n, TcpConfig::OP_TIMEOUT_DEFAULT);
                 let fabrics = nodes.into_iter().map(|f| Some(f as Arc<dyn Fabric>)).collect();
                 Cluster { fabrics, _dir: None }
             }
             Backend::Ucx => {
-                let nodes: Vec<Arc<UcxFabric>> = (0..n)
-                    .map(|i| {
-                        let config =
-                            UcxConfig::new(NodeId(i), "127.0.0.1:0".parse().unwrap()).with_transports("sysv,self");
-                        UcxFabric::open(config).unwrap()
-                    })
-                    .collect();
-                for a in &nodes {
-                    for b in &nodes {
-                        a.add_peer(b.local_node(), b.local_addr());
-                    }
-                }
+                let nodes = ucx::cluster(0, n, ucx::SHM, UcxConfig::OP_TIMEOUT_DEFAULT);
                 let fabrics = nodes.into_iter().map(|f| Some(f as Arc<dyn Fabric>)).collect();
                 Cluster { fabrics, _dir: None }
             }

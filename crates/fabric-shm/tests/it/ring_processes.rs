@@ -20,6 +20,7 @@ use tierstack_base::NodeId;
 use tierstack_fabric::{Channel, Fabric, FabricError};
 use tierstack_fabric_shm::messages::layout;
 use tierstack_fabric_shm::{ShmConfig, ShmFabric};
+use tierstack_testkit::channels::{salted, tag_of};
 use tierstack_testkit::child::{self, ChildProcess};
 
 /// A bound on every wait, only so that a broken transport fails instead of hanging.
@@ -57,21 +58,9 @@ fn stress_len(sender: u32, i: u32) -> usize {
     }
 }
 
-/// A payload naming its sender, channel and per-channel sequence number,
-/// padded with bytes that depend on all three and on the position.
+/// Message `seq` of `sender` on `channel`, `len` bytes long.
 fn payload(sender: u32, channel: Channel, seq: u32, len: usize) -> Vec<u8> {
-    let mut payload = Vec::with_capacity(len.max(9));
-    payload.push(channel.id());
-    payload.extend_from_slice(&sender.to_le_bytes());
-    payload.extend_from_slice(&seq.to_le_bytes());
-    let salt = sender.wrapping_mul(0x9e37_79b9) ^ seq.wrapping_mul(0x85eb_ca6b) ^ u32::from(channel.id());
-    payload.extend((9..len.max(9)).map(|i| (salt.rotate_left(i as u32 % 32) ^ i as u32) as u8));
-    payload
-}
-
-fn tag(payload: &[u8]) -> (u8, u32, u32) {
-    let word = |at: usize| u32::from_le_bytes(payload[at..at + 4].try_into().unwrap());
-    (payload[0], word(1), word(5))
+    salted(channel, NodeId(sender), seq, len)
 }
 
 // ------------------------------------------------------------------ children
@@ -130,7 +119,7 @@ fn child_entry() {
                     say(&format!("received {received} bad {bad}"));
                     continue;
                 }
-                let (_, _, seq) = tag(&message.payload);
+                let (_, _, seq) = tag_of(&message.payload);
                 if message.from != NodeId(0)
                     || seq != received
                     || message.payload != payload(0, Channel::TEST, seq, message.payload.len())
@@ -217,8 +206,8 @@ fn many_sender_processes_keep_per_channel_order_and_lose_nothing() {
                 for _ in 0..want.iter().sum::<u32>() {
                     let message = receiver.inbox(channel).recv_timeout(BOUND).unwrap();
                     let from = message.from.0;
-                    let (tag_channel, tag_sender, seq) = tag(&message.payload);
-                    assert_eq!((tag_channel, tag_sender), (channel.id(), from), "on its channel, from its sender");
+                    let (tag_channel, tag_sender, seq) = tag_of(&message.payload);
+                    assert_eq!((tag_channel, tag_sender.0), (channel.id(), from), "on its channel, from its sender");
                     assert_eq!(seq, next[from as usize], "{channel}: {from}'s messages in send order, none lost");
                     assert_eq!(message.payload, payload(from, channel, seq, message.payload.len()), "whole");
                     next[from as usize] += 1;

@@ -9,7 +9,7 @@ use crate::bootstrap::{read_frame, write_frame, Frame};
 use crate::UcxConfig;
 use progress::{Command, Submitter};
 use std::collections::HashMap;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock};
@@ -17,6 +17,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 use tierstack_base::limits::{CHANNELS_MAX, NODES_MAX, REGIONS_PER_NODE_MAX, TRANSFER_BYTES_MAX};
 use tierstack_base::NodeId;
+use tierstack_fabric::listen::{bind_node, Listening};
 use tierstack_fabric::{
     check_batch, validate_region_bytes, validate_region_name, Channel, Completion, Fabric, FabricError, Inbox, Inboxes,
     LocalRegion, Message, Op, PeerState, RegionMemory, RemoteRegion, Result,
@@ -105,20 +106,7 @@ pub struct UcxFabric {
 impl UcxFabric {
     /// Initializes UCX, starts the progress thread and binds the bootstrap listener.
     pub fn open(config: UcxConfig) -> Result<Arc<UcxFabric>> {
-        if config.node.0 >= NODES_MAX {
-            return Err(FabricError::UnknownNode { node: config.node });
-        }
-        if config.op_timeout.is_zero() {
-            return Err(FabricError::Io("op_timeout must be positive".to_string()));
-        }
-        let listener = TcpListener::bind(config.listen)
-            .map_err(|e| FabricError::Io(format!("binding {} for {}: {e}", config.listen, config.node)))?;
-        let local_addr = listener.local_addr()?;
-        let self_addr = match local_addr.ip() {
-            IpAddr::V4(ip) if ip.is_unspecified() => SocketAddr::new(Ipv4Addr::LOCALHOST.into(), local_addr.port()),
-            IpAddr::V6(ip) if ip.is_unspecified() => SocketAddr::new(Ipv6Addr::LOCALHOST.into(), local_addr.port()),
-            _ => local_addr,
-        };
+        let Listening { listener, local_addr, self_addr } = bind_node(config.node, config.listen, config.op_timeout)?;
         let context = Arc::new(Context::new(config.transports.as_deref())?);
         let shared = Arc::new(Shared::new(&config, local_addr, self_addr, Arc::clone(&context)));
         let node = config.node;
@@ -268,11 +256,7 @@ impl Shared {
     }
 
     fn spawn(&self, name: String, f: impl FnOnce() + Send + 'static) -> Result<()> {
-        let handle = std::thread::Builder::new().name(name).spawn(f)?;
-        let mut threads = lock(&self.threads);
-        threads.retain(|h| !h.is_finished());
-        threads.push(handle);
-        Ok(())
+        Ok(tierstack_fabric::threads::spawn_tracked(&self.threads, name, f)?)
     }
 
     /// Marks `node`'s current process dead for every handle, and has the

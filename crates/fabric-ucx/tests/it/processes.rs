@@ -31,6 +31,7 @@ use std::time::Duration;
 use tierstack_base::NodeId;
 use tierstack_fabric::{Channel, Fabric, FabricError, Op, OpResult};
 use tierstack_fabric_ucx::{UcxConfig, UcxFabric};
+use tierstack_testkit::channels::salted;
 use tierstack_testkit::child::{self, ChildProcess};
 
 const ROLE: &str = "TIERSTACK_UCX_CHILD_ROLE";
@@ -56,16 +57,9 @@ fn slot(sender: u32) -> u64 {
     8 + u64::from(sender) * SLOT_BYTES
 }
 
-/// A payload naming its sender, channel and per-channel sequence number,
-/// padded with bytes that depend on all three and on the position.
+/// Message `seq` of `sender` on `channel`, `len` bytes long.
 fn payload(sender: u32, channel: Channel, seq: u32, len: usize) -> Vec<u8> {
-    let mut payload = Vec::with_capacity(len.max(9));
-    payload.push(channel.id());
-    payload.extend_from_slice(&sender.to_le_bytes());
-    payload.extend_from_slice(&seq.to_le_bytes());
-    let salt = sender.wrapping_mul(0x9e37_79b9) ^ seq.wrapping_mul(0x85eb_ca6b) ^ u32::from(channel.id());
-    payload.extend((9..len.max(9)).map(|i| (salt.rotate_left(i as u32 % 32) ^ i as u32) as u8));
-    payload
+    salted(channel, NodeId(sender), seq, len)
 }
 
 fn peers_env(peers: &[(u32, SocketAddr)]) -> String {
@@ -180,10 +174,7 @@ fn stress(tls: &str) {
     if !common::ucx_or_skip() {
         return;
     }
-    let seed: u64 = std::env::var("TIERSTACK_TEST_SEED")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(tierstack_base::fresh_seed);
+    let seed = tierstack_testkit::test_seed();
     let messages = stress_messages();
     eprintln!(
         "ucx stress over {tls}: seed {seed} (replay with TIERSTACK_TEST_SEED={seed}), {messages} messages per sender"

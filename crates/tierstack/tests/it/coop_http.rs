@@ -13,44 +13,18 @@
 
 use crate::exe;
 use serde_json::Value;
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
-use std::time::Duration;
+use std::net::SocketAddr;
 use tierstack_cluster::Backend;
 use tierstack_deploy::deployment::{proxy_args, strings, Deployment, DeploymentConfig, DeploymentOptions, ExtraArgs};
 use tierstack_deploy::process::{free_loopback_port, write_topology, ChildNode, NodeLine};
 use tierstack_loadgen::{run, LoadConfig};
+use tierstack_testkit::http;
 use tierstack_workload::{Trace, TraceSpec};
 
 /// One GET on a fresh connection: status, whether it was a hit, body
 /// (de-chunked if need be).
 fn get(addr: SocketAddr, path: &str) -> std::io::Result<(u16, Vec<u8>)> {
-    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
-    stream.set_read_timeout(Some(Duration::from_secs(30)))?;
-    write!(stream, "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n")?;
-    let mut answer = Vec::new();
-    stream.read_to_end(&mut answer)?;
-    let bad = || std::io::Error::other("malformed response");
-    let split = answer.windows(4).position(|w| w == b"\r\n\r\n").ok_or_else(bad)?;
-    let head = String::from_utf8_lossy(&answer[..split]).to_ascii_lowercase();
-    let status = head.split_whitespace().nth(1).and_then(|s| s.parse().ok()).ok_or_else(bad)?;
-    let mut body = answer[split + 4..].to_vec();
-    if head.contains("transfer-encoding: chunked") {
-        let (mut out, mut rest) = (Vec::new(), &body[..]);
-        loop {
-            let line_end = rest.windows(2).position(|w| w == b"\r\n").ok_or_else(bad)?;
-            let size =
-                usize::from_str_radix(String::from_utf8_lossy(&rest[..line_end]).trim(), 16).map_err(|_| bad())?;
-            rest = &rest[line_end + 2..];
-            if size == 0 {
-                break;
-            }
-            out.extend_from_slice(rest.get(..size).ok_or_else(bad)?);
-            rest = rest.get(size + 2..).ok_or_else(bad)?;
-        }
-        body = out;
-    }
-    Ok((status, body))
+    http::get(addr, path).map(|r| (r.status, r.body))
 }
 
 fn coop_stats(admin: SocketAddr) -> Value {

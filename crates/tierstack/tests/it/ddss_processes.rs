@@ -21,6 +21,7 @@ use tierstack_ddss::check::{self, Event, History};
 use tierstack_ddss::ipc::DdssClient;
 use tierstack_ddss::{Coherence, DdssError, Key, Placement};
 use tierstack_deploy::process::{write_topology, ChildNode, NodeLine};
+use tierstack_testkit::ddss::every_model;
 
 const DAEMONS: u32 = 2;
 const CLIENTS: u32 = 4;
@@ -35,15 +36,6 @@ const DELTA_VERSIONS: u64 = 2;
 /// Operations per client on the strict key: 4 clients stay within the
 /// linearizability checker's event limit.
 const STRICT_OPS_PER_CLIENT: usize = 24;
-
-fn seed() -> u64 {
-    std::env::var("TIERSTACK_TEST_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
-        tierstack_base::time::system_now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos() as u64)
-            .unwrap_or(1)
-    })
-}
 
 /// Daemons on nodes 0..DAEMONS; client nodes after them are passive (no region).
 struct Site {
@@ -220,14 +212,7 @@ fn run_round(
 /// over both nodes' regions (named and automatic placement).
 fn allocate_keys(site: &Site) -> Vec<Key> {
     let mut control = DdssClient::connect(site.socket(0)).unwrap();
-    let models = [
-        Coherence::Null,
-        Coherence::Temporal { max_age_ms: TEMPORAL_MS },
-        Coherence::Delta { versions: DELTA_VERSIONS },
-        Coherence::Read,
-        Coherence::Write,
-        Coherence::Strict,
-    ];
+    let models = every_model(TEMPORAL_MS, DELTA_VERSIONS);
     let placements = [Placement::Node(NodeId(1)), Placement::Local, Placement::Auto];
     models
         .iter()
@@ -237,7 +222,7 @@ fn allocate_keys(site: &Site) -> Vec<Key> {
 }
 
 fn histories_hold_every_model(backend: Backend) {
-    let seed = seed();
+    let seed = tierstack_testkit::test_seed();
     eprintln!("ddss_processes {backend:?}: seed {seed} (replay with TIERSTACK_TEST_SEED={seed})");
     let ops_per_key = match backend {
         Backend::Shm | Backend::Ucx => 300,

@@ -63,15 +63,6 @@ const STEP: Duration = Duration::from_secs(90);
 /// Bound on a remote operation or a message send, in the topology.
 const OP_TIMEOUT_MS: u64 = 3000;
 
-fn seed() -> u64 {
-    std::env::var("TIERSTACK_TEST_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
-        tierstack_base::time::system_now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos() as u64)
-            .unwrap_or(1)
-    })
-}
-
 /// A `tierstack dlm-node` child whose output lines are read as they come.
 ///
 /// (`tierstack_deploy::process::ChildNode` reads a child's output only at the
@@ -327,7 +318,7 @@ const STRESS_SERVERS: u32 = 2;
 const STRESS_LOCKS: &str = "0..3";
 
 fn stress(backend: Backend, scheme: Scheme, ops: usize) {
-    let seed = seed();
+    let seed = tierstack_testkit::test_seed();
     let label = format!("{} {} seed {seed}", scheme.name(), backend.name());
     eprintln!("dlm_processes {label} (replay with TIERSTACK_TEST_SEED={seed})");
     let (_dir, topology) =
@@ -769,7 +760,7 @@ fn check_chaos(holds: &[ChaosHold], events: &[Event], end_ns: u64) -> Result<(),
 }
 
 fn chaos(backend: Backend, scheme: Scheme, run: Duration) {
-    let seed = seed();
+    let seed = tierstack_testkit::test_seed();
     let label = format!("chaos {} {} seed {seed}", scheme.name(), backend.name());
     eprintln!("dlm_processes {label} (replay the schedule with TIERSTACK_TEST_SEED={seed})");
     let dir = tempfile::tempdir().unwrap();

@@ -8,9 +8,12 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use tierstack_base::NodeId;
-use tierstack_cluster::{open_fabric, ucx_available, ucx_unavailable_reason, Backend, Topology};
+use tierstack_cluster::{open_fabric, Backend, Topology};
+// False (saying why) when this build has no UCX; CI requires it
+// (`TIERSTACK_REQUIRE_UCX=1`), so there the test fails instead.
 use tierstack_deploy::process::{spawn_owner, write_topology, ChildNode, NodeLine};
 use tierstack_fabric::{Fabric, FabricError, Op, OpResult, PeerState};
+use tierstack_testkit::nodes::ucx::ucx_or_skip;
 
 /// A topology of `nodes` nodes (no pinning) in a fresh directory.
 fn cluster(backend: Backend, name: &str, nodes: u32, op_timeout_ms: u64) -> (tempfile::TempDir, PathBuf) {
@@ -243,17 +246,6 @@ fn peer_state_tells_a_killed_process_from_a_stopped_one_shm() {
 #[test]
 fn peer_state_tells_a_killed_process_from_a_stopped_one_tcp() {
     peer_state_tells_a_killed_process_from_a_stopped_one(Backend::Tcp);
-}
-
-/// False (saying why) when this build has no UCX; CI requires it
-/// (`TIERSTACK_REQUIRE_UCX=1`), so there the test fails instead.
-fn ucx_or_skip() -> bool {
-    if ucx_available() {
-        return true;
-    }
-    assert!(std::env::var("TIERSTACK_REQUIRE_UCX").as_deref() != Ok("1"), "{}", ucx_unavailable_reason());
-    eprintln!("skipped: {}", ucx_unavailable_reason());
-    false
 }
 
 #[test]

@@ -10,6 +10,7 @@
 #![allow(clippy::unwrap_used)] // Test code: a failed unwrap is the failure report.
 
 use std::path::PathBuf;
+use tierstack_deploy::deployment::{Deployment, DeploymentConfig, DeploymentOptions, ExtraArgs};
 
 mod cluster_e2e;
 mod coherence_e2e;
@@ -35,4 +36,21 @@ mod test_script;
 /// The `tierstack` binary these tests run.
 fn exe() -> PathBuf {
     tierstack_testkit::exe!()
+}
+
+/// Starts a deployment, retrying a failed start twice: ports are picked free
+/// and bound later by the children, so a test running alongside may take
+/// one first.
+fn start_deployment(config: &DeploymentConfig, options: &DeploymentOptions, extra: &ExtraArgs) -> Deployment {
+    let mut attempts = 0;
+    loop {
+        match Deployment::start_with_args(config, options, extra) {
+            Ok(deployment) => return deployment,
+            Err(e) if attempts < 2 => {
+                attempts += 1;
+                eprintln!("deployment did not start ({e:#}); retrying");
+            }
+            Err(e) => panic!("deployment did not start: {e:#}"),
+        }
+    }
 }

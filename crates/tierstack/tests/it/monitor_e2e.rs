@@ -8,14 +8,14 @@
 //! publishing servers, then the killed one as dead.
 
 use crate::exe;
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::time::Duration;
 use tierstack_cluster::Backend;
 use tierstack_deploy::deployment::{proxy_args, strings};
 use tierstack_deploy::process::{free_loopback_port, write_topology, ChildNode, NodeLine};
 use tierstack_monitor::Scheme;
 use tierstack_proxy::ProxyStats;
+use tierstack_testkit::http;
 
 const DOCS: [&str; 6] = ["a", "b", "c", "d", "e", "f"];
 const TOP_NODE: u32 = 7;
@@ -44,14 +44,8 @@ fn top(topology: &str) -> Vec<(u64, String, String, u64)> {
 
 /// One GET over its own connection: the status and the body.
 fn get(addr: SocketAddr, path: &str) -> (u16, String) {
-    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(10)).unwrap();
-    stream.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-    write!(stream, "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").unwrap();
-    let mut response = String::new();
-    stream.read_to_string(&mut response).unwrap();
-    let status = response.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
-    let body = response.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
-    (status, body)
+    let response = http::get(addr, path).unwrap();
+    (response.status, response.text())
 }
 
 fn stats(admin: SocketAddr) -> ProxyStats {

@@ -6,14 +6,14 @@
 //! others with no hang and no error.
 
 use crate::exe;
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 use tierstack_deploy::process::{free_loopback_port, ChildNode};
 use tierstack_origin::synthetic_body;
 use tierstack_press::MsgType;
 use tierstack_press_node::NodeStats;
+use tierstack_testkit::http;
 use tierstack_workload::{Trace, TraceSpec};
 
 const STEP: Duration = Duration::from_secs(30);
@@ -65,15 +65,8 @@ fn spawn_node(path: &Path, i: usize, transport: &str, extra: &[&str]) -> NodeChi
 
 /// One GET on a fresh connection (PRESS's clients open one per request).
 fn get(addr: SocketAddr, path: &str) -> (u16, Vec<u8>) {
-    let mut stream = TcpStream::connect(addr).unwrap();
-    stream.set_read_timeout(Some(STEP)).unwrap();
-    write!(stream, "GET {path} HTTP/1.1\r\nHost: press\r\nConnection: close\r\n\r\n").unwrap();
-    let mut answer = Vec::new();
-    stream.read_to_end(&mut answer).unwrap();
-    let split = answer.windows(4).position(|w| w == b"\r\n\r\n").expect("a header block");
-    let head = String::from_utf8_lossy(&answer[..split]).to_string();
-    let status = head.split_whitespace().nth(1).unwrap().parse().unwrap();
-    (status, answer[split + 4..].to_vec())
+    let response = http::get(addr, path).unwrap();
+    (response.status, response.body)
 }
 
 fn stats(node: &NodeChild) -> NodeStats {

@@ -6,10 +6,10 @@
 //! The same holds in write-through mode (pushes made before UPDATE_DONE,
 //! the update waiting for them, bounded), with a proxy dying too.
 
-use crate::exe;
+use crate::{exe, start_deployment};
 use serde_json::Value;
 use tierstack_cluster::Backend;
-use tierstack_deploy::deployment::{Deployment, DeploymentConfig, DeploymentOptions};
+use tierstack_deploy::deployment::{Deployment, DeploymentConfig, DeploymentOptions, ExtraArgs};
 use tierstack_loadgen::{run, LoadConfig, LoadReport};
 use tierstack_proxy::ProxyStats;
 use tierstack_workload::Trace;
@@ -31,19 +31,7 @@ fn deploy(backend: Backend, options: DeploymentOptions) -> Deployment {
         seed: 1,
         pin: false,
     };
-    // Ports are picked free and bound later by the children, so a test
-    // running alongside may take one first: a failed start is retried.
-    let mut attempts = 0;
-    loop {
-        match Deployment::start_with(&config, &options) {
-            Ok(deployment) => return deployment,
-            Err(e) if attempts < 2 => {
-                attempts += 1;
-                eprintln!("deployment did not start ({e:#}); retrying");
-            }
-            Err(e) => panic!("deployment did not start: {e:#}"),
-        }
-    }
+    start_deployment(&config, &options, &ExtraArgs::default())
 }
 
 fn options(policy: &str, cache_bytes: usize) -> DeploymentOptions {

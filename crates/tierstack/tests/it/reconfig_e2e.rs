@@ -13,14 +13,14 @@
 //! its old role is fenced.
 
 use crate::exe;
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::sync::mpsc::Receiver;
 use std::time::Duration;
 use tierstack_cluster::Backend;
 use tierstack_deploy::deployment::{proxy_args, strings};
 use tierstack_deploy::process::{free_loopback_port, write_topology, ChildNode, NodeLine};
 use tierstack_proxy::ProxyStats;
+use tierstack_testkit::http;
 
 const DOCS: [&str; 6] = ["a", "b", "c", "d", "e", "f"];
 const AGENTS: u32 = 4;
@@ -28,16 +28,8 @@ const FIRST_AGENT_NODE: u32 = 6;
 
 /// One request over its own connection: the status and the body.
 fn request(addr: SocketAddr, method: &str, path: &str, extra_header: Option<&str>) -> (u16, String) {
-    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(10)).unwrap();
-    stream.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-    let extra = extra_header.map(|h| format!("{h}\r\n")).unwrap_or_default();
-    write!(stream, "{method} {path} HTTP/1.1\r\nHost: {addr}\r\n{extra}Content-Length: 0\r\nConnection: close\r\n\r\n")
-        .unwrap();
-    let mut response = String::new();
-    stream.read_to_string(&mut response).unwrap();
-    let status = response.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
-    let body = response.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
-    (status, body)
+    let response = http::request(addr, method, path, extra_header.as_slice()).unwrap();
+    (response.status, response.text())
 }
 
 fn get(addr: SocketAddr, path: &str) -> (u16, String) {

@@ -5,14 +5,14 @@
 //! miss. Under reads racing updates with refresh on, nothing stale is
 //! served.
 
-use crate::exe;
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use crate::{exe, start_deployment};
+use std::net::SocketAddr;
 use std::time::Duration;
 use tierstack_cluster::Backend;
 use tierstack_deploy::deployment::{Deployment, DeploymentConfig, DeploymentOptions, ExtraArgs};
 use tierstack_loadgen::{run, LoadConfig};
 use tierstack_proxy::ProxyStats;
+use tierstack_testkit::http;
 use tierstack_workload::Trace;
 
 const DOCS: usize = 5;
@@ -30,37 +30,14 @@ fn deploy(backend: Backend, refresh: &[&str]) -> Deployment {
         pin: false,
     };
     let extra = ExtraArgs { proxy: refresh.iter().map(|s| s.to_string()).collect(), ..ExtraArgs::default() };
-    // Ports are picked free and bound later by the children: retried.
-    let mut attempts = 0;
-    loop {
-        match Deployment::start_with_args(&config, &DeploymentOptions::default(), &extra) {
-            Ok(deployment) => return deployment,
-            Err(e) if attempts < 2 => {
-                attempts += 1;
-                eprintln!("deployment did not start ({e:#}); retrying");
-            }
-            Err(e) => panic!("deployment did not start: {e:#}"),
-        }
-    }
+    start_deployment(&config, &DeploymentOptions::default(), &extra)
 }
 
 /// One GET through the proxy: status, `X-Cache`, `X-Tierstack-Deps`.
 fn get(addr: SocketAddr, path: &str) -> (u16, String, String) {
-    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).unwrap();
-    stream.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-    write!(stream, "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").unwrap();
-    let mut response = Vec::new();
-    stream.read_to_end(&mut response).unwrap();
-    let text = String::from_utf8_lossy(&response);
-    let (head, _) = text.split_once("\r\n\r\n").expect("a whole response");
-    let code = head.split_whitespace().nth(1).and_then(|c| c.parse().ok()).expect("a status line");
-    let field = |name: &str| {
-        head.lines()
-            .filter_map(|line| line.split_once(':'))
-            .find(|(n, _)| n.trim().eq_ignore_ascii_case(name))
-            .map_or(String::new(), |(_, v)| v.trim().to_string())
-    };
-    (code, field("x-cache"), field("x-tierstack-deps"))
+    let response = http::get(addr, path).unwrap();
+    let field = |name: &str| response.header(name).unwrap_or_default().to_string();
+    (response.status, field("x-cache"), field("x-tierstack-deps"))
 }
 
 fn addr(url: &str) -> SocketAddr {

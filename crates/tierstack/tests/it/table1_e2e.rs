@@ -13,9 +13,8 @@
 //! file's readers with their own, independent body check. Each must find
 //! nothing with the real module; loadgen's must catch the broken one.
 
-use crate::exe;
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use crate::{exe, start_deployment};
+use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
@@ -23,6 +22,7 @@ use tierstack_cluster::Backend;
 use tierstack_coherent::DepsHeader;
 use tierstack_deploy::deployment::{Deployment, DeploymentConfig, DeploymentOptions, ExtraArgs};
 use tierstack_loadgen::{run_with, LiveStats, LoadConfig, LoadReport};
+use tierstack_testkit::http;
 use tierstack_workload::Trace;
 
 /// The hot document: `tierstack app-server --documents single` serves it.
@@ -62,19 +62,7 @@ fn deploy(backend: Backend, broken_module: bool) -> Deployment {
     if broken_module {
         extra.app_module.push("--test-only-admit-reads-during-updates".into());
     }
-    // Ports are picked free and bound later by the children, so a test
-    // running alongside may take one first: a failed start is retried.
-    let mut attempts = 0;
-    loop {
-        match Deployment::start_with_args(&config, &DeploymentOptions::default(), &extra) {
-            Ok(deployment) => return deployment,
-            Err(e) if attempts < 2 => {
-                attempts += 1;
-                eprintln!("deployment did not start ({e:#}); retrying");
-            }
-            Err(e) => panic!("deployment did not start: {e:#}"),
-        }
-    }
+    start_deployment(&config, &DeploymentOptions::default(), &extra)
 }
 
 /// FNV-1a, 64 bits (offset basis 0xcbf29ce484222325, prime 0x100000001b3).
@@ -120,43 +108,8 @@ fn check_body(name: &str, deps: Option<&str>, body: &[u8]) -> Result<(), String>
 /// One GET over its own connection: status, the deps header, the body
 /// (content-length or chunked).
 fn get(addr: SocketAddr, path: &str) -> Result<(u16, Option<String>, Vec<u8>), String> {
-    let io = |e: std::io::Error| format!("GET {path}: {e}");
-    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(10)).map_err(io)?;
-    stream.set_read_timeout(Some(Duration::from_secs(30))).map_err(io)?;
-    write!(stream, "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").map_err(io)?;
-    let mut response = Vec::new();
-    stream.read_to_end(&mut response).map_err(io)?;
-    let end = response.windows(4).position(|w| w == b"\r\n\r\n").ok_or("no end of head")?;
-    let head = String::from_utf8_lossy(&response[..end]).to_string();
-    let mut raw = response[end + 4..].to_vec();
-    let mut lines = head.split("\r\n");
-    let status = lines.next().and_then(|l| l.split(' ').nth(1)).and_then(|c| c.parse().ok()).ok_or("bad status")?;
-    let mut deps = None;
-    let mut chunked = false;
-    for line in lines {
-        let Some((name, value)) = line.split_once(':') else { continue };
-        match name.trim().to_ascii_lowercase().as_str() {
-            "x-tierstack-deps" => deps = Some(value.trim().to_string()),
-            "transfer-encoding" => chunked = value.to_ascii_lowercase().contains("chunked"),
-            _ => {}
-        }
-    }
-    if chunked {
-        let mut body = Vec::new();
-        loop {
-            let eol = raw.windows(2).position(|w| w == b"\r\n").ok_or("bad chunk")?;
-            let size =
-                usize::from_str_radix(String::from_utf8_lossy(&raw[..eol]).trim(), 16).map_err(|e| e.to_string())?;
-            if size == 0 {
-                break;
-            }
-            let chunk = raw.get(eol + 2..eol + 2 + size).ok_or("short chunk")?;
-            body.extend_from_slice(chunk);
-            raw.drain(..(eol + 2 + size + 2).min(raw.len()));
-        }
-        raw = body;
-    }
-    Ok((status, deps, raw))
+    let response = http::get(addr, path).map_err(|e| format!("GET {path}: {e}"))?;
+    Ok((response.status, response.header("x-tierstack-deps").map(str::to_string), response.body))
 }
 
 /// What the checking readers saw.
