@@ -422,8 +422,18 @@ fn haproxy_with_bounded_load_hashing_serves_every_byte() {
     let all: Vec<NodeStats> = nodes.iter().map(stats).collect();
     assert_eq!(all.iter().map(|s| s.requests).sum::<u64>(), requests);
     assert!(all.iter().all(|s| s.requests > 0), "every node used: {all:?}");
+    // Consistent hashing keeps a file on one node, but the bound may move a
+    // request: HAProxy counts a stream against its server until it frees it,
+    // which can be just after our client saw the close, so the next request
+    // may find that server "loaded" and go to the next one (seen once in a
+    // full parallel suite: 69 reads of 68 files). Allow a spill of 5 % of the
+    // files; round robin would read about two thirds of them twice.
     let misses: u64 = all.iter().map(|s| s.cache_misses).sum();
-    assert_eq!(misses, expected_misses(&trace, 2), "one node per file, one disk read each: {all:?}");
+    let expected = expected_misses(&trace, 2);
+    assert!(
+        misses >= expected && misses <= expected + expected.div_ceil(20),
+        "one node per file (a bounded-load spill aside): {misses} disk reads for {expected} files: {all:?}"
+    );
 }
 
 #[test]
