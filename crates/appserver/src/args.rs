@@ -227,17 +227,10 @@ impl AppServerArgs {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use clap::Parser;
-
-    #[derive(Parser, Debug, PartialEq)]
-    struct Command {
-        #[command(flatten)]
-        server: AppServerArgs,
-    }
 
     fn parse(args: &AppServerArgs) -> AppServerArgs {
         let words = std::iter::once("app-server".to_string()).chain(args.to_args());
-        Command::try_parse_from(words).unwrap().server
+        tierstack_testkit::args::parse::<AppServerArgs, _, _>(words).unwrap()
     }
 
     /// Guards "spelled once": every field, at a value other than its
@@ -287,7 +280,7 @@ mod tests {
     #[test]
     fn new_has_the_parsers_defaults() {
         let words = ["app-server", "--listen", "127.0.0.1:8081", "--module-socket", "/tmp/m.sock"];
-        let parsed = Command::try_parse_from(words).unwrap().server;
+        let parsed = tierstack_testkit::args::parse::<AppServerArgs, _, _>(words).unwrap();
         assert_eq!(parsed, AppServerArgs::new("127.0.0.1:8081".parse().unwrap(), PathBuf::from("/tmp/m.sock")));
         assert_eq!(parse(&parsed), parsed);
     }

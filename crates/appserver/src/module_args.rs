@@ -68,17 +68,10 @@ impl ModuleArgs {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use clap::Parser;
-
-    #[derive(Parser, Debug, PartialEq)]
-    struct Command {
-        #[command(flatten)]
-        module: ModuleArgs,
-    }
 
     fn parse(args: &ModuleArgs) -> ModuleArgs {
         let words = std::iter::once("app-module".to_string()).chain(args.to_args());
-        Command::try_parse_from(words).unwrap().module
+        tierstack_testkit::args::parse::<ModuleArgs, _, _>(words).unwrap()
     }
 
     /// Guards "spelled once": every field, at a value other than its
@@ -99,7 +92,7 @@ mod tests {
     #[test]
     fn new_has_the_parsers_defaults() {
         let words = ["app-module", "--topology", "/tmp/dc.toml", "--node", "0", "--socket", "/tmp/m.sock"];
-        let parsed = Command::try_parse_from(words).unwrap().module;
+        let parsed = tierstack_testkit::args::parse::<ModuleArgs, _, _>(words).unwrap();
         let at = NodeArgs { topology: PathBuf::from("/tmp/dc.toml"), node: 0 };
         assert_eq!(parsed, ModuleArgs::new(at, PathBuf::from("/tmp/m.sock")));
         assert_eq!(parse(&parsed), parsed);

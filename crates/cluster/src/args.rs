@@ -59,19 +59,12 @@ pub fn open_node(topology_path: &Path, node: NodeId) -> Result<(Topology, Arc<dy
 #[cfg(test)]
 mod tests {
     use super::*;
-    use clap::Parser;
-
-    #[derive(Parser, Debug, PartialEq)]
-    struct Command {
-        #[command(flatten)]
-        at: NodeArgs,
-    }
 
     /// Guards "spelled once": every field survives `to_args` and parsing.
     #[test]
     fn node_args_round_trip_through_their_words() {
         let at = NodeArgs { topology: PathBuf::from("/etc/tierstack/a cluster.toml"), node: 7 };
         let words = std::iter::once("node".to_string()).chain(at.to_args());
-        assert_eq!(Command::try_parse_from(words).unwrap().at, at);
+        assert_eq!(tierstack_testkit::args::parse::<NodeArgs, _, _>(words).unwrap(), at);
     }
 }

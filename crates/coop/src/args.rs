@@ -89,17 +89,10 @@ impl CoopArgs {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use clap::Parser;
-
-    #[derive(Parser, Debug, PartialEq)]
-    struct Command {
-        #[command(flatten)]
-        coop: CoopArgs,
-    }
 
     fn parse(args: &CoopArgs) -> CoopArgs {
         let words = std::iter::once("coop-node".to_string()).chain(args.to_args());
-        Command::try_parse_from(words).unwrap().coop
+        tierstack_testkit::args::parse::<CoopArgs, _, _>(words).unwrap()
     }
 
     /// Guards "spelled once": every field, at a value other than its
@@ -119,7 +112,7 @@ mod tests {
     /// `Default` agrees with the parser's defaults.
     #[test]
     fn default_has_the_parsers_defaults() {
-        let parsed = Command::try_parse_from(["coop-node"]).unwrap().coop;
+        let parsed = tierstack_testkit::args::parse::<CoopArgs, _, _>(["coop-node"]).unwrap();
         assert_eq!(parsed, CoopArgs::default());
         assert_eq!(parse(&parsed), parsed);
     }

@@ -159,17 +159,10 @@ impl OriginArgs {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use clap::Parser;
-
-    #[derive(Parser, Debug, PartialEq)]
-    struct Command {
-        #[command(flatten)]
-        origin: OriginArgs,
-    }
 
     fn parse(args: &OriginArgs) -> OriginArgs {
         let words = std::iter::once("origin".to_string()).chain(args.to_args());
-        Command::try_parse_from(words).unwrap().origin
+        tierstack_testkit::args::parse::<OriginArgs, _, _>(words).unwrap()
     }
 
     /// Guards "spelled once": every field, at a value other than its
@@ -208,7 +201,7 @@ mod tests {
     #[test]
     fn for_trace_has_the_parsers_defaults() {
         let words = ["origin", "--listen", "127.0.0.1:8080", "--trace", "zipf"];
-        let parsed = Command::try_parse_from(words).unwrap().origin;
+        let parsed = tierstack_testkit::args::parse::<OriginArgs, _, _>(words).unwrap();
         assert_eq!(parsed, OriginArgs::for_trace("127.0.0.1:8080".parse().unwrap(), "zipf".into()));
         assert_eq!(parse(&parsed), parsed);
     }

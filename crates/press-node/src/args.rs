@@ -251,17 +251,10 @@ impl DispatcherArgs {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use clap::Parser;
-
-    #[derive(Parser, Debug, PartialEq)]
-    struct Command {
-        #[command(flatten)]
-        dispatcher: DispatcherArgs,
-    }
 
     fn parse(args: &DispatcherArgs) -> DispatcherArgs {
         let words = std::iter::once("press-dispatcher".to_string()).chain(args.to_args());
-        Command::try_parse_from(words).unwrap().dispatcher
+        tierstack_testkit::args::parse::<DispatcherArgs, _, _>(words).unwrap()
     }
 
     /// Guards "spelled once": every field, at a value other than its
@@ -281,15 +274,9 @@ mod tests {
         assert_eq!(parse(&args), args);
     }
 
-    #[derive(Parser, Debug, PartialEq)]
-    struct NodeCommand {
-        #[command(flatten)]
-        node: PressNodeArgs,
-    }
-
     fn parse_node(args: &PressNodeArgs) -> PressNodeArgs {
         let words = std::iter::once("press-node".to_string()).chain(args.to_args());
-        NodeCommand::try_parse_from(words).unwrap().node
+        tierstack_testkit::args::parse::<PressNodeArgs, _, _>(words).unwrap()
     }
 
     /// Guards "spelled once" for the node: every field, at a value other
@@ -325,7 +312,7 @@ mod tests {
     fn press_node_new_has_the_parsers_defaults() {
         let words =
             ["press-node", "--topology", "/tmp/p.toml", "--node", "1", "--listen", "127.0.0.1:8080", "--trace", "zipf"];
-        let parsed = NodeCommand::try_parse_from(words).unwrap().node;
+        let parsed = tierstack_testkit::args::parse::<PressNodeArgs, _, _>(words).unwrap();
         let at = NodeArgs { topology: PathBuf::from("/tmp/p.toml"), node: 1 };
         assert_eq!(parsed, PressNodeArgs::new(at, "127.0.0.1:8080".parse().unwrap(), "zipf".into()));
         assert_eq!(parse_node(&parsed), parsed);
@@ -348,7 +335,7 @@ mod tests {
     fn new_has_the_parsers_defaults() {
         let listen = "127.0.0.1:8080".parse().unwrap();
         let words = ["press-dispatcher", "--listen", "127.0.0.1:8080", "--backends", "2", "--handoff-dir", "/tmp/h"];
-        let parsed = Command::try_parse_from(words).unwrap().dispatcher;
+        let parsed = tierstack_testkit::args::parse::<DispatcherArgs, _, _>(words).unwrap();
         assert_eq!(parsed, DispatcherArgs::new(listen, 2, PathBuf::from("/tmp/h")));
         assert_eq!(parse(&parsed), parsed);
     }

@@ -272,18 +272,11 @@ impl ProxyArgs {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use clap::Parser;
     use tierstack_base::NodeId;
-
-    #[derive(Parser, Debug, PartialEq)]
-    struct Command {
-        #[command(flatten)]
-        proxy: ProxyArgs,
-    }
 
     fn parse(args: &ProxyArgs) -> ProxyArgs {
         let words = std::iter::once("proxy".to_string()).chain(args.to_args());
-        Command::try_parse_from(words).unwrap().proxy
+        tierstack_testkit::args::parse::<ProxyArgs, _, _>(words).unwrap()
     }
 
     /// Guards "spelled once": every field, at a value other than its
@@ -335,7 +328,7 @@ mod tests {
     #[test]
     fn new_has_the_parsers_defaults() {
         let words = ["proxy", "--listen", "127.0.0.1:8080", "--upstream", "http://127.0.0.1:8081"];
-        let parsed = Command::try_parse_from(words).unwrap().proxy;
+        let parsed = tierstack_testkit::args::parse::<ProxyArgs, _, _>(words).unwrap();
         assert_eq!(parsed, ProxyArgs::new("127.0.0.1:8080".parse().unwrap(), "http://127.0.0.1:8081".into()));
         assert_eq!(parse(&parsed), parsed);
     }

@@ -19,6 +19,8 @@
 //! - [`http`]: a hand-written HTTP/1.1 client for the end-to-end tests.
 //! - [`test_seed`]: a randomized test's seed, replayable with
 //!   `TIERSTACK_TEST_SEED`.
+//! - [`args`]: a tier's flag struct parsed as the binary flattens it (the
+//!   round-trip tests of every `to_args`).
 //! - [`channels`] and [`transfers`]: the backend-neutral conformance
 //!   scenarios, written once against the `Fabric` trait and run by every
 //!   backend's tests, so all backends are held to the same observable rules.
@@ -29,6 +31,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+pub mod args;
 pub mod channels;
 pub mod child;
 pub mod ddss;

@@ -193,13 +193,6 @@ pub fn announce_ready() -> io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use clap::Parser;
-
-    #[derive(Parser, Debug, PartialEq)]
-    struct Command {
-        #[command(flatten)]
-        service: ServiceArgs,
-    }
 
     /// Guards "spelled once": every field survives `to_args` and parsing.
     #[test]
@@ -209,7 +202,7 @@ mod tests {
             ServiceArgs { stop_on_stdin_eof: false, grace_ms: GRACE_MS_DEFAULT },
         ] {
             let words = std::iter::once("service".to_string()).chain(service.to_args());
-            assert_eq!(Command::try_parse_from(words).unwrap().service, service);
+            assert_eq!(tierstack_testkit::args::parse::<ServiceArgs, _, _>(words).unwrap(), service);
         }
     }
 }
