@@ -24,6 +24,7 @@
 //! operation, back to back, on one thread; `ops_per_sec` in the JSON is
 //! therefore 1 / mean.
 
+pub mod daemon;
 pub mod measure;
 pub mod resp;
 
@@ -36,7 +37,7 @@ use serde::Serialize;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use tierstack_base::NodeId;
-use tierstack_cluster::{local_cluster, open_fabric, pin_to_cpu, Backend, LocalCluster, Topology};
+use tierstack_cluster::{local_cluster, open_fabric, pin_to_cpu, Backend, LocalCluster, NodeArgs, Topology};
 use tierstack_ddss::ipc::DdssClient;
 use tierstack_ddss::layout::VALUE_BYTES_MAX;
 use tierstack_ddss::{Coherence, Ddss, DdssConfig, Placement};
@@ -247,9 +248,9 @@ fn start_session(config: &DdssBenchConfig, scratch: &Path, backend: Backend) -> 
             let name = format!("ddss-{}", backend.name());
             let topology_path = write_topology(scratch, &name, backend, OP_TIMEOUT_MS, &nodes)?;
             let socket = scratch.join(format!("{name}.sock"));
+            let at = NodeArgs { topology: topology_path.clone(), node: HOME.0 };
             let mut args = vec!["ddss-daemon".to_string()];
-            args.extend(tierstack_cluster::NodeArgs { topology: topology_path.clone(), node: HOME.0 }.to_args());
-            args.extend(["--socket".into(), socket.display().to_string()]);
+            args.extend(daemon::DaemonArgs::new(at, socket.clone()).to_args());
             let daemon = ChildNode::spawn(exe, &args).context("starting the home's ddss-daemon")?;
             if pinned {
                 pin_to_cpu(1)?;

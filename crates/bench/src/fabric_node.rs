@@ -34,13 +34,6 @@ const RESPONDER_POLL: Duration = Duration::from_millis(100);
 /// The operations of `fabric op`, by their command-line names.
 pub const OPS: [&str; 4] = ["read-u64", "write-u64", "fetch-add", "compare-swap"];
 
-/// Parses `NAME:BYTES`, a region to register.
-pub fn parse_region(s: &str) -> Result<(String, u64), String> {
-    let (name, bytes) = s.split_once(':').ok_or_else(|| format!("expected NAME:BYTES, got {s:?}"))?;
-    let bytes = bytes.parse::<u64>().map_err(|e| format!("bad size in {s:?}: {e}"))?;
-    Ok((name.to_string(), bytes))
-}
-
 /// The `index`-th stress record: a version word and [`SEQ_PAYLOAD_BYTES`], back to back.
 fn seq_record(index: u32) -> Result<SeqRecord> {
     let footprint = 8 + u64::from(SEQ_PAYLOAD_BYTES);
@@ -199,13 +192,6 @@ mod tests {
     use super::*;
     use tierstack_base::NodeId;
     use tierstack_cluster::{local_cluster, Backend};
-
-    #[test]
-    fn region_specs_parse_or_say_why_not() {
-        assert_eq!(parse_region("data:4096"), Ok(("data".to_string(), 4096)));
-        assert!(parse_region("data").unwrap_err().contains("NAME:BYTES"));
-        assert!(parse_region("data:x").unwrap_err().contains("bad size"));
-    }
 
     #[test]
     fn the_client_tools_report_what_they_did() {

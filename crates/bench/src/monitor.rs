@@ -24,6 +24,8 @@
 //! end, under a closed-loop Zipf load at each α. Throughput and p99 are
 //! reported as ratios against hash at the same α, measured in the same run.
 
+use crate::monitor_node::MonitorNodeArgs;
+use crate::reconfig_agent::ReconfigureArgs;
 use crate::report::{line_plot, write_json, Axes, Series, Table};
 use anyhow::{Context, Result};
 use serde::Serialize;
@@ -223,31 +225,17 @@ fn run_once(config: &MonitorBenchConfig, threads: usize) -> Result<(Vec<Accuracy
         [NodeLine { id: BACKEND.0, role: "app", cpu: back_cpu }, NodeLine { id: FRONT.0, role: "proxy", cpu: None }];
     let topology_path = write_topology(scratch.path(), "monitor", Backend::Shm, 1000, &nodes)?;
     let socket = free_loopback_port()?;
-    let args: Vec<String> = [
-        "monitor-node",
-        "--topology",
-        &topology_path.display().to_string(),
-        "--node",
-        "0",
-        "--monitor-listen",
-        &socket.to_string(),
-        "--interval-ms",
-        &config.interval.as_millis().to_string(),
-        "--compute-threads",
-        &threads.to_string(),
-        "--step-us",
-        &config.step.as_micros().to_string(),
-        "--seed",
-        &config.seed.to_string(),
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    let mut args = args;
-    if back_cpu.is_some() {
+    let at = NodeArgs { topology: topology_path.clone(), node: BACKEND.0 };
+    let node = MonitorNodeArgs {
+        interval_ms: u64::try_from(config.interval.as_millis())?,
+        compute_threads: threads,
+        step_us: u64::try_from(config.step.as_micros())?,
+        seed: config.seed,
         // The truth moves at the pace it would without the compute threads.
-        args.extend(["--walk-cpu".to_string(), "0".to_string()]);
-    }
+        walk_cpu: back_cpu.map(|_| 0),
+        ..MonitorNodeArgs::new(at, socket)
+    };
+    let args = command("monitor-node", node.to_args());
     let child = ChildNode::spawn(&config.exe, &args).context("starting the monitored back end")?;
     let topology = Topology::load(&topology_path)?;
     let fabric = open_fabric(&topology, FRONT)?;
@@ -706,7 +694,6 @@ fn run_reconfig_once(
         .map(|id| NodeLine { id, role: if id >= proxy0 { "proxy" } else { "app" }, cpu: None })
         .collect();
     let topology_path = write_topology(scratch.path(), "reconfig", Backend::Shm, 1000, &nodes)?;
-    let topology = topology_path.display().to_string();
     let socket = scratch.path().join("module.sock");
     let _module = ChildNode::spawn(&config.exe, &module_command(&topology_path, &socket))
         .context("starting the application module")?;
@@ -745,24 +732,15 @@ fn run_reconfig_once(
         proxies.push((listen, admin, child));
     }
     let mut agent = if with_agent {
-        let mut args = strings(&[
-            "reconfigure",
-            "--topology",
-            &topology,
-            "--node",
-            &agent_node.to_string(),
-            "--window-ms",
-            &config.window.as_millis().to_string(),
-            "--windows",
-            &config.windows.to_string(),
-            "--ratio",
-            &config.ratio.to_string(),
-            "--history-ms",
-            &config.history.as_millis().to_string(),
-        ]);
-        for node in 1..=config.servers {
-            args.extend(strings(&["--backend", &node.to_string()]));
-        }
+        let at = NodeArgs { topology: topology_path.clone(), node: agent_node };
+        let agent = ReconfigureArgs {
+            window_ms: u64::try_from(config.window.as_millis())?,
+            windows: config.windows,
+            ratio: config.ratio,
+            history_ms: u64::try_from(config.history.as_millis())?,
+            ..ReconfigureArgs::new(at, (1..=config.servers as u32).collect())
+        };
+        let args = command("reconfigure", agent.to_args());
         Some(ChildNode::spawn(&config.exe, &args).context("starting the agent")?)
     } else {
         None

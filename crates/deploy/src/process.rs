@@ -3,7 +3,10 @@
 //! The owner runs `tierstack fabric serve`, registers its regions, prints
 //! `ready`, and serves until its standard input closes. It can be pinned to a
 //! CPU and loaded with busy threads, so that experiments show how each
-//! backend depends on the owner's CPU.
+//! backend depends on the owner's CPU. Its flags are [`ServeArgs`], here
+//! beside their launcher [`spawn_owner`] rather than beside the serving code
+//! (`tierstack_bench::fabric_node`): deploy may not depend on bench, and
+//! `cluster` (a backend) cannot reach `tier-http`'s [`ServiceArgs`].
 
 use anyhow::{bail, Context, Result};
 use std::io::{BufRead, BufReader, Write};
@@ -12,7 +15,8 @@ use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::time::Duration;
-use tierstack_cluster::Backend;
+use tierstack_cluster::{Backend, NodeArgs};
+use tierstack_tier_http::service::ServiceArgs;
 
 /// Set to `1` in every [`ChildNode`]'s environment: a long-running
 /// `tierstack` command then also stops when its standard input closes (as
@@ -300,6 +304,60 @@ impl Drop for ChildNode {
     }
 }
 
+/// Parses `NAME:BYTES`, a region to register.
+pub fn parse_region(s: &str) -> Result<(String, u64), String> {
+    let (name, bytes) = s.split_once(':').ok_or_else(|| format!("expected NAME:BYTES, got {s:?}"))?;
+    let bytes = bytes.parse::<u64>().map_err(|e| format!("bad size in {s:?}: {e}"))?;
+    Ok((name.to_string(), bytes))
+}
+
+/// `tierstack fabric serve`'s flags, spelled once.
+#[derive(clap::Args, Clone, Debug, PartialEq, Eq)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    pub node: NodeArgs,
+    /// A region to register, as NAME:BYTES (repeatable).
+    #[arg(long = "region", value_parser = parse_region)]
+    pub regions: Vec<(String, u64)>,
+    /// CPU-burning threads to run in this process (owner load).
+    #[arg(long, default_value_t = 0)]
+    pub busy_threads: usize,
+    /// Rewrite K seqlock records at the start of the first region
+    /// continuously (all payload words equal), for torn-read stress tests.
+    #[arg(long, default_value_t = 0)]
+    pub seq_records: u32,
+    #[command(flatten)]
+    pub service: ServiceArgs,
+}
+
+impl ServeArgs {
+    /// The node given, no region, every other flag at its default.
+    pub fn new(node: NodeArgs) -> ServeArgs {
+        ServeArgs { node, regions: Vec::new(), busy_threads: 0, seq_records: 0, service: ServiceArgs::default() }
+    }
+
+    /// The command-line words (after `fabric serve`) that parse back into
+    /// these arguments: the node and the regions, then each flag whose value
+    /// is not the parser's default.
+    pub fn to_args(&self) -> Vec<String> {
+        let default = ServeArgs::new(self.node.clone());
+        let mut args = self.node.to_args();
+        for (name, bytes) in &self.regions {
+            args.extend(["--region".to_string(), format!("{name}:{bytes}")]);
+        }
+        if self.busy_threads != default.busy_threads {
+            args.extend(["--busy-threads".to_string(), self.busy_threads.to_string()]);
+        }
+        if self.seq_records != default.seq_records {
+            args.extend(["--seq-records".to_string(), self.seq_records.to_string()]);
+        }
+        if self.service != default.service {
+            args.extend(self.service.to_args());
+        }
+        args
+    }
+}
+
 /// Starts `tierstack fabric serve` for `node` with `regions` and `busy_threads`.
 pub fn spawn_owner(
     exe: &Path,
@@ -308,19 +366,54 @@ pub fn spawn_owner(
     regions: &[(&str, u64)],
     busy_threads: usize,
 ) -> Result<ChildNode> {
+    let serve = ServeArgs {
+        regions: regions.iter().map(|(name, bytes)| (name.to_string(), *bytes)).collect(),
+        busy_threads,
+        ..ServeArgs::new(NodeArgs { topology: topology.to_path_buf(), node })
+    };
     let mut args = vec!["fabric".to_string(), "serve".into()];
-    args.extend(tierstack_cluster::NodeArgs { topology: topology.to_path_buf(), node }.to_args());
-    args.extend(["--busy-threads".into(), busy_threads.to_string()]);
-    for (name, bytes) in regions {
-        args.push("--region".into());
-        args.push(format!("{name}:{bytes}"));
-    }
+    args.extend(serve.to_args());
     ChildNode::spawn(exe, &args)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn region_specs_parse_or_say_why_not() {
+        assert_eq!(parse_region("data:4096"), Ok(("data".to_string(), 4096)));
+        assert!(parse_region("data").unwrap_err().contains("NAME:BYTES"));
+        assert!(parse_region("data:x").unwrap_err().contains("bad size"));
+    }
+
+    fn parse(args: &ServeArgs) -> ServeArgs {
+        let words = ["fabric serve".to_string()].into_iter().chain(args.to_args());
+        tierstack_testkit::args::parse::<ServeArgs, _, _>(words).unwrap()
+    }
+
+    /// Guards "spelled once": every field, at a value other than its
+    /// default, survives `to_args` and parsing.
+    #[test]
+    fn serve_args_round_trip_through_their_words() {
+        let args = ServeArgs {
+            node: NodeArgs { topology: PathBuf::from("/tmp/a cluster.toml"), node: 2 },
+            regions: vec![("a".into(), 4096), ("b b".into(), 8)],
+            busy_threads: 3,
+            seq_records: 4,
+            service: ServiceArgs { stop_on_stdin_eof: true, grace_ms: 77 },
+        };
+        assert_eq!(parse(&args), args);
+    }
+
+    /// `new` agrees with the parser's defaults.
+    #[test]
+    fn new_has_the_parsers_defaults() {
+        let words = ["fabric serve", "--topology", "t.toml", "--node", "1"];
+        let parsed = tierstack_testkit::args::parse::<ServeArgs, _, _>(words).unwrap();
+        assert_eq!(parsed, ServeArgs::new(NodeArgs { topology: PathBuf::from("t.toml"), node: 1 }));
+        assert_eq!(parse(&parsed), parsed);
+    }
 
     /// The session id of process `pid` (field 6 of `/proc/<pid>/stat`).
     fn session_of(pid: u32) -> u32 {

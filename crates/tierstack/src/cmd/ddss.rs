@@ -16,25 +16,11 @@ use std::io::{BufRead, Write};
 use std::path::PathBuf;
 use std::sync::Arc;
 use tierstack_base::NodeId;
+pub(crate) use tierstack_bench::ddss::daemon::DaemonArgs;
 use tierstack_cluster::{Role, Topology};
 use tierstack_ddss::history::{parse_key_ops, stats_json, History, HistoryConfig};
 use tierstack_ddss::ipc::{DdssClient, DdssDaemon};
 use tierstack_ddss::{Ddss, DdssConfig, Key};
-
-#[derive(Args)]
-pub(crate) struct DaemonArgs {
-    #[command(flatten)]
-    at: NodeArgs,
-    /// The control socket to listen on (a stale one is replaced).
-    #[arg(long)]
-    socket: PathBuf,
-    /// Accepted for compatibility: standard input is ignored unless
-    /// --stop-on-stdin-eof is given.
-    #[arg(long, hide = true, conflicts_with = "stop_on_stdin_eof")]
-    ignore_stdin: bool,
-    #[command(flatten)]
-    service: crate::service::ServiceArgs,
-}
 
 #[derive(Args)]
 pub(crate) struct ClientArgs {

@@ -8,7 +8,8 @@ use clap::{Args, Subcommand};
 use std::io::BufRead;
 use std::sync::Arc;
 use tierstack_base::NodeId;
-use tierstack_bench::fabric_node::{self, parse_region, ServingNode};
+use tierstack_bench::fabric_node::{self, ServingNode};
+use tierstack_deploy::process::ServeArgs;
 use tierstack_fabric::{Fabric, RemoteRegion};
 
 #[derive(Args)]
@@ -36,22 +37,7 @@ pub(crate) enum FabricCommand {
     /// Register regions and serve them until standard input closes.
     /// Prints `ready` once the regions exist. Answers messages whose first
     /// byte is 1 with a one-byte message (an acknowledgement for benchmarks).
-    Serve {
-        #[command(flatten)]
-        node: NodeArgs,
-        /// A region to register, as NAME:BYTES (repeatable).
-        #[arg(long = "region", value_parser = parse_region)]
-        regions: Vec<(String, u64)>,
-        /// CPU-burning threads to run in this process (owner load).
-        #[arg(long, default_value_t = 0)]
-        busy_threads: usize,
-        /// Rewrite K seqlock records at the start of the first region
-        /// continuously (all payload words equal), for torn-read stress tests.
-        #[arg(long, default_value_t = 0)]
-        seq_records: u32,
-        #[command(flatten)]
-        service: crate::service::ServiceArgs,
-    },
+    Serve(ServeArgs),
     /// Perform one operation and print its result as JSON.
     Op {
         #[command(flatten)]
@@ -100,7 +86,7 @@ pub(crate) enum FabricCommand {
 
 pub(crate) fn run(command: FabricCommand) -> Result<()> {
     match command {
-        FabricCommand::Serve { node, regions, busy_threads, seq_records, service } => {
+        FabricCommand::Serve(ServeArgs { node, regions, busy_threads, seq_records, service }) => {
             let (_, fabric) = node.open()?;
             let serving = ServingNode::start(fabric, &regions, busy_threads, seq_records)?;
             let stopped = service.stop_watch_thread()?;

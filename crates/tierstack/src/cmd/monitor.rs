@@ -9,53 +9,13 @@
 //! (`CLOCK_MONOTONIC`, the clock the front end stamps its samples with).
 
 use anyhow::Result;
-use clap::Args;
 use std::io::Write;
-use std::net::SocketAddr;
-use std::time::Duration;
-use tierstack_bench::monitor_node::{MonitoredNode, MonitoredNodeConfig};
-
-#[derive(Args)]
-pub(crate) struct MonitorNodeArgs {
-    #[command(flatten)]
-    at: super::NodeArgs,
-    /// The monitor socket server's address (socket schemes).
-    #[arg(long)]
-    monitor_listen: SocketAddr,
-    /// The monitor thread's period (RDMA-Async record, Socket-Async pushes).
-    #[arg(long, default_value_t = 10)]
-    interval_ms: u64,
-    /// CPU-burning threads (not counted in the load).
-    #[arg(long, default_value_t = 0)]
-    compute_threads: usize,
-    /// The walk stays in 0..=walk_max.
-    #[arg(long, default_value_t = 64)]
-    walk_max: usize,
-    /// Mean time between steps of the walk, in microseconds (uniform in 0.2x..1.8x).
-    #[arg(long, default_value_t = 1000)]
-    step_us: u64,
-    #[arg(long, default_value_t = 1)]
-    seed: u64,
-    /// Pin the walk's thread to this CPU (off the compute threads' CPU), so
-    /// the truth moves at the same pace whatever the load on the monitor's CPU.
-    #[arg(long)]
-    walk_cpu: Option<usize>,
-    #[command(flatten)]
-    service: crate::service::ServiceArgs,
-}
+pub(crate) use tierstack_bench::monitor_node::MonitorNodeArgs;
+use tierstack_bench::monitor_node::MonitoredNode;
 
 pub(crate) fn run_node(args: MonitorNodeArgs) -> Result<()> {
     let (_, fabric) = args.at.open()?;
-    let config = MonitoredNodeConfig {
-        monitor_listen: args.monitor_listen,
-        interval: Duration::from_millis(args.interval_ms.max(1)),
-        compute_threads: args.compute_threads,
-        walk_max: args.walk_max,
-        step_us: args.step_us,
-        seed: args.seed,
-        walk_cpu: args.walk_cpu,
-    };
-    let node = MonitoredNode::start(fabric.as_ref(), &config)?;
+    let node = MonitoredNode::start(fabric.as_ref(), &args.config())?;
     let stopped = args.service.stop_watch_thread()?;
     crate::service::announce_ready()?;
     let _ = stopped.recv();
