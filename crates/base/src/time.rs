@@ -34,6 +34,7 @@ fn process_origin() -> Instant {
 /// `SystemTime::now` everywhere else, so every reading of real time is
 /// visible as a call to this seam.
 #[allow(clippy::disallowed_methods)] // The seam itself.
+#[inline]
 pub fn instant_now() -> Instant {
     Instant::now()
 }
@@ -41,6 +42,7 @@ pub fn instant_now() -> Instant {
 /// The real wall clock, for what must carry calendar time or differ between
 /// runs: HTTP `Date` headers and a node's incarnation stamp. See [`instant_now`].
 #[allow(clippy::disallowed_methods)] // The seam itself.
+#[inline]
 pub fn system_now() -> SystemTime {
     SystemTime::now()
 }
