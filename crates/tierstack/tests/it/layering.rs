@@ -39,7 +39,7 @@ impl Layer {
 fn layer(crate_name: &str) -> Option<Layer> {
     use Layer::*;
     Some(match crate_name.strip_prefix("tierstack-").unwrap_or(crate_name) {
-        "base" | "model" | "stats" => Base,
+        "base" | "model" | "stats" | "secret" => Base,
         "fabric" | "fabric-wire" | "ucx-sys" => Fabric,
         "fabric-shm" | "fabric-tcp" | "fabric-ucx" | "cluster" => Backends,
         "dlm" | "ddss" | "coherent" | "monitor" | "coop" | "press" | "pushpull" | "tier-http" => PrimitivesAndServices,
