@@ -26,7 +26,7 @@ const BACKENDS: [Backend; 2] = [Backend::Shm, Backend::Tcp];
 /// Node 0 owns a region; node 1 holds a handle to it.
 fn remote_region(backend: Backend) -> (LocalCluster, Arc<dyn RemoteRegion>) {
     let cluster = local_cluster(backend, 2).expect("cluster");
-    cluster.fabric(0).register("micro", 4096).expect("register");
+    cluster.fabric(0).register("micro", 4096, tierstack_fabric::Access::all()).expect("register");
     let region = cluster.fabric(1).connect(NodeId(0), "micro").expect("connect");
     (cluster, region)
 }
@@ -55,9 +55,12 @@ fn transfers(c: &mut Criterion) {
     group.throughput(criterion::Throughput::Bytes(u64::from(BYTES)));
     for backend in BACKENDS {
         let cluster = local_cluster(backend, 2).expect("cluster");
-        cluster.fabric(0).register("xfer", u64::from(BYTES)).expect("register");
+        cluster.fabric(0).register("xfer", u64::from(BYTES), tierstack_fabric::Access::all()).expect("register");
         let region = cluster.fabric(1).connect(NodeId(0), "xfer").expect("connect");
-        let pool = cluster.fabric(1).register("pool", u64::from(BYTES)).expect("register the pool");
+        let pool = cluster
+            .fabric(1)
+            .register("pool", u64::from(BYTES), tierstack_fabric::Access::all())
+            .expect("register the pool");
         pool.memory().write(0, &vec![7u8; BYTES as usize]).expect("fill the pool");
         let slot = LocalSlice::new(pool.clone(), 0, BYTES);
         let name = backend.name();

@@ -117,7 +117,11 @@ impl ServingNode {
     ) -> Result<Self> {
         let mut registered = Vec::new();
         for (name, bytes) in regions {
-            registered.push(fabric.register(name, *bytes).with_context(|| format!("registering region {name}"))?);
+            registered.push(
+                fabric
+                    .register(name, *bytes, tierstack_fabric::Access::all())
+                    .with_context(|| format!("registering region {name}"))?,
+            );
         }
         let stop = Arc::new(AtomicBool::new(false));
         for _ in 0..busy_threads {

@@ -27,7 +27,7 @@ fn op_strategy() -> impl Strategy<Value = Op> {
 }
 
 fn run_all(cluster: &LocalCluster, region: &str, batches: &[Vec<Op>]) -> Vec<Result<Vec<OpResult>, FabricError>> {
-    cluster.fabric(0).register(region, REGION_BYTES).unwrap();
+    cluster.fabric(0).register(region, REGION_BYTES, tierstack_fabric::Access::all()).unwrap();
     let remote = cluster.fabric(1).connect(NodeId(0), region).unwrap();
     batches.iter().map(|batch| remote.post(batch.clone()).wait()).collect()
 }
@@ -81,7 +81,7 @@ fn batches_and_messages_work_from_async_tasks_on_both_backends() {
         let cluster = local_cluster(backend, 2).unwrap();
         let owner = cluster.fabric(0).clone();
         let peer = cluster.fabric(1).clone();
-        owner.register("async", 64).unwrap();
+        owner.register("async", 64, tierstack_fabric::Access::all()).unwrap();
         runtime.block_on(async move {
             let region = peer.connect(NodeId(0), "async").unwrap();
             let tasks: Vec<_> = (0..8)
@@ -110,7 +110,7 @@ fn batches_and_messages_work_from_async_tasks_on_both_backends() {
 fn a_dead_peer_is_reported_on_both_backends() {
     for backend in backends() {
         let cluster = local_cluster(backend, 3).unwrap();
-        cluster.fabric(2).register("gone", 8).unwrap();
+        cluster.fabric(2).register("gone", 8, tierstack_fabric::Access::all()).unwrap();
         let fabrics: Vec<_> = cluster.fabrics().to_vec();
         drop(cluster);
         // Node 2's fabric is gone once the cluster and our clones are dropped.

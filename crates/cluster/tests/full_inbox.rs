@@ -49,7 +49,7 @@ fn full_inbox_scenario(backend: Backend) -> Outcome {
     let cluster = local_cluster_with_timeout(backend, 2, SEND_TIMEOUT).unwrap();
     let sender = Arc::clone(cluster.fabric(0));
     let receiver = Arc::clone(cluster.fabric(1));
-    let counter = receiver.register("counter", 8).unwrap();
+    let counter = receiver.register("counter", 8, tierstack_fabric::Access::all()).unwrap();
     let to_counter = cluster.fabric(0).connect(NodeId(1), "counter").unwrap();
     let sent = Arc::new(AtomicUsize::new(0));
     let sent_by_thread = Arc::clone(&sent);

@@ -88,7 +88,7 @@ impl VersionTable {
             return Err(VersionTableError::BadCapacity(capacity));
         }
         let incarnation = Incarnation(incarnation.0 | 1);
-        let region = fabric.register(REGION_NAME, slot_offset(capacity))?;
+        let region = fabric.register(REGION_NAME, slot_offset(capacity), tierstack_fabric::Access::read_only())?;
         let memory = region.memory();
         memory.store_u64(16, u64::from(capacity))?;
         memory.store_u64(INCARNATION_OFFSET, incarnation.0)?;

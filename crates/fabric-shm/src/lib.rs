@@ -62,7 +62,7 @@ use std::time::Duration;
 use tierstack_base::limits::REGIONS_PER_NODE_MAX;
 use tierstack_base::NodeId;
 use tierstack_fabric::{
-    check_batch, execute_on_memory, validate_region_bytes, validate_region_name, Channel, Completion, Fabric,
+    check_batch, execute_on_memory, validate_region_bytes, validate_region_name, Access, Channel, Completion, Fabric,
     FabricError, Inbox, Inboxes, LocalRegion, LocalSlice, Op, PeerState, RegionMemory, RemoteRegion, Result,
 };
 
@@ -279,7 +279,7 @@ impl Fabric for ShmFabric {
         "shm"
     }
 
-    fn register(&self, name: &str, bytes: u64) -> Result<Arc<LocalRegion>> {
+    fn register(&self, name: &str, bytes: u64, access: Access) -> Result<Arc<LocalRegion>> {
         validate_region_name(name)?;
         let len = validate_region_bytes(bytes)?;
         let mut regions = self.regions.lock().map_err(|_| FabricError::Closed)?;
@@ -296,7 +296,7 @@ impl Fabric for ShmFabric {
         file.set_len(FILE_HEADER_BYTES + len)?;
         let region_file = RegionFile::map(&file, len)?;
         region_file.magic().store(FILE_MAGIC, Ordering::Release);
-        let region = Arc::new(LocalRegion::new(name, region_file.memory(name)?));
+        let region = Arc::new(LocalRegion::with_access(name, region_file.memory(name)?, access));
         fs::rename(&staging, region_path(&self.node_dir, name))?;
         regions.insert(name.to_string(), (region.clone(), region_file));
         Ok(region)

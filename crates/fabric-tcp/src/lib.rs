@@ -70,8 +70,8 @@ use tierstack_base::limits::{REGIONS_PER_NODE_MAX, TRANSFER_BYTES_MAX};
 use tierstack_base::{Clock, NodeId, SystemClock};
 use tierstack_fabric::listen::{bind_node, Listening};
 use tierstack_fabric::{
-    check_batch, validate_region_name, Channel, Completion, Fabric, FabricError, Inbox, Inboxes, LocalRegion, Op,
-    PeerState, RegionMemory, RemoteRegion, Result,
+    check_batch, validate_region_name, Access, Channel, Completion, Fabric, FabricError, Inbox, Inboxes, LocalRegion,
+    Op, PeerState, RegionMemory, RemoteRegion, Result,
 };
 use tierstack_fabric_wire::{encode, try_encode, Frame, WireError};
 
@@ -293,7 +293,7 @@ impl Fabric for TcpFabric {
         "tcp"
     }
 
-    fn register(&self, name: &str, bytes: u64) -> Result<Arc<LocalRegion>> {
+    fn register(&self, name: &str, bytes: u64, access: Access) -> Result<Arc<LocalRegion>> {
         self.shared.check_open()?;
         validate_region_name(name)?;
         let mut regions = self.shared.regions.write().unwrap_or_else(PoisonError::into_inner);
@@ -305,7 +305,7 @@ impl Fabric for TcpFabric {
         }
         let index = u32::try_from(regions.by_index.len())
             .map_err(|_| FabricError::TooManyRegions { max: REGIONS_PER_NODE_MAX })?;
-        let region = Arc::new(LocalRegion::new(name, RegionMemory::heap(name, bytes)?));
+        let region = Arc::new(LocalRegion::with_access(name, RegionMemory::heap(name, bytes)?, access));
         let incarnation = self.shared.fresh_incarnation();
         regions.by_index.push(Registered { region: Arc::clone(&region), incarnation });
         regions.by_name.insert(name.to_string(), index);

@@ -14,7 +14,7 @@ fn read_8_bytes_round_trip_latency() {
     const WARMUP: usize = 2_000;
     const SAMPLES: usize = 20_000;
     let nodes = tierstack_testkit::nodes::tcp::cluster(0, 2, Duration::from_secs(5));
-    nodes[1].register("lat", 64).unwrap();
+    nodes[1].register("lat", 64, tierstack_fabric::Access::all()).unwrap();
     let remote = nodes[0].connect(NodeId(1), "lat").unwrap();
     for _ in 0..WARMUP {
         remote.read_u64(0).unwrap();

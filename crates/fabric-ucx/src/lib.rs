@@ -169,7 +169,12 @@ impl tierstack_fabric::Fabric for UcxFabric {
     fn backend_name(&self) -> &'static str {
         "ucx"
     }
-    fn register(&self, _: &str, _: u64) -> tierstack_fabric::Result<std::sync::Arc<tierstack_fabric::LocalRegion>> {
+    fn register(
+        &self,
+        _: &str,
+        _: u64,
+        _: tierstack_fabric::Access,
+    ) -> tierstack_fabric::Result<std::sync::Arc<tierstack_fabric::LocalRegion>> {
         match self.0 {}
     }
     fn connect(

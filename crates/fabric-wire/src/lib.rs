@@ -32,7 +32,7 @@
 use std::io::{self, Read, Write};
 use tierstack_base::limits::{BATCH_OPS_MAX, TRANSFER_BYTES_MAX};
 use tierstack_base::NodeId;
-use tierstack_fabric::{Channel, FabricError, LocalSlice, Op, OpResult};
+use tierstack_fabric::{Channel, FabricError, LocalSlice, Op, OpResult, Rights};
 
 /// Bytes a frame may carry besides transferred data: the kind, request ids,
 /// counts, and the per-op headers of a maximal batch (at most 25 bytes each).
@@ -127,6 +127,8 @@ mod error_code {
     // Client-side errors (a responder never sends them), coded like every variant.
     pub(crate) const LOCAL_OUT_OF_BOUNDS: u8 = 21;
     pub(crate) const LOCAL_MISALIGNED: u8 = 22;
+    pub(crate) const FORBIDDEN: u8 = 23;
+    pub(crate) const UNAUTHENTICATED: u8 = 24;
 }
 
 /// Why a frame could not be read or decoded.
@@ -480,6 +482,18 @@ fn encode_error(error: &FabricError, out: &mut Vec<u8>) {
             put_u8(out, c::UNKNOWN_CHANNEL);
             put_u8(out, *channel);
         }
+        FabricError::Forbidden { node, region, needed, granted } => {
+            put_u8(out, c::FORBIDDEN);
+            put_u32(out, node.0);
+            put_str(out, region);
+            put_u8(out, needed.bits());
+            put_u8(out, granted.bits());
+        }
+        FabricError::Unauthenticated { node, reason } => {
+            put_u8(out, c::UNAUTHENTICATED);
+            put_u32(out, node.0);
+            put_str(out, reason);
+        }
     }
 }
 
@@ -728,6 +742,13 @@ fn decode_error(cur: &mut Cursor<'_>) -> Result<FabricError, WireError> {
         c::IO => FabricError::Io(cur.string()?),
         c::NODE_IN_USE => FabricError::NodeInUse { node: cur.node()?, pid: cur.u32()? },
         c::UNKNOWN_CHANNEL => FabricError::UnknownChannel { channel: cur.u8()? },
+        c::FORBIDDEN => FabricError::Forbidden {
+            node: cur.node()?,
+            region: cur.string()?,
+            needed: Rights::from_bits(cur.u8()?),
+            granted: Rights::from_bits(cur.u8()?),
+        },
+        c::UNAUTHENTICATED => FabricError::Unauthenticated { node: cur.node()?, reason: cur.string()? },
         other => return Err(WireError::Malformed(format!("unknown error code {other}"))),
     })
 }

@@ -80,6 +80,13 @@ fn fabric_error() -> impl Strategy<Value = FabricError> {
         (node(), any::<u32>()).prop_map(|(node, pid)| FabricError::NodeInUse { node, pid }),
         s().prop_map(FabricError::Io),
         any::<u8>().prop_map(|channel| FabricError::UnknownChannel { channel }),
+        (node(), s(), 0u8..8, 0u8..8).prop_map(|(node, region, needed, granted)| FabricError::Forbidden {
+            node,
+            region,
+            needed: tierstack_fabric::Rights::from_bits(needed),
+            granted: tierstack_fabric::Rights::from_bits(granted),
+        }),
+        (node(), s()).prop_map(|(node, reason)| FabricError::Unauthenticated { node, reason }),
     ]
 }
 

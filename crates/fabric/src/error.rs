@@ -51,6 +51,13 @@ pub enum FabricError {
     NodeInUse { node: NodeId, pid: u32 },
     #[error("I/O error: {0}")]
     Io(String),
+    /// The region's owner does not allow this peer this kind of operation.
+    #[error("{node} may not {needed} region {region:?} (it may: {granted})")]
+    Forbidden { node: NodeId, region: String, needed: crate::Rights, granted: crate::Rights },
+    /// A peer failed authentication (wrong or missing cluster key, a forged
+    /// node id, a frame altered in flight); the connection is closed.
+    #[error("authentication with {node} failed: {reason}")]
+    Unauthenticated { node: NodeId, reason: String },
     #[error("message channel {channel} does not exist (channel ids are below {max})", max = tierstack_base::limits::CHANNELS_MAX)]
     UnknownChannel { channel: u8 },
 }

@@ -34,6 +34,7 @@
 //!   [`Op::ReadInto`] with a [`LocalSlice`]), as RDMA work requests do, so
 //!   bytes move region to region without a `Vec` of the caller's.
 
+mod access;
 mod completion;
 mod error;
 pub mod listen;
@@ -44,6 +45,7 @@ pub mod seqlock;
 pub mod sync;
 pub mod threads;
 
+pub use access::{Access, Rights};
 pub use completion::{Completion, CompletionSender};
 pub use error::FabricError;
 pub use memory::{RegionBytes, RegionMemory};
@@ -66,8 +68,10 @@ pub trait Fabric: Send + Sync {
     fn backend_name(&self) -> &'static str;
 
     /// Registers a region of `bytes` bytes (rounded up to a multiple of 8),
-    /// zero-filled, under `name`. Memory is allocated once, here.
-    fn register(&self, name: &str, bytes: u64) -> Result<Arc<LocalRegion>>;
+    /// zero-filled, under `name`, that remote peers may operate on as
+    /// `access` allows (the owner always may everything through the returned
+    /// region). Memory is allocated once, here.
+    fn register(&self, name: &str, bytes: u64, access: Access) -> Result<Arc<LocalRegion>>;
 
     /// Obtains a handle to the region `name` registered by `node`.
     fn connect(&self, node: NodeId, name: &str) -> Result<Arc<dyn RemoteRegion>>;
@@ -105,11 +109,23 @@ pub enum PeerState {
 pub struct LocalRegion {
     name: String,
     memory: RegionMemory,
+    access: Access,
 }
 
 impl LocalRegion {
+    /// A region every peer may read, write and use atomics on.
     pub fn new(name: impl Into<String>, memory: RegionMemory) -> Self {
-        Self { name: name.into(), memory }
+        Self::with_access(name, memory, Access::all())
+    }
+
+    /// A region remote peers may operate on as `access` allows.
+    pub fn with_access(name: impl Into<String>, memory: RegionMemory, access: Access) -> Self {
+        Self { name: name.into(), memory, access }
+    }
+
+    /// What remote peers may do to this region.
+    pub fn access(&self) -> &Access {
+        &self.access
     }
 
     pub fn name(&self) -> &str {

@@ -62,7 +62,7 @@ impl std::fmt::Debug for LoadPublisher {
 impl LoadPublisher {
     /// Registers `monitor.load` on `fabric`, so that other nodes read it.
     pub fn register(fabric: &dyn Fabric) -> Result<Arc<Self>, MonitorError> {
-        let region = fabric.register(REGION_NAME, REGION_BYTES)?;
+        let region = fabric.register(REGION_NAME, REGION_BYTES, tierstack_fabric::Access::read_only())?;
         Self::init(region)
     }
 

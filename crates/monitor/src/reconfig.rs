@@ -66,7 +66,7 @@ impl RoleWord {
 
 /// The owner's side: registers the role region with the node's first site.
 pub fn register_role(fabric: &dyn Fabric, site: u16) -> Result<Arc<LocalRegion>, MonitorError> {
-    let region = fabric.register(ROLE_REGION, ROLE_REGION_BYTES)?;
+    let region = fabric.register(ROLE_REGION, ROLE_REGION_BYTES, tierstack_fabric::Access::all())?;
     let memory = region.memory();
     memory.store_u64(ROLE_WORD_OFFSET, RoleWord { site, epoch: 1, holder: None }.to_word())?;
     memory.store_u64(ROLE_MAGIC_OFFSET, ROLE_MAGIC)?;

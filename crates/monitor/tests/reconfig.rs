@@ -75,7 +75,10 @@ fn only_the_holder_completes_or_releases_and_a_claimed_word_is_not_claimed_again
     release(a.as_ref(), mine).unwrap();
     assert_eq!(read_role(a.as_ref()).unwrap().role, seen, "released unmoved: same site and epoch");
     // A region that is not a role region is refused.
-    let _other = cluster.fabric(2).register(tierstack_monitor::reconfig::ROLE_REGION, 24).unwrap();
+    let _other = cluster
+        .fabric(2)
+        .register(tierstack_monitor::reconfig::ROLE_REGION, 24, tierstack_fabric::Access::all())
+        .unwrap();
     let b = cluster.fabric(1).connect(NodeId(2), tierstack_monitor::reconfig::ROLE_REGION).unwrap();
     assert!(matches!(read_role(b.as_ref()), Err(MonitorError::NotARoleRegion { .. })));
 }

@@ -99,7 +99,11 @@ impl Rings {
         timeout: Duration,
     ) -> Result<Rings, LinkError> {
         let layout = RingLayout { nodes: nodes as u64, entries: u64::from(entries.max(2)), data_bytes: DATA_BYTES };
-        let local = fabric.register(REGION, layout.region_bytes())?;
+        let local = fabric.register(
+            REGION,
+            layout.region_bytes(),
+            tierstack_fabric::Access::new(tierstack_fabric::Rights::WRITE),
+        )?;
         Ok(Rings {
             fabric,
             me,

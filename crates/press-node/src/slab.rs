@@ -60,7 +60,7 @@ impl Slab {
     /// Registers a slab of `bytes` (at least 8).
     pub fn register(fabric: &Arc<dyn Fabric>, bytes: u64) -> Result<Slab, FabricError> {
         let bytes = round8(bytes.max(8));
-        let region = fabric.register(REGION, bytes)?;
+        let region = fabric.register(REGION, bytes, tierstack_fabric::Access::read_only())?;
         let mut state = State::default();
         state.free.insert(0, region.len());
         Ok(Slab { region, state: Mutex::new(state) })

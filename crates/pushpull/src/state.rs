@@ -199,7 +199,7 @@ impl CacheStateWriter {
     /// Registers [`REGION_NAME`] on `fabric` and initializes it.
     pub fn create(fabric: &dyn Fabric, config: CacheStateConfig) -> Result<Self, CacheStateError> {
         config.validate()?;
-        let region = fabric.register(REGION_NAME, region_bytes(config.slots))?;
+        let region = fabric.register(REGION_NAME, region_bytes(config.slots), tierstack_fabric::Access::read_only())?;
         Self::on_region(region, config)
     }
 

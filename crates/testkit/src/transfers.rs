@@ -45,7 +45,7 @@ fn remote_region(
     bytes: u64,
     seed: u8,
 ) -> (Arc<LocalRegion>, Arc<dyn RemoteRegion>) {
-    let at_owner = owner.register(name, bytes).unwrap();
+    let at_owner = owner.register(name, bytes, tierstack_fabric::Access::all()).unwrap();
     at_owner.memory().write(0, &pattern(bytes as usize, seed)).unwrap();
     let remote = peer.connect(owner.local_node(), name).unwrap();
     (at_owner, remote)
@@ -105,7 +105,7 @@ fn misfit(remote: u64, local: u64, len: u32, local_name: &str) -> FabricError {
 /// bounds error and changes nothing.
 pub fn round_trips_match_plain_reads_and_writes(owner: &dyn Fabric, peer: &dyn Fabric) {
     let (at_owner, remote) = remote_region(owner, peer, "xfer.prop", REMOTE_BYTES, 0);
-    let local = peer.register("xfer.prop.local", LOCAL_BYTES).unwrap();
+    let local = peer.register("xfer.prop.local", LOCAL_BYTES, tierstack_fabric::Access::all()).unwrap();
     let mut runner =
         TestRunner::new(Config { cases: ROUND_TRIP_CASES, failure_persistence: None, ..Config::default() });
     runner
@@ -169,7 +169,7 @@ pub fn round_trips_match_plain_reads_and_writes(owner: &dyn Fabric, peer: &dyn F
 pub fn large_transfers_round_trip(owner: &dyn Fabric, peer: &dyn Fabric) {
     const BIG: u64 = 3 << 20;
     let (at_owner, remote) = remote_region(owner, peer, "xfer.big", BIG, 0);
-    let local = peer.register("xfer.big.local", BIG).unwrap();
+    let local = peer.register("xfer.big.local", BIG, tierstack_fabric::Access::all()).unwrap();
     for (len, seed) in [(64u64 << 10, 11u8), (BIG - 8, 12), (100, 13), (BIG, 14)] {
         let bytes = pattern(len as usize, seed);
         local.memory().write(0, &bytes).unwrap();
@@ -192,7 +192,7 @@ pub fn large_transfers_round_trip(owner: &dyn Fabric, peer: &dyn Fabric) {
 /// the batch executes; the handle keeps working.
 pub fn bounds_errors_are_typed_and_execute_nothing(owner: &dyn Fabric, peer: &dyn Fabric) {
     let (at_owner, remote) = remote_region(owner, peer, "xfer.bounds", 64, 3);
-    let local = peer.register("xfer.bounds.local", 32).unwrap();
+    let local = peer.register("xfer.bounds.local", 32, tierstack_fabric::Access::all()).unwrap();
     local.memory().write(0, &pattern(32, 4)).unwrap();
     let slice = |offset, len| LocalSlice::new(local.clone(), offset, len);
     let cases = [
@@ -249,7 +249,7 @@ pub fn bounds_errors_are_typed_and_execute_nothing(owner: &dyn Fabric, peer: &dy
 /// offset and length, unaligned edges included.
 pub fn alignment_follows_the_same_phase_rule(owner: &dyn Fabric, peer: &dyn Fabric) {
     let (at_owner, remote) = remote_region(owner, peer, "xfer.align", 128, 5);
-    let local = peer.register("xfer.align.local", 64).unwrap();
+    let local = peer.register("xfer.align.local", 64, tierstack_fabric::Access::all()).unwrap();
     local.memory().write(0, &pattern(64, 6)).unwrap();
     let slice = |offset, len| LocalSlice::new(local.clone(), offset, len);
     for (remote_offset, local_offset) in [(0, 4), (3, 0), (13, 6), (8, 1)] {
@@ -279,7 +279,7 @@ pub fn alignment_follows_the_same_phase_rule(owner: &dyn Fabric, peer: &dyn Fabr
 /// op's position, each transfer seeing the effects of the ops before it.
 pub fn a_batch_mixes_old_and_new_ops(owner: &dyn Fabric, peer: &dyn Fabric) {
     let (at_owner, remote) = remote_region(owner, peer, "xfer.mixed", 64, 7);
-    let local = peer.register("xfer.mixed.local", 64).unwrap();
+    let local = peer.register("xfer.mixed.local", 64, tierstack_fabric::Access::all()).unwrap();
     local.memory().write(0, &pattern(64, 8)).unwrap();
     let slice = |offset, len| LocalSlice::new(local.clone(), offset, len);
     let results = remote
@@ -320,7 +320,7 @@ pub fn a_batch_mixes_old_and_new_ops(owner: &dyn Fabric, peer: &dyn Fabric) {
 /// made afterwards shows.
 pub fn a_view_sees_the_bytes_that_arrived_before_it(owner: &dyn Fabric, peer: &dyn Fabric) {
     let (at_owner, remote) = remote_region(owner, peer, "xfer.view", 4096, 9);
-    let pool = peer.register("xfer.view.pool", 4096).unwrap();
+    let pool = peer.register("xfer.view.pool", 4096, tierstack_fabric::Access::all()).unwrap();
     let slot = LocalSlice::new(pool.clone(), 1024, 3000);
     remote.read_into(96, &slot).unwrap();
     // SAFETY: nothing writes the slot until the view is dropped.
@@ -340,7 +340,7 @@ pub fn a_view_sees_the_bytes_that_arrived_before_it(owner: &dyn Fabric, peer: &d
 /// local region (filled with a known pattern).
 pub fn before_the_owner_dies(owner: &dyn Fabric, peer: &dyn Fabric) -> (Arc<dyn RemoteRegion>, Arc<LocalRegion>) {
     let (_at_owner, remote) = remote_region(owner, peer, "xfer.dead", 64, 11);
-    let local = peer.register("xfer.dead.local", 64).unwrap();
+    let local = peer.register("xfer.dead.local", 64, tierstack_fabric::Access::all()).unwrap();
     local.memory().write(0, &pattern(64, 12)).unwrap();
     remote.read_into(0, &LocalSlice::new(local.clone(), 0, 8)).unwrap();
     local.memory().write(0, &pattern(64, 12)).unwrap();

@@ -191,11 +191,15 @@ impl CoopNode {
         let passive_here = me >= config.active.len();
         let pages = if passive_here && !config.scheme.uses_passive() { 0 } else { pool_pages };
         let layout = PoolLayout::new(pool_pages);
-        let pool = fabric.register(POOL_REGION, layout.region_bytes())?;
+        let pool = fabric.register(POOL_REGION, layout.region_bytes(), tierstack_fabric::Access::read_only())?;
         let keys = if passive_here {
             None
         } else {
-            let region = fabric.register(KEYS_REGION, (config.key_table_entries + PROBE_MAX) * KEY_ENTRY_BYTES)?;
+            let region = fabric.register(
+                KEYS_REGION,
+                (config.key_table_entries + PROBE_MAX) * KEY_ENTRY_BYTES,
+                tierstack_fabric::Access::read_only(),
+            )?;
             Some(KeyTable::new(region, config.key_table_entries))
         };
         let state = State {

@@ -99,7 +99,7 @@ impl Ddss {
     /// As [`Ddss::start`], with the clock that temporal coherence reads.
     pub fn start_with_clock(fabric: Arc<dyn Fabric>, config: DdssConfig, clock: Arc<dyn Clock>) -> Result<Self> {
         let layout = Layout::new(config.slots_per_class)?;
-        let region = fabric.register(&config.region_name, layout.region_bytes())?;
+        let region = fabric.register(&config.region_name, layout.region_bytes(), tierstack_fabric::Access::all())?;
         let memory = region.memory();
         let header = layout.header_words();
         // Everything but the magic first; the magic last, so a reader that
@@ -524,7 +524,11 @@ fn register_incarnation(fabric: &dyn Fabric, region_name: &str) -> Result<(u32, 
     // Skip incarnations some other handle on this fabric registered already.
     for _ in 0..64 {
         let incarnation = base.wrapping_add(NEXT.fetch_add(1, Ordering::Relaxed)) % INCARNATION_MAX + 1;
-        match fabric.register(&incarnation_region_name(region_name, incarnation), 8) {
+        match fabric.register(
+            &incarnation_region_name(region_name, incarnation),
+            8,
+            tierstack_fabric::Access::read_only(),
+        ) {
             Ok(region) => return Ok((incarnation, region)),
             Err(e @ FabricError::RegionExists { .. }) => last_error = Some(e),
             Err(e) => return Err(e.into()),

@@ -15,7 +15,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use tierstack_base::sync::lock;
 use tierstack_base::NodeId;
-use tierstack_fabric::{Channel, Fabric, FabricError, LocalRegion};
+use tierstack_fabric::{Access, Channel, Fabric, FabricError, LocalRegion, Rights};
+
+/// Remote nodes operate on lock words only with atomics, and read a word's
+/// tag and fence; nothing writes a lock table with a plain write, so no
+/// peer may (a stray write could forge a grant).
+fn lock_table_access() -> Access {
+    Access::new(Rights::READ_ATOMIC)
+}
 
 fn unix_ms() -> u64 {
     tierstack_base::time::system_now()
@@ -62,14 +69,16 @@ impl Core {
     pub(super) fn new(fabric: Arc<dyn Fabric>, config: DlmConfig) -> Result<Self, LockError> {
         let me = fabric.local_node();
         config.validate(me)?;
-        let register = |name: &str, bytes: u64| {
-            fabric.register(name, bytes).map_err(|e| LockError::Config(format!("cannot register {name:?}: {e}")))
+        let register = |name: &str, bytes: u64, access: Access| {
+            fabric
+                .register(name, bytes, access)
+                .map_err(|e| LockError::Config(format!("cannot register {name:?}: {e}")))
         };
         let (prefix, scheme) = (&config.region_prefix, config.scheme.name());
         let (table_name, node_region_name) = (table_region(prefix, scheme), alive_region(prefix, scheme));
         // The node region first, its incarnation written: whoever finds the
         // table finds the incarnation it belongs to.
-        let node_region = register(&node_region_name, node_region_bytes())?;
+        let node_region = register(&node_region_name, node_region_bytes(), Access::read_only())?;
         let memory = node_region.memory();
         let incarnation = tierstack_base::fresh_seed() | 1;
         let lease_ms = config.lease.map_or(0, |l| u64::try_from(l.as_millis()).unwrap_or(u64::MAX).max(1));
@@ -77,7 +86,7 @@ impl Core {
         memory.store_u64(INCARNATION_OFFSET, incarnation).map_err(setup)?;
         memory.store_u64(LEASE_OFFSET, lease_ms).map_err(setup)?;
         let table = if config.lock_servers.contains(&me) {
-            Some(register(&table_name, u64::from(config.table_slots) * SLOT_BYTES)?)
+            Some(register(&table_name, u64::from(config.table_slots) * SLOT_BYTES, lock_table_access())?)
         } else {
             None
         };

@@ -20,7 +20,7 @@ fn pair() -> (tempfile::TempDir, Arc<ShmFabric>, Arc<ShmFabric>) {
 #[test]
 fn one_sided_operations_reach_the_owners_memory() {
     let (_dir, owner, peer) = pair();
-    let local = owner.register("data", 100).unwrap();
+    let local = owner.register("data", 100, tierstack_fabric::Access::all()).unwrap();
     assert_eq!(local.len(), 104);
     let remote = peer.connect(NodeId(0), "data").unwrap();
     assert_eq!(remote.len(), 104);
@@ -59,10 +59,16 @@ fn one_sided_operations_reach_the_owners_memory() {
 #[test]
 fn errors_are_typed() {
     let (_dir, owner, peer) = pair();
-    owner.register("r", 64).unwrap();
-    assert!(matches!(owner.register("r", 64), Err(FabricError::RegionExists { .. })));
-    assert!(matches!(owner.register("../x", 64), Err(FabricError::InvalidName { .. })));
-    assert!(matches!(owner.register("big", 1 << 40), Err(FabricError::RegionSize { .. })));
+    owner.register("r", 64, tierstack_fabric::Access::all()).unwrap();
+    assert!(matches!(owner.register("r", 64, tierstack_fabric::Access::all()), Err(FabricError::RegionExists { .. })));
+    assert!(matches!(
+        owner.register("../x", 64, tierstack_fabric::Access::all()),
+        Err(FabricError::InvalidName { .. })
+    ));
+    assert!(matches!(
+        owner.register("big", 1 << 40, tierstack_fabric::Access::all()),
+        Err(FabricError::RegionSize { .. })
+    ));
     assert!(matches!(peer.connect(NodeId(0), "nope"), Err(FabricError::UnknownRegion { .. })));
     assert!(matches!(peer.connect(NodeId(7), "r"), Err(FabricError::UnknownNode { .. })));
     let r = peer.connect(NodeId(0), "r").unwrap();
@@ -81,13 +87,13 @@ fn a_node_id_cannot_be_opened_twice_and_a_closed_node_is_dead() {
     let (dir, owner, peer) = pair();
     let again = ShmFabric::open(ShmConfig::new(dir.path(), NodeId(0)));
     assert!(matches!(again, Err(FabricError::NodeInUse { node: NodeId(0), .. })));
-    owner.register("r", 8).unwrap();
+    owner.register("r", 8, tierstack_fabric::Access::all()).unwrap();
     drop(owner);
     assert!(matches!(peer.connect(NodeId(0), "r"), Err(FabricError::PeerDead { .. })));
     assert!(matches!(peer.send(NodeId(0), Channel::TEST, b"x"), Err(FabricError::PeerDead { .. })));
     // The id can be opened again once its owner is gone.
     let reopened = ShmFabric::open(ShmConfig::new(dir.path(), NodeId(0))).unwrap();
-    reopened.register("r", 8).unwrap();
+    reopened.register("r", 8, tierstack_fabric::Access::all()).unwrap();
     assert_eq!(peer.connect(NodeId(0), "r").unwrap().read_u64(0).unwrap(), 0);
 }
 
@@ -113,7 +119,7 @@ fn messages_arrive_in_order_per_pair() {
 #[test]
 fn concurrent_fetch_add_from_many_threads_is_exact() {
     let (_dir, owner, peer) = pair();
-    let local = owner.register("counter", 8).unwrap();
+    let local = owner.register("counter", 8, tierstack_fabric::Access::all()).unwrap();
     let remote = peer.connect(NodeId(0), "counter").unwrap();
     std::thread::scope(|s| {
         for _ in 0..4 {
@@ -131,7 +137,7 @@ fn concurrent_fetch_add_from_many_threads_is_exact() {
 #[test]
 fn a_closed_owners_regions_are_revoked_for_peers_holding_handles() {
     let (_dir, owner, peer) = pair();
-    owner.register("r", 64).unwrap();
+    owner.register("r", 64, tierstack_fabric::Access::all()).unwrap();
     let remote = peer.connect(NodeId(0), "r").unwrap();
     assert_eq!(remote.fetch_add(0, 1).unwrap(), 0);
     drop(owner);

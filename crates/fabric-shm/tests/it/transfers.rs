@@ -60,7 +60,7 @@ fn a_view_sees_the_bytes_that_arrived_before_it() {
 fn words_read_at_once_match_a_batch_of_reads() {
     let (_dir, owner, peer) = pair();
     let (_at_owner_keep, remote) = {
-        let region = owner.register("xfer.words.offered", 64).unwrap();
+        let region = owner.register("xfer.words.offered", 64, tierstack_fabric::Access::all()).unwrap();
         (region, peer.connect(NodeId(0), "xfer.words.offered").unwrap())
     };
     // shm offers it: the suite below is not passed trivially.

@@ -23,7 +23,7 @@ const RECV: Duration = Duration::from_secs(10);
 fn every_operation_round_trips_and_the_owner_sees_it() {
     let nodes = cluster(0, 2, TIMEOUT);
     let (a, b) = (&nodes[0], &nodes[1]);
-    let local = b.register("data", 60).unwrap();
+    let local = b.register("data", 60, tierstack_fabric::Access::all()).unwrap();
     assert_eq!(local.len(), 64, "rounded up to a multiple of 8");
     let remote = a.connect(NodeId(1), "data").unwrap();
     assert_eq!((remote.node(), remote.name(), remote.len()), (NodeId(1), "data", 64));
@@ -51,7 +51,7 @@ fn every_operation_round_trips_and_the_owner_sees_it() {
 #[test]
 fn a_batch_returns_its_results_in_order() {
     let nodes = cluster(0, 2, TIMEOUT);
-    let local = nodes[1].register("batch", 64).unwrap();
+    let local = nodes[1].register("batch", 64, tierstack_fabric::Access::all()).unwrap();
     let remote = nodes[0].connect(NodeId(1), "batch").unwrap();
     let ops = vec![
         Op::Write { offset: 0, data: 5u64.to_ne_bytes().to_vec() },
@@ -82,7 +82,7 @@ fn a_batch_returns_its_results_in_order() {
 #[test]
 fn invalid_batches_fail_whole_before_anything_executes() {
     let nodes = cluster(0, 2, TIMEOUT);
-    let local = nodes[1].register("guarded", 32).unwrap();
+    let local = nodes[1].register("guarded", 32, tierstack_fabric::Access::all()).unwrap();
     let remote = nodes[0].connect(NodeId(1), "guarded").unwrap();
     let write_then_bad = |bad: Op| vec![Op::Write { offset: 0, data: vec![7; 8] }, bad];
 
@@ -114,7 +114,7 @@ fn invalid_batches_fail_whole_before_anything_executes() {
 fn the_responder_validates_on_its_own() {
     // A raw client skips the handle's local checks: the owner must refuse too.
     let owner = node(1, TIMEOUT);
-    let local = owner.register("r", 16).unwrap();
+    let local = owner.register("r", 16, tierstack_fabric::Access::all()).unwrap();
     let mut raw = RawClient::hello(owner.local_addr(), NodeId(7));
     let Frame::LookupOk { request: 1, region, incarnation, len: 16 } =
         raw.call(&Frame::Lookup { request: 1, name: "r".into() })
@@ -173,7 +173,7 @@ fn the_responder_validates_on_its_own() {
 fn unknown_regions_nodes_and_bad_names_are_typed_errors() {
     let nodes = cluster(0, 2, TIMEOUT);
     let (a, b) = (&nodes[0], &nodes[1]);
-    b.register("present", 8).unwrap();
+    b.register("present", 8, tierstack_fabric::Access::all()).unwrap();
     assert_eq!(
         a.connect(NodeId(1), "absent").err(),
         Some(FabricError::UnknownRegion { node: NodeId(1), name: "absent".into() })
@@ -190,15 +190,21 @@ fn registration_rules() {
     let fabric = node(0, TIMEOUT);
     assert_eq!(fabric.backend_name(), "tcp");
     assert_eq!(fabric.local_node(), NodeId(0));
-    fabric.register("r", 8).unwrap();
-    assert_eq!(fabric.register("r", 8).err(), Some(FabricError::RegionExists { name: "r".into() }));
-    assert!(matches!(fabric.register(".hidden", 8), Err(FabricError::InvalidName { .. })));
-    assert!(matches!(fabric.register("zero", 0), Err(FabricError::RegionSize { .. })));
+    fabric.register("r", 8, tierstack_fabric::Access::all()).unwrap();
+    assert_eq!(
+        fabric.register("r", 8, tierstack_fabric::Access::all()).err(),
+        Some(FabricError::RegionExists { name: "r".into() })
+    );
+    assert!(matches!(
+        fabric.register(".hidden", 8, tierstack_fabric::Access::all()),
+        Err(FabricError::InvalidName { .. })
+    ));
+    assert!(matches!(fabric.register("zero", 0, tierstack_fabric::Access::all()), Err(FabricError::RegionSize { .. })));
     for i in 1..REGIONS_PER_NODE_MAX {
-        fabric.register(&format!("r{i}"), 8).unwrap();
+        fabric.register(&format!("r{i}"), 8, tierstack_fabric::Access::all()).unwrap();
     }
     assert_eq!(
-        fabric.register("one-too-many", 8).err(),
+        fabric.register("one-too-many", 8, tierstack_fabric::Access::all()).err(),
         Some(FabricError::TooManyRegions { max: REGIONS_PER_NODE_MAX })
     );
     // The last registered region is reachable by its index.
@@ -209,7 +215,7 @@ fn registration_rules() {
 #[test]
 fn a_node_reaches_its_own_regions_through_its_socket() {
     let fabric = node(3, TIMEOUT);
-    let local = fabric.register("mine", 16).unwrap();
+    let local = fabric.register("mine", 16, tierstack_fabric::Access::all()).unwrap();
     let remote = fabric.connect(NodeId(3), "mine").unwrap();
     assert_eq!(remote.fetch_add(8, 11).unwrap(), 0);
     assert_eq!(local.memory().load_u64(8).unwrap(), 11);
@@ -231,7 +237,7 @@ fn an_unresponsive_owner_times_out() {
 #[test]
 fn a_stalled_request_times_out_and_its_late_answer_is_dropped() {
     let owner = node(1, TIMEOUT);
-    let local = owner.register("counter", 8).unwrap();
+    let local = owner.register("counter", 8, tierstack_fabric::Access::all()).unwrap();
     let proxy = Proxy::start(owner.local_addr());
     let client = TcpFabric::open(
         TcpConfig::new(NodeId(0), common::loopback()).with_op_timeout(SHORT_TIMEOUT).with_peer(NodeId(1), proxy.addr),
@@ -255,7 +261,7 @@ fn a_stalled_request_times_out_and_its_late_answer_is_dropped() {
 #[test]
 fn a_broken_connection_fails_pending_requests_with_peer_dead_and_reconnects() {
     let owner = node(1, TIMEOUT);
-    let local = owner.register("counter", 8).unwrap();
+    let local = owner.register("counter", 8, tierstack_fabric::Access::all()).unwrap();
     let proxy = Proxy::start(owner.local_addr());
     let client =
         TcpFabric::open(TcpConfig::new(NodeId(0), common::loopback()).with_peer(NodeId(1), proxy.addr)).unwrap();
@@ -287,7 +293,7 @@ fn a_dead_peer_is_peer_dead_and_a_restarted_one_only_through_a_fresh_connect() {
     let owner = node(1, TIMEOUT);
     let addr = owner.local_addr();
     client.add_peer(NodeId(1), addr);
-    let first = owner.register("r", 8).unwrap();
+    let first = owner.register("r", 8, tierstack_fabric::Access::all()).unwrap();
     let remote = client.connect(NodeId(1), "r").unwrap();
     assert_eq!(remote.fetch_add(0, 5).unwrap(), 0);
     assert_eq!(first.memory().load_u64(0).unwrap(), 5);
@@ -310,7 +316,7 @@ fn a_dead_peer_is_peer_dead_and_a_restarted_one_only_through_a_fresh_connect() {
     // the old incarnation must never reach it (its lock words would be reset
     // under their holders), exactly as an shm handle to a revoked region.
     let owner = TcpFabric::open(TcpConfig::new(NodeId(1), addr)).unwrap();
-    let second = owner.register("r", 8).unwrap();
+    let second = owner.register("r", 8, tierstack_fabric::Access::all()).unwrap();
     second.memory().store_u64(0, 99).unwrap();
     for _ in 0..3 {
         let err = remote.fetch_add(0, 7).unwrap_err();
@@ -371,7 +377,7 @@ fn concurrent_fetch_add_from_several_fabrics_is_exact() {
     const THREADS_PER_CLIENT: usize = 3;
     const ADDS: u64 = 300;
     let nodes = cluster(0, 3, TIMEOUT);
-    let local = nodes[0].register("counter", 8).unwrap();
+    let local = nodes[0].register("counter", 8, tierstack_fabric::Access::all()).unwrap();
     let workers: Vec<_> = nodes
         .iter()
         .flat_map(|fabric| (0..THREADS_PER_CLIENT).map(move |_| Arc::clone(fabric)))
@@ -394,7 +400,7 @@ fn compare_swap_contention_has_exactly_one_winner_per_round() {
     const ROUNDS: u64 = 60;
     const THREADS: usize = 4;
     let nodes = cluster(0, 3, TIMEOUT);
-    let local = nodes[0].register("word", 8).unwrap();
+    let local = nodes[0].register("word", 8, tierstack_fabric::Access::all()).unwrap();
     let barrier = Arc::new(Barrier::new(THREADS));
     let workers: Vec<_> = (0..THREADS)
         .map(|t| {
@@ -423,7 +429,7 @@ fn compare_swap_contention_has_exactly_one_winner_per_round() {
 #[test]
 fn garbage_from_a_client_closes_only_that_connection() {
     let owner = node(1, TIMEOUT);
-    let local = owner.register("r", 8).unwrap();
+    let local = owner.register("r", 8, tierstack_fabric::Access::all()).unwrap();
     let client = node(0, TIMEOUT);
     client.add_peer(NodeId(1), owner.local_addr());
     let remote = client.connect(NodeId(1), "r").unwrap();
@@ -481,8 +487,8 @@ fn shutdown_fails_everything_with_closed_and_stops_every_thread() {
     let peer = node(ID - 1, TIMEOUT);
     fabric.add_peer(peer.local_node(), peer.local_addr());
     peer.add_peer(fabric.local_node(), fabric.local_addr());
-    peer.register("p", 8).unwrap();
-    fabric.register("f", 8).unwrap();
+    peer.register("p", 8, tierstack_fabric::Access::all()).unwrap();
+    fabric.register("f", 8, tierstack_fabric::Access::all()).unwrap();
     let to_peer = fabric.connect(peer.local_node(), "p").unwrap();
     let to_self = fabric.connect(fabric.local_node(), "f").unwrap();
     let from_peer = peer.connect(fabric.local_node(), "f").unwrap();
@@ -495,7 +501,7 @@ fn shutdown_fails_everything_with_closed_and_stops_every_thread() {
     assert!(no_threads_named(&prefix), "shutdown joined every thread");
     assert_eq!(to_peer.fetch_add(0, 1), Err(FabricError::Closed));
     assert_eq!(fabric.send(peer.local_node(), Channel::TEST, b"x"), Err(FabricError::Closed));
-    assert_eq!(fabric.register("g", 8).err(), Some(FabricError::Closed));
+    assert_eq!(fabric.register("g", 8, tierstack_fabric::Access::all()).err(), Some(FabricError::Closed));
     let err = from_peer.fetch_add(0, 1).unwrap_err();
     assert!(err.is_unreachable(), "the peer sees a dead node: {err:?}");
     fabric.shutdown(); // idempotent
@@ -503,7 +509,7 @@ fn shutdown_fails_everything_with_closed_and_stops_every_thread() {
 
     // Dropping a fabric shuts it down too.
     let dropped = node(ID, TIMEOUT);
-    dropped.register("f", 8).unwrap();
+    dropped.register("f", 8, tierstack_fabric::Access::all()).unwrap();
     dropped.connect(NodeId(ID), "f").unwrap().fetch_add(0, 1).unwrap();
     assert!(threads_named_at_least(&prefix, 4));
     drop(dropped);
@@ -549,7 +555,7 @@ fn threads_named(prefix: &str) -> usize {
 #[test]
 fn posted_batches_complete_asynchronously_and_out_of_order_waits_work() {
     let nodes = cluster(0, 2, TIMEOUT);
-    nodes[1].register("r", 64).unwrap();
+    nodes[1].register("r", 64, tierstack_fabric::Access::all()).unwrap();
     let remote: Arc<dyn RemoteRegion> = nodes[0].connect(NodeId(1), "r").unwrap();
     let completions: Vec<_> =
         (0..32u64).map(|i| remote.post(vec![Op::FetchAdd { offset: (i % 8) * 8, delta: 1 }])).collect();
@@ -615,9 +621,9 @@ fn posting_to_a_stalled_owner_never_blocks_an_async_runtime() {
     const STALLED_POSTS: usize = 4;
     const HEALTHY_POSTS: u64 = 20;
     let stalled_owner = node(1, STALL_TIMEOUT);
-    stalled_owner.register("big", TRANSFER_BYTES_MAX as u64).unwrap();
+    stalled_owner.register("big", TRANSFER_BYTES_MAX as u64, tierstack_fabric::Access::all()).unwrap();
     let healthy_owner = node(2, STALL_TIMEOUT);
-    let counter = healthy_owner.register("counter", 8).unwrap();
+    let counter = healthy_owner.register("counter", 8, tierstack_fabric::Access::all()).unwrap();
     let proxy = Proxy::start(stalled_owner.local_addr());
     let client = TcpFabric::open(
         TcpConfig::new(NodeId(0), common::loopback())

@@ -81,14 +81,14 @@ fn read_into_a_dead_peer_is_peer_dead() {
 #[test]
 fn a_read_into_that_timed_out_never_writes_its_target() {
     let owner = node(1, TIMEOUT);
-    let at_owner = owner.register("slow", 64).unwrap();
+    let at_owner = owner.register("slow", 64, tierstack_fabric::Access::all()).unwrap();
     at_owner.memory().write(0, &suite::pattern(64, 1)).unwrap();
     let proxy = Proxy::start(owner.local_addr());
     let client = TcpFabric::open(
         TcpConfig::new(NodeId(0), common::loopback()).with_op_timeout(SHORT_TIMEOUT).with_peer(NodeId(1), proxy.addr),
     )
     .unwrap();
-    let local = client.register("slot", 64).unwrap();
+    let local = client.register("slot", 64, tierstack_fabric::Access::all()).unwrap();
     let remote = client.connect(NodeId(1), "slow").unwrap();
 
     proxy.freeze_answers();
@@ -131,7 +131,7 @@ fn a_malformed_answer_to_a_read_into_writes_nothing() {
     });
     let client = node(0, TIMEOUT);
     client.add_peer(NodeId(6), addr);
-    let local = client.register("slot", 16).unwrap();
+    let local = client.register("slot", 16, tierstack_fabric::Access::all()).unwrap();
     let remote = client.connect(NodeId(6), "fake").unwrap();
     let err = remote
         .post(vec![
@@ -153,9 +153,9 @@ fn a_malformed_answer_to_a_read_into_writes_nothing() {
 fn a_node_transfers_between_its_own_regions() {
     let nodes = cluster(0, 1, TIMEOUT);
     let me = &nodes[0];
-    let from = me.register("from", 32).unwrap();
+    let from = me.register("from", 32, tierstack_fabric::Access::all()).unwrap();
     from.memory().write(0, &suite::pattern(32, 5)).unwrap();
-    let to = me.register("to", 32).unwrap();
+    let to = me.register("to", 32, tierstack_fabric::Access::all()).unwrap();
     let remote: Arc<dyn RemoteRegion> = me.connect(NodeId(0), "to").unwrap();
     remote.write_from(0, &LocalSlice::new(from.clone(), 0, 32)).unwrap();
     assert_eq!(suite::contents(to.memory()), suite::pattern(32, 5));

@@ -19,8 +19,8 @@ use tierstack_base::limits::{CHANNELS_MAX, NODES_MAX, REGIONS_PER_NODE_MAX, TRAN
 use tierstack_base::NodeId;
 use tierstack_fabric::listen::{bind_node, Listening};
 use tierstack_fabric::{
-    check_batch, validate_region_bytes, validate_region_name, Channel, Completion, Fabric, FabricError, Inbox, Inboxes,
-    LocalRegion, Message, Op, PeerState, RegionMemory, RemoteRegion, Result,
+    check_batch, validate_region_bytes, validate_region_name, Access, Channel, Completion, Fabric, FabricError, Inbox,
+    Inboxes, LocalRegion, Message, Op, PeerState, RegionMemory, RemoteRegion, Result,
 };
 use ucx::Context;
 
@@ -564,7 +564,7 @@ impl Fabric for UcxFabric {
         "ucx"
     }
 
-    fn register(&self, name: &str, bytes: u64) -> Result<Arc<LocalRegion>> {
+    fn register(&self, name: &str, bytes: u64, access: Access) -> Result<Arc<LocalRegion>> {
         let shared = &self.shared;
         shared.check_open()?;
         validate_region_name(name)?;
@@ -592,7 +592,7 @@ impl Fabric for UcxFabric {
         let memory = unsafe { RegionMemory::from_raw(name, base, bytes, Box::new(owner))? };
         // UCX does not promise zeroed memory; the fabric does.
         memory.write(0, &vec![0u8; bytes as usize])?;
-        let region = Arc::new(LocalRegion::new(name, memory));
+        let region = Arc::new(LocalRegion::with_access(name, memory, access));
         regions.insert(
             name.to_string(),
             Registered { region: Arc::clone(&region), base: mapped.base as u64, rkey: mapped.rkey },

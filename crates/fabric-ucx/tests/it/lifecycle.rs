@@ -15,7 +15,7 @@ fn every_operation_once(transports: &str) {
         return;
     }
     let nodes = common::cluster(0, 2, transports, Duration::from_secs(2));
-    let owner = nodes[0].register("smoke", 64).unwrap();
+    let owner = nodes[0].register("smoke", 64, tierstack_fabric::Access::all()).unwrap();
     owner.memory().store_u64(8, 41).unwrap();
     let remote = nodes[1].connect(NodeId(0), "smoke").unwrap();
     assert_eq!(remote.read_u64(8).unwrap(), 41);
@@ -60,7 +60,7 @@ fn open_use_and_close_cycles(transports: &str, cycles: usize) {
     for cycle in 0..cycles {
         let nodes = common::cluster(0, 3, transports, Duration::from_secs(2));
         for node in &nodes {
-            node.register("cycle", 64).unwrap();
+            node.register("cycle", 64, tierstack_fabric::Access::all()).unwrap();
         }
         let mut handles = Vec::new();
         for (i, a) in nodes.iter().enumerate() {
@@ -112,7 +112,7 @@ fn a_node_reopened_by_a_new_process_runs_again(transports: &str) {
         return;
     }
     let mut nodes = common::cluster(0, 2, transports, Duration::from_secs(2));
-    nodes[1].register("old", 64).unwrap();
+    nodes[1].register("old", 64, tierstack_fabric::Access::all()).unwrap();
     let remote = nodes[0].connect(NodeId(1), "old").unwrap();
     remote.fetch_add(0, 1).unwrap();
     assert_eq!(nodes[0].peer_state(NodeId(1)), PeerState::Running);
@@ -124,7 +124,7 @@ fn a_node_reopened_by_a_new_process_runs_again(transports: &str) {
     reopened.add_peer(NodeId(0), nodes[0].local_addr());
     nodes[0].add_peer(NodeId(1), reopened.local_addr());
     assert_eq!(nodes[0].peer_state(NodeId(1)), PeerState::Running);
-    reopened.register("new", 64).unwrap();
+    reopened.register("new", 64, tierstack_fabric::Access::all()).unwrap();
     assert_eq!(nodes[0].connect(NodeId(1), "new").unwrap().fetch_add(0, 1).unwrap(), 0);
     assert!(matches!(nodes[0].connect(NodeId(1), "old"), Err(FabricError::UnknownRegion { .. })));
 }

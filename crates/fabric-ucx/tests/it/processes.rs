@@ -97,7 +97,7 @@ fn child_entry() {
 /// until standard input closes.
 fn owner(node: u32, tls: &str) {
     let fabric = open_node(node, tls, "", Duration::from_secs(5));
-    fabric.register("shared", 1024).unwrap();
+    fabric.register("shared", 1024, tierstack_fabric::Access::all()).unwrap();
     println!("ready {}", fabric.local_addr());
     std::io::stdout().flush().unwrap();
     let mut line = String::new();
@@ -180,7 +180,8 @@ fn stress(tls: &str) {
         "ucx stress over {tls}: seed {seed} (replay with TIERSTACK_TEST_SEED={seed}), {messages} messages per sender"
     );
     let parent = open_node(0, tls, "", STRESS_TIMEOUT);
-    let region = parent.register("stress", 8 + SLOT_BYTES * u64::from(SENDERS + 1)).unwrap();
+    let region =
+        parent.register("stress", 8 + SLOT_BYTES * u64::from(SENDERS + 1), tierstack_fabric::Access::all()).unwrap();
     let parent_peer = vec![(0, parent.local_addr())];
     let mut children: Vec<ChildProcess> = (1..=SENDERS)
         .map(|node| {
