@@ -15,19 +15,21 @@
 //! end by their deadline, failed by the sweeper.
 
 use crate::pending::PendingTable;
+use crate::secure::{self, FrameReader, SealState};
 use crate::{lock, Shared};
-use std::io::{BufReader, Write};
+use std::io::BufReader;
 use std::net::{Shutdown, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use tierstack_base::limits::CHANNELS_MAX;
 use tierstack_base::NodeId;
 use tierstack_fabric::{Channel, CompletionSender, FabricError, LocalSlice, Op, OpResult, Result};
-use tierstack_fabric_wire::{decode_borrowed, encode, read_frame_body, BorrowedFrame, Frame, ResultRef};
+use tierstack_fabric_wire::auth::Opener;
+use tierstack_fabric_wire::{decode_borrowed, encode, BorrowedFrame, Frame, ResultRef};
 
 /// A reader keeps its frame buffer between frames up to this size; a larger
 /// one (a big read's answer) is given back after use.
-const FRAME_BUFFER_KEEP_BYTES: usize = 1 << 20;
+pub(crate) const FRAME_BUFFER_KEEP_BYTES: usize = 1 << 20;
 
 /// What an `Ops` answer must look like, op by op, and where each result
 /// goes: a responder that answers with other shapes is a protocol error, not
@@ -149,7 +151,7 @@ pub(crate) struct Link {
     /// requests, and from each other so that a full channel never holds back
     /// another. Senders write under the channel's lock, which keeps one
     /// sender's messages of a channel in order.
-    messages: [Mutex<Option<TcpStream>>; CHANNELS_MAX],
+    messages: [Mutex<Option<MessageConn>>; CHANNELS_MAX],
 }
 
 /// One request connection to a peer's listener.
@@ -170,7 +172,7 @@ impl Conn {
 }
 
 /// Connects to `peer`, sets the socket up and sends `Hello`.
-fn dial(shared: &Shared, peer: NodeId) -> Result<TcpStream> {
+fn dial(shared: &Shared, peer: NodeId) -> Result<Dialled> {
     let addr = shared.addr_of(peer)?;
     let unreachable = |e: std::io::Error| match e.kind() {
         std::io::ErrorKind::TimedOut | std::io::ErrorKind::WouldBlock => {
@@ -183,8 +185,22 @@ fn dial(shared: &Shared, peer: NodeId) -> Result<TcpStream> {
     // A peer that stops reading (stopped, overloaded, a full inbox) must not
     // hold a writer forever inside `write_all`: the write fails instead.
     stream.set_write_timeout(Some(shared.op_timeout)).map_err(unreachable)?;
-    stream.write_all(&encode(&Frame::Hello { node: shared.node })).map_err(unreachable)?;
-    Ok(stream)
+    let (sealer, opener) = secure::connect(shared, peer, &mut stream)?;
+    Ok(Dialled { stream, sealer, opener })
+}
+
+/// A connection set up to a peer: the stream, and when the cluster has a
+/// key, the sealer of this side's frames and the opener of the peer's.
+struct Dialled {
+    stream: TcpStream,
+    sealer: SealState,
+    opener: Option<Opener>,
+}
+
+/// A message connection to a peer (one per channel): only ever written.
+struct MessageConn {
+    stream: TcpStream,
+    sealer: SealState,
 }
 
 /// True if the peer has closed `stream` (its end-of-stream has arrived). The
@@ -268,8 +284,8 @@ impl Link {
         let waiters = lock(&self.pending).close(FabricError::Closed);
         fail_all(waiters, &FabricError::Closed);
         for messages in &self.messages {
-            if let Some(stream) = lock(messages).take() {
-                let _ = stream.shutdown(Shutdown::Both);
+            if let Some(conn) = lock(messages).take() {
+                let _ = conn.stream.shutdown(Shutdown::Both);
             }
         }
         let _ = self.queue.send(Outgoing::Stop);
@@ -277,8 +293,8 @@ impl Link {
 
     /// Dials a new request connection and starts its reader. Returns the
     /// connection and the stream the writer writes.
-    fn connect(self: &Arc<Self>, shared: &Arc<Shared>) -> Result<(Arc<Conn>, TcpStream)> {
-        let stream = dial(shared, self.peer)?;
+    fn connect(self: &Arc<Self>, shared: &Arc<Shared>) -> Result<(Arc<Conn>, TcpStream, SealState)> {
+        let Dialled { stream, sealer, opener } = dial(shared, self.peer)?;
         let io = |e: std::io::Error| FabricError::PeerDead { node: self.peer, reason: e.to_string() };
         let control = stream.try_clone().map_err(io)?;
         let reader = stream.try_clone().map_err(io)?;
@@ -296,14 +312,14 @@ impl Link {
         }
         let (reader_shared, reader_link, reader_conn) = (Arc::clone(shared), Arc::clone(self), Arc::clone(&conn));
         let spawned = shared.spawn(format!("tcp-{}-read{}", shared.node.0, self.peer.0), move || {
-            run_reader(&reader_shared, &reader_link, &reader_conn, reader)
+            run_reader(&reader_shared, &reader_link, &reader_conn, reader, opener)
         });
         if let Err(e) = spawned {
             self.kill(&conn, FabricError::PeerDead { node: self.peer, reason: format!("cannot start a reader: {e}") });
             return Err(e);
         }
         tracing::debug!(node = %shared.node, peer = %self.peer, "connected");
-        Ok((conn, stream))
+        Ok((conn, stream, sealer))
     }
 
     /// Sends a two-sided message on the channel's message connection,
@@ -311,26 +327,32 @@ impl Link {
     /// (its inbox of `channel` is full), up to the op timeout, as the `shm`
     /// backend's sends do.
     pub(crate) fn send_message(&self, shared: &Shared, channel: Channel, payload: &[u8]) -> Result<()> {
-        let frame = encode(&Frame::Message { channel, payload: payload.to_vec() });
+        let encode_frame = || encode(&Frame::Message { channel, payload: payload.to_vec() });
+        // Sealing appends to the bytes: the retry (rare) encodes afresh.
+        let mut first = Some(encode_frame());
         // A `Channel` is always below CHANNELS_MAX, the array's length.
         let mut slot = lock(&self.messages[channel.index()]);
-        if slot.as_ref().is_some_and(closed_by_peer) {
+        if slot.as_ref().is_some_and(|conn| closed_by_peer(&conn.stream)) {
             *slot = None;
         }
         // A cached connection may still break on write: reconnect once
         // before reporting the peer dead.
         for attempt in 0..2 {
             shared.check_open()?;
-            let stream = match slot.as_mut() {
-                Some(stream) => stream,
-                None => slot.insert(dial(shared, self.peer)?),
+            let conn = match slot.as_mut() {
+                Some(conn) => conn,
+                None => {
+                    let Dialled { stream, sealer, .. } = dial(shared, self.peer)?;
+                    slot.insert(MessageConn { stream, sealer })
+                }
             };
-            match stream.write_all(&frame) {
+            let frame = first.take().unwrap_or_else(encode_frame);
+            match secure::write_frame_bytes(&mut conn.stream, &mut conn.sealer, frame) {
                 Ok(()) => return Ok(()),
                 Err(e) => {
                     // The stream may be mid-frame: never write on it again.
-                    if let Some(stream) = slot.take() {
-                        let _ = stream.shutdown(Shutdown::Both);
+                    if let Some(conn) = slot.take() {
+                        let _ = conn.stream.shutdown(Shutdown::Both);
                     }
                     if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) {
                         return Err(FabricError::Timeout { node: self.peer, timeout_ms: shared.timeout_ms });
@@ -380,7 +402,7 @@ impl Link {
 /// when there is no live connection. A failed dial fails the requests not
 /// yet written; a failed write ends the connection (it may be mid-frame).
 pub(crate) fn run_writer(shared: &Arc<Shared>, link: &Arc<Link>, queue: &flume::Receiver<Outgoing>) {
-    let mut current: Option<(Arc<Conn>, TcpStream)> = None;
+    let mut current: Option<(Arc<Conn>, TcpStream, SealState)> = None;
     while let Ok(Outgoing::Request { request, bytes }) = queue.recv() {
         if shared.is_closed() {
             break;
@@ -389,7 +411,7 @@ pub(crate) fn run_writer(shared: &Arc<Shared>, link: &Arc<Link>, queue: &flume::
         if !lock(&link.pending).contains(request) {
             continue;
         }
-        let (conn, mut stream) = match current.take().filter(|(conn, _)| !conn.is_dead()) {
+        let (conn, mut stream, mut sealer) = match current.take().filter(|(conn, ..)| !conn.is_dead()) {
             Some(live) => live,
             None => match link.connect(shared) {
                 Ok(fresh) => fresh,
@@ -409,7 +431,7 @@ pub(crate) fn run_writer(shared: &Arc<Shared>, link: &Arc<Link>, queue: &flume::
             link.abandon(request, FabricError::PeerDead { node: link.peer, reason: "the connection broke".into() });
             continue;
         }
-        if let Err(e) = stream.write_all(&bytes) {
+        if let Err(e) = secure::write_frame_bytes(&mut stream, &mut sealer, bytes) {
             let error = if shared.is_closed() {
                 FabricError::Closed
             } else {
@@ -418,9 +440,9 @@ pub(crate) fn run_writer(shared: &Arc<Shared>, link: &Arc<Link>, queue: &flume::
             link.kill(&conn, error);
             continue;
         }
-        current = Some((conn, stream));
+        current = Some((conn, stream, sealer));
     }
-    if let Some((conn, _)) = current {
+    if let Some((conn, ..)) = current {
         link.kill(&conn, FabricError::Closed);
     }
 }
@@ -432,38 +454,25 @@ enum Answer<'a> {
 }
 
 pub(crate) fn frame_name(frame: &Frame) -> &'static str {
-    match frame {
-        Frame::Hello { .. } => "Hello",
-        Frame::Message { .. } => "Message",
-        Frame::Lookup { .. } => "Lookup",
-        Frame::LookupOk { .. } => "LookupOk",
-        Frame::Ops { .. } => "Ops",
-        Frame::OpsOk { .. } => "OpsOk",
-        Frame::Error { .. } => "Error",
-    }
+    frame.kind_name()
 }
 
 /// The reader thread of `conn`: completes answers until the stream ends,
 /// then ends the connection (failing what was written on it with `PeerDead`).
-fn run_reader(shared: &Shared, link: &Link, conn: &Conn, stream: TcpStream) {
-    let mut reader = BufReader::with_capacity(crate::READ_BUFFER_BYTES, stream);
-    // The one buffer a frame is read into; answers are decoded from it in place.
-    let mut body = Vec::new();
+fn run_reader(shared: &Shared, link: &Link, conn: &Conn, stream: TcpStream, opener: Option<Opener>) {
+    let mut frames = FrameReader::new(BufReader::with_capacity(crate::READ_BUFFER_BYTES, stream), opener);
     let reason = loop {
-        match read_frame_body(&mut reader, &mut body) {
-            Ok(true) => {
-                let handled = decode_borrowed(&body)
+        match frames.next_body() {
+            Ok(Some(body)) => {
+                let handled = decode_borrowed(body)
                     .map_err(|e| format!("decoding a frame: {e}"))
                     .and_then(|frame| link.on_frame(frame));
                 if let Err(reason) = handled {
                     tracing::warn!(peer = %link.peer, %reason, "closing a connection to a misbehaving owner");
                     break reason;
                 }
-                if body.capacity() > FRAME_BUFFER_KEEP_BYTES {
-                    body = Vec::new();
-                }
             }
-            Ok(false) => break "the connection was closed".to_string(),
+            Ok(None) => break "the connection was closed".to_string(),
             Err(e) => break format!("reading from the connection: {e}"),
         }
     };

@@ -57,10 +57,13 @@
 
 mod client;
 mod pending;
+mod secure;
 mod server;
 
+pub use secure::HANDSHAKES_MAX;
+
 use client::{Link, RegionInfo, Shape, Waiter};
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
@@ -73,7 +76,9 @@ use tierstack_fabric::{
     check_batch, validate_region_name, Access, Channel, Completion, Fabric, FabricError, Inbox, Inboxes, LocalRegion,
     Op, PeerState, RegionMemory, RemoteRegion, Result,
 };
+use tierstack_fabric_wire::auth::FabricKey;
 use tierstack_fabric_wire::{encode, try_encode, Frame, WireError};
+pub use tierstack_secret::ClusterKey;
 
 /// How often a responder waiting for room in the inbox checks for shutdown.
 pub(crate) const INBOX_WAIT_SLICE: Duration = Duration::from_millis(50);
@@ -104,15 +109,21 @@ pub struct TcpConfig {
     /// always reaches itself at its actual listening address.
     pub peers: HashMap<NodeId, SocketAddr>,
     /// How long a request (connect, lookup, batch) may take before it fails
-    /// with [`FabricError::Timeout`].
+    /// with [`FabricError::Timeout`]; also the deadline of a connection's
+    /// handshake.
     pub op_timeout: Duration,
+    /// The cluster's key: with it, every connection is mutually
+    /// authenticated and every frame sealed (`secure.rs`); without it, peers
+    /// are taken at their word, which [`TcpFabric::open`] allows only on a
+    /// loopback address.
+    pub key: Option<FabricKey>,
 }
 
 impl TcpConfig {
     pub const OP_TIMEOUT_DEFAULT: Duration = Duration::from_millis(1000);
 
     pub fn new(node: NodeId, listen: SocketAddr) -> Self {
-        Self { node, listen, peers: HashMap::new(), op_timeout: Self::OP_TIMEOUT_DEFAULT }
+        Self { node, listen, peers: HashMap::new(), op_timeout: Self::OP_TIMEOUT_DEFAULT, key: None }
     }
 
     pub fn with_peer(mut self, node: NodeId, addr: SocketAddr) -> Self {
@@ -122,6 +133,12 @@ impl TcpConfig {
 
     pub fn with_peers(mut self, peers: impl IntoIterator<Item = (NodeId, SocketAddr)>) -> Self {
         self.peers.extend(peers);
+        self
+    }
+
+    /// Authenticates every connection and frame with `key`.
+    pub fn with_key(mut self, key: &ClusterKey) -> Self {
+        self.key = Some(FabricKey::new(key));
         self
     }
 
@@ -169,6 +186,12 @@ pub(crate) struct Shared {
     links: Mutex<HashMap<NodeId, Arc<Link>>>,
     /// Accepted connections, by id, to shut them down on close.
     pub(crate) accepted: Mutex<HashMap<u64, TcpStream>>,
+    /// Accepted connections still in their handshake, oldest first.
+    pub(crate) handshaking: Mutex<BTreeMap<u64, TcpStream>>,
+    /// The cluster key's fabric keys, if the cluster has a key.
+    pub(crate) key: Option<FabricKey>,
+    /// This process's incarnation, bound into every handshake.
+    pub(crate) incarnation: u64,
     threads: Mutex<Vec<JoinHandle<()>>>,
     listener_thread: Mutex<Option<JoinHandle<()>>>,
     next_id: AtomicU64,
@@ -189,6 +212,16 @@ fn duration_ns(d: Duration) -> u64 {
 impl TcpFabric {
     /// Binds the listener and starts the node's threads.
     pub fn open(config: TcpConfig) -> Result<Arc<TcpFabric>> {
+        if config.key.is_none() && !config.listen.ip().is_loopback() {
+            return Err(FabricError::Unauthenticated {
+                node: config.node,
+                reason: format!(
+                    "listening on {} without a cluster key would let anyone who reaches it act as any node: \
+                     name a key (`[cluster] key_file`, made by `tierstack cluster key --out FILE`) or listen on loopback",
+                    config.listen
+                ),
+            });
+        }
         let Listening { listener, local_addr, self_addr } = bind_node(config.node, config.listen, config.op_timeout)?;
         let shared = Arc::new(Shared {
             node: config.node,
@@ -201,6 +234,9 @@ impl TcpFabric {
             peers: Mutex::new(config.peers),
             links: Mutex::new(HashMap::new()),
             accepted: Mutex::new(HashMap::new()),
+            handshaking: Mutex::new(BTreeMap::new()),
+            incarnation: u64::from_le_bytes(tierstack_secret::random_nonce()),
+            key: config.key,
             threads: Mutex::new(Vec::new()),
             listener_thread: Mutex::new(None),
             next_id: AtomicU64::new(1),

@@ -3,15 +3,16 @@
 //! answers. This is where the owner's CPU is spent on every remote operation.
 
 use crate::client::frame_name;
+use crate::secure::{self, FrameReader, SealState};
 use crate::{lock, Shared};
-use std::io::{BufReader, Write};
+use std::io::BufReader;
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::sync::Arc;
 use std::time::Duration;
 use tierstack_base::limits::TRANSFER_BYTES_MAX;
 use tierstack_base::NodeId;
 use tierstack_fabric::{check_batch, execute_on_memory, Channel, FabricError, Message, Op};
-use tierstack_fabric_wire::{encode, read_frame, Frame};
+use tierstack_fabric_wire::{decode, encode, Frame};
 
 /// Pause after a failed `accept` (out of descriptors, for example), so the
 /// listener does not spin while the condition lasts.
@@ -53,10 +54,12 @@ fn admit(shared: &Arc<Shared>, stream: TcpStream) -> Result<(), String> {
         }
         accepted.insert(id, control);
     }
+    admit_handshake(shared, id, &stream);
     let thread_shared = Arc::clone(shared);
     let spawned = shared.spawn(format!("tcp-{}-resp{id}", shared.node.0), move || {
-        run_responder(&thread_shared, stream);
+        run_responder(&thread_shared, id, stream);
         lock(&thread_shared.accepted).remove(&id);
+        lock(&thread_shared.handshaking).remove(&id);
     });
     if let Err(e) = spawned {
         if let Some(control) = lock(&shared.accepted).remove(&id) {
@@ -67,10 +70,38 @@ fn admit(shared: &Arc<Shared>, stream: TcpStream) -> Result<(), String> {
     Ok(())
 }
 
+/// Counts `stream` among the connections still handshaking; over
+/// [`secure::HANDSHAKES_MAX`], closes the oldest of them (ids grow with
+/// time), so idle or slow connections can never hold every slot.
+fn admit_handshake(shared: &Shared, id: u64, stream: &TcpStream) {
+    let Ok(control) = stream.try_clone() else { return };
+    let mut handshaking = lock(&shared.handshaking);
+    handshaking.insert(id, control);
+    while handshaking.len() > secure::HANDSHAKES_MAX {
+        if let Some((oldest, stream)) = handshaking.pop_first() {
+            tracing::warn!(node = %shared.node, connection = oldest, "too many connections handshaking; closing the oldest");
+            let _ = stream.shutdown(Shutdown::Both);
+        }
+    }
+}
+
 /// Serves one connection until it ends or misbehaves. Errors are the
 /// connection's alone: they are logged and the connection is closed.
-fn run_responder(shared: &Shared, stream: TcpStream) {
+fn run_responder(shared: &Shared, id: u64, mut stream: TcpStream) {
     let peer_addr = stream.peer_addr().map(|a| a.to_string()).unwrap_or_else(|_| "?".to_string());
+    let accepted = secure::accept(shared, &mut stream);
+    lock(&shared.handshaking).remove(&id);
+    let secure::Accepted { peer: from, sealer, opener } = match accepted {
+        Ok(Some(accepted)) => accepted,
+        Ok(None) => return,
+        Err(reason) => {
+            if !shared.is_closed() {
+                tracing::warn!(node = %shared.node, peer = %peer_addr, %reason, "refusing a connection");
+            }
+            let _ = stream.shutdown(Shutdown::Both);
+            return;
+        }
+    };
     let mut writer = match stream.try_clone() {
         Ok(writer) => writer,
         Err(e) => {
@@ -78,23 +109,10 @@ fn run_responder(shared: &Shared, stream: TcpStream) {
             return;
         }
     };
-    let mut reader = BufReader::with_capacity(crate::READ_BUFFER_BYTES, stream);
-    let from = match read_frame(&mut reader) {
-        Ok(Some(Frame::Hello { node })) => node,
-        Ok(None) => return,
-        Ok(Some(other)) => {
-            tracing::warn!(node = %shared.node, peer = %peer_addr, frame = frame_name(&other), "first frame is not Hello; closing");
-            let _ = writer.shutdown(Shutdown::Both);
-            return;
-        }
-        Err(e) => {
-            tracing::warn!(node = %shared.node, peer = %peer_addr, error = %e, "bad first frame; closing");
-            let _ = writer.shutdown(Shutdown::Both);
-            return;
-        }
-    };
+    let mut sealer: SealState = sealer;
+    let mut frames = FrameReader::new(BufReader::with_capacity(crate::READ_BUFFER_BYTES, stream), opener);
     loop {
-        let frame = match read_frame(&mut reader) {
+        let frame = match frames.next_body().and_then(|body| body.map(decode).transpose()) {
             Ok(Some(frame)) => frame,
             Ok(None) => break,
             Err(e) => {
@@ -112,13 +130,15 @@ fn run_responder(shared: &Shared, stream: TcpStream) {
                 break;
             }
             Frame::Lookup { request, name } => answer_lookup(shared, request, &name),
-            Frame::Ops { request, region, incarnation, ops } => answer_ops(shared, request, region, incarnation, &ops),
+            Frame::Ops { request, region, incarnation, ops } => {
+                answer_ops(shared, from, request, region, incarnation, &ops)
+            }
             other => {
                 tracing::warn!(node = %shared.node, peer = %from, frame = frame_name(&other), "unexpected frame; closing the connection");
                 break;
             }
         };
-        if let Err(e) = writer.write_all(&encode(&answer)) {
+        if let Err(e) = secure::write_frame_bytes(&mut writer, &mut sealer, encode(&answer)) {
             tracing::debug!(node = %shared.node, peer = %from, error = %e, "cannot answer; closing the connection");
             break;
         }
@@ -162,7 +182,9 @@ fn answer_lookup(shared: &Shared, request: u64, name: &str) -> Frame {
     }
 }
 
-fn answer_ops(shared: &Shared, request: u64, region: u32, incarnation: u64, ops: &[Op]) -> Frame {
+/// Executes a batch `from` posted, if its rights on the region allow every
+/// op of it (checked before anything executes, as bounds are).
+fn answer_ops(shared: &Shared, from: NodeId, request: u64, region: u32, incarnation: u64, ops: &[Op]) -> Frame {
     let local = {
         let regions = shared.regions.read().unwrap_or_else(std::sync::PoisonError::into_inner);
         regions.by_index.get(region as usize).filter(|r| r.incarnation == incarnation).map(|r| Arc::clone(&r.region))
@@ -173,7 +195,9 @@ fn answer_ops(shared: &Shared, request: u64, region: u32, incarnation: u64, ops:
         let reason = format!("region #{region} of incarnation {incarnation:#018x} is gone (the owner restarted)");
         return Frame::Error { request, error: FabricError::PeerDead { node: shared.node, reason } };
     };
-    let result = check_batch(local.name(), local.len(), ops).and_then(|()| execute_on_memory(local.memory(), ops));
+    let result = check_batch(local.name(), local.len(), ops)
+        .and_then(|()| local.access().check(local.name(), from, ops))
+        .and_then(|()| execute_on_memory(local.memory(), ops));
     match result {
         Ok(results) => Frame::OpsOk { request, results },
         Err(error) => Frame::Error { request, error },

@@ -29,6 +29,8 @@
 //! remaining body could actually hold, so a hostile peer cannot make a node
 //! allocate more than one maximal frame per connection.
 
+pub mod auth;
+
 use std::io::{self, Read, Write};
 use tierstack_base::limits::{BATCH_OPS_MAX, TRANSFER_BYTES_MAX};
 use tierstack_base::NodeId;
@@ -52,20 +54,31 @@ pub const HELLO_MAGIC: u32 = u32::from_le_bytes(*b"TSWF");
 
 /// The format version carried in `Hello`. Bump on any incompatible change.
 /// Version 3 added the channel byte to `Message` (a version-2 peer would read
-/// it as the first byte of the payload's length).
-pub const WIRE_VERSION: u16 = 3;
+/// it as the first byte of the payload's length); version 4 the authenticated
+/// handshake (`AuthHello`, `AuthChallenge`, `AuthProof`) and sealed frames.
+pub const WIRE_VERSION: u16 = 4;
 
 // Compile-time check: the header room covers a maximal batch of the widest op
 // (compare-swap: kind 1 + offset 8 + expected 8 + new 8 = 25 bytes) plus the
 // Ops frame's own header (kind 1 + request 8 + region 4 + incarnation 8 + count 4).
-const _: () = assert!(FRAME_HEADER_ROOM_BYTES >= 25 + 25 * BATCH_OPS_MAX);
+const _: () = assert!(FRAME_HEADER_ROOM_BYTES >= 25 + 25 * BATCH_OPS_MAX + auth::TAG_BYTES);
 const _: () = assert!(FRAME_BYTES_MAX <= u32::MAX as usize);
 
 /// One unit of the wire protocol.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Frame {
-    /// First frame on every connection: who is connecting.
+    /// First frame on every connection of a cluster without a key: who is
+    /// connecting (taken on trust: such a cluster is loopback-only).
     Hello { node: NodeId },
+    /// First frame on every connection of a cluster with a key: who is
+    /// connecting, its process's incarnation and a fresh nonce.
+    AuthHello { node: NodeId, incarnation: u64, nonce: [u8; auth::NONCE_BYTES] },
+    /// The acceptor's answer to `AuthHello`: who it is, its incarnation and
+    /// nonce, and a tag over the whole transcript proving it holds the key.
+    AuthChallenge { node: NodeId, incarnation: u64, nonce: [u8; auth::NONCE_BYTES], tag: auth::Tag },
+    /// The connector's proof that it holds the key; every frame after it, in
+    /// both directions, is sealed ([`auth::Sealer`]).
+    AuthProof { tag: auth::Tag },
     /// A two-sided message on `channel`; no reply.
     Message { channel: Channel, payload: Vec<u8> },
     /// Asks for the region registered under `name`.
@@ -91,6 +104,9 @@ pub mod kind {
     pub const OPS: u8 = 5;
     pub const OPS_OK: u8 = 6;
     pub const ERROR: u8 = 7;
+    pub const AUTH_HELLO: u8 = 8;
+    pub const AUTH_CHALLENGE: u8 = 9;
+    pub const AUTH_PROOF: u8 = 10;
 }
 
 /// Op and result tags inside `Ops` and `OpsOk` bodies.
@@ -154,6 +170,10 @@ pub enum WireError {
     /// client (`WrittenFrom`, `ReadInto`).
     #[error("the frame cannot be encoded: {0}")]
     Unencodable(FabricError),
+    /// A sealed frame whose tag does not verify: altered, replayed,
+    /// reordered, or sealed with another key.
+    #[error("a frame failed authentication (altered in flight, replayed, or from a node without the cluster key)")]
+    Unauthenticated,
 }
 
 // ---------------------------------------------------------------------------
@@ -256,6 +276,25 @@ fn encode_body(frame: &Frame, out: &mut Vec<u8>) -> Result<(), FabricError> {
             put_u32(out, HELLO_MAGIC);
             put_u16(out, WIRE_VERSION);
             put_u32(out, node.0);
+        }
+        Frame::AuthHello { node, incarnation, nonce } => {
+            put_u8(out, kind::AUTH_HELLO);
+            put_u32(out, HELLO_MAGIC);
+            put_u16(out, WIRE_VERSION);
+            put_u32(out, node.0);
+            put_u64(out, *incarnation);
+            out.extend_from_slice(nonce);
+        }
+        Frame::AuthChallenge { node, incarnation, nonce, tag } => {
+            put_u8(out, kind::AUTH_CHALLENGE);
+            put_u32(out, node.0);
+            put_u64(out, *incarnation);
+            out.extend_from_slice(nonce);
+            out.extend_from_slice(tag);
+        }
+        Frame::AuthProof { tag } => {
+            put_u8(out, kind::AUTH_PROOF);
+            out.extend_from_slice(tag);
         }
         Frame::Message { channel, payload } => {
             put_u8(out, kind::MESSAGE);
@@ -502,6 +541,18 @@ fn encode_error(error: &FabricError, out: &mut Vec<u8>) {
 
 /// Decodes one frame from `body`: the bytes after the length prefix (kind
 /// byte first). The whole body must be consumed.
+fn check_magic_and_version(cur: &mut Cursor<'_>) -> Result<(), WireError> {
+    let magic = cur.u32()?;
+    if magic != HELLO_MAGIC {
+        return Err(WireError::Malformed(format!("hello magic {magic:#010x}, expected {HELLO_MAGIC:#010x}")));
+    }
+    let version = cur.u16()?;
+    if version != WIRE_VERSION {
+        return Err(WireError::Malformed(format!("wire version {version}, expected {WIRE_VERSION}")));
+    }
+    Ok(())
+}
+
 pub fn decode(body: &[u8]) -> Result<Frame, WireError> {
     if body.len() > FRAME_BYTES_MAX {
         return Err(WireError::TooLarge { len: body.len() });
@@ -509,16 +560,20 @@ pub fn decode(body: &[u8]) -> Result<Frame, WireError> {
     let mut cur = Cursor { buf: body };
     let frame = match cur.u8()? {
         kind::HELLO => {
-            let magic = cur.u32()?;
-            if magic != HELLO_MAGIC {
-                return Err(WireError::Malformed(format!("hello magic {magic:#010x}, expected {HELLO_MAGIC:#010x}")));
-            }
-            let version = cur.u16()?;
-            if version != WIRE_VERSION {
-                return Err(WireError::Malformed(format!("wire version {version}, expected {WIRE_VERSION}")));
-            }
+            check_magic_and_version(&mut cur)?;
             Frame::Hello { node: NodeId(cur.u32()?) }
         }
+        kind::AUTH_HELLO => {
+            check_magic_and_version(&mut cur)?;
+            Frame::AuthHello { node: NodeId(cur.u32()?), incarnation: cur.u64()?, nonce: cur.array()? }
+        }
+        kind::AUTH_CHALLENGE => Frame::AuthChallenge {
+            node: NodeId(cur.u32()?),
+            incarnation: cur.u64()?,
+            nonce: cur.array()?,
+            tag: cur.array()?,
+        },
+        kind::AUTH_PROOF => Frame::AuthProof { tag: cur.array()? },
         kind::MESSAGE => {
             let id = cur.u8()?;
             let channel = Channel::new(id).map_err(|_| WireError::UnknownChannel(id))?;
@@ -818,7 +873,7 @@ mod tests {
         let bytes = encode(&Frame::Hello { node: NodeId(0x0102_0304) });
         assert_eq!(
             bytes,
-            vec![11, 0, 0, 0, kind::HELLO, b'T', b'S', b'W', b'F', 3, 0, 4, 3, 2, 1],
+            vec![11, 0, 0, 0, kind::HELLO, b'T', b'S', b'W', b'F', 4, 0, 4, 3, 2, 1],
             "len | kind | magic | version | node, all little-endian"
         );
     }

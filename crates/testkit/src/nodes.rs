@@ -36,7 +36,7 @@ pub mod tcp {
     use std::time::Duration;
     use tierstack_base::NodeId;
     use tierstack_fabric::Fabric;
-    use tierstack_fabric_tcp::{TcpConfig, TcpFabric};
+    use tierstack_fabric_tcp::{ClusterKey, TcpConfig, TcpFabric};
 
     /// 127.0.0.1 on a port the system picks.
     pub fn loopback() -> SocketAddr {
@@ -50,7 +50,20 @@ pub mod tcp {
 
     /// `n` nodes (ids `first..first + n`) that all know each other.
     pub fn cluster(first: u32, n: u32, op_timeout: Duration) -> Vec<Arc<TcpFabric>> {
-        let nodes: Vec<_> = (first..first + n).map(|id| node(id, op_timeout)).collect();
+        introduce((first..first + n).map(|id| node(id, op_timeout)).collect())
+    }
+
+    /// One node on 127.0.0.1 that authenticates every connection with `key`.
+    pub fn keyed_node(id: u32, op_timeout: Duration, key: &ClusterKey) -> Arc<TcpFabric> {
+        TcpFabric::open(TcpConfig::new(NodeId(id), loopback()).with_op_timeout(op_timeout).with_key(key)).unwrap()
+    }
+
+    /// `n` nodes sharing the cluster key `key`.
+    pub fn keyed_cluster(first: u32, n: u32, op_timeout: Duration, key: &ClusterKey) -> Vec<Arc<TcpFabric>> {
+        introduce((first..first + n).map(|id| keyed_node(id, op_timeout, key)).collect())
+    }
+
+    fn introduce(nodes: Vec<Arc<TcpFabric>>) -> Vec<Arc<TcpFabric>> {
         for a in &nodes {
             for b in &nodes {
                 a.add_peer(b.local_node(), b.local_addr());

@@ -26,6 +26,9 @@ struct ProxyState {
     frozen: Mutex<(bool, bool)>,
     thawed: Condvar,
     streams: Mutex<Vec<TcpStream>>,
+    /// Flip the byte at this index of the next chunk towards the owner
+    /// (a man in the middle altering a frame in flight).
+    tamper: Mutex<Option<usize>>,
 }
 
 impl Proxy {
@@ -36,6 +39,7 @@ impl Proxy {
             frozen: Mutex::new((false, false)),
             thawed: Condvar::new(),
             streams: Mutex::default(),
+            tamper: Mutex::new(None),
         });
         let accept_state = Arc::clone(&state);
         std::thread::spawn(move || {
@@ -76,6 +80,11 @@ impl Proxy {
         self.state.thawed.notify_all();
     }
 
+    /// Flips byte `index` of the next chunk of bytes forwarded to the owner.
+    pub(crate) fn tamper_next(&self, index: usize) {
+        *self.state.tamper.lock().unwrap() = Some(index);
+    }
+
     pub(crate) fn sever(&self) {
         for stream in self.state.streams.lock().unwrap().drain(..) {
             let _ = stream.shutdown(Shutdown::Both);
@@ -96,6 +105,12 @@ fn pump(mut from: TcpStream, mut to: TcpStream, towards_owner: bool, state: &Pro
             frozen = state.thawed.wait(frozen).unwrap();
         }
         drop(frozen);
+        if towards_owner {
+            let mut tamper = state.tamper.lock().unwrap();
+            if let Some(index) = tamper.take_if(|index| *index < n) {
+                buf[index] ^= 0x01;
+            }
+        }
         if to.write_all(&buf[..n]).is_err() {
             break;
         }

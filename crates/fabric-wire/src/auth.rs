@@ -1,0 +1,381 @@
+//! The authenticated handshake and sealed frames of a cluster with a key.
+//!
+//! Every node of a cluster holds the cluster key
+//! ([`tierstack_secret::ClusterKey`]). A connection proves, both ways, that
+//! each end holds it, and binds what each end says of itself (node id,
+//! process incarnation) to the proof:
+//!
+//! ```text
+//! connector → acceptor  AuthHello     { node c, incarnation ic, nonce nc }
+//! acceptor  → connector AuthChallenge { node a, incarnation ia, nonce na,
+//!                                       tag = MAC(kh, "acceptor"  ‖ T) }
+//! connector → acceptor  AuthProof     { tag = MAC(kh, "connector" ‖ T) }
+//!   T = c ‖ ic ‖ nc ‖ a ‖ ia ‖ na  (the transcript)
+//! ```
+//!
+//! The connector checks that `a` is the node it dialled; each side checks
+//! the other's tag. Fresh nonces on both sides make every transcript new, so
+//! a recorded handshake cannot be replayed; the role labels keep a tag from
+//! being reflected. After the proof, each direction has its own key derived
+//! from the transcript, and **every frame is sealed**: a 16-byte tag over
+//! the frame's sequence number in that direction and its bytes is appended
+//! ([`Sealer`], [`Opener`]). A frame altered, dropped, replayed, reordered
+//! or spliced from another connection fails its tag, and the connection is
+//! closed.
+//!
+//! What it does not do: encrypt (frames travel in the clear; a private
+//! network or TLS is for that), or tell one key holder from another (the key
+//! is the cluster's, so a node that holds it can claim any node id: it
+//! authenticates membership, see `docs/security.md`).
+//!
+//! Pure: nonces come in as arguments, no I/O, so the handshake is tested as
+//! a state machine and fuzzed.
+
+use crate::{Frame, WireError, FRAME_BYTES_MAX, LENGTH_PREFIX_BYTES};
+use tierstack_base::NodeId;
+use tierstack_secret::{ClusterKey, Mac};
+
+pub use tierstack_secret::{Tag, TAG_BYTES};
+
+/// Bytes of a handshake nonce.
+pub const NONCE_BYTES: usize = 16;
+
+/// A handshake nonce.
+pub type Nonce = [u8; NONCE_BYTES];
+
+/// The keys a node derives from the cluster key for the fabric.
+#[derive(Clone)]
+pub struct FabricKey {
+    handshake: Mac,
+    frames: Mac,
+}
+
+impl FabricKey {
+    pub fn new(key: &ClusterKey) -> Self {
+        Self {
+            handshake: key.derive("tierstack fabric handshake v4"),
+            frames: key.derive("tierstack fabric frames v4"),
+        }
+    }
+}
+
+impl std::fmt::Debug for FabricKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("FabricKey(..)")
+    }
+}
+
+/// Why a handshake failed. The connection is closed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AuthError {
+    #[error("expected {expected}, got a {got} frame")]
+    UnexpectedFrame { expected: &'static str, got: &'static str },
+    #[error("dialled {expected} but {answered} answered")]
+    WrongPeer { expected: NodeId, answered: NodeId },
+    #[error("the peer's proof does not verify: it does not hold this cluster's key")]
+    BadTag,
+}
+
+/// One end's identity in a handshake.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct End {
+    node: NodeId,
+    incarnation: u64,
+    nonce: Nonce,
+}
+
+const END_BYTES: usize = 4 + 8 + NONCE_BYTES;
+
+fn transcript(connector: &End, acceptor: &End) -> [u8; 2 * END_BYTES] {
+    let mut out = [0u8; 2 * END_BYTES];
+    for (i, end) in [connector, acceptor].into_iter().enumerate() {
+        let at = i * END_BYTES;
+        out[at..at + 4].copy_from_slice(&end.node.0.to_le_bytes());
+        out[at + 4..at + 12].copy_from_slice(&end.incarnation.to_le_bytes());
+        out[at + 12..at + END_BYTES].copy_from_slice(&end.nonce);
+    }
+    out
+}
+
+const ACCEPTOR_LABEL: &[u8] = b"acceptor";
+const CONNECTOR_LABEL: &[u8] = b"connector";
+const TO_ACCEPTOR: &[u8] = b"connector to acceptor";
+const TO_CONNECTOR: &[u8] = b"acceptor to connector";
+
+/// The result of a handshake: who the peer is, and the keys of this
+/// connection's two directions.
+pub struct Session {
+    pub peer: NodeId,
+    pub peer_incarnation: u64,
+    pub sealer: Sealer,
+    pub opener: Opener,
+}
+
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session").field("peer", &self.peer).field("peer_incarnation", &self.peer_incarnation).finish()
+    }
+}
+
+fn session(key: &FabricKey, transcript: &[u8], peer: &End, sending: &[u8], receiving: &[u8]) -> Session {
+    let direction = |label: &[u8]| Mac::new(&key.frames.tag_full(&[label, transcript]));
+    Session {
+        peer: peer.node,
+        peer_incarnation: peer.incarnation,
+        sealer: Sealer { mac: direction(sending), sequence: 0 },
+        opener: Opener { mac: direction(receiving), sequence: 0 },
+    }
+}
+
+/// The connector's side, between its `AuthHello` and the acceptor's answer.
+pub struct Connecting {
+    key: FabricKey,
+    me: End,
+    expected_peer: NodeId,
+}
+
+impl Connecting {
+    /// Starts a handshake with `expected_peer`: returns the `AuthHello` to send.
+    pub fn start(key: &FabricKey, me: NodeId, incarnation: u64, nonce: Nonce, expected_peer: NodeId) -> (Self, Frame) {
+        let hello = Frame::AuthHello { node: me, incarnation, nonce };
+        (Self { key: key.clone(), me: End { node: me, incarnation, nonce }, expected_peer }, hello)
+    }
+
+    /// Checks the acceptor's `AuthChallenge`: returns the `AuthProof` to
+    /// send and the session.
+    pub fn finish(self, challenge: &Frame) -> Result<(Frame, Session), AuthError> {
+        let Frame::AuthChallenge { node, incarnation, nonce, tag } = challenge else {
+            return Err(AuthError::UnexpectedFrame { expected: "AuthChallenge", got: frame_kind_name(challenge) });
+        };
+        if *node != self.expected_peer {
+            return Err(AuthError::WrongPeer { expected: self.expected_peer, answered: *node });
+        }
+        let acceptor = End { node: *node, incarnation: *incarnation, nonce: *nonce };
+        let transcript = transcript(&self.me, &acceptor);
+        if !self.key.handshake.verify(&[ACCEPTOR_LABEL, &transcript], tag) {
+            return Err(AuthError::BadTag);
+        }
+        let proof = Frame::AuthProof { tag: self.key.handshake.tag(&[CONNECTOR_LABEL, &transcript]) };
+        Ok((proof, session(&self.key, &transcript, &acceptor, TO_ACCEPTOR, TO_CONNECTOR)))
+    }
+}
+
+/// The acceptor's side, between its `AuthChallenge` and the connector's proof.
+pub struct Accepting {
+    key: FabricKey,
+    transcript: [u8; 2 * END_BYTES],
+    connector: End,
+}
+
+impl Accepting {
+    /// Answers a connector's first frame, which must be an `AuthHello`:
+    /// returns the `AuthChallenge` to send.
+    pub fn start(
+        key: &FabricKey,
+        me: NodeId,
+        incarnation: u64,
+        nonce: Nonce,
+        hello: &Frame,
+    ) -> Result<(Self, Frame), AuthError> {
+        let Frame::AuthHello { node, incarnation: peer_incarnation, nonce: peer_nonce } = hello else {
+            return Err(AuthError::UnexpectedFrame { expected: "AuthHello", got: frame_kind_name(hello) });
+        };
+        let connector = End { node: *node, incarnation: *peer_incarnation, nonce: *peer_nonce };
+        let acceptor = End { node: me, incarnation, nonce };
+        let transcript = transcript(&connector, &acceptor);
+        let tag = key.handshake.tag(&[ACCEPTOR_LABEL, &transcript]);
+        let challenge = Frame::AuthChallenge { node: me, incarnation, nonce, tag };
+        Ok((Self { key: key.clone(), transcript, connector }, challenge))
+    }
+
+    /// The connector the `AuthHello` named (not yet proven).
+    pub fn claimed_peer(&self) -> NodeId {
+        self.connector.node
+    }
+
+    /// Checks the connector's `AuthProof`: returns the session.
+    pub fn finish(self, proof: &Frame) -> Result<Session, AuthError> {
+        let Frame::AuthProof { tag } = proof else {
+            return Err(AuthError::UnexpectedFrame { expected: "AuthProof", got: frame_kind_name(proof) });
+        };
+        if !self.key.handshake.verify(&[CONNECTOR_LABEL, &self.transcript], tag) {
+            return Err(AuthError::BadTag);
+        }
+        Ok(session(&self.key, &self.transcript, &self.connector, TO_CONNECTOR, TO_ACCEPTOR))
+    }
+}
+
+/// Seals the frames of one direction of a connection, in the order they
+/// are written.
+pub struct Sealer {
+    mac: Mac,
+    sequence: u64,
+}
+
+impl Sealer {
+    /// Seals `frame`, an encoded frame (length prefix first): appends the
+    /// tag of its sequence number and body, and fixes the length prefix.
+    /// Frames must then be written in the order they were sealed.
+    pub fn seal(&mut self, frame: &mut Vec<u8>) -> Result<(), WireError> {
+        let body_len = frame.len().checked_sub(LENGTH_PREFIX_BYTES).ok_or(WireError::Truncated)?;
+        let sealed_len = body_len + TAG_BYTES;
+        if sealed_len > FRAME_BYTES_MAX {
+            return Err(WireError::TooLarge { len: sealed_len });
+        }
+        let tag = self.mac.tag(&[&self.sequence.to_le_bytes(), &frame[LENGTH_PREFIX_BYTES..]]);
+        self.sequence = self.sequence.wrapping_add(1);
+        frame.extend_from_slice(&tag);
+        let prefix = u32::try_from(sealed_len).map_err(|_| WireError::TooLarge { len: sealed_len })?;
+        frame[..LENGTH_PREFIX_BYTES].copy_from_slice(&prefix.to_le_bytes());
+        Ok(())
+    }
+}
+
+/// Opens the sealed frames of one direction of a connection, in order.
+pub struct Opener {
+    mac: Mac,
+    sequence: u64,
+}
+
+impl Opener {
+    /// Verifies a sealed frame's body (the bytes after its length prefix, as
+    /// `read_frame_body` returns them) and returns it without its tag, for
+    /// `decode`. `Unauthenticated` when the tag does not verify; the
+    /// connection must then be closed (the sequence has moved on).
+    pub fn open<'a>(&mut self, sealed: &'a [u8]) -> Result<&'a [u8], WireError> {
+        let body_len = sealed.len().checked_sub(TAG_BYTES).filter(|len| *len > 0).ok_or(WireError::Truncated)?;
+        let (body, tag) = sealed.split_at(body_len);
+        let sequence = self.sequence;
+        self.sequence = self.sequence.wrapping_add(1);
+        if !self.mac.verify(&[&sequence.to_le_bytes(), body], tag) {
+            return Err(WireError::Unauthenticated);
+        }
+        Ok(body)
+    }
+}
+
+fn frame_kind_name(frame: &Frame) -> &'static str {
+    match frame {
+        Frame::Hello { .. } => "Hello",
+        Frame::AuthHello { .. } => "AuthHello",
+        Frame::AuthChallenge { .. } => "AuthChallenge",
+        Frame::AuthProof { .. } => "AuthProof",
+        Frame::Message { .. } => "Message",
+        Frame::Lookup { .. } => "Lookup",
+        Frame::LookupOk { .. } => "LookupOk",
+        Frame::Ops { .. } => "Ops",
+        Frame::OpsOk { .. } => "OpsOk",
+        Frame::Error { .. } => "Error",
+    }
+}
+
+impl Frame {
+    /// The frame's kind, for logs.
+    pub fn kind_name(&self) -> &'static str {
+        frame_kind_name(self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{decode, encode};
+
+    fn key() -> FabricKey {
+        FabricKey::new(&ClusterKey::parse(&[b'7'; 64]).unwrap())
+    }
+
+    fn handshake(connector_key: &FabricKey, acceptor_key: &FabricKey) -> Result<(Session, Session), AuthError> {
+        let (connecting, hello) = Connecting::start(connector_key, NodeId(1), 11, [1; NONCE_BYTES], NodeId(2));
+        let hello = decode(&encode(&hello)[LENGTH_PREFIX_BYTES..]).unwrap();
+        let (accepting, challenge) = Accepting::start(acceptor_key, NodeId(2), 22, [2; NONCE_BYTES], &hello)?;
+        assert_eq!(accepting.claimed_peer(), NodeId(1));
+        let (proof, connector) = connecting.finish(&challenge)?;
+        let acceptor = accepting.finish(&proof)?;
+        Ok((connector, acceptor))
+    }
+
+    #[test]
+    fn both_ends_with_the_key_agree_and_frames_pass_both_ways() {
+        let (mut connector, mut acceptor) = handshake(&key(), &key()).unwrap();
+        assert_eq!((connector.peer, connector.peer_incarnation), (NodeId(2), 22));
+        assert_eq!((acceptor.peer, acceptor.peer_incarnation), (NodeId(1), 11));
+        for round in 0..3u64 {
+            let frame = Frame::Lookup { request: round, name: "vt".into() };
+            let mut bytes = encode(&frame);
+            connector.sealer.seal(&mut bytes).unwrap();
+            let body = acceptor.opener.open(&bytes[LENGTH_PREFIX_BYTES..]).unwrap();
+            assert_eq!(decode(body).unwrap(), frame);
+            let mut back = encode(&frame);
+            acceptor.sealer.seal(&mut back).unwrap();
+            assert_eq!(decode(connector.opener.open(&back[LENGTH_PREFIX_BYTES..]).unwrap()).unwrap(), frame);
+        }
+    }
+
+    #[test]
+    fn a_wrong_key_fails_on_both_sides() {
+        let other = FabricKey::new(&ClusterKey::parse(&[b'8'; 64]).unwrap());
+        // The connector detects an acceptor without the key...
+        assert_eq!(handshake(&other, &key()).unwrap_err(), AuthError::BadTag);
+        // ...and the acceptor a connector that forges the proof.
+        let (connecting, hello) = Connecting::start(&other, NodeId(1), 11, [1; NONCE_BYTES], NodeId(2));
+        let (accepting, challenge) = Accepting::start(&key(), NodeId(2), 22, [2; NONCE_BYTES], &hello).unwrap();
+        assert!(connecting.finish(&challenge).is_err());
+        let forged = Frame::AuthProof { tag: [0; TAG_BYTES] };
+        assert_eq!(accepting.finish(&forged).unwrap_err(), AuthError::BadTag);
+    }
+
+    #[test]
+    fn a_forged_node_id_or_an_impostor_acceptor_is_refused() {
+        let (connecting, hello) = Connecting::start(&key(), NodeId(1), 11, [1; NONCE_BYTES], NodeId(2));
+        let (_, challenge) = Accepting::start(&key(), NodeId(3), 33, [3; NONCE_BYTES], &hello).unwrap();
+        assert_eq!(
+            connecting.finish(&challenge).unwrap_err(),
+            AuthError::WrongPeer { expected: NodeId(2), answered: NodeId(3) }
+        );
+        // A man in the middle rewriting the connector's claimed id breaks the transcript.
+        let (connecting, hello) = Connecting::start(&key(), NodeId(1), 11, [1; NONCE_BYTES], NodeId(2));
+        let Frame::AuthHello { incarnation, nonce, .. } = hello else { unreachable!() };
+        let rewritten = Frame::AuthHello { node: NodeId(0), incarnation, nonce };
+        let (_, challenge) = Accepting::start(&key(), NodeId(2), 22, [2; NONCE_BYTES], &rewritten).unwrap();
+        assert_eq!(connecting.finish(&challenge).unwrap_err(), AuthError::BadTag);
+    }
+
+    #[test]
+    fn altered_replayed_reordered_and_reflected_frames_fail() {
+        let (mut connector, mut acceptor) = handshake(&key(), &key()).unwrap();
+        let seal = |sealer: &mut Sealer, request| {
+            let mut bytes = encode(&Frame::Lookup { request, name: "x".into() });
+            sealer.seal(&mut bytes).unwrap();
+            bytes[LENGTH_PREFIX_BYTES..].to_vec()
+        };
+        let first = seal(&mut connector.sealer, 1);
+        let mut altered = first.clone();
+        altered[3] ^= 1;
+        assert!(matches!(acceptor.opener.open(&altered), Err(WireError::Unauthenticated)), "altered");
+        // The failed open consumed sequence 0: the original now fails too (the connection must close).
+        let (mut connector, mut acceptor) = handshake(&key(), &key()).unwrap();
+        let _first = seal(&mut connector.sealer, 1);
+        let second_fresh = seal(&mut connector.sealer, 2);
+        assert!(matches!(acceptor.opener.open(&second_fresh), Err(WireError::Unauthenticated)), "reordered");
+        let (mut connector, mut acceptor) = handshake(&key(), &key()).unwrap();
+        let once = seal(&mut connector.sealer, 1);
+        acceptor.opener.open(&once).unwrap();
+        assert!(matches!(acceptor.opener.open(&once), Err(WireError::Unauthenticated)), "replayed");
+        // A frame sealed for one direction is not valid in the other.
+        let (mut connector, _) = handshake(&key(), &key()).unwrap();
+        let mine = seal(&mut connector.sealer, 1);
+        assert!(matches!(connector.opener.open(&mine), Err(WireError::Unauthenticated)), "reflected");
+        // A frame from another connection (another transcript) fails.
+        let (_, mut other) = handshake(&key(), &key()).unwrap();
+        let (mut a, _) = {
+            let (c, hello) = Connecting::start(&key(), NodeId(1), 11, [9; NONCE_BYTES], NodeId(2));
+            let (acc, ch) = Accepting::start(&key(), NodeId(2), 22, [2; NONCE_BYTES], &hello).unwrap();
+            let (proof, c) = c.finish(&ch).unwrap();
+            (c, acc.finish(&proof).unwrap())
+        };
+        let spliced = seal(&mut a.sealer, 1);
+        assert!(matches!(other.opener.open(&spliced), Err(WireError::Unauthenticated)), "spliced");
+        assert!(matches!(other.opener.open(&[1; TAG_BYTES]), Err(WireError::Truncated)));
+    }
+}
