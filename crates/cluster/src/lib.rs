@@ -9,6 +9,8 @@
 //! op_timeout_ms = 1000     # bound on a remote operation (tcp) or a message send
 //! shm_receive_spin_us = 50 # optional, shm: how long a receiver polls before it sleeps
 //! ucx_transports = "sysv,self" # optional, ucx: UCX_TLS for every node (default: UCX's choice)
+//! key_file = "cluster.key" # tcp, ucx: the cluster key (`tierstack cluster key --out FILE`),
+//!                          # relative to this file; required unless every address is loopback
 //!
 //! [[node]]
 //! id = 0
@@ -39,6 +41,14 @@
 //! [`Topology::parse`] checks that each reference names a node of the right
 //! kind and that no two services share a listener.
 //!
+//! **The cluster key.** With `key_file`, the tcp and ucx backends
+//! authenticate every connection both ways and (tcp) seal every frame; the
+//! file must be private to its owner (`tierstack_secret::read_secret_file`).
+//! Without one, nodes take each other at their word, which is safe only
+//! where nobody else can reach them: a topology with a non-loopback address
+//! and no key is refused, and a keyless tcp or ucx node logs a warning.
+//! The shm backend stays on one host and needs no key (see `docs/security.md`).
+//!
 //! [`Topology::parse`] validates everything a node needs before it starts
 //! (duplicate ids or addresses, unknown roles, bad addresses, missing tcp
 //! addresses) and reports it with the offending node. [`open_fabric`] turns a
@@ -63,6 +73,7 @@ use tierstack_fabric::{Fabric, FabricError};
 use tierstack_fabric_shm::{ShmConfig, ShmFabric};
 use tierstack_fabric_tcp::{TcpConfig, TcpFabric};
 use tierstack_fabric_ucx::{UcxConfig, UcxFabric};
+pub use tierstack_secret::{ClusterKey, SecretError};
 
 /// Which fabric backend a cluster runs on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
@@ -127,6 +138,10 @@ pub struct ClusterSection {
     /// `"sysv,self"`; default: UCX's own choice and the environment.
     #[serde(default)]
     pub ucx_transports: Option<String>,
+    /// tcp, ucx: the cluster key's file; a relative path is relative to the
+    /// topology file's directory ([`Topology::load`]).
+    #[serde(default)]
+    pub key_file: Option<PathBuf>,
 }
 
 fn default_op_timeout_ms() -> u64 {
@@ -235,6 +250,11 @@ pub enum TopologyError {
     ServiceReference { node: NodeId, other: NodeId, expected: &'static str },
     #[error("{node} and {other} both listen on {address}")]
     ServiceAddress { node: NodeId, other: NodeId, address: SocketAddr },
+    #[error(
+        "{node}'s address {address} is not loopback, and the cluster has no key: anyone who reaches it could act as \
+         any node. Make one with `tierstack cluster key --out cluster.key` and name it in [cluster] key_file"
+    )]
+    KeyRequired { node: NodeId, address: SocketAddr },
 }
 
 impl Topology {
@@ -245,11 +265,23 @@ impl Topology {
         Ok(topology)
     }
 
-    /// Reads, parses and validates a topology file.
+    /// Reads, parses and validates a topology file. A relative `key_file`
+    /// is taken relative to the file's directory.
     pub fn load(path: &Path) -> Result<Topology, TopologyError> {
         let text =
             std::fs::read_to_string(path).map_err(|source| TopologyError::Read { path: path.to_path_buf(), source })?;
-        Topology::parse(&text)
+        let mut topology = Topology::parse(&text)?;
+        if let (Some(key_file), Some(dir)) = (&topology.cluster.key_file, path.parent()) {
+            if key_file.is_relative() {
+                topology.cluster.key_file = Some(dir.join(key_file));
+            }
+        }
+        Ok(topology)
+    }
+
+    /// Reads the cluster key, if the topology names one.
+    pub fn key(&self) -> Result<Option<ClusterKey>, SecretError> {
+        self.cluster.key_file.as_deref().map(ClusterKey::read).transpose()
     }
 
     fn validate(&self) -> Result<(), TopologyError> {
@@ -286,6 +318,12 @@ impl Topology {
                     return Err(TopologyError::MissingAddress { node: node.id })
                 }
                 None => {}
+            }
+            if let Some(address) = node.address {
+                let networked = matches!(self.cluster.fabric, Backend::Tcp | Backend::Ucx);
+                if networked && self.cluster.key_file.is_none() && !address.ip().is_loopback() {
+                    return Err(TopologyError::KeyRequired { node: node.id, address });
+                }
             }
         }
         self.validate_services()
@@ -381,6 +419,17 @@ fn default_shm_base() -> PathBuf {
 /// Opens `node`'s attachment to the fabric the topology names.
 pub fn open_fabric(topology: &Topology, node: NodeId) -> Result<Arc<dyn Fabric>, OpenError> {
     let spec = topology.node(node)?;
+    let key = match topology.cluster.fabric {
+        Backend::Shm => None,
+        Backend::Tcp | Backend::Ucx => topology.key()?,
+    };
+    if key.is_none() && topology.cluster.fabric != Backend::Shm {
+        tracing::warn!(
+            %node,
+            "the cluster has no key: peers are taken at their word, which is safe on loopback only \
+             (make one with `tierstack cluster key --out FILE`, name it in [cluster] key_file)"
+        );
+    }
     match topology.cluster.fabric {
         Backend::Shm => {
             let mut config = ShmConfig::new(topology.shm_root(), node)
@@ -394,6 +443,9 @@ pub fn open_fabric(topology: &Topology, node: NodeId) -> Result<Arc<dyn Fabric>,
         Backend::Tcp => {
             let listen = spec.address.ok_or(TopologyError::MissingAddress { node })?;
             let mut config = TcpConfig::new(node, listen).with_op_timeout(topology.op_timeout());
+            if let Some(key) = &key {
+                config = config.with_key(key);
+            }
             for peer in &topology.nodes {
                 if let Some(address) = peer.address {
                     config = config.with_peer(peer.id, address);
@@ -424,6 +476,8 @@ pub enum OpenError {
     Topology(#[from] TopologyError),
     #[error(transparent)]
     Fabric(#[from] FabricError),
+    #[error(transparent)]
+    Key(#[from] SecretError),
 }
 
 /// CPUs online on this machine, whatever this process's affinity mask says
@@ -685,5 +739,41 @@ role = "passive"
         let t = Topology::parse(include_str!("../../../deploy/cluster.toml")).unwrap();
         assert_eq!(t.cluster.fabric, Backend::Tcp);
         assert!(t.services().count() >= 4);
+        assert!(t.cluster.key_file.is_some(), "the multi-host example must name a cluster key");
+    }
+
+    const NETWORKED: &str =
+        "[cluster]\nname = \"n\"\nfabric = \"tcp\"\n\n[[node]]\nid = 0\nrole = \"app\"\naddress = \"10.1.2.3:7400\"\n";
+
+    #[test]
+    fn a_network_address_without_a_key_is_refused_and_loopback_is_not() {
+        let err = Topology::parse(NETWORKED).unwrap_err();
+        assert!(matches!(err, TopologyError::KeyRequired { node: NodeId(0), .. }), "{err}");
+        assert!(err.to_string().contains("tierstack cluster key"), "{err}");
+        assert!(Topology::parse(&NETWORKED.replace("10.1.2.3", "127.0.0.1")).is_ok());
+        let keyed = NETWORKED.replace("fabric = \"tcp\"", "fabric = \"tcp\"\nkey_file = \"k\"");
+        assert!(Topology::parse(&keyed).is_ok());
+        // shm never leaves the host: no key needed.
+        assert!(Topology::parse(&NETWORKED.replace("\"tcp\"", "\"shm\"")).is_ok());
+    }
+
+    #[test]
+    fn a_relative_key_file_is_found_beside_the_topology_and_checked() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let text = NETWORKED
+            .replace("10.1.2.3", "127.0.0.1")
+            .replace("fabric = \"tcp\"", "fabric = \"tcp\"\nkey_file = \"c.key\"");
+        let path = dir.path().join("t.toml");
+        std::fs::write(&path, text).unwrap();
+        let topology = Topology::load(&path).unwrap();
+        assert_eq!(topology.cluster.key_file.as_deref(), Some(dir.path().join("c.key").as_path()));
+        assert!(matches!(topology.key(), Err(SecretError::Io { .. })), "a missing key file must fail");
+        let key = ClusterKey::generate();
+        key.write_new(&dir.path().join("c.key")).unwrap();
+        assert_eq!(topology.key().unwrap().unwrap().fingerprint(), key.fingerprint());
+        std::fs::set_permissions(dir.path().join("c.key"), std::fs::Permissions::from_mode(0o644)).unwrap();
+        assert!(matches!(topology.key(), Err(SecretError::Permissions { .. })));
+        assert!(matches!(open_fabric(&topology, NodeId(0)), Err(OpenError::Key(SecretError::Permissions { .. }))));
     }
 }

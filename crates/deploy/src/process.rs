@@ -35,7 +35,8 @@ pub struct NodeLine {
 }
 
 /// Writes a topology file for `nodes` on `backend` into `dir` and returns
-/// its path. tcp and ucx nodes get free loopback ports; ucx nodes use UCX's
+/// its path. tcp and ucx nodes get free loopback ports and a fresh cluster
+/// key, written beside the topology (`<name>.key`, 0600); ucx nodes use UCX's
 /// shared-memory transports ([`tierstack_cluster::LOCAL_UCX_TRANSPORTS`])
 /// unless `UCX_TLS` is set (see [`write_ucx_topology`] to choose).
 pub fn write_topology(
@@ -77,6 +78,17 @@ fn write_topology_with(
     );
     if let Some(transports) = ucx_transports {
         text.push_str(&format!("ucx_transports = \"{transports}\"\n"));
+    }
+    if matches!(backend, Backend::Tcp | Backend::Ucx) {
+        // Networked backends run authenticated, as a deployment should.
+        let key_path = dir.join(format!("{name}.key"));
+        match std::fs::remove_file(&key_path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e).with_context(|| format!("replacing {}", key_path.display())),
+        }
+        tierstack_cluster::ClusterKey::generate().write_new(&key_path)?;
+        text.push_str(&format!("key_file = \"{}\"\n", key_path.display()));
     }
     for node in nodes {
         text.push_str(&format!("\n[[node]]\nid = {}\nrole = \"{}\"\n", node.id, node.role));

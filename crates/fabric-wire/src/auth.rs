@@ -276,6 +276,94 @@ impl Frame {
     }
 }
 
+/// Why a handshake over a stream failed.
+#[derive(Debug, thiserror::Error)]
+pub enum HandshakeError {
+    #[error("the peer closed the connection during the handshake (does it hold this cluster's key?)")]
+    Closed,
+    #[error("no handshake frame in time")]
+    TimedOut,
+    #[error("a malformed handshake frame: {0}")]
+    Malformed(String),
+    #[error("handshake I/O: {0}")]
+    Io(std::io::Error),
+    #[error(transparent)]
+    Auth(#[from] AuthError),
+}
+
+impl From<std::io::Error> for HandshakeError {
+    fn from(e: std::io::Error) -> Self {
+        match e.kind() {
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => HandshakeError::TimedOut,
+            std::io::ErrorKind::UnexpectedEof => HandshakeError::Closed,
+            _ => HandshakeError::Io(e),
+        }
+    }
+}
+
+/// Bytes of the largest handshake frame after its length prefix.
+pub const HANDSHAKE_BODY_BYTES_MAX: usize = 96;
+
+/// Reads one handshake frame: at most [`HANDSHAKE_BODY_BYTES_MAX`] bytes,
+/// unbuffered, so nothing after the handshake is consumed and a peer that
+/// has proven nothing cannot make the node read or allocate more. `None`
+/// at a clean end of stream before the first byte. Set a read timeout on
+/// the stream first: this blocks as long as the stream does.
+pub fn read_handshake_frame(r: &mut impl std::io::Read) -> Result<Option<Frame>, HandshakeError> {
+    let mut prefix = [0u8; LENGTH_PREFIX_BYTES];
+    let mut filled = 0;
+    while filled < prefix.len() {
+        match r.read(&mut prefix[filled..]) {
+            Ok(0) if filled == 0 => return Ok(None),
+            Ok(0) => return Err(HandshakeError::Closed),
+            Ok(n) => filled += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    let len = u32::from_le_bytes(prefix) as usize;
+    if len == 0 || len > HANDSHAKE_BODY_BYTES_MAX {
+        return Err(HandshakeError::Malformed(format!(
+            "a handshake frame of {len} bytes (at most {HANDSHAKE_BODY_BYTES_MAX})"
+        )));
+    }
+    let mut body = [0u8; HANDSHAKE_BODY_BYTES_MAX];
+    r.read_exact(&mut body[..len])?;
+    crate::decode(&body[..len]).map(Some).map_err(|e| HandshakeError::Malformed(e.to_string()))
+}
+
+/// The connector's whole handshake on a blocking stream (with a read
+/// timeout set): hello, challenge, proof.
+pub fn connect_over<S: std::io::Read + std::io::Write>(
+    stream: &mut S,
+    key: &FabricKey,
+    me: NodeId,
+    incarnation: u64,
+    peer: NodeId,
+) -> Result<Session, HandshakeError> {
+    let (connecting, hello) = Connecting::start(key, me, incarnation, tierstack_secret::random_nonce(), peer);
+    stream.write_all(&crate::encode(&hello))?;
+    let challenge = read_handshake_frame(stream)?.ok_or(HandshakeError::Closed)?;
+    let (proof, session) = connecting.finish(&challenge)?;
+    stream.write_all(&crate::encode(&proof))?;
+    Ok(session)
+}
+
+/// The acceptor's handshake after it has read the connector's `hello`, on
+/// a blocking stream (with a read timeout set): challenge, proof.
+pub fn accept_over<S: std::io::Read + std::io::Write>(
+    stream: &mut S,
+    key: &FabricKey,
+    me: NodeId,
+    incarnation: u64,
+    hello: &Frame,
+) -> Result<Session, HandshakeError> {
+    let (accepting, challenge) = Accepting::start(key, me, incarnation, tierstack_secret::random_nonce(), hello)?;
+    stream.write_all(&crate::encode(&challenge))?;
+    let proof = read_handshake_frame(stream)?.ok_or(HandshakeError::Closed)?;
+    Ok(accepting.finish(&proof)?)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -11,10 +11,10 @@ pub const SECRET_FILE_BYTES_MAX: u64 = 4096;
 /// Why a secret file was refused.
 #[derive(Debug, thiserror::Error)]
 pub enum SecretError {
-    #[error("cannot read secret file {path:?}: {source}")]
-    Io { path: PathBuf, source: std::io::Error },
-    #[error("cannot create secret file {path:?}: {source}")]
-    Create { path: PathBuf, source: std::io::Error },
+    #[error("cannot read secret file {path:?}: {error}")]
+    Io { path: PathBuf, error: std::io::Error },
+    #[error("cannot create secret file {path:?}: {error}")]
+    Create { path: PathBuf, error: std::io::Error },
     #[error(
         "secret file {path:?} has mode {mode:04o}: group or others may access it, so it is no secret \
          (run `chmod 600 {path:?}`)"
@@ -39,7 +39,7 @@ pub enum SecretError {
 /// empty, or larger than [`SECRET_FILE_BYTES_MAX`]. The checks are made on
 /// the opened file, so a rename between check and read cannot swap it.
 pub fn read_secret_file(path: &Path) -> Result<Secret, SecretError> {
-    let io = |source| SecretError::Io { path: path.to_path_buf(), source };
+    let io = |error| SecretError::Io { path: path.to_path_buf(), error };
     let mut file = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_CLOEXEC).open(path).map_err(io)?;
     let meta = file.metadata().map_err(io)?;
     if !meta.is_file() {
@@ -74,7 +74,7 @@ pub fn read_secret_file(path: &Path) -> Result<Secret, SecretError> {
 /// Writes `content` to a new file `path`, mode 0600, refusing to replace an
 /// existing file or to follow a symlink at `path`.
 pub fn write_new_secret_file(path: &Path, content: &[u8]) -> Result<(), SecretError> {
-    let create = |source| SecretError::Create { path: path.to_path_buf(), source };
+    let create = |error| SecretError::Create { path: path.to_path_buf(), error };
     let mut file = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)

@@ -1,4 +1,4 @@
-//! `tierstack cluster up|status|down <topology.toml>`: the tier processes a
+//! `tierstack cluster up|status|down <topology.toml>`, and `cluster key`: the tier processes a
 //! topology's `[node.service]` sections describe, on this host, as detached
 //! services (glue over `tierstack_deploy::cluster`).
 
@@ -17,6 +17,15 @@ pub(crate) enum ClusterCommand {
     Down(Where),
     /// Become one node's service (what `up` would start for it), in this process's place: for systemd units and containers.
     Exec(ExecArgs),
+    /// Make a new cluster key (32 random bytes, in a new file of mode 0600) for `[cluster] key_file`; copy it to every host.
+    Key(KeyArgs),
+}
+
+#[derive(Args)]
+pub(crate) struct KeyArgs {
+    /// The file to create; an existing file is never replaced.
+    #[arg(long)]
+    out: PathBuf,
 }
 
 #[derive(Args)]
@@ -118,6 +127,12 @@ pub(crate) fn run(command: ClusterCommand) -> Result<()> {
             Ok(())
         }
         ClusterCommand::Exec(args) => exec(args),
+        ClusterCommand::Key(args) => {
+            let key = tierstack_cluster::ClusterKey::generate();
+            key.write_new(&args.out)?;
+            println!("wrote a new cluster key to {} (fingerprint {})", args.out.display(), key.fingerprint());
+            Ok(())
+        }
         ClusterCommand::Down(at) => {
             let report = cluster::down(&at.run_dir())?;
             for (node, kind, pid, outcome) in &report.nodes {
