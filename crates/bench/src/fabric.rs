@@ -14,6 +14,9 @@
 //! [`BATCH_TARGET_NS`] (N = 1 for operations that slow already); each sample
 //! is a batch's time / N. So p50 and p99 are percentiles of per-batch means:
 //! exact per operation when N = 1, smoothed tails when N > 1.
+//!
+//! tcp and ucx run with the cluster key, as deployed; with tcp measured,
+//! `fabric_auth` adds the key's cost beside a keyless pair in the same run.
 
 use crate::html::Report;
 use crate::report::{us, Axes, Plot, Series, Table};
@@ -176,6 +179,8 @@ pub struct LoadPoint {
 pub struct FabricReport {
     pub cpus: usize,
     pub backends: BTreeMap<String, BackendResults>,
+    /// tcp with and without the cluster key (when tcp is measured).
+    pub auth: Vec<crate::fabric_auth::AuthPoint>,
 }
 
 /// How long one timed batch should last: long enough that its clock read
@@ -186,7 +191,7 @@ pub const BATCH_OPS_MAX: u64 = 4096;
 
 /// Times `op` in batches until `budget` has passed (and at least
 /// `MIN_SAMPLES` batches ran); see the module docs.
-fn measure(budget: Duration, op: impl FnMut() -> Result<()>) -> Result<Summary> {
+pub(crate) fn measure(budget: Duration, op: impl FnMut() -> Result<()>) -> Result<Summary> {
     let origin = tierstack_base::time::instant_now();
     let now_ns = || u64::try_from(origin.elapsed().as_nanos()).unwrap_or(u64::MAX);
     measure_with(now_ns, u64::try_from(budget.as_nanos()).unwrap_or(u64::MAX), op)
@@ -238,12 +243,13 @@ fn measure_with(
     Ok(summary)
 }
 
-struct Session {
+pub(crate) struct Session {
     owner: ChildNode,
-    fabric: Arc<dyn Fabric>,
-    region: Arc<dyn RemoteRegion>,
+    pub(crate) fabric: Arc<dyn Fabric>,
+    pub(crate) region: Arc<dyn RemoteRegion>,
 }
 
+/// A session as deployed: tcp and ucx with the cluster key.
 fn start_session(
     config: &FabricBenchConfig,
     dir: &Path,
@@ -251,12 +257,34 @@ fn start_session(
     busy_threads: usize,
     mode: Option<&MessageMode>,
 ) -> Result<Session> {
+    start_session_keyed(config, dir, backend, busy_threads, mode, true)
+}
+
+/// A session, with the cluster key or (`keyed` false, loopback only)
+/// without: the baseline the key's cost is measured against.
+pub(crate) fn start_session_keyed(
+    config: &FabricBenchConfig,
+    dir: &Path,
+    backend: Backend,
+    busy_threads: usize,
+    mode: Option<&MessageMode>,
+    keyed: bool,
+) -> Result<Session> {
     let cpus = tierstack_cluster::online_cpus();
     let (owner_cpu, reader_cpu) = if cpus >= 2 { (Some(0), Some(1)) } else { (None, None) };
-    let name =
-        format!("fabric-{}-{busy_threads}{}", backend.name(), mode.map(|m| format!("-{}", m.name)).unwrap_or_default());
+    let name = format!(
+        "fabric-{}-{busy_threads}{}{}",
+        backend.name(),
+        mode.map(|m| format!("-{}", m.name)).unwrap_or_default(),
+        if keyed { "" } else { "-plain" }
+    );
     let nodes = [NodeLine { id: 0, role: "app", cpu: owner_cpu }, NodeLine { id: 1, role: "proxy", cpu: None }];
     let topology_path = write_topology(dir, &name, backend, 2000, &nodes)?;
+    if !keyed {
+        let text = std::fs::read_to_string(&topology_path)?;
+        let text: String = text.lines().filter(|l| !l.starts_with("key_file")).map(|l| format!("{l}\n")).collect();
+        std::fs::write(&topology_path, text)?;
+    }
     if let Some(spin_us) = mode.and_then(|m| m.spin_us) {
         let text = std::fs::read_to_string(&topology_path)?;
         let text = text.replacen("[cluster]\n", &format!("[cluster]\nshm_receive_spin_us = {spin_us}\n"), 1);
@@ -306,7 +334,7 @@ fn latency_table(config: &FabricBenchConfig, s: &Session, results: &mut BackendR
     Ok(())
 }
 
-fn message_round_trip(fabric: &dyn Fabric, bytes: usize) -> Result<()> {
+pub(crate) fn message_round_trip(fabric: &dyn Fabric, bytes: usize) -> Result<()> {
     let mut payload = vec![0u8; bytes.max(1)];
     payload[0] = 1; // ask the owner for an acknowledgement
     fabric.send(OWNER, Channel::APP, &payload)?;
@@ -391,7 +419,8 @@ fn curves(config: &FabricBenchConfig, s: &Session, results: &mut BackendResults)
 pub fn run(config: &FabricBenchConfig) -> Result<FabricReport> {
     std::fs::create_dir_all(&config.out_dir).with_context(|| format!("creating {}", config.out_dir.display()))?;
     let scratch = tempfile::Builder::new().prefix("tierstack-bench-").tempdir()?;
-    let mut report = FabricReport { cpus: tierstack_cluster::online_cpus(), backends: BTreeMap::new() };
+    let mut report =
+        FabricReport { cpus: tierstack_cluster::online_cpus(), backends: BTreeMap::new(), auth: Vec::new() };
     for &backend in &config.backends {
         let mut results = BackendResults::default();
         for &busy_threads in &config.loads {
@@ -414,6 +443,9 @@ pub fn run(config: &FabricBenchConfig) -> Result<FabricReport> {
         }
         report.backends.insert(backend.name().to_string(), results);
     }
+    if config.backends.contains(&Backend::Tcp) {
+        report.auth = crate::fabric_auth::measure_auth_cost(config, scratch.path())?;
+    }
     print_and_plot(config, &report)?;
     Ok(report)
 }
@@ -431,6 +463,10 @@ fn print_and_plot(config: &FabricBenchConfig, report: &FabricReport) -> Result<(
     out.table(&lat_by_size);
     out.table(&bandwidth);
     out.table(&load_table(report));
+    if !report.auth.is_empty() {
+        out.table(&crate::fabric_auth::auth_table(&report.auth));
+        out.plot(&crate::fabric_auth::auth_plot(&report.auth))?;
+    }
     println!("{}", messages_table(report).render());
 
     out.json("fabric.json", report)?;

@@ -25,6 +25,7 @@ pub mod dlm;
 pub mod dlm_holds;
 pub mod dlm_nodes;
 pub mod fabric;
+pub mod fabric_auth;
 pub mod fabric_node;
 pub mod html;
 pub mod monitor;

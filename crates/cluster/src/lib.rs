@@ -456,6 +456,9 @@ pub fn open_fabric(topology: &Topology, node: NodeId) -> Result<Arc<dyn Fabric>,
         Backend::Ucx => {
             let listen = spec.address.ok_or(TopologyError::MissingAddress { node })?;
             let mut config = UcxConfig::new(node, listen).with_op_timeout(topology.op_timeout());
+            if let Some(key) = &key {
+                config = config.with_key(key);
+            }
             if let Some(transports) = &topology.cluster.ucx_transports {
                 config = config.with_transports(transports.clone());
             }

@@ -10,8 +10,8 @@
 //! |---|---|---|
 //! | `HELLO` 1 | client → server | `node: u32`, the client's worker address (rest) |
 //! | `WELCOME` 2 | server → client | the server's worker address (rest) |
-//! | `LOOKUP` 3 | client → server | the region name, UTF-8 (rest) |
-//! | `REGION` 4 | server → client | `len: u64`, `base: u64`, packed rkey (rest) |
+//! | `LOOKUP` 3 | client → server | `node: u32` (the client), the region name, UTF-8 (rest) |
+//! | `REGION` 4 | server → client | `len: u64`, `base: u64`, `rights: u8` (the client's), packed rkey (rest; empty without rights) |
 //! | `NO_REGION` 5 | server → client | nothing |
 //! | `BYE` 6 | either way on a hello connection | nothing: the sender is closing its node |
 //! | `REFUSED` 7 | server → client | a UTF-8 reason (rest) |
@@ -21,8 +21,17 @@
 //! other answers `BYE`) or the connection breaks; either way the other node
 //! is then dead for this side (see the crate docs). A `LOOKUP` connection
 //! carries one request and its answer.
+//!
+//! **With a cluster key** every bootstrap connection first runs the fabric's
+//! mutual handshake (`tierstack_fabric_wire::auth`: `AuthHello`,
+//! `AuthChallenge`, `AuthProof`, in the fabric's frame format), and every
+//! bootstrap frame after it is sealed with the session's tag ([`Conn`]);
+//! the node ids in `HELLO` and `LOOKUP` must then be the one the handshake
+//! proved. So a worker address or a remote key is handed out only to a peer
+//! that holds the key, and a forged `BYE` cannot mark a live peer dead.
 
 use std::io::{Read, Write};
+use tierstack_fabric_wire::auth::{Opener, Sealer, Session, TAG_BYTES};
 
 pub const HELLO: u8 = 1;
 pub const WELCOME: u8 = 2;
@@ -41,8 +50,8 @@ pub const FRAME_BYTES_MAX: usize = 64 * 1024;
 pub enum Frame {
     Hello { node: u32, address: Vec<u8> },
     Welcome { address: Vec<u8> },
-    Lookup { name: String },
-    Region { len: u64, base: u64, rkey: Vec<u8> },
+    Lookup { node: u32, name: String },
+    Region { len: u64, base: u64, rights: u8, rkey: Vec<u8> },
     NoRegion,
     Bye,
     Refused { reason: String },
@@ -86,14 +95,16 @@ impl Frame {
                 body.push(WELCOME);
                 body.extend_from_slice(address);
             }
-            Frame::Lookup { name } => {
+            Frame::Lookup { node, name } => {
                 body.push(LOOKUP);
+                body.extend_from_slice(&node.to_le_bytes());
                 body.extend_from_slice(name.as_bytes());
             }
-            Frame::Region { len, base, rkey } => {
+            Frame::Region { len, base, rights, rkey } => {
                 body.push(REGION);
                 body.extend_from_slice(&len.to_le_bytes());
                 body.extend_from_slice(&base.to_le_bytes());
+                body.push(*rights);
                 body.extend_from_slice(rkey);
             }
             Frame::NoRegion => body.push(NO_REGION),
@@ -124,18 +135,61 @@ impl Frame {
             HELLO => Frame::Hello { node: u32_at(rest)?, address: rest[4..].to_vec() },
             WELCOME => Frame::Welcome { address: rest.to_vec() },
             LOOKUP => {
-                Frame::Lookup { name: String::from_utf8(rest.to_vec()).map_err(|_| bad("region name is not UTF-8"))? }
+                let node = u32_at(rest)?;
+                let name = String::from_utf8(rest[4..].to_vec()).map_err(|_| bad("region name is not UTF-8"))?;
+                Frame::Lookup { node, name }
             }
             REGION => {
                 let len = u64_at(rest)?;
                 let base = u64_at(rest.get(8..).unwrap_or_default())?;
-                Frame::Region { len, base, rkey: rest[16..].to_vec() }
+                let rights = *rest.get(16).ok_or_else(|| bad("short frame"))?;
+                Frame::Region { len, base, rights, rkey: rest[17..].to_vec() }
             }
             NO_REGION if rest.is_empty() => Frame::NoRegion,
             BYE if rest.is_empty() => Frame::Bye,
             REFUSED => Frame::Refused { reason: String::from_utf8_lossy(rest).into_owned() },
             other => return Err(BootstrapError::Malformed(format!("unknown kind {other} or trailing bytes"))),
         })
+    }
+}
+
+/// One bootstrap connection, sealed when the cluster has a key.
+pub struct Conn {
+    pub stream: std::net::TcpStream,
+    sealer: Option<Sealer>,
+    opener: Option<Opener>,
+}
+
+impl Conn {
+    /// A connection of a cluster without a key.
+    pub fn plain(stream: std::net::TcpStream) -> Self {
+        Self { stream, sealer: None, opener: None }
+    }
+
+    /// A connection whose handshake gave `session`.
+    pub fn sealed(stream: std::net::TcpStream, session: Session) -> Self {
+        Self { stream, sealer: Some(session.sealer), opener: Some(session.opener) }
+    }
+
+    /// Writes one frame (sealed when keyed).
+    pub fn send(&mut self, frame: &Frame) -> std::io::Result<()> {
+        let mut bytes = frame.encode();
+        if let Some(sealer) = &mut self.sealer {
+            sealer
+                .seal(&mut bytes)
+                .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string()))?;
+        }
+        self.stream.write_all(&bytes)?;
+        self.stream.flush()
+    }
+
+    /// Reads one frame (verifying its seal when keyed); `Ok(None)` on a
+    /// clean end of stream before a frame.
+    pub fn recv(&mut self) -> Result<Option<Frame>, BootstrapError> {
+        let Some(opener) = &mut self.opener else { return read_frame(&mut self.stream) };
+        let Some(sealed) = read_body(&mut self.stream, FRAME_BYTES_MAX + TAG_BYTES)? else { return Ok(None) };
+        let body = opener.open(&sealed).map_err(|e| BootstrapError::Malformed(e.to_string()))?;
+        Frame::decode(body).map(Some)
     }
 }
 
@@ -147,6 +201,14 @@ pub fn write_frame(stream: &mut impl Write, frame: &Frame) -> std::io::Result<()
 
 /// Reads one frame; `Ok(None)` on a clean end of stream before a frame.
 pub fn read_frame(stream: &mut impl Read) -> Result<Option<Frame>, BootstrapError> {
+    match read_body(stream, FRAME_BYTES_MAX)? {
+        Some(body) => Frame::decode(&body).map(Some),
+        None => Ok(None),
+    }
+}
+
+/// Reads one length-prefixed body of at most `max` bytes, checked before allocating.
+fn read_body(stream: &mut impl Read, max: usize) -> Result<Option<Vec<u8>>, BootstrapError> {
     let mut prefix = [0u8; 4];
     match stream.read_exact(&mut prefix) {
         Ok(()) => {}
@@ -154,12 +216,12 @@ pub fn read_frame(stream: &mut impl Read) -> Result<Option<Frame>, BootstrapErro
         Err(e) => return Err(e.into()),
     }
     let len = u32::from_le_bytes(prefix) as usize;
-    if len == 0 || len > FRAME_BYTES_MAX {
-        return Err(BootstrapError::Malformed(format!("frame length {len} is not between 1 and {FRAME_BYTES_MAX}")));
+    if len == 0 || len > max {
+        return Err(BootstrapError::Malformed(format!("frame length {len} is not between 1 and {max}")));
     }
     let mut body = vec![0u8; len];
     stream.read_exact(&mut body)?;
-    Frame::decode(&body).map(Some)
+    Ok(Some(body))
 }
 
 #[cfg(test)]
@@ -172,8 +234,13 @@ mod tests {
         prop_oneof![
             (any::<u32>(), bytes.clone()).prop_map(|(node, address)| Frame::Hello { node, address }),
             bytes.clone().prop_map(|address| Frame::Welcome { address }),
-            "[a-z0-9._-]{0,64}".prop_map(|name| Frame::Lookup { name }),
-            (any::<u64>(), any::<u64>(), bytes).prop_map(|(len, base, rkey)| Frame::Region { len, base, rkey }),
+            (any::<u32>(), "[a-z0-9._-]{0,64}").prop_map(|(node, name)| Frame::Lookup { node, name }),
+            (any::<u64>(), any::<u64>(), any::<u8>(), bytes).prop_map(|(len, base, rights, rkey)| Frame::Region {
+                len,
+                base,
+                rights,
+                rkey
+            }),
             Just(Frame::NoRegion),
             Just(Frame::Bye),
             "[ -~]{0,40}".prop_map(|reason| Frame::Refused { reason }),

@@ -107,13 +107,23 @@ pub struct UcxConfig {
     /// UCX transports (`UCX_TLS`), such as `"sysv,self"` or `"tcp,self"`;
     /// `None` leaves UCX's own choice (and the `UCX_TLS` environment variable).
     pub transports: Option<String>,
+    /// The cluster's key: with it, every bootstrap connection is mutually
+    /// authenticated and its frames sealed, so worker addresses and remote
+    /// keys go only to peers that hold it ([`bootstrap`]).
+    pub key: Option<tierstack_fabric_wire::auth::FabricKey>,
 }
 
 impl UcxConfig {
     pub const OP_TIMEOUT_DEFAULT: Duration = Duration::from_millis(1000);
 
     pub fn new(node: NodeId, listen: SocketAddr) -> Self {
-        Self { node, listen, peers: HashMap::new(), op_timeout: Self::OP_TIMEOUT_DEFAULT, transports: None }
+        Self { node, listen, peers: HashMap::new(), op_timeout: Self::OP_TIMEOUT_DEFAULT, transports: None, key: None }
+    }
+
+    /// Authenticates every bootstrap connection with `key`.
+    pub fn with_key(mut self, key: &tierstack_secret::ClusterKey) -> Self {
+        self.key = Some(tierstack_fabric_wire::auth::FabricKey::new(key));
+        self
     }
 
     pub fn with_peer(mut self, node: NodeId, addr: SocketAddr) -> Self {

@@ -80,6 +80,7 @@ pub mod ucx {
     use std::sync::Arc;
     use std::time::Duration;
     use tierstack_base::NodeId;
+    use tierstack_fabric_tcp::ClusterKey;
     use tierstack_fabric_ucx::{UcxConfig, UcxFabric};
 
     /// UCX over shared memory (one-sided: the owner's CPU never runs).
@@ -102,11 +103,36 @@ pub mod ucx {
     /// `n` nodes (ids from `first`) in this process over `transports`, each
     /// knowing every other's bootstrap address.
     pub fn cluster(first: u32, n: u32, transports: &str, op_timeout: Duration) -> Vec<Arc<UcxFabric>> {
+        cluster_with(first, n, transports, op_timeout, None)
+    }
+
+    /// As [`cluster`], every node authenticating its bootstrap connections
+    /// with `key` (a key per node: `keys[i]` for node `first + i`, so a test
+    /// can give one node another key).
+    pub fn keyed_cluster(
+        first: u32,
+        transports: &str,
+        op_timeout: Duration,
+        keys: &[Option<&ClusterKey>],
+    ) -> Vec<Arc<UcxFabric>> {
+        cluster_with(first, keys.len() as u32, transports, op_timeout, Some(keys))
+    }
+
+    fn cluster_with(
+        first: u32,
+        n: u32,
+        transports: &str,
+        op_timeout: Duration,
+        keys: Option<&[Option<&ClusterKey>]>,
+    ) -> Vec<Arc<UcxFabric>> {
         let loopback: SocketAddr = SocketAddr::from(([127, 0, 0, 1], 0));
         let nodes: Vec<Arc<UcxFabric>> = (first..first + n)
             .map(|id| {
-                let config =
+                let mut config =
                     UcxConfig::new(NodeId(id), loopback).with_op_timeout(op_timeout).with_transports(transports);
+                if let Some(key) = keys.and_then(|keys| keys[(id - first) as usize]) {
+                    config = config.with_key(key);
+                }
                 UcxFabric::open(config).unwrap()
             })
             .collect();

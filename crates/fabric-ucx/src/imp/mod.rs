@@ -5,7 +5,7 @@
 mod progress;
 mod ucx;
 
-use crate::bootstrap::{read_frame, write_frame, Frame};
+use crate::bootstrap::{Conn, Frame};
 use crate::UcxConfig;
 use progress::{Command, Submitter};
 use std::collections::HashMap;
@@ -18,10 +18,12 @@ use std::time::Duration;
 use tierstack_base::limits::{CHANNELS_MAX, NODES_MAX, REGIONS_PER_NODE_MAX, TRANSFER_BYTES_MAX};
 use tierstack_base::NodeId;
 use tierstack_fabric::listen::{bind_node, Listening};
+use tierstack_fabric::Rights;
 use tierstack_fabric::{
     check_batch, validate_region_bytes, validate_region_name, Access, Channel, Completion, Fabric, FabricError, Inbox,
     Inboxes, LocalRegion, Message, Op, PeerState, RegionMemory, RemoteRegion, Result,
 };
+use tierstack_fabric_wire::auth::{self, FabricKey};
 use ucx::Context;
 
 /// How often a thread blocked on a socket or an inbox looks at shutdown.
@@ -85,7 +87,11 @@ pub(crate) struct Shared {
     peers: Mutex<HashMap<NodeId, SocketAddr>>,
     links: Mutex<HashMap<NodeId, Arc<PeerLink>>>,
     /// Open hello connections (ours and accepted), to say `BYE` on close.
-    watches: Mutex<HashMap<u64, TcpStream>>,
+    watches: Mutex<HashMap<u64, Arc<Mutex<Conn>>>>,
+    /// The cluster key's fabric keys, if the cluster has a key.
+    key: Option<FabricKey>,
+    /// This process's incarnation, bound into every handshake.
+    incarnation: u64,
     /// Per channel: messages handed to its delivery thread and not yet in
     /// the inbox (while non-zero, later messages queue behind them).
     backlog: [AtomicUsize; CHANNELS_MAX],
@@ -153,14 +159,15 @@ impl UcxFabric {
         if shared.closed.swap(true, Ordering::AcqRel) {
             return;
         }
-        let watches: Vec<TcpStream> = lock(&shared.watches).drain().map(|(_, s)| s).collect();
-        for mut stream in watches {
-            let _ = stream.set_read_timeout(Some(BYE_BOUND));
-            if write_frame(&mut stream, &Frame::Bye).is_ok() {
+        let watches: Vec<Arc<Mutex<Conn>>> = lock(&shared.watches).drain().map(|(_, c)| c).collect();
+        for conn in watches {
+            let mut conn = lock(&conn);
+            let _ = conn.stream.set_read_timeout(Some(BYE_BOUND));
+            if conn.send(&Frame::Bye).is_ok() {
                 // The answer (a BYE, or the close) means the peer marked us dead.
-                let _ = read_frame(&mut stream);
+                let _ = conn.recv();
             }
-            let _ = stream.shutdown(Shutdown::Both);
+            let _ = conn.stream.shutdown(Shutdown::Both);
         }
         if let Some(handle) = lock(&self.listener).take() {
             // Wake the listener out of `accept`.
@@ -214,6 +221,8 @@ impl Shared {
             peers: Mutex::new(config.peers.clone()),
             links: Mutex::new(HashMap::from([(config.node, self_link)])),
             watches: Mutex::new(HashMap::new()),
+            key: config.key.clone(),
+            incarnation: u64::from_le_bytes(tierstack_secret::random_nonce()),
             backlog: std::array::from_fn(|_| AtomicUsize::new(0)),
             delivery: Mutex::new((0..CHANNELS_MAX).map(|_| None).collect()),
             threads: Mutex::new(Vec::new()),
@@ -303,7 +312,16 @@ impl Shared {
         lock(&self.peers).get(&node).copied().ok_or(FabricError::UnknownNode { node })
     }
 
-    fn dial(&self, node: NodeId) -> Result<TcpStream> {
+    /// A bootstrap connection to `node`, authenticated when the cluster has a key.
+    fn dial(&self, node: NodeId) -> Result<Conn> {
+        let mut stream = self.dial_stream(node)?;
+        let Some(key) = &self.key else { return Ok(Conn::plain(stream)) };
+        let session = auth::connect_over(&mut stream, key, self.node, self.incarnation, node)
+            .map_err(|e| FabricError::Unauthenticated { node, reason: e.to_string() })?;
+        Ok(Conn::sealed(stream, session))
+    }
+
+    fn dial_stream(&self, node: NodeId) -> Result<TcpStream> {
         let addr = self.addr_of(node)?;
         let stream = TcpStream::connect_timeout(&addr, self.op_timeout).map_err(|e| match e.kind() {
             std::io::ErrorKind::ConnectionRefused => {
@@ -319,13 +337,13 @@ impl Shared {
     }
 
     /// One request and its answer on a fresh bootstrap connection.
-    fn exchange(&self, node: NodeId, stream: &mut TcpStream, request: &Frame) -> Result<Frame> {
+    fn exchange(&self, node: NodeId, conn: &mut Conn, request: &Frame) -> Result<Frame> {
         let io = |e: std::io::Error| match e.kind() {
             std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => self.timeout_error(node),
             _ => FabricError::PeerDead { node, reason: format!("bootstrap connection: {e}") },
         };
-        write_frame(stream, request).map_err(io)?;
-        match read_frame(stream) {
+        conn.send(request).map_err(io)?;
+        match conn.recv() {
             Ok(Some(Frame::Refused { reason })) => Err(FabricError::Protocol { node, reason }),
             Ok(Some(frame)) => Ok(frame),
             Ok(None) => Err(FabricError::PeerDead { node, reason: "it closed the bootstrap connection".into() }),
@@ -345,38 +363,40 @@ impl Shared {
             }
         }
         self.check_open()?;
-        let mut stream = self.dial(node)?;
+        let mut conn = self.dial(node)?;
         let address = self.worker_address.get().ok_or(FabricError::Closed)?.clone();
-        let answer = self.exchange(node, &mut stream, &Frame::Hello { node: self.node.0, address })?;
+        let answer = self.exchange(node, &mut conn, &Frame::Hello { node: self.node.0, address })?;
         let Frame::Welcome { address } = answer else {
             return Err(FabricError::Protocol { node, reason: format!("expected WELCOME, got {answer:?}") });
         };
         let link = self.install_link(node, address)?;
-        self.watch(node, link.generation, stream)?;
+        self.watch(node, link.generation, conn)?;
         Ok(link)
     }
 
     /// Keeps a hello connection as the liveness watch of `node`'s process
     /// `generation`: a thread reads it; `BYE` (answered with `BYE`), an end
     /// of stream or an error marks that process dead.
-    fn watch(self: &Arc<Self>, node: NodeId, generation: u64, stream: TcpStream) -> Result<()> {
-        stream.set_read_timeout(None)?;
+    fn watch(self: &Arc<Self>, node: NodeId, generation: u64, conn: Conn) -> Result<()> {
+        conn.stream.set_read_timeout(None)?;
+        let poll_stream = conn.stream.try_clone()?;
         let id = self.next_id();
-        lock(&self.watches).insert(id, stream.try_clone()?);
+        let conn = Arc::new(Mutex::new(conn));
+        lock(&self.watches).insert(id, Arc::clone(&conn));
         let shared = Arc::clone(self);
         self.spawn(format!("ucx-{}-watch{}", self.node.0, node.0), move || {
-            let mut stream = stream;
             // Wait for something to read, looking at our own shutdown every
             // slice: a watch never outlives its node.
-            while !shared.is_closed() && !readable(&stream, WAIT_SLICE) {}
+            while !shared.is_closed() && !readable(&poll_stream, WAIT_SLICE) {}
             let reason = if shared.is_closed() {
                 String::new()
             } else {
-                match read_frame(&mut stream) {
+                let mut conn = lock(&conn);
+                match conn.recv() {
                     Ok(Some(Frame::Bye)) => {
                         let bye = "it closed its node".to_string();
                         shared.mark_dead_generation(node, generation, &bye);
-                        let _ = write_frame(&mut stream, &Frame::Bye);
+                        let _ = conn.send(&Frame::Bye);
                         bye
                     }
                     Ok(Some(other)) => format!("unexpected {other:?} on its hello connection"),
@@ -509,11 +529,34 @@ fn run_listener(shared: &Arc<Shared>, listener: &TcpListener) {
 
 /// Serves one bootstrap connection: a lookup, or a hello that then becomes
 /// the watch of the peer that sent it. A bad peer only loses its connection.
+/// With a cluster key, the connection's handshake comes first, and the node
+/// a request names must be the one the handshake proved.
 fn serve(shared: &Arc<Shared>, mut stream: TcpStream) {
     let _ = stream.set_nodelay(true);
     let _ = stream.set_read_timeout(Some(shared.op_timeout));
     let _ = stream.set_write_timeout(Some(shared.op_timeout));
-    let request = match read_frame(&mut stream) {
+    let (mut conn, proven) = match &shared.key {
+        None => (Conn::plain(stream), None),
+        Some(key) => {
+            let session = auth::read_handshake_frame(&mut stream).and_then(|hello| match hello {
+                Some(hello) => auth::accept_over(&mut stream, key, shared.node, shared.incarnation, &hello).map(Some),
+                None => Ok(None),
+            });
+            match session {
+                Ok(Some(session)) => {
+                    let peer = session.peer;
+                    (Conn::sealed(stream, session), Some(peer))
+                }
+                Ok(None) => return,
+                Err(e) => {
+                    tracing::warn!(node = %shared.node, error = %e, "ucx: refusing a bootstrap connection");
+                    let _ = stream.shutdown(Shutdown::Both);
+                    return;
+                }
+            }
+        }
+    };
+    let request = match conn.recv() {
         Ok(Some(frame)) => frame,
         Ok(None) => return,
         Err(e) => {
@@ -521,36 +564,53 @@ fn serve(shared: &Arc<Shared>, mut stream: TcpStream) {
             return;
         }
     };
+    let claimed = match &request {
+        Frame::Lookup { node, .. } | Frame::Hello { node, .. } => Some(NodeId(*node)),
+        _ => None,
+    };
+    if let (Some(proven), Some(claimed)) = (proven, claimed) {
+        if proven != claimed {
+            let reason = format!("the handshake proved {proven}, the request claims {claimed}");
+            tracing::warn!(node = %shared.node, %reason, "ucx: refusing a bootstrap request");
+            let _ = conn.send(&Frame::Refused { reason });
+            return;
+        }
+    }
     match request {
-        Frame::Lookup { name } => {
+        Frame::Lookup { node, name } => {
             let answer = match shared.regions.read().unwrap_or_else(PoisonError::into_inner).get(&name) {
-                Some(r) => Frame::Region { len: r.region.len(), base: r.base, rkey: r.rkey.clone() },
+                Some(r) => {
+                    let rights = r.region.access().rights_of(NodeId(node));
+                    // A remote key is a capability: none for a peer without rights.
+                    let rkey = if rights == Rights::NONE { Vec::new() } else { r.rkey.clone() };
+                    Frame::Region { len: r.region.len(), base: r.base, rights: rights.bits(), rkey }
+                }
                 None => Frame::NoRegion,
             };
-            let _ = write_frame(&mut stream, &answer);
+            let _ = conn.send(&answer);
         }
         Frame::Hello { node, address } => {
             let node = NodeId(node);
             if shared.is_closed() {
-                let _ = write_frame(&mut stream, &Frame::Refused { reason: "the node is closing".into() });
+                let _ = conn.send(&Frame::Refused { reason: "the node is closing".into() });
                 return;
             }
             let link = match shared.install_link(node, address) {
                 Ok(link) => link,
                 Err(e) => {
-                    let _ = write_frame(&mut stream, &Frame::Refused { reason: e.to_string() });
+                    let _ = conn.send(&Frame::Refused { reason: e.to_string() });
                     return;
                 }
             };
             let Some(address) = shared.worker_address.get().cloned() else { return };
-            if write_frame(&mut stream, &Frame::Welcome { address }).is_ok() {
-                if let Err(e) = shared.watch(node, link.generation, stream) {
+            if conn.send(&Frame::Welcome { address }).is_ok() {
+                if let Err(e) = shared.watch(node, link.generation, conn) {
                     tracing::warn!(%node, error = %e, "ucx: cannot watch a peer");
                 }
             }
         }
         other => {
-            let _ = write_frame(&mut stream, &Frame::Refused { reason: format!("unexpected request {other:?}") });
+            let _ = conn.send(&Frame::Refused { reason: format!("unexpected request {other:?}") });
         }
     }
 }
@@ -577,7 +637,7 @@ impl Fabric for UcxFabric {
             return Err(FabricError::TooManyRegions { max: REGIONS_PER_NODE_MAX });
         }
         let (tx, rx) = flume::bounded(1);
-        shared.submit(Command::Map { bytes, reply: tx })?;
+        shared.submit(Command::Map { bytes, widest: access.widest(), reply: tx })?;
         let mapped = shared.await_reply(shared.node, &rx)?;
         let owner = Mapping {
             memh: mapped.memh,
@@ -607,25 +667,34 @@ impl Fabric for UcxFabric {
         if node.0 >= NODES_MAX {
             return Err(FabricError::UnknownNode { node });
         }
-        let (link, len, base, rkey) = if node == shared.node {
+        let (link, len, base, rights, rkey) = if node == shared.node {
             let regions = shared.regions.read().unwrap_or_else(PoisonError::into_inner);
             let r = regions.get(name).ok_or_else(|| FabricError::UnknownRegion { node, name: name.to_string() })?;
             let link = lock(&shared.links).get(&node).cloned().ok_or(FabricError::Closed)?;
-            (link, r.region.len(), r.base, r.rkey.clone())
+            (link, r.region.len(), r.base, r.region.access().rights_of(node), r.rkey.clone())
         } else {
             let link = shared.link(node)?;
-            let mut stream = shared.dial(node)?;
-            match shared.exchange(node, &mut stream, &Frame::Lookup { name: name.to_string() })? {
-                Frame::Region { len, base, rkey } => (link, len, base, rkey),
+            let mut conn = shared.dial(node)?;
+            let lookup = Frame::Lookup { node: shared.node.0, name: name.to_string() };
+            match shared.exchange(node, &mut conn, &lookup)? {
+                Frame::Region { len, base, rights, rkey } => (link, len, base, Rights::from_bits(rights), rkey),
                 Frame::NoRegion => return Err(FabricError::UnknownRegion { node, name: name.to_string() }),
                 other => return Err(FabricError::Protocol { node, reason: format!("expected REGION, got {other:?}") }),
             }
         };
         link.check()?;
+        if rights == Rights::NONE {
+            return Err(FabricError::Forbidden {
+                node: shared.node,
+                region: name.to_string(),
+                needed: Rights::READ,
+                granted: Rights::NONE,
+            });
+        }
         let (tx, rx) = flume::bounded(1);
         shared.submit(Command::Unpack { node, generation: link.generation, rkey, reply: tx })?;
         let rkey = shared.await_reply(node, &rx)?;
-        Ok(Arc::new(UcxRegion { shared: Arc::clone(shared), link, name: name.to_string(), len, base, rkey }))
+        Ok(Arc::new(UcxRegion { shared: Arc::clone(shared), link, name: name.to_string(), len, base, rights, rkey }))
     }
 
     fn send(&self, to: NodeId, channel: Channel, payload: &[u8]) -> Result<()> {
@@ -709,6 +778,9 @@ struct UcxRegion {
     name: String,
     len: u64,
     base: u64,
+    /// What the owner allows this node (the mapping's protection enforces
+    /// the widest rights any peer has; this, the rest).
+    rights: Rights,
     rkey: u64,
 }
 
@@ -717,6 +789,14 @@ impl UcxRegion {
         self.shared.check_open()?;
         self.link.check()?;
         check_batch(&self.name, self.len, &ops)?;
+        if let Some(op) = ops.iter().find(|op| !self.rights.contains(op.needs())) {
+            return Err(FabricError::Forbidden {
+                node: self.shared.node,
+                region: self.name.clone(),
+                needed: op.needs(),
+                granted: self.rights,
+            });
+        }
         let (completion, sender) = Completion::pending_spinning(progress::CALLER_SPIN);
         self.shared.submit(Command::Post {
             node: self.link.node,

@@ -66,6 +66,8 @@ pub(crate) enum Command {
     /// Maps a region: `ucp_mem_map` (allocate), its address, its packed key.
     Map {
         bytes: u64,
+        /// The widest rights any peer has on it: the mapping's protection.
+        widest: tierstack_fabric::Rights,
         reply: flume::Sender<Result<Mapped>>,
     },
     /// Unmaps a region's memory handle (its last user went away).
@@ -420,8 +422,8 @@ impl Progress {
                     let _ = reply.send(Err(e));
                 }
             },
-            Command::Map { bytes, reply } => {
-                let _ = reply.send(self.context.map(bytes));
+            Command::Map { bytes, widest, reply } => {
+                let _ = reply.send(self.context.map(bytes, widest));
             }
             Command::Unmap { memh } => self.context.unmap(memh),
             Command::Unpack { node, generation, rkey, reply } => {

@@ -113,7 +113,11 @@ impl Context {
 
     /// Allocates and registers `bytes` bytes (`UCP_MEM_MAP_ALLOCATE`), and
     /// packs the remote key peers need.
-    pub(crate) fn map(&self, bytes: u64) -> Result<Mapped> {
+    /// The mapping's protection allows remote reads only when some peer may
+    /// read, remote writes (and atomics, which UCX counts as writes) only
+    /// when some peer may modify: on transports that enforce it (RDMA), a
+    /// peer cannot exceed the widest rights even with a forged key.
+    pub(crate) fn map(&self, bytes: u64, widest: tierstack_fabric::Rights) -> Result<Mapped> {
         let length = usize::try_from(bytes).map_err(|_| FabricError::RegionSize { bytes, max: bytes })?;
         let _guard = self.lock.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         // SAFETY: zeroed is a valid value of this plain C struct.
@@ -121,8 +125,17 @@ impl Context {
         params.field_mask = u64::from(
             sys::UCP_MEM_MAP_PARAM_FIELD_ADDRESS
                 | sys::UCP_MEM_MAP_PARAM_FIELD_LENGTH
-                | sys::UCP_MEM_MAP_PARAM_FIELD_FLAGS,
+                | sys::UCP_MEM_MAP_PARAM_FIELD_FLAGS
+                | sys::UCP_MEM_MAP_PARAM_FIELD_PROT,
         );
+        let mut prot = sys::UCP_MEM_MAP_PROT_LOCAL_READ | sys::UCP_MEM_MAP_PROT_LOCAL_WRITE;
+        if widest.contains(tierstack_fabric::Rights::READ) {
+            prot |= sys::UCP_MEM_MAP_PROT_REMOTE_READ;
+        }
+        if widest.modifies() {
+            prot |= sys::UCP_MEM_MAP_PROT_REMOTE_WRITE;
+        }
+        params.prot = prot as _;
         params.address = std::ptr::null_mut();
         params.length = length;
         params.flags = sys::UCP_MEM_MAP_ALLOCATE;
