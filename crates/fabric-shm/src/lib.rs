@@ -1,18 +1,54 @@
 //! The `shm` fabric backend: the truthful stand-in for RDMA on one host.
 //!
 //! Every node keeps its regions as files in its own directory under a shared
-//! root (normally on `/dev/shm`):
+//! root (by default per user, `/dev/shm/tierstack-<uid>/<cluster>`:
+//! [`default_root`]):
 //!
 //! ```text
 //! <root>/node-<id>/owner.pid     the owning process id (liveness check)
-//! <root>/node-<id>/r.<name>      one file per registered region: a 64-byte
-//!                                header (magic, revoked word), then the data
+//! <root>/node-<id>/r.<name>      one file per registered region: a header
+//!                                (magic, revoked word, data offset, the
+//!                                region's access rights), then the data
 //! <root>/node-<id>/msg.ctl       the message control file: revoked word,
 //!                                ring generation, per channel a doorbell
 //! <root>/node-<id>/q.<c>.<from>.<incarnation>
 //!                                a message ring from node <from> on channel
 //!                                <c>, created by that sender
 //! ```
+//!
+//! **The root is private to one user** (`private`): every directory the
+//! backend creates is 0700 and every file 0600 (set explicitly, whatever
+//! the umask), files are created `O_EXCL | O_NOFOLLOW` and opened
+//! `O_NOFOLLOW`, and the root, each node directory and each file is checked
+//! on open (`lstat`/`fstat`): a symbolic link, another user's entry, an
+//! entry open to group or others or a file with a second hard link is
+//! refused with [`FabricError::UnsafePath`], which says how to fix it (a
+//! root of ours others may only read is made 0700). The root's ancestors
+//! must be this user's or root's and writable by others only with the
+//! sticky bit, so no one else can swap the root. Within the root only this
+//! user can create anything, which is what makes a ring's sender id, a pid
+//! file or a region file trustworthy: the receiver of a ring checks that
+//! its file is a private file of its own user, so another user cannot
+//! plant a ring (or pid file, or region) and speak as a node.
+//!
+//! **Access rights** ([`Access`]) are published by the owner in the region
+//! file's header, before the file gets its name: the default rights and up
+//! to [`GRANTS_MAX`] per-node grants. A peer reads them at `connect`; if
+//! its rights include neither write nor atomic it opens the file `O_RDONLY`
+//! and maps it `PROT_READ`, so even a bug cannot store to the region, and
+//! every operation it posts is first checked against its rights (one test
+//! of a cached byte on the single-operation paths, `Access::check` for a
+//! batch) and refused with `Forbidden`. A node connecting to its own region
+//! has every right, as its owner.
+//!
+//! The limit, stated rather than hidden: all of this is one host's trust in
+//! one user. A process of the same user can open any of these files
+//! read-write, write a ring that names any sender, or rewrite a header's
+//! rights, whatever the checks; the kernel cannot tell it from a node. The
+//! rights and the read-only mappings stop bugs and confused peers (a proxy
+//! that would write a version table), not a hostile process running as the
+//! cluster's user; other users are kept out entirely. Across hosts, or
+//! against the same user, use the authenticated `tcp` or `ucx` fabric.
 //!
 //! A peer that connects to a region maps its file into its own address space,
 //! and from then on `read`, `write`, `fetch_add` and `compare_swap` are plain
@@ -73,7 +109,10 @@ use tierstack_fabric::{
 /// How a node attaches to the `shm` fabric.
 #[derive(Clone, Debug)]
 pub struct ShmConfig {
-    /// Directory shared by every node of the cluster (e.g. `/dev/shm/tierstack-demo`).
+    /// Directory shared by every node of the cluster (normally
+    /// [`default_root`]). Created 0700 if missing; refused with
+    /// `UnsafePath` if it is a symbolic link, another user's, or writable
+    /// by others (one others may only read is made 0700).
     pub root: PathBuf,
     /// This node.
     pub node: NodeId,

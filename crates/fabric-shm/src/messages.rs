@@ -11,6 +11,15 @@
 //! generation. The receiver looks for new ring files of a channel when it
 //! sees the generation change, so discovery costs one load per poll.
 //!
+//! **Who may create a ring.** A ring's sender is named by its file (name
+//! and header), so what makes the name true is who could have made the
+//! file: the receiver maps a ring only if it is a private file of its own
+//! user (opened `O_NOFOLLOW`, owner its uid, mode 0600, one link) in its
+//! own private directory (0700, owner-checked, see the crate's essay);
+//! otherwise it refuses the file once, never reads it, and leaves it.
+//! Another user can therefore neither plant a ring nor link one in; a
+//! process of the same user can, the documented limit of one host's trust.
+//!
 //! **Receiving needs no thread.** The thread that receives on an inbox
 //! ([`tierstack_fabric::Inbox`], backed by [`RingReceiver`]) takes messages
 //! out of the channel's rings itself: it polls them for a while and then
