@@ -127,7 +127,9 @@ pub struct ClusterSection {
     pub fabric: Backend,
     #[serde(default = "default_op_timeout_ms")]
     pub op_timeout_ms: u64,
-    /// Root directory of the shm backend; default `/dev/shm/tierstack/<name>`.
+    /// Root directory of the shm backend; default per user,
+    /// `/dev/shm/tierstack-<uid>/<name>`. Created 0700 if missing; refused
+    /// if a symbolic link, another user's, or writable by others.
     #[serde(default)]
     pub shm_root: Option<PathBuf>,
     /// shm: how long a thread waiting for a message polls before it sleeps
@@ -403,16 +405,7 @@ impl Topology {
 
     /// The shm root directory for this cluster.
     pub fn shm_root(&self) -> PathBuf {
-        self.cluster.shm_root.clone().unwrap_or_else(|| default_shm_base().join(&self.cluster.name))
-    }
-}
-
-fn default_shm_base() -> PathBuf {
-    let dev_shm = Path::new("/dev/shm");
-    if dev_shm.is_dir() {
-        dev_shm.join("tierstack")
-    } else {
-        std::env::temp_dir().join("tierstack")
+        self.cluster.shm_root.clone().unwrap_or_else(|| tierstack_fabric_shm::default_root(&self.cluster.name))
     }
 }
 
@@ -674,6 +667,10 @@ cpu = 0
         let t =
             Topology::parse("[cluster]\nname = \"s\"\nfabric = \"shm\"\n[[node]]\nid = 3\nrole = \"db\"\n").unwrap();
         assert!(t.shm_root().ends_with("s"));
+        // Per user: two users' clusters of one name never share a root.
+        // SAFETY: geteuid has no preconditions.
+        let per_user = format!("tierstack-{}", unsafe { libc::geteuid() });
+        assert!(t.shm_root().parent().unwrap().ends_with(per_user), "{}", t.shm_root().display());
     }
 
     const SERVICES: &str = r#"

@@ -11,6 +11,15 @@
 //! generation. The receiver looks for new ring files of a channel when it
 //! sees the generation change, so discovery costs one load per poll.
 //!
+//! **Who may create a ring.** A ring's sender is named by its file (name
+//! and header), so what makes the name true is who could have made the
+//! file: the receiver maps a ring only if it is a private file of its own
+//! user (opened `O_NOFOLLOW`, owner its uid, mode 0600, one link) in its
+//! own private directory (0700, owner-checked, see the crate's essay);
+//! otherwise it refuses the file once, never reads it, and leaves it.
+//! Another user can therefore neither plant a ring nor link one in; a
+//! process of the same user can, the documented limit of one host's trust.
+//!
 //! **Receiving needs no thread.** The thread that receives on an inbox
 //! ([`tierstack_fabric::Inbox`], backed by [`RingReceiver`]) takes messages
 //! out of the channel's rings itself: it polls them for a while and then
@@ -52,10 +61,11 @@
 //! that restarts under the same node id starts a new ring; the receiver
 //! drains the old one and deletes it once its sender is gone.
 
+use crate::private;
 use crate::ring::{begin_wait, ring_doorbell, Consumer, Producer, RecordHeader, RingCorrupt, RingWords};
 use crate::sys::{coarse_now, futex_wait, process_alive, wake_all, ProcessWatch};
 use std::collections::{HashMap, HashSet};
-use std::fs::{self, OpenOptions};
+use std::fs;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -146,20 +156,28 @@ impl SharedFile {
         Ok(SharedFile { map: memmap2::MmapOptions::new().len(len).map_raw(file)? })
     }
 
-    /// Opens and maps `path`, which must be exactly `len` bytes long.
-    fn open(path: &Path, len: usize) -> std::io::Result<SharedFile> {
-        let file = OpenOptions::new().read(true).write(true).open(path)?;
-        if file.metadata()?.len() != len as u64 {
-            return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, "file has the wrong length"));
+    /// Opens and maps `path`, a private file of this user (never through
+    /// a symbolic link), which must be `len` bytes long, or at least
+    /// `min_len` if `len` is `None`. `Ok(None)`: there is no such file.
+    fn open(path: &Path, len: Option<usize>, min_len: usize) -> Result<Option<SharedFile>> {
+        let Some(file) = private::open_private_file(path, true)? else { return Ok(None) };
+        let actual = usize::try_from(file.metadata()?.len()).unwrap_or(usize::MAX);
+        let wrong = match len {
+            Some(len) => actual != len,
+            None => actual < min_len,
+        };
+        if wrong {
+            return Err(FabricError::Io(format!("{}: a file of the wrong length ({actual} bytes)", path.display())));
         }
-        SharedFile::map(&file, len)
+        Ok(Some(SharedFile::map(&file, actual)?))
     }
 
-    /// Creates `dir/name` of `len` zero bytes, lets `init` write its first
-    /// words, then gives it its name: a reader never sees it half made.
-    fn create(dir: &Path, name: &str, len: usize, init: impl FnOnce(&SharedFile)) -> std::io::Result<SharedFile> {
+    /// Creates `dir/name` of `len` zero bytes (new, mode 0600, never
+    /// through a link), lets `init` write its first words, then gives it its
+    /// name: a reader never sees it half made.
+    fn create(dir: &Path, name: &str, len: usize, init: impl FnOnce(&SharedFile)) -> Result<SharedFile> {
         let staging = dir.join(format!(".staging.{name}"));
-        let file = OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&staging)?;
+        let file = private::create_private_file(&staging)?;
         file.set_len(len as u64)?;
         let shared = SharedFile::map(&file, len)?;
         init(&shared);
@@ -222,7 +240,7 @@ fn ring_for_everyone(doorbell: &AtomicU64) {
 /// Marks a control file revoked if it is one (the reclaiming of a crashed
 /// node's directory).
 pub(crate) fn revoke_control_file(path: &Path) {
-    if let Ok(control) = SharedFile::open(path, layout::CONTROL_BYTES) {
+    if let Ok(Some(control)) = SharedFile::open(path, Some(layout::CONTROL_BYTES), 0) {
         if control.word(layout::CONTROL_MAGIC_OFFSET).load(Ordering::Acquire) == layout::CONTROL_MAGIC {
             control.word(layout::CONTROL_REVOKED_OFFSET).store(1, Ordering::Release);
         }
@@ -363,13 +381,11 @@ impl RingReceiver {
         if self.nodes.as_ref().is_some_and(|nodes| !nodes.contains(&from)) {
             return Err(format!("{from} is not a node of this cluster"));
         }
-        let path = self.dir.join(name);
-        let len = fs::metadata(&path).map_err(|e| e.to_string())?.len();
-        let len = usize::try_from(len).map_err(|e| e.to_string())?;
-        if len <= layout::RING_DATA_OFFSET {
-            return Err(format!("too short ({len} bytes)"));
-        }
-        let file = SharedFile::open(&path, len).map_err(|e| e.to_string())?;
+        // A ring is a private file of this user in our private directory:
+        // no other user can have made it (see the module's essay).
+        let file = SharedFile::open(&self.dir.join(name), None, layout::RING_DATA_OFFSET + 8)
+            .map_err(|e| e.to_string())?
+            .ok_or_else(|| "it was deleted".to_string())?;
         let word = |offset| file.word(offset).load(Ordering::Acquire);
         if word(layout::RING_MAGIC_OFFSET) != layout::RING_MAGIC {
             return Err("not a ring file".into());
@@ -727,16 +743,20 @@ impl RingSenders {
         }
         let dir = dir();
         let dead = |reason: String| FabricError::PeerDead { node: to, reason };
-        let pid = fs::read_to_string(dir.join("owner.pid"))
-            .ok()
-            .and_then(|pid| pid.trim().parse::<u32>().ok())
-            .ok_or_else(|| dead("not running (no node directory)".into()))?;
+        if !private::check_private_dir(&dir)? {
+            return Err(dead("not running (no node directory)".into()));
+        }
+        let pid = private::read_owner_pid(&dir)?.ok_or_else(|| dead("not running (no node directory)".into()))?;
         let watch = ProcessWatch::new(pid);
         if !watch.alive() {
             return Err(dead(format!("its process {pid} has exited")));
         }
-        let control = SharedFile::open(&dir.join(layout::CONTROL_FILE), layout::CONTROL_BYTES)
-            .map_err(|e| dead(format!("no message endpoint: {e}")))?;
+        let control = match SharedFile::open(&dir.join(layout::CONTROL_FILE), Some(layout::CONTROL_BYTES), 0) {
+            Ok(Some(control)) => control,
+            Ok(None) => return Err(dead("no message endpoint".into())),
+            Err(e @ FabricError::UnsafePath { .. }) => return Err(e),
+            Err(e) => return Err(dead(format!("no message endpoint: {e}"))),
+        };
         if control.word(layout::CONTROL_MAGIC_OFFSET).load(Ordering::Acquire) != layout::CONTROL_MAGIC {
             return Err(FabricError::Protocol { node: to, reason: "its message control file is not one".into() });
         }

@@ -145,6 +145,7 @@ mod error_code {
     pub(crate) const LOCAL_MISALIGNED: u8 = 22;
     pub(crate) const FORBIDDEN: u8 = 23;
     pub(crate) const UNAUTHENTICATED: u8 = 24;
+    pub(crate) const UNSAFE_PATH: u8 = 25;
 }
 
 /// Why a frame could not be read or decoded.
@@ -533,6 +534,11 @@ fn encode_error(error: &FabricError, out: &mut Vec<u8>) {
             put_u32(out, node.0);
             put_str(out, reason);
         }
+        FabricError::UnsafePath { path, reason } => {
+            put_u8(out, c::UNSAFE_PATH);
+            put_str(out, path);
+            put_str(out, reason);
+        }
     }
 }
 
@@ -804,6 +810,7 @@ fn decode_error(cur: &mut Cursor<'_>) -> Result<FabricError, WireError> {
             granted: Rights::from_bits(cur.u8()?),
         },
         c::UNAUTHENTICATED => FabricError::Unauthenticated { node: cur.node()?, reason: cur.string()? },
+        c::UNSAFE_PATH => FabricError::UnsafePath { path: cur.string()?, reason: cur.string()? },
         other => return Err(WireError::Malformed(format!("unknown error code {other}"))),
     })
 }

@@ -87,6 +87,7 @@ fn fabric_error() -> impl Strategy<Value = FabricError> {
             granted: tierstack_fabric::Rights::from_bits(granted),
         }),
         (node(), s()).prop_map(|(node, reason)| FabricError::Unauthenticated { node, reason }),
+        (s(), s()).prop_map(|(path, reason)| FabricError::UnsafePath { path, reason }),
     ]
 }
 

@@ -123,6 +123,12 @@ impl Access {
         self.default
     }
 
+    /// The nodes named with rights of their own, in grant order: what a
+    /// backend that publishes the rights (`shm`'s region header) encodes.
+    pub fn grants(&self) -> &[(NodeId, Rights)] {
+        &self.nodes
+    }
+
     /// The union of every peer's rights: what a mapping shared by all
     /// peers must allow (UCX's one remote key per region).
     pub fn widest(&self) -> Rights {

@@ -58,6 +58,12 @@ pub enum FabricError {
     /// node id, a frame altered in flight); the connection is closed.
     #[error("authentication with {node} failed: {reason}")]
     Unauthenticated { node: NodeId, reason: String },
+    /// A local file or directory the backend would trust (the `shm` root, a
+    /// node directory, a region, ring or pid file) is not private to this
+    /// user: a symbolic link, owned by another user, or open to group or
+    /// others. `reason` says which, and how to fix it.
+    #[error("refusing {path}: {reason}")]
+    UnsafePath { path: String, reason: String },
     #[error("message channel {channel} does not exist (channel ids are below {max})", max = tierstack_base::limits::CHANNELS_MAX)]
     UnknownChannel { channel: u8 },
 }

@@ -21,7 +21,7 @@
 //!   `TIERSTACK_TEST_SEED`.
 //! - [`args`]: a tier's flag struct parsed as the binary flattens it (the
 //!   round-trip tests of every `to_args`).
-//! - [`channels`] and [`transfers`]: the backend-neutral conformance
+//! - [`channels`], [`transfers`] and [`rights`]: the backend-neutral conformance
 //!   scenarios, written once against the `Fabric` trait and run by every
 //!   backend's tests, so all backends are held to the same observable rules.
 //!
@@ -37,6 +37,7 @@ pub mod child;
 pub mod ddss;
 pub mod http;
 pub mod nodes;
+pub mod rights;
 pub mod transfers;
 
 /// The `tierstack` binary's path, for the tierstack crate's integration

@@ -261,14 +261,21 @@ fn corrupt_rings_and_foreign_files_are_refused_without_harming_the_receiver() {
     // range, a sender outside the cluster, garbage, a header naming another
     // channel. They are looked at when the next ring appears, and refused.
     let real_len = layout::RING_DATA_OFFSET + layout::RING_DATA_BYTES;
-    std::fs::write(node_dir.join("q.200.0.x-0"), vec![0u8; real_len]).unwrap();
-    std::fs::write(node_dir.join("q.5.7.x-0"), vec![0u8; real_len]).unwrap();
-    std::fs::write(node_dir.join("q.5.0.garbage-0"), vec![0xa5u8; real_len]).unwrap();
+    // Private files of ours (0600), so it is their content that is refused
+    // (planted files: `private_root.rs`).
+    let plant = |name: &str, bytes: Vec<u8>| {
+        let path = node_dir.join(name);
+        std::fs::write(&path, bytes).unwrap();
+        std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    };
+    plant("q.200.0.x-0", vec![0u8; real_len]);
+    plant("q.5.7.x-0", vec![0u8; real_len]);
+    plant("q.5.0.garbage-0", vec![0xa5u8; real_len]);
     let mut other_channel = vec![0u8; real_len];
     other_channel[..8].copy_from_slice(&layout::RING_MAGIC.to_le_bytes());
     other_channel[8..16].copy_from_slice(&((layout::RING_DATA_BYTES / 8) as u64).to_ne_bytes());
     other_channel[24..32].copy_from_slice(&4u64.to_ne_bytes());
-    std::fs::write(node_dir.join("q.5.0.other-0"), other_channel).unwrap();
+    plant("q.5.0.other-0", other_channel);
 
     let good = open(dir.path(), 0, &[0, 1, 2], BOUND);
     let victim = open(dir.path(), 2, &[0, 1, 2], BOUND);
