@@ -189,3 +189,41 @@ fn a_keyless_node_refuses_to_listen_beyond_loopback() {
     assert!(keyed.is_ok());
     let _: Arc<TcpFabric> = keyed.unwrap();
 }
+
+/// The shared access-rights scenarios (`tierstack_testkit::rights`), on a keyed cluster.
+mod rights_suite {
+    use super::*;
+    use tierstack_testkit::rights as suite;
+
+    fn three() -> Vec<Arc<TcpFabric>> {
+        keyed_cluster(0, 3, TIMEOUT, &key(b'9'))
+    }
+
+    #[test]
+    fn a_read_only_region_refuses_a_peers_writes_and_atomics() {
+        let nodes = three();
+        suite::a_read_only_region_refuses_a_peers_writes_and_atomics(nodes[0].as_ref(), nodes[1].as_ref());
+    }
+
+    #[test]
+    fn a_grant_allows_its_node_only() {
+        let nodes = three();
+        suite::a_grant_allows_its_node_only(nodes[0].as_ref(), nodes[2].as_ref(), nodes[1].as_ref());
+    }
+
+    #[test]
+    fn rights_are_granted_separately() {
+        let nodes = three();
+        suite::rights_are_granted_separately(nodes[0].as_ref(), nodes[1].as_ref());
+    }
+
+    /// As on shm: the owner's own handle to its region has every right.
+    #[test]
+    fn the_owner_may_do_everything_through_its_own_handle() {
+        let nodes = three();
+        let region = nodes[0].register("own", 8, Access::read_only()).unwrap();
+        let own = nodes[0].connect(NodeId(0), "own").unwrap();
+        assert_eq!(own.fetch_add(0, 3).unwrap(), 0);
+        assert_eq!(region.memory().load_u64(0).unwrap(), 3);
+    }
+}

@@ -671,7 +671,8 @@ impl Fabric for UcxFabric {
             let regions = shared.regions.read().unwrap_or_else(PoisonError::into_inner);
             let r = regions.get(name).ok_or_else(|| FabricError::UnknownRegion { node, name: name.to_string() })?;
             let link = lock(&shared.links).get(&node).cloned().ok_or(FabricError::Closed)?;
-            (link, r.region.len(), r.base, r.region.access().rights_of(node), r.rkey.clone())
+            // The owner's own handle has every right, as its local region does.
+            (link, r.region.len(), r.base, Rights::ALL, r.rkey.clone())
         } else {
             let link = shared.link(node)?;
             let mut conn = shared.dial(node)?;

@@ -72,3 +72,43 @@ fn an_op_the_region_does_not_allow_is_forbidden() {
     nodes[0].register("private", 8, Access::new(Rights::NONE)).unwrap();
     assert!(matches!(nodes[1].connect(NodeId(0), "private"), Err(FabricError::Forbidden { .. })));
 }
+
+/// The shared access-rights scenarios (`tierstack_testkit::rights`), on a keyed cluster.
+mod rights_suite {
+    use super::*;
+    use std::sync::Arc;
+    use tierstack_fabric_ucx::UcxFabric;
+    use tierstack_testkit::rights as suite;
+
+    fn three() -> Option<Vec<Arc<UcxFabric>>> {
+        let k = key(b'9');
+        ucx_or_skip().then(|| keyed_cluster(0, SHM, TIMEOUT, &[Some(&k), Some(&k), Some(&k)]))
+    }
+
+    #[test]
+    fn a_read_only_region_refuses_a_peers_writes_and_atomics() {
+        let Some(nodes) = three() else { return };
+        suite::a_read_only_region_refuses_a_peers_writes_and_atomics(nodes[0].as_ref(), nodes[1].as_ref());
+    }
+
+    #[test]
+    fn a_grant_allows_its_node_only() {
+        let Some(nodes) = three() else { return };
+        suite::a_grant_allows_its_node_only(nodes[0].as_ref(), nodes[2].as_ref(), nodes[1].as_ref());
+    }
+
+    #[test]
+    fn rights_are_granted_separately() {
+        let Some(nodes) = three() else { return };
+        suite::rights_are_granted_separately(nodes[0].as_ref(), nodes[1].as_ref());
+    }
+
+    #[test]
+    fn the_owner_may_do_everything_through_its_own_handle() {
+        let Some(nodes) = three() else { return };
+        let region = nodes[0].register("own", 8, Access::read_only()).unwrap();
+        let own = nodes[0].connect(NodeId(0), "own").unwrap();
+        assert_eq!(own.fetch_add(0, 3).unwrap(), 0);
+        assert_eq!(region.memory().load_u64(0).unwrap(), 3);
+    }
+}
