@@ -1,6 +1,8 @@
 //! Property tests of the codec: every frame round-trips, and no input panics;
 //! transfers naming local memory encode exactly as the plain ops they stand
-//! for, and the borrowed decoder agrees with the owned one.
+//! for, and the borrowed decoder agrees with the owned one. The handshake and
+//! sealed frames (`auth`): random and mutated input never panics, never
+//! allocates beyond its bound, and never passes authentication.
 
 // Helpers outside #[test] functions unwrap too: in a test a panic is the failure report.
 #![allow(clippy::unwrap_used)]
@@ -94,6 +96,14 @@ fn fabric_error() -> impl Strategy<Value = FabricError> {
 fn frame() -> impl Strategy<Value = Frame> {
     prop_oneof![
         node().prop_map(|node| Frame::Hello { node }),
+        (node(), any::<u64>(), any::<[u8; 16]>()).prop_map(|(node, incarnation, nonce)| Frame::AuthHello {
+            node,
+            incarnation,
+            nonce
+        }),
+        (node(), any::<u64>(), any::<[u8; 16]>(), any::<[u8; 16]>())
+            .prop_map(|(node, incarnation, nonce, tag)| Frame::AuthChallenge { node, incarnation, nonce, tag }),
+        any::<[u8; 16]>().prop_map(|tag| Frame::AuthProof { tag }),
         (channel(), bytes()).prop_map(|(channel, payload)| Frame::Message { channel, payload }),
         (any::<u64>(), "[A-Za-z0-9._-]{0,64}").prop_map(|(request, name)| Frame::Lookup { request, name }),
         (any::<u64>(), any::<u32>(), any::<u64>(), any::<u64>())
@@ -286,5 +296,138 @@ fn what_cannot_travel_is_refused_and_poisoned() {
         let frame = Frame::OpsOk { request: 2, results: vec![OpResult::Written, client_only] };
         assert!(matches!(try_encode(&frame), Err(WireError::Unencodable(_))), "{frame:?}");
         assert_eq!(encode(&frame)[..LENGTH_PREFIX_BYTES], u32::MAX.to_le_bytes());
+    }
+}
+
+/// Handshake and sealing, fuzzed: what an attacker without the key can send.
+mod auth {
+    use super::*;
+    use tierstack_fabric_wire::auth::{
+        read_handshake_frame, Accepting, Connecting, FabricKey, HandshakeError, Session, HANDSHAKE_BODY_BYTES_MAX,
+        NONCE_BYTES,
+    };
+    use tierstack_secret::ClusterKey;
+
+    fn key() -> FabricKey {
+        FabricKey::new(&ClusterKey::parse(&[b'a'; 64]).unwrap())
+    }
+
+    fn sessions(nonces: ([u8; NONCE_BYTES], [u8; NONCE_BYTES])) -> (Session, Session) {
+        let (connecting, hello) = Connecting::start(&key(), NodeId(1), 1, nonces.0, NodeId(2));
+        let (accepting, challenge) = Accepting::start(&key(), NodeId(2), 2, nonces.1, &hello).unwrap();
+        let (proof, connector) = connecting.finish(&challenge).unwrap();
+        (connector, accepting.finish(&proof).unwrap())
+    }
+
+    /// A byte flipped, bytes cut or bytes added.
+    #[derive(Debug, Clone)]
+    enum Mutation {
+        Flip { at: prop::sample::Index, bits: u8 },
+        Truncate { keep: prop::sample::Index },
+        Extend { extra: Vec<u8> },
+    }
+
+    fn mutation() -> impl Strategy<Value = Mutation> {
+        prop_oneof![
+            (any::<prop::sample::Index>(), 1u8..=255).prop_map(|(at, bits)| Mutation::Flip { at, bits }),
+            any::<prop::sample::Index>().prop_map(|keep| Mutation::Truncate { keep }),
+            proptest::collection::vec(any::<u8>(), 1..32).prop_map(|extra| Mutation::Extend { extra }),
+        ]
+    }
+
+    fn mutate(mut bytes: Vec<u8>, mutation: &Mutation) -> Vec<u8> {
+        match mutation {
+            Mutation::Flip { at, bits } => {
+                let i = at.index(bytes.len());
+                bytes[i] ^= bits;
+            }
+            Mutation::Truncate { keep } => bytes.truncate(keep.index(bytes.len())),
+            Mutation::Extend { extra } => bytes.extend_from_slice(extra),
+        }
+        bytes
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(1000))]
+
+        /// A sealed frame changed in any way fails to open; the untouched one opens.
+        #[test]
+        fn a_mutated_sealed_frame_never_opens(frame in frame(), mutation in mutation(),
+                                               nonces in any::<([u8; 16], [u8; 16])>()) {
+            let (mut connector, mut acceptor) = sessions(nonces);
+            let mut bytes = encode(&frame);
+            connector.sealer.seal(&mut bytes).unwrap();
+            let body = bytes[LENGTH_PREFIX_BYTES..].to_vec();
+            let mutated = mutate(body.clone(), &mutation);
+            prop_assume!(mutated != body);
+            prop_assert!(acceptor.opener.open(&mutated).is_err());
+            // The failed attempt consumed its sequence number: a connection
+            // is closed on the first failure, so a later frame never opens either.
+            let (mut connector, mut acceptor) = sessions(nonces);
+            let mut bytes = encode(&frame);
+            connector.sealer.seal(&mut bytes).unwrap();
+            let opened = acceptor.opener.open(&bytes[LENGTH_PREFIX_BYTES..]).unwrap();
+            prop_assert_eq!(decode(opened).unwrap(), frame);
+        }
+
+        /// Random bytes never pass as a sealed frame.
+        #[test]
+        fn random_bytes_never_authenticate(body in proptest::collection::vec(any::<u8>(), 0..300),
+                                           nonces in any::<([u8; 16], [u8; 16])>()) {
+            let (_, mut acceptor) = sessions(nonces);
+            prop_assert!(acceptor.opener.open(&body).is_err());
+        }
+
+        /// An acceptor never accepts a proof it did not see made with the
+        /// key: random proofs and any frame but a proof fail.
+        #[test]
+        fn a_random_proof_never_passes(hello in frame(), proof in frame(), nonce in any::<[u8; 16]>()) {
+            match Accepting::start(&key(), NodeId(2), 2, nonce, &hello) {
+                Ok((accepting, _challenge)) => prop_assert!(accepting.finish(&proof).is_err()),
+                Err(_) => {
+                    let was_a_hello = matches!(hello, Frame::AuthHello { .. });
+                    prop_assert!(!was_a_hello, "a well-formed AuthHello was refused");
+                }
+            }
+        }
+
+        /// A connector never accepts a challenge changed in any way.
+        #[test]
+        fn a_mutated_challenge_never_passes(mutation in mutation(), nonces in any::<([u8; 16], [u8; 16])>()) {
+            let (connecting, hello) = Connecting::start(&key(), NodeId(1), 1, nonces.0, NodeId(2));
+            let (_, challenge) = Accepting::start(&key(), NodeId(2), 2, nonces.1, &hello).unwrap();
+            let body = encode(&challenge)[LENGTH_PREFIX_BYTES..].to_vec();
+            let mutated = mutate(body.clone(), &mutation);
+            prop_assume!(mutated != body);
+            if let Ok(frame) = decode(&mutated) {
+                prop_assert!(connecting.finish(&frame).is_err());
+            }
+        }
+
+        /// The handshake reader takes arbitrary bytes without panicking, and
+        /// never reads a frame longer than its bound (nothing larger is allocated).
+        #[test]
+        fn the_handshake_reader_is_bounded(stream in proptest::collection::vec(any::<u8>(), 0..200)) {
+            let mut reader: &[u8] = &stream;
+            match read_handshake_frame(&mut reader) {
+                Ok(Some(_)) => {
+                    let len = u32::from_le_bytes(stream[..4].try_into().unwrap()) as usize;
+                    prop_assert!(len <= HANDSHAKE_BODY_BYTES_MAX);
+                    prop_assert_eq!(reader.len(), stream.len() - 4 - len, "it read past its frame");
+                }
+                Ok(None) => prop_assert!(stream.is_empty()),
+                Err(HandshakeError::Malformed(_) | HandshakeError::Closed) => {}
+                Err(other) => prop_assert!(false, "unexpected {other}"),
+            }
+        }
+    }
+
+    #[test]
+    fn an_oversized_handshake_prefix_is_refused_before_reading_on() {
+        let mut stream = ((HANDSHAKE_BODY_BYTES_MAX + 1) as u32).to_le_bytes().to_vec();
+        stream.extend_from_slice(&[0; 200]);
+        let mut reader: &[u8] = &stream;
+        assert!(matches!(read_handshake_frame(&mut reader), Err(HandshakeError::Malformed(_))));
+        assert_eq!(reader.len(), 200, "the body of a refused frame was read");
     }
 }
