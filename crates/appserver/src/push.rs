@@ -485,6 +485,7 @@ mod tests {
             let config = AppServerConfig {
                 listen: "127.0.0.1:0".parse().unwrap(),
                 module_socket: socket,
+                module_uids: Vec::new(),
                 documents: vec![("a".into(), 100), ("b".into(), 50)],
                 compute_threads: 0,
                 store,

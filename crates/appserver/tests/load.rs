@@ -46,6 +46,7 @@ async fn setup() -> Setup {
     let config = AppServerConfig {
         listen: "127.0.0.1:0".parse().unwrap(),
         module_socket: socket,
+        module_uids: Vec::new(),
         documents: vec![("a".into(), 300)],
         compute_threads: usize::from(COMPUTE_THREADS),
         // A long rewrite pause holds an update granted while we look.

@@ -44,6 +44,7 @@ async fn setup(broken_module: bool, pause: Duration) -> Setup {
     let config = AppServerConfig {
         listen: "127.0.0.1:0".parse().unwrap(),
         module_socket: socket,
+        module_uids: Vec::new(),
         documents: vec![("a".into(), 300)],
         compute_threads: 0,
         store: Some(StoreConfig { update_write_pause: pause }),

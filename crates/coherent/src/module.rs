@@ -126,6 +126,8 @@ pub enum ModuleError {
     TooSlow,
     #[error("the grant was revoked: held past the module's grant lifetime")]
     Revoked,
+    #[error("the socket is served by uid {uid}, not a user this client trusts to run the module")]
+    UntrustedModule { uid: u32 },
     #[error("a module already serves {}", .0.display())]
     AlreadyServed(PathBuf),
     #[error("the module's socket: {0}")]
@@ -638,6 +640,21 @@ pub struct ModuleClient {
     call_timeout: Duration,
 }
 
+/// How a [`ModuleClient`] connects.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClientOptions {
+    /// Each call's deadline (see [`ModuleClient::connect_with_timeout`]).
+    pub call_timeout: Duration,
+    /// Users the module may run as besides this process's own and root.
+    pub module_uids: Vec<u32>,
+}
+
+impl Default for ClientOptions {
+    fn default() -> Self {
+        ClientOptions { call_timeout: CALL_TIMEOUT_DEFAULT, module_uids: Vec::new() }
+    }
+}
+
 /// Permission to read (or update) that must be given back with `done`.
 #[derive(Debug)]
 pub struct Access {
@@ -656,7 +673,22 @@ impl ModuleClient {
     /// including a grant's wait in Table 1's queues) fails with
     /// [`ModuleError::Timeout`] after `call_timeout`.
     pub async fn connect_with_timeout(path: &Path, call_timeout: Duration) -> Result<ModuleClient, ModuleError> {
+        Self::connect_with(path, &ClientOptions { call_timeout, ..ClientOptions::default() }).await
+    }
+
+    /// Connects to the module's socket as `options` say. The module must run
+    /// as this process's user, root, or one of `options.module_uids`
+    /// (`SO_PEERCRED`): whoever answers on the path hands out the versions
+    /// this client's responses carry, so a stranger's socket planted there
+    /// is refused.
+    pub async fn connect_with(path: &Path, options: &ClientOptions) -> Result<ModuleClient, ModuleError> {
+        let call_timeout = options.call_timeout;
         let stream = UnixStream::connect(path).await?;
+        let module_uid = stream.peer_cred()?.uid();
+        let me = crate::module_socket::effective_uid();
+        if module_uid != 0 && module_uid != me && !options.module_uids.contains(&module_uid) {
+            return Err(ModuleError::UntrustedModule { uid: module_uid });
+        }
         let (read_half, mut write_half) = stream.into_split();
         let (requests, mut outgoing) = mpsc::channel::<Request>(REPLY_QUEUE_MAX);
         let waiters: Arc<Mutex<Waiters>> = Arc::default();

@@ -8,13 +8,15 @@ use std::sync::Arc;
 use std::time::Duration;
 use tierstack_base::time::instant_now;
 use tierstack_cluster::{local_cluster, Backend, LocalCluster};
-use tierstack_coherent::module::{ModuleError, ModuleOptions, ModuleServer};
+use tierstack_coherent::module::{ClientOptions, ModuleClient, ModuleError, ModuleOptions, ModuleServer};
 use tierstack_coherent::module_socket::{self, effective_uid, SocketAccess};
 use tierstack_coherent::version_table::{Incarnation, VersionTable};
 use tierstack_coherent::DepsHeader;
 
 /// The environment variable that turns [`helper_connects_as_the_user_it_runs_as`] into a client.
 const HELPER_SOCKET_ENV: &str = "TIERSTACK_TEST_MODULE_SOCKET";
+/// The environment variable that turns [`helper_listens_as_the_user_it_runs_as`] into a listener.
+const HELPER_LISTEN_ENV: &str = "TIERSTACK_TEST_LISTEN_SOCKET";
 /// A user id that is neither root nor (in these tests) the module's.
 const NOBODY: u32 = 65534;
 
@@ -251,4 +253,64 @@ fn a_grant_lifetime_below_the_minimum_is_refused() {
     let table = Arc::new(VersionTable::create(cluster.fabric(0).as_ref(), 8, Incarnation(1)).unwrap());
     let options = ModuleOptions { grant_lifetime: Some(Duration::from_millis(1)), ..ModuleOptions::default() };
     assert!(matches!(ModuleServer::with_options(table, &options), Err(ModuleError::GrantLifetime(_))));
+}
+
+/// Not a test on its own: with [`HELPER_LISTEN_ENV`] set, listens on that
+/// socket (a stranger's fake module), says so, and accepts two connections.
+#[test]
+fn helper_listens_as_the_user_it_runs_as() {
+    let Some(path) = std::env::var_os(HELPER_LISTEN_ENV) else { return };
+    let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+    println!("HELPER: listening");
+    for _ in 0..2 {
+        drop(listener.accept().unwrap());
+    }
+}
+
+#[test]
+fn a_client_refuses_a_socket_served_by_a_user_it_does_not_trust() {
+    use std::io::BufRead;
+    if effective_uid() != 0 {
+        println!("skipped: listening as another user needs root (this runs as uid {})", effective_uid());
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    // A directory anyone may create in, as /tmp is.
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    let socket = dir.path().join("module.sock");
+    let stranger = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "module_socket::helper_listens_as_the_user_it_runs_as", "--nocapture", "--test-threads=1"])
+        .env(HELPER_LISTEN_ENV, &socket)
+        .uid(NOBODY)
+        .gid(NOBODY)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut stranger = KillOnDrop(stranger);
+    let mut said = std::io::BufReader::new(stranger.0.stdout.take().unwrap());
+    let mut line = String::new();
+    while !line.contains("HELPER: listening") {
+        line.clear();
+        assert!(said.read_line(&mut line).unwrap() > 0, "the helper ended before listening");
+    }
+    runtime().block_on(async {
+        let refused = ModuleClient::connect(&socket).await.map(|_| ()).unwrap_err();
+        assert!(matches!(refused, ModuleError::UntrustedModule { uid: NOBODY }), "{refused}");
+        // Trusted when named.
+        let options = ClientOptions { module_uids: vec![NOBODY], ..ClientOptions::default() };
+        assert!(ModuleClient::connect_with(&socket, &options).await.is_ok());
+    });
+    assert!(stranger.0.wait().unwrap().success());
+}
+
+/// A helper process that must not outlive a failed test (it would wait for
+/// connections for ever).
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }

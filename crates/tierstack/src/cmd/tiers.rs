@@ -116,6 +116,7 @@ pub(crate) fn app_server(args: AppServerArgs) -> Result<()> {
     let config = AppServerConfig {
         listen: args.listen,
         module_socket: args.module_socket,
+        module_uids: args.module_uids,
         documents: documents(&args.documents, args.docs, args.seed)?,
         compute_threads: args.compute_threads,
         store: args
