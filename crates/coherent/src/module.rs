@@ -594,13 +594,7 @@ fn finish(shared: &Arc<Shared>, ids: &mut HashMap<u64, RequestId>, request: &Req
         let owner = owners.get(&module_id).ok_or(CoreError::UnknownRequest(module_id))?;
         if owner.revoked {
             owners.remove(&module_id);
-            if cancel {
-                return Ok((None, Vec::new()));
-            }
-            return Err(ModuleError::Refused(format!(
-                "{} refused: the grant was revoked, held past the grant lifetime",
-                request.op
-            )));
+            return if cancel { Ok((None, Vec::new())) } else { Err(ModuleError::Revoked) };
         }
         let expected = if owner.kind == Kind::Read { "read_done" } else { "update_done" };
         if !cancel && request.op != expected {
@@ -618,6 +612,11 @@ fn finish(shared: &Arc<Shared>, ids: &mut HashMap<u64, RequestId>, request: &Req
         }
         // A protocol mistake is reported in its own words.
         Err(ModuleError::Refused(e)) => Some(Reply::error(id, e)),
+        // The revoked grant is gone: its id is free again.
+        Err(ModuleError::Revoked) => {
+            ids.remove(&id);
+            Some(Reply::error(id, ModuleError::Revoked))
+        }
         Err(e) => Some(Reply::error(id, e)),
     }
 }
@@ -714,6 +713,9 @@ impl ModuleClient {
                             }
                             None if reply.op == "error" => {
                                 tracing::warn!(id = reply.id, error = ?reply.error, "module error for a request nobody waits on")
+                            }
+                            None if reply.op == "revoked" => {
+                                tracing::warn!(id = reply.id, "the module revoked a grant held past its lifetime")
                             }
                             // A grant or `done` for a call that gave up (and cancelled).
                             None => {}
