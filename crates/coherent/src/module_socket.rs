@@ -110,8 +110,9 @@ pub async fn bind(path: &Path, access: &SocketAccess) -> Result<UnixListener, Mo
     clear_stale(path).await?;
     let private = PrivateDir::create(path)?;
     let staged = private.path.join("s");
-    let listener =
-        UnixListener::bind(&staged).map_err(|e| ModuleError::Socket(format!("binding {}: {e}", staged.display())))?;
+    let listener = UnixListener::bind(&staged).map_err(|e| {
+        ModuleError::Socket(format!("binding {} (staged for {}): {e}", staged.display(), path.display()))
+    })?;
     if let Some(gid) = access.group {
         std::os::unix::fs::chown(&staged, None, Some(gid))
             .map_err(|e| ModuleError::Socket(format!("giving {} to group {gid}: {e}", path.display())))?;
