@@ -25,6 +25,10 @@ pub struct AppServerArgs {
     /// The application module's socket.
     #[arg(long)]
     pub module_socket: PathBuf,
+    /// A user the module may run as besides this server's own user and
+    /// root (repeatable); a socket served by anyone else is refused.
+    #[arg(long = "module-uid")]
+    pub module_uids: Vec<u32>,
     /// Documents: `single`, `zipf`, `worldcup` (as `tierstack load --trace`),
     /// or `file:PATH` with one `name size_bytes` per line.
     #[arg(long, default_value = DOCUMENTS_DEFAULT)]
@@ -122,6 +126,7 @@ impl AppServerArgs {
         AppServerArgs {
             listen,
             module_socket,
+            module_uids: Vec::new(),
             documents: DOCUMENTS_DEFAULT.to_string(),
             docs: DOCS_DEFAULT,
             seed: 1,
@@ -163,6 +168,9 @@ impl AppServerArgs {
         }
         flag("--listen", self.listen.to_string());
         flag("--module-socket", self.module_socket.display().to_string());
+        for uid in &self.module_uids {
+            flag("--module-uid", uid.to_string());
+        }
         if self.documents != default.documents {
             flag("--documents", self.documents.clone());
         }
@@ -240,6 +248,7 @@ mod tests {
         let args = AppServerArgs {
             listen: "127.0.0.1:8081".parse().unwrap(),
             module_socket: PathBuf::from("/tmp/a module.sock"),
+            module_uids: vec![1001, 65534],
             documents: "zipf".into(),
             docs: 33,
             seed: 9,

@@ -54,7 +54,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 use tierstack_base::time::instant_now;
-use tierstack_coherent::module::ModuleClient;
+use tierstack_coherent::module::{ClientOptions, ModuleClient, ModuleError};
 use tierstack_coherent::{DepsHeader, DEPS_HEADER};
 use tierstack_fabric::LocalRegion;
 use tierstack_monitor::reconfig::{self, RoleStamp, ROLE_HEADER};
@@ -82,6 +82,8 @@ pub const MODULE_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 pub struct AppServerConfig {
     pub listen: SocketAddr,
     pub module_socket: PathBuf,
+    /// Users the module may run as besides this server's own and root.
+    pub module_uids: Vec<u32>,
     /// Document name → size in bytes.
     pub documents: Vec<(String, usize)>,
     pub compute_threads: usize,
@@ -453,8 +455,13 @@ async fn readiness(state: &State) -> Response<Body> {
 async fn connect_module(config: &AppServerConfig) -> Result<ModuleClient, AppServerError> {
     let deadline = instant_now() + MODULE_CONNECT_TIMEOUT;
     loop {
-        match ModuleClient::connect(&config.module_socket).await {
+        let options = ClientOptions { module_uids: config.module_uids.clone(), ..ClientOptions::default() };
+        match ModuleClient::connect_with(&config.module_socket, &options).await {
             Ok(client) => return Ok(client),
+            // Waiting will not make a stranger's socket the module's.
+            Err(e @ ModuleError::UntrustedModule { .. }) => {
+                return Err(AppServerError::Module { path: config.module_socket.clone(), reason: e.to_string() })
+            }
             Err(e) if instant_now() >= deadline => {
                 return Err(AppServerError::Module { path: config.module_socket.clone(), reason: e.to_string() })
             }

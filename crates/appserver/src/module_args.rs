@@ -6,10 +6,13 @@
 
 use std::path::PathBuf;
 use tierstack_cluster::NodeArgs;
+use tierstack_coherent::module::GRANT_LIFETIME_DEFAULT;
 use tierstack_tier_http::service::ServiceArgs;
 
 /// The version table's capacity unless told otherwise (`--capacity`).
 pub const CAPACITY_DEFAULT: u32 = 65_536;
+/// `--grant-timeout-ms` unless told otherwise.
+pub const GRANT_TIMEOUT_MS_DEFAULT: u64 = GRANT_LIFETIME_DEFAULT.as_millis() as u64;
 
 /// `tierstack app-module`: the application module, owner of the version table.
 #[derive(clap::Args, Clone, Debug, PartialEq, Eq)]
@@ -17,12 +20,28 @@ pub struct ModuleArgs {
     /// The module's node (it owns the version table).
     #[command(flatten)]
     pub at: NodeArgs,
-    /// Local socket for application servers.
+    /// Local socket for application servers. Created mode 0600 (0660 with
+    /// --socket-group); start-up fails if a module already serves it or
+    /// something other than a socket is there.
     #[arg(long)]
     pub socket: PathBuf,
     /// Version table capacity (dependency keys).
     #[arg(long, default_value_t = CAPACITY_DEFAULT)]
     pub capacity: u32,
+    /// Give the socket to this group (a name or a number), mode 0660; its
+    /// members (by their effective group) may connect.
+    #[arg(long)]
+    pub socket_group: Option<String>,
+    /// A user id allowed to connect besides this module's own user and root
+    /// (repeatable). Other peers are refused, logged and counted.
+    #[arg(long = "allow-uid")]
+    pub allow_uids: Vec<u32>,
+    /// Revoke a grant (read or update) held longer than this, so a stopped
+    /// or hung application server cannot hold a document for ever; 0: never.
+    /// Must exceed the longest healthy hold (an update's store rewrite and
+    /// write-through push).
+    #[arg(long, default_value_t = GRANT_TIMEOUT_MS_DEFAULT)]
+    pub grant_timeout_ms: u64,
     /// TEST ONLY, breaks coherence: admit reads while updates are in
     /// progress (violating Table 1), so end-to-end tests can show their
     /// checkers catch such a module.
@@ -39,6 +58,9 @@ impl ModuleArgs {
             at,
             socket,
             capacity: CAPACITY_DEFAULT,
+            socket_group: None,
+            allow_uids: Vec::new(),
+            grant_timeout_ms: GRANT_TIMEOUT_MS_DEFAULT,
             test_only_admit_reads_during_updates: false,
             service: ServiceArgs::default(),
         }
@@ -54,6 +76,15 @@ impl ModuleArgs {
         args.extend(["--socket".into(), self.socket.display().to_string()]);
         if self.capacity != default.capacity {
             args.extend(["--capacity".into(), self.capacity.to_string()]);
+        }
+        if let Some(group) = &self.socket_group {
+            args.extend(["--socket-group".into(), group.clone()]);
+        }
+        for uid in &self.allow_uids {
+            args.extend(["--allow-uid".into(), uid.to_string()]);
+        }
+        if self.grant_timeout_ms != default.grant_timeout_ms {
+            args.extend(["--grant-timeout-ms".into(), self.grant_timeout_ms.to_string()]);
         }
         if self.test_only_admit_reads_during_updates {
             args.push("--test-only-admit-reads-during-updates".into());
@@ -82,6 +113,9 @@ mod tests {
             at: NodeArgs { topology: PathBuf::from("/tmp/a dc.toml"), node: 4 },
             socket: PathBuf::from("/tmp/module.sock"),
             capacity: 1024,
+            socket_group: Some("tierstack apps".into()),
+            allow_uids: vec![1001, 65534],
+            grant_timeout_ms: 2500,
             test_only_admit_reads_during_updates: true,
             service: ServiceArgs { stop_on_stdin_eof: true, grace_ms: 77 },
         };

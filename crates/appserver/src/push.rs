@@ -476,7 +476,7 @@ mod tests {
             let cluster = local_cluster(Backend::Shm, 3).unwrap();
             let table = Arc::new(VersionTable::create(cluster.fabric(0).as_ref(), 64, Incarnation(5)).unwrap());
             let socket = dir.path().join("module.sock");
-            let listener = ModuleServer::bind(&socket).unwrap();
+            let listener = ModuleServer::bind(&socket).await.unwrap();
             let module = ModuleServer::new(table);
             tokio::spawn(async move { module.serve_on(listener).await });
             let state = CacheStateWriter::create(cluster.fabric(1).as_ref(), CacheStateConfig::default()).unwrap();
@@ -485,6 +485,7 @@ mod tests {
             let config = AppServerConfig {
                 listen: "127.0.0.1:0".parse().unwrap(),
                 module_socket: socket,
+                module_uids: Vec::new(),
                 documents: vec![("a".into(), 100), ("b".into(), 50)],
                 compute_threads: 0,
                 store,

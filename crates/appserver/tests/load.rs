@@ -15,7 +15,7 @@ use std::time::Duration;
 use tierstack_appserver::{AppServer, AppServerConfig, CpuCost, StoreConfig, UPDATE_WRITE_PAUSE_MAX};
 use tierstack_base::time::instant_now;
 use tierstack_cluster::{local_cluster, Backend};
-use tierstack_coherent::module::{ModuleOptions, ModuleServer};
+use tierstack_coherent::module::ModuleServer;
 use tierstack_coherent::version_table::{Incarnation, VersionTable};
 use tierstack_monitor::{Counters, LoadPublisher};
 use tierstack_tier_http::Stop;
@@ -39,13 +39,14 @@ async fn setup() -> Setup {
     let cluster = local_cluster(Backend::Shm, 1).unwrap();
     let table = Arc::new(VersionTable::create(cluster.fabric(0).as_ref(), 64, Incarnation(5)).unwrap());
     let socket = dir.path().join("module.sock");
-    let listener = ModuleServer::bind(&socket).unwrap();
-    let module = Arc::new(ModuleServer::with_options(table, &ModuleOptions::default()));
+    let listener = ModuleServer::bind(&socket).await.unwrap();
+    let module = Arc::new(ModuleServer::new(table));
     let serving = module.clone();
     tokio::spawn(async move { serving.serve_on(listener).await });
     let config = AppServerConfig {
         listen: "127.0.0.1:0".parse().unwrap(),
         module_socket: socket,
+        module_uids: Vec::new(),
         documents: vec![("a".into(), 300)],
         compute_threads: usize::from(COMPUTE_THREADS),
         // A long rewrite pause holds an update granted while we look.

@@ -36,14 +36,15 @@ async fn setup(broken_module: bool, pause: Duration) -> Setup {
     let cluster = local_cluster(Backend::Shm, 1).unwrap();
     let table = Arc::new(VersionTable::create(cluster.fabric(0).as_ref(), 64, Incarnation(5)).unwrap());
     let socket = dir.path().join("module.sock");
-    let listener = ModuleServer::bind(&socket).unwrap();
-    let options = ModuleOptions { test_only_admit_reads_during_updates: broken_module };
-    let module = Arc::new(ModuleServer::with_options(table, &options));
+    let listener = ModuleServer::bind(&socket).await.unwrap();
+    let options = ModuleOptions { test_only_admit_reads_during_updates: broken_module, ..ModuleOptions::default() };
+    let module = Arc::new(ModuleServer::with_options(table, &options).unwrap());
     let serving = module.clone();
     tokio::spawn(async move { serving.serve_on(listener).await });
     let config = AppServerConfig {
         listen: "127.0.0.1:0".parse().unwrap(),
         module_socket: socket,
+        module_uids: Vec::new(),
         documents: vec![("a".into(), 300)],
         compute_threads: 0,
         store: Some(StoreConfig { update_write_pause: pause }),

@@ -15,6 +15,8 @@
 //!   the client (`docs/coherence-protocol.md`).
 //! - [`module`]: the module process's local socket server (JSON lines, usable
 //!   from any language) and its async Rust client.
+//! - [`module_socket`]: who may reach the module: the socket file's mode,
+//!   peer credentials, one live module per path.
 //!
 //! Why it is coherent: an update bumps the versions of its keys when it is
 //! granted (UPDATE_PROCEED), before the new content exists; no read of those
@@ -26,6 +28,7 @@
 pub mod deps;
 pub mod module;
 pub mod module_core;
+pub mod module_socket;
 pub mod table1;
 pub mod version_table;
 

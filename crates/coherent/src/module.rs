@@ -20,6 +20,7 @@
 //! {"id":2,"op":"update_proceed","deps":"n=0;i=…;doc/7=6@0"}   new versions, already visible
 //! {"id":1,"op":"done","deps":"…"}   the versions of the grant being given back
 //! {"id":9,"op":"error","error":"…"}
+//! {"id":2,"op":"revoked"}     the grant of 2 was held past the grant lifetime and taken back
 //! ```
 //!
 //! `read_proceed` and `update_proceed` may come long after their request
@@ -37,16 +38,31 @@
 //! call timed out). A connection that does not read its replies, so that
 //! [`REPLY_QUEUE_MAX`] of them pile up, cannot keep up: the module closes it,
 //! which releases what it held; no grant is ever silently dropped.
+//!
+//! A connection that stays open but stops finishing what it was granted (an
+//! application server stopped with SIGSTOP, or hung) would hold its keys for
+//! ever. So a grant lives at most the *grant lifetime*
+//! ([`ModuleOptions::grant_lifetime`], `--grant-timeout-ms`): then the module
+//! revokes it, tells the holder `revoked`, and serves the requests behind
+//! it. A revoked update's keys are bumped once more, retiring the versions
+//! it was granted: whatever its holder still produces or pushes under them
+//! never validates as current, and its late `update_done` is refused, so no
+//! version ever names two contents. A revoked read's late `read_done` is
+//! refused too; its response carries versions the next update retires.
+//!
+//! Who may connect, and the socket file itself: [`crate::module_socket`].
 
 use crate::module_core::{CoreError, Grant, Kind, ModuleCore};
+use crate::module_socket::SocketAccess;
 use crate::table1::RequestId;
 use crate::version_table::{VersionTable, VersionTableError};
 use serde::{Deserialize, Serialize};
 use std::collections::{HashMap, VecDeque};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
+use tierstack_base::time::instant_now;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{mpsc, oneshot, Notify};
@@ -57,6 +73,12 @@ pub const LINE_BYTES_MAX: usize = 64 * 1024;
 pub const REPLY_QUEUE_MAX: usize = 4096;
 /// How long a [`ModuleClient`] call waits for its reply unless told otherwise.
 pub const CALL_TIMEOUT_DEFAULT: Duration = Duration::from_secs(30);
+/// How long a grant may be held unless told otherwise (`--grant-timeout-ms`):
+/// far beyond any healthy request's hold, short enough that a stopped
+/// holder delays the others seconds, not for ever.
+pub const GRANT_LIFETIME_DEFAULT: Duration = Duration::from_secs(10);
+/// Shortest grant lifetime accepted: below it, healthy holders would be revoked.
+pub const GRANT_LIFETIME_MIN: Duration = Duration::from_millis(10);
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 pub struct Request {
@@ -102,6 +124,16 @@ pub enum ModuleError {
     Poisoned,
     #[error("the connection's reply queue is full: it does not read its replies")]
     TooSlow,
+    #[error("the grant was revoked: held past the module's grant lifetime")]
+    Revoked,
+    #[error("the socket is served by uid {uid}, not a user this client trusts to run the module")]
+    UntrustedModule { uid: u32 },
+    #[error("a module already serves {}", .0.display())]
+    AlreadyServed(PathBuf),
+    #[error("the module's socket: {0}")]
+    Socket(String),
+    #[error("grant lifetime {0:?} is below the minimum {GRANT_LIFETIME_MIN:?}")]
+    GrantLifetime(Duration),
 }
 
 type ConnectionId = u64;
@@ -115,6 +147,9 @@ struct Owner {
     /// The `deps` of its grant (for an update: the versions it produced),
     /// set when granted.
     granted_deps: Option<String>,
+    /// Taken back after the grant lifetime: the core has forgotten it, and
+    /// this entry only remains to refuse its late DONE in clear words.
+    revoked: bool,
 }
 
 /// A live connection: its reply queue, and how to close it.
@@ -133,32 +168,63 @@ struct Shared {
     owners: Mutex<HashMap<RequestId, Owner>>,
     connections: Mutex<HashMap<ConnectionId, Connection>>,
     next_request: AtomicU64,
-    /// Statistics: grants, updates.
+    /// The origin of the time passed to the core.
+    started: Instant,
+    /// Statistics: grants, updates, revocations, refused peers.
     grants: AtomicU64,
     updates: AtomicU64,
+    revoked: AtomicU64,
+    peers_refused: AtomicU64,
 }
 
 /// How a [`ModuleServer`] behaves; `Default` is the real module.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct ModuleOptions {
     /// TEST ONLY: admit reads while updates are in progress, violating
     /// Table 1 (see `ModuleCore::set_test_only_admit_reads_during_updates`).
     pub test_only_admit_reads_during_updates: bool,
+    /// How long a grant may be held before it is revoked (at least
+    /// [`GRANT_LIFETIME_MIN`]); `None`: for ever.
+    pub grant_lifetime: Option<Duration>,
+    /// Who may connect, and the socket file's group.
+    pub access: SocketAccess,
+}
+
+impl Default for ModuleOptions {
+    fn default() -> Self {
+        ModuleOptions {
+            test_only_admit_reads_during_updates: false,
+            grant_lifetime: Some(GRANT_LIFETIME_DEFAULT),
+            access: SocketAccess::default(),
+        }
+    }
 }
 
 /// The module's server: Table 1 queues, the version table, the socket.
 pub struct ModuleServer {
     shared: Arc<Shared>,
+    access: SocketAccess,
+    grant_lifetime: Option<Duration>,
 }
 
 impl ModuleServer {
+    /// The real module: [`ModuleOptions::default`].
     pub fn new(table: Arc<VersionTable>) -> Self {
-        Self::with_options(table, &ModuleOptions::default())
+        Self::build(table, ModuleOptions::default())
     }
 
-    pub fn with_options(table: Arc<VersionTable>, options: &ModuleOptions) -> Self {
+    /// A module as `options` say; refuses a grant lifetime below [`GRANT_LIFETIME_MIN`].
+    pub fn with_options(table: Arc<VersionTable>, options: &ModuleOptions) -> Result<Self, ModuleError> {
+        match options.grant_lifetime {
+            Some(lifetime) if lifetime < GRANT_LIFETIME_MIN => Err(ModuleError::GrantLifetime(lifetime)),
+            _ => Ok(Self::build(table, options.clone())),
+        }
+    }
+
+    fn build(table: Arc<VersionTable>, options: ModuleOptions) -> Self {
         let mut core = ModuleCore::new();
         core.set_test_only_admit_reads_during_updates(options.test_only_admit_reads_during_updates);
+        core.set_grant_lifetime(options.grant_lifetime);
         Self {
             shared: Arc::new(Shared {
                 table,
@@ -166,9 +232,14 @@ impl ModuleServer {
                 owners: Mutex::new(HashMap::new()),
                 connections: Mutex::new(HashMap::new()),
                 next_request: AtomicU64::new(1),
+                started: instant_now(),
                 grants: AtomicU64::new(0),
                 updates: AtomicU64::new(0),
+                revoked: AtomicU64::new(0),
+                peers_refused: AtomicU64::new(0),
             }),
+            access: options.access,
+            grant_lifetime: options.grant_lifetime,
         }
     }
 
@@ -186,24 +257,63 @@ impl ModuleServer {
         self.shared.updates.load(Ordering::Relaxed)
     }
 
-    /// Binds the module's socket at `path` (replacing a stale socket file).
-    pub fn bind(path: &Path) -> Result<UnixListener, ModuleError> {
-        if path.exists() {
-            std::fs::remove_file(path)?;
-        }
-        Ok(UnixListener::bind(path)?)
+    /// Grants revoked after the grant lifetime so far.
+    pub fn grants_revoked(&self) -> u64 {
+        self.shared.revoked.load(Ordering::Relaxed)
     }
 
-    /// Serves the socket at `path` until the task is dropped.
+    /// Connections refused for their peer's credentials so far.
+    pub fn peers_refused(&self) -> u64 {
+        self.shared.peers_refused.load(Ordering::Relaxed)
+    }
+
+    /// Binds the module's socket at `path`, mode 0600, refusing a live
+    /// module's socket and anything not a socket (see
+    /// [`crate::module_socket::bind`]).
+    pub async fn bind(path: &Path) -> Result<UnixListener, ModuleError> {
+        crate::module_socket::bind(path, &SocketAccess::default()).await
+    }
+
+    /// Serves the socket at `path` (bound with this module's access) until the task is dropped.
     pub async fn serve(&self, path: &Path) -> Result<(), ModuleError> {
-        self.serve_on(Self::bind(path)?).await
+        self.serve_on(crate::module_socket::bind(path, &self.access).await?).await
     }
 
-    /// Serves an already bound socket until the task is dropped.
+    /// Serves an already bound socket until the task is dropped; revokes
+    /// grants that outlive the grant lifetime meanwhile.
     pub async fn serve_on(&self, listener: UnixListener) -> Result<(), ModuleError> {
+        tokio::select! {
+            result = self.accept_loop(listener) => result,
+            () = self.revoke_loop() => Ok(()),
+        }
+    }
+
+    /// Checks for expired grants a few times per lifetime, so one is revoked
+    /// at most a quarter lifetime late.
+    async fn revoke_loop(&self) {
+        let Some(lifetime) = self.grant_lifetime else { return std::future::pending().await };
+        let mut ticks = tokio::time::interval((lifetime / 4).max(Duration::from_millis(1)));
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            ticks.tick().await;
+            revoke_expired(&self.shared);
+        }
+    }
+
+    async fn accept_loop(&self, listener: UnixListener) -> Result<(), ModuleError> {
         let mut next_connection: ConnectionId = 0;
         loop {
             let (stream, _) = listener.accept().await?;
+            let refusal = match stream.peer_cred() {
+                Ok(peer) if self.access.allows(peer.uid(), peer.gid()) => None,
+                Ok(peer) => Some(format!("uid {} gid {} pid {:?} is not allowed", peer.uid(), peer.gid(), peer.pid())),
+                Err(e) => Some(format!("its credentials are unknown: {e}")),
+            };
+            if let Some(reason) = refusal {
+                self.shared.peers_refused.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(%reason, "module: refused a connection");
+                continue;
+            }
             next_connection += 1;
             let shared = self.shared.clone();
             let connection = next_connection;
@@ -275,9 +385,10 @@ async fn serve_connection(
         connections.remove(&connection);
     }
     for request in ids.into_values() {
-        let abandoned = locked(&shared, |core, owners| {
-            owners.remove(&request);
-            Ok(((), core.abandon(request)?))
+        let abandoned = locked(&shared, |core, owners| match owners.remove(&request) {
+            // Revoked: the core has already released it.
+            Some(owner) if owner.revoked => Ok(((), Vec::new())),
+            _ => Ok(((), core.abandon(request)?)),
         });
         match abandoned {
             Ok(((), outbox)) => send_all(&shared, outbox),
@@ -308,6 +419,8 @@ fn locked<T>(
 ) -> Result<(T, Outbox), ModuleError> {
     let mut core = shared.core.lock().map_err(|_| ModuleError::Poisoned)?;
     let mut owners = shared.owners.lock().map_err(|_| ModuleError::Poisoned)?;
+    // Grants made in this step are stamped with this time (the lifetime's start).
+    core.observe_time(instant_now().saturating_duration_since(shared.started));
     let (value, grants) = step(&mut core, &mut owners)?;
     let mut grants = VecDeque::from(grants);
     let mut outbox = Vec::new();
@@ -364,6 +477,47 @@ fn send(shared: &Shared, connection: ConnectionId, reply: Reply) {
     }
 }
 
+/// Takes back the grants held past the grant lifetime (see the module docs),
+/// bumps a revoked update's keys once more, tells the holders, and sends the
+/// grants that follow.
+fn revoke_expired(shared: &Shared) {
+    let now = instant_now().saturating_duration_since(shared.started);
+    let revoked = locked(shared, |core, owners| {
+        let revocation = core.revoke_expired(now)?;
+        let mut notices = Outbox::new();
+        for grant in &revocation.revoked {
+            shared.revoked.fetch_add(1, Ordering::Relaxed);
+            if grant.kind == Kind::Update {
+                // Retire the versions the stopped holder may still produce content under.
+                for slot in &grant.slots {
+                    if let Err(e) = shared.table.bump(*slot) {
+                        tracing::error!(slot, error = %e, "could not retire a revoked update's version");
+                    }
+                }
+            }
+            if let Some(owner) = owners.get_mut(&grant.id) {
+                owner.revoked = true;
+                tracing::warn!(
+                    connection = owner.connection,
+                    id = owner.client_id,
+                    kind = ?grant.kind,
+                    "module: revoked a grant held past the grant lifetime"
+                );
+                let reply = Reply { id: owner.client_id, op: "revoked".into(), deps: None, error: None };
+                notices.push((owner.connection, reply));
+            }
+        }
+        Ok((notices, revocation.grants))
+    });
+    match revoked {
+        Ok((notices, outbox)) => {
+            send_all(shared, notices);
+            send_all(shared, outbox);
+        }
+        Err(e) => tracing::error!(error = %e, "could not revoke expired grants"),
+    }
+}
+
 fn send_all(shared: &Shared, outbox: Outbox) {
     for (connection, reply) in outbox {
         send(shared, connection, reply);
@@ -410,7 +564,7 @@ fn begin(
     let module_id = shared.next_request.fetch_add(1, Ordering::Relaxed);
     let slots: Vec<u32> = keys.iter().map(|(_, s)| *s).collect();
     let requested = locked(shared, |core, owners| {
-        owners.insert(module_id, Owner { connection, client_id: id, kind, keys, granted_deps: None });
+        owners.insert(module_id, Owner { connection, client_id: id, kind, keys, granted_deps: None, revoked: false });
         match core.request(module_id, kind, &slots) {
             Ok(grants) => Ok(((), grants)),
             Err(e) => {
@@ -438,6 +592,10 @@ fn finish(shared: &Arc<Shared>, ids: &mut HashMap<u64, RequestId>, request: &Req
     let cancel = request.op == "cancel";
     let finished = locked(shared, |core, owners| {
         let owner = owners.get(&module_id).ok_or(CoreError::UnknownRequest(module_id))?;
+        if owner.revoked {
+            owners.remove(&module_id);
+            return if cancel { Ok((None, Vec::new())) } else { Err(ModuleError::Revoked) };
+        }
         let expected = if owner.kind == Kind::Read { "read_done" } else { "update_done" };
         if !cancel && request.op != expected {
             return Err(ModuleError::Refused(format!("{} for a request that needs {expected}", request.op)));
@@ -454,6 +612,11 @@ fn finish(shared: &Arc<Shared>, ids: &mut HashMap<u64, RequestId>, request: &Req
         }
         // A protocol mistake is reported in its own words.
         Err(ModuleError::Refused(e)) => Some(Reply::error(id, e)),
+        // The revoked grant is gone: its id is free again.
+        Err(ModuleError::Revoked) => {
+            ids.remove(&id);
+            Some(Reply::error(id, ModuleError::Revoked))
+        }
         Err(e) => Some(Reply::error(id, e)),
     }
 }
@@ -476,6 +639,21 @@ pub struct ModuleClient {
     call_timeout: Duration,
 }
 
+/// How a [`ModuleClient`] connects.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClientOptions {
+    /// Each call's deadline (see [`ModuleClient::connect_with_timeout`]).
+    pub call_timeout: Duration,
+    /// Users the module may run as besides this process's own and root.
+    pub module_uids: Vec<u32>,
+}
+
+impl Default for ClientOptions {
+    fn default() -> Self {
+        ClientOptions { call_timeout: CALL_TIMEOUT_DEFAULT, module_uids: Vec::new() }
+    }
+}
+
 /// Permission to read (or update) that must be given back with `done`.
 #[derive(Debug)]
 pub struct Access {
@@ -494,7 +672,22 @@ impl ModuleClient {
     /// including a grant's wait in Table 1's queues) fails with
     /// [`ModuleError::Timeout`] after `call_timeout`.
     pub async fn connect_with_timeout(path: &Path, call_timeout: Duration) -> Result<ModuleClient, ModuleError> {
+        Self::connect_with(path, &ClientOptions { call_timeout, ..ClientOptions::default() }).await
+    }
+
+    /// Connects to the module's socket as `options` say. The module must run
+    /// as this process's user, root, or one of `options.module_uids`
+    /// (`SO_PEERCRED`): whoever answers on the path hands out the versions
+    /// this client's responses carry, so a stranger's socket planted there
+    /// is refused.
+    pub async fn connect_with(path: &Path, options: &ClientOptions) -> Result<ModuleClient, ModuleError> {
+        let call_timeout = options.call_timeout;
         let stream = UnixStream::connect(path).await?;
+        let module_uid = stream.peer_cred()?.uid();
+        let me = crate::module_socket::effective_uid();
+        if module_uid != 0 && module_uid != me && !options.module_uids.contains(&module_uid) {
+            return Err(ModuleError::UntrustedModule { uid: module_uid });
+        }
         let (read_half, mut write_half) = stream.into_split();
         let (requests, mut outgoing) = mpsc::channel::<Request>(REPLY_QUEUE_MAX);
         let waiters: Arc<Mutex<Waiters>> = Arc::default();
@@ -520,6 +713,9 @@ impl ModuleClient {
                             }
                             None if reply.op == "error" => {
                                 tracing::warn!(id = reply.id, error = ?reply.error, "module error for a request nobody waits on")
+                            }
+                            None if reply.op == "revoked" => {
+                                tracing::warn!(id = reply.id, "the module revoked a grant held past its lifetime")
                             }
                             // A grant or `done` for a call that gave up (and cancelled).
                             None => {}
@@ -572,6 +768,8 @@ impl ModuleClient {
         };
         match reply.op.as_str() {
             "error" => Err(ModuleError::Refused(reply.error.unwrap_or_default())),
+            // Crossed with this call (a DONE sent just as the module revoked the grant).
+            "revoked" => Err(ModuleError::Revoked),
             _ => Ok(reply),
         }
     }

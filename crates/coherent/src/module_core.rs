@@ -18,6 +18,14 @@
 //! stays queued and is released the moment it is granted, so nothing behind
 //! it waits forever.
 //!
+//! A granted request may hold its keys for at most the *grant lifetime*
+//! (`set_grant_lifetime`); [`ModuleCore::revoke_expired`] takes it back from
+//! a holder that outlived it (an application server stopped with SIGSTOP, or
+//! hung, keeps its connection open, so closing cannot release it), as if it
+//! had sent its DONE, and the requests behind it proceed. A revoked request
+//! is forgotten, so its late DONE is refused as unknown. Time is passed in
+//! (`observe_time`, `revoke_expired`), never read: the core stays pure.
+//!
 //! A **test-only** switch ([`ModuleCore::set_test_only_admit_reads_during_updates`])
 //! breaks Table 1 on purpose: reads are granted at once, bypassing every
 //! key's queues, even while an update holds the key. It exists so the
@@ -26,6 +34,7 @@
 
 use crate::table1::{DocumentQueues, Ipc, Proceed, RequestId, Table1Error};
 use std::collections::{HashMap, VecDeque};
+use std::time::Duration;
 
 /// What a request wants.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -78,6 +87,17 @@ struct Pending {
     /// Granted without entering any key's queues (the test-only switch), so
     /// releasing it touches none.
     bypassed: bool,
+    /// When it was granted (the core's time then).
+    granted_at: Option<Duration>,
+}
+
+/// What [`ModuleCore::revoke_expired`] did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Revocation {
+    /// Grants taken back from holders that outlived the grant lifetime.
+    pub revoked: Vec<Grant>,
+    /// Grants that followed (requests that were waiting behind them).
+    pub grants: Vec<Grant>,
 }
 
 /// All keys' queues and all requests of one module.
@@ -86,6 +106,10 @@ pub struct ModuleCore {
     keys: HashMap<u32, KeyState>,
     requests: HashMap<RequestId, Pending>,
     admit_reads_during_updates: bool,
+    /// The latest time passed in; grants are stamped with it.
+    now: Duration,
+    /// `None`: grants are held until DONE, however long.
+    grant_lifetime: Option<Duration>,
 }
 
 impl ModuleCore {
@@ -98,6 +122,49 @@ impl ModuleCore {
     /// document). Exists to prove the end-to-end checkers catch that.
     pub fn set_test_only_admit_reads_during_updates(&mut self, on: bool) {
         self.admit_reads_during_updates = on;
+    }
+
+    /// How long a grant may be held before [`revoke_expired`] takes it back;
+    /// `None`: for ever.
+    ///
+    /// [`revoke_expired`]: ModuleCore::revoke_expired
+    pub fn set_grant_lifetime(&mut self, lifetime: Option<Duration>) {
+        self.grant_lifetime = lifetime;
+    }
+
+    pub fn grant_lifetime(&self) -> Option<Duration> {
+        self.grant_lifetime
+    }
+
+    /// Moves the core's time to `now` (time since any fixed origin; a time
+    /// earlier than one already seen is ignored, so the clock never runs
+    /// back). Grants made from now on are stamped with it.
+    pub fn observe_time(&mut self, now: Duration) {
+        self.now = self.now.max(now);
+    }
+
+    /// Revokes every grant held longer than the grant lifetime at `now`, as
+    /// if its holder had sent DONE, and returns them with the grants that
+    /// follow. Revoked requests are forgotten: a late DONE is refused.
+    pub fn revoke_expired(&mut self, now: Duration) -> Result<Revocation, CoreError> {
+        self.observe_time(now);
+        let mut revocation = Revocation::default();
+        let Some(lifetime) = self.grant_lifetime else { return Ok(revocation) };
+        let mut expired: Vec<RequestId> = self
+            .requests
+            .iter()
+            .filter(|(_, p)| p.granted_at.is_some_and(|at| self.now.saturating_sub(at) >= lifetime))
+            .map(|(id, _)| *id)
+            .collect();
+        // In id order: a replay revokes in the same order (the map's is random).
+        expired.sort_unstable();
+        for id in expired {
+            let Some(p) = self.requests.get(&id) else { continue };
+            revocation.revoked.push(Grant { id, kind: p.kind, slots: p.slots.clone() });
+            let mut grants = self.release(id)?;
+            revocation.grants.append(&mut grants);
+        }
+        Ok(revocation)
     }
 
     /// Whether the test-only switch is on.
@@ -130,7 +197,10 @@ impl ModuleCore {
         let bypassed = kind == Kind::Read && self.admit_reads_during_updates;
         // A bypassing read holds all its keys from the start, so `advance` grants it at once.
         let acquired = if bypassed { slots.len() } else { 0 };
-        self.requests.insert(id, Pending { kind, slots, acquired, granted: false, abandoned: false, bypassed });
+        self.requests.insert(
+            id,
+            Pending { kind, slots, acquired, granted: false, abandoned: false, bypassed, granted_at: None },
+        );
         let mut grants = Vec::new();
         self.advance(id, &mut grants)?;
         Ok(grants)
@@ -143,8 +213,10 @@ impl ModuleCore {
             if pending.acquired == pending.slots.len() {
                 let abandoned = pending.abandoned;
                 let grant = Grant { id, kind: pending.kind, slots: pending.slots.clone() };
+                let now = self.now;
                 if let Some(p) = self.requests.get_mut(&id) {
                     p.granted = true;
+                    p.granted_at = Some(now);
                 }
                 if abandoned {
                     // Nobody will use it: release at once.
@@ -274,5 +346,34 @@ mod tests {
         assert_eq!(ids(&core.request(4, Kind::Read, &[7]).unwrap()), vec![4]);
         assert!(core.abandon(4).unwrap().is_empty());
         assert_eq!((core.requests(), core.busy_keys()), (0, 0));
+    }
+
+    #[test]
+    fn a_grant_held_past_its_lifetime_is_revoked_and_the_next_request_proceeds() {
+        let second = Duration::from_secs(1);
+        let mut core = ModuleCore::new();
+        core.set_grant_lifetime(Some(10 * second));
+        core.observe_time(100 * second);
+        assert_eq!(ids(&core.request(1, Kind::Update, &[7]).unwrap()), vec![1]);
+        assert!(core.request(2, Kind::Update, &[7]).unwrap().is_empty());
+        assert!(core.request(3, Kind::Read, &[7]).unwrap().is_empty());
+        // One moment short of the lifetime nothing happens.
+        assert_eq!(core.revoke_expired(110 * second - Duration::from_nanos(1)).unwrap(), Revocation::default());
+        let revocation = core.revoke_expired(110 * second).unwrap();
+        assert_eq!(ids(&revocation.revoked), vec![1]);
+        assert_eq!(ids(&revocation.grants), vec![3], "the reader queued behind the revoked update goes first");
+        assert_eq!(core.done(1), Err(CoreError::UnknownRequest(1)), "a revoked grant's late DONE is refused");
+        // The read was granted at 110 s: it lives until 120 s, then the update waiting behind it proceeds.
+        assert_eq!(core.revoke_expired(115 * second).unwrap(), Revocation::default());
+        let revocation = core.revoke_expired(120 * second).unwrap();
+        assert_eq!((ids(&revocation.revoked), ids(&revocation.grants)), (vec![3], vec![2]));
+        // Time does not run back: an earlier `now` cannot make a grant look younger.
+        assert!(core.revoke_expired(Duration::ZERO).unwrap().revoked.is_empty());
+        assert_eq!(ids(&core.revoke_expired(130 * second).unwrap().revoked), vec![2]);
+        assert_eq!((core.requests(), core.busy_keys()), (0, 0));
+        // Without a lifetime, grants are held for ever.
+        core.set_grant_lifetime(None);
+        assert_eq!(ids(&core.request(4, Kind::Update, &[7]).unwrap()), vec![4]);
+        assert!(core.revoke_expired(Duration::MAX).unwrap().revoked.is_empty());
     }
 }

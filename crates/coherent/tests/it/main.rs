@@ -4,5 +4,6 @@
 
 mod deps;
 mod module;
+mod module_socket;
 mod table1;
 mod version_table;

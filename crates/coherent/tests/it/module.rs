@@ -13,11 +13,11 @@ use tierstack_coherent::version_table::{Incarnation, VersionChecker, VersionTabl
 use tierstack_coherent::DepsHeader;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 
-fn keys(list: &[&str]) -> Vec<String> {
+pub(crate) fn keys(list: &[&str]) -> Vec<String> {
     list.iter().map(|s| s.to_string()).collect()
 }
 
-fn runtime() -> tokio::runtime::Runtime {
+pub(crate) fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap()
 }
 
@@ -84,7 +84,7 @@ fn table1_over_the_socket_with_versions_checked_by_a_proxy_node() {
 }
 
 /// Awaits `future`, failing the test instead of hanging if it never resolves.
-async fn bounded<T>(future: impl std::future::Future<Output = T>) -> T {
+pub(crate) async fn bounded<T>(future: impl std::future::Future<Output = T>) -> T {
     tokio::time::timeout(Duration::from_secs(30), future).await.expect("a granted request never resolved")
 }
 
@@ -100,7 +100,7 @@ async fn wait_for(condition: impl Fn() -> bool) {
     panic!("condition never became true");
 }
 
-async fn connect(path: &std::path::Path) -> Arc<ModuleClient> {
+pub(crate) async fn connect(path: &std::path::Path) -> Arc<ModuleClient> {
     for _ in 0..200 {
         if let Ok(client) = ModuleClient::connect(path).await {
             return Arc::new(client);
@@ -290,23 +290,23 @@ fn a_call_that_misses_its_deadline_fails_and_gives_its_request_back() {
 }
 
 /// A raw connection to the module: write lines, read reply lines.
-struct Raw {
+pub(crate) struct Raw {
     lines: tokio::io::Lines<BufReader<tokio::net::unix::OwnedReadHalf>>,
     write: tokio::net::unix::OwnedWriteHalf,
 }
 
 impl Raw {
-    async fn connect(path: &std::path::Path) -> Raw {
+    pub(crate) async fn connect(path: &std::path::Path) -> Raw {
         let (read, write) = tokio::net::UnixStream::connect(path).await.unwrap().into_split();
         Raw { lines: BufReader::new(read).lines(), write }
     }
 
-    async fn send(&mut self, line: &str) {
+    pub(crate) async fn send(&mut self, line: &str) {
         self.write.write_all(line.as_bytes()).await.unwrap();
     }
 
     /// The next reply line, or None at end of stream.
-    async fn reply(&mut self) -> Option<String> {
+    pub(crate) async fn reply(&mut self) -> Option<String> {
         bounded(self.lines.next_line()).await.unwrap()
     }
 }

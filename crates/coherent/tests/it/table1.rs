@@ -6,6 +6,7 @@
 
 use proptest::prelude::*;
 use std::collections::{BTreeSet, HashMap};
+use std::time::Duration;
 use tierstack_coherent::module_core::{Grant, Kind, ModuleCore};
 use tierstack_coherent::table1::{DocumentQueues, Ipc, Proceed, Table1Error};
 
@@ -125,9 +126,14 @@ fn the_core_counts_busy_keys_and_refuses_bad_requests() {
 
 #[derive(Clone, Debug)]
 enum Step {
-    Request { kind: Kind, keys: Vec<u32> },
+    Request {
+        kind: Kind,
+        keys: Vec<u32>,
+    },
     Done(usize),
     Abandon(usize),
+    /// Time passes (ms), then expired grants are revoked.
+    Tick(u64),
 }
 
 fn step() -> impl Strategy<Value = Step> {
@@ -136,16 +142,24 @@ fn step() -> impl Strategy<Value = Step> {
             .prop_map(|(kind, keys)| Step::Request { kind, keys }),
         (0usize..32).prop_map(Step::Done),
         (0usize..32).prop_map(Step::Abandon),
+        (0u64..8).prop_map(Step::Tick),
     ]
 }
 
 proptest! {
     /// Random request sequences: granted requests never conflict (an update
     /// holds its keys alone), every request is eventually granted once all
-    /// holders finish, and nothing is left queued.
+    /// holders finish, and nothing is left queued. Time passes too: a grant
+    /// is revoked exactly when it has been held for the grant lifetime, and
+    /// a revoked grant's DONE is refused.
     #[test]
     fn grants_never_conflict_and_everything_drains(steps in proptest::collection::vec(step(), 1..60)) {
+        const LIFETIME_MS: u64 = 10;
         let mut core = ModuleCore::new();
+        core.set_grant_lifetime(Some(Duration::from_millis(LIFETIME_MS)));
+        let mut now_ms = 0u64;
+        let mut granted_at: HashMap<u64, u64> = HashMap::new();
+        let mut revoked: BTreeSet<u64> = BTreeSet::new();
         let mut next_id = 0u64;
         let mut holding: HashMap<u64, (Kind, Vec<u32>)> = HashMap::new();
         let mut waiting: BTreeSet<u64> = BTreeSet::new();
@@ -167,6 +181,7 @@ proptest! {
             }
         };
         for s in steps {
+            let before: BTreeSet<u64> = holding.keys().copied().collect();
             match s {
                 Step::Request { kind, keys } => {
                     let id = next_id;
@@ -196,6 +211,29 @@ proptest! {
                     let grants = core.abandon(id).unwrap();
                     apply(grants, &mut holding, &mut waiting);
                 }
+                Step::Tick(ms) => {
+                    now_ms += ms;
+                    let revocation = core.revoke_expired(Duration::from_millis(now_ms)).unwrap();
+                    let expected: BTreeSet<u64> = holding
+                        .keys()
+                        .filter(|id| now_ms - granted_at[id] >= LIFETIME_MS)
+                        .copied()
+                        .collect();
+                    let got: BTreeSet<u64> = revocation.revoked.iter().map(|g| g.id).collect();
+                    prop_assert_eq!(&got, &expected, "revoked exactly the grants held for the lifetime");
+                    for id in got {
+                        holding.remove(&id);
+                        revoked.insert(id);
+                    }
+                    apply(revocation.grants, &mut holding, &mut waiting);
+                }
+            }
+            // Every grant that appeared in this step started its lifetime now.
+            for id in holding.keys().filter(|id| !before.contains(id)) {
+                granted_at.insert(*id, now_ms);
+            }
+            for id in &revoked {
+                prop_assert!(core.done(*id).is_err(), "a revoked grant's DONE must be refused");
             }
             check(&holding);
             holding.retain(|id, _| !abandoned.contains(id));

@@ -11,6 +11,7 @@ pub(crate) use tierstack_appserver::{AppServerArgs, ModuleArgs};
 use tierstack_base::NodeId;
 use tierstack_cluster::pin_to_cpu;
 use tierstack_coherent::module::{ModuleOptions, ModuleServer};
+use tierstack_coherent::module_socket::{self, SocketAccess};
 use tierstack_coherent::version_table::{Incarnation, VersionTable};
 use tierstack_monitor::{AgentConfig, LoadPublisher, MonitorAgent, SourceConfig};
 pub(crate) use tierstack_proxy::ProxyArgs;
@@ -33,10 +34,16 @@ pub(crate) fn app_module(args: ModuleArgs) -> Result<()> {
         eprintln!("WARNING: {warning}");
         tracing::warn!("{warning}");
     }
-    let options = ModuleOptions { test_only_admit_reads_during_updates: args.test_only_admit_reads_during_updates };
-    let server = ModuleServer::with_options(table, &options);
+    let group = args.socket_group.as_deref().map(module_socket::resolve_group).transpose();
+    let access = SocketAccess { group: group.context("--socket-group")?, allowed_uids: args.allow_uids.clone() };
+    let options = ModuleOptions {
+        test_only_admit_reads_during_updates: args.test_only_admit_reads_during_updates,
+        grant_lifetime: (args.grant_timeout_ms > 0).then(|| Duration::from_millis(args.grant_timeout_ms)),
+        access: access.clone(),
+    };
+    let server = ModuleServer::with_options(table, &options).context("--grant-timeout-ms")?;
     runtime(1)?.block_on(async {
-        let listener = ModuleServer::bind(&args.socket)?;
+        let listener = module_socket::bind(&args.socket, &access).await?;
         let signals = args.service.stop_signals()?;
         announce_ready()?;
         tokio::select! {
@@ -109,6 +116,7 @@ pub(crate) fn app_server(args: AppServerArgs) -> Result<()> {
     let config = AppServerConfig {
         listen: args.listen,
         module_socket: args.module_socket,
+        module_uids: args.module_uids,
         documents: documents(&args.documents, args.docs, args.seed)?,
         compute_threads: args.compute_threads,
         store: args

@@ -361,3 +361,33 @@ fn a_tier_owned_through_a_pipe_stops_when_its_standard_input_closes_if_asked() {
         assert!(!site.node_dir(node).exists(), "node {node} revoked its regions");
     }
 }
+
+/// The module's socket as a boundary, through the binary (issue 30): it is
+/// 0600; a second `app-module` on a live module's socket exits non-zero
+/// saying so, and the first keeps its socket and serves.
+#[test]
+fn a_second_app_module_on_a_live_modules_socket_exits_and_the_first_keeps_serving() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let dir = tempfile::tempdir().unwrap();
+    let site = site(dir.path(), 2);
+    let mut module = site.module();
+    let first = std::fs::symlink_metadata(&site.socket).unwrap();
+    assert_eq!(first.permissions().mode() & 0o7777, 0o600);
+    let args = ["app-module", "--topology", &site.topology, "--node", "1", "--socket", &site.socket];
+    let mut command = Command::new(exe());
+    command.args(args).env_remove(STOP_ON_STDIN_EOF_ENV).stdin(Stdio::null()).stdout(Stdio::null());
+    let mut second = Service { child: command.stderr(Stdio::piped()).spawn().unwrap(), stderr: None };
+    // Bounded: a module that took the socket over would serve for ever.
+    let status = second.wait();
+    let mut stderr = String::new();
+    second.child.stderr.take().unwrap().read_to_string(&mut stderr).unwrap();
+    assert!(!status.success(), "the second module must not start: {stderr}");
+    assert!(stderr.contains("a module already serves"), "{stderr}");
+    let kept = std::fs::symlink_metadata(&site.socket).unwrap();
+    assert_eq!((kept.dev(), kept.ino()), (first.dev(), first.ino()), "the live module's socket is kept");
+    // The first still serves: a server reaches it at start and reads through it.
+    let app = free_loopback_port().unwrap();
+    let _server = site.server(app, &[]);
+    assert_eq!(status_of(app, "/doc/d0"), Some(200));
+    assert!(module.running());
+}
