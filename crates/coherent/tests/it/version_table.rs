@@ -80,3 +80,36 @@ fn the_last_slot_validates_and_a_slot_past_the_end_never_does() {
         assert!(!runtime.block_on(checker.is_current(&header)).unwrap(), "{}", backend.name());
     }
 }
+
+/// The version table is read-only to every other node, on every backend: a
+/// proxy (or anything posing as one) that writes a version, bumps it or
+/// swaps it is `Forbidden`, and the versions stay as the owner set them.
+#[test]
+fn a_proxy_cannot_write_the_version_table_on_any_backend() {
+    use tierstack_fabric::{FabricError, Rights};
+    let mut backends = vec![Backend::Shm, Backend::Tcp];
+    if tierstack_cluster::ucx_available() {
+        backends.push(Backend::Ucx);
+    }
+    for backend in backends {
+        let cluster = local_cluster(backend, 2).unwrap();
+        let table = VersionTable::create(cluster.fabric(0).as_ref(), 4, Incarnation(1)).unwrap();
+        let slot = table.slot_of("/page").unwrap();
+        assert_eq!(table.bump(slot).unwrap(), 2);
+        let proxy = cluster.fabric(1).connect(NodeId(0), tierstack_coherent::version_table::REGION_NAME).unwrap();
+        let forbidden = |result: Result<u64, FabricError>| {
+            assert!(
+                matches!(result, Err(FabricError::Forbidden { granted: Rights::READ, .. })),
+                "{backend:?}: a proxy modified the version table: {result:?}"
+            )
+        };
+        let len = proxy.len();
+        forbidden(proxy.write(0, &[0xff; 8]).map(|()| 0));
+        forbidden(proxy.write(len - 8, &[0xff; 8]).map(|()| 0));
+        forbidden(proxy.fetch_add(len - 8, 1));
+        forbidden(proxy.compare_swap(0, 0, 1));
+        assert_eq!(table.version(slot).unwrap(), 2, "{backend:?}");
+        let mut word = [0u8; 8];
+        proxy.read(0, &mut word).unwrap();
+    }
+}
