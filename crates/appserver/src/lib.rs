@@ -43,7 +43,6 @@ pub mod push;
 pub mod store;
 
 use bytes::Bytes;
-use hyper::body::Incoming;
 use hyper::header::{HeaderValue, CONTENT_TYPE};
 use hyper::{Method, Request, Response, StatusCode};
 use serde::Serialize;
@@ -59,6 +58,7 @@ use tierstack_coherent::{DepsHeader, DEPS_HEADER};
 use tierstack_fabric::LocalRegion;
 use tierstack_monitor::reconfig::{self, RoleStamp, ROLE_HEADER};
 use tierstack_monitor::{Gauge, GaugeGuard, LoadPublisher};
+use tierstack_tier_http::RequestBody;
 use tierstack_tier_http::{collect_limited, serve_with_hook, text, Body, ConnectionHook, Stop};
 
 pub use args::AppServerArgs;
@@ -222,7 +222,7 @@ fn elapsed_ns(since: Instant) -> u64 {
     u64::try_from(since.elapsed().as_nanos()).unwrap_or(u64::MAX)
 }
 
-async fn handle(state: Arc<State>, request: Request<Incoming>) -> Response<Body> {
+async fn handle(state: Arc<State>, request: Request<RequestBody>) -> Response<Body> {
     let path = request.uri().path().to_string();
     if path == "/_tierstack/stats" {
         return stats_response(&state);

@@ -412,13 +412,13 @@ impl Pusher {
 mod tests {
     use super::*;
     use crate::{AppServer, AppServerConfig};
-    use hyper::body::Incoming;
     use hyper::StatusCode;
     use tierstack_cluster::{local_cluster, Backend, LocalCluster};
     use tierstack_coherent::module::ModuleServer;
     use tierstack_coherent::version_table::{Incarnation, VersionTable};
     use tierstack_pushpull::state::CacheStateConfig;
     use tierstack_pushpull::CacheStateWriter;
+    use tierstack_tier_http::RequestBody;
     use tierstack_tier_http::{serve, text, Stop};
 
     type Received = Arc<Mutex<Vec<(String, String, String)>>>;
@@ -437,7 +437,7 @@ mod tests {
     async fn recorder(received: Received) -> std::net::SocketAddr {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        let handler = Arc::new(move |request: Request<Incoming>| {
+        let handler = Arc::new(move |request: Request<RequestBody>| {
             let received = received.clone();
             async move {
                 let path = request.uri().path().to_string();

@@ -325,7 +325,7 @@ impl PressNode {
         }
         if let Some(admin) = admin {
             let shared = shared.clone();
-            let handler = Arc::new(move |request: hyper::Request<hyper::body::Incoming>| {
+            let handler = Arc::new(move |request: hyper::Request<tierstack_tier_http::RequestBody>| {
                 let shared = shared.clone();
                 async move {
                     if request.uri().path() != "/stats" {

@@ -10,9 +10,11 @@ use crate::{
 use std::fmt;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::time::Duration;
 use tierstack_coop::args::{parse_scheme, CoopArgs};
 use tierstack_monitor::BackendAddress;
 use tierstack_tier_http::service::ServiceArgs;
+use tierstack_tier_http::{BODY_READ_TIMEOUT_DEFAULT, WRITE_TIMEOUT_DEFAULT};
 
 /// `--cache-bytes` unless told otherwise.
 pub const CACHE_BYTES_DEFAULT: usize = 256 << 20;
@@ -45,9 +47,15 @@ pub struct ProxyArgs {
     pub listen: SocketAddr,
     /// Where the admin endpoints listen (the application tier's pushes,
     /// `/_tierstack/stats`); keep it off the clients' network. Without it,
-    /// nothing can push to this proxy.
+    /// nothing can push to this proxy. An address other than loopback
+    /// needs --admin-token-file.
     #[arg(long)]
     pub admin_listen: Option<SocketAddr>,
+    /// A file (mode 0600, this user's) holding the bearer token that every
+    /// push and purge on the admin listener must carry (`Authorization:
+    /// Bearer <token>`); the application servers are given the same file.
+    #[arg(long)]
+    pub admin_token_file: Option<PathBuf>,
     /// Application server base URL (repeatable).
     #[arg(long = "upstream", required = true)]
     pub upstreams: Vec<String>,
@@ -117,9 +125,22 @@ pub struct ProxyArgs {
     /// 0: no such timeout.
     #[arg(long, default_value_t = HEADER_READ_TIMEOUT_DEFAULT.as_millis() as u64)]
     pub header_read_timeout_ms: u64,
-    /// At most this many client connections at once.
+    /// Close a client connection whose request body has not arrived this
+    /// long after its head (slow bodies). 0: no such deadline.
+    #[arg(long, default_value_t = BODY_READ_TIMEOUT_DEFAULT.as_millis() as u64)]
+    pub body_read_timeout_ms: u64,
+    /// Close a client connection that takes no bytes of its answer for this
+    /// long (slow readers). 0: no such timeout.
+    #[arg(long, default_value_t = WRITE_TIMEOUT_DEFAULT.as_millis() as u64)]
+    pub write_timeout_ms: u64,
+    /// At most this many client connections at once; when full, a new one
+    /// displaces the connection that has waited on its client the longest.
     #[arg(long, default_value_t = MAX_CONNECTIONS_DEFAULT)]
     pub max_connections: usize,
+    /// At most this many client connections from one IP address (none
+    /// unless given: clients behind one NAT share an address).
+    #[arg(long)]
+    pub max_connections_per_client: Option<usize>,
     /// Append a Combined Log Format line per client request to this file
     /// (`tierstack load` replays it as the trace `clf:PATH`).
     #[arg(long)]
@@ -147,11 +168,23 @@ pub fn parse_backend_address(text: &str) -> Result<BackendAddress, String> {
 }
 
 impl ProxyArgs {
+    /// The client listener's limits these flags set (0 ms: none).
+    pub fn limits(&self) -> (Option<Duration>, Option<Duration>, Option<Duration>) {
+        let bound = |ms: u64| (ms > 0).then(|| Duration::from_millis(ms));
+        (bound(self.header_read_timeout_ms), bound(self.body_read_timeout_ms), bound(self.write_timeout_ms))
+    }
+
+    /// The admin token from `--admin-token-file`, its permissions checked.
+    pub fn admin_token(&self) -> Result<Option<tierstack_secret::Secret>, tierstack_secret::SecretError> {
+        self.admin_token_file.as_deref().map(tierstack_secret::read_secret_file).transpose()
+    }
+
     /// The required flags given (one upstream), every other one at its default.
     pub fn new(listen: SocketAddr, upstream: String) -> ProxyArgs {
         ProxyArgs {
             listen,
             admin_listen: None,
+            admin_token_file: None,
             upstreams: vec![upstream],
             mode: CacheMode::Poll,
             topology: None,
@@ -171,7 +204,10 @@ impl ProxyArgs {
             coop: None,
             coop_args: CoopArgs::default(),
             header_read_timeout_ms: HEADER_READ_TIMEOUT_DEFAULT.as_millis() as u64,
+            body_read_timeout_ms: BODY_READ_TIMEOUT_DEFAULT.as_millis() as u64,
+            write_timeout_ms: WRITE_TIMEOUT_DEFAULT.as_millis() as u64,
             max_connections: MAX_CONNECTIONS_DEFAULT,
+            max_connections_per_client: None,
             access_log: None,
             refresh_hot: REFRESH_HOT_DEFAULT,
             refresh_interval_ms: REFRESH_INTERVAL_DEFAULT.as_millis() as u64,
@@ -193,6 +229,9 @@ impl ProxyArgs {
         flag("--listen", self.listen.to_string());
         if let Some(admin) = self.admin_listen {
             flag("--admin-listen", admin.to_string());
+        }
+        if let Some(token) = &self.admin_token_file {
+            flag("--admin-token-file", token.display().to_string());
         }
         flag("--mode", self.mode.to_string());
         if let Some(topology) = &self.topology {
@@ -246,8 +285,17 @@ impl ProxyArgs {
         if self.header_read_timeout_ms != default.header_read_timeout_ms {
             flag("--header-read-timeout-ms", self.header_read_timeout_ms.to_string());
         }
+        if self.body_read_timeout_ms != default.body_read_timeout_ms {
+            flag("--body-read-timeout-ms", self.body_read_timeout_ms.to_string());
+        }
+        if self.write_timeout_ms != default.write_timeout_ms {
+            flag("--write-timeout-ms", self.write_timeout_ms.to_string());
+        }
         if self.max_connections != default.max_connections {
             flag("--max-connections", self.max_connections.to_string());
+        }
+        if let Some(max) = self.max_connections_per_client {
+            flag("--max-connections-per-client", max.to_string());
         }
         if let Some(log) = &self.access_log {
             flag("--access-log", log.display().to_string());
@@ -286,6 +334,7 @@ mod tests {
         let args = ProxyArgs {
             listen: "127.0.0.1:8080".parse().unwrap(),
             admin_listen: Some("127.0.0.1:9080".parse().unwrap()),
+            admin_token_file: Some(PathBuf::from("/tmp/admin token")),
             upstreams: vec!["http://127.0.0.1:8081".into(), "http://127.0.0.1:8082".into()],
             mode: CacheMode::Ttl,
             topology: Some(PathBuf::from("/tmp/a dc.toml")),
@@ -314,7 +363,10 @@ mod tests {
                 hybcc_small_max: 77,
             },
             header_read_timeout_ms: 0,
+            body_read_timeout_ms: 0,
+            write_timeout_ms: 4321,
             max_connections: 12,
+            max_connections_per_client: Some(3),
             access_log: Some(PathBuf::from("/tmp/access.log")),
             refresh_hot: 0,
             refresh_interval_ms: 3,

@@ -10,10 +10,12 @@
 //!   hold a connection with one request (header timeout + body timeout),
 //!   whatever it trickles, and needs no tuning of a rate that a slow but
 //!   honest link might miss for a moment. [`GuardedIo`] enforces it where
-//!   the bytes are awaited: a read still pending past the deadline fails,
-//!   and hyper closes the connection. (hyper does not read while a handler
-//!   works once the body is in, with `half_close` on, so a slow handler is
-//!   never cut by it.)
+//!   the bytes are awaited: a read still pending past the deadline while
+//!   the body is unfinished fails, and hyper closes the connection. The
+//!   handler's [`RequestBody`] says when the body is finished (read to its
+//!   end, or dropped): hyper also keeps a read pending while a handler
+//!   works after the body (to notice a client that leaves), and that wait
+//!   must not count, so a slow handler is never cut by the deadline.
 //! - **Write timeout**: a write that stays pending (the client does not
 //!   take the response's bytes) longer than the bound fails and closes the
 //!   connection; each write that makes progress starts the clock again.
@@ -51,8 +53,9 @@ pub(crate) struct ConnState {
     /// Since when it waits for a request head, or [`NONE`] while a request
     /// is being answered.
     head_since_ns: AtomicU64,
-    /// When the head of the request being answered arrived, if that
-    /// request has a body (the body deadline counts from it), else [`NONE`].
+    /// When the head of the request being answered arrived, while that
+    /// request's body is unfinished (the body deadline counts from it),
+    /// else [`NONE`].
     body_since_ns: AtomicU64,
     /// A read is pending: the server waits for the client's bytes.
     read_blocked: AtomicBool,
@@ -89,11 +92,14 @@ impl ConnState {
 
     /// A request head arrived; `has_body` (and a body deadline to keep)
     /// reads the clock, a bodiless request does not.
-    pub(crate) fn head_arrived(&self, has_body: bool) {
+    pub(crate) fn head_arrived(&self, has_body: bool) -> u64 {
         self.head_since_ns.store(NONE, Ordering::Relaxed);
-        if has_body {
-            self.body_since_ns.store(self.ns_since_start(Instant::now()), Ordering::Relaxed);
+        if !has_body {
+            return NONE;
         }
+        let since = self.ns_since_start(Instant::now());
+        self.body_since_ns.store(since, Ordering::Relaxed);
+        since
     }
 
     /// The response is done with: the connection waits for the next head.
@@ -131,6 +137,60 @@ impl ConnState {
             return self.at(self.body_since_ns.load(Ordering::Relaxed));
         }
         None
+    }
+}
+
+/// A request's body as a tier's handler receives it: hyper's, which tells
+/// its connection when it is finished (read to its end, or dropped), so
+/// that the body deadline stops counting then.
+pub struct RequestBody {
+    inner: hyper::body::Incoming,
+    /// The connection and its head's arrival ([`ConnState::head_arrived`]),
+    /// while this body is unfinished and under a deadline.
+    unfinished: Option<(Arc<ConnState>, u64)>,
+}
+
+impl RequestBody {
+    pub(crate) fn new(inner: hyper::body::Incoming, unfinished: Option<(Arc<ConnState>, u64)>) -> Self {
+        RequestBody { inner, unfinished }
+    }
+
+    fn finished(&mut self) {
+        if let Some((state, since)) = self.unfinished.take() {
+            // Only this request's mark: a body kept past its answer must
+            // not clear the next request's.
+            let _ = state.body_since_ns.compare_exchange(since, NONE, Ordering::Relaxed, Ordering::Relaxed);
+        }
+    }
+}
+
+impl Drop for RequestBody {
+    fn drop(&mut self) {
+        self.finished();
+    }
+}
+
+impl hyper::body::Body for RequestBody {
+    type Data = bytes::Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<hyper::body::Frame<Self::Data>, Self::Error>>> {
+        let polled = Pin::new(&mut self.inner).poll_frame(cx);
+        if matches!(polled, Poll::Ready(None) | Poll::Ready(Some(Err(_)))) || self.inner.is_end_stream() {
+            self.finished();
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.inner.size_hint()
     }
 }
 

@@ -8,6 +8,7 @@
 pub mod guard;
 pub mod service;
 
+pub use guard::RequestBody;
 use guard::{ConnState, GuardedIo, PerClient, Registry};
 
 use bytes::Bytes;
@@ -109,7 +110,7 @@ pub type ConnectionHook = Arc<dyn Fn() -> Box<dyn Send> + Send + Sync>;
 /// [`Body`]; the proxy streams).
 pub async fn serve<H, F, B>(listener: TcpListener, handler: Arc<H>, stop: Stop) -> std::io::Result<()>
 where
-    H: Fn(Request<Incoming>) -> F + Send + Sync + 'static,
+    H: Fn(Request<RequestBody>) -> F + Send + Sync + 'static,
     F: Future<Output = Response<B>> + Send + 'static,
     B: hyper::body::Body<Data = Bytes> + Send + Unpin + 'static,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
@@ -126,7 +127,7 @@ pub async fn serve_with_hook<H, F, B>(
     on_connection: Option<ConnectionHook>,
 ) -> std::io::Result<()>
 where
-    H: Fn(Request<Incoming>) -> F + Send + Sync + 'static,
+    H: Fn(Request<RequestBody>) -> F + Send + Sync + 'static,
     F: Future<Output = Response<B>> + Send + 'static,
     B: hyper::body::Body<Data = Bytes> + Send + Unpin + 'static,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
@@ -181,7 +182,7 @@ pub async fn serve_with_options<H, F, B>(
     options: ServeOptions,
 ) -> std::io::Result<()>
 where
-    H: Fn(Request<Incoming>) -> F + Send + Sync + 'static,
+    H: Fn(Request<RequestBody>) -> F + Send + Sync + 'static,
     F: Future<Output = Response<B>> + Send + 'static,
     B: hyper::body::Body<Data = Bytes> + Send + Unpin + 'static,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
@@ -264,8 +265,11 @@ where
             // Without a header timeout or a registry to read it, the end of
             // an answer is not marked (no clock read per request).
             let mark_answers = options.header_read_timeout.is_some() || options.max_connections.is_some();
-            let service = service_fn(move |mut request: Request<Incoming>| {
-                on_request.head_arrived(body_deadline && !hyper::body::Body::is_end_stream(request.body()));
+            let service = service_fn(move |request: Request<Incoming>| {
+                let timed = body_deadline && !hyper::body::Body::is_end_stream(request.body());
+                let since = on_request.head_arrived(timed);
+                let unfinished = timed.then(|| (on_request.clone(), since));
+                let mut request = request.map(|body| RequestBody::new(body, unfinished));
                 if options.peer_addr {
                     request.extensions_mut().insert(PeerAddr(peer));
                 }
@@ -280,10 +284,6 @@ where
             });
             let mut builder = http1::Builder::new();
             builder.keep_alive(true);
-            // hyper otherwise keeps a read pending while a handler works
-            // (to notice the client leaving), which the body deadline
-            // would take for a body still awaited.
-            builder.half_close(true);
             let io = GuardedIo::new(stream, state.clone(), options.body_read_timeout, options.write_timeout);
             let connection = builder.serve_connection(TokioIo::new(io), service);
             tokio::pin!(connection);
@@ -471,7 +471,7 @@ mod tests {
         let timeout = std::time::Duration::from_millis(200);
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        let handler = Arc::new(move |_request: Request<Incoming>| async move {
+        let handler = Arc::new(move |_request: Request<RequestBody>| async move {
             tokio::time::sleep(timeout * 3).await;
             text(StatusCode::OK, "slow")
         });
@@ -499,7 +499,7 @@ mod tests {
         let (entered_tx, mut entered) = tokio::sync::mpsc::unbounded_channel::<()>();
         let release = Arc::new(tokio::sync::Notify::new());
         let held = release.clone();
-        let handler = Arc::new(move |request: Request<Incoming>| {
+        let handler = Arc::new(move |request: Request<RequestBody>| {
             let (entered_tx, held) = (entered_tx.clone(), held.clone());
             async move {
                 if request.uri().path() == "/held" {
@@ -534,7 +534,7 @@ mod tests {
         for asked in [false, true] {
             let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
             let addr = listener.local_addr().unwrap();
-            let handler = Arc::new(|request: Request<Incoming>| async move {
+            let handler = Arc::new(|request: Request<RequestBody>| async move {
                 let peer = request.extensions().get::<PeerAddr>().map(|p| p.0.ip().to_string());
                 text(StatusCode::OK, peer.unwrap_or_else(|| "none".into()))
             });

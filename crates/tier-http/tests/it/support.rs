@@ -3,12 +3,11 @@
 
 use bytes::Bytes;
 use http_body_util::Full;
-use hyper::body::Incoming;
 use hyper::{Request, Response, StatusCode};
 use std::net::SocketAddr;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
-use tierstack_tier_http::{collect_limited, serve_with_options, text, ConnectionHook, ServeOptions, Stop};
+use tierstack_tier_http::{collect_limited, serve_with_options, text, ConnectionHook, RequestBody, ServeOptions, Stop};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};
 use tokio::sync::watch;
@@ -64,7 +63,7 @@ pub(crate) async fn server(options: ServeOptions, held: Duration) -> Server {
     let addr = listener.local_addr().unwrap();
     let held_entered = Arc::new(tokio::sync::Notify::new());
     let entered = held_entered.clone();
-    let handler = Arc::new(move |request: Request<Incoming>| {
+    let handler = Arc::new(move |request: Request<RequestBody>| {
         let entered = entered.clone();
         async move {
             match request.uri().path() {

@@ -211,6 +211,8 @@ pub(crate) fn proxy(args: ProxyArgs) -> Result<()> {
             Some(Site { site, roles })
         }
     };
+    let (header_read_timeout, body_read_timeout, write_timeout) = args.limits();
+    let admin_token = args.admin_token().context("--admin-token-file")?;
     let config = ProxyConfig {
         listen: args.listen,
         upstreams: args.upstreams,
@@ -228,9 +230,12 @@ pub(crate) fn proxy(args: ProxyArgs) -> Result<()> {
         }
         let options = ProxyOptions {
             cache_state,
-            header_read_timeout: (args.header_read_timeout_ms > 0)
-                .then(|| Duration::from_millis(args.header_read_timeout_ms)),
+            header_read_timeout,
+            body_read_timeout,
+            write_timeout,
             max_connections: Some(args.max_connections),
+            max_connections_per_client: args.max_connections_per_client,
+            admin_token,
             access_log: args.access_log.clone(),
             default_authority: args.default_authority.clone(),
             refresh_hot: args.refresh_hot,
