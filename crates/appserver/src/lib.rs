@@ -59,7 +59,9 @@ use tierstack_fabric::LocalRegion;
 use tierstack_monitor::reconfig::{self, RoleStamp, ROLE_HEADER};
 use tierstack_monitor::{Gauge, GaugeGuard, LoadPublisher};
 use tierstack_tier_http::RequestBody;
-use tierstack_tier_http::{collect_limited, serve_with_hook, text, Body, ConnectionHook, Stop};
+use tierstack_tier_http::{
+    collect_limited, serve_with_options, text, Body, ConnectionHook, HttpLimitsArgs, ServeOptions, Stop,
+};
 
 pub use args::AppServerArgs;
 pub use cost::CpuCost;
@@ -490,6 +492,8 @@ pub struct AppServer {
     listener: tokio::net::TcpListener,
     state: Arc<State>,
     compute_threads: usize,
+    /// The listener's client limits ([`AppServer::set_limits`]).
+    limits: ServeOptions,
 }
 
 impl AppServer {
@@ -539,7 +543,8 @@ impl AppServer {
             role: OnceLock::new(),
             workers: OnceLock::new(),
         });
-        Ok(AppServer { listener, state, compute_threads: config.compute_threads })
+        let limits = HttpLimitsArgs::default().serve_options();
+        Ok(AppServer { listener, state, compute_threads: config.compute_threads, limits })
     }
 
     pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
@@ -579,6 +584,12 @@ impl AppServer {
         workers > 0 && self.state.workers.set(Arc::new(tokio::sync::Semaphore::new(workers))).is_ok()
     }
 
+    /// Limits slow clients and connections as `limits` says (call before
+    /// [`AppServer::run`]; the default is every tier's flags' defaults).
+    pub fn set_limits(&mut self, limits: ServeOptions) {
+        self.limits = limits;
+    }
+
     /// Serves until `stop` fires.
     pub async fn run(self, stop: Stop) -> std::io::Result<()> {
         let burning = Arc::new(AtomicBool::new(false));
@@ -588,7 +599,7 @@ impl AppServer {
         let hook: Option<ConnectionHook> = self.state.load.get().cloned().map(|publisher| {
             Arc::new(move || Box::new(publisher.enter(Gauge::OpenConnections)) as Box<dyn Send>) as ConnectionHook
         });
-        let result = serve_with_hook(self.listener, handler, stop, hook).await;
+        let result = serve_with_options(self.listener, handler, stop, hook, self.limits).await;
         burning.store(true, Ordering::Relaxed);
         result
     }

@@ -3,18 +3,14 @@
 //! [`CoopArgs`]), a launcher builds its command line with
 //! [`ProxyArgs::to_args`].
 
-use crate::{
-    CacheMode, Policy, Scheme, CACHE_STATE_SLOTS_DEFAULT, HEADER_READ_TIMEOUT_DEFAULT, MAX_CONNECTIONS_DEFAULT,
-    REFRESH_HOT_DEFAULT, REFRESH_INTERVAL_DEFAULT,
-};
+use crate::{CacheMode, Policy, Scheme, CACHE_STATE_SLOTS_DEFAULT, REFRESH_HOT_DEFAULT, REFRESH_INTERVAL_DEFAULT};
 use std::fmt;
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::time::Duration;
 use tierstack_coop::args::{parse_scheme, CoopArgs};
 use tierstack_monitor::BackendAddress;
 use tierstack_tier_http::service::ServiceArgs;
-use tierstack_tier_http::{BODY_READ_TIMEOUT_DEFAULT, WRITE_TIMEOUT_DEFAULT};
+use tierstack_tier_http::HttpLimitsArgs;
 
 /// `--cache-bytes` unless told otherwise.
 pub const CACHE_BYTES_DEFAULT: usize = 256 << 20;
@@ -120,27 +116,9 @@ pub struct ProxyArgs {
     pub coop: Option<tierstack_coop::Scheme>,
     #[command(flatten)]
     pub coop_args: CoopArgs,
-    /// Close a client connection that has not sent a whole request header
-    /// this long after it began waiting for one (also idle keep-alives).
-    /// 0: no such timeout.
-    #[arg(long, default_value_t = HEADER_READ_TIMEOUT_DEFAULT.as_millis() as u64)]
-    pub header_read_timeout_ms: u64,
-    /// Close a client connection whose request body has not arrived this
-    /// long after its head (slow bodies). 0: no such deadline.
-    #[arg(long, default_value_t = BODY_READ_TIMEOUT_DEFAULT.as_millis() as u64)]
-    pub body_read_timeout_ms: u64,
-    /// Close a client connection that takes no bytes of its answer for this
-    /// long (slow readers). 0: no such timeout.
-    #[arg(long, default_value_t = WRITE_TIMEOUT_DEFAULT.as_millis() as u64)]
-    pub write_timeout_ms: u64,
-    /// At most this many client connections at once; when full, a new one
-    /// displaces the connection that has waited on its client the longest.
-    #[arg(long, default_value_t = MAX_CONNECTIONS_DEFAULT)]
-    pub max_connections: usize,
-    /// At most this many client connections from one IP address (none
-    /// unless given: clients behind one NAT share an address).
-    #[arg(long)]
-    pub max_connections_per_client: Option<usize>,
+    /// The client listener's limits (slow clients, connections).
+    #[command(flatten)]
+    pub limits: HttpLimitsArgs,
     /// Append a Combined Log Format line per client request to this file
     /// (`tierstack load` replays it as the trace `clf:PATH`).
     #[arg(long)]
@@ -168,12 +146,6 @@ pub fn parse_backend_address(text: &str) -> Result<BackendAddress, String> {
 }
 
 impl ProxyArgs {
-    /// The client listener's limits these flags set (0 ms: none).
-    pub fn limits(&self) -> (Option<Duration>, Option<Duration>, Option<Duration>) {
-        let bound = |ms: u64| (ms > 0).then(|| Duration::from_millis(ms));
-        (bound(self.header_read_timeout_ms), bound(self.body_read_timeout_ms), bound(self.write_timeout_ms))
-    }
-
     /// The admin token from `--admin-token-file`, its permissions checked.
     pub fn admin_token(&self) -> Result<Option<tierstack_secret::Secret>, tierstack_secret::SecretError> {
         self.admin_token_file.as_deref().map(tierstack_secret::read_secret_file).transpose()
@@ -203,11 +175,7 @@ impl ProxyArgs {
             config: None,
             coop: None,
             coop_args: CoopArgs::default(),
-            header_read_timeout_ms: HEADER_READ_TIMEOUT_DEFAULT.as_millis() as u64,
-            body_read_timeout_ms: BODY_READ_TIMEOUT_DEFAULT.as_millis() as u64,
-            write_timeout_ms: WRITE_TIMEOUT_DEFAULT.as_millis() as u64,
-            max_connections: MAX_CONNECTIONS_DEFAULT,
-            max_connections_per_client: None,
+            limits: HttpLimitsArgs::default(),
             access_log: None,
             refresh_hot: REFRESH_HOT_DEFAULT,
             refresh_interval_ms: REFRESH_INTERVAL_DEFAULT.as_millis() as u64,
@@ -282,21 +250,6 @@ impl ProxyArgs {
         if let (Some(coop), Some(_)) = (self.coop, &self.topology) {
             flag("--coop", coop.name().to_string());
         }
-        if self.header_read_timeout_ms != default.header_read_timeout_ms {
-            flag("--header-read-timeout-ms", self.header_read_timeout_ms.to_string());
-        }
-        if self.body_read_timeout_ms != default.body_read_timeout_ms {
-            flag("--body-read-timeout-ms", self.body_read_timeout_ms.to_string());
-        }
-        if self.write_timeout_ms != default.write_timeout_ms {
-            flag("--write-timeout-ms", self.write_timeout_ms.to_string());
-        }
-        if self.max_connections != default.max_connections {
-            flag("--max-connections", self.max_connections.to_string());
-        }
-        if let Some(max) = self.max_connections_per_client {
-            flag("--max-connections-per-client", max.to_string());
-        }
         if let Some(log) = &self.access_log {
             flag("--access-log", log.display().to_string());
         }
@@ -310,6 +263,7 @@ impl ProxyArgs {
             flag("--default-authority", authority.clone());
         }
         args.extend(self.coop_args.to_args());
+        args.extend(self.limits.to_args());
         if self.service != default.service {
             args.extend(self.service.to_args());
         }
@@ -362,11 +316,13 @@ mod tests {
                 ack_timeout_ms: 9,
                 hybcc_small_max: 77,
             },
-            header_read_timeout_ms: 0,
-            body_read_timeout_ms: 0,
-            write_timeout_ms: 4321,
-            max_connections: 12,
-            max_connections_per_client: Some(3),
+            limits: HttpLimitsArgs {
+                header_read_timeout_ms: 0,
+                body_read_timeout_ms: 0,
+                write_timeout_ms: 4321,
+                max_connections: 12,
+                max_connections_per_client: Some(3),
+            },
             access_log: Some(PathBuf::from("/tmp/access.log")),
             refresh_hot: 0,
             refresh_interval_ms: 3,

@@ -231,10 +231,8 @@ pub struct ProxyOptions {
     pub refresh_interval: Duration,
 }
 
-/// [`ProxyOptions::header_read_timeout`]'s default.
-pub const HEADER_READ_TIMEOUT_DEFAULT: Duration = Duration::from_secs(30);
-/// [`ProxyOptions::max_connections`]'s default.
-pub const MAX_CONNECTIONS_DEFAULT: usize = 10_000;
+/// The client listener's limits' defaults, as every tier's.
+pub use tierstack_tier_http::{HEADER_READ_TIMEOUT_DEFAULT, MAX_CONNECTIONS_DEFAULT};
 
 impl Default for ProxyOptions {
     fn default() -> Self {

@@ -1,13 +1,18 @@
 //! HTTP/1.1 plumbing shared by the tiers (application server, proxy): the
 //! accept loop with graceful stop, the response body type, and small
 //! responses. No tier logic lives here. [`guard`]: the slow-client limits
-//! every listener enforces. [`service`]: how every tier process
+//! every listener enforces, [`args`] their flags. [`service`]: how every tier process
 //! stops (signals, `--stop-on-stdin-eof`, the grace period) and announces
 //! that it is ready.
 
+pub mod args;
 pub mod guard;
 pub mod service;
 
+pub use args::{
+    HttpLimitsArgs, BODY_READ_TIMEOUT_DEFAULT, HEADER_READ_TIMEOUT_DEFAULT, MAX_CONNECTIONS_DEFAULT,
+    WRITE_TIMEOUT_DEFAULT,
+};
 pub use guard::RequestBody;
 use guard::{ConnState, GuardedIo, PerClient, Registry};
 
@@ -135,10 +140,6 @@ where
     serve_with_options(listener, handler, stop, on_connection, ServeOptions::default()).await
 }
 
-/// The body deadline the tiers' flags default to ([`guard`] says why a deadline).
-pub const BODY_READ_TIMEOUT_DEFAULT: std::time::Duration = std::time::Duration::from_secs(30);
-/// The write timeout the tiers' flags default to.
-pub const WRITE_TIMEOUT_DEFAULT: std::time::Duration = std::time::Duration::from_secs(30);
 /// While full with no connection to displace (all busy in their handlers),
 /// how often the accept loop looks again for one that has since stalled.
 const EVICTION_RETRY: std::time::Duration = std::time::Duration::from_millis(100);
