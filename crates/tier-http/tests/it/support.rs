@@ -12,9 +12,9 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};
 use tokio::sync::watch;
 
-/// `GET /big`'s body: far more than loopback's socket buffers hold when
-/// the client reads nothing.
-pub(crate) const BIG_BYTES: usize = 4 << 20;
+/// `GET /big`'s body: far more than the socket buffers hold when the
+/// client reads nothing (the server's send buffer is [`SEND_BUFFER_BYTES`]).
+pub(crate) const BIG_BYTES: usize = 1 << 20;
 
 fn big() -> Bytes {
     static BIG: OnceLock<Bytes> = OnceLock::new();
@@ -22,6 +22,7 @@ fn big() -> Bytes {
 }
 
 const BACKLOG: u32 = 4096;
+const SEND_BUFFER_BYTES: u32 = 64 << 10;
 
 pub(crate) struct Server {
     pub(crate) addr: SocketAddr,
@@ -58,6 +59,9 @@ pub(crate) async fn server(options: ServeOptions, held: Duration) -> Server {
     // facing crowds sets it: a burst beyond it waits in SYN retries of a
     // second and more, whatever the server does.
     let socket = TcpSocket::new_v4().unwrap();
+    // Accepted sockets inherit it: on loopback the kernel would otherwise
+    // let a silent reader's connection buffer megabytes, 10,000 times over.
+    socket.set_send_buffer_size(SEND_BUFFER_BYTES).unwrap();
     socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
     let listener = socket.listen(BACKLOG).unwrap();
     let addr = listener.local_addr().unwrap();
