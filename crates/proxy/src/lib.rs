@@ -205,8 +205,9 @@ pub struct ProxyOptions {
     /// request header this long after it began waiting for one (slow
     /// clients, and idle keep-alive connections); `None`: never.
     pub header_read_timeout: Option<Duration>,
-    /// At most this many client connections at once (more wait in the
-    /// listen backlog); `None`: no bound.
+    /// At most this many client connections at once (when full, a new one
+    /// displaces the connection stalled longest on its client, see
+    /// `tierstack_tier_http::guard`); `None`: no bound.
     pub max_connections: Option<usize>,
     /// Append a Combined Log Format line per client request to this file.
     pub access_log: Option<std::path::PathBuf>,

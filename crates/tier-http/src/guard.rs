@@ -244,11 +244,7 @@ impl<S> GuardedIo<S> {
     fn write_stalled_too_long(&mut self, cx: &mut Context<'_>) -> bool {
         if !self.write_blocked {
             self.write_blocked = true;
-            let now = Instant::now();
-            self.state.write_blocked_since_ns.store(self.state.ns_since_start(now), Ordering::Relaxed);
-            if let (Some(timeout), Some(timer)) = (self.write_timeout, self.write_timer.as_mut()) {
-                timer.as_mut().reset(now + timeout);
-            }
+            self.state.write_blocked_since_ns.store(self.state.ns_since_start(Instant::now()), Ordering::Relaxed);
         }
         let Some(timeout) = self.write_timeout else { return false };
         let Some(since) = self.state.at(self.state.write_blocked_since_ns.load(Ordering::Relaxed)) else {
