@@ -7,6 +7,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use tierstack_base::NodeId;
 use tierstack_tier_http::service::ServiceArgs;
+use tierstack_tier_http::HttpLimitsArgs;
 
 /// The document set unless told otherwise (`--documents`).
 pub const DOCUMENTS_DEFAULT: &str = "single";
@@ -63,6 +64,11 @@ pub struct AppServerArgs {
     /// Bound on each cache-state read and each push.
     #[arg(long, default_value_t = PUSH_TIMEOUT_MS_DEFAULT)]
     pub push_timeout_ms: u64,
+    /// The file (mode 0600) holding the token the proxies' admin listeners
+    /// require: the one given to their --admin-token-file. Every push
+    /// carries it as `Authorization: Bearer <token>`.
+    #[arg(long)]
+    pub admin_token_file: Option<PathBuf>,
     /// Write-through: push each update to the proxies the policy picks
     /// before UPDATE_DONE, the update waiting at most
     /// --push-write-through-timeout-ms for it (then it goes on; counted).
@@ -104,6 +110,9 @@ pub struct AppServerArgs {
     /// --topology and --node.
     #[arg(long)]
     pub site: Option<u16>,
+    /// The listener's limits (slow clients, connections).
+    #[command(flatten)]
+    pub limits: HttpLimitsArgs,
     #[command(flatten)]
     pub service: ServiceArgs,
 }
@@ -121,6 +130,11 @@ pub fn push_target_arg(target: &PushTarget) -> String {
 }
 
 impl AppServerArgs {
+    /// The proxies' admin token from `--admin-token-file`, its permissions checked.
+    pub fn admin_token(&self) -> Result<Option<tierstack_secret::Secret>, tierstack_secret::SecretError> {
+        self.admin_token_file.as_deref().map(tierstack_secret::read_secret_file).transpose()
+    }
+
     /// The required flags given, every other one at its default.
     pub fn new(listen: SocketAddr, module_socket: PathBuf) -> AppServerArgs {
         AppServerArgs {
@@ -137,6 +151,7 @@ impl AppServerArgs {
             push_policy: None,
             push_proxies: Vec::new(),
             push_timeout_ms: PUSH_TIMEOUT_MS_DEFAULT,
+            admin_token_file: None,
             push_write_through: false,
             push_write_through_timeout_ms: WRITE_THROUGH_TIMEOUT_DEFAULT.as_millis() as u64,
             topology: None,
@@ -147,6 +162,7 @@ impl AppServerArgs {
             cpu_cost: None,
             emulated_workers: None,
             site: None,
+            limits: HttpLimitsArgs::default(),
             service: ServiceArgs::default(),
         }
     }
@@ -195,6 +211,9 @@ impl AppServerArgs {
         if self.push_timeout_ms != default.push_timeout_ms {
             flag("--push-timeout-ms", self.push_timeout_ms.to_string());
         }
+        if let Some(token) = &self.admin_token_file {
+            flag("--admin-token-file", token.display().to_string());
+        }
         if self.push_write_through && self.push_write_through_timeout_ms != default.push_write_through_timeout_ms {
             flag("--push-write-through-timeout-ms", self.push_write_through_timeout_ms.to_string());
         }
@@ -225,6 +244,7 @@ impl AppServerArgs {
                 args.push(name.to_string());
             }
         }
+        args.extend(self.limits.to_args());
         if self.service != default.service {
             args.extend(self.service.to_args());
         }
@@ -262,6 +282,7 @@ mod tests {
                 PushTarget { node: NodeId(2), url: "http://127.0.0.1:9002".into() },
             ],
             push_timeout_ms: 123,
+            admin_token_file: Some(PathBuf::from("/tmp/admin token")),
             push_write_through: true,
             push_write_through_timeout_ms: 45,
             topology: Some(PathBuf::from("/tmp/dc.toml")),
@@ -272,6 +293,13 @@ mod tests {
             cpu_cost: Some("rubis".into()),
             emulated_workers: Some(4),
             site: Some(2),
+            limits: HttpLimitsArgs {
+                header_read_timeout_ms: 1,
+                body_read_timeout_ms: 2,
+                write_timeout_ms: 0,
+                max_connections: 4,
+                max_connections_per_client: Some(5),
+            },
             service: ServiceArgs { stop_on_stdin_eof: true, grace_ms: 77 },
         };
         assert_eq!(parse(&args), args);

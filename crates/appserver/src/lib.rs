@@ -43,7 +43,6 @@ pub mod push;
 pub mod store;
 
 use bytes::Bytes;
-use hyper::body::Incoming;
 use hyper::header::{HeaderValue, CONTENT_TYPE};
 use hyper::{Method, Request, Response, StatusCode};
 use serde::Serialize;
@@ -59,7 +58,10 @@ use tierstack_coherent::{DepsHeader, DEPS_HEADER};
 use tierstack_fabric::LocalRegion;
 use tierstack_monitor::reconfig::{self, RoleStamp, ROLE_HEADER};
 use tierstack_monitor::{Gauge, GaugeGuard, LoadPublisher};
-use tierstack_tier_http::{collect_limited, serve_with_hook, text, Body, ConnectionHook, Stop};
+use tierstack_tier_http::RequestBody;
+use tierstack_tier_http::{
+    collect_limited, serve_with_options, text, Body, ConnectionHook, HttpLimitsArgs, ServeOptions, Stop,
+};
 
 pub use args::AppServerArgs;
 pub use cost::CpuCost;
@@ -224,7 +226,7 @@ fn elapsed_ns(since: Instant) -> u64 {
     u64::try_from(since.elapsed().as_nanos()).unwrap_or(u64::MAX)
 }
 
-async fn handle(state: Arc<State>, request: Request<Incoming>) -> Response<Body> {
+async fn handle(state: Arc<State>, request: Request<RequestBody>) -> Response<Body> {
     let path = request.uri().path().to_string();
     if path == "/_tierstack/stats" {
         return stats_response(&state);
@@ -497,6 +499,8 @@ pub struct AppServer {
     listener: tokio::net::TcpListener,
     state: Arc<State>,
     compute_threads: usize,
+    /// The listener's client limits ([`AppServer::set_limits`]).
+    limits: ServeOptions,
 }
 
 impl AppServer {
@@ -546,7 +550,8 @@ impl AppServer {
             role: OnceLock::new(),
             workers: OnceLock::new(),
         });
-        Ok(AppServer { listener, state, compute_threads: config.compute_threads })
+        let limits = HttpLimitsArgs::default().serve_options();
+        Ok(AppServer { listener, state, compute_threads: config.compute_threads, limits })
     }
 
     pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
@@ -586,6 +591,12 @@ impl AppServer {
         workers > 0 && self.state.workers.set(Arc::new(tokio::sync::Semaphore::new(workers))).is_ok()
     }
 
+    /// Limits slow clients and connections as `limits` says (call before
+    /// [`AppServer::run`]; the default is every tier's flags' defaults).
+    pub fn set_limits(&mut self, limits: ServeOptions) {
+        self.limits = limits;
+    }
+
     /// Serves until `stop` fires.
     pub async fn run(self, stop: Stop) -> std::io::Result<()> {
         let burning = Arc::new(AtomicBool::new(false));
@@ -595,7 +606,7 @@ impl AppServer {
         let hook: Option<ConnectionHook> = self.state.load.get().cloned().map(|publisher| {
             Arc::new(move || Box::new(publisher.enter(Gauge::OpenConnections)) as Box<dyn Send>) as ConnectionHook
         });
-        let result = serve_with_hook(self.listener, handler, stop, hook).await;
+        let result = serve_with_options(self.listener, handler, stop, hook, self.limits).await;
         burning.store(true, Ordering::Relaxed);
         result
     }

@@ -26,7 +26,7 @@
 use crate::{generate_body, key_of};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
-use hyper::header::{HeaderValue, CONTENT_TYPE};
+use hyper::header::{HeaderValue, AUTHORIZATION, CONTENT_TYPE};
 use hyper::{Method, Request, Uri};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
@@ -71,6 +71,9 @@ pub struct PushConfig {
     /// `Some(bound)`: push before UPDATE_DONE (write-through), the update
     /// waiting at most `bound` for it; `None`: push after the update.
     pub write_through: Option<Duration>,
+    /// The token the proxies' admin listeners require
+    /// (`Authorization: Bearer <token>` on every push); `None`: none sent.
+    pub admin_token: Option<tierstack_secret::Secret>,
 }
 
 /// What to push after an update.
@@ -151,6 +154,8 @@ pub enum PushConfigError {
     TooManyProxies,
     #[error("write-through bound {0:?} must be between 1 ms and {WRITE_THROUGH_TIMEOUT_MAX:?}")]
     BadWriteThroughTimeout(Duration),
+    #[error("the admin token cannot be sent in a header (it must be printable ASCII without spaces)")]
+    BadAdminToken,
 }
 
 /// Longest write-through bound accepted (it may lengthen every update).
@@ -163,12 +168,26 @@ pub(crate) struct Pusher {
     timeout: Duration,
     write_through: Option<Duration>,
     proxies: Vec<(NodeId, Uri)>,
+    /// `Bearer <admin token>`, marked sensitive (never logged by hyper).
+    authorization: Option<HeaderValue>,
     reader: CacheStateReader,
     client: Client<HttpConnector, Full<Bytes>>,
     rates: Mutex<UpdateRates>,
     in_flight: Arc<Semaphore>,
     counters: Counters,
     clock: SystemClock,
+}
+
+/// The `Authorization` value that carries `token`.
+fn bearer(token: &tierstack_secret::Secret) -> Result<HeaderValue, PushConfigError> {
+    let token = token.as_bytes();
+    if token.is_empty() || !token.iter().all(|b| b.is_ascii_graphic()) {
+        return Err(PushConfigError::BadAdminToken);
+    }
+    let mut value =
+        HeaderValue::from_bytes(&[b"Bearer ", token].concat()).map_err(|_| PushConfigError::BadAdminToken)?;
+    value.set_sensitive(true);
+    Ok(value)
 }
 
 fn elapsed_ns(since: Instant) -> u64 {
@@ -193,9 +212,11 @@ impl Pusher {
                 _ => Err(PushConfigError::BadUrl(p.url.clone())),
             })
             .collect::<Result<Vec<_>, _>>()?;
+        let authorization = config.admin_token.as_ref().map(bearer).transpose()?;
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
         Ok(Self {
+            authorization,
             policy: config.policy,
             timeout: config.timeout,
             write_through: config.write_through,
@@ -377,6 +398,9 @@ impl Pusher {
             *request.uri_mut() = uri;
             request.headers_mut().insert(DEPS_HEADER, deps_value.clone());
             request.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("text/plain"));
+            if let Some(authorization) = &self.authorization {
+                request.headers_mut().insert(AUTHORIZATION, authorization.clone());
+            }
             self.counters.pushes_sent.fetch_add(1, Ordering::Relaxed);
             self.counters.push_bytes.fetch_add(body.len() as u64, Ordering::Relaxed);
             let pusher = self.clone();
@@ -412,16 +436,20 @@ impl Pusher {
 mod tests {
     use super::*;
     use crate::{AppServer, AppServerConfig};
-    use hyper::body::Incoming;
     use hyper::StatusCode;
     use tierstack_cluster::{local_cluster, Backend, LocalCluster};
     use tierstack_coherent::module::ModuleServer;
     use tierstack_coherent::version_table::{Incarnation, VersionTable};
     use tierstack_pushpull::state::CacheStateConfig;
     use tierstack_pushpull::CacheStateWriter;
+    use tierstack_tier_http::RequestBody;
     use tierstack_tier_http::{serve, text, Stop};
 
     type Received = Arc<Mutex<Vec<(String, String, String)>>>;
+    /// Each push's `Authorization` value, if any.
+    type Authorizations = Arc<Mutex<Vec<Option<String>>>>;
+    /// The admin token every test server sends.
+    const ADMIN_TOKEN: &str = "the-proxies-admin-token";
 
     /// Node 0: the module; node 1: a proxy's cache state and an HTTP
     /// endpoint that records pushes; node 2: the application server.
@@ -430,16 +458,19 @@ mod tests {
         _cluster: LocalCluster,
         state: CacheStateWriter,
         received: Received,
+        authorizations: Authorizations,
         app: std::net::SocketAddr,
         client: Client<HttpConnector, Full<Bytes>>,
     }
 
-    async fn recorder(received: Received) -> std::net::SocketAddr {
+    async fn recorder(received: Received, authorizations: Authorizations) -> std::net::SocketAddr {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        let handler = Arc::new(move |request: Request<Incoming>| {
-            let received = received.clone();
+        let handler = Arc::new(move |request: Request<RequestBody>| {
+            let (received, authorizations) = (received.clone(), authorizations.clone());
             async move {
+                let authorization = request.headers().get(AUTHORIZATION).map(|v| v.to_str().unwrap().to_string());
+                authorizations.lock().unwrap().push(authorization);
                 let path = request.uri().path().to_string();
                 let deps = request.headers().get(DEPS_HEADER).map(|v| v.to_str().unwrap().to_string()).unwrap();
                 let body = request.into_body().collect().await.unwrap().to_bytes();
@@ -481,7 +512,8 @@ mod tests {
             tokio::spawn(async move { module.serve_on(listener).await });
             let state = CacheStateWriter::create(cluster.fabric(1).as_ref(), CacheStateConfig::default()).unwrap();
             let received: Received = Arc::default();
-            let push_url = format!("http://{}", recorder(received.clone()).await);
+            let authorizations: Authorizations = Arc::default();
+            let push_url = format!("http://{}", recorder(received.clone(), authorizations.clone()).await);
             let config = AppServerConfig {
                 listen: "127.0.0.1:0".parse().unwrap(),
                 module_socket: socket,
@@ -496,6 +528,7 @@ mod tests {
                 policy: policy.parse().unwrap(),
                 timeout,
                 write_through,
+                admin_token: Some(tierstack_secret::Secret::new(ADMIN_TOKEN.as_bytes().to_vec())),
             };
             let server = AppServer::bind_with_push(config, Some(push)).await.unwrap();
             let app = server.local_addr().unwrap();
@@ -505,6 +538,7 @@ mod tests {
                 _cluster: cluster,
                 state,
                 received,
+                authorizations,
                 app,
                 client: Client::builder(TokioExecutor::new()).build_http(),
             }
@@ -569,6 +603,8 @@ mod tests {
         assert_eq!(deps.deps[0].version, 2, "the version the update produced");
         assert_eq!(body.as_bytes(), &crate::generate_body("a", 2, 100)[..], "generated at that version");
         assert!(body.starts_with("doc=a version=2 fnv1a64="), "{body:?}");
+        let bearer = format!("Bearer {ADMIN_TOKEN}");
+        assert_eq!(*s.authorizations.lock().unwrap(), [Some(bearer)], "the push carries the admin token");
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -716,10 +752,22 @@ mod tests {
             policy: PushPolicy::Push,
             timeout: Duration::from_secs(1),
             write_through: Some(bound),
+            admin_token: None,
         };
         for bad in [Duration::ZERO, WRITE_THROUGH_TIMEOUT_MAX + Duration::from_millis(1)] {
             assert!(matches!(Pusher::new(config(bad)), Err(PushConfigError::BadWriteThroughTimeout(_))), "{bad:?}");
         }
         assert!(Pusher::new(config(Duration::from_millis(1))).is_ok());
+    }
+
+    #[test]
+    fn an_admin_token_that_cannot_be_a_header_is_refused() {
+        for bad in [&b"two words"[..], b"line\nbreak", b"\xff\xfe"] {
+            let token = tierstack_secret::Secret::new(bad.to_vec());
+            assert!(matches!(bearer(&token), Err(PushConfigError::BadAdminToken)), "{bad:?}");
+        }
+        let value = bearer(&tierstack_secret::Secret::new(b"abc123".to_vec())).unwrap();
+        assert_eq!(value, "Bearer abc123");
+        assert!(value.is_sensitive());
     }
 }

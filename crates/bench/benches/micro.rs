@@ -191,7 +191,7 @@ fn proxy_hit(c: &mut Criterion) {
     let origin = runtime.block_on(tokio::net::TcpListener::bind("127.0.0.1:0")).expect("origin");
     let origin_addr = origin.local_addr().expect("origin addr");
     let page = Bytes::from(vec![b'y'; 4096]);
-    let handler = std::sync::Arc::new(move |_request: hyper::Request<hyper::body::Incoming>| {
+    let handler = std::sync::Arc::new(move |_request: hyper::Request<tierstack_tier_http::RequestBody>| {
         let page = page.clone();
         async move {
             let mut response = hyper::Response::new(Full::new(page));

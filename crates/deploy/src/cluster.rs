@@ -101,6 +101,10 @@ pub fn plan(topology: &Topology, topology_path: &Path) -> Result<Vec<Launch>> {
                     let mode =
                         mode.parse::<CacheMode>().map_err(anyhow::Error::msg).with_context(|| missing("known mode"))?;
                     let upstreams = service.upstreams.iter().map(|u| url_of(*u)).collect::<Result<Vec<_>>>()?;
+                    // Refused here too, before anything starts.
+                    let token = service.args.iter().any(|a| a.split('=').next() == Some("--admin-token-file"));
+                    tierstack_proxy::check_admin_exposure(Some(admin), token)
+                        .with_context(|| format!("{}'s service", node.id))?;
                     let proxy = ProxyArgs { upstreams, ..proxy(listen, admin, mode, topology_path, node.id.0) };
                     args.extend(proxy.to_args());
                     health = Some(admin);
@@ -495,6 +499,24 @@ socket = "/tmp/plan.sock"
         assert_eq!(launches[0].socket, Some(PathBuf::from("/tmp/plan.sock")));
         assert_eq!(launches[1].socket, None);
         assert_eq!(launches[2].health, Some("127.0.0.1:7602".parse().unwrap()));
+    }
+
+    /// The issue: the shipped example put each proxy's admin listener (push,
+    /// purge) on the LAN with nothing to check.
+    #[test]
+    fn the_shipped_example_keeps_every_admin_listener_protected() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/cluster.toml");
+        let topology = Topology::parse(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        plan(&topology, &path).unwrap();
+    }
+
+    #[test]
+    fn an_admin_listener_on_the_network_needs_a_token_file() {
+        let exposed = TOPOLOGY.replace("admin = \"127.0.0.1:7602\"", "admin = \"10.0.0.5:7602\"");
+        let refused = plan(&Topology::parse(&exposed).unwrap(), Path::new("t.toml")).unwrap_err();
+        assert!(format!("{refused:#}").contains("--admin-token-file"), "{refused:#}");
+        let with_token = exposed.replace("\"--compute-nothing\"", "\"--admin-token-file\", \"/etc/t.token\"");
+        assert!(plan(&Topology::parse(&with_token).unwrap(), Path::new("t.toml")).is_ok());
     }
 
     #[test]

@@ -14,6 +14,10 @@
 //! policy (the application server then becomes fabric node P+1, reads the
 //! proxies' cache states and pushes updates: `tierstack bench push-pull`),
 //! and the proxies' cache and cache-state sizes.
+//!
+//! The proxies run with an admin token ([`write_admin_token`], in the
+//! deployment's scratch directory), which the application server sends with
+//! every push.
 
 use crate::process::{free_loopback_port, write_topology, ChildNode, NodeLine};
 use anyhow::{Context, Result};
@@ -143,6 +147,17 @@ pub fn proxy_args(listen: SocketAddr, admin: SocketAddr, mode: &str, topology: &
     args
 }
 
+/// A fresh admin token for the proxies (and the server that pushes to
+/// them), in a new 0600 file in `dir`: deployments run with the admin
+/// listeners' check on, as a production one should.
+pub fn write_admin_token(dir: &Path) -> Result<PathBuf> {
+    let path = dir.join("admin.token");
+    let token: String = tierstack_secret::random_nonce::<32>().iter().map(|b| format!("{b:02x}")).collect();
+    tierstack_secret::write_new_secret_file(&path, format!("{token}\n").as_bytes())
+        .with_context(|| format!("writing the admin token {}", path.display()))?;
+    Ok(path)
+}
+
 impl Deployment {
     pub fn start(config: &DeploymentConfig) -> Result<Deployment> {
         Self::start_with(config, &DeploymentOptions::default())
@@ -171,6 +186,7 @@ impl Deployment {
         }
         let topology = write_topology(scratch.path(), "dc", config.backend, 1000, &nodes)?;
         let socket = scratch.path().join("module.sock");
+        let admin_token = write_admin_token(scratch.path())?;
         let mut children = Vec::new();
 
         let mut module_args = strings(&["app-module"]);
@@ -205,6 +221,7 @@ impl Deployment {
             server.push_policy = Some(policy);
             server.topology = Some(topology.clone());
             server.node = Some(app_node);
+            server.admin_token_file = Some(admin_token.clone());
             server.push_proxies = (1..=config.proxies)
                 .zip(&admin_addrs)
                 .map(|(node, addr)| PushTarget { node: NodeId(node), url: format!("http://{addr}") })
@@ -232,6 +249,7 @@ impl Deployment {
             proxy_addrs.push(addr);
             let mut args = ProxyArgs {
                 upstreams: vec![app_url.clone()],
+                admin_token_file: Some(admin_token.clone()),
                 ..proxy(addr, admin_addrs[index], mode, &topology, node)
             };
             if let Some(bytes) = options.proxy_cache_bytes {

@@ -7,6 +7,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use tierstack_model::{ZIPF_ALPHA_DEFAULT, ZIPF_DOCS_DEFAULT};
 use tierstack_tier_http::service::ServiceArgs;
+use tierstack_tier_http::HttpLimitsArgs;
 
 /// The origin's runtime worker threads unless told otherwise.
 pub const ORIGIN_THREADS_DEFAULT: usize = 2;
@@ -68,6 +69,9 @@ pub struct OriginArgs {
     pub threads: usize,
     #[arg(long)]
     pub cpu: Option<usize>,
+    /// The client listener's limits (slow clients, connections).
+    #[command(flatten)]
+    pub limits: HttpLimitsArgs,
     #[command(flatten)]
     pub service: ServiceArgs,
 }
@@ -92,6 +96,7 @@ impl OriginArgs {
             cache_max_object_bytes: None,
             threads: ORIGIN_THREADS_DEFAULT,
             cpu: None,
+            limits: HttpLimitsArgs::default(),
             service: ServiceArgs::default(),
         }
     }
@@ -149,6 +154,7 @@ impl OriginArgs {
         if let Some(cpu) = self.cpu {
             flag("--cpu", cpu.to_string());
         }
+        args.extend(self.limits.to_args());
         if self.service != default.service {
             args.extend(self.service.to_args());
         }
@@ -187,6 +193,11 @@ mod tests {
             cache_max_object_bytes: Some(4096),
             threads: 3,
             cpu: Some(1),
+            limits: HttpLimitsArgs {
+                write_timeout_ms: 9,
+                max_connections_per_client: Some(2),
+                ..HttpLimitsArgs::default()
+            },
             service: ServiceArgs { stop_on_stdin_eof: true, grace_ms: 77 },
         };
         assert_eq!(parse(&args), args);

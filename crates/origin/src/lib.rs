@@ -57,7 +57,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
-use tierstack_tier_http::{serve, Stop};
+use tierstack_tier_http::{serve_with_options, ServeOptions, Stop};
 use tokio::net::TcpListener;
 
 /// The default `Cache-Control`. The content does not change during a run,
@@ -115,6 +115,8 @@ pub struct OriginConfig {
     pub synthetic_last_modified: SystemTime,
     /// The memory cache and the emulated disk.
     pub storage: StorageConfig,
+    /// The listeners' client limits (slow clients, connections).
+    pub limits: ServeOptions,
 }
 
 impl OriginConfig {
@@ -128,6 +130,7 @@ impl OriginConfig {
             cache_control: Some(CACHE_CONTROL_DEFAULT.to_string()),
             synthetic_last_modified: synthetic_last_modified_default(),
             storage: StorageConfig { cache_bytes: 0, cache_max_object_bytes: None, disk: None },
+            limits: tierstack_tier_http::HttpLimitsArgs::default().serve_options(),
         }
     }
 }
@@ -174,6 +177,7 @@ pub struct Origin {
     listener: TcpListener,
     admin: Option<TcpListener>,
     state: Arc<State>,
+    limits: ServeOptions,
 }
 
 impl Origin {
@@ -186,7 +190,7 @@ impl Origin {
             Some(addr) => Some(bind(addr).await?),
             None => None,
         };
-        Ok(Origin { listener, admin, state })
+        Ok(Origin { listener, admin, state, limits: config.limits })
     }
 
     pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
@@ -204,10 +208,12 @@ impl Origin {
     /// Serves until `stop` fires.
     pub async fn run(self, stop: Stop) -> std::io::Result<()> {
         let state = self.state.clone();
-        let clients = serve(self.listener, Arc::new(move |request| state.clone().serve_client(request)), stop.clone());
+        let handler = Arc::new(move |request| state.clone().serve_client(request));
+        let clients = serve_with_options(self.listener, handler, stop.clone(), None, self.limits);
         let Some(admin) = self.admin else { return clients.await };
         let state = self.state.clone();
-        let admin = serve(admin, Arc::new(move |request| state.clone().serve_admin(request)), stop);
+        let handler = Arc::new(move |request| state.clone().serve_admin(request));
+        let admin = serve_with_options(admin, handler, stop, None, self.limits);
         tokio::try_join!(clients, admin).map(|_| ())
     }
 }

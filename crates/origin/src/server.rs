@@ -5,7 +5,6 @@ use crate::deadlines::Deadlines;
 use crate::files::{self, FileSet, PathRefusal};
 use crate::{OriginConfig, OriginError, OriginStats};
 use bytes::Bytes;
-use hyper::body::Incoming;
 use hyper::header::{
     HeaderMap, HeaderValue, ACCEPT_RANGES, ALLOW, CACHE_CONTROL, CONTENT_LENGTH, CONTENT_TYPE, DATE, ETAG,
     LAST_MODIFIED,
@@ -19,6 +18,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime};
 use tierstack_base::time::system_now;
 use tierstack_model::{Caching, Storage};
+use tierstack_tier_http::RequestBody;
 use tierstack_tier_http::{text, Body};
 use tokio::time::Instant;
 
@@ -194,7 +194,7 @@ impl State {
         }
     }
 
-    async fn handle(&self, request: Request<Incoming>) -> Response<Body> {
+    async fn handle(&self, request: Request<RequestBody>) -> Response<Body> {
         let method = request.method();
         if method != Method::GET && method != Method::HEAD {
             let mut response = text(StatusCode::METHOD_NOT_ALLOWED, "only GET and HEAD\n");
@@ -266,7 +266,7 @@ impl State {
     }
 
     /// Serves one client request and counts it.
-    pub(crate) async fn serve_client(self: Arc<Self>, request: Request<Incoming>) -> Response<Body> {
+    pub(crate) async fn serve_client(self: Arc<Self>, request: Request<RequestBody>) -> Response<Body> {
         self.counters.requests.fetch_add(1, Ordering::Relaxed);
         let response = self.handle(request).await;
         *self
@@ -280,7 +280,7 @@ impl State {
     }
 
     /// The admin listener: `GET /stats`.
-    pub(crate) async fn serve_admin(self: Arc<Self>, request: Request<Incoming>) -> Response<Body> {
+    pub(crate) async fn serve_admin(self: Arc<Self>, request: Request<RequestBody>) -> Response<Body> {
         // Its files are opened (or synthesized) before it serves: alive is ready.
         match request.uri().path() {
             tierstack_tier_http::HEALTHZ_PATH => return tierstack_tier_http::alive(),

@@ -11,6 +11,7 @@ use tierstack_cluster::NodeArgs;
 use tierstack_model::{ZIPF_ALPHA_DEFAULT, ZIPF_DOCS_DEFAULT};
 use tierstack_press::{LardConfig, MAX_SIZE_BYTES, THRESHOLD_DEFAULT};
 use tierstack_tier_http::service::ServiceArgs;
+use tierstack_tier_http::HttpLimitsArgs;
 
 /// A node's runtime worker threads unless told otherwise.
 pub const NODE_THREADS_DEFAULT: usize = 2;
@@ -88,6 +89,10 @@ pub struct PressNodeArgs {
     /// traditional node); distrib-ho needs it.
     #[arg(long)]
     pub handoff_dir: Option<PathBuf>,
+    /// The client listener's limits (slow clients, connections); the
+    /// distributed hand-off server's own accept path is outside them.
+    #[command(flatten)]
+    pub limits: HttpLimitsArgs,
 }
 
 impl PressNodeArgs {
@@ -113,6 +118,7 @@ impl PressNodeArgs {
             window: WINDOW_DEFAULT,
             threads: NODE_THREADS_DEFAULT,
             handoff_dir: None,
+            limits: HttpLimitsArgs::default(),
         }
     }
 
@@ -169,6 +175,7 @@ impl PressNodeArgs {
         if let Some(dir) = &self.handoff_dir {
             flag("--handoff-dir", dir.display().to_string());
         }
+        args.extend(self.limits.to_args());
         if self.service != default.service {
             args.extend(self.service.to_args());
         }
@@ -303,6 +310,7 @@ mod tests {
             window: 5,
             threads: 3,
             handoff_dir: Some(PathBuf::from("/tmp/handoff")),
+            limits: HttpLimitsArgs { header_read_timeout_ms: 5, max_connections: 64, ..HttpLimitsArgs::default() },
         };
         assert_eq!(parse_node(&args), args);
     }

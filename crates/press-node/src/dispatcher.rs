@@ -255,7 +255,7 @@ impl Dispatcher {
         }
         if let Some(admin) = admin {
             let state = state.clone();
-            let handler = Arc::new(move |request: hyper::Request<hyper::body::Incoming>| {
+            let handler = Arc::new(move |request: hyper::Request<tierstack_tier_http::RequestBody>| {
                 let state = state.clone();
                 async move {
                     if request.uri().path() != "/stats" {

@@ -53,7 +53,7 @@ use tierstack_base::time::instant_now;
 use tierstack_fabric::Fabric;
 use tierstack_origin::{StorageConfig, SyntheticSet};
 use tierstack_press::{ClusterView, Member, PolicyConfig, ViewError};
-use tierstack_tier_http::{serve, serve_with_hook, text, ConnectionHook, Stop};
+use tierstack_tier_http::{serve, serve_with_options, text, ConnectionHook, Stop};
 use tokio::net::TcpListener;
 
 /// Distribution on or off.
@@ -120,6 +120,8 @@ pub struct NodeConfig {
     /// distributed hand-off peers or a dispatcher); `Mode::DistribHandoff`
     /// needs it.
     pub handoff_dir: Option<std::path::PathBuf>,
+    /// The client listener's limits (slow clients, connections).
+    pub limits: tierstack_tier_http::ServeOptions,
 }
 
 /// What can stop a node from starting.
@@ -321,11 +323,12 @@ impl PressNode {
                 let shared = shared.clone();
                 Arc::new(move |request| shared.clone().handle(request))
             };
-            tokio::spawn(serve_with_hook(listener, handler, stop.clone(), Some(hook)));
+            let limits = shared.config.limits;
+            tokio::spawn(serve_with_options(listener, handler, stop.clone(), Some(hook), limits));
         }
         if let Some(admin) = admin {
             let shared = shared.clone();
-            let handler = Arc::new(move |request: hyper::Request<hyper::body::Incoming>| {
+            let handler = Arc::new(move |request: hyper::Request<tierstack_tier_http::RequestBody>| {
                 let shared = shared.clone();
                 async move {
                     if request.uri().path() != "/stats" {

@@ -6,7 +6,6 @@ use crate::rings::Arrival;
 use crate::transport::{node_id, Link};
 use crate::{Mode, NodeConfig, NodeStats};
 use bytes::Bytes;
-use hyper::body::Incoming;
 use hyper::header::{HeaderValue, CONTENT_LENGTH, CONTENT_TYPE};
 use hyper::{Method, Request, Response, StatusCode};
 use std::collections::HashMap;
@@ -257,7 +256,7 @@ impl Shared {
     }
 
     /// A client request at its initial node.
-    pub(crate) async fn handle(self: Arc<Self>, request: Request<Incoming>) -> Response<tierstack_tier_http::Body> {
+    pub(crate) async fn handle<B>(self: Arc<Self>, request: Request<B>) -> Response<tierstack_tier_http::Body> {
         self.stats.requests.fetch_add(1, Ordering::Relaxed);
         if request.method() != Method::GET {
             return text(StatusCode::METHOD_NOT_ALLOWED, "only GET\n");
@@ -316,9 +315,9 @@ impl Shared {
 
     /// A request on a connection the hand-off server decided to serve here,
     /// counted by `role`; never forwarded.
-    pub(crate) async fn handle_here(
+    pub(crate) async fn handle_here<B>(
         self: Arc<Self>,
-        request: Request<Incoming>,
+        request: Request<B>,
         role: Role,
     ) -> Response<tierstack_tier_http::Body> {
         match role {

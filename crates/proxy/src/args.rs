@@ -3,16 +3,14 @@
 //! [`CoopArgs`]), a launcher builds its command line with
 //! [`ProxyArgs::to_args`].
 
-use crate::{
-    CacheMode, Policy, Scheme, CACHE_STATE_SLOTS_DEFAULT, HEADER_READ_TIMEOUT_DEFAULT, MAX_CONNECTIONS_DEFAULT,
-    REFRESH_HOT_DEFAULT, REFRESH_INTERVAL_DEFAULT,
-};
+use crate::{CacheMode, Policy, Scheme, CACHE_STATE_SLOTS_DEFAULT, REFRESH_HOT_DEFAULT, REFRESH_INTERVAL_DEFAULT};
 use std::fmt;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use tierstack_coop::args::{parse_scheme, CoopArgs};
 use tierstack_monitor::BackendAddress;
 use tierstack_tier_http::service::ServiceArgs;
+use tierstack_tier_http::HttpLimitsArgs;
 
 /// `--cache-bytes` unless told otherwise.
 pub const CACHE_BYTES_DEFAULT: usize = 256 << 20;
@@ -45,9 +43,15 @@ pub struct ProxyArgs {
     pub listen: SocketAddr,
     /// Where the admin endpoints listen (the application tier's pushes,
     /// `/_tierstack/stats`); keep it off the clients' network. Without it,
-    /// nothing can push to this proxy.
+    /// nothing can push to this proxy. An address other than loopback
+    /// needs --admin-token-file.
     #[arg(long)]
     pub admin_listen: Option<SocketAddr>,
+    /// A file (mode 0600, this user's) holding the bearer token that every
+    /// push and purge on the admin listener must carry (`Authorization:
+    /// Bearer <token>`); the application servers are given the same file.
+    #[arg(long)]
+    pub admin_token_file: Option<PathBuf>,
     /// Application server base URL (repeatable).
     #[arg(long = "upstream", required = true)]
     pub upstreams: Vec<String>,
@@ -112,14 +116,9 @@ pub struct ProxyArgs {
     pub coop: Option<tierstack_coop::Scheme>,
     #[command(flatten)]
     pub coop_args: CoopArgs,
-    /// Close a client connection that has not sent a whole request header
-    /// this long after it began waiting for one (also idle keep-alives).
-    /// 0: no such timeout.
-    #[arg(long, default_value_t = HEADER_READ_TIMEOUT_DEFAULT.as_millis() as u64)]
-    pub header_read_timeout_ms: u64,
-    /// At most this many client connections at once.
-    #[arg(long, default_value_t = MAX_CONNECTIONS_DEFAULT)]
-    pub max_connections: usize,
+    /// The client listener's limits (slow clients, connections).
+    #[command(flatten)]
+    pub limits: HttpLimitsArgs,
     /// Append a Combined Log Format line per client request to this file
     /// (`tierstack load` replays it as the trace `clf:PATH`).
     #[arg(long)]
@@ -147,11 +146,17 @@ pub fn parse_backend_address(text: &str) -> Result<BackendAddress, String> {
 }
 
 impl ProxyArgs {
+    /// The admin token from `--admin-token-file`, its permissions checked.
+    pub fn admin_token(&self) -> Result<Option<tierstack_secret::Secret>, tierstack_secret::SecretError> {
+        self.admin_token_file.as_deref().map(tierstack_secret::read_secret_file).transpose()
+    }
+
     /// The required flags given (one upstream), every other one at its default.
     pub fn new(listen: SocketAddr, upstream: String) -> ProxyArgs {
         ProxyArgs {
             listen,
             admin_listen: None,
+            admin_token_file: None,
             upstreams: vec![upstream],
             mode: CacheMode::Poll,
             topology: None,
@@ -170,8 +175,7 @@ impl ProxyArgs {
             config: None,
             coop: None,
             coop_args: CoopArgs::default(),
-            header_read_timeout_ms: HEADER_READ_TIMEOUT_DEFAULT.as_millis() as u64,
-            max_connections: MAX_CONNECTIONS_DEFAULT,
+            limits: HttpLimitsArgs::default(),
             access_log: None,
             refresh_hot: REFRESH_HOT_DEFAULT,
             refresh_interval_ms: REFRESH_INTERVAL_DEFAULT.as_millis() as u64,
@@ -193,6 +197,9 @@ impl ProxyArgs {
         flag("--listen", self.listen.to_string());
         if let Some(admin) = self.admin_listen {
             flag("--admin-listen", admin.to_string());
+        }
+        if let Some(token) = &self.admin_token_file {
+            flag("--admin-token-file", token.display().to_string());
         }
         flag("--mode", self.mode.to_string());
         if let Some(topology) = &self.topology {
@@ -243,12 +250,6 @@ impl ProxyArgs {
         if let (Some(coop), Some(_)) = (self.coop, &self.topology) {
             flag("--coop", coop.name().to_string());
         }
-        if self.header_read_timeout_ms != default.header_read_timeout_ms {
-            flag("--header-read-timeout-ms", self.header_read_timeout_ms.to_string());
-        }
-        if self.max_connections != default.max_connections {
-            flag("--max-connections", self.max_connections.to_string());
-        }
         if let Some(log) = &self.access_log {
             flag("--access-log", log.display().to_string());
         }
@@ -262,6 +263,7 @@ impl ProxyArgs {
             flag("--default-authority", authority.clone());
         }
         args.extend(self.coop_args.to_args());
+        args.extend(self.limits.to_args());
         if self.service != default.service {
             args.extend(self.service.to_args());
         }
@@ -286,6 +288,7 @@ mod tests {
         let args = ProxyArgs {
             listen: "127.0.0.1:8080".parse().unwrap(),
             admin_listen: Some("127.0.0.1:9080".parse().unwrap()),
+            admin_token_file: Some(PathBuf::from("/tmp/admin token")),
             upstreams: vec!["http://127.0.0.1:8081".into(), "http://127.0.0.1:8082".into()],
             mode: CacheMode::Ttl,
             topology: Some(PathBuf::from("/tmp/a dc.toml")),
@@ -313,8 +316,13 @@ mod tests {
                 ack_timeout_ms: 9,
                 hybcc_small_max: 77,
             },
-            header_read_timeout_ms: 0,
-            max_connections: 12,
+            limits: HttpLimitsArgs {
+                header_read_timeout_ms: 0,
+                body_read_timeout_ms: 0,
+                write_timeout_ms: 4321,
+                max_connections: 12,
+                max_connections_per_client: Some(3),
+            },
             access_log: Some(PathBuf::from("/tmp/access.log")),
             refresh_hot: 0,
             refresh_interval_ms: 3,

@@ -52,6 +52,18 @@
 //! everyone until the next update. Without an admin listener, nobody can
 //! push and the counters are not served.
 //!
+//! **Admin token** ([`ProxyOptions::admin_token`], `--admin-token-file`):
+//! with one, every admin request that changes state (any method but `GET`
+//! and `HEAD`: pushes, purges) needs `Authorization: Bearer <token>`,
+//! compared in constant time; without it, or with another, the answer is
+//! 401 with `WWW-Authenticate: Bearer` and nothing changes. Reads (the
+//! counters, `/metrics`, `/healthz`, `/readyz`) stay open to whoever
+//! reaches the admin listener: probes and scrapers carry no token, and
+//! counters change nothing. An admin listener on an address other than
+//! loopback without a token is refused at start
+//! ([`ProxyError::AdminWithoutToken`]): the loopback default keeps it to
+//! this host's processes.
+//!
 //! **Load balancing** ([`Proxy::set_balancing`], svc §5.2): without it a
 //! document goes to the upstream its path hashes to. With it, the upstream
 //! of every forwarded request is chosen by a [`tierstack_monitor::Balancer`]
@@ -100,7 +112,6 @@ use bytes::Bytes;
 use cache::Cache;
 use forward::Fetched;
 use http_body_util::Full;
-use hyper::body::Incoming;
 use hyper::header::HeaderMap;
 use hyper::{Request, Response, Uri};
 use route::BalancingState;
@@ -119,7 +130,11 @@ pub use tierstack_monitor::{Balancer, BalancerConfig, Decision, LoadSource, Poli
 pub use tierstack_pushpull::state::CacheStateConfig;
 use tierstack_pushpull::CacheStateWriter;
 pub use tierstack_pushpull::SLOTS_DEFAULT as CACHE_STATE_SLOTS_DEFAULT;
-use tierstack_tier_http::{serve, serve_with_options, PeerAddr, ServeOptions, Stop};
+use tierstack_secret::Secret;
+use tierstack_tier_http::RequestBody;
+use tierstack_tier_http::{
+    serve_with_options, PeerAddr, ServeOptions, Stop, BODY_READ_TIMEOUT_DEFAULT, WRITE_TIMEOUT_DEFAULT,
+};
 use upstream::Upstreams;
 
 pub use admin::{COOP_STATS_PATH, PURGE_PATH_PREFIX};
@@ -190,11 +205,25 @@ pub struct ProxyOptions {
     /// request header this long after it began waiting for one (slow
     /// clients, and idle keep-alive connections); `None`: never.
     pub header_read_timeout: Option<Duration>,
-    /// At most this many client connections at once (more wait in the
-    /// listen backlog); `None`: no bound.
+    /// At most this many client connections at once (when full, a new one
+    /// displaces the connection stalled longest on its client, see
+    /// `tierstack_tier_http::guard`); `None`: no bound.
     pub max_connections: Option<usize>,
     /// Append a Combined Log Format line per client request to this file.
     pub access_log: Option<std::path::PathBuf>,
+    /// Close a client connection whose request body has not arrived this
+    /// long after its head; `None`: never.
+    pub body_read_timeout: Option<Duration>,
+    /// Close a client connection that takes no bytes of its answer for this
+    /// long (slow readers); `None`: never.
+    pub write_timeout: Option<Duration>,
+    /// At most this many client connections from one IP address; `None`:
+    /// no such cap.
+    pub max_connections_per_client: Option<usize>,
+    /// The bearer token every state-changing admin request (push, purge)
+    /// must carry; `None`: none needed, allowed only on a loopback admin
+    /// listener.
+    pub admin_token: Option<Secret>,
     /// Proxy-side refresh (`refresh`): watch this many of the hottest
     /// cached documents with dependencies, 0: off (the default here; the
     /// CLI's is [`REFRESH_HOT_DEFAULT`]).
@@ -203,10 +232,8 @@ pub struct ProxyOptions {
     pub refresh_interval: Duration,
 }
 
-/// [`ProxyOptions::header_read_timeout`]'s default.
-pub const HEADER_READ_TIMEOUT_DEFAULT: Duration = Duration::from_secs(30);
-/// [`ProxyOptions::max_connections`]'s default.
-pub const MAX_CONNECTIONS_DEFAULT: usize = 10_000;
+/// The client listener's limits' defaults, as every tier's.
+pub use tierstack_tier_http::{HEADER_READ_TIMEOUT_DEFAULT, MAX_CONNECTIONS_DEFAULT};
 
 impl Default for ProxyOptions {
     fn default() -> Self {
@@ -214,7 +241,11 @@ impl Default for ProxyOptions {
             cache_state: Some(CacheStateConfig::default()),
             default_authority: None,
             header_read_timeout: Some(HEADER_READ_TIMEOUT_DEFAULT),
+            body_read_timeout: Some(BODY_READ_TIMEOUT_DEFAULT),
+            write_timeout: Some(WRITE_TIMEOUT_DEFAULT),
             max_connections: Some(MAX_CONNECTIONS_DEFAULT),
+            max_connections_per_client: None,
+            admin_token: None,
             access_log: None,
             refresh_hot: 0,
             refresh_interval: REFRESH_INTERVAL_DEFAULT,
@@ -246,6 +277,20 @@ pub enum ProxyError {
     SiteSet,
     #[error("cannot open the access log {path}: {source}")]
     AccessLog { path: std::path::PathBuf, source: std::io::Error },
+    #[error(
+        "the admin listener {addr} is not on loopback and has no token: anyone who reaches it could push pages \
+         every client is served; give --admin-token-file FILE (0600) or listen on 127.0.0.1"
+    )]
+    AdminWithoutToken { addr: SocketAddr },
+}
+
+/// Refuses an admin listener that others than this host could reach with
+/// no token to check (the issue: a LAN admin address let any client push).
+pub fn check_admin_exposure(admin_listen: Option<SocketAddr>, has_token: bool) -> Result<(), ProxyError> {
+    match admin_listen {
+        Some(addr) if !addr.ip().is_loopback() && !has_token => Err(ProxyError::AdminWithoutToken { addr }),
+        _ => Ok(()),
+    }
 }
 
 /// This proxy's site among several that share the application servers
@@ -284,6 +329,7 @@ impl Proxy {
         if config.upstreams.is_empty() {
             return Err(ProxyError::NoUpstream);
         }
+        check_admin_exposure(config.admin_listen, options.admin_token.is_some())?;
         let upstreams = config
             .upstreams
             .iter()
@@ -350,12 +396,16 @@ impl Proxy {
             access_log,
             refresh: refresh::Refresh::new(options.refresh_hot, options.refresh_interval),
             coop: OnceLock::new(),
+            admin_token: options.admin_token,
             #[cfg(test)]
             hooks: testkit::Hooks::default(),
         });
         let limits = ServeOptions {
             header_read_timeout: options.header_read_timeout,
+            body_read_timeout: options.body_read_timeout,
+            write_timeout: options.write_timeout,
             max_connections: options.max_connections,
+            max_connections_per_client: options.max_connections_per_client,
             // Only the access log names the client.
             peer_addr: state.access_log.is_some(),
         };
@@ -448,7 +498,7 @@ impl Proxy {
     pub async fn run(self, stop: Stop) -> std::io::Result<()> {
         let _refresh = refresh::spawn(&self.state);
         let state = self.state.clone();
-        let handler = Arc::new(move |request: Request<Incoming>| {
+        let handler = Arc::new(move |request: Request<RequestBody>| {
             let state = state.clone();
             let pending = state.access_log.as_ref().map(|_| {
                 let peer = request.extensions().get::<PeerAddr>().map(|p| p.0);
@@ -467,6 +517,9 @@ impl Proxy {
         let Some(admin) = self.admin else { return clients.await };
         let state = self.state.clone();
         let admin_handler = Arc::new(move |request| admin::handle_admin(state.clone(), request));
-        tokio::try_join!(clients, serve(admin, admin_handler, stop)).map(|_| ())
+        // The admin listener's clients are slow or stuck like any other.
+        let admin_limits = ServeOptions { peer_addr: false, max_connections_per_client: None, ..self.limits };
+        let admin = serve_with_options(admin, admin_handler, stop, None, admin_limits);
+        tokio::try_join!(clients, admin).map(|_| ())
     }
 }

@@ -23,13 +23,13 @@ use crate::cache::{Entry, InsertOutcome};
 use crate::state::State;
 use crate::CacheMode;
 use http_body_util::BodyExt;
-use hyper::body::Incoming;
 use hyper::header::CONTENT_TYPE;
 use hyper::{Method, Request, Response, StatusCode};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use tierstack_coherent::{DepsHeader, DEPS_HEADER};
 use tierstack_pushpull::fingerprint;
+use tierstack_tier_http::RequestBody;
 use tierstack_tier_http::{text, Body};
 
 /// The dependency key the document cached under `path` (`/doc/<name>`)
@@ -48,7 +48,7 @@ fn at_least_as_new(cached: &DepsHeader, pushed: &DepsHeader) -> bool {
 
 /// Receives a push of the document at `path` (`/doc/<name>`), cached
 /// under the proxy's default authority.
-pub(crate) async fn receive(state: &State, request: Request<Incoming>, path: String) -> Response<Body> {
+pub(crate) async fn receive(state: &State, request: Request<RequestBody>, path: String) -> Response<Body> {
     let refuse = |status: StatusCode, why: String| {
         state.counters.pushes_refused.fetch_add(1, Ordering::Relaxed);
         text(status, why)
@@ -195,6 +195,48 @@ mod tests {
         assert_eq!(s.stats().await.pushes_received, 0);
         let uri = format!("http://{}/doc/a", s.admin).parse().unwrap();
         assert_eq!(s.client.get(uri).await.unwrap().status(), StatusCode::NOT_FOUND, "the admin port serves no pages");
+    }
+
+    /// With an admin token, a push or purge without it or with another is
+    /// 401 and changes nothing (the forged page is never served); with it,
+    /// both work.
+    #[tokio::test]
+    async fn pushes_and_purges_need_the_admin_token() {
+        let token = "the-admin-token";
+        let options = crate::ProxyOptions {
+            admin_token: Some(tierstack_secret::Secret::new(token.as_bytes().to_vec())),
+            ..crate::ProxyOptions::default()
+        };
+        let s = Setup::with_options(CacheMode::Poll, 1 << 20, options).await;
+        assert_eq!(s.get("a").await.0, "MISS");
+        s.bump("a");
+        let deps = s.deps("a");
+        let push_path = format!("{}a", crate::PUSH_PATH_PREFIX);
+        let bearer = format!("Bearer {token}");
+        for (authorization, case) in [(None, "no token"), (Some("Bearer not-the-token"), "a wrong token")] {
+            let pushed = s.admin_request(s.admin, Method::PUT, &push_path, Some(&deps), "forged", authorization).await;
+            assert_eq!(pushed, (StatusCode::UNAUTHORIZED, true), "a push with {case}");
+        }
+        let (cache, body) = s.get("a").await;
+        assert_eq!(cache, "MISS");
+        assert!(!body.contains("forged"), "a refused push was served: {body}");
+        assert_eq!(s.stats().await.pushes_received, 0, "a refused push reached the push path");
+        // A refused purge leaves the entry; an authorized one drops it.
+        assert_eq!(s.get("a").await.0, "HIT");
+        let purge = format!("/_tierstack/purge/{}/doc/a", s.state.default_authority);
+        let purged = s.admin_request(s.admin, Method::DELETE, &purge, None, "", None).await;
+        assert_eq!(purged, (StatusCode::UNAUTHORIZED, true));
+        assert_eq!(s.get("a").await.0, "HIT", "a refused purge dropped the entry");
+        let purged = s.admin_request(s.admin, Method::DELETE, &purge, None, "", Some(&bearer)).await;
+        assert_eq!(purged.0, StatusCode::OK);
+        s.bump("a");
+        let deps = s.deps("a");
+        let pushed = s.admin_request(s.admin, Method::PUT, &push_path, Some(&deps), "pushed", Some(&bearer)).await;
+        assert_eq!(pushed.0, StatusCode::NO_CONTENT);
+        assert_eq!(s.get("a").await, ("HIT".to_string(), "pushed".to_string()));
+        // Reads stay open.
+        let uri = format!("http://{}/_tierstack/stats", s.admin).parse().unwrap();
+        assert_eq!(s.client.get(uri).await.unwrap().status(), StatusCode::OK);
     }
 
     #[tokio::test]

@@ -45,6 +45,8 @@ pub(crate) struct State {
     pub(crate) refresh: refresh::Refresh,
     /// `--coop`: the cooperative pool behind the cache (see `coop`).
     pub(crate) coop: OnceLock<Arc<coop::CoopLayer>>,
+    /// See [`crate::ProxyOptions::admin_token`].
+    pub(crate) admin_token: Option<tierstack_secret::Secret>,
     #[cfg(test)]
     pub(crate) hooks: crate::testkit::Hooks,
 }

@@ -7,7 +7,6 @@ use crate::state::State;
 use crate::{CacheMode, Proxy, ProxyConfig, ProxyStats};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
-use hyper::body::Incoming;
 use hyper::{Method, Request, StatusCode};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
@@ -20,6 +19,7 @@ use tierstack_coherent::version_table::VersionTable;
 use tierstack_coherent::{Incarnation, DEPS_HEADER};
 use tierstack_fabric::{Fabric, NodeId};
 use tierstack_fabric_shm::{ShmConfig, ShmFabric};
+use tierstack_tier_http::RequestBody;
 use tierstack_tier_http::{serve, text, Stop};
 use tokio::sync::{oneshot, Notify};
 
@@ -118,6 +118,10 @@ pub(crate) struct Got {
 
 impl Setup {
     pub(crate) async fn new(mode: CacheMode, cache_bytes: usize) -> Setup {
+        Self::with_options(mode, cache_bytes, crate::ProxyOptions::default()).await
+    }
+
+    pub(crate) async fn with_options(mode: CacheMode, cache_bytes: usize, options: crate::ProxyOptions) -> Setup {
         let dir = tempfile::tempdir().unwrap();
         let module_fabric = ShmFabric::open(ShmConfig::new(dir.path(), NodeId(0))).unwrap();
         let table = Arc::new(VersionTable::create(module_fabric.as_ref(), 16, Incarnation(7)).unwrap());
@@ -126,7 +130,7 @@ impl Setup {
         let origin_addr = listener.local_addr().unwrap();
         let origin = Arc::new(Origin::default());
         let (origin_table, o) = (table.clone(), origin.clone());
-        let handler = Arc::new(move |request: Request<Incoming>| {
+        let handler = Arc::new(move |request: Request<RequestBody>| {
             let name = request.uri().path().trim_start_matches("/doc/").to_string();
             let key = format!("doc/{name}");
             let slot = origin_table.slot_of(&key).unwrap();
@@ -151,7 +155,7 @@ impl Setup {
             }
         });
         tokio::spawn(serve(listener, handler, Stop::new()));
-        let proxy = Proxy::bind(ProxyConfig {
+        let config = ProxyConfig {
             listen: "127.0.0.1:0".parse().unwrap(),
             upstreams: vec![format!("http://{origin_addr}")],
             mode,
@@ -159,9 +163,8 @@ impl Setup {
             upstream_timeout: Duration::from_secs(20),
             fabric: Some(proxy_fabric),
             admin_listen: Some("127.0.0.1:0".parse().unwrap()),
-        })
-        .await
-        .unwrap();
+        };
+        let proxy = Proxy::bind_with(config, options).await.unwrap();
         let addr = proxy.local_addr().unwrap();
         let admin = proxy.admin_addr().unwrap();
         let state = proxy.state.clone();
@@ -204,16 +207,37 @@ impl Setup {
     }
 
     pub(crate) async fn push_to(&self, to: SocketAddr, name: &str, deps: Option<&str>, body: &str) -> StatusCode {
+        self.admin_request(to, Method::PUT, &format!("{}{name}", crate::PUSH_PATH_PREFIX), deps, body, None).await.0
+    }
+
+    /// `method path` to `to` with `deps` and `body`, and `authorization`
+    /// as given; the status and whether it asked for a bearer token.
+    pub(crate) async fn admin_request(
+        &self,
+        to: SocketAddr,
+        method: Method,
+        path: &str,
+        deps: Option<&str>,
+        body: &str,
+        authorization: Option<&str>,
+    ) -> (StatusCode, bool) {
         let mut request = Request::new(Full::new(Bytes::from(body.to_string())));
-        *request.method_mut() = Method::PUT;
-        *request.uri_mut() = format!("http://{to}{}{name}", crate::PUSH_PATH_PREFIX).parse().unwrap();
+        *request.method_mut() = method;
+        *request.uri_mut() = format!("http://{to}{path}").parse().unwrap();
         if let Some(deps) = deps {
             request.headers_mut().insert(DEPS_HEADER, deps.parse().unwrap());
         }
+        if let Some(authorization) = authorization {
+            request.headers_mut().insert(hyper::header::AUTHORIZATION, authorization.parse().unwrap());
+        }
         let response = self.client.request(request).await.unwrap();
         let status = response.status();
+        let challenged = response
+            .headers()
+            .get(hyper::header::WWW_AUTHENTICATE)
+            .is_some_and(|v| v.to_str().unwrap_or_default().starts_with("Bearer"));
         response.into_body().collect().await.unwrap();
-        status
+        (status, challenged)
     }
 
     /// (X-Cache, body) of a GET that must succeed.

@@ -17,6 +17,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tierstack_proxy::{CacheMode, Proxy, ProxyBody, ProxyConfig, StreamError};
+use tierstack_tier_http::RequestBody;
 use tierstack_tier_http::{serve, Stop};
 use tokio::sync::{mpsc, Semaphore};
 
@@ -35,7 +36,7 @@ async fn origin(total: usize, pace: Option<Arc<Semaphore>>, fields: &'static [(&
     let addr = listener.local_addr().unwrap();
     let requests = Arc::new(AtomicUsize::new(0));
     let counted = requests.clone();
-    let handler = Arc::new(move |_: Request<Incoming>| {
+    let handler = Arc::new(move |_: Request<RequestBody>| {
         counted.fetch_add(1, Ordering::SeqCst);
         let pace = pace.clone();
         async move {

@@ -1,10 +1,20 @@
 //! HTTP/1.1 plumbing shared by the tiers (application server, proxy): the
 //! accept loop with graceful stop, the response body type, and small
-//! responses. No tier logic lives here. [`service`]: how every tier process
+//! responses. No tier logic lives here. [`guard`]: the slow-client limits
+//! every listener enforces, [`args`] their flags. [`service`]: how every tier process
 //! stops (signals, `--stop-on-stdin-eof`, the grace period) and announces
 //! that it is ready.
 
+pub mod args;
+pub mod guard;
 pub mod service;
+
+pub use args::{
+    HttpLimitsArgs, BODY_READ_TIMEOUT_DEFAULT, HEADER_READ_TIMEOUT_DEFAULT, MAX_CONNECTIONS_DEFAULT,
+    WRITE_TIMEOUT_DEFAULT,
+};
+pub use guard::RequestBody;
+use guard::{ConnState, GuardedIo, PerClient, Registry};
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
@@ -105,7 +115,7 @@ pub type ConnectionHook = Arc<dyn Fn() -> Box<dyn Send> + Send + Sync>;
 /// [`Body`]; the proxy streams).
 pub async fn serve<H, F, B>(listener: TcpListener, handler: Arc<H>, stop: Stop) -> std::io::Result<()>
 where
-    H: Fn(Request<Incoming>) -> F + Send + Sync + 'static,
+    H: Fn(Request<RequestBody>) -> F + Send + Sync + 'static,
     F: Future<Output = Response<B>> + Send + 'static,
     B: hyper::body::Body<Data = Bytes> + Send + Unpin + 'static,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
@@ -122,7 +132,7 @@ pub async fn serve_with_hook<H, F, B>(
     on_connection: Option<ConnectionHook>,
 ) -> std::io::Result<()>
 where
-    H: Fn(Request<Incoming>) -> F + Send + Sync + 'static,
+    H: Fn(Request<RequestBody>) -> F + Send + Sync + 'static,
     F: Future<Output = Response<B>> + Send + 'static,
     B: hyper::body::Body<Data = Bytes> + Send + Unpin + 'static,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
@@ -130,7 +140,13 @@ where
     serve_with_options(listener, handler, stop, on_connection, ServeOptions::default()).await
 }
 
+/// While full with no connection to displace (all busy in their handlers),
+/// how often the accept loop looks again for one that has since stalled.
+const EVICTION_RETRY: std::time::Duration = std::time::Duration::from_millis(100);
+
 /// Limits of a listener ([`serve_with_options`]); the default sets none.
+/// Every limit that bounds a client is enforced whatever the handler does;
+/// see [`guard`] for how and why each is shaped as it is.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct ServeOptions {
     /// A connection that has not sent a request's whole header this long
@@ -138,9 +154,21 @@ pub struct ServeOptions {
     /// starts the same clock while a kept-alive connection waits for its
     /// next request) idle keep-alive connections.
     pub header_read_timeout: Option<std::time::Duration>,
-    /// At most this many connections open at once; further ones wait in
-    /// the listen backlog until one closes.
+    /// A request's body must arrive within this long of its head; a read
+    /// still waiting past it fails and the connection is closed.
+    pub body_read_timeout: Option<std::time::Duration>,
+    /// A response write the client takes no bytes of for this long fails
+    /// and the connection is closed (slow readers).
+    pub write_timeout: Option<std::time::Duration>,
+    /// At most this many connections open at once. When full, a new
+    /// connection displaces the one that has waited on its client longest
+    /// (for a head, a body, or to take its answer), which is closed; one
+    /// whose handler works is never displaced, and if all are working the
+    /// new one waits for a slot. Slow clients cannot lock a fresh one out.
     pub max_connections: Option<usize>,
+    /// At most this many connections open at once from one IP address; one
+    /// more is closed as soon as it is accepted.
+    pub max_connections_per_client: Option<usize>,
     /// Put the client's [`PeerAddr`] in every request's extensions. Off
     /// unless asked: the extension map is three allocations per request.
     pub peer_addr: bool,
@@ -155,29 +183,19 @@ pub async fn serve_with_options<H, F, B>(
     options: ServeOptions,
 ) -> std::io::Result<()>
 where
-    H: Fn(Request<Incoming>) -> F + Send + Sync + 'static,
+    H: Fn(Request<RequestBody>) -> F + Send + Sync + 'static,
     F: Future<Output = Response<B>> + Send + 'static,
     B: hyper::body::Body<Data = Bytes> + Send + Unpin + 'static,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     let mut watcher = stop.watcher();
     let slots = options.max_connections.map(|max| Arc::new(tokio::sync::Semaphore::new(max)));
+    let registry = options.max_connections.map(|_| Arc::new(Registry::default()));
+    let per_client = options.max_connections_per_client.map(PerClient::new);
     // Every connection task holds a sender: once ours is dropped, `recv`
     // returns `None` when the last connection has ended.
     let (open_tx, mut open_rx) = tokio::sync::mpsc::channel::<()>(1);
     loop {
-        let slot = match &slots {
-            Some(slots) => tokio::select! {
-                slot = slots.clone().acquire_owned() => slot.ok(),
-                _ = stopped(watcher.clone()) => {
-                    drop(listener);
-                    drop(open_tx);
-                    let _ = open_rx.recv().await;
-                    return Ok(());
-                }
-            },
-            None => None,
-        };
         let (stream, peer) = tokio::select! {
             accepted = accept(&listener) => accepted,
             _ = stopped(watcher.clone()) => {
@@ -187,26 +205,77 @@ where
                 return Ok(());
             }
         };
+        let client_slot = match &per_client {
+            Some(per_client) => match per_client.admit(peer.ip()) {
+                Some(slot) => Some(slot),
+                None => {
+                    tracing::debug!(%peer, "closing a connection beyond the per-client cap");
+                    continue;
+                }
+            },
+            None => None,
+        };
+        let slot = match (&slots, &registry) {
+            (Some(slots), Some(registry)) => {
+                let waited = async {
+                    loop {
+                        if let Ok(slot) = slots.clone().try_acquire_owned() {
+                            return Slot::Held(slot);
+                        }
+                        // The displaced connection frees its slot as soon as
+                        // its task has dropped it; the new one's task waits
+                        // for that, not this loop, so accepting goes on.
+                        if registry.evict_longest_stalled() {
+                            return Slot::Freeing(slots.clone());
+                        }
+                        if let Ok(Ok(slot)) = tokio::time::timeout(EVICTION_RETRY, slots.clone().acquire_owned()).await
+                        {
+                            return Slot::Held(slot);
+                        }
+                    }
+                };
+                tokio::select! {
+                    slot = waited => Some(slot),
+                    _ = stopped(watcher.clone()) => {
+                        drop(listener);
+                        drop(open_tx);
+                        let _ = open_rx.recv().await;
+                        return Ok(());
+                    }
+                }
+            }
+            _ => None,
+        };
         let _ = stream.set_nodelay(true);
         let handler = handler.clone();
         let conn_stop = watcher.clone();
         let held = on_connection.as_ref().map(|hook| hook());
         let open = open_tx.clone();
+        let state = Arc::new(ConnState::new());
+        let registered = registry.as_ref().map(|registry| registry.enter(state.clone()));
         tokio::spawn(async move {
-            let _held_while_connected = (held, slot);
+            let slot = match slot {
+                Some(Slot::Held(slot)) => Some(slot),
+                Some(Slot::Freeing(slots)) => slots.acquire_owned().await.ok(),
+                None => None,
+            };
+            let _held_while_connected = (held, slot, client_slot, registered);
             let _open = open;
-            let waiting = Arc::new(HeadWait::new());
-            // Without a timeout nothing is marked (no clock read per request).
-            let on_head = options.header_read_timeout.map(|_| waiting.clone());
-            let service = service_fn(move |mut request: Request<Incoming>| {
-                if let Some(on_head) = &on_head {
-                    on_head.head_arrived();
-                }
+            let on_request = state.clone();
+            let body_deadline = options.body_read_timeout.is_some();
+            // Without a header timeout or a registry to read it, the end of
+            // an answer is not marked (no clock read per request).
+            let mark_answers = options.header_read_timeout.is_some() || options.max_connections.is_some();
+            let service = service_fn(move |request: Request<Incoming>| {
+                let timed = body_deadline && !hyper::body::Body::is_end_stream(request.body());
+                let since = on_request.head_arrived(timed);
+                let unfinished = timed.then(|| (on_request.clone(), since));
+                let mut request = request.map(|body| RequestBody::new(body, unfinished));
                 if options.peer_addr {
                     request.extensions_mut().insert(PeerAddr(peer));
                 }
                 let response = handler(request);
-                let on_done = on_head.clone();
+                let on_done = mark_answers.then(|| on_request.clone());
                 async move {
                     // The connection waits for its next head once this
                     // response's body is done with (or dropped).
@@ -216,14 +285,15 @@ where
             });
             let mut builder = http1::Builder::new();
             builder.keep_alive(true);
-            let connection = builder.serve_connection(TokioIo::new(stream), service);
+            let io = GuardedIo::new(stream, state.clone(), options.body_read_timeout, options.write_timeout);
+            let connection = builder.serve_connection(TokioIo::new(io), service);
             tokio::pin!(connection);
             // The stop signal and the header-read timer are watched by a task
             // of their own, which wakes this one only when one fires: polled
             // beside the connection, they cost about 400 instructions per
             // request (a select polls every branch on every wake).
             let (close_tx, close_rx) = tokio::sync::oneshot::channel();
-            tokio::spawn(watch_for_close(close_tx, conn_stop, waiting, options.header_read_timeout));
+            tokio::spawn(watch_for_close(close_tx, conn_stop, state, options.header_read_timeout));
             tokio::select! {
                 result = connection.as_mut() => {
                     if let Err(e) = result {
@@ -239,6 +309,9 @@ where
                     Close::HeadTimeout => {
                         tracing::debug!("closing a connection that sent no whole request head in time");
                     }
+                    Close::Evicted => {
+                        tracing::debug!("closing the longest-stalled connection to make room for a new one");
+                    }
                 },
             }
         });
@@ -246,53 +319,26 @@ where
     }
 }
 
-/// When a connection began waiting for a request head (nanoseconds since
-/// its start), or [`HeadWait::NOT_WAITING`] while a request is being
-/// answered. One per connection: the header-read timeout is one timer per
-/// connection re-armed when it fires, not a timer per request (hyper's own
-/// costs an allocation, a timer-wheel entry and a second read of every
-/// head).
-struct HeadWait {
-    start: tokio::time::Instant,
-    since_ns: std::sync::atomic::AtomicU64,
-}
-
-impl HeadWait {
-    const NOT_WAITING: u64 = u64::MAX;
-
-    fn new() -> Self {
-        HeadWait { start: tokio::time::Instant::now(), since_ns: std::sync::atomic::AtomicU64::new(0) }
-    }
-
-    fn head_arrived(&self) {
-        self.since_ns.store(Self::NOT_WAITING, std::sync::atomic::Ordering::Relaxed);
-    }
-
-    fn answered(&self) {
-        let now = u64::try_from(self.start.elapsed().as_nanos()).unwrap_or(Self::NOT_WAITING - 1);
-        self.since_ns.store(now, std::sync::atomic::Ordering::Relaxed);
-    }
-
-    /// Since when the connection waits for a head, if it does.
-    fn waiting_since(&self) -> Option<tokio::time::Instant> {
-        match self.since_ns.load(std::sync::atomic::Ordering::Relaxed) {
-            Self::NOT_WAITING => None,
-            ns => Some(self.start + std::time::Duration::from_nanos(ns)),
-        }
-    }
+/// A new connection's place under the connection limit.
+enum Slot {
+    Held(tokio::sync::OwnedSemaphorePermit),
+    /// A displaced connection is closing; its slot comes once it has.
+    Freeing(Arc<tokio::sync::Semaphore>),
 }
 
 /// Returns once the connection has waited `timeout` for a request head
 /// (never without a timeout). Sleeps until the earliest moment that could
-/// be, and looks again.
-async fn head_read_timeout(waiting: &HeadWait, timeout: Option<std::time::Duration>) {
+/// be, and looks again: one timer per connection re-armed when it fires,
+/// not a timer per request (hyper's own costs an allocation, a timer-wheel
+/// entry and a second read of every head).
+async fn head_read_timeout(waiting: &ConnState, timeout: Option<std::time::Duration>) {
     let Some(timeout) = timeout else { return std::future::pending().await };
     let sleep = tokio::time::sleep(timeout);
     tokio::pin!(sleep);
     loop {
         sleep.as_mut().await;
         let now = tokio::time::Instant::now();
-        match waiting.waiting_since() {
+        match waiting.waiting_for_head_since() {
             Some(since) if now >= since + timeout => return,
             Some(since) => sleep.as_mut().reset(since + timeout),
             // Answering: the next wait starts later than now.
@@ -307,20 +353,23 @@ enum Close {
     Stop,
     /// No whole request head within the header-read timeout: close now.
     HeadTimeout,
+    /// The listener is full and this connection stalled longest: close now.
+    Evicted,
 }
 
-/// Tells its connection (through `close`) when the server stops or the
-/// connection has waited the header-read timeout for a head; ends without
-/// a word once the connection has ended.
+/// Tells its connection (through `close`) when the server stops, the
+/// connection has waited the header-read timeout for a head, or the
+/// registry displaces it; ends without a word once the connection has ended.
 async fn watch_for_close(
     mut close: tokio::sync::oneshot::Sender<Close>,
     stop: watch::Receiver<bool>,
-    waiting: Arc<HeadWait>,
+    state: Arc<ConnState>,
     timeout: Option<std::time::Duration>,
 ) {
     let why = tokio::select! {
         _ = stopped(stop) => Close::Stop,
-        _ = head_read_timeout(&waiting, timeout) => Close::HeadTimeout,
+        _ = head_read_timeout(&state, timeout) => Close::HeadTimeout,
+        _ = state.evict.notified() => Close::Evicted,
         _ = close.closed() => return,
     };
     let _ = close.send(why);
@@ -330,7 +379,7 @@ async fn watch_for_close(
 /// for the next request head.
 struct AnswerBody<B> {
     body: B,
-    waiting: Option<Arc<HeadWait>>,
+    waiting: Option<Arc<ConnState>>,
 }
 
 impl<B> AnswerBody<B> {
@@ -423,7 +472,7 @@ mod tests {
         let timeout = std::time::Duration::from_millis(200);
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        let handler = Arc::new(move |_request: Request<Incoming>| async move {
+        let handler = Arc::new(move |_request: Request<RequestBody>| async move {
             tokio::time::sleep(timeout * 3).await;
             text(StatusCode::OK, "slow")
         });
@@ -451,7 +500,7 @@ mod tests {
         let (entered_tx, mut entered) = tokio::sync::mpsc::unbounded_channel::<()>();
         let release = Arc::new(tokio::sync::Notify::new());
         let held = release.clone();
-        let handler = Arc::new(move |request: Request<Incoming>| {
+        let handler = Arc::new(move |request: Request<RequestBody>| {
             let (entered_tx, held) = (entered_tx.clone(), held.clone());
             async move {
                 if request.uri().path() == "/held" {
@@ -486,7 +535,7 @@ mod tests {
         for asked in [false, true] {
             let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
             let addr = listener.local_addr().unwrap();
-            let handler = Arc::new(|request: Request<Incoming>| async move {
+            let handler = Arc::new(|request: Request<RequestBody>| async move {
                 let peer = request.extensions().get::<PeerAddr>().map(|p| p.0.ip().to_string());
                 text(StatusCode::OK, peer.unwrap_or_else(|| "none".into()))
             });

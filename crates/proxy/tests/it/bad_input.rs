@@ -90,7 +90,7 @@ impl Setup {
         let origin_addr = listener.local_addr().unwrap();
         if origin_up {
             let o = origin.clone();
-            let handler = Arc::new(move |req: Request<hyper::body::Incoming>| {
+            let handler = Arc::new(move |req: Request<tierstack_tier_http::RequestBody>| {
                 // Generated now, at the current versions; maybe delivered later.
                 let response = origin_response(&o, req.uri().path());
                 let o = o.clone();

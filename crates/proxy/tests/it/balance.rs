@@ -181,7 +181,7 @@ async fn holding_upstream(release: tokio::sync::watch::Receiver<()>) -> (String,
     let addr = listener.local_addr().unwrap();
     let fast = Arc::new(AtomicU64::new(0));
     let counting = fast.clone();
-    let handler = Arc::new(move |request: Request<hyper::body::Incoming>| {
+    let handler = Arc::new(move |request: Request<tierstack_tier_http::RequestBody>| {
         let counting = counting.clone();
         let mut release = release.clone();
         async move {

@@ -169,7 +169,7 @@ async fn a_connection_broken_before_a_response_is_retried_only_for_idempotent_me
 async fn echoes_probe() -> String {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let handler = Arc::new(move |request: Request<hyper::body::Incoming>| {
+    let handler = Arc::new(move |request: Request<tierstack_tier_http::RequestBody>| {
         let probe = request.headers().get("x-probe").map(|v| v.as_bytes().to_vec()).unwrap_or_default();
         async move { text(StatusCode::OK, String::from_utf8_lossy(&probe).into_owned()) }
     });

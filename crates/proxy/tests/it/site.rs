@@ -26,7 +26,7 @@ async fn upstream(fencing: bool) -> (String, Arc<Mutex<Vec<String>>>) {
     let addr = listener.local_addr().unwrap();
     let stamps = Arc::new(Mutex::new(Vec::new()));
     let seen = stamps.clone();
-    let handler = Arc::new(move |request: Request<hyper::body::Incoming>| {
+    let handler = Arc::new(move |request: Request<tierstack_tier_http::RequestBody>| {
         let stamp = request.headers().get(ROLE_HEADER).map(|v| v.to_str().unwrap().to_string());
         seen.lock().unwrap().push(stamp.clone().unwrap_or_default());
         async move {
@@ -132,7 +132,7 @@ async fn a_fenced_forward_routed_again_keeps_the_client_s_fields() {
     let upstream = format!("http://{}", listener.local_addr().unwrap());
     let fenced = Arc::new(Mutex::new(0u32));
     let fences = fenced.clone();
-    let handler = Arc::new(move |request: Request<hyper::body::Incoming>| {
+    let handler = Arc::new(move |request: Request<tierstack_tier_http::RequestBody>| {
         let first = {
             let mut fenced = fences.lock().unwrap();
             *fenced += 1;

@@ -58,6 +58,7 @@ pub(crate) fn run(args: OriginArgs) -> Result<()> {
     let (files, trace_cache_bytes) = file_set(&args)?;
     let mut config = OriginConfig::new(args.listen, files);
     config.admin_listen = args.admin;
+    config.limits = args.limits.serve_options();
     config.cache_control = Some(args.cache_control.clone());
     config.synthetic_last_modified = last_modified(args.last_modified.as_deref())?;
     config.storage = StorageConfig {

@@ -100,6 +100,7 @@ pub(crate) fn run(args: PressNodeArgs) -> Result<()> {
         forward_timeout: Duration::from_millis(args.forward_timeout_ms),
         window: args.window,
         handoff_dir: args.handoff_dir.clone(),
+        limits: args.limits.serve_options(),
     };
     serve_until_stopped(args.threads, &args.service, async {
         let node = PressNode::start(config, fabric).await?;

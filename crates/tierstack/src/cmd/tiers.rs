@@ -92,6 +92,7 @@ pub(crate) fn app_server(args: AppServerArgs) -> Result<()> {
             policy,
             timeout: Duration::from_millis(args.push_timeout_ms),
             write_through: args.push_write_through.then(|| Duration::from_millis(args.push_write_through_timeout_ms)),
+            admin_token: args.admin_token().context("--admin-token-file")?,
         }),
         _ => anyhow::bail!("--push-policy, --push-proxy, --topology and --node go together"),
     };
@@ -131,7 +132,8 @@ pub(crate) fn app_server(args: AppServerArgs) -> Result<()> {
         (Some(_), None) => anyhow::bail!("--site needs --topology and --node"),
     };
     runtime(2)?.block_on(async {
-        let server = AppServer::bind_with_push(config, push).await?;
+        let mut server = AppServer::bind_with_push(config, push).await?;
+        server.set_limits(args.limits.serve_options());
         if let Some(role) = role {
             server.set_role(role);
         }
@@ -219,6 +221,8 @@ pub(crate) fn proxy(args: ProxyArgs) -> Result<()> {
             Some(Site { site, roles })
         }
     };
+    let limits = args.limits.serve_options();
+    let admin_token = args.admin_token().context("--admin-token-file")?;
     let config = ProxyConfig {
         listen: args.listen,
         upstreams: args.upstreams,
@@ -236,9 +240,12 @@ pub(crate) fn proxy(args: ProxyArgs) -> Result<()> {
         }
         let options = ProxyOptions {
             cache_state,
-            header_read_timeout: (args.header_read_timeout_ms > 0)
-                .then(|| Duration::from_millis(args.header_read_timeout_ms)),
-            max_connections: Some(args.max_connections),
+            header_read_timeout: limits.header_read_timeout,
+            body_read_timeout: limits.body_read_timeout,
+            write_timeout: limits.write_timeout,
+            max_connections: limits.max_connections,
+            max_connections_per_client: limits.max_connections_per_client,
+            admin_token,
             access_log: args.access_log.clone(),
             default_authority: args.default_authority.clone(),
             refresh_hot: args.refresh_hot,

@@ -4,7 +4,6 @@
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
-use hyper::body::Incoming;
 use hyper::header::{HeaderMap, HeaderName, HeaderValue};
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -19,6 +18,7 @@ use tierstack_coherent::{Incarnation, DEPS_HEADER};
 use tierstack_fabric::{Fabric, NodeId};
 use tierstack_fabric_shm::{ShmConfig, ShmFabric};
 use tierstack_proxy::{CacheMode, Proxy, ProxyConfig, ProxyStats};
+use tierstack_tier_http::RequestBody;
 use tierstack_tier_http::{serve, Body, Stop};
 use tokio::sync::Notify;
 
@@ -73,7 +73,7 @@ impl Origin {
         let script: Arc<Mutex<Script>> = Arc::new(Mutex::new(Arc::new(|_: &Seen, _| Reply::ok(&[], "unset"))));
         let (hold, release) = (Arc::new(AtomicBool::new(false)), Arc::new(Notify::new()));
         let (s, sc, h, r) = (seen.clone(), script.clone(), hold.clone(), release.clone());
-        let handler = Arc::new(move |request: Request<Incoming>| {
+        let handler = Arc::new(move |request: Request<RequestBody>| {
             let request_seen = Seen {
                 method: request.method().clone(),
                 target: request.uri().path_and_query().map_or("/".into(), |p| p.to_string()),
