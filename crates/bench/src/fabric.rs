@@ -257,18 +257,28 @@ fn start_session(
     busy_threads: usize,
     mode: Option<&MessageMode>,
 ) -> Result<Session> {
-    start_session_keyed(config, dir, backend, busy_threads, mode, true)
+    start_session_secured(config, dir, backend, busy_threads, mode, Security::Keyed)
 }
 
-/// A session, with the cluster key or (`keyed` false, loopback only)
-/// without: the baseline the key's cost is measured against.
-pub(crate) fn start_session_keyed(
+/// How a session's connections are secured (tcp and ucx).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Security {
+    /// No key (loopback only): the baseline the others are measured against.
+    Plain,
+    /// The cluster key: authenticated, every frame sealed (as deployed).
+    Keyed,
+    /// The key, inside TLS 1.3 (tcp).
+    Tls,
+}
+
+/// A session with its connections secured as `security` says.
+pub(crate) fn start_session_secured(
     config: &FabricBenchConfig,
     dir: &Path,
     backend: Backend,
     busy_threads: usize,
     mode: Option<&MessageMode>,
-    keyed: bool,
+    security: Security,
 ) -> Result<Session> {
     let cpus = tierstack_cluster::online_cpus();
     let (owner_cpu, reader_cpu) = if cpus >= 2 { (Some(0), Some(1)) } else { (None, None) };
@@ -276,13 +286,27 @@ pub(crate) fn start_session_keyed(
         "fabric-{}-{busy_threads}{}{}",
         backend.name(),
         mode.map(|m| format!("-{}", m.name)).unwrap_or_default(),
-        if keyed { "" } else { "-plain" }
+        match security {
+            Security::Keyed => "",
+            Security::Plain => "-plain",
+            Security::Tls => "-tls",
+        }
     );
     let nodes = [NodeLine { id: 0, role: "app", cpu: owner_cpu }, NodeLine { id: 1, role: "proxy", cpu: None }];
     let topology_path = write_topology(dir, &name, backend, 2000, &nodes)?;
-    if !keyed {
+    if security != Security::Keyed {
         let text = std::fs::read_to_string(&topology_path)?;
-        let text: String = text.lines().filter(|l| !l.starts_with("key_file")).map(|l| format!("{l}\n")).collect();
+        let text: String = text
+            .lines()
+            .filter(|l| security != Security::Plain || !l.starts_with("key_file"))
+            .map(|l| {
+                if security == Security::Tls && l.starts_with("key_file") {
+                    format!("{l}\ntls = true\n")
+                } else {
+                    format!("{l}\n")
+                }
+            })
+            .collect();
         std::fs::write(&topology_path, text)?;
     }
     if let Some(spin_us) = mode.and_then(|m| m.spin_us) {

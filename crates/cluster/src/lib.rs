@@ -11,6 +11,7 @@
 //! ucx_transports = "sysv,self" # optional, ucx: UCX_TLS for every node (default: UCX's choice)
 //! key_file = "cluster.key" # tcp, ucx: the cluster key (`tierstack cluster key --out FILE`),
 //!                          # relative to this file; required unless every address is loopback
+//! tls = true               # tcp, optional: every connection inside TLS too (needs key_file)
 //!
 //! [[node]]
 //! id = 0
@@ -144,6 +145,10 @@ pub struct ClusterSection {
     /// topology file's directory ([`Topology::load`]).
     #[serde(default)]
     pub key_file: Option<PathBuf>,
+    /// tcp: every connection inside TLS 1.3 as well (needs `key_file`), for
+    /// cluster networks that are not private.
+    #[serde(default)]
+    pub tls: bool,
 }
 
 fn default_op_timeout_ms() -> u64 {
@@ -257,6 +262,8 @@ pub enum TopologyError {
          any node. Make one with `tierstack cluster key --out cluster.key` and name it in [cluster] key_file"
     )]
     KeyRequired { node: NodeId, address: SocketAddr },
+    #[error("tls = true needs the tcp fabric and a key_file (the key, not a certificate, proves who a node is)")]
+    TlsNeedsTcpAndKey,
 }
 
 impl Topology {
@@ -299,6 +306,9 @@ impl Topology {
         }
         if self.nodes.is_empty() {
             return Err(TopologyError::NoNodes);
+        }
+        if self.cluster.tls && (self.cluster.fabric != Backend::Tcp || self.cluster.key_file.is_none()) {
+            return Err(TopologyError::TlsNeedsTcpAndKey);
         }
         let mut ids = HashSet::new();
         let mut addresses: Vec<(SocketAddr, NodeId)> = Vec::new();
@@ -438,6 +448,9 @@ pub fn open_fabric(topology: &Topology, node: NodeId) -> Result<Arc<dyn Fabric>,
             let mut config = TcpConfig::new(node, listen).with_op_timeout(topology.op_timeout());
             if let Some(key) = &key {
                 config = config.with_key(key);
+            }
+            if topology.cluster.tls {
+                config = config.with_tls();
             }
             for peer in &topology.nodes {
                 if let Some(address) = peer.address {
@@ -753,6 +766,11 @@ role = "passive"
         assert!(Topology::parse(&NETWORKED.replace("10.1.2.3", "127.0.0.1")).is_ok());
         let keyed = NETWORKED.replace("fabric = \"tcp\"", "fabric = \"tcp\"\nkey_file = \"k\"");
         assert!(Topology::parse(&keyed).is_ok());
+        let tls = keyed.replace("key_file", "tls = true\nkey_file");
+        assert!(Topology::parse(&tls).is_ok());
+        let tls_without_key =
+            NETWORKED.replace("10.1.2.3", "127.0.0.1").replace("fabric = \"tcp\"", "fabric = \"tcp\"\ntls = true");
+        assert!(matches!(Topology::parse(&tls_without_key), Err(TopologyError::TlsNeedsTcpAndKey)));
         // shm never leaves the host: no key needed.
         assert!(Topology::parse(&NETWORKED.replace("\"tcp\"", "\"shm\"")).is_ok());
     }

@@ -15,7 +15,7 @@
 //! end by their deadline, failed by the sweeper.
 
 use crate::pending::PendingTable;
-use crate::secure::{self, FrameReader, SealState};
+use crate::secure::{self, FrameReader, SealState, WireReader, WireWriter, Wired};
 use crate::{lock, Shared};
 use std::io::BufReader;
 use std::net::{Shutdown, TcpStream};
@@ -172,7 +172,7 @@ impl Conn {
 }
 
 /// Connects to `peer`, sets the socket up and sends `Hello`.
-fn dial(shared: &Shared, peer: NodeId) -> Result<Dialled> {
+fn dial(shared: &Shared, peer: NodeId) -> Result<Wired> {
     let addr = shared.addr_of(peer)?;
     let unreachable = |e: std::io::Error| match e.kind() {
         std::io::ErrorKind::TimedOut | std::io::ErrorKind::WouldBlock => {
@@ -185,21 +185,13 @@ fn dial(shared: &Shared, peer: NodeId) -> Result<Dialled> {
     // A peer that stops reading (stopped, overloaded, a full inbox) must not
     // hold a writer forever inside `write_all`: the write fails instead.
     stream.set_write_timeout(Some(shared.op_timeout)).map_err(unreachable)?;
-    let (sealer, opener) = secure::connect(shared, peer, &mut stream)?;
-    Ok(Dialled { stream, sealer, opener })
-}
-
-/// A connection set up to a peer: the stream, and when the cluster has a
-/// key, the sealer of this side's frames and the opener of the peer's.
-struct Dialled {
-    stream: TcpStream,
-    sealer: SealState,
-    opener: Option<Opener>,
+    secure::connect(shared, peer, &mut stream)
 }
 
 /// A message connection to a peer (one per channel): only ever written.
 struct MessageConn {
-    stream: TcpStream,
+    control: TcpStream,
+    writer: WireWriter,
     sealer: SealState,
 }
 
@@ -208,14 +200,17 @@ struct MessageConn {
 /// end; checking first keeps a send to a peer that exited from "succeeding"
 /// into a socket nobody will read.
 fn closed_by_peer(stream: &TcpStream) -> bool {
-    if stream.set_nonblocking(true).is_err() {
-        return true;
+    use std::os::fd::AsRawFd;
+    let mut byte = 0u8;
+    // A non-blocking peek that leaves the socket's own mode alone (a TLS
+    // connection's socket stays non-blocking).
+    // SAFETY: one byte into a local, on a socket we hold open.
+    let n = unsafe { libc::recv(stream.as_raw_fd(), (&raw mut byte).cast(), 1, libc::MSG_PEEK | libc::MSG_DONTWAIT) };
+    if n < 0 {
+        let error = std::io::Error::last_os_error();
+        return !matches!(error.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted);
     }
-    let closed = match stream.peek(&mut [0u8; 1]) {
-        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => false,
-        Ok(_) | Err(_) => true,
-    };
-    closed || stream.set_nonblocking(false).is_err()
+    true
 }
 
 impl Link {
@@ -285,7 +280,7 @@ impl Link {
         fail_all(waiters, &FabricError::Closed);
         for messages in &self.messages {
             if let Some(conn) = lock(messages).take() {
-                let _ = conn.stream.shutdown(Shutdown::Both);
+                let _ = conn.control.shutdown(Shutdown::Both);
             }
         }
         let _ = self.queue.send(Outgoing::Stop);
@@ -293,11 +288,8 @@ impl Link {
 
     /// Dials a new request connection and starts its reader. Returns the
     /// connection and the stream the writer writes.
-    fn connect(self: &Arc<Self>, shared: &Arc<Shared>) -> Result<(Arc<Conn>, TcpStream, SealState)> {
-        let Dialled { stream, sealer, opener } = dial(shared, self.peer)?;
-        let io = |e: std::io::Error| FabricError::PeerDead { node: self.peer, reason: e.to_string() };
-        let control = stream.try_clone().map_err(io)?;
-        let reader = stream.try_clone().map_err(io)?;
+    fn connect(self: &Arc<Self>, shared: &Arc<Shared>) -> Result<(Arc<Conn>, WireWriter, SealState)> {
+        let Wired { control, reader, writer, sealer, opener } = dial(shared, self.peer)?;
         let conn = Arc::new(Conn { id: shared.next_id(), control, dead: AtomicBool::new(false) });
         {
             let mut current = lock(&self.current);
@@ -319,7 +311,7 @@ impl Link {
             return Err(e);
         }
         tracing::debug!(node = %shared.node, peer = %self.peer, "connected");
-        Ok((conn, stream, sealer))
+        Ok((conn, writer, sealer))
     }
 
     /// Sends a two-sided message on the channel's message connection,
@@ -332,7 +324,7 @@ impl Link {
         let mut first = Some(encode_frame());
         // A `Channel` is always below CHANNELS_MAX, the array's length.
         let mut slot = lock(&self.messages[channel.index()]);
-        if slot.as_ref().is_some_and(|conn| closed_by_peer(&conn.stream)) {
+        if slot.as_ref().is_some_and(|conn| closed_by_peer(&conn.control)) {
             *slot = None;
         }
         // A cached connection may still break on write: reconnect once
@@ -342,17 +334,17 @@ impl Link {
             let conn = match slot.as_mut() {
                 Some(conn) => conn,
                 None => {
-                    let Dialled { stream, sealer, .. } = dial(shared, self.peer)?;
-                    slot.insert(MessageConn { stream, sealer })
+                    let Wired { control, writer, sealer, .. } = dial(shared, self.peer)?;
+                    slot.insert(MessageConn { control, writer, sealer })
                 }
             };
             let frame = first.take().unwrap_or_else(encode_frame);
-            match secure::write_frame_bytes(&mut conn.stream, &mut conn.sealer, frame) {
+            match secure::write_frame_bytes(&mut conn.writer, &mut conn.sealer, frame) {
                 Ok(()) => return Ok(()),
                 Err(e) => {
                     // The stream may be mid-frame: never write on it again.
                     if let Some(conn) = slot.take() {
-                        let _ = conn.stream.shutdown(Shutdown::Both);
+                        let _ = conn.control.shutdown(Shutdown::Both);
                     }
                     if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) {
                         return Err(FabricError::Timeout { node: self.peer, timeout_ms: shared.timeout_ms });
@@ -402,7 +394,7 @@ impl Link {
 /// when there is no live connection. A failed dial fails the requests not
 /// yet written; a failed write ends the connection (it may be mid-frame).
 pub(crate) fn run_writer(shared: &Arc<Shared>, link: &Arc<Link>, queue: &flume::Receiver<Outgoing>) {
-    let mut current: Option<(Arc<Conn>, TcpStream, SealState)> = None;
+    let mut current: Option<(Arc<Conn>, WireWriter, SealState)> = None;
     while let Ok(Outgoing::Request { request, bytes }) = queue.recv() {
         if shared.is_closed() {
             break;
@@ -459,7 +451,7 @@ pub(crate) fn frame_name(frame: &Frame) -> &'static str {
 
 /// The reader thread of `conn`: completes answers until the stream ends,
 /// then ends the connection (failing what was written on it with `PeerDead`).
-fn run_reader(shared: &Shared, link: &Link, conn: &Conn, stream: TcpStream, opener: Option<Opener>) {
+fn run_reader(shared: &Shared, link: &Link, conn: &Conn, stream: WireReader, opener: Option<Opener>) {
     let mut frames = FrameReader::new(BufReader::with_capacity(crate::READ_BUFFER_BYTES, stream), opener);
     let reason = loop {
         match frames.next_body() {

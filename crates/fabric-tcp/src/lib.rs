@@ -59,6 +59,7 @@ mod client;
 mod pending;
 mod secure;
 mod server;
+mod tls;
 
 pub use secure::HANDSHAKES_MAX;
 
@@ -117,13 +118,16 @@ pub struct TcpConfig {
     /// are taken at their word, which [`TcpFabric::open`] allows only on a
     /// loopback address.
     pub key: Option<FabricKey>,
+    /// Whether connections run inside TLS (needs `key`): for cluster
+    /// networks that are not private (`tls.rs`).
+    pub tls: bool,
 }
 
 impl TcpConfig {
     pub const OP_TIMEOUT_DEFAULT: Duration = Duration::from_millis(1000);
 
     pub fn new(node: NodeId, listen: SocketAddr) -> Self {
-        Self { node, listen, peers: HashMap::new(), op_timeout: Self::OP_TIMEOUT_DEFAULT, key: None }
+        Self { node, listen, peers: HashMap::new(), op_timeout: Self::OP_TIMEOUT_DEFAULT, key: None, tls: false }
     }
 
     pub fn with_peer(mut self, node: NodeId, addr: SocketAddr) -> Self {
@@ -139,6 +143,12 @@ impl TcpConfig {
     /// Authenticates every connection and frame with `key`.
     pub fn with_key(mut self, key: &ClusterKey) -> Self {
         self.key = Some(FabricKey::new(key));
+        self
+    }
+
+    /// Runs every connection inside TLS 1.3 (the key still authenticates).
+    pub fn with_tls(mut self) -> Self {
+        self.tls = true;
         self
     }
 
@@ -192,6 +202,8 @@ pub(crate) struct Shared {
     pub(crate) key: Option<FabricKey>,
     /// This process's incarnation, bound into every handshake.
     pub(crate) incarnation: u64,
+    /// TLS configurations, when connections run inside TLS.
+    pub(crate) tls: Option<tls::TlsContext>,
     threads: Mutex<Vec<JoinHandle<()>>>,
     listener_thread: Mutex<Option<JoinHandle<()>>>,
     next_id: AtomicU64,
@@ -212,6 +224,13 @@ fn duration_ns(d: Duration) -> u64 {
 impl TcpFabric {
     /// Binds the listener and starts the node's threads.
     pub fn open(config: TcpConfig) -> Result<Arc<TcpFabric>> {
+        if config.tls && config.key.is_none() {
+            return Err(FabricError::Unauthenticated {
+                node: config.node,
+                reason: "TLS needs the cluster key: the key, not the certificate, proves who a peer is".into(),
+            });
+        }
+        let tls = if config.tls { Some(tls::TlsContext::new()?) } else { None };
         if config.key.is_none() && !config.listen.ip().is_loopback() {
             return Err(FabricError::Unauthenticated {
                 node: config.node,
@@ -237,6 +256,7 @@ impl TcpFabric {
             handshaking: Mutex::new(BTreeMap::new()),
             incarnation: u64::from_le_bytes(tierstack_secret::random_nonce()),
             key: config.key,
+            tls,
             threads: Mutex::new(Vec::new()),
             listener_thread: Mutex::new(None),
             next_id: AtomicU64::new(1),

@@ -91,7 +91,7 @@ fn run_responder(shared: &Shared, id: u64, mut stream: TcpStream) {
     let peer_addr = stream.peer_addr().map(|a| a.to_string()).unwrap_or_else(|_| "?".to_string());
     let accepted = secure::accept(shared, &mut stream);
     lock(&shared.handshaking).remove(&id);
-    let secure::Accepted { peer: from, sealer, opener } = match accepted {
+    let secure::Accepted { peer: from, wired } = match accepted {
         Ok(Some(accepted)) => accepted,
         Ok(None) => return,
         Err(reason) => {
@@ -102,15 +102,9 @@ fn run_responder(shared: &Shared, id: u64, mut stream: TcpStream) {
             return;
         }
     };
-    let mut writer = match stream.try_clone() {
-        Ok(writer) => writer,
-        Err(e) => {
-            tracing::warn!(node = %shared.node, peer = %peer_addr, error = %e, "cannot serve connection");
-            return;
-        }
-    };
+    let secure::Wired { control, reader, mut writer, sealer, opener } = wired;
     let mut sealer: SealState = sealer;
-    let mut frames = FrameReader::new(BufReader::with_capacity(crate::READ_BUFFER_BYTES, stream), opener);
+    let mut frames = FrameReader::new(BufReader::with_capacity(crate::READ_BUFFER_BYTES, reader), opener);
     loop {
         let frame = match frames.next_body().and_then(|body| body.map(decode).transpose()) {
             Ok(Some(frame)) => frame,
@@ -143,7 +137,7 @@ fn run_responder(shared: &Shared, id: u64, mut stream: TcpStream) {
             break;
         }
     }
-    let _ = writer.shutdown(Shutdown::Both);
+    let _ = control.shutdown(Shutdown::Both);
 }
 
 /// Delivers a message to its channel's inbox, waiting while that inbox is

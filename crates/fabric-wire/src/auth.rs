@@ -117,8 +117,15 @@ impl std::fmt::Debug for Session {
     }
 }
 
-fn session(key: &FabricKey, transcript: &[u8], peer: &End, sending: &[u8], receiving: &[u8]) -> Session {
-    let direction = |label: &[u8]| Mac::new(&key.frames.tag_full(&[label, transcript]));
+fn session(
+    key: &FabricKey,
+    transcript: &[u8],
+    binding: &[u8],
+    peer: &End,
+    sending: &[u8],
+    receiving: &[u8],
+) -> Session {
+    let direction = |label: &[u8]| Mac::new(&key.frames.tag_full(&[label, transcript, binding]));
     Session {
         peer: peer.node,
         peer_incarnation: peer.incarnation,
@@ -132,13 +139,25 @@ pub struct Connecting {
     key: FabricKey,
     me: End,
     expected_peer: NodeId,
+    binding: Vec<u8>,
 }
 
 impl Connecting {
     /// Starts a handshake with `expected_peer`: returns the `AuthHello` to send.
-    pub fn start(key: &FabricKey, me: NodeId, incarnation: u64, nonce: Nonce, expected_peer: NodeId) -> (Self, Frame) {
+    /// `binding` names the channel the handshake runs on (a TLS session's
+    /// exporter; empty on a plain connection): both ends must see the same,
+    /// so a handshake relayed between two TLS sessions fails.
+    pub fn start(
+        key: &FabricKey,
+        me: NodeId,
+        incarnation: u64,
+        nonce: Nonce,
+        expected_peer: NodeId,
+        binding: &[u8],
+    ) -> (Self, Frame) {
         let hello = Frame::AuthHello { node: me, incarnation, nonce };
-        (Self { key: key.clone(), me: End { node: me, incarnation, nonce }, expected_peer }, hello)
+        let me = End { node: me, incarnation, nonce };
+        (Self { key: key.clone(), me, expected_peer, binding: binding.to_vec() }, hello)
     }
 
     /// Checks the acceptor's `AuthChallenge`: returns the `AuthProof` to
@@ -152,11 +171,11 @@ impl Connecting {
         }
         let acceptor = End { node: *node, incarnation: *incarnation, nonce: *nonce };
         let transcript = transcript(&self.me, &acceptor);
-        if !self.key.handshake.verify(&[ACCEPTOR_LABEL, &transcript], tag) {
+        if !self.key.handshake.verify(&[ACCEPTOR_LABEL, &transcript, &self.binding], tag) {
             return Err(AuthError::BadTag);
         }
-        let proof = Frame::AuthProof { tag: self.key.handshake.tag(&[CONNECTOR_LABEL, &transcript]) };
-        Ok((proof, session(&self.key, &transcript, &acceptor, TO_ACCEPTOR, TO_CONNECTOR)))
+        let proof = Frame::AuthProof { tag: self.key.handshake.tag(&[CONNECTOR_LABEL, &transcript, &self.binding]) };
+        Ok((proof, session(&self.key, &transcript, &self.binding, &acceptor, TO_ACCEPTOR, TO_CONNECTOR)))
     }
 }
 
@@ -164,18 +183,20 @@ impl Connecting {
 pub struct Accepting {
     key: FabricKey,
     transcript: [u8; 2 * END_BYTES],
+    binding: Vec<u8>,
     connector: End,
 }
 
 impl Accepting {
     /// Answers a connector's first frame, which must be an `AuthHello`:
-    /// returns the `AuthChallenge` to send.
+    /// returns the `AuthChallenge` to send. `binding` as in [`Connecting::start`].
     pub fn start(
         key: &FabricKey,
         me: NodeId,
         incarnation: u64,
         nonce: Nonce,
         hello: &Frame,
+        binding: &[u8],
     ) -> Result<(Self, Frame), AuthError> {
         let Frame::AuthHello { node, incarnation: peer_incarnation, nonce: peer_nonce } = hello else {
             return Err(AuthError::UnexpectedFrame { expected: "AuthHello", got: frame_kind_name(hello) });
@@ -183,9 +204,9 @@ impl Accepting {
         let connector = End { node: *node, incarnation: *peer_incarnation, nonce: *peer_nonce };
         let acceptor = End { node: me, incarnation, nonce };
         let transcript = transcript(&connector, &acceptor);
-        let tag = key.handshake.tag(&[ACCEPTOR_LABEL, &transcript]);
+        let tag = key.handshake.tag(&[ACCEPTOR_LABEL, &transcript, binding]);
         let challenge = Frame::AuthChallenge { node: me, incarnation, nonce, tag };
-        Ok((Self { key: key.clone(), transcript, connector }, challenge))
+        Ok((Self { key: key.clone(), transcript, binding: binding.to_vec(), connector }, challenge))
     }
 
     /// The connector the `AuthHello` named (not yet proven).
@@ -198,10 +219,10 @@ impl Accepting {
         let Frame::AuthProof { tag } = proof else {
             return Err(AuthError::UnexpectedFrame { expected: "AuthProof", got: frame_kind_name(proof) });
         };
-        if !self.key.handshake.verify(&[CONNECTOR_LABEL, &self.transcript], tag) {
+        if !self.key.handshake.verify(&[CONNECTOR_LABEL, &self.transcript, &self.binding], tag) {
             return Err(AuthError::BadTag);
         }
-        Ok(session(&self.key, &self.transcript, &self.connector, TO_CONNECTOR, TO_ACCEPTOR))
+        Ok(session(&self.key, &self.transcript, &self.binding, &self.connector, TO_CONNECTOR, TO_ACCEPTOR))
     }
 }
 
@@ -340,8 +361,9 @@ pub fn connect_over<S: std::io::Read + std::io::Write>(
     me: NodeId,
     incarnation: u64,
     peer: NodeId,
+    binding: &[u8],
 ) -> Result<Session, HandshakeError> {
-    let (connecting, hello) = Connecting::start(key, me, incarnation, tierstack_secret::random_nonce(), peer);
+    let (connecting, hello) = Connecting::start(key, me, incarnation, tierstack_secret::random_nonce(), peer, binding);
     stream.write_all(&crate::encode(&hello))?;
     let challenge = read_handshake_frame(stream)?.ok_or(HandshakeError::Closed)?;
     let (proof, session) = connecting.finish(&challenge)?;
@@ -357,8 +379,10 @@ pub fn accept_over<S: std::io::Read + std::io::Write>(
     me: NodeId,
     incarnation: u64,
     hello: &Frame,
+    binding: &[u8],
 ) -> Result<Session, HandshakeError> {
-    let (accepting, challenge) = Accepting::start(key, me, incarnation, tierstack_secret::random_nonce(), hello)?;
+    let (accepting, challenge) =
+        Accepting::start(key, me, incarnation, tierstack_secret::random_nonce(), hello, binding)?;
     stream.write_all(&crate::encode(&challenge))?;
     let proof = read_handshake_frame(stream)?.ok_or(HandshakeError::Closed)?;
     Ok(accepting.finish(&proof)?)
@@ -374,9 +398,9 @@ mod tests {
     }
 
     fn handshake(connector_key: &FabricKey, acceptor_key: &FabricKey) -> Result<(Session, Session), AuthError> {
-        let (connecting, hello) = Connecting::start(connector_key, NodeId(1), 11, [1; NONCE_BYTES], NodeId(2));
+        let (connecting, hello) = Connecting::start(connector_key, NodeId(1), 11, [1; NONCE_BYTES], NodeId(2), b"");
         let hello = decode(&encode(&hello)[LENGTH_PREFIX_BYTES..]).unwrap();
-        let (accepting, challenge) = Accepting::start(acceptor_key, NodeId(2), 22, [2; NONCE_BYTES], &hello)?;
+        let (accepting, challenge) = Accepting::start(acceptor_key, NodeId(2), 22, [2; NONCE_BYTES], &hello, b"")?;
         assert_eq!(accepting.claimed_peer(), NodeId(1));
         let (proof, connector) = connecting.finish(&challenge)?;
         let acceptor = accepting.finish(&proof)?;
@@ -406,8 +430,8 @@ mod tests {
         // The connector detects an acceptor without the key...
         assert_eq!(handshake(&other, &key()).unwrap_err(), AuthError::BadTag);
         // ...and the acceptor a connector that forges the proof.
-        let (connecting, hello) = Connecting::start(&other, NodeId(1), 11, [1; NONCE_BYTES], NodeId(2));
-        let (accepting, challenge) = Accepting::start(&key(), NodeId(2), 22, [2; NONCE_BYTES], &hello).unwrap();
+        let (connecting, hello) = Connecting::start(&other, NodeId(1), 11, [1; NONCE_BYTES], NodeId(2), b"");
+        let (accepting, challenge) = Accepting::start(&key(), NodeId(2), 22, [2; NONCE_BYTES], &hello, b"").unwrap();
         assert!(connecting.finish(&challenge).is_err());
         let forged = Frame::AuthProof { tag: [0; TAG_BYTES] };
         assert_eq!(accepting.finish(&forged).unwrap_err(), AuthError::BadTag);
@@ -415,18 +439,34 @@ mod tests {
 
     #[test]
     fn a_forged_node_id_or_an_impostor_acceptor_is_refused() {
-        let (connecting, hello) = Connecting::start(&key(), NodeId(1), 11, [1; NONCE_BYTES], NodeId(2));
-        let (_, challenge) = Accepting::start(&key(), NodeId(3), 33, [3; NONCE_BYTES], &hello).unwrap();
+        let (connecting, hello) = Connecting::start(&key(), NodeId(1), 11, [1; NONCE_BYTES], NodeId(2), b"");
+        let (_, challenge) = Accepting::start(&key(), NodeId(3), 33, [3; NONCE_BYTES], &hello, b"").unwrap();
         assert_eq!(
             connecting.finish(&challenge).unwrap_err(),
             AuthError::WrongPeer { expected: NodeId(2), answered: NodeId(3) }
         );
         // A man in the middle rewriting the connector's claimed id breaks the transcript.
-        let (connecting, hello) = Connecting::start(&key(), NodeId(1), 11, [1; NONCE_BYTES], NodeId(2));
+        let (connecting, hello) = Connecting::start(&key(), NodeId(1), 11, [1; NONCE_BYTES], NodeId(2), b"");
         let Frame::AuthHello { incarnation, nonce, .. } = hello else { unreachable!() };
         let rewritten = Frame::AuthHello { node: NodeId(0), incarnation, nonce };
-        let (_, challenge) = Accepting::start(&key(), NodeId(2), 22, [2; NONCE_BYTES], &rewritten).unwrap();
+        let (_, challenge) = Accepting::start(&key(), NodeId(2), 22, [2; NONCE_BYTES], &rewritten, b"").unwrap();
         assert_eq!(connecting.finish(&challenge).unwrap_err(), AuthError::BadTag);
+    }
+
+    /// A handshake relayed between two TLS sessions (a man in the middle
+    /// terminating both) sees two exporters, and fails.
+    #[test]
+    fn a_handshake_relayed_between_two_channels_fails() {
+        let (connecting, hello) = Connecting::start(&key(), NodeId(1), 11, [1; NONCE_BYTES], NodeId(2), b"session A");
+        let (accepting, challenge) =
+            Accepting::start(&key(), NodeId(2), 22, [2; NONCE_BYTES], &hello, b"session B").unwrap();
+        assert_eq!(connecting.finish(&challenge).unwrap_err(), AuthError::BadTag);
+        let (connecting, hello) = Connecting::start(&key(), NodeId(1), 11, [1; NONCE_BYTES], NodeId(2), b"session A");
+        let (accepting_a, challenge) =
+            Accepting::start(&key(), NodeId(2), 22, [2; NONCE_BYTES], &hello, b"session A").unwrap();
+        let (proof, _) = connecting.finish(&challenge).unwrap();
+        assert!(accepting_a.finish(&proof).is_ok());
+        drop(accepting);
     }
 
     #[test]
@@ -457,8 +497,8 @@ mod tests {
         // A frame from another connection (another transcript) fails.
         let (_, mut other) = handshake(&key(), &key()).unwrap();
         let (mut a, _) = {
-            let (c, hello) = Connecting::start(&key(), NodeId(1), 11, [9; NONCE_BYTES], NodeId(2));
-            let (acc, ch) = Accepting::start(&key(), NodeId(2), 22, [2; NONCE_BYTES], &hello).unwrap();
+            let (c, hello) = Connecting::start(&key(), NodeId(1), 11, [9; NONCE_BYTES], NodeId(2), b"");
+            let (acc, ch) = Accepting::start(&key(), NodeId(2), 22, [2; NONCE_BYTES], &hello, b"").unwrap();
             let (proof, c) = c.finish(&ch).unwrap();
             (c, acc.finish(&proof).unwrap())
         };

@@ -313,8 +313,8 @@ mod auth {
     }
 
     fn sessions(nonces: ([u8; NONCE_BYTES], [u8; NONCE_BYTES])) -> (Session, Session) {
-        let (connecting, hello) = Connecting::start(&key(), NodeId(1), 1, nonces.0, NodeId(2));
-        let (accepting, challenge) = Accepting::start(&key(), NodeId(2), 2, nonces.1, &hello).unwrap();
+        let (connecting, hello) = Connecting::start(&key(), NodeId(1), 1, nonces.0, NodeId(2), b"");
+        let (accepting, challenge) = Accepting::start(&key(), NodeId(2), 2, nonces.1, &hello, b"").unwrap();
         let (proof, connector) = connecting.finish(&challenge).unwrap();
         (connector, accepting.finish(&proof).unwrap())
     }
@@ -382,7 +382,7 @@ mod auth {
         /// key: random proofs and any frame but a proof fail.
         #[test]
         fn a_random_proof_never_passes(hello in frame(), proof in frame(), nonce in any::<[u8; 16]>()) {
-            match Accepting::start(&key(), NodeId(2), 2, nonce, &hello) {
+            match Accepting::start(&key(), NodeId(2), 2, nonce, &hello, b"") {
                 Ok((accepting, _challenge)) => prop_assert!(accepting.finish(&proof).is_err()),
                 Err(_) => {
                     let was_a_hello = matches!(hello, Frame::AuthHello { .. });
@@ -394,8 +394,8 @@ mod auth {
         /// A connector never accepts a challenge changed in any way.
         #[test]
         fn a_mutated_challenge_never_passes(mutation in mutation(), nonces in any::<([u8; 16], [u8; 16])>()) {
-            let (connecting, hello) = Connecting::start(&key(), NodeId(1), 1, nonces.0, NodeId(2));
-            let (_, challenge) = Accepting::start(&key(), NodeId(2), 2, nonces.1, &hello).unwrap();
+            let (connecting, hello) = Connecting::start(&key(), NodeId(1), 1, nonces.0, NodeId(2), b"");
+            let (_, challenge) = Accepting::start(&key(), NodeId(2), 2, nonces.1, &hello, b"").unwrap();
             let body = encode(&challenge)[LENGTH_PREFIX_BYTES..].to_vec();
             let mutated = mutate(body.clone(), &mutation);
             prop_assume!(mutated != body);

@@ -63,6 +63,15 @@ pub mod tcp {
         introduce((first..first + n).map(|id| keyed_node(id, op_timeout, key)).collect())
     }
 
+    /// `n` nodes sharing `key`, every connection inside TLS.
+    pub fn tls_cluster(first: u32, n: u32, op_timeout: Duration, key: &ClusterKey) -> Vec<Arc<TcpFabric>> {
+        let open = |id| {
+            let config = TcpConfig::new(NodeId(id), loopback()).with_op_timeout(op_timeout).with_key(key).with_tls();
+            TcpFabric::open(config).unwrap()
+        };
+        introduce((first..first + n).map(open).collect())
+    }
+
     fn introduce(nodes: Vec<Arc<TcpFabric>>) -> Vec<Arc<TcpFabric>> {
         for a in &nodes {
             for b in &nodes {

@@ -227,3 +227,76 @@ mod rights_suite {
         assert_eq!(region.memory().load_u64(0).unwrap(), 3);
     }
 }
+
+/// Connections inside TLS (`TcpConfig::with_tls`): encrypted as well as
+/// authenticated, the key's handshake bound to the TLS session.
+mod tls {
+    use super::*;
+    use tierstack_testkit::nodes::tcp::tls_cluster;
+
+    fn through_proxy(k: &ClusterKey, tls: bool) -> (Arc<TcpFabric>, Arc<TcpFabric>, Proxy) {
+        let owner = TcpConfig::new(NodeId(0), common::loopback()).with_op_timeout(TIMEOUT).with_key(k);
+        let owner = TcpFabric::open(if tls { owner.with_tls() } else { owner }).unwrap();
+        let proxy = Proxy::start(owner.local_addr());
+        let client = TcpConfig::new(NodeId(1), common::loopback())
+            .with_op_timeout(TIMEOUT)
+            .with_key(k)
+            .with_peer(NodeId(0), proxy.addr);
+        let client = TcpFabric::open(if tls { client.with_tls() } else { client }).unwrap();
+        (owner, client, proxy)
+    }
+
+    #[test]
+    fn a_tls_cluster_passes_the_transfer_and_channel_suites() {
+        let nodes = tls_cluster(0, 3, TIMEOUT, &key(b'a'));
+        transfers::round_trips_match_plain_reads_and_writes(nodes[0].as_ref(), nodes[1].as_ref());
+        transfers::large_transfers_round_trip(nodes[0].as_ref(), nodes[1].as_ref());
+        transfers::bounds_errors_are_typed_and_execute_nothing(nodes[0].as_ref(), nodes[1].as_ref());
+        channels::messages_stay_on_their_channel(nodes[0].clone(), nodes[1].clone());
+        let senders: Vec<Arc<dyn Fabric>> = nodes[1..].iter().map(|n| n.clone() as Arc<dyn Fabric>).collect();
+        channels::per_sender_order_holds_per_channel(senders, nodes[0].clone());
+    }
+
+    /// A write's bytes are visible on the wire of a keyed connection (sealed,
+    /// not encrypted) and invisible inside TLS.
+    #[test]
+    fn inside_tls_the_bytes_on_the_wire_are_not_the_data() {
+        let secret = b"a price nobody on the wire may read, sixty-four bytes long......";
+        for (tls, visible) in [(false, true), (true, false)] {
+            let (owner, client, proxy) = through_proxy(&key(b'b'), tls);
+            let region = owner.register("r", 64, Access::all()).unwrap();
+            client.connect(NodeId(0), "r").unwrap().write(0, secret).unwrap();
+            assert_eq!(transfers::contents(region.memory()), secret.to_vec());
+            let wire = proxy.captured();
+            let seen = wire.windows(secret.len()).any(|w| w == secret);
+            assert_eq!(seen, visible, "tls {tls}: the data was {} on the wire", if seen { "seen" } else { "not seen" });
+        }
+    }
+
+    #[test]
+    fn a_byte_altered_inside_tls_closes_the_connection_and_changes_nothing() {
+        let (owner, client, proxy) = through_proxy(&key(b'c'), true);
+        let region = owner.register("r", 64, Access::all()).unwrap();
+        let remote = client.connect(NodeId(0), "r").unwrap();
+        proxy.tamper_next(40);
+        assert!(remote.write(0, &[0xab; 64]).unwrap_err().is_unreachable());
+        assert_eq!(transfers::contents(region.memory()), vec![0u8; 64]);
+        remote.write(0, &[0xab; 64]).unwrap();
+        assert_eq!(transfers::contents(region.memory()), vec![0xab; 64]);
+    }
+
+    #[test]
+    fn tls_and_plain_nodes_refuse_each_other_and_tls_needs_the_key() {
+        let k = key(b'd');
+        let tls_node = TcpFabric::open(TcpConfig::new(NodeId(0), common::loopback()).with_key(&k).with_tls()).unwrap();
+        let plain_node = keyed_node(1, SHORT, &k);
+        tls_node.register("r", 8, Access::all()).unwrap();
+        plain_node.register("r", 8, Access::all()).unwrap();
+        plain_node.add_peer(NodeId(0), tls_node.local_addr());
+        tls_node.add_peer(NodeId(1), plain_node.local_addr());
+        assert!(plain_node.connect(NodeId(0), "r").is_err(), "a peer outside TLS reached a TLS node");
+        assert!(tls_node.connect(NodeId(1), "r").is_err(), "a TLS node reached a peer outside TLS");
+        let keyless = TcpFabric::open(TcpConfig::new(NodeId(2), common::loopback()).with_tls());
+        assert!(matches!(keyless, Err(FabricError::Unauthenticated { .. })));
+    }
+}

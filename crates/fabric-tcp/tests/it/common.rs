@@ -29,6 +29,8 @@ struct ProxyState {
     /// Flip the byte at this index of the next chunk towards the owner
     /// (a man in the middle altering a frame in flight).
     tamper: Mutex<Option<usize>>,
+    /// Every byte forwarded towards the owner, in order.
+    captured: Mutex<Vec<u8>>,
 }
 
 impl Proxy {
@@ -40,6 +42,7 @@ impl Proxy {
             thawed: Condvar::new(),
             streams: Mutex::default(),
             tamper: Mutex::new(None),
+            captured: Mutex::default(),
         });
         let accept_state = Arc::clone(&state);
         std::thread::spawn(move || {
@@ -85,6 +88,11 @@ impl Proxy {
         *self.state.tamper.lock().unwrap() = Some(index);
     }
 
+    /// The bytes forwarded towards the owner so far.
+    pub(crate) fn captured(&self) -> Vec<u8> {
+        self.state.captured.lock().unwrap().clone()
+    }
+
     pub(crate) fn sever(&self) {
         for stream in self.state.streams.lock().unwrap().drain(..) {
             let _ = stream.shutdown(Shutdown::Both);
@@ -110,6 +118,7 @@ fn pump(mut from: TcpStream, mut to: TcpStream, towards_owner: bool, state: &Pro
             if let Some(index) = tamper.take_if(|index| *index < n) {
                 buf[index] ^= 0x01;
             }
+            state.captured.lock().unwrap().extend_from_slice(&buf[..n]);
         }
         if to.write_all(&buf[..n]).is_err() {
             break;

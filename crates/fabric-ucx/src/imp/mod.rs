@@ -316,7 +316,7 @@ impl Shared {
     fn dial(&self, node: NodeId) -> Result<Conn> {
         let mut stream = self.dial_stream(node)?;
         let Some(key) = &self.key else { return Ok(Conn::plain(stream)) };
-        let session = auth::connect_over(&mut stream, key, self.node, self.incarnation, node)
+        let session = auth::connect_over(&mut stream, key, self.node, self.incarnation, node, b"")
             .map_err(|e| FabricError::Unauthenticated { node, reason: e.to_string() })?;
         Ok(Conn::sealed(stream, session))
     }
@@ -539,7 +539,9 @@ fn serve(shared: &Arc<Shared>, mut stream: TcpStream) {
         None => (Conn::plain(stream), None),
         Some(key) => {
             let session = auth::read_handshake_frame(&mut stream).and_then(|hello| match hello {
-                Some(hello) => auth::accept_over(&mut stream, key, shared.node, shared.incarnation, &hello).map(Some),
+                Some(hello) => {
+                    auth::accept_over(&mut stream, key, shared.node, shared.incarnation, &hello, b"").map(Some)
+                }
                 None => Ok(None),
             });
             match session {
