@@ -51,9 +51,13 @@ impl RegionMemory {
     /// Wraps memory owned by `owner` (a mapping, for example).
     ///
     /// # Safety
-    /// `base` must point to `len` bytes, 8-byte aligned, valid for reads and
-    /// writes for as long as `owner` lives, and accessed by others only
-    /// through atomic operations. `len` must be a multiple of 8.
+    /// `base` must point to `len` bytes, 8-byte aligned, valid for reads for
+    /// as long as `owner` lives, and accessed by others only through atomic
+    /// operations. `len` must be a multiple of 8. The bytes must be valid for
+    /// writes too, unless the caller guarantees no write reaches them: a
+    /// peer's read-only view of a region (`fabric-shm` maps a region
+    /// `PROT_READ` for a peer without write or atomic rights and refuses its
+    /// writing operations before they reach the memory).
     pub unsafe fn from_raw(name: &str, base: NonNull<u8>, len: u64, owner: Box<dyn Send + Sync>) -> Result<Self> {
         if !(base.as_ptr() as usize).is_multiple_of(8) || !len.is_multiple_of(8) {
             return Err(FabricError::Misaligned { offset: base.as_ptr() as u64 });
