@@ -79,7 +79,9 @@ pub fn write_new_secret_file(path: &Path, content: &[u8]) -> Result<(), SecretEr
         .write(true)
         .create_new(true)
         .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        // `create_new` is O_CREAT|O_EXCL, which fails on any existing name,
+        // a symbolic link included (dangling or not): nothing is followed.
+        .custom_flags(libc::O_CLOEXEC)
         .open(path)
         .map_err(create)?;
     file.write_all(content).map_err(create)?;
@@ -116,6 +118,34 @@ mod tests {
             let err = read_secret_file(&path).unwrap_err();
             assert!(matches!(err, SecretError::Permissions { .. }), "{mode:o}: {err}");
             assert!(err.to_string().contains("chmod 600"), "{err}");
+        }
+    }
+
+    /// The size bound is inclusive, and the whole of a file at the bound is read.
+    #[test]
+    fn a_file_of_exactly_the_bound_is_read_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let content = vec![b'k'; SECRET_FILE_BYTES_MAX as usize];
+        let path = write(dir.path(), "max", &content, 0o600);
+        assert_eq!(read_secret_file(&path).unwrap().as_bytes(), &content[..]);
+    }
+
+    /// A private file of another user is refused (as root: a file handed to
+    /// uid 65534); root's own files are accepted.
+    #[test]
+    fn another_users_file_is_refused() {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("skipped: only root can give a file to another user");
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let path = write(dir.path(), "theirs", b"secret", 0o600);
+        assert!(read_secret_file(&path).unwrap().ct_eq(b"secret"), "root's own file");
+        std::os::unix::fs::chown(&path, Some(65534), None).unwrap();
+        match read_secret_file(&path) {
+            Err(SecretError::Owner { owner: 65534, user: 0, .. }) => {}
+            other => panic!("another user's file was accepted: {other:?}"),
         }
     }
 

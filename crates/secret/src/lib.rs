@@ -148,6 +148,31 @@ mod tests {
         assert_ne!(ClusterKey::generate().key, key.key, "two fresh keys are equal: the random source is broken");
         assert_eq!(key.fingerprint(), parsed.fingerprint());
         assert_eq!(key.fingerprint().len(), 16);
+        assert_eq!(
+            format!("{key:?}"),
+            format!("ClusterKey({})", key.fingerprint()),
+            "Debug shows the fingerprint only"
+        );
+    }
+
+    #[test]
+    fn a_key_written_is_read_back_from_a_private_file() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("cluster.key");
+        let key = ClusterKey::generate();
+        key.write_new(&path).unwrap();
+        assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
+        assert_eq!(ClusterKey::read(&path).unwrap().key, key.key);
+        assert!(ClusterKey::generate().write_new(&path).is_err(), "an existing key was replaced");
+        assert_eq!(ClusterKey::read(&path).unwrap().key, key.key);
+    }
+
+    #[test]
+    fn nonces_are_fresh() {
+        let (a, b): ([u8; 16], [u8; 16]) = (random_nonce(), random_nonce());
+        assert_ne!(a, b, "two nonces are equal: the random source is broken");
+        assert_ne!(a, [0; 16]);
     }
 
     #[test]
@@ -171,6 +196,7 @@ mod tests {
     #[test]
     fn secrets_compare_in_constant_time_and_never_print() {
         let secret = Secret::new(b"token".to_vec());
+        assert_eq!(secret.as_bytes(), b"token");
         assert!(secret.ct_eq(b"token"));
         assert!(!secret.ct_eq(b"tokeN"));
         assert!(!secret.ct_eq(b"toke"));
