@@ -408,6 +408,88 @@ mod tests {
     }
 
     #[test]
+    fn keys_and_sessions_print_no_secret_and_frames_name_their_kind() {
+        assert_eq!(format!("{:?}", key()), "FabricKey(..)");
+        let (connector, _) = handshake(&key(), &key()).unwrap();
+        assert_eq!(format!("{connector:?}"), "Session { peer: NodeId(2), peer_incarnation: 22 }");
+        assert_eq!(Frame::AuthProof { tag: [0; TAG_BYTES] }.kind_name(), "AuthProof");
+        assert_eq!(Frame::Hello { node: NodeId(1) }.kind_name(), "Hello");
+        assert_eq!(Frame::Lookup { request: 1, name: "x".into() }.kind_name(), "Lookup");
+    }
+
+    /// The largest frame that may be sealed is one whose tag still fits the
+    /// frame bound; one byte more is refused and leaves the sequence alone.
+    #[test]
+    fn sealing_respects_the_frame_bound() {
+        let (mut connector, mut acceptor) = handshake(&key(), &key()).unwrap();
+        let mut largest = vec![0u8; LENGTH_PREFIX_BYTES + FRAME_BYTES_MAX - TAG_BYTES];
+        largest[LENGTH_PREFIX_BYTES] = crate::kind::MESSAGE;
+        let mut too_large = vec![0u8; largest.len() + 1];
+        assert!(matches!(connector.sealer.seal(&mut too_large), Err(WireError::TooLarge { .. })));
+        connector.sealer.seal(&mut largest).unwrap();
+        assert_eq!(largest.len(), LENGTH_PREFIX_BYTES + FRAME_BYTES_MAX);
+        let prefix = u32::from_le_bytes(largest[..LENGTH_PREFIX_BYTES].try_into().unwrap()) as usize;
+        assert_eq!(prefix, FRAME_BYTES_MAX);
+        assert!(
+            acceptor.opener.open(&largest[LENGTH_PREFIX_BYTES..]).is_ok(),
+            "the refused frame took a sequence number"
+        );
+    }
+
+    #[test]
+    fn io_errors_map_to_what_the_handshake_saw() {
+        let kind = |kind| HandshakeError::from(std::io::Error::from(kind));
+        assert!(matches!(kind(std::io::ErrorKind::TimedOut), HandshakeError::TimedOut));
+        assert!(matches!(kind(std::io::ErrorKind::WouldBlock), HandshakeError::TimedOut));
+        assert!(matches!(kind(std::io::ErrorKind::UnexpectedEof), HandshakeError::Closed));
+        assert!(matches!(kind(std::io::ErrorKind::ConnectionReset), HandshakeError::Io(_)));
+    }
+
+    /// A reader that is interrupted before each byte it gives.
+    struct Interrupting<'a>(&'a [u8], bool);
+
+    impl std::io::Read for Interrupting<'_> {
+        fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+            self.1 = !self.1;
+            if self.1 {
+                return Err(std::io::ErrorKind::Interrupted.into());
+            }
+            let n = buf.len().min(self.0.len()).min(1);
+            buf[..n].copy_from_slice(&self.0[..n]);
+            self.0 = &self.0[n..];
+            Ok(n)
+        }
+    }
+
+    #[test]
+    fn the_handshake_reader_handles_ends_bounds_and_interruptions() {
+        assert!(matches!(read_handshake_frame(&mut &[][..]), Ok(None)), "a clean end before a frame");
+        assert!(
+            matches!(read_handshake_frame(&mut &[1u8, 0][..]), Err(HandshakeError::Closed)),
+            "an end inside the prefix"
+        );
+        assert!(matches!(read_handshake_frame(&mut &[0u8; 4][..]), Err(HandshakeError::Malformed(_))), "a zero length");
+        // A frame of exactly the bound is read whole (then fails to decode); one over is refused unread.
+        let mut at_bound = (HANDSHAKE_BODY_BYTES_MAX as u32).to_le_bytes().to_vec();
+        at_bound.extend_from_slice(&[0xee; HANDSHAKE_BODY_BYTES_MAX]);
+        let mut reader: &[u8] = &at_bound;
+        assert!(matches!(read_handshake_frame(&mut reader), Err(HandshakeError::Malformed(_))));
+        assert!(reader.is_empty(), "a frame at the bound was not read");
+        // Interrupted reads are retried, not taken for errors.
+        let proof = encode(&Frame::AuthProof { tag: [7; TAG_BYTES] });
+        let read = read_handshake_frame(&mut Interrupting(&proof, false)).unwrap();
+        assert_eq!(read, Some(Frame::AuthProof { tag: [7; TAG_BYTES] }));
+        // Any other error ends the read.
+        struct Resetting;
+        impl std::io::Read for Resetting {
+            fn read(&mut self, _: &mut [u8]) -> std::io::Result<usize> {
+                Err(std::io::ErrorKind::ConnectionReset.into())
+            }
+        }
+        assert!(matches!(read_handshake_frame(&mut Resetting), Err(HandshakeError::Io(_))));
+    }
+
+    #[test]
     fn both_ends_with_the_key_agree_and_frames_pass_both_ways() {
         let (mut connector, mut acceptor) = handshake(&key(), &key()).unwrap();
         assert_eq!((connector.peer, connector.peer_incarnation), (NodeId(2), 22));

@@ -178,6 +178,25 @@ mod tests {
     }
 
     #[test]
+    fn the_named_sets_are_their_parts_and_survive_their_bits() {
+        assert_eq!(Rights::READ_WRITE, Rights::READ.union(Rights::WRITE));
+        assert_eq!(Rights::READ_ATOMIC, Rights::READ.union(Rights::ATOMIC));
+        assert_eq!(Rights::ALL, Rights::READ_WRITE.union(Rights::ATOMIC));
+        for right in [Rights::READ, Rights::WRITE, Rights::ATOMIC] {
+            assert!(Rights::ALL.contains(right) && !Rights::NONE.contains(right));
+        }
+        for bits in 0..8 {
+            let rights = Rights::from_bits(bits);
+            assert_eq!(Rights::from_bits(rights.bits()), rights);
+            assert_eq!(rights.bits(), bits);
+        }
+        assert_eq!(format!("{:?}", Rights::READ_WRITE), "read+write");
+        let access = Access::new(Rights::READ_ATOMIC).grant(NodeId(3), Rights::NONE);
+        assert_eq!(access.default_rights(), Rights::READ_ATOMIC);
+        assert_eq!(access.grants(), &[(NodeId(3), Rights::NONE)]);
+    }
+
+    #[test]
     fn a_node_override_replaces_the_default_and_the_check_names_the_op() {
         let access = Access::read_only().grant(NodeId(1), Rights::ALL);
         assert_eq!(access.rights_of(NodeId(1)), Rights::ALL);
