@@ -19,7 +19,6 @@
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::os::fd::AsRawFd;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tierstack_fabric::{FabricError, Result};
@@ -265,22 +264,11 @@ impl Write for TlsWriter {
     }
 }
 
-/// Waits until `stream` is ready for `events` (or hung up), at most `timeout`.
+/// Waits until `stream` is ready for `events`, at most `timeout`.
 fn wait_for(stream: &TcpStream, events: libc::c_short, timeout: Option<Duration>) -> std::io::Result<()> {
-    let mut fd = libc::pollfd { fd: stream.as_raw_fd(), events, revents: 0 };
-    let timeout_ms = timeout.map_or(-1, |t| libc::c_int::try_from(t.as_millis()).unwrap_or(libc::c_int::MAX));
-    loop {
-        // SAFETY: one valid pollfd for a socket this link holds open.
-        let ready = unsafe { libc::poll(&mut fd, 1, timeout_ms) };
-        match ready {
-            0 => return Err(std::io::ErrorKind::TimedOut.into()),
-            n if n > 0 => return Ok(()),
-            _ => {
-                let error = std::io::Error::last_os_error();
-                if error.kind() != std::io::ErrorKind::Interrupted {
-                    return Err(error);
-                }
-            }
-        }
+    if tierstack_fabric::listen::wait_ready(stream, events, timeout)? {
+        Ok(())
+    } else {
+        Err(std::io::ErrorKind::TimedOut.into())
     }
 }

@@ -331,18 +331,7 @@ pub const HANDSHAKE_BODY_BYTES_MAX: usize = 96;
 /// at a clean end of stream before the first byte. Set a read timeout on
 /// the stream first: this blocks as long as the stream does.
 pub fn read_handshake_frame(r: &mut impl std::io::Read) -> Result<Option<Frame>, HandshakeError> {
-    let mut prefix = [0u8; LENGTH_PREFIX_BYTES];
-    let mut filled = 0;
-    while filled < prefix.len() {
-        match r.read(&mut prefix[filled..]) {
-            Ok(0) if filled == 0 => return Ok(None),
-            Ok(0) => return Err(HandshakeError::Closed),
-            Ok(n) => filled += n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e.into()),
-        }
-    }
-    let len = u32::from_le_bytes(prefix) as usize;
+    let Some(len) = crate::read_length_prefix(r)? else { return Ok(None) };
     if len == 0 || len > HANDSHAKE_BODY_BYTES_MAX {
         return Err(HandshakeError::Malformed(format!(
             "a handshake frame of {len} bytes (at most {HANDSHAKE_BODY_BYTES_MAX})"

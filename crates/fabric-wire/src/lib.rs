@@ -844,18 +844,12 @@ pub fn read_frame(r: &mut impl Read) -> Result<Option<Frame>, WireError> {
 /// the first byte of a frame; otherwise fails as [`read_frame`] does, and
 /// likewise never allocates for a prefix over [`FRAME_BYTES_MAX`].
 pub fn read_frame_body(r: &mut impl Read, body: &mut Vec<u8>) -> Result<bool, WireError> {
-    let mut prefix = [0u8; LENGTH_PREFIX_BYTES];
-    let mut filled = 0;
-    while filled < prefix.len() {
-        match r.read(&mut prefix[filled..]) {
-            Ok(0) if filled == 0 => return Ok(false),
-            Ok(0) => return Err(WireError::Truncated),
-            Ok(n) => filled += n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(WireError::Io(e)),
-        }
-    }
-    let len = u32::from_le_bytes(prefix) as usize;
+    let len = match read_length_prefix(r) {
+        Ok(Some(len)) => len,
+        Ok(None) => return Ok(false),
+        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Err(WireError::Truncated),
+        Err(e) => return Err(WireError::Io(e)),
+    };
     if len > FRAME_BYTES_MAX {
         return Err(WireError::TooLarge { len });
     }
@@ -869,6 +863,24 @@ pub fn read_frame_body(r: &mut impl Read, body: &mut Vec<u8>) -> Result<bool, Wi
         _ => WireError::Io(e),
     })?;
     Ok(true)
+}
+
+/// Reads a frame's length prefix: `None` at a clean end of stream before
+/// its first byte, `UnexpectedEof` at an end inside it; an interrupted read
+/// goes on. Checking the length against a bound is the caller's.
+pub(crate) fn read_length_prefix(r: &mut impl Read) -> io::Result<Option<usize>> {
+    let mut prefix = [0u8; LENGTH_PREFIX_BYTES];
+    let mut filled = 0;
+    while filled < prefix.len() {
+        match r.read(&mut prefix[filled..]) {
+            Ok(0) if filled == 0 => return Ok(None),
+            Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+            Ok(n) => filled += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(Some(u32::from_le_bytes(prefix) as usize))
 }
 
 #[cfg(test)]

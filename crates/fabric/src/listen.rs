@@ -1,8 +1,10 @@
 //! What the socket-bootstrapped backends (`tcp`, `ucx`) share when a node
-//! opens: the checks on its configuration and its listening socket.
+//! opens: the checks on its configuration and its listening socket; and
+//! the one wait for a socket to become ready.
 
 use crate::{FabricError, Result};
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
 use std::time::Duration;
 use tierstack_base::limits::NODES_MAX;
 use tierstack_base::NodeId;
@@ -44,6 +46,27 @@ pub fn loopback_for(addr: SocketAddr) -> SocketAddr {
     }
 }
 
+/// Waits until `stream` is ready for `events` (`libc::POLLIN`,
+/// `libc::POLLOUT`) or hung up: `Ok(true)`; `Ok(false)` when `timeout`
+/// (`None`: no bound) passes first. An interrupted wait goes on.
+pub fn wait_ready(stream: &TcpStream, events: libc::c_short, timeout: Option<Duration>) -> std::io::Result<bool> {
+    let mut fd = libc::pollfd { fd: stream.as_raw_fd(), events, revents: 0 };
+    let timeout_ms = timeout.map_or(-1, |t| libc::c_int::try_from(t.as_millis()).unwrap_or(libc::c_int::MAX));
+    loop {
+        // SAFETY: one valid pollfd, for a socket the caller holds open.
+        match unsafe { libc::poll(&mut fd, 1, timeout_ms) } {
+            0 => return Ok(false),
+            n if n > 0 => return Ok(true),
+            _ => {
+                let error = std::io::Error::last_os_error();
+                if error.kind() != std::io::ErrorKind::Interrupted {
+                    return Err(error);
+                }
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -56,6 +79,18 @@ mod tests {
         assert_eq!(loopback_for(v4), "127.0.0.1:7".parse().unwrap());
         assert_eq!(loopback_for(v6), "[::1]:7".parse().unwrap());
         assert_eq!(loopback_for(other), other);
+    }
+
+    #[test]
+    fn a_socket_is_ready_once_its_peer_writes_and_not_before() {
+        use std::io::Write;
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (server, _) = listener.accept().unwrap();
+        assert!(!wait_ready(&server, libc::POLLIN, Some(Duration::from_millis(1))).unwrap(), "nothing was sent");
+        assert!(wait_ready(&server, libc::POLLOUT, Some(Duration::from_millis(1))).unwrap());
+        client.write_all(b"x").unwrap();
+        assert!(wait_ready(&server, libc::POLLIN, None).unwrap());
     }
 
     #[test]

@@ -496,11 +496,8 @@ impl Shared {
 
 /// Whether `stream` has something to read (or hung up) within `timeout`.
 fn readable(stream: &TcpStream, timeout: Duration) -> bool {
-    use std::os::fd::AsRawFd;
-    let mut fd = libc::pollfd { fd: stream.as_raw_fd(), events: libc::POLLIN, revents: 0 };
-    let timeout_ms = libc::c_int::try_from(timeout.as_millis()).unwrap_or(libc::c_int::MAX);
-    // SAFETY: one valid pollfd for a socket we hold open.
-    unsafe { libc::poll(&mut fd, 1, timeout_ms) > 0 }
+    // An error counts as not readable: the caller looks at its shutdown and waits again.
+    tierstack_fabric::listen::wait_ready(stream, libc::POLLIN, Some(timeout)).unwrap_or(false)
 }
 
 /// Accepts bootstrap connections; each is served by a thread of its own.
