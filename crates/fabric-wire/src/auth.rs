@@ -425,6 +425,18 @@ mod tests {
         );
     }
 
+    /// An encoded frame has room for its tag: sealing it moves no bytes.
+    #[test]
+    fn sealing_an_encoded_frame_does_not_reallocate() {
+        let (mut connector, _) = handshake(&key(), &key()).unwrap();
+        let ops = vec![tierstack_fabric::Op::Write { offset: 0, data: vec![1; 1 << 20] }];
+        let mut bytes = encode(&Frame::Ops { request: 1, region: 0, incarnation: 1, ops });
+        let capacity = bytes.capacity();
+        assert!(capacity - bytes.len() >= TAG_BYTES, "no room for the tag: sealing would copy the frame");
+        connector.sealer.seal(&mut bytes).unwrap();
+        assert_eq!(bytes.capacity(), capacity, "sealing grew the frame's buffer");
+    }
+
     #[test]
     fn io_errors_map_to_what_the_handshake_saw() {
         let kind = |kind| HandshakeError::from(std::io::Error::from(kind));

@@ -208,7 +208,8 @@ pub fn try_encode(frame: &Frame) -> Result<Vec<u8>, WireError> {
 
 /// The frame, or the partial bytes and why it cannot be encoded.
 fn encode_checked(frame: &Frame) -> Result<Vec<u8>, (Vec<u8>, FabricError)> {
-    let mut out = Vec::with_capacity(LENGTH_PREFIX_BYTES + body_capacity_hint(frame));
+    // Room for a seal's tag too, so sealing a large frame never copies it.
+    let mut out = Vec::with_capacity(LENGTH_PREFIX_BYTES + body_capacity_hint(frame) + auth::TAG_BYTES);
     out.extend_from_slice(&[0u8; LENGTH_PREFIX_BYTES]);
     if let Err(error) = encode_body(frame, &mut out) {
         return Err((out, error));
