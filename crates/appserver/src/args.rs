@@ -95,8 +95,8 @@ pub struct AppServerArgs {
     #[arg(long, default_value_t = MONITOR_INTERVAL_MS_DEFAULT, requires = "publish_load")]
     pub monitor_interval_ms: u64,
     /// Per-read CPU cost: `rubis` (a heavy-tailed "RUBiS-like" mix:
-    /// bounded Pareto, alpha 1.1, 0.2-50 ms) or `pareto:<alpha>,<min_us>,<max_us>`;
-    /// drawn from --seed.
+    /// bounded Pareto, alpha 1.1, 0.2-50 ms), `pareto:<alpha>,<min_us>,<max_us>`
+    /// or `fixed:<us>` (every page costs exactly that); drawn from --seed.
     #[arg(long)]
     pub cpu_cost: Option<String>,
     /// Emulate a node of this many workers: each read's cost is spent in

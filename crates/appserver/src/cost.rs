@@ -29,11 +29,16 @@ impl CpuCost {
     /// (mean ≈ 0.9 ms, a few percent of requests above 5 ms).
     pub const RUBIS_LIKE: CpuCost = CpuCost { alpha: 1.1, min_us: 200, max_us: 50_000, seed: 1 };
 
-    /// `rubis` (the default mix) or `pareto:<alpha>,<min_us>,<max_us>`,
-    /// with `seed`.
+    /// `rubis` (the default mix), `pareto:<alpha>,<min_us>,<max_us>` or
+    /// `fixed:<us>` (every page costs exactly that), with `seed`.
     pub fn parse(spec: &str, seed: u64) -> Result<CpuCost, String> {
         let cost = if spec == "rubis" {
             CpuCost { seed, ..CpuCost::RUBIS_LIKE }
+        } else if let Some(micros) = spec.strip_prefix("fixed:") {
+            let micros =
+                micros.trim().parse::<u64>().map_err(|_| format!("{spec:?}: {micros:?} is not a whole number"))?;
+            // A Pareto bounded to one point: every draw is that point.
+            CpuCost { alpha: 1.0, min_us: micros, max_us: micros, seed }
         } else if let Some(params) = spec.strip_prefix("pareto:") {
             let fields: Vec<&str> = params.split(',').collect();
             let [alpha, min_us, max_us] = fields[..] else {
@@ -48,7 +53,9 @@ impl CpuCost {
                 seed,
             }
         } else {
-            return Err(format!("unknown CPU cost {spec:?} (expected rubis or pareto:<alpha>,<min_us>,<max_us>)"));
+            return Err(format!(
+                "unknown CPU cost {spec:?} (expected rubis, pareto:<alpha>,<min_us>,<max_us> or fixed:<us>)"
+            ));
         };
         cost.validate()?;
         Ok(cost)
@@ -178,5 +185,22 @@ mod tests {
         for bad in ["", "pareto:1", "pareto:x,1,2", "pareto:1,0,5", "pareto:1,9,5", "pareto:-1,1,5", "exp:1"] {
             assert!(CpuCost::parse(bad, 0).is_err(), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn a_fixed_cost_is_that_cost_for_every_page() {
+        let cost = CpuCost::parse("fixed:3000", 5).unwrap();
+        assert!((0..1000).all(|i| cost.cost_us("hot", i) == 3000));
+        assert!((0..1000).all(|i| cost.cost_us(&format!("doc{i}"), 7) == 3000));
+        assert_eq!(CpuCost::parse("fixed:1", 0).unwrap().cost_us("a", 1), 1);
+    }
+
+    #[test]
+    fn bad_fixed_costs_are_refused() {
+        for bad in ["fixed:", "fixed:x", "fixed:-3", "fixed:0", "fixed:1,2", "fixed:1.5", "fixed:10000001"] {
+            let err = CpuCost::parse(bad, 0).unwrap_err();
+            assert!(err.contains("fixed") || err.contains("bounds"), "{bad:?}: {err}");
+        }
+        assert!(CpuCost::parse("fixed:10000000", 0).is_ok(), "10 s is the bound, inclusive");
     }
 }

@@ -24,15 +24,11 @@
 //! group, not of one thread among hundreds. poll/tcp and poll/shm are
 //! measured in both, and the ratio is reported for each.
 //!
-//! **The hot-document experiment** ([`run_hot`], `--hot`, issue 16): 32
-//! connections on one hot 8 KiB document (and the Zipf and WorldCup-like
-//! traces), an update per second, 200 compute threads: p50/p99 of ttl,
-//! poll/shm and poll/shm with write-through push (`poll/shm+wt`: the
-//! application server installs each update's new version at the proxies
-//! before UPDATE_DONE) in the same run, update latency and load average beside.
+//! **The hot-document experiment** (`--hot`, issues 16 and 31) lives in
+//! [`crate::coherence_hot`]; it measures with this module's [`measure`].
 
 use crate::html::Report;
-use crate::report::{bars_by, series_by, Axes, Plot, Table};
+use crate::report::{series_by, Axes, Plot, Table};
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
@@ -87,11 +83,16 @@ pub struct Mode {
     /// The proxies refresh their hot documents themselves (`tierstack
     /// proxy --refresh-hot`, issue 16); off: `--refresh-hot 0`.
     pub refresh: bool,
+    /// Each update publishes its new page at the module and versions change
+    /// at UPDATE_DONE (`app-module --versions-at done`, `app-server
+    /// --publish`, issue 31): a proxy whose check fails reads the page
+    /// one-sidedly instead of asking the application server.
+    pub publish: bool,
 }
 
 impl Mode {
     pub const fn new(cache: &'static str, backend: Backend) -> Mode {
-        Mode { cache, backend, placement: Placement::Shared, write_through: false, refresh: false }
+        Mode { cache, backend, placement: Placement::Shared, write_through: false, refresh: false, publish: false }
     }
 
     pub fn label(&self) -> String {
@@ -104,6 +105,9 @@ impl Mode {
         }
         if self.refresh {
             label.push_str("+refresh");
+        }
+        if self.publish {
+            label.push_str("+publish");
         }
         if self.placement == Placement::Own {
             label.push_str("@own");
@@ -130,25 +134,9 @@ pub fn own_service_modes() -> Vec<Mode> {
         .collect()
 }
 
-/// The hot-document experiment's modes: the ttl bound, poll/shm, and
-/// poll/shm with write-through push, the application tier in sessions of
-/// its own ([`Placement::Own`]): with it in the load client's session, the
-/// compute threads' load would take that session's CPU weight from the
-/// proxies and the load client on the other CPU, and any other session
-/// there (a shared machine) would starve them, ttl included.
-pub fn hot_modes() -> Vec<Mode> {
-    let own = |mode: Mode| Mode { placement: Placement::Own, ..mode };
-    vec![
-        own(Mode::new("ttl", Backend::Shm)),
-        own(Mode::new("poll", Backend::Shm)),
-        own(Mode { write_through: true, ..Mode::new("poll", Backend::Shm) }),
-        own(Mode { refresh: true, ..Mode::new("poll", Backend::Shm) }),
-    ]
-}
-
 /// The proxies' refresh in the `+refresh` modes: the CLI's default hot set
 /// size and interval.
-const REFRESH_ARGS: &[&str] = &["--refresh-hot", "64", "--refresh-interval-ms", "5"];
+pub(crate) const REFRESH_ARGS: &[&str] = &["--refresh-hot", "64", "--refresh-interval-ms", "5"];
 
 /// The load average (`/proc/loadavg`'s first three fields), or `?`.
 pub fn load_average() -> String {
@@ -171,7 +159,8 @@ pub struct CoherenceArgs {
     /// Output folder for JSON and plots.
     #[arg(long, default_value = "report/coherence")]
     pub out: PathBuf,
-    /// Compute threads 0 and 200 only, 3 s per run.
+    /// Compute threads 0 and 200 only, 3 s per run (with --hot: 200 threads, costs none and
+    /// fixed:3000, 2 rounds of 2 s runs: a smoke run).
     #[arg(long)]
     pub quick: bool,
     /// Compute-thread counts (default 0,25,50,100,200).
@@ -185,18 +174,31 @@ pub struct CoherenceArgs {
     /// each in a session, so an autogroup, of its own).
     #[arg(long, value_delimiter = ',', default_value = "shared,own")]
     pub placements: Vec<String>,
-    /// The hot-document experiment instead (issue 16): ttl, poll/shm, poll/shm with
-    /// write-through push and poll/shm with proxy-side refresh at 200 compute threads and
-    /// 32 connections, single/zipf/worldcup.
+    /// The hot-document experiment instead (issues 16, 31): ttl, poll/shm, write-through
+    /// push, proxy-side refresh and published pages, 32 connections, single and zipf, at 0 and
+    /// 200 compute threads and each --cpu-cost, alternated over --repeats rounds; and the
+    /// refresh study (refresh on and off, both placements).
     #[arg(long)]
     pub hot: bool,
     /// Connections of the load client (default 16; 32 with --hot).
     #[arg(long)]
     pub connections: Option<usize>,
-    /// With --hot: compute threads of the Zipf and WorldCup-like runs (default: the last
-    /// of --compute-threads, 200).
+    /// With --hot: the application server's CPU cost per page generated, one experiment
+    /// cell each: `none`, `fixed:<us>`, `rubis` or `pareto:<alpha>,<min_us>,<max_us>`
+    /// (default none,fixed:3000,rubis).
     #[arg(long, requires = "hot")]
-    pub trace_threads: Option<usize>,
+    pub cpu_cost: Option<String>,
+    /// With --hot: rounds; each runs every (trace, threads, cost, mode) once, the modes'
+    /// order rotated per round (default 3).
+    #[arg(long, requires = "hot")]
+    pub repeats: Option<usize>,
+    /// With --hot: traces (default single,zipf).
+    #[arg(long, requires = "hot", value_delimiter = ',')]
+    pub traces: Option<Vec<String>>,
+    /// With --hot: only these modes, by label (ttl@own, poll/shm@own, poll/shm+wt@own,
+    /// poll/shm+refresh@own, poll/shm+publish@own, poll/shm, poll/shm+refresh; default all).
+    #[arg(long, requires = "hot", value_delimiter = ',')]
+    pub modes: Option<Vec<String>>,
     /// Write-through's bound on an update's wait for its pushes.
     #[arg(long, default_value_t = 500)]
     pub write_through_bound_ms: u64,
@@ -214,7 +216,22 @@ impl CoherenceArgs {
         if let Some(connections) = self.connections {
             config.connections = connections;
         }
-        config.trace_threads = self.trace_threads;
+        if let Some(costs) = self.cpu_cost {
+            config.costs = crate::coherence_hot::cost_specs(&costs)?;
+        }
+        if let Some(repeats) = self.repeats {
+            anyhow::ensure!(repeats > 0, "--repeats must be at least 1");
+            config.repeats = repeats;
+        }
+        if let Some(traces) = self.traces {
+            for trace in &traces {
+                TraceSpec::parse(trace, 0.75, 20).with_context(|| format!("--traces {trace:?}"))?;
+            }
+            config.traces = traces;
+        }
+        if let Some(modes) = self.modes {
+            config.modes = Some(crate::coherence_hot::select_modes(&modes)?);
+        }
         config.write_through_bound = Duration::from_millis(self.write_through_bound_ms);
         if let Some(threads) = self.compute_threads {
             config.compute_threads = threads;
@@ -231,7 +248,7 @@ impl CoherenceArgs {
         let hot = self.hot;
         let config = self.config(exe()?)?;
         if hot {
-            run_hot(&config)?;
+            crate::coherence_hot::run_hot(&config)?;
         } else {
             run(&config)?;
         }
@@ -251,9 +268,14 @@ pub struct CoherenceBenchConfig {
     pub placements: Vec<Placement>,
     /// Write-through's bound on an update's wait for its pushes.
     pub write_through_bound: Duration,
-    /// `--hot`: compute threads of the Zipf and WorldCup-like runs
-    /// (`None`: the last of `compute_threads`).
-    pub trace_threads: Option<usize>,
+    /// `--hot`: the application server's CPU cost specs (`none`: no cost).
+    pub costs: Vec<String>,
+    /// `--hot`: rounds of alternated runs.
+    pub repeats: usize,
+    /// `--hot`: the traces.
+    pub traces: Vec<String>,
+    /// `--hot`: the modes measured (`None`: all of them).
+    pub modes: Option<Vec<Mode>>,
 }
 
 impl CoherenceBenchConfig {
@@ -268,21 +290,32 @@ impl CoherenceBenchConfig {
             update_interval_ms: 1000,
             placements: vec![Placement::Shared, Placement::Own],
             write_through_bound: Duration::from_millis(500),
-            trace_threads: None,
+            costs: vec![NO_COST.into()],
+            repeats: 1,
+            traces: vec!["single".into()],
+            modes: None,
         }
     }
 
-    /// The hot-document experiment's settings: 200 compute threads,
-    /// 32 connections.
+    /// The hot-document experiment's settings: 0 and 200 compute threads,
+    /// 32 connections, three page costs, three rounds of 5 s runs (the
+    /// default experiment takes about 30 min on two cores).
     pub fn hot(exe: PathBuf, out_dir: PathBuf, quick: bool) -> Self {
+        let costs: &[&str] = if quick { &[NO_COST, "fixed:3000"] } else { &[NO_COST, "fixed:3000", "rubis"] };
         Self {
-            compute_threads: vec![200],
+            compute_threads: if quick { vec![200] } else { vec![0, 200] },
             connections: 32,
-            duration: Duration::from_secs(if quick { 5 } else { 10 }),
+            duration: Duration::from_secs(if quick { 2 } else { 5 }),
+            costs: costs.iter().map(|c| c.to_string()).collect(),
+            repeats: if quick { 2 } else { 3 },
+            traces: vec!["single".into(), "zipf".into()],
             ..Self::new(exe, out_dir, quick)
         }
     }
 }
+
+/// The cost spec of an application server that spends no CPU per page.
+pub const NO_COST: &str = "none";
 
 /// One measured configuration.
 #[derive(Serialize)]
@@ -292,6 +325,10 @@ pub struct Run {
     pub write_through: bool,
     pub trace: String,
     pub compute_threads: usize,
+    /// The application server's `--cpu-cost` ([`NO_COST`]: none).
+    pub cpu_cost: String,
+    /// The round of alternated runs this run belongs to (`--hot`; else 0).
+    pub round: usize,
     /// `/proc/loadavg` when the run started.
     pub load_average: String,
     /// Latency of the updates (start to response), µs.
@@ -305,6 +342,9 @@ pub struct Run {
     pub stale_responses: u64,
     pub updates: u64,
     pub errors: u64,
+    /// Hits served from a page the application published at the module
+    /// (the proxies' `pages_installed`; `None`: the proxies do not count them).
+    pub pages_installed: Option<u64>,
     pub breakdown: Breakdown,
     pub proxies: Vec<ProxyStats>,
 }
@@ -332,7 +372,15 @@ struct AppStatsView {
     push: Option<serde_json::Value>,
 }
 
-fn measure(config: &CoherenceBenchConfig, mode: Mode, trace: &str, compute_threads: usize) -> Result<Run> {
+/// Deploys `mode` at `compute_threads` with the application server's CPU
+/// cost `cost` ([`NO_COST`]: none), replays `trace` and measures.
+pub(crate) fn measure(
+    config: &CoherenceBenchConfig,
+    mode: Mode,
+    trace: &str,
+    compute_threads: usize,
+    cost: &str,
+) -> Result<Run> {
     let spec = TraceSpec::parse(trace, 0.75, 20)?;
     let load_average = load_average();
     let options = DeploymentOptions {
@@ -342,7 +390,13 @@ fn measure(config: &CoherenceBenchConfig, mode: Mode, trace: &str, compute_threa
         ..DeploymentOptions::default()
     };
     let refresh = if mode.refresh { REFRESH_ARGS } else { &["--refresh-hot", "0"] };
-    let extra = ExtraArgs { proxy: strings(refresh), ..ExtraArgs::default() };
+    let mut app_server = if cost == NO_COST { Vec::new() } else { strings(&["--cpu-cost", cost]) };
+    let mut app_module = Vec::new();
+    if mode.publish {
+        app_server.push("--publish".into());
+        app_module.extend(strings(&["--versions-at", "done"]));
+    }
+    let extra = ExtraArgs { proxy: strings(refresh), app_server, app_module };
     let deployment = Deployment::start_with_args(
         &DeploymentConfig {
             exe: config.exe.clone(),
@@ -420,6 +474,8 @@ fn measure(config: &CoherenceBenchConfig, mode: Mode, trace: &str, compute_threa
         write_through: mode.write_through,
         trace: trace.to_string(),
         compute_threads,
+        cpu_cost: cost.to_string(),
+        round: 0,
         load_average,
         update_p50_us: report.updates.p50_ns as f64 / 1000.0,
         update_p99_us: report.updates.p99_ns as f64 / 1000.0,
@@ -431,6 +487,7 @@ fn measure(config: &CoherenceBenchConfig, mode: Mode, trace: &str, compute_threa
         stale_responses: report.stale_responses,
         updates: report.updates.done,
         errors: e.total(),
+        pages_installed: proxy_counter(&proxies, "pages_installed"),
         breakdown,
         proxies,
     })
@@ -456,13 +513,13 @@ pub fn run(config: &CoherenceBenchConfig) -> Result<CoherenceReport> {
         }
         for mode in sweep {
             eprintln!("bench coherence: {} with {threads} compute threads (single 8 KiB document)", mode.label());
-            runs.push(measure(config, mode, "single", threads)?);
+            runs.push(measure(config, mode, "single", threads, NO_COST)?);
         }
     }
     for trace in ["zipf", "worldcup"] {
         for mode in modes() {
             eprintln!("bench coherence: {} on the {trace} trace", mode.label());
-            runs.push(measure(config, mode, trace, 0)?);
+            runs.push(measure(config, mode, trace, 0, NO_COST)?);
         }
     }
     let report = CoherenceReport { runs };
@@ -482,6 +539,12 @@ pub fn stale_verdict<'a>(runs: impl IntoIterator<Item = (&'a str, &'a str, u64)>
         .collect();
     anyhow::ensure!(stale.is_empty(), "stale responses served in a coherent mode: {}", stale.join(", "));
     Ok(())
+}
+
+/// The sum over `proxies` of the stats counter `name`, or `None` when the
+/// proxies' stats have no such counter (a proxy from before it existed).
+fn proxy_counter(proxies: &[ProxyStats], name: &str) -> Option<u64> {
+    proxies.iter().map(|p| serde_json::to_value(p).ok().and_then(|v| v[name].as_u64())).sum()
 }
 
 fn find<'a>(report: &'a CoherenceReport, mode: &str, trace: &str, threads: usize) -> Option<&'a Run> {
@@ -743,125 +806,6 @@ fn targets(config: &CoherenceBenchConfig, report: &CoherenceReport) -> Vec<Strin
     out
 }
 
-/// The hot-document experiment (issue 16): at `config.compute_threads`
-/// (200 by default) and `config.connections` (32), the single 8 KiB
-/// document, then the Zipf and WorldCup-like traces, each in the
-/// [`hot_modes`]; prints p50/p99, throughput, update latency and the
-/// ratios to ttl measured in the same run, with the load average. Fails
-/// (after writing its report) if a coherent mode served a stale response.
-pub fn run_hot(config: &CoherenceBenchConfig) -> Result<CoherenceReport> {
-    std::fs::create_dir_all(&config.out_dir)?;
-    if tierstack_cluster::online_cpus() >= 2 {
-        pin_to_cpu(0)?;
-    }
-    let threads = config.compute_threads.last().copied().unwrap_or(200);
-    let trace_threads = config.trace_threads.unwrap_or(threads);
-    let mut plan: Vec<(&str, usize)> = config.compute_threads.iter().map(|&t| ("single", t)).collect();
-    plan.extend([("zipf", trace_threads), ("worldcup", trace_threads)]);
-    let mut runs = Vec::new();
-    for (trace, threads) in plan {
-        for mode in hot_modes() {
-            eprintln!(
-                "bench coherence --hot: {} on {trace}, {threads} compute threads, {} connections (load {})",
-                mode.label(),
-                config.connections,
-                load_average()
-            );
-            runs.push(measure(config, mode, trace, threads)?);
-        }
-    }
-    let report = CoherenceReport { runs };
-    report_hot(config, &report)?;
-    stale_verdict(report.runs.iter().map(|r| (r.mode.as_str(), r.trace.as_str(), r.stale_responses)))?;
-    Ok(report)
-}
-
-/// The hot-document experiment's page: one table of every run, bars of
-/// p99 and of throughput per mode at each trace and thread count, and
-/// `coherence-hot.json`.
-fn report_hot(config: &CoherenceBenchConfig, report: &CoherenceReport) -> Result<()> {
-    let mut out =
-        Report::new(&config.out_dir, "bench coherence --hot", "hot documents, strong coherence without update stalls");
-    out.page().paragraph(&format!(
-        "{} connections, compute threads on the application server as in each row, an update every {} ms, {:.0} s \
-         per run, warm caches, {} proxies; poll/shm+wt pushes each update's new version to the proxies before \
-         UPDATE_DONE (bound {:?}); poll/shm+refresh has no push, its proxies refresh their hot documents \
-         themselves ({}). Ratios are to ttl in the same run.",
-        config.connections,
-        config.update_interval_ms,
-        config.duration.as_secs_f64(),
-        config.proxies,
-        config.write_through_bound,
-        REFRESH_ARGS.join(" ")
-    ));
-    out.table(&hot_table(report));
-    out.json("coherence-hot.json", report)?;
-    let case = |r: &Run| format!("{}, {} threads", r.trace, r.compute_threads);
-    let mode = |r: &Run| r.mode.clone();
-    let axes = |y| Axes {
-        x_label: "trace, compute threads on the application server",
-        y_label: y,
-        log_x: false,
-        log_y: false,
-    };
-    out.plot(&Plot::bars(
-        "coherence-hot-p99.svg",
-        "Hot documents: client response time p99 by mode",
-        Axes { log_y: true, ..axes("response time p99 (µs)") },
-        bars_by(&report.runs, case, mode, |r| r.p99_us),
-    ))?;
-    out.plot(&Plot::bars(
-        "coherence-hot-throughput.svg",
-        "Hot documents: throughput by mode",
-        axes("throughput (requests/s)"),
-        bars_by(&report.runs, case, mode, |r| r.throughput_rps),
-    ))?;
-    out.finish()?;
-    Ok(())
-}
-
-/// Every run of the hot-document experiment, with its ratios to ttl.
-fn hot_table(report: &CoherenceReport) -> Table {
-    let mut table = Table::with_units(
-        "Hot document and traces: client latency, throughput, update latency",
-        &[
-            ("trace", ""),
-            ("compute threads", ""),
-            ("mode", ""),
-            ("p50", "µs"),
-            ("p99", "µs"),
-            ("p99 / ttl", ""),
-            ("throughput", "requests/s"),
-            ("rps / ttl", ""),
-            ("hit rate", ""),
-            ("stale", ""),
-            ("update p50", "µs"),
-            ("update p99", "µs"),
-            ("load average", ""),
-        ],
-    );
-    for r in &report.runs {
-        let ttl = find(report, "ttl@own", &r.trace, r.compute_threads);
-        let ratio = |a: f64, b: Option<f64>| b.map(|b| format!("{:.2}", a / b.max(1e-9))).unwrap_or_default();
-        table.row(vec![
-            r.trace.clone(),
-            r.compute_threads.to_string(),
-            r.mode.clone(),
-            format!("{:.0}", r.p50_us),
-            format!("{:.0}", r.p99_us),
-            ratio(r.p99_us, ttl.map(|t| t.p99_us)),
-            format!("{:.0}", r.throughput_rps),
-            ratio(r.throughput_rps, ttl.map(|t| t.throughput_rps)),
-            format!("{:.3}", r.hit_rate),
-            r.stale_responses.to_string(),
-            format!("{:.0}", r.update_p50_us),
-            format!("{:.0}", r.update_p99_us),
-            r.load_average.clone(),
-        ]);
-    }
-    table
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -876,10 +820,19 @@ mod tests {
 
     #[test]
     fn labels_name_placement_and_write_through() {
-        let labels: Vec<String> = own_service_modes().iter().chain(&hot_modes()).map(Mode::label).collect();
+        let hot = crate::coherence_hot::hot_modes();
+        let labels: Vec<String> = own_service_modes().iter().chain(&hot).map(Mode::label).collect();
         assert_eq!(
             labels,
-            ["poll/tcp@own", "poll/shm@own", "ttl@own", "poll/shm@own", "poll/shm+wt@own", "poll/shm+refresh@own"]
+            [
+                "poll/tcp@own",
+                "poll/shm@own",
+                "ttl@own",
+                "poll/shm@own",
+                "poll/shm+wt@own",
+                "poll/shm+refresh@own",
+                "poll/shm+publish@own"
+            ]
         );
         assert_eq!(Placement::parse("own").unwrap(), Placement::Own);
         assert!(Placement::parse("elsewhere").is_err());

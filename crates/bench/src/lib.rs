@@ -9,13 +9,14 @@
 //! Shared pieces: [`stats`] (latency summaries), [`report`] (tables, JSON,
 //! plots), [`html`] (the page a person opens: `index.html` per experiment),
 //! [`dlm_nodes`] (the lock-manager benchmark's node processes and their
-//! pipe protocol), [`fabric_node`] (`tierstack fabric`'s node tools). Experiments: [`fabric`], [`coherence`], [`pushpull`],
+//! pipe protocol), [`fabric_node`] (`tierstack fabric`'s node tools). Experiments: [`fabric`], [`coherence`] (its hot-document experiment: [`coherence_hot`]), [`pushpull`],
 //! [`dlm`], [`ddss`], [`monitor`] (its back end: [`monitor_node`]; its reconfiguration agent's flags: [`reconfig_agent`]); [`demo`] is the comparison `tierstack demo` tells and
 //! [`demo_run`] runs it; [`dlm_holds`] is the random-hold workload `tierstack dlm-node` runs.
 //! Launching processes (children, the 2-tier deployment, `tierstack
 //! cluster`) is deployment and lives in `tierstack_deploy`.
 
 pub mod coherence;
+pub mod coherence_hot;
 pub mod coop;
 pub mod coop_http;
 pub mod ddss;
