@@ -29,8 +29,12 @@ pub mod deps;
 pub mod module;
 pub mod module_core;
 pub mod module_socket;
+pub mod pages;
 pub mod table1;
+pub mod update_plan;
 pub mod version_table;
 
 pub use deps::{Dep, DepsError, DepsHeader, DEPS_HEADER};
-pub use version_table::{Incarnation, VersionChecker, VersionTable, VersionTableError};
+pub use pages::{Page, PageMiss};
+pub use update_plan::VersionsAt;
+pub use version_table::{Incarnation, PagesConfig, PublishedPage, VersionChecker, VersionTable, VersionTableError};
