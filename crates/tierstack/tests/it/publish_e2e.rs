@@ -190,3 +190,16 @@ fn publishing_serves_nothing_stale_across_a_restart_with_evictions_on_shm() {
 fn publishing_serves_nothing_stale_across_a_restart_with_evictions_on_tcp() {
     nothing_stale_across_a_restart_with_evictions(Backend::Tcp);
 }
+
+/// The same on ucx over UCX shared memory (skipped, saying why, in a
+/// build without UCX; CI requires it).
+#[test]
+fn publishing_serves_nothing_stale_under_reads_racing_updates_on_ucx() {
+    if !tierstack_cluster::ucx_available() {
+        let reason = tierstack_cluster::ucx_unavailable_reason();
+        assert!(std::env::var("TIERSTACK_REQUIRE_UCX").as_deref() != Ok("1"), "{reason}");
+        eprintln!("skipped: {reason}");
+        return;
+    }
+    nothing_stale_under_reads_racing_updates(Backend::Ucx);
+}
