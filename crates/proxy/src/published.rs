@@ -22,44 +22,63 @@ use hyper::header::{HeaderMap, HeaderName, HeaderValue};
 use hyper::StatusCode;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use tierstack_coherent::{PublishedPage, DEPS_HEADER};
+use tierstack_coherent::{PageMiss, PublishedPage, DEPS_HEADER};
 
 /// Bytes read beyond the stale copy's body the first time: room for the
 /// page's fields, so a page of the same size needs one batch.
 const FIELDS_ALLOWANCE: usize = 1024;
 
+/// What looking for a published page came to.
+pub(crate) enum Found {
+    /// Current, stored in place of the old copy.
+    Installed(Arc<Entry>),
+    /// The copy's module publishes no pages: nothing was read.
+    NoArea,
+    /// Read, but not usable for this request.
+    Unusable,
+}
+
 /// For a request whose stored copy's check failed: the published page,
 /// installed and returned if it is current; `None`: fetch upstream. Counted
-/// as `pages_installed` (then served as a hit) or `pages_unusable`.
+/// as `pages_installed` (then served as a hit) or `pages_unusable` (a module
+/// without pages counts nowhere).
 pub(crate) async fn install_for_request(
     state: &State,
     key: &str,
     request: &HeaderMap,
     stale: &Entry,
 ) -> Option<Arc<Entry>> {
-    let installed = install(state, key, request, stale).await;
-    let counter = if installed.is_some() { &state.counters.pages_installed } else { &state.counters.pages_unusable };
-    counter.fetch_add(1, Ordering::Relaxed);
-    installed
+    match install(state, key, request, stale).await {
+        Found::Installed(entry) => {
+            state.counters.pages_installed.fetch_add(1, Ordering::Relaxed);
+            Some(entry)
+        }
+        Found::Unusable => {
+            state.counters.pages_unusable.fetch_add(1, Ordering::Relaxed);
+            None
+        }
+        Found::NoArea => None,
+    }
 }
 
 /// The published page for the out-of-date `stale` copy of `key`, installed
-/// and returned if it is current for a request with fields `request`.
-pub(crate) async fn install(state: &State, key: &str, request: &HeaderMap, stale: &Entry) -> Option<Arc<Entry>> {
-    let (Some(checker), Some(deps)) = (&state.checker, &stale.deps) else { return None };
+/// if it is current for a request with fields `request`.
+pub(crate) async fn install(state: &State, key: &str, request: &HeaderMap, stale: &Entry) -> Found {
+    let (Some(checker), Some(deps)) = (&state.checker, &stale.deps) else { return Found::NoArea };
     let expect = stale.body.len().saturating_add(FIELDS_ALLOWANCE);
     let unusable = |why: &dyn std::fmt::Debug| {
         tracing::trace!(key, why = ?why, "no usable published page");
-        None
+        Found::Unusable
     };
     let found = match checker.published_page(deps, target_of(key), expect).await {
         Ok(Ok(found)) => found,
+        Ok(Err(PageMiss::NoArea)) => return Found::NoArea,
         Ok(Err(miss)) => return unusable(&miss),
         Err(e) => return unusable(&e),
     };
     let Some(response) = stored(found) else { return unusable(&"fields that are not HTTP") };
     match store(state, key, request, response) {
-        Some(entry) if entry.vary.matches(request) => Some(entry),
+        Some(entry) if entry.vary.matches(request) => Found::Installed(entry),
         _ => unusable(&"not storable for this request"),
     }
 }

@@ -225,7 +225,9 @@ fn refetch(state: &Arc<State>, key: String, request: HeaderMap, stale: Arc<Entry
     state.refresh.refetches.fetch_add(1, Ordering::Relaxed);
     let state = state.clone();
     tokio::spawn(async move {
-        if let Some(page) = crate::published::install(&state, &key, &request, &stale).await {
+        if let crate::published::Found::Installed(page) =
+            crate::published::install(&state, &key, &request, &stale).await
+        {
             state.refresh.installed.fetch_add(1, Ordering::Relaxed);
             leader.finish(Some(page));
             return;

@@ -235,8 +235,9 @@ pub struct ProxyStats {
     /// (then stored in place of that copy).
     #[serde(default)]
     pub pages_installed: u64,
-    /// Published-page reads that found no usable page (none published, not
-    /// yet current, evicted, torn, unreadable): those requests went upstream.
+    /// Published-page reads that found no usable page (none published for
+    /// the document, not current, evicted, torn, unreadable): those requests
+    /// went upstream. A module that publishes no pages is never read.
     #[serde(default)]
     pub pages_unusable: u64,
 }
