@@ -77,6 +77,13 @@ pub struct AppServerArgs {
     #[arg(long, default_value_t = WRITE_THROUGH_TIMEOUT_DEFAULT.as_millis() as u64,
           requires = "push_write_through")]
     pub push_write_through_timeout_ms: u64,
+    /// Publish each update's new page: hand it to the module with
+    /// UPDATE_DONE, so proxies whose copy went out of date read the new page
+    /// one-sidedly instead of asking this server (best with the module's
+    /// `--versions-at done`). The page is generated once per update, its
+    /// --cpu-cost spent then.
+    #[arg(long)]
+    pub publish: bool,
     /// Topology and fabric node id of this server (for reading the proxies'
     /// cache states, and for publishing its load to the RDMA schemes).
     #[arg(long)]
@@ -154,6 +161,7 @@ impl AppServerArgs {
             admin_token_file: None,
             push_write_through: false,
             push_write_through_timeout_ms: WRITE_THROUGH_TIMEOUT_DEFAULT.as_millis() as u64,
+            publish: false,
             topology: None,
             node: None,
             publish_load: false,
@@ -238,6 +246,7 @@ impl AppServerArgs {
         for (on, name) in [
             (self.documents_in_store, "--documents-in-store"),
             (self.push_write_through, "--push-write-through"),
+            (self.publish, "--publish"),
             (self.publish_load, "--publish-load"),
         ] {
             if on {
@@ -285,6 +294,7 @@ mod tests {
             admin_token_file: Some(PathBuf::from("/tmp/admin token")),
             push_write_through: true,
             push_write_through_timeout_ms: 45,
+            publish: true,
             topology: Some(PathBuf::from("/tmp/dc.toml")),
             node: Some(3),
             publish_load: true,

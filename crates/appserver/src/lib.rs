@@ -92,6 +92,9 @@ pub struct AppServerConfig {
     /// Keep bodies in a store that updates rewrite ([`store`]); `None`:
     /// generate each body from the granted version.
     pub store: Option<StoreConfig>,
+    /// Hand each update's new page to the module with UPDATE_DONE, for
+    /// proxies to read one-sidedly (`app-server --publish`).
+    pub publish: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -122,6 +125,9 @@ struct Counters {
     read_sequence: AtomicU64,
     /// Requests refused for a role stamp that is not this node's role.
     fenced: AtomicU64,
+    /// Pages handed to the module with UPDATE_DONE and published, or not.
+    pages_published: AtomicU64,
+    pages_unpublished: AtomicU64,
 }
 
 #[derive(Serialize)]
@@ -139,6 +145,12 @@ pub struct StatsSnapshot {
     /// or an older epoch than this node's role word (reconfiguration).
     #[serde(default)]
     pub fenced: u64,
+    /// Updates whose new page the module published (`--publish`).
+    #[serde(default)]
+    pub pages_published: u64,
+    /// Pages the module could not publish (too large, no area).
+    #[serde(default)]
+    pub pages_unpublished: u64,
     /// This node's role (`<site>.<epoch>`), when it has one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub role: Option<String>,
@@ -162,6 +174,7 @@ struct State {
     role: OnceLock<Arc<LocalRegion>>,
     /// Emulated node capacity: this many workers spend the cost in wall time.
     workers: OnceLock<Arc<tokio::sync::Semaphore>>,
+    publish: bool,
 }
 
 impl State {
@@ -316,15 +329,20 @@ async fn spend_cost(state: &Arc<State>, micros: u64) -> bool {
     .is_ok()
 }
 
-/// READ_REQUEST … READ_PROCEED, the body, READ_DONE (off the response's path).
-async fn read_document(state: Arc<State>, name: String, size: usize, head_only: bool) -> Response<Body> {
+/// Spends the CPU cost of generating one page of `name`, if a cost is set.
+async fn spend_page_cost(state: &Arc<State>, name: &str) {
     if let Some(cost) = state.cpu_cost.get().copied() {
         let sequence = state.counters.read_sequence.fetch_add(1, Ordering::Relaxed);
-        let micros = cost.cost_us(&name, sequence);
-        if spend_cost(&state, micros).await {
+        let micros = cost.cost_us(name, sequence);
+        if spend_cost(state, micros).await {
             state.counters.cpu_cost_us.fetch_add(micros, Ordering::Relaxed);
         }
     }
+}
+
+/// READ_REQUEST … READ_PROCEED, the body, READ_DONE (off the response's path).
+async fn read_document(state: Arc<State>, name: String, size: usize, head_only: bool) -> Response<Body> {
+    spend_page_cost(&state, &name).await;
     let (name, keys) = (name.as_str(), [key_of(&name)]);
     let started = instant_now();
     let queued = state.enter(Gauge::QueueLength);
@@ -359,7 +377,15 @@ async fn read_document(state: Arc<State>, name: String, size: usize, head_only: 
     with_deps(response, &deps)
 }
 
-/// UPDATE_REQUEST … UPDATE_PROCEED, the store's rewrite, UPDATE_DONE, the push.
+/// The page an update publishes (`--publish`): the document's body at the
+/// version the update produced, as a GET would answer it.
+fn page_of(name: &str, body: &Bytes) -> tierstack_coherent::Page {
+    let headers = vec![("content-type".to_string(), "text/plain".to_string())];
+    tierstack_coherent::Page::with_body(format!("/doc/{name}"), headers, body)
+}
+
+/// UPDATE_REQUEST … UPDATE_PROCEED, the store's rewrite, the page (with
+/// `--publish`), UPDATE_DONE, the push.
 async fn update_document(state: Arc<State>, name: String, size: usize) -> Response<Body> {
     let (name, keys) = (name.as_str(), [key_of(&name)]);
     let access = match state.module.update(&keys).await {
@@ -378,34 +404,52 @@ async fn update_document(state: Arc<State>, name: String, size: usize) -> Respon
         _ => None,
     };
     let store_failed = state.store.is_some() && written.is_none();
-    // Write-through: the new version reaches the proxies before UPDATE_DONE
-    // (bounded), with the versions this grant produced.
-    let mut pushed = false;
-    if let Some(pusher) = state.pusher.as_ref().filter(|p| p.is_write_through()) {
-        if !store_failed {
-            let content = match &written {
-                Some((version, body)) => push::Content::Stored { version: *version, body: body.clone() },
-                None => push::Content::Generate { size },
-            };
-            pusher.write_through(name, content, access.deps.clone()).await;
-            pushed = true;
+    // With --publish, the new page is made now, once, at the version this
+    // grant produced (its generation cost spent here, not by every proxy's
+    // refetch), and handed to the module with UPDATE_DONE.
+    let written = match (written, new_version) {
+        (None, Some(version)) if state.publish && !store_failed => {
+            spend_page_cost(&state, name).await;
+            Some((version, generate_body(name, version, size)))
         }
+        (written, _) => written,
+    };
+    let page = written.as_ref().filter(|_| state.publish).map(|(_, body)| page_of(name, body));
+    let content = || match &written {
+        Some((version, body)) => push::Content::Stored { version: *version, body: body.clone() },
+        None => push::Content::Generate { size },
+    };
+    // Write-through: the new version reaches the proxies before the update
+    // answers (bounded), with the versions this grant produced: before
+    // UPDATE_DONE when they are visible already, else right after it.
+    let write_through = state.pusher.as_ref().filter(|p| p.is_write_through() && !store_failed);
+    let visible_at_done = access.visible_at_done;
+    let mut pushed = false;
+    if let Some(pusher) = write_through.filter(|_| !visible_at_done) {
+        pusher.write_through(name, content(), access.deps.clone()).await;
+        pushed = true;
     }
-    match state.module.update_done(access).await {
+    match state.module.update_done_with_page(access, page).await {
         Ok(_) if store_failed => {
             state.counters.module_errors.fetch_add(1, Ordering::Relaxed);
             text(StatusCode::SERVICE_UNAVAILABLE, "application module: the grant named no version of the document\n")
         }
-        Ok(deps) => {
+        Ok(done) => {
             state.counters.updates.fetch_add(1, Ordering::Relaxed);
-            if let Some(pusher) = state.pusher.as_ref().filter(|_| !pushed) {
-                let content = match written {
-                    Some((version, body)) => push::Content::Stored { version, body },
-                    None => push::Content::Generate { size },
-                };
-                pusher.spawn_after_update(name, content, deps.clone());
+            match &done.published {
+                Some(Ok(())) => state.counters.pages_published.fetch_add(1, Ordering::Relaxed),
+                Some(Err(why)) => {
+                    tracing::warn!(name, why, "the module did not publish the update's page");
+                    state.counters.pages_unpublished.fetch_add(1, Ordering::Relaxed)
+                }
+                None => 0,
+            };
+            if let Some(pusher) = write_through.filter(|_| !pushed) {
+                pusher.write_through(name, content(), done.deps.clone()).await;
+            } else if let Some(pusher) = state.pusher.as_ref().filter(|_| !pushed) {
+                pusher.spawn_after_update(name, content(), done.deps.clone());
             }
-            with_deps(text(StatusCode::OK, format!("updated {name}\n")), &deps)
+            with_deps(text(StatusCode::OK, format!("updated {name}\n")), &done.deps)
         }
         Err(e) => {
             state.counters.module_errors.fetch_add(1, Ordering::Relaxed);
@@ -426,6 +470,8 @@ fn stats_response(state: &State) -> Response<Body> {
         generate_ns: load(&c.generate_ns),
         cpu_cost_us: load(&c.cpu_cost_us),
         fenced: load(&c.fenced),
+        pages_published: load(&c.pages_published),
+        pages_unpublished: load(&c.pages_unpublished),
         role: state
             .role
             .get()
@@ -549,6 +595,7 @@ impl AppServer {
             cpu_cost: OnceLock::new(),
             role: OnceLock::new(),
             workers: OnceLock::new(),
+            publish: config.publish,
         });
         let limits = HttpLimitsArgs::default().serve_options();
         Ok(AppServer { listener, state, compute_threads: config.compute_threads, limits })

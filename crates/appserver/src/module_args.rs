@@ -7,6 +7,8 @@
 use std::path::PathBuf;
 use tierstack_cluster::NodeArgs;
 use tierstack_coherent::module::GRANT_LIFETIME_DEFAULT;
+use tierstack_coherent::pages::{PAGES_DEFAULT, PAGE_BYTES_DEFAULT};
+use tierstack_coherent::{PagesConfig, VersionsAt};
 use tierstack_tier_http::service::ServiceArgs;
 
 /// The version table's capacity unless told otherwise (`--capacity`).
@@ -42,6 +44,21 @@ pub struct ModuleArgs {
     /// write-through push).
     #[arg(long, default_value_t = GRANT_TIMEOUT_MS_DEFAULT)]
     pub grant_timeout_ms: u64,
+    /// When an update's new versions become visible to proxies: `proceed`
+    /// (at the grant, before the new content exists: the paper's module) or
+    /// `done` (at UPDATE_DONE, after the update's page is published: proxies
+    /// serve the previous version while the update runs, then read the new
+    /// page one-sidedly). See docs/coherence-protocol.md.
+    #[arg(long, default_value_t = VersionsAt::Proceed)]
+    pub versions_at: VersionsAt,
+    /// Records of the published-pages area (0: publish nothing). A page is
+    /// kept in record `key slot mod N`: at most N keys never evict each other.
+    #[arg(long, default_value_t = PAGES_DEFAULT)]
+    pub publish_pages: u32,
+    /// Largest published page (fields and body), in bytes; larger pages are
+    /// not published (their update completes as usual).
+    #[arg(long, default_value_t = PAGE_BYTES_DEFAULT)]
+    pub publish_page_bytes: u32,
     /// TEST ONLY, breaks coherence: admit reads while updates are in
     /// progress (violating Table 1), so end-to-end tests can show their
     /// checkers catch such a module.
@@ -61,9 +78,17 @@ impl ModuleArgs {
             socket_group: None,
             allow_uids: Vec::new(),
             grant_timeout_ms: GRANT_TIMEOUT_MS_DEFAULT,
+            versions_at: VersionsAt::Proceed,
+            publish_pages: PAGES_DEFAULT,
+            publish_page_bytes: PAGE_BYTES_DEFAULT,
             test_only_admit_reads_during_updates: false,
             service: ServiceArgs::default(),
         }
+    }
+
+    /// The published-pages area these flags ask for.
+    pub fn pages(&self) -> PagesConfig {
+        PagesConfig { count: self.publish_pages, page_bytes: self.publish_page_bytes }
     }
 
     /// The command-line words (after the subcommand) that parse back into
@@ -85,6 +110,15 @@ impl ModuleArgs {
         }
         if self.grant_timeout_ms != default.grant_timeout_ms {
             args.extend(["--grant-timeout-ms".into(), self.grant_timeout_ms.to_string()]);
+        }
+        if self.versions_at != default.versions_at {
+            args.extend(["--versions-at".into(), self.versions_at.to_string()]);
+        }
+        if self.publish_pages != default.publish_pages {
+            args.extend(["--publish-pages".into(), self.publish_pages.to_string()]);
+        }
+        if self.publish_page_bytes != default.publish_page_bytes {
+            args.extend(["--publish-page-bytes".into(), self.publish_page_bytes.to_string()]);
         }
         if self.test_only_admit_reads_during_updates {
             args.push("--test-only-admit-reads-during-updates".into());
@@ -116,6 +150,9 @@ mod tests {
             socket_group: Some("tierstack apps".into()),
             allow_uids: vec![1001, 65534],
             grant_timeout_ms: 2500,
+            versions_at: VersionsAt::Done,
+            publish_pages: 16,
+            publish_page_bytes: 4096,
             test_only_admit_reads_during_updates: true,
             service: ServiceArgs { stop_on_stdin_eof: true, grace_ms: 77 },
         };

@@ -521,6 +521,7 @@ mod tests {
                 documents: vec![("a".into(), 100), ("b".into(), 50)],
                 compute_threads: 0,
                 store,
+                publish: false,
             };
             let push = PushConfig {
                 fabric: cluster.fabric(2).clone(),

@@ -51,6 +51,7 @@ async fn setup() -> Setup {
         compute_threads: usize::from(COMPUTE_THREADS),
         // A long rewrite pause holds an update granted while we look.
         store: Some(StoreConfig { update_write_pause: UPDATE_WRITE_PAUSE_MAX }),
+        publish: false,
     };
     let server = AppServer::bind(config).await.unwrap();
     let publisher = LoadPublisher::unregistered().unwrap();

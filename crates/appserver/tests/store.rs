@@ -48,6 +48,7 @@ async fn setup(broken_module: bool, pause: Duration) -> Setup {
         documents: vec![("a".into(), 300)],
         compute_threads: 0,
         store: Some(StoreConfig { update_write_pause: pause }),
+        publish: false,
     };
     let server = AppServer::bind(config).await.unwrap();
     let app = server.local_addr().unwrap();

@@ -18,19 +18,30 @@
 //! - [`module_socket`]: who may reach the module: the socket file's mode,
 //!   peer credentials, one live module per path.
 //!
-//! Why it is coherent: an update bumps the versions of its keys when it is
-//! granted (UPDATE_PROCEED), before the new content exists; no read of those
-//! keys proceeds until the update is done; a proxy serves a cached copy only
-//! after reading, at request time, that every version it was generated at is
-//! still current. So a response can only be older than an update that had not
-//! yet completed when the request began.
+//! - [`update_plan`]: when an update's versions become visible (at
+//!   UPDATE_PROCEED, the paper's; or at UPDATE_DONE) and the order of the
+//!   module's steps. Pure.
+//! - [`pages`]: pages published with UPDATE_DONE in the version table's
+//!   region, read one-sidedly by proxies whose copy went out of date.
+//!
+//! Why it is coherent: an update's versions change before it completes (when
+//! it is granted, or, in the `done` mode, once its page is published and
+//! before its UPDATE_DONE is answered); no read of those keys proceeds at the
+//! module until the update is done; a proxy serves a cached copy, or a
+//! published page, only after reading, at request time, that every version it
+//! was generated at is current. So a response can only be older than an
+//! update that had not yet completed when the request began.
 
 pub mod deps;
 pub mod module;
 pub mod module_core;
 pub mod module_socket;
+pub mod pages;
 pub mod table1;
+pub mod update_plan;
 pub mod version_table;
 
 pub use deps::{Dep, DepsError, DepsHeader, DEPS_HEADER};
-pub use version_table::{Incarnation, VersionChecker, VersionTable, VersionTableError};
+pub use pages::{Page, PageMiss};
+pub use update_plan::VersionsAt;
+pub use version_table::{Incarnation, PagesConfig, PublishedPage, VersionChecker, VersionTable, VersionTableError};

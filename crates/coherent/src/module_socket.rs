@@ -17,7 +17,7 @@
 //!   once, logged and counted; it never reaches the protocol.
 //! - **A live module is never taken over.** A socket file at the path is
 //!   probed first: if anything accepts (or its backlog is full), start-up
-//!   fails with "a module already serves <path>"; only a socket nobody
+//!   fails with `a module already serves <path>`; only a socket nobody
 //!   listens on (connection refused) is removed, and only if it is still the
 //!   same file when removed. Anything else at the path (a regular file, a
 //!   directory, a symlink) is refused, never removed.

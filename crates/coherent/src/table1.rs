@@ -25,6 +25,11 @@
 //!
 //! The Update Queue, when not empty, holds one update at its head followed
 //! only by reads; the update is in progress iff the Read Queue is empty.
+//!
+//! The table says nothing about versions. When an update's new versions
+//! become visible to proxies, at UPDATE_PROCEED (the paper's module) or at
+//! UPDATE_DONE after its page is published, is the module's mode:
+//! [`crate::update_plan`].
 
 use std::collections::VecDeque;
 

@@ -11,6 +11,7 @@ use crate::cache::Entry;
 use crate::forward::forward;
 use crate::headers::{age_value, cache_key, flight_key, target_of, X_CACHE_COALESCED, X_CACHE_NAME};
 use crate::policy::{self, Directives, Usable};
+use crate::published;
 use crate::revalidate::{revalidate, revalidate_in_background};
 use crate::state::State;
 use crate::stats::elapsed_ns;
@@ -81,7 +82,10 @@ enum Usability {
     ServeStale,
     /// Stale: revalidate it with the upstream before answering (§4.3).
     Revalidate,
-    /// Its versions changed or could not be read: never served (fail closed).
+    /// Its versions changed: never served; the application may have
+    /// published the new page.
+    Changed,
+    /// Its versions could not be read: never served (fail closed).
     OutOfDate,
 }
 
@@ -134,6 +138,18 @@ where
                 return state.hit(&entry, request.headers(), &method, now).map(Into::into);
             }
             Usability::Revalidate => stale = Some(entry),
+            // The new page, if the application published it and it is
+            // current: one one-sided read, no application-tier CPU.
+            Usability::Changed => {
+                match Box::pin(published::install_for_request(&state, &key, request.headers(), &entry)).await {
+                    Some(page) => {
+                        state.note_access(fingerprint, true);
+                        unserved.pending = false;
+                        return state.hit(&page, request.headers(), &method, now).map(Into::into);
+                    }
+                    None => state.cache_remove_entry(&key, &entry),
+                }
+            }
             // Dropped here (unless a newer copy replaced it meanwhile),
             // fetched below and cached again.
             Usability::OutOfDate => state.cache_remove_entry(&key, &entry),
@@ -350,7 +366,7 @@ impl State {
             }
             Ok(false) => {
                 self.counters.stale_dropped.fetch_add(1, Ordering::Relaxed);
-                Usability::OutOfDate
+                Usability::Changed
             }
             Err(e) => {
                 // Fail closed: a copy we cannot validate is never served.

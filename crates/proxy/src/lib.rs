@@ -94,6 +94,7 @@ mod handler;
 mod headers;
 mod metrics;
 mod policy;
+mod published;
 mod push;
 mod refresh;
 mod revalidate;

@@ -76,6 +76,16 @@ pub(crate) fn render(stats: &ProxyStats, checks: &Histogram) -> String {
     counter("upstream_bytes_total", "Response body bytes received from upstreams.", stats.upstream_bytes);
     counter("evictions_total", "Keys evicted to stay within the cache's bound.", stats.evictions);
     counter("pushes_installed_total", "Pushed documents installed.", stats.pushes_installed);
+    counter(
+        "pages_installed_total",
+        "Hits served from a page the application module published, read one-sidedly.",
+        stats.pages_installed,
+    );
+    counter(
+        "pages_unusable_total",
+        "Published-page reads that found no current page for the request.",
+        stats.pages_unusable,
+    );
     counter("refresh_reads_total", "Batched version reads of the hot set (proxy-side refresh).", stats.refresh_reads);
     counter(
         "refresh_refetches_total",

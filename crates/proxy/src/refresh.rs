@@ -7,10 +7,15 @@
 //! path: clients that ask meanwhile find its copy stale, join that one
 //! fetch and wait on it, and the fresh copy is installed as a miss's is.
 //!
+//! When the application published the document's new page (issue 31,
+//! [`crate::published`]), the refresh installs that page, read one-sidedly,
+//! instead of asking the upstream.
+//!
 //! Coherence is unchanged: a refetched copy is installed only with the
 //! versions it was generated at, and validated on every hit like any other.
 //! A refresh read that fails refetches nothing (the hit path fails closed).
 
+use crate::cache::Entry;
 use crate::coalesce;
 use crate::forward::fetch;
 use crate::headers::{flight_key, target_of, upstream_fields};
@@ -205,20 +210,28 @@ async fn round(state: &Arc<State>) {
     }
     let verdicts = checker.are_current(&headers).await;
     state.refresh.reads.fetch_add(1, Ordering::Relaxed);
-    for ((key, request, _), verdict) in cached.into_iter().zip(verdicts) {
+    for ((key, request, entry), verdict) in cached.into_iter().zip(verdicts) {
         if verdict == Ok(false) {
-            refetch(state, key, request);
+            refetch(state, key, request, entry);
         }
     }
 }
 
-/// Refetches `key` as a miss's leader would, unless a fetch of it is
-/// already in flight (then that one brings the new copy).
-fn refetch(state: &Arc<State>, key: String, request: HeaderMap) {
+/// Refetches `key` (out of date: `stale`) as a miss's leader would, unless
+/// a fetch of it is already in flight (then that one brings the new copy):
+/// from its published page if there is a current one, else upstream.
+fn refetch(state: &Arc<State>, key: String, request: HeaderMap, stale: Arc<Entry>) {
     let coalesce::Role::Leader(leader) = state.flights.join(&flight_key(&key, &request)) else { return };
     state.refresh.refetches.fetch_add(1, Ordering::Relaxed);
     let state = state.clone();
     tokio::spawn(async move {
+        if let crate::published::Found::Installed(page) =
+            crate::published::install(&state, &key, &request, &stale).await
+        {
+            state.refresh.installed.fetch_add(1, Ordering::Relaxed);
+            leader.finish(Some(page));
+            return;
+        }
         let fields = upstream_fields(&request);
         match fetch(&state, &Method::GET, target_of(&key), fields, Bytes::new()).await {
             Ok(fetched) => {

@@ -178,6 +178,8 @@ impl State {
             refresh_reads: load(&self.refresh.reads),
             refresh_refetches: load(&self.refresh.refetches),
             refresh_installed: load(&self.refresh.installed),
+            pages_installed: load(&c.pages_installed),
+            pages_unusable: load(&c.pages_unusable),
         }
     }
 }

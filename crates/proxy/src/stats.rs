@@ -35,6 +35,8 @@ pub(crate) struct Counters {
     pub(crate) pushes_refused: AtomicU64,
     pub(crate) push_bytes: AtomicU64,
     pub(crate) push_hits: AtomicU64,
+    pub(crate) pages_installed: AtomicU64,
+    pub(crate) pages_unusable: AtomicU64,
     pub(crate) refused_overloaded: AtomicU64,
     pub(crate) refused_no_backend: AtomicU64,
     pub(crate) monitor_reads: AtomicU64,
@@ -67,9 +69,12 @@ pub(crate) struct Counters {
 ///
 /// - `requests == hits + coalesced + misses + abandoned`
 /// - `checks == checks_ok + stale_dropped + check_errors`
-/// - `poll` mode: `checks_ok + policy_hits + policy_coalesced == hits +
-///   coalesced` (every successful check serves exactly one response, and
+/// - `poll` mode: `checks_ok + pages_installed + policy_hits +
+///   policy_coalesced == hits + coalesced` (every successful check, and
+///   every published page read current, serves exactly one response, and
 ///   nothing with dependencies is served unchecked);
+/// - `pages_installed + pages_unusable <= stale_dropped` (a published page
+///   is read only after a check found the copy out of date);
 ///   `ttl`: `checks == 0`; `no-cache`: `checks == hits == coalesced == 0`
 /// - `push_hits <= hits`
 /// - `refused_overloaded + refused_no_backend <= misses`
@@ -225,6 +230,16 @@ pub struct ProxyStats {
     /// Refetched copies stored in the cache.
     #[serde(default)]
     pub refresh_installed: u64,
+    /// Hits served from a page the application module published, read
+    /// one-sidedly with its versions after the stored copy's check failed
+    /// (then stored in place of that copy).
+    #[serde(default)]
+    pub pages_installed: u64,
+    /// Published-page reads that found no usable page (none published for
+    /// the document, not current, evicted, torn, unreadable): those requests
+    /// went upstream. A module that publishes no pages is never read.
+    #[serde(default)]
+    pub pages_unusable: u64,
 }
 
 impl ProxyStats {
@@ -263,10 +278,17 @@ impl ProxyStats {
         );
         match self.mode {
             Some(CacheMode::Poll) => expect(
-                self.checks_ok + self.policy_hits + self.policy_coalesced == self.hits + self.coalesced,
+                self.checks_ok + self.pages_installed + self.policy_hits + self.policy_coalesced
+                    == self.hits + self.coalesced,
                 format!(
-                    "poll: checks_ok {} + policy_hits {} + policy_coalesced {} != hits {} + coalesced {}",
-                    self.checks_ok, self.policy_hits, self.policy_coalesced, self.hits, self.coalesced
+                    "poll: checks_ok {} + pages_installed {} + policy_hits {} + policy_coalesced {} != hits {} + \
+                     coalesced {}",
+                    self.checks_ok,
+                    self.pages_installed,
+                    self.policy_hits,
+                    self.policy_coalesced,
+                    self.hits,
+                    self.coalesced
                 ),
             ),
             Some(CacheMode::Ttl) => expect(self.checks == 0, format!("ttl: {} checks", self.checks)),
@@ -277,6 +299,11 @@ impl ProxyStats {
             None => {}
         }
         expect(self.push_hits <= self.hits, format!("push_hits {} > hits {}", self.push_hits, self.hits));
+        let page_reads = self.pages_installed + self.pages_unusable;
+        expect(
+            page_reads <= self.stale_dropped,
+            format!("published-page reads {page_reads} > stale_dropped {}", self.stale_dropped),
+        );
         let refused = self.refused_overloaded + self.refused_no_backend;
         expect(refused <= self.misses, format!("refused {refused} > misses {}", self.misses));
         let routed: u64 = self.routed.iter().sum();

@@ -124,7 +124,9 @@ impl Setup {
     pub(crate) async fn with_options(mode: CacheMode, cache_bytes: usize, options: crate::ProxyOptions) -> Setup {
         let dir = tempfile::tempdir().unwrap();
         let module_fabric = ShmFabric::open(ShmConfig::new(dir.path(), NodeId(0))).unwrap();
-        let table = Arc::new(VersionTable::create(module_fabric.as_ref(), 16, Incarnation(7)).unwrap());
+        let pages = tierstack_coherent::PagesConfig { count: 16, page_bytes: 4096 };
+        let table =
+            Arc::new(VersionTable::create_with_pages(module_fabric.as_ref(), 16, pages, Incarnation(7)).unwrap());
         let proxy_fabric: Arc<dyn Fabric> = ShmFabric::open(ShmConfig::new(dir.path(), NodeId(1))).unwrap();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let origin_addr = listener.local_addr().unwrap();

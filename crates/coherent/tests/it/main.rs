@@ -5,5 +5,7 @@
 mod deps;
 mod module;
 mod module_socket;
+mod publish;
+mod publish_model;
 mod table1;
 mod version_table;

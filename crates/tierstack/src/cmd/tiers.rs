@@ -27,7 +27,7 @@ fn runtime(worker_threads: usize) -> Result<tokio::runtime::Runtime> {
 pub(crate) fn app_module(args: ModuleArgs) -> Result<()> {
     let (_, fabric) = args.at.open()?;
     let incarnation = Incarnation(tierstack_base::fresh_seed());
-    let table = Arc::new(VersionTable::create(fabric.as_ref(), args.capacity, incarnation)?);
+    let table = Arc::new(VersionTable::create_with_pages(fabric.as_ref(), args.capacity, args.pages(), incarnation)?);
     if args.test_only_admit_reads_during_updates {
         let warning = "TEST ONLY: --test-only-admit-reads-during-updates is on: this module admits reads \
                        during updates, violating Table 1; responses may be stale or mixed. Never use it outside tests.";
@@ -40,6 +40,7 @@ pub(crate) fn app_module(args: ModuleArgs) -> Result<()> {
         test_only_admit_reads_during_updates: args.test_only_admit_reads_during_updates,
         grant_lifetime: (args.grant_timeout_ms > 0).then(|| Duration::from_millis(args.grant_timeout_ms)),
         access: access.clone(),
+        versions_at: args.versions_at,
     };
     let server = ModuleServer::with_options(table, &options).context("--grant-timeout-ms")?;
     runtime(1)?.block_on(async {
@@ -123,6 +124,7 @@ pub(crate) fn app_server(args: AppServerArgs) -> Result<()> {
         store: args
             .documents_in_store
             .then(|| StoreConfig { update_write_pause: Duration::from_millis(args.update_write_pause_ms) }),
+        publish: args.publish,
     };
     let role = match (args.site, &fabric) {
         (None, _) => None,

@@ -26,6 +26,7 @@ mod monitor_e2e;
 mod origin_process;
 mod press_bench;
 mod press_processes;
+mod publish_e2e;
 mod pushpull_e2e;
 mod reconfig_e2e;
 mod refresh_e2e;

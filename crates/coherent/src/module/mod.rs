@@ -10,15 +10,26 @@
 //! {"id":1,"op":"read_done"}
 //! {"id":2,"op":"update_request","keys":["doc/7"]}
 //! {"id":2,"op":"update_done"}
+//! {"id":2,"op":"update_done","page":{"path":"/doc/7","headers":[["content-type","text/plain"]],"body":"…"}}
 //! {"id":3,"op":"cancel"}        gives up request 3, granted or not
 //! ```
+//!
+//! `page` (optional) is the update's new page, published for proxies to
+//! read one-sidedly ([`crate::pages`]): `path` (the request target it
+//! answers), `status` (200, the default), `headers` (end-to-end fields,
+//! `[name, value]` each), and the body as `body` (text) or `body_base64`.
+//! It is stored under the update's first key, at the versions the update
+//! produced. A page that cannot be published (too large, malformed, no
+//! area) does not fail the update: `done` says `"published":false` and why.
 //!
 //! Replies:
 //!
 //! ```text
 //! {"id":1,"op":"read_proceed","deps":"n=0;i=…;doc/7=5@0,stock/IBM=3@1"}
 //! {"id":2,"op":"update_proceed","deps":"n=0;i=…;doc/7=6@0"}   new versions, already visible
+//! {"id":2,"op":"update_proceed","deps":"…","visible":"done"}  new versions, visible at UPDATE_DONE
 //! {"id":1,"op":"done","deps":"…"}   the versions of the grant being given back
+//! {"id":2,"op":"done","deps":"…","published":true}   an update_done that brought a page
 //! {"id":9,"op":"error","error":"…"}
 //! {"id":2,"op":"revoked"}     the grant of 2 was held past the grant lifetime and taken back
 //! ```
@@ -27,11 +38,15 @@
 //! (Table 1 queues them), and replies to different ids may interleave. The
 //! `deps` string is the `X-Tierstack-Deps` header value for the response.
 //!
-//! An update's versions are bumped when it is granted, before its
-//! `update_proceed` is sent, so cached copies stop validating before the new
-//! content exists. Grants, bumps and the versions a grant reports are decided
-//! together under the module's lock, so `update_done` answers with the
-//! versions this update produced, never a later update's.
+//! When an update's versions become visible depends on the module's mode
+//! ([`crate::update_plan`], `--versions-at`): at the grant, before its
+//! `update_proceed` is sent (`proceed`, the paper's: cached copies stop
+//! validating before the new content exists), or at `update_done`, after its
+//! page is published and before `done` is sent (`done`: proxies serve the
+//! previous version while the update runs; its `update_proceed` says
+//! `"visible":"done"`). Grants, version changes and the versions a grant
+//! reports are decided together under the module's lock, so `update_done`
+//! answers with the versions this update produced, never a later update's.
 //!
 //! A connection that closes releases everything it held and abandons what it
 //! was waiting for; `cancel` does the same for one request (a client whose
@@ -44,17 +59,25 @@
 //! ever. So a grant lives at most the *grant lifetime*
 //! ([`ModuleOptions::grant_lifetime`], `--grant-timeout-ms`): then the module
 //! revokes it, tells the holder `revoked`, and serves the requests behind
-//! it. A revoked update's keys are bumped once more, retiring the versions
-//! it was granted: whatever its holder still produces or pushes under them
-//! never validates as current, and its late `update_done` is refused, so no
-//! version ever names two contents. A revoked read's late `read_done` is
+//! it. A revoked update's keys go one version past the one it was granted,
+//! retiring it (and, in `done` mode, the previous one, whose data the holder
+//! may have changed): whatever its holder still produces or pushes under
+//! them never validates as current, and its late `update_done` is refused,
+//! so no version ever names two contents. A granted update that is
+//! cancelled or whose connection closes is retired the same way. A revoked read's late `read_done` is
 //! refused too; its response carries versions the next update retires.
 //!
 //! Who may connect, and the socket file itself: [`crate::module_socket`].
 
+mod client;
+
+pub use client::{Access, ClientOptions, ModuleClient, UpdateDone};
+
 use crate::module_core::{CoreError, Grant, Kind, ModuleCore};
 use crate::module_socket::SocketAccess;
+use crate::pages::{Page, PageParts};
 use crate::table1::RequestId;
+use crate::update_plan::{self, Step, VersionsAt};
 use crate::version_table::{VersionTable, VersionTableError};
 use serde::{Deserialize, Serialize};
 use std::collections::{HashMap, VecDeque};
@@ -65,10 +88,11 @@ use std::time::{Duration, Instant};
 use tierstack_base::time::instant_now;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
-use tokio::sync::{mpsc, oneshot, Notify};
+use tokio::sync::{mpsc, Notify};
 
-/// Longest request line accepted.
-pub const LINE_BYTES_MAX: usize = 64 * 1024;
+/// Longest request line accepted: room for the largest published page in
+/// base64 (`crate::pages::PAGE_BYTES_MAX`), with its fields.
+pub const LINE_BYTES_MAX: usize = 2 << 20;
 /// Replies queued per connection; a connection whose queue is full is closed.
 pub const REPLY_QUEUE_MAX: usize = 4096;
 /// How long a [`ModuleClient`] call waits for its reply unless told otherwise.
@@ -86,6 +110,9 @@ pub struct Request {
     pub op: String,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub keys: Vec<String>,
+    /// With `update_done`: the update's new page, to publish.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub page: Option<Page>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
@@ -96,11 +123,26 @@ pub struct Reply {
     pub deps: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// On `update_proceed` in `done` mode: `"done"`, the versions become
+    /// visible at UPDATE_DONE (absent: already visible).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub visible: Option<String>,
+    /// On the `done` of an `update_done` that brought a page: whether it
+    /// was published.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub published: Option<bool>,
+    /// Why the page was not published.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unpublished: Option<String>,
 }
 
 impl Reply {
+    fn new(id: u64, op: &str, deps: Option<String>) -> Self {
+        Reply { id, op: op.into(), deps, error: None, visible: None, published: None, unpublished: None }
+    }
+
     fn error(id: u64, error: impl ToString) -> Self {
-        Reply { id, op: "error".into(), deps: None, error: Some(error.to_string()) }
+        Reply { error: Some(error.to_string()), ..Reply::new(id, "error", None) }
     }
 }
 
@@ -147,6 +189,8 @@ struct Owner {
     /// The `deps` of its grant (for an update: the versions it produced),
     /// set when granted.
     granted_deps: Option<String>,
+    /// For a granted update: the versions it produces, one per key of `keys`.
+    granted_versions: Vec<u64>,
     /// Taken back after the grant lifetime: the core has forgotten it, and
     /// this entry only remains to refuse its late DONE in clear words.
     revoked: bool,
@@ -163,6 +207,7 @@ type Outbox = Vec<(ConnectionId, Reply)>;
 
 struct Shared {
     table: Arc<VersionTable>,
+    versions_at: VersionsAt,
     /// Lock order: `core`, then `owners`.
     core: Mutex<ModuleCore>,
     owners: Mutex<HashMap<RequestId, Owner>>,
@@ -175,6 +220,8 @@ struct Shared {
     updates: AtomicU64,
     revoked: AtomicU64,
     peers_refused: AtomicU64,
+    pages_published: AtomicU64,
+    pages_unpublished: AtomicU64,
 }
 
 /// How a [`ModuleServer`] behaves; `Default` is the real module.
@@ -188,6 +235,8 @@ pub struct ModuleOptions {
     pub grant_lifetime: Option<Duration>,
     /// Who may connect, and the socket file's group.
     pub access: SocketAccess,
+    /// When an update's versions become visible ([`crate::update_plan`]).
+    pub versions_at: VersionsAt,
 }
 
 impl Default for ModuleOptions {
@@ -196,6 +245,7 @@ impl Default for ModuleOptions {
             test_only_admit_reads_during_updates: false,
             grant_lifetime: Some(GRANT_LIFETIME_DEFAULT),
             access: SocketAccess::default(),
+            versions_at: VersionsAt::default(),
         }
     }
 }
@@ -228,6 +278,7 @@ impl ModuleServer {
         Self {
             shared: Arc::new(Shared {
                 table,
+                versions_at: options.versions_at,
                 core: Mutex::new(core),
                 owners: Mutex::new(HashMap::new()),
                 connections: Mutex::new(HashMap::new()),
@@ -237,6 +288,8 @@ impl ModuleServer {
                 updates: AtomicU64::new(0),
                 revoked: AtomicU64::new(0),
                 peers_refused: AtomicU64::new(0),
+                pages_published: AtomicU64::new(0),
+                pages_unpublished: AtomicU64::new(0),
             }),
             access: options.access,
             grant_lifetime: options.grant_lifetime,
@@ -265,6 +318,22 @@ impl ModuleServer {
     /// Connections refused for their peer's credentials so far.
     pub fn peers_refused(&self) -> u64 {
         self.shared.peers_refused.load(Ordering::Relaxed)
+    }
+
+    /// Pages published with `update_done` so far.
+    pub fn pages_published(&self) -> u64 {
+        self.shared.pages_published.load(Ordering::Relaxed)
+    }
+
+    /// Pages brought with `update_done` but not published (too large,
+    /// malformed, no area) so far.
+    pub fn pages_unpublished(&self) -> u64 {
+        self.shared.pages_unpublished.load(Ordering::Relaxed)
+    }
+
+    /// When this module's updates become visible.
+    pub fn versions_at(&self) -> VersionsAt {
+        self.shared.versions_at
     }
 
     /// Binds the module's socket at `path`, mode 0600, refusing a live
@@ -388,7 +457,12 @@ async fn serve_connection(
         let abandoned = locked(&shared, |core, owners| match owners.remove(&request) {
             // Revoked: the core has already released it.
             Some(owner) if owner.revoked => Ok(((), Vec::new())),
-            _ => Ok(((), core.abandon(request)?)),
+            owner => {
+                if let Some(owner) = owner {
+                    retire(&shared, &owner);
+                }
+                Ok(((), core.abandon(request)?))
+            }
         });
         match abandoned {
             Ok(((), outbox)) => send_all(&shared, outbox),
@@ -430,9 +504,7 @@ fn locked<T>(
         let (op, deps) = match grant.kind {
             Kind::Update => {
                 shared.updates.fetch_add(1, Ordering::Relaxed);
-                let bumped: Result<(), VersionTableError> =
-                    grant.slots.iter().try_for_each(|slot| shared.table.bump(*slot).map(|_| ()));
-                ("update_proceed", bumped.and_then(|()| shared.table.header(&owner.keys)))
+                ("update_proceed", grant_update(shared, owner))
             }
             Kind::Read => ("read_proceed", shared.table.header(&owner.keys)),
         };
@@ -440,10 +512,11 @@ fn locked<T>(
             Ok(deps) => {
                 let deps = deps.to_string();
                 owner.granted_deps = Some(deps.clone());
-                outbox.push((
-                    owner.connection,
-                    Reply { id: owner.client_id, op: op.into(), deps: Some(deps), error: None },
-                ));
+                let mut reply = Reply::new(owner.client_id, op, Some(deps));
+                if grant.kind == Kind::Update && shared.versions_at == VersionsAt::Done {
+                    reply.visible = Some(VersionsAt::Done.name().into());
+                }
+                outbox.push((owner.connection, reply));
             }
             Err(e) => {
                 // Granted but unusable: tell the client and give the keys back at once.
@@ -458,6 +531,79 @@ fn locked<T>(
         }
     }
     Ok((value, outbox))
+}
+
+/// An update's grant ([`update_plan::grant_steps`]): the versions it
+/// produces, made visible now in `proceed` mode; returns the header its
+/// `update_proceed` carries (the reply itself is the plan's last step, sent
+/// once the lock is released).
+fn grant_update(shared: &Shared, owner: &mut Owner) -> Result<crate::deps::DepsHeader, VersionTableError> {
+    let versions = owner
+        .keys
+        .iter()
+        .map(|(_, slot)| shared.table.version(*slot).map(update_plan::granted_version))
+        .collect::<Result<Vec<u64>, _>>()?;
+    for step in update_plan::grant_steps(shared.versions_at) {
+        match step {
+            Step::MakeVisible => make_visible(shared, &owner.keys, &versions)?,
+            Step::Publish | Step::Reply => {}
+        }
+    }
+    let header = shared.table.header_at(&owner.keys, &versions);
+    owner.granted_versions = versions;
+    Ok(header)
+}
+
+fn make_visible(shared: &Shared, keys: &[(String, u32)], versions: &[u64]) -> Result<(), VersionTableError> {
+    keys.iter().zip(versions).try_for_each(|((_, slot), version)| shared.table.advance_to(*slot, *version))
+}
+
+/// A granted update given up before its UPDATE_DONE (revoked, cancelled,
+/// its connection closed): its keys go past the version it was granted
+/// ([`update_plan::retired_version`]). Nothing for a read or an update not
+/// yet granted.
+fn retire(shared: &Shared, owner: &Owner) {
+    if owner.kind != Kind::Update || owner.granted_deps.is_none() {
+        return;
+    }
+    for ((key, slot), granted) in owner.keys.iter().zip(&owner.granted_versions) {
+        if let Err(e) = shared.table.advance_to(*slot, update_plan::retired_version(*granted)) {
+            tracing::error!(key, error = %e, "could not retire a given-up update's version");
+        }
+    }
+}
+
+/// UPDATE_DONE's steps before its reply ([`update_plan::done_steps`]):
+/// publish the page, if any, at the versions the update produced, then (in
+/// `done` mode) make those versions visible. Returns whether the page was
+/// published, and why not.
+fn complete_update(
+    shared: &Shared,
+    owner: &Owner,
+    page: Option<Result<PageParts, String>>,
+) -> Result<Option<Result<(), String>>, VersionTableError> {
+    let mut published = None;
+    for step in update_plan::done_steps(shared.versions_at) {
+        match step {
+            Step::Publish => {
+                published = page.clone().map(|page| {
+                    let (deps, (_, first)) = match (&owner.granted_deps, owner.keys.first()) {
+                        (Some(deps), Some(first)) => (deps, first),
+                        _ => return Err("the update has no granted versions".to_string()),
+                    };
+                    shared.table.publish(*first, deps, &page?).map_err(|e| e.to_string())
+                });
+            }
+            Step::MakeVisible => make_visible(shared, &owner.keys, &owner.granted_versions)?,
+            Step::Reply => {}
+        }
+    }
+    match &published {
+        Some(Ok(())) => shared.pages_published.fetch_add(1, Ordering::Relaxed),
+        Some(Err(_)) => shared.pages_unpublished.fetch_add(1, Ordering::Relaxed),
+        None => 0,
+    };
+    Ok(published)
 }
 
 /// Queues `reply` for `connection`. A connection whose queue is full (it does
@@ -487,15 +633,9 @@ fn revoke_expired(shared: &Shared) {
         let mut notices = Outbox::new();
         for grant in &revocation.revoked {
             shared.revoked.fetch_add(1, Ordering::Relaxed);
-            if grant.kind == Kind::Update {
-                // Retire the versions the stopped holder may still produce content under.
-                for slot in &grant.slots {
-                    if let Err(e) = shared.table.bump(*slot) {
-                        tracing::error!(slot, error = %e, "could not retire a revoked update's version");
-                    }
-                }
-            }
             if let Some(owner) = owners.get_mut(&grant.id) {
+                // Retire the versions the stopped holder may still produce content under.
+                retire(shared, owner);
                 owner.revoked = true;
                 tracing::warn!(
                     connection = owner.connection,
@@ -503,8 +643,7 @@ fn revoke_expired(shared: &Shared) {
                     kind = ?grant.kind,
                     "module: revoked a grant held past the grant lifetime"
                 );
-                let reply = Reply { id: owner.client_id, op: "revoked".into(), deps: None, error: None };
-                notices.push((owner.connection, reply));
+                notices.push((owner.connection, Reply::new(owner.client_id, "revoked", None)));
             }
         }
         Ok((notices, revocation.grants))
@@ -535,7 +674,7 @@ fn handle(
     match request.op.as_str() {
         "read_request" => begin(shared, connection, ids, id, Kind::Read, &request.keys),
         "update_request" => begin(shared, connection, ids, id, Kind::Update, &request.keys),
-        "read_done" | "update_done" | "cancel" => finish(shared, ids, &request),
+        "read_done" | "update_done" | "cancel" => finish(shared, ids, request),
         other => Some(Reply::error(id, format!("unknown op {other:?}"))),
     }
 }
@@ -555,8 +694,16 @@ fn begin(
     if keys.is_empty() {
         return Some(Reply::error(id, "a request needs at least one key"));
     }
+    // A key named twice is one key (the first mention's place kept): its
+    // version must change once.
+    let mut unique: Vec<&String> = Vec::with_capacity(keys.len());
+    for key in keys {
+        if !unique.contains(&key) {
+            unique.push(key);
+        }
+    }
     let keys: Result<Vec<(String, u32)>, VersionTableError> =
-        keys.iter().map(|k| shared.table.slot_of(k).map(|slot| (k.clone(), slot))).collect();
+        unique.into_iter().map(|k| shared.table.slot_of(k).map(|slot| (k.clone(), slot))).collect();
     let keys = match keys {
         Ok(keys) => keys,
         Err(e) => return Some(Reply::error(id, e)),
@@ -564,7 +711,16 @@ fn begin(
     let module_id = shared.next_request.fetch_add(1, Ordering::Relaxed);
     let slots: Vec<u32> = keys.iter().map(|(_, s)| *s).collect();
     let requested = locked(shared, |core, owners| {
-        owners.insert(module_id, Owner { connection, client_id: id, kind, keys, granted_deps: None, revoked: false });
+        let owner = Owner {
+            connection,
+            client_id: id,
+            kind,
+            keys,
+            granted_deps: None,
+            granted_versions: Vec::new(),
+            revoked: false,
+        };
+        owners.insert(module_id, owner);
         match core.request(module_id, kind, &slots) {
             Ok(grants) => Ok(((), grants)),
             Err(e) => {
@@ -584,31 +740,51 @@ fn begin(
 }
 
 /// READ_DONE, UPDATE_DONE or CANCEL for a request of this connection.
-fn finish(shared: &Arc<Shared>, ids: &mut HashMap<u64, RequestId>, request: &Request) -> Option<Reply> {
+fn finish(shared: &Arc<Shared>, ids: &mut HashMap<u64, RequestId>, request: Request) -> Option<Reply> {
     let id = request.id;
     let Some(module_id) = ids.get(&id).copied() else {
         return Some(Reply::error(id, format!("{} for unknown id {id}", request.op)));
     };
     let cancel = request.op == "cancel";
+    // Checked and decoded before the lock is taken.
+    let page = request.page.map(|page| page.into_parts().map_err(|e| e.to_string()));
     let finished = locked(shared, |core, owners| {
         let owner = owners.get(&module_id).ok_or(CoreError::UnknownRequest(module_id))?;
         if owner.revoked {
             owners.remove(&module_id);
-            return if cancel { Ok((None, Vec::new())) } else { Err(ModuleError::Revoked) };
+            return if cancel { Ok(((None, None), Vec::new())) } else { Err(ModuleError::Revoked) };
         }
         let expected = if owner.kind == Kind::Read { "read_done" } else { "update_done" };
         if !cancel && request.op != expected {
             return Err(ModuleError::Refused(format!("{} for a request that needs {expected}", request.op)));
         }
+        if page.is_some() && owner.kind != Kind::Update {
+            return Err(ModuleError::Refused("only update_done may bring a page".into()));
+        }
+        let grantee = owner.granted_deps.is_some();
+        let published = match (cancel, owner.kind) {
+            (true, _) => {
+                retire(shared, owner);
+                None
+            }
+            // A DONE before the grant is refused by the core below; nothing is changed.
+            (false, Kind::Update) if grantee => complete_update(shared, owner, page)?,
+            (false, _) => None,
+        };
         let grants = if cancel { core.abandon(module_id)? } else { core.done(module_id)? };
         let deps = owners.remove(&module_id).and_then(|owner| owner.granted_deps);
-        Ok((deps, grants))
+        Ok(((deps, published), grants))
     });
     match finished {
-        Ok((deps, outbox)) => {
+        Ok(((deps, published), outbox)) => {
             ids.remove(&id);
             send_all(shared, outbox);
-            Some(Reply { id, op: "done".into(), deps, error: None })
+            let mut reply = Reply::new(id, "done", deps);
+            if let Some(published) = published {
+                reply.published = Some(published.is_ok());
+                reply.unpublished = published.err();
+            }
+            Some(reply)
         }
         // A protocol mistake is reported in its own words.
         Err(ModuleError::Refused(e)) => Some(Reply::error(id, e)),
@@ -618,204 +794,5 @@ fn finish(shared: &Arc<Shared>, ids: &mut HashMap<u64, RequestId>, request: &Req
             Some(Reply::error(id, ModuleError::Revoked))
         }
         Err(e) => Some(Reply::error(id, e)),
-    }
-}
-
-/// The client's calls waiting for replies, and whether the connection ended.
-#[derive(Default)]
-struct Waiters {
-    by_id: HashMap<u64, oneshot::Sender<Reply>>,
-    closed: bool,
-}
-
-/// An async client of the module, shared by many concurrent tasks over one
-/// connection. Replies are matched to requests by id. Every call has a
-/// deadline; a call that misses it cancels its request at the module, so a
-/// grant that comes later is released rather than held forever.
-pub struct ModuleClient {
-    requests: mpsc::Sender<Request>,
-    waiters: Arc<Mutex<Waiters>>,
-    next_id: AtomicU64,
-    call_timeout: Duration,
-}
-
-/// How a [`ModuleClient`] connects.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ClientOptions {
-    /// Each call's deadline (see [`ModuleClient::connect_with_timeout`]).
-    pub call_timeout: Duration,
-    /// Users the module may run as besides this process's own and root.
-    pub module_uids: Vec<u32>,
-}
-
-impl Default for ClientOptions {
-    fn default() -> Self {
-        ClientOptions { call_timeout: CALL_TIMEOUT_DEFAULT, module_uids: Vec::new() }
-    }
-}
-
-/// Permission to read (or update) that must be given back with `done`.
-#[derive(Debug)]
-pub struct Access {
-    pub id: u64,
-    /// The `X-Tierstack-Deps` value: versions at grant time.
-    pub deps: String,
-}
-
-impl ModuleClient {
-    /// Connects to the module's socket; calls wait at most [`CALL_TIMEOUT_DEFAULT`].
-    pub async fn connect(path: &Path) -> Result<ModuleClient, ModuleError> {
-        Self::connect_with_timeout(path, CALL_TIMEOUT_DEFAULT).await
-    }
-
-    /// Connects to the module's socket; each call (a request and its reply,
-    /// including a grant's wait in Table 1's queues) fails with
-    /// [`ModuleError::Timeout`] after `call_timeout`.
-    pub async fn connect_with_timeout(path: &Path, call_timeout: Duration) -> Result<ModuleClient, ModuleError> {
-        Self::connect_with(path, &ClientOptions { call_timeout, ..ClientOptions::default() }).await
-    }
-
-    /// Connects to the module's socket as `options` say. The module must run
-    /// as this process's user, root, or one of `options.module_uids`
-    /// (`SO_PEERCRED`): whoever answers on the path hands out the versions
-    /// this client's responses carry, so a stranger's socket planted there
-    /// is refused.
-    pub async fn connect_with(path: &Path, options: &ClientOptions) -> Result<ModuleClient, ModuleError> {
-        let call_timeout = options.call_timeout;
-        let stream = UnixStream::connect(path).await?;
-        let module_uid = stream.peer_cred()?.uid();
-        let me = crate::module_socket::effective_uid();
-        if module_uid != 0 && module_uid != me && !options.module_uids.contains(&module_uid) {
-            return Err(ModuleError::UntrustedModule { uid: module_uid });
-        }
-        let (read_half, mut write_half) = stream.into_split();
-        let (requests, mut outgoing) = mpsc::channel::<Request>(REPLY_QUEUE_MAX);
-        let waiters: Arc<Mutex<Waiters>> = Arc::default();
-        tokio::spawn(async move {
-            while let Some(request) = outgoing.recv().await {
-                let mut line = serde_json::to_vec(&request).unwrap_or_default();
-                line.push(b'\n');
-                if write_half.write_all(&line).await.is_err() {
-                    break;
-                }
-            }
-        });
-        let reading = waiters.clone();
-        tokio::spawn(async move {
-            let mut lines = BufReader::new(read_half).lines();
-            while let Ok(Some(line)) = lines.next_line().await {
-                match serde_json::from_str::<Reply>(&line) {
-                    Ok(reply) => {
-                        let waiter = reading.lock().ok().and_then(|mut w| w.by_id.remove(&reply.id));
-                        match waiter {
-                            Some(waiter) => {
-                                let _ = waiter.send(reply);
-                            }
-                            None if reply.op == "error" => {
-                                tracing::warn!(id = reply.id, error = ?reply.error, "module error for a request nobody waits on")
-                            }
-                            None if reply.op == "revoked" => {
-                                tracing::warn!(id = reply.id, "the module revoked a grant held past its lifetime")
-                            }
-                            // A grant or `done` for a call that gave up (and cancelled).
-                            None => {}
-                        }
-                    }
-                    Err(e) => tracing::warn!(error = %e, "bad reply line from the module"),
-                }
-            }
-            // Connection gone: waiters see Closed when their senders drop,
-            // and later calls fail at once.
-            if let Ok(mut w) = reading.lock() {
-                w.closed = true;
-                w.by_id.clear();
-            }
-        });
-        Ok(ModuleClient { requests, waiters, next_id: AtomicU64::new(1), call_timeout })
-    }
-
-    fn forget(&self, id: u64) {
-        if let Ok(mut w) = self.waiters.lock() {
-            w.by_id.remove(&id);
-        }
-    }
-
-    async fn call(&self, request: Request) -> Result<Reply, ModuleError> {
-        let id = request.id;
-        let (tx, rx) = oneshot::channel();
-        {
-            let mut waiters = self.waiters.lock().map_err(|_| ModuleError::Closed)?;
-            if waiters.closed {
-                return Err(ModuleError::Closed);
-            }
-            waiters.by_id.insert(id, tx);
-        }
-        let exchange = async {
-            self.requests.send(request).await.map_err(|_| ModuleError::Closed)?;
-            rx.await.map_err(|_| ModuleError::Closed)
-        };
-        let reply = match tokio::time::timeout(self.call_timeout, exchange).await {
-            Ok(Ok(reply)) => reply,
-            Ok(Err(e)) => {
-                self.forget(id);
-                return Err(e);
-            }
-            Err(_) => {
-                self.forget(id);
-                self.cancel(id).await;
-                return Err(ModuleError::Timeout { waited_ms: self.call_timeout.as_millis() });
-            }
-        };
-        match reply.op.as_str() {
-            "error" => Err(ModuleError::Refused(reply.error.unwrap_or_default())),
-            // Crossed with this call (a DONE sent just as the module revoked the grant).
-            "revoked" => Err(ModuleError::Revoked),
-            _ => Ok(reply),
-        }
-    }
-
-    /// Gives request `id` up at the module: released if it was granted (or
-    /// when it is), harmlessly refused if it already finished. Queued behind
-    /// the request itself, so the module never sees it first.
-    async fn cancel(&self, id: u64) {
-        let cancel = Request { id, op: "cancel".into(), keys: vec![] };
-        match tokio::time::timeout(self.call_timeout, self.requests.send(cancel)).await {
-            Ok(Ok(())) => {}
-            // Connection gone: the module released everything it held.
-            Ok(Err(_)) => {}
-            Err(_) => tracing::warn!(id, "could not send a cancel to the module in time"),
-        }
-    }
-
-    async fn acquire(&self, op: &str, expect: &str, keys: &[String]) -> Result<Access, ModuleError> {
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let reply = self.call(Request { id, op: op.into(), keys: keys.to_vec() }).await?;
-        if reply.op != expect {
-            return Err(ModuleError::BadReply(format!("expected {expect}, got {}", reply.op)));
-        }
-        let deps = reply.deps.ok_or_else(|| ModuleError::BadReply("grant without deps".into()))?;
-        Ok(Access { id, deps })
-    }
-
-    /// READ_REQUEST; resolves at READ_PROCEED with the versions to serve.
-    pub async fn read(&self, keys: &[String]) -> Result<Access, ModuleError> {
-        self.acquire("read_request", "read_proceed", keys).await
-    }
-
-    /// READ_DONE.
-    pub async fn read_done(&self, access: Access) -> Result<(), ModuleError> {
-        self.call(Request { id: access.id, op: "read_done".into(), keys: vec![] }).await.map(|_| ())
-    }
-
-    /// UPDATE_REQUEST; resolves at UPDATE_PROCEED (versions already bumped).
-    pub async fn update(&self, keys: &[String]) -> Result<Access, ModuleError> {
-        self.acquire("update_request", "update_proceed", keys).await
-    }
-
-    /// UPDATE_DONE; returns the `X-Tierstack-Deps` value of the versions this
-    /// update produced (those of its UPDATE_PROCEED).
-    pub async fn update_done(&self, access: Access) -> Result<String, ModuleError> {
-        let reply = self.call(Request { id: access.id, op: "update_done".into(), keys: vec![] }).await?;
-        reply.deps.ok_or_else(|| ModuleError::BadReply("done without deps".into()))
     }
 }
