@@ -350,6 +350,8 @@ pub struct Run {
     /// Hits served from a page the application published at the module
     /// (the proxies' `pages_installed`; `None`: the proxies do not count them).
     pub pages_installed: Option<u64>,
+    /// Published pages read and not usable (older than the versions, torn, absent).
+    pub pages_unusable: Option<u64>,
     pub breakdown: Breakdown,
     pub proxies: Vec<ProxyStats>,
 }
@@ -495,6 +497,7 @@ pub(crate) fn measure(
         updates: report.updates.done,
         errors: e.total(),
         pages_installed: proxy_counter(&proxies, "pages_installed"),
+        pages_unusable: proxy_counter(&proxies, "pages_unusable"),
         breakdown,
         proxies,
     })

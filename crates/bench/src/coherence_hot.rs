@@ -211,6 +211,7 @@ pub struct Summary {
     /// Stale responses, summed over the rounds.
     pub stale: u64,
     pub pages_installed: Option<Spread>,
+    pub pages_unusable: Option<Spread>,
     /// Median over rounds of p99 / ttl's p99 in the same round and cell.
     pub p99_to_ttl: Option<f64>,
     /// Median over rounds of throughput / ttl's in the same round and cell.
@@ -241,7 +242,10 @@ pub fn summarize(runs: &[Run]) -> Vec<Summary> {
                     .collect();
                 Spread::of(&ratios).map(|s| s.median)
             };
-            let installed: Option<Vec<f64>> = mine.iter().map(|r| r.pages_installed.map(|n| n as f64)).collect();
+            let counter = |f: fn(&Run) -> Option<u64>| {
+                let values: Option<Vec<f64>> = mine.iter().map(|r| f(r).map(|n| n as f64)).collect();
+                values.and_then(|v| Spread::of(&v))
+            };
             Some(Summary {
                 runs: mine.len(),
                 p50_us: spread(|r| r.p50_us)?,
@@ -253,7 +257,8 @@ pub fn summarize(runs: &[Run]) -> Vec<Summary> {
                 update_p50_us: spread(|r| r.update_p50_us)?,
                 update_p99_us: spread(|r| r.update_p99_us)?,
                 stale: mine.iter().map(|r| r.stale_responses).sum(),
-                pages_installed: installed.and_then(|v| Spread::of(&v)),
+                pages_installed: counter(|r| r.pages_installed),
+                pages_unusable: counter(|r| r.pages_unusable),
                 p99_to_ttl: ratio(|r| r.p99_us),
                 rps_to_ttl: ratio(|r| r.throughput_rps),
                 cell,
@@ -480,6 +485,7 @@ fn summary_table(summaries: &[Summary]) -> Table {
             ("update p50", "µs"),
             ("update p99", "µs"),
             ("pages installed", ""),
+            ("pages unusable", ""),
             ("stale", "sum"),
             ("runs", ""),
         ],
@@ -501,6 +507,7 @@ fn summary_table(summaries: &[Summary]) -> Table {
             s.update_p50_us.show(0),
             s.update_p99_us.show(0),
             s.pages_installed.map(|p| p.show(0)).unwrap_or_else(|| "-".into()),
+            s.pages_unusable.map(|p| p.show(0)).unwrap_or_else(|| "-".into()),
             s.stale.to_string(),
             s.runs.to_string(),
         ]);
@@ -607,6 +614,7 @@ mod tests {
             updates: 5,
             errors: 0,
             pages_installed: None,
+            pages_unusable: None,
             breakdown: Breakdown::default(),
             proxies: Vec::new(),
         }
