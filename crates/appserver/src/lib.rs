@@ -404,11 +404,13 @@ async fn update_document(state: Arc<State>, name: String, size: usize) -> Respon
         _ => None,
     };
     let store_failed = state.store.is_some() && written.is_none();
-    // With --publish, the new page is made now, once, at the version this
-    // grant produced (its generation cost spent here, not by every proxy's
-    // refetch), and handed to the module with UPDATE_DONE.
+    // With --publish or write-through, the new page is made now, once, at
+    // the version this grant produced (its generation cost spent here, not
+    // by every proxy's refetch), and handed to the module with UPDATE_DONE
+    // or pushed before the update answers.
+    let writes_through = state.pusher.as_ref().is_some_and(|p| p.is_write_through());
     let written = match (written, new_version) {
-        (None, Some(version)) if state.publish && !store_failed => {
+        (None, Some(version)) if (state.publish || writes_through) && !store_failed => {
             spend_page_cost(&state, name).await;
             Some((version, generate_body(name, version, size)))
         }

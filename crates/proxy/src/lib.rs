@@ -226,8 +226,8 @@ pub struct ProxyOptions {
     /// listener.
     pub admin_token: Option<Secret>,
     /// Proxy-side refresh (`refresh`): watch this many of the hottest
-    /// cached documents with dependencies, 0: off (the default here; the
-    /// CLI's is [`REFRESH_HOT_DEFAULT`]).
+    /// cached documents with dependencies, 0: off (the default here and the
+    /// CLI's, [`REFRESH_HOT_DEFAULT`]).
     pub refresh_hot: usize,
     /// How often refresh reads their versions.
     pub refresh_interval: Duration,

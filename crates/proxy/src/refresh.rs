@@ -29,8 +29,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-/// `tierstack proxy --refresh-hot`'s default.
-pub const REFRESH_HOT_DEFAULT: usize = 64;
+/// `tierstack proxy --refresh-hot`'s default: off. Measured beside it off
+/// (docs/results.md, issue 31: 3 alternated rounds, 15 cells, both module
+/// placements), refresh on was better in none of 30 comparisons of p99 and
+/// throughput and worse in 10: its refetch waits for the same busy
+/// application tier as a client's would, and its reads compete with them.
+/// `--versions-at done` with published pages removes the wait instead.
+pub const REFRESH_HOT_DEFAULT: usize = 0;
 /// `tierstack proxy --refresh-interval-ms`'s default.
 pub const REFRESH_INTERVAL_DEFAULT: Duration = Duration::from_millis(5);
 /// A hit's weight; halved every [`HALF_LIFE`], so one hit is remembered

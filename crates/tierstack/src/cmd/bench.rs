@@ -13,6 +13,8 @@ pub(crate) enum BenchCommand {
     Coop(coop::CoopArgs),
     /// Strongly coherent caching (coherency paper Fig. 9-11): response time and throughput vs
     /// compute threads, response-time breakdown, traces; no-cache, poll/tcp, poll/shm and ttl.
+    /// `--hot` (issues 16, 31): a hot document updated every second beside busy compute threads,
+    /// with page costs: ttl, poll/shm, write-through, refresh and published pages, alternated rounds.
     Coherence(coherence::CoherenceArgs),
     /// Fabric micro-benchmarks (coherency paper Fig. 8) and owner-load sensitivity.
     Fabric(fabric::FabricArgs),
