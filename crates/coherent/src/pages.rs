@@ -482,6 +482,21 @@ mod tests {
         assert_eq!(page(|p| p.headers = vec![("x".into(), "1".into()); FIELDS_MAX + 1]), Err(PageError::TooManyFields));
         let big = PageParts { body: vec![0; 100], ..parts() };
         assert!(matches!(encode(3, "d", &big, 64), Err(PageError::TooLarge { max: 64, .. })));
+        assert!(page(|p| p.headers = vec![("x".into(), "1".into()); FIELDS_MAX]).is_ok(), "the most fields allowed");
+    }
+
+    #[test]
+    fn a_page_fits_a_record_to_the_byte() {
+        let deps = header(5).to_string();
+        let fixed = encode(3, &deps, &PageParts { body: vec![], ..parts() }, 4096).unwrap().len();
+        let exact = PageParts { body: vec![1; 4096 - fixed], ..parts() };
+        assert_eq!(encode(3, &deps, &exact, 4096).unwrap().len(), 4096, "a page exactly a record long");
+        let over = PageParts { body: vec![1; 4097 - fixed], ..parts() };
+        assert_eq!(encode(3, &deps, &over, 4096), Err(PageError::TooLarge { bytes: 4097, max: 4096 }));
+        // The default record holds a 60 KiB page.
+        let page = PageParts { body: vec![1; 60 * 1024], ..parts() };
+        assert!(encode(3, &deps, &page, PAGE_BYTES_DEFAULT).is_ok());
+        assert_eq!(PAGE_BYTES_DEFAULT, 65_536);
     }
 
     #[test]
@@ -495,6 +510,9 @@ mod tests {
         assert_eq!(judge_at(6, (3, 3), "/doc/a"), PageVerdict::Unusable(PageMiss::Torn));
         assert_eq!(judge_at(6, (2, 4), "/doc/a"), PageVerdict::Unusable(PageMiss::Torn));
         assert_eq!(judge_at(6, (0, 0), "/doc/a"), PageVerdict::Unusable(PageMiss::Absent));
+        // A first write began during the read: torn (read again), not absent.
+        assert_eq!(judge_at(6, (0, 2), "/doc/a"), PageVerdict::Unusable(PageMiss::Torn));
+        assert_eq!(judge_at(6, (2, 0), "/doc/a"), PageVerdict::Unusable(PageMiss::Torn));
         assert_eq!(judge_at(6, (2, 2), "/doc/b"), PageVerdict::Unusable(PageMiss::Absent), "another path");
         let other_key = SlotRead { fingerprint: fingerprint("doc/b"), ..slot(6) };
         assert_eq!(
@@ -525,7 +543,7 @@ mod tests {
     #[test]
     fn layouts_outside_the_region_or_malformed_are_none() {
         let layout = PagesLayout::from_words(128, 4, 64, 128 + 4 * 72).unwrap();
-        assert_eq!((layout.record_of(9), layout.record_offset(1)), (1, 200));
+        assert_eq!((layout.record_of(10), layout.record_of(3), layout.record_offset(1)), (2, 3, 200));
         assert_eq!(PagesLayout::from_words(128, 4, 64, 128 + 4 * 72 - 1), None);
         assert_eq!(PagesLayout::from_words(128, 0, 64, 1 << 20), None);
         assert_eq!(PagesLayout::from_words(128, 4, 60, 1 << 20), None);
