@@ -6,10 +6,9 @@
 use crate::exe;
 use serde_json::Value;
 use std::sync::Arc;
-use std::time::Duration;
 use tierstack_cluster::Backend;
 use tierstack_deploy::deployment::{Deployment, DeploymentConfig};
-use tierstack_loadgen::{run, run_with, LiveSnapshot, LiveStats, LoadConfig, LoadReport};
+use tierstack_loadgen::{run, run_with, LiveStats, LoadConfig, LoadReport};
 use tierstack_proxy::ProxyStats;
 use tierstack_workload::Trace;
 
@@ -119,10 +118,7 @@ fn poll_mode_serves_nothing_stale_on_tcp() {
 /// build without UCX; CI requires it).
 #[test]
 fn poll_mode_serves_nothing_stale_on_ucx() {
-    if !tierstack_cluster::ucx_available() {
-        let reason = tierstack_cluster::ucx_unavailable_reason();
-        assert!(std::env::var("TIERSTACK_REQUIRE_UCX").as_deref() != Ok("1"), "{reason}");
-        eprintln!("skipped: {reason}");
+    if !crate::ucx_or_skip() {
         return;
     }
     poll_is_strongly_coherent(Backend::Ucx);
@@ -154,19 +150,6 @@ fn no_cache_mode_forwards_everything_and_is_coherent() {
     deployment.stop().unwrap();
 }
 
-/// Waits (bounded) until the live counters satisfy `done`.
-fn wait_for(live: &LiveStats, what: &str, done: impl Fn(&LiveSnapshot) -> bool) -> LiveSnapshot {
-    let deadline = tierstack_base::time::instant_now() + Duration::from_secs(60);
-    loop {
-        let now = live.snapshot();
-        if done(&now) {
-            return now;
-        }
-        assert!(tierstack_base::time::instant_now() < deadline, "timed out waiting for {what}: {now:?}");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
 /// The application tier (module and server) restarts under load: the
 /// proxies, holding copies of the old incarnation, must never serve one
 /// after an update under the new incarnation completed. The checker sees
@@ -185,9 +168,9 @@ fn a_module_restart_under_load_serves_nothing_stale(backend: Backend) {
     };
     let handle = runtime.spawn(run_with(config, live.clone(), shutdown));
 
-    let before = wait_for(&live, "load before the restart", |s| s.ok >= 500 && s.updates >= 10 && s.hits > 0);
+    let before = crate::wait_live(&live, "load before the restart", |s| s.ok >= 500 && s.updates >= 10 && s.hits > 0);
     deployment.restart_application_tier().unwrap();
-    wait_for(&live, "load after the restart", |s| s.ok >= before.ok + 1000 && s.updates >= before.updates + 10);
+    crate::wait_live(&live, "load after the restart", |s| s.ok >= before.ok + 1000 && s.updates >= before.updates + 10);
     stop_tx.send(()).unwrap();
     let report = runtime.block_on(handle).unwrap().unwrap();
     deployment.stop().unwrap();

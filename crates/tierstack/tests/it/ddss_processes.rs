@@ -302,10 +302,7 @@ fn histories_hold_every_coherence_model_tcp() {
 /// UCX; CI requires it).
 #[test]
 fn histories_hold_every_coherence_model_ucx() {
-    if !tierstack_cluster::ucx_available() {
-        let reason = tierstack_cluster::ucx_unavailable_reason();
-        assert!(std::env::var("TIERSTACK_REQUIRE_UCX").as_deref() != Ok("1"), "{reason}");
-        eprintln!("skipped: {reason}");
+    if !crate::ucx_or_skip() {
         return;
     }
     histories_hold_every_model(Backend::Ucx);

@@ -34,6 +34,35 @@ mod service_e2e;
 mod table1_e2e;
 mod test_script;
 
+/// True if the ucx backend can run here; otherwise says why the calling
+/// test is skipped (and fails it where `TIERSTACK_REQUIRE_UCX=1`, as in CI).
+fn ucx_or_skip() -> bool {
+    if tierstack_cluster::ucx_available() {
+        return true;
+    }
+    let reason = tierstack_cluster::ucx_unavailable_reason();
+    assert!(std::env::var("TIERSTACK_REQUIRE_UCX").as_deref() != Ok("1"), "{reason}");
+    eprintln!("skipped: {reason}");
+    false
+}
+
+/// Waits (at most a minute) until a running load's live counters satisfy `done`.
+fn wait_live(
+    live: &tierstack_loadgen::LiveStats,
+    what: &str,
+    done: impl Fn(&tierstack_loadgen::LiveSnapshot) -> bool,
+) -> tierstack_loadgen::LiveSnapshot {
+    let deadline = tierstack_base::time::instant_now() + std::time::Duration::from_secs(60);
+    loop {
+        let now = live.snapshot();
+        if done(&now) {
+            return now;
+        }
+        assert!(tierstack_base::time::instant_now() < deadline, "timed out waiting for {what}: {now:?}");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
 /// The `tierstack` binary these tests run.
 fn exe() -> PathBuf {
     tierstack_testkit::exe!()

@@ -157,20 +157,9 @@ fn nothing_stale_across_a_restart_with_evictions(backend: Backend) {
         let _ = stop_rx.await;
     };
     let handle = runtime.spawn(run_with(config, live.clone(), shutdown));
-    let wait_for = |what: &str, done: &dyn Fn(&tierstack_loadgen::LiveSnapshot) -> bool| {
-        let deadline = tierstack_base::time::instant_now() + Duration::from_secs(60);
-        loop {
-            let now = live.snapshot();
-            if done(&now) {
-                return now;
-            }
-            assert!(tierstack_base::time::instant_now() < deadline, "timed out waiting for {what}: {now:?}");
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    };
-    let before = wait_for("load before the restart", &|s| s.ok >= 500 && s.updates >= 10 && s.hits > 0);
+    let before = crate::wait_live(&live, "load before the restart", |s| s.ok >= 500 && s.updates >= 10 && s.hits > 0);
     deployment.restart_application_tier().unwrap();
-    wait_for("load after the restart", &|s| s.ok >= before.ok + 1000 && s.updates >= before.updates + 10);
+    crate::wait_live(&live, "load after the restart", |s| s.ok >= before.ok + 1000 && s.updates >= before.updates + 10);
     stop_tx.send(()).unwrap();
     let report = runtime.block_on(handle).unwrap().unwrap();
     let stats = settled(&deployment).remove(0);
@@ -195,10 +184,7 @@ fn publishing_serves_nothing_stale_across_a_restart_with_evictions_on_tcp() {
 /// build without UCX; CI requires it).
 #[test]
 fn publishing_serves_nothing_stale_under_reads_racing_updates_on_ucx() {
-    if !tierstack_cluster::ucx_available() {
-        let reason = tierstack_cluster::ucx_unavailable_reason();
-        assert!(std::env::var("TIERSTACK_REQUIRE_UCX").as_deref() != Ok("1"), "{reason}");
-        eprintln!("skipped: {reason}");
+    if !crate::ucx_or_skip() {
         return;
     }
     nothing_stale_under_reads_racing_updates(Backend::Ucx);
