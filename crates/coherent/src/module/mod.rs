@@ -580,13 +580,13 @@ fn retire(shared: &Shared, owner: &Owner) {
 fn complete_update(
     shared: &Shared,
     owner: &Owner,
-    page: Option<Result<PageParts, String>>,
+    mut page: Option<Result<PageParts, String>>,
 ) -> Result<Option<Result<(), String>>, VersionTableError> {
     let mut published = None;
     for step in update_plan::done_steps(shared.versions_at) {
         match step {
             Step::Publish => {
-                published = page.clone().map(|page| {
+                published = page.take().map(|page| {
                     let (deps, (_, first)) = match (&owner.granted_deps, owner.keys.first()) {
                         (Some(deps), Some(first)) => (deps, first),
                         _ => return Err("the update has no granted versions".to_string()),
