@@ -408,9 +408,9 @@ async fn update_document(state: Arc<State>, name: String, size: usize) -> Respon
     // the version this grant produced (its generation cost spent here, not
     // by every proxy's refetch), and handed to the module with UPDATE_DONE
     // or pushed before the update answers.
-    let writes_through = state.pusher.as_ref().is_some_and(|p| p.is_write_through());
+    let write_through = state.pusher.as_ref().filter(|p| p.is_write_through() && !store_failed);
     let written = match (written, new_version) {
-        (None, Some(version)) if (state.publish || writes_through) && !store_failed => {
+        (None, Some(version)) if (state.publish || write_through.is_some()) && !store_failed => {
             spend_page_cost(&state, name).await;
             Some((version, generate_body(name, version, size)))
         }
@@ -424,7 +424,6 @@ async fn update_document(state: Arc<State>, name: String, size: usize) -> Respon
     // Write-through: the new version reaches the proxies before the update
     // answers (bounded), with the versions this grant produced: before
     // UPDATE_DONE when they are visible already, else right after it.
-    let write_through = state.pusher.as_ref().filter(|p| p.is_write_through() && !store_failed);
     let visible_at_done = access.visible_at_done;
     let mut pushed = false;
     if let Some(pusher) = write_through.filter(|_| !visible_at_done) {
