@@ -9,7 +9,7 @@ use crate::module::{bounded, connect, keys, runtime};
 use std::sync::Arc;
 use std::time::Duration;
 use tierstack_cluster::{local_cluster, Backend, LocalCluster};
-use tierstack_coherent::module::{ModuleOptions, ModuleServer};
+use tierstack_coherent::module::{ModuleClient, ModuleOptions, ModuleServer};
 use tierstack_coherent::pages::PageMiss;
 use tierstack_coherent::version_table::{Incarnation, PagesConfig, VersionChecker, VersionTable};
 use tierstack_coherent::{DepsHeader, Page, VersionsAt};
@@ -49,6 +49,14 @@ fn page(path: &str, body: &[u8]) -> Page {
     Page::with_body(path, vec![("content-type".into(), "text/plain".into())], body)
 }
 
+/// The versions a read of `key` is granted now (read and given back).
+async fn current(client: &ModuleClient, key: &str) -> DepsHeader {
+    let read = client.read(&keys(&[key])).await.unwrap();
+    let header = DepsHeader::parse(&read.deps).unwrap();
+    client.read_done(read).await.unwrap();
+    header
+}
+
 fn version(deps: &str) -> u64 {
     DepsHeader::parse(deps).unwrap().deps[0].version
 }
@@ -61,9 +69,7 @@ fn in_done_mode_versions_change_at_update_done_and_the_page_is_current_right_aft
         runtime().block_on(async {
             s.serve();
             let client = connect(&s.socket).await;
-            let read = client.read(&keys(&["doc/a"])).await.unwrap();
-            let old = DepsHeader::parse(&read.deps).unwrap();
-            client.read_done(read).await.unwrap();
+            let old = current(&client, "doc/a").await;
             assert_eq!(checker.published_page(&old, "/doc/a", 64).await.unwrap(), Err(PageMiss::Absent));
 
             let update = client.update(&keys(&["doc/a"])).await.unwrap();
@@ -103,9 +109,7 @@ fn in_proceed_mode_versions_change_at_the_grant_and_the_page_is_published_at_don
     runtime().block_on(async {
         s.serve();
         let client = connect(&s.socket).await;
-        let read = client.read(&keys(&["doc/a"])).await.unwrap();
-        let old = DepsHeader::parse(&read.deps).unwrap();
-        client.read_done(read).await.unwrap();
+        let old = current(&client, "doc/a").await;
         let update = client.update(&keys(&["doc/a"])).await.unwrap();
         assert!(!update.visible_at_done);
         assert!(!checker.is_current(&old).await.unwrap(), "proceed mode: visible at the grant");
@@ -125,9 +129,7 @@ fn a_page_that_cannot_be_published_does_not_fail_its_update() {
     runtime().block_on(async {
         s.serve();
         let client = connect(&s.socket).await;
-        let read = client.read(&keys(&["doc/a"])).await.unwrap();
-        let old = DepsHeader::parse(&read.deps).unwrap();
-        client.read_done(read).await.unwrap();
+        let old = current(&client, "doc/a").await;
         for (bad, why) in [
             (page("/doc/a", &[7; 300]), "holds at most"),
             (Page { path: "no-slash".into(), ..Page::default() }, "must start with"),
@@ -211,9 +213,7 @@ fn a_page_evicted_by_another_keys_page_is_not_served() {
         for key in ["doc/a", "doc/b", "doc/c"] {
             s.server.table().slot_of(key).unwrap();
         }
-        let read = client.read(&keys(&["doc/a"])).await.unwrap();
-        let old = DepsHeader::parse(&read.deps).unwrap();
-        client.read_done(read).await.unwrap();
+        let old = current(&client, "doc/a").await;
         let update = client.update(&keys(&["doc/a"])).await.unwrap();
         client.update_done_with_page(update, Some(page("/doc/a", b"a2"))).await.unwrap();
         assert!(checker.published_page(&old, "/doc/a", 64).await.unwrap().is_ok());
