@@ -252,6 +252,21 @@ impl<S> GuardedIo<S> {
         };
         poll_timer(&mut self.write_timer, since + timeout, cx)
     }
+
+    /// What a write (plain or vectored) of the inner stream came to, under
+    /// the write timeout: progress is noted, a stall past it fails.
+    fn guard_write(&mut self, cx: &mut Context<'_>, polled: Poll<io::Result<usize>>) -> Poll<io::Result<usize>> {
+        match polled {
+            Poll::Ready(result) => {
+                self.write_progressed();
+                Poll::Ready(result)
+            }
+            Poll::Pending if self.write_stalled_too_long(cx) => {
+                Poll::Ready(Err(timed_out("the client took no response bytes within the write timeout")))
+            }
+            Poll::Pending => Poll::Pending,
+        }
+    }
 }
 
 /// Polls a timer set to `deadline` (made on first use, moved when the
@@ -288,16 +303,8 @@ impl<S: AsyncRead + Unpin> AsyncRead for GuardedIo<S> {
 
 impl<S: AsyncWrite + Unpin> AsyncWrite for GuardedIo<S> {
     fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
-        match Pin::new(&mut self.inner).poll_write(cx, buf) {
-            Poll::Ready(result) => {
-                self.write_progressed();
-                Poll::Ready(result)
-            }
-            Poll::Pending if self.write_stalled_too_long(cx) => {
-                Poll::Ready(Err(timed_out("the client took no response bytes within the write timeout")))
-            }
-            Poll::Pending => Poll::Pending,
-        }
+        let polled = Pin::new(&mut self.inner).poll_write(cx, buf);
+        self.guard_write(cx, polled)
     }
 
     fn poll_write_vectored(
@@ -305,16 +312,8 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for GuardedIo<S> {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        match Pin::new(&mut self.inner).poll_write_vectored(cx, bufs) {
-            Poll::Ready(result) => {
-                self.write_progressed();
-                Poll::Ready(result)
-            }
-            Poll::Pending if self.write_stalled_too_long(cx) => {
-                Poll::Ready(Err(timed_out("the client took no response bytes within the write timeout")))
-            }
-            Poll::Pending => Poll::Pending,
-        }
+        let polled = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+        self.guard_write(cx, polled)
     }
 
     fn is_write_vectored(&self) -> bool {
