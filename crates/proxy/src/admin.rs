@@ -51,7 +51,9 @@ pub(crate) async fn handle_admin(state: Arc<State>, request: Request<RequestBody
     }
     if path == "/metrics" {
         let mut response = text(StatusCode::OK, metrics::render(&state.stats(), &state.counters.check_latency));
-        response.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("text/plain; version=0.0.4"));
+        response
+            .headers_mut()
+            .insert(CONTENT_TYPE, HeaderValue::from_static(tierstack_stats::exposition::CONTENT_TYPE));
         return response;
     }
     if let Some(name) = path.strip_prefix(PUSH_PATH_PREFIX) {

@@ -3,52 +3,25 @@
 //! `/_tierstack/stats`, plus the version checks' latency histogram.
 
 use crate::stats::ProxyStats;
-use std::fmt::Write;
-use std::sync::atomic::{AtomicU64, Ordering};
+use tierstack_stats::exposition::{Exposition, SecondsHistogram};
 
 /// Upper bounds of the version-check latency buckets, seconds.
-pub(crate) const CHECK_BUCKETS_SECS: [f64; 12] =
-    [5e-6, 10e-6, 25e-6, 50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3, 100e-3];
+pub(crate) const CHECK_BUCKETS_SECS: &[f64] =
+    &[5e-6, 10e-6, 25e-6, 50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3, 100e-3];
 
-/// A latency histogram of atomics (one per bucket, not cumulative).
-#[derive(Default)]
-pub(crate) struct Histogram {
-    buckets: [AtomicU64; CHECK_BUCKETS_SECS.len()],
-    above: AtomicU64,
-}
+/// The version checks' latency histogram (microsecond-scale buckets).
+pub(crate) struct CheckLatency(pub(crate) SecondsHistogram);
 
-impl Histogram {
-    pub(crate) fn record(&self, ns: u64) {
-        let secs = ns as f64 / 1e9;
-        match CHECK_BUCKETS_SECS.iter().position(|bound| secs <= *bound) {
-            Some(at) => self.buckets[at].fetch_add(1, Ordering::Relaxed),
-            None => self.above.fetch_add(1, Ordering::Relaxed),
-        };
-    }
-
-    /// Cumulative counts per bound, then the total.
-    fn cumulative(&self) -> (Vec<u64>, u64) {
-        let mut running = 0;
-        let counts = self
-            .buckets
-            .iter()
-            .map(|b| {
-                running += b.load(Ordering::Relaxed);
-                running
-            })
-            .collect();
-        (counts, running + self.above.load(Ordering::Relaxed))
+impl Default for CheckLatency {
+    fn default() -> Self {
+        CheckLatency(SecondsHistogram::new(CHECK_BUCKETS_SECS))
     }
 }
 
 /// The exposition text.
-pub(crate) fn render(stats: &ProxyStats, checks: &Histogram) -> String {
-    let mut out = String::with_capacity(4096);
-    let mut counter = |name: &str, help: &str, value: u64| {
-        let _ = writeln!(out, "# HELP tierstack_proxy_{name} {help}");
-        let _ = writeln!(out, "# TYPE tierstack_proxy_{name} counter");
-        let _ = writeln!(out, "tierstack_proxy_{name} {value}");
-    };
+pub(crate) fn render(stats: &ProxyStats, checks: &CheckLatency) -> String {
+    let mut out = Exposition::new();
+    let mut counter = |name: &str, help: &str, value: u64| out.counter(&format!("tierstack_proxy_{name}"), help, value);
     counter("requests_total", "Requests on the client listener.", stats.requests);
     counter("hits_total", "Requests served from the proxy's own stored response (X-Cache: HIT).", stats.hits);
     counter("misses_total", "Requests forwarded upstream.", stats.misses);
@@ -92,25 +65,17 @@ pub(crate) fn render(stats: &ProxyStats, checks: &Histogram) -> String {
         "Hot documents refetched because their versions changed.",
         stats.refresh_refetches,
     );
-    let mut gauge = |name: &str, help: &str, value: u64| {
-        let _ = writeln!(out, "# HELP tierstack_proxy_{name} {help}");
-        let _ = writeln!(out, "# TYPE tierstack_proxy_{name} gauge");
-        let _ = writeln!(out, "tierstack_proxy_{name} {value}");
-    };
+    let mut gauge =
+        |name: &str, help: &str, value: u64| out.gauge(&format!("tierstack_proxy_{name}"), help, value as f64);
     gauge("objects", "Stored responses (every variant).", stats.cached_entries);
     gauge("bytes", "Bytes of the stored responses (bodies and fields).", stats.cached_bytes);
     gauge("waiting_on_fetch", "Requests waiting for another request's fetch now.", stats.waiting_on_fetch);
-    let (cumulative, count) = checks.cumulative();
-    let name = "tierstack_proxy_version_check_seconds";
-    let _ = writeln!(out, "# HELP {name} Latency of the version checks on the request path.");
-    let _ = writeln!(out, "# TYPE {name} histogram");
-    for (bound, count) in CHECK_BUCKETS_SECS.iter().zip(cumulative) {
-        let _ = writeln!(out, "{name}_bucket{{le=\"{bound}\"}} {count}");
-    }
-    let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {count}");
-    let _ = writeln!(out, "{name}_sum {}", stats.check_ns as f64 / 1e9);
-    let _ = writeln!(out, "{name}_count {count}");
-    out
+    out.histogram(
+        "tierstack_proxy_version_check_seconds",
+        "Latency of the version checks on the request path.",
+        &checks.0,
+    );
+    out.finish()
 }
 
 #[cfg(test)]
@@ -119,9 +84,9 @@ mod tests {
 
     #[test]
     fn the_histogram_is_cumulative_and_counts_every_check() {
-        let h = Histogram::default();
+        let h = CheckLatency::default();
         for ns in [1_000, 7_000, 7_000, 2_000_000, 1_000_000_000] {
-            h.record(ns);
+            h.0.record_ns(ns);
         }
         let stats = ProxyStats { checks: 5, hits: 3, ..ProxyStats::default() };
         let text = render(&stats, &h);
@@ -131,11 +96,8 @@ mod tests {
         assert!(text.contains("tierstack_proxy_version_check_seconds_bucket{le=\"+Inf\"} 5\n"), "{text}");
         assert!(text.contains("tierstack_proxy_version_check_seconds_count 5\n"));
         assert!(text.contains("tierstack_proxy_hits_total 3\n"));
-        // Every sample line is `name{labels} value`, after its TYPE line.
-        for line in text.lines().filter(|l| !l.starts_with('#')) {
-            let (name, value) = line.rsplit_once(' ').unwrap();
-            assert!(name.starts_with("tierstack_proxy_"), "{line}");
-            assert!(value.parse::<f64>().is_ok(), "{line}");
-        }
+        // As Prometheus (and promtool, where installed) takes it.
+        let checked = tierstack_testkit::metrics::check(&text).unwrap();
+        assert_eq!(checked.get("tierstack_proxy_hits_total"), 3.0);
     }
 }

@@ -51,7 +51,7 @@ pub(crate) struct Counters {
     pub(crate) upstream_bytes: AtomicU64,
     pub(crate) policy_hits: AtomicU64,
     pub(crate) policy_coalesced: AtomicU64,
-    pub(crate) check_latency: metrics::Histogram,
+    pub(crate) check_latency: metrics::CheckLatency,
 }
 
 /// The proxy's counters, served at `/_tierstack/stats`.

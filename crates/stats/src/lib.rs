@@ -16,7 +16,12 @@
 //! `pct / 100` moves it by one (as `99.9 / 100.0 · n` would for some `n`).
 //! An empty set's percentiles are 0.
 //!
+//! - [`exposition`]: the Prometheus text format every tier's `/metrics`
+//!   writes, and a duration histogram of atomics for it.
+//!
 //! Depends only on `serde` and `std`: every layer may use it.
+
+pub mod exposition;
 
 use serde::Serialize;
 

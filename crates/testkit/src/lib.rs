@@ -17,6 +17,7 @@
 //!   under a fresh directory, `tcp` and `ucx` on loopback).
 //! - [`ddss`]: DDSS substrates in one process over a local cluster.
 //! - [`http`]: a hand-written HTTP/1.1 client for the end-to-end tests.
+//! - [`metrics`]: a `/metrics` exposition checked as Prometheus takes it.
 //! - [`test_seed`]: a randomized test's seed, replayable with
 //!   `TIERSTACK_TEST_SEED`.
 //! - [`args`]: a tier's flag struct parsed as the binary flattens it (the
@@ -36,6 +37,7 @@ pub mod channels;
 pub mod child;
 pub mod ddss;
 pub mod http;
+pub mod metrics;
 pub mod nodes;
 pub mod rights;
 pub mod transfers;

@@ -3,10 +3,12 @@
 //! responses. No tier logic lives here. [`guard`]: the slow-client limits
 //! every listener enforces, [`args`] their flags. [`service`]: how every tier process
 //! stops (signals, `--stop-on-stdin-eof`, the grace period) and announces
-//! that it is ready.
+//! that it is ready. [`observe`]: `/metrics`, `/healthz` and `/readyz` for
+//! every long-running command.
 
 pub mod args;
 pub mod guard;
+pub mod observe;
 pub mod service;
 
 pub use args::{

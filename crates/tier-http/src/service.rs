@@ -166,6 +166,7 @@ impl StopSignals {
             }
         };
         tracing::info!(cause = cause.name(), "stopping");
+        announce_stopping();
         cause
     }
 }
@@ -183,11 +184,22 @@ pub async fn drain(serving: tokio::task::JoinHandle<io::Result<()>>, grace: Dura
 }
 
 /// Tells the process that started this one that it serves: the line `ready`
-/// on standard output, flushed (`ChildNode` and `cluster up` wait for it).
+/// on standard output, flushed (`ChildNode` and `cluster up` wait for it),
+/// and, under systemd with `Type=notify`, `READY=1` on `$NOTIFY_SOCKET`
+/// (nothing happens without that variable).
 pub fn announce_ready() -> io::Result<()> {
     use std::io::Write;
     println!("ready");
-    std::io::stdout().flush()
+    std::io::stdout().flush()?;
+    sd_notify::notify(false, &[sd_notify::NotifyState::Ready]).map_err(|e| context(e, "notifying systemd of readiness"))
+}
+
+/// Under systemd, says that the service is stopping (`STOPPING=1`), so that
+/// a stop it did not ask for is not taken for a crash.
+pub fn announce_stopping() {
+    if let Err(e) = sd_notify::notify(false, &[sd_notify::NotifyState::Stopping]) {
+        tracing::debug!(error = %e, "notifying systemd of the stop");
+    }
 }
 
 #[cfg(test)]
