@@ -154,7 +154,7 @@ fn check_conventions(text: &str) -> Result<(), String> {
             })
             .unwrap_or(name);
         let Some(kind) = typed.get(family) else { return fail("a sample before its TYPE") };
-        if kind == "counter" && !(value >= 0.0) {
+        if kind == "counter" && (value.is_nan() || value < 0.0) {
             return fail("a negative or NaN counter");
         }
         if name.ends_with("_bucket") && kind == "histogram" {
