@@ -40,7 +40,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 use tierstack_cluster::{pin_to_cpu, Backend};
-use tierstack_deploy::deployment::{Deployment, DeploymentConfig, DeploymentOptions};
+use tierstack_deploy::deployment::{Deployment, DeploymentConfig};
 use tierstack_loadgen::{run_with, LiveStats, LoadConfig, LoadReport};
 use tierstack_proxy::ProxyStats;
 use tierstack_workload::{Trace, TraceSpec};
@@ -224,22 +224,20 @@ fn run_mode(
     interrupted: &tokio::sync::watch::Receiver<bool>,
     pin: bool,
 ) -> Result<Option<ModeRun>> {
-    let deployment = Deployment::start_with(
-        &DeploymentConfig {
-            exe: exe.to_path_buf(),
-            backend: mode.backend,
-            mode: mode.cache.to_string(),
-            proxies: args.proxies,
-            compute_threads: args.compute_threads,
-            documents: args.trace.clone(),
-            docs: DOCS,
-            seed: 1,
-            pin: true,
-        },
-        // The application tier in sessions of its own, so its compute
-        // threads cannot starve the proxies and this load client.
-        &DeploymentOptions { application_tier_sessions: true, ..DeploymentOptions::default() },
-    )?;
+    // Started as `tierstack cluster up` starts a topology (the same
+    // supervisor, each process in a session of its own, so the application
+    // tier's compute threads cannot starve the proxies and this load client).
+    let deployment = Deployment::start_supervised(&DeploymentConfig {
+        exe: exe.to_path_buf(),
+        backend: mode.backend,
+        mode: mode.cache.to_string(),
+        proxies: args.proxies,
+        compute_threads: args.compute_threads,
+        documents: args.trace.clone(),
+        docs: DOCS,
+        seed: 1,
+        pin: true,
+    })?;
     if pin {
         pin_to_cpu(LOAD_CLIENT_CPU)?;
     }

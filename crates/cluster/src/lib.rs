@@ -20,8 +20,10 @@
 //! cpu = 1                  # optional: pin the node's process to this CPU
 //!
 //! [node.service]           # optional: what `tierstack cluster up` runs as this node
-//! kind = "app-module"      # app-module | app-server | proxy
+//! kind = "app-module"      # app-module | app-server | proxy | origin | press-node
+//!                          # | dlm-node | ddss-daemon | coop-node
 //! socket = "/run/tierstack/module.sock"  # app-module: its local socket
+//! metrics = "127.0.0.1:9400"             # optional: /metrics, /healthz, /readyz
 //! ```
 //!
 //! **Services** (optional, added after the fabric fields; a topology without
@@ -33,9 +35,19 @@
 //! - `app-server`: `listen` (HTTP, also its `/healthz` and `/readyz`),
 //!   `module` (the node id of its `app-module`, on the same host: it uses
 //!   that node's socket).
-//! - `proxy`: `listen` (clients), `admin` (pushes, stats, `/healthz`,
-//!   `/readyz`), `upstreams` (node ids of `app-server` nodes), optionally
-//!   `mode` (`poll`, the default, `ttl` or `no-cache`).
+//! - `proxy`: `listen` (clients), `admin` (pushes, stats, `/metrics`,
+//!   `/healthz`, `/readyz`), `upstreams` (node ids of `app-server` nodes),
+//!   optionally `mode` (`poll`, the default, `ttl` or `no-cache`).
+//! - `origin`: `listen`, optionally `admin` (its stats, `/metrics`,
+//!   `/healthz`, `/readyz`). Opens no fabric node.
+//! - `press-node`: `listen` (clients), optionally `admin`.
+//! - `dlm-node`, `coop-node`: nothing beyond `args` (`dlm-node` needs
+//!   `--locks`, `coop-node` `--scheme`).
+//! - `ddss-daemon`: `socket` (its local socket, for client processes).
+//!
+//! Every kind but the proxy and the origin (whose `admin` serves them)
+//! takes `metrics`: the address of its `/metrics`, `/healthz` and
+//! `/readyz` (`--metrics-listen`).
 //!
 //! Every kind also takes `args`, further options of its `tierstack`
 //! subcommand appended verbatim (`["--cache-bytes", "1000000"]`, `["--docs", "50"]`).
@@ -176,16 +188,90 @@ pub enum ServiceKind {
     AppModule,
     AppServer,
     Proxy,
+    Origin,
+    PressNode,
+    DlmNode,
+    DdssDaemon,
+    CoopNode,
+}
+
+/// Whether a kind of service takes a field of `[node.service]`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Field {
+    Required,
+    Optional,
+    Refused,
+}
+
+/// The fields a kind takes (see [`ServiceKind::fields`]).
+#[derive(Clone, Copy, Debug)]
+pub struct ServiceFields {
+    pub listen: Field,
+    pub admin: Field,
+    pub socket: Field,
+    pub module: Field,
+    pub upstreams: Field,
+    pub mode: Field,
+    pub metrics: Field,
 }
 
 impl ServiceKind {
+    /// Every kind, in the order `cluster up` starts them: what others need
+    /// first (the module before its server, the substrates and lock
+    /// managers before what may use them), the front ends last.
+    pub const START_ORDER: [ServiceKind; 8] = [
+        ServiceKind::AppModule,
+        ServiceKind::DdssDaemon,
+        ServiceKind::DlmNode,
+        ServiceKind::CoopNode,
+        ServiceKind::Origin,
+        ServiceKind::AppServer,
+        ServiceKind::PressNode,
+        ServiceKind::Proxy,
+    ];
+
     /// The `tierstack` subcommand.
     pub fn command(self) -> &'static str {
         match self {
             ServiceKind::AppModule => "app-module",
             ServiceKind::AppServer => "app-server",
             ServiceKind::Proxy => "proxy",
+            ServiceKind::Origin => "origin",
+            ServiceKind::PressNode => "press-node",
+            ServiceKind::DlmNode => "dlm-node",
+            ServiceKind::DdssDaemon => "ddss-daemon",
+            ServiceKind::CoopNode => "coop-node",
         }
+    }
+
+    /// Which `[node.service]` fields the kind needs, may take, or refuses.
+    /// The proxy and the origin serve `/metrics` on their `admin` listener,
+    /// so they take no `metrics` address.
+    pub fn fields(self) -> ServiceFields {
+        use Field::{Optional as O, Refused as R, Required as Q};
+        let fields = |listen, admin, socket, module, upstreams, mode, metrics| ServiceFields {
+            listen,
+            admin,
+            socket,
+            module,
+            upstreams,
+            mode,
+            metrics,
+        };
+        match self {
+            ServiceKind::AppModule => fields(R, R, Q, R, R, R, O),
+            ServiceKind::AppServer => fields(Q, R, R, Q, R, R, O),
+            ServiceKind::Proxy => fields(Q, Q, R, R, Q, O, R),
+            ServiceKind::Origin => fields(Q, O, R, R, R, R, R),
+            ServiceKind::PressNode => fields(Q, O, R, R, R, R, O),
+            ServiceKind::DlmNode | ServiceKind::CoopNode => fields(R, R, R, R, R, R, O),
+            ServiceKind::DdssDaemon => fields(R, R, Q, R, R, R, O),
+        }
+    }
+
+    /// Whether the kind opens a fabric node (and so takes `--topology`/`--node`).
+    pub fn opens_fabric_node(self) -> bool {
+        self != ServiceKind::Origin
     }
 }
 
@@ -212,6 +298,10 @@ pub struct ServiceSpec {
     /// proxy: its cache mode (`poll` when absent).
     #[serde(default)]
     pub mode: Option<String>,
+    /// Where `/metrics`, `/healthz` and `/readyz` answer (`--metrics-listen`)
+    /// for the kinds without an admin listener (optional).
+    #[serde(default)]
+    pub metrics: Option<SocketAddr>,
     /// Further options of the subcommand, appended verbatim.
     #[serde(default)]
     pub args: Vec<String>,
@@ -274,16 +364,23 @@ impl Topology {
         Ok(topology)
     }
 
-    /// Reads, parses and validates a topology file. A relative `key_file`
-    /// is taken relative to the file's directory.
+    /// Reads, parses and validates a topology file. A relative `key_file`,
+    /// `shm_root` or service `socket` is taken relative to the file's
+    /// directory (so a topology and its files can move together).
     pub fn load(path: &Path) -> Result<Topology, TopologyError> {
         let text =
             std::fs::read_to_string(path).map_err(|source| TopologyError::Read { path: path.to_path_buf(), source })?;
         let mut topology = Topology::parse(&text)?;
-        if let (Some(key_file), Some(dir)) = (&topology.cluster.key_file, path.parent()) {
-            if key_file.is_relative() {
-                topology.cluster.key_file = Some(dir.join(key_file));
+        let Some(dir) = path.parent() else { return Ok(topology) };
+        let beside = |file: &mut PathBuf| {
+            if file.is_relative() {
+                *file = dir.join(&*file);
             }
+        };
+        topology.cluster.key_file.iter_mut().for_each(beside);
+        topology.cluster.shm_root.iter_mut().for_each(beside);
+        for node in &mut topology.nodes {
+            node.service.iter_mut().flat_map(|s| s.socket.iter_mut()).for_each(beside);
         }
         Ok(topology)
     }
@@ -353,24 +450,19 @@ impl Topology {
             let (id, kind) = (node.id, service.kind.command());
             let missing = |field| TopologyError::ServiceMissing { node: id, kind, field };
             let extra = |field| TopologyError::ServiceExtra { node: id, kind, field };
-            let (needs_listen, needs_admin, needs_socket, needs_module, needs_upstreams) = match service.kind {
-                ServiceKind::AppModule => (false, false, true, false, false),
-                ServiceKind::AppServer => (true, false, false, true, false),
-                ServiceKind::Proxy => (true, true, false, false, true),
-            };
-            if service.kind != ServiceKind::Proxy && service.mode.is_some() {
-                return Err(extra("mode"));
-            }
-            for (needed, present, field) in [
-                (needs_listen, service.listen.is_some(), "listen"),
-                (needs_admin, service.admin.is_some(), "admin"),
-                (needs_socket, service.socket.is_some(), "socket"),
-                (needs_module, service.module.is_some(), "module"),
-                (needs_upstreams, !service.upstreams.is_empty(), "upstreams"),
+            let fields = service.kind.fields();
+            for (field, present, name) in [
+                (fields.listen, service.listen.is_some(), "listen"),
+                (fields.admin, service.admin.is_some(), "admin"),
+                (fields.socket, service.socket.is_some(), "socket"),
+                (fields.module, service.module.is_some(), "module"),
+                (fields.upstreams, !service.upstreams.is_empty(), "upstreams"),
+                (fields.mode, service.mode.is_some(), "mode"),
+                (fields.metrics, service.metrics.is_some(), "metrics"),
             ] {
-                match (needed, present) {
-                    (true, false) => return Err(missing(field)),
-                    (false, true) => return Err(extra(field)),
+                match (field, present) {
+                    (Field::Required, false) => return Err(missing(name)),
+                    (Field::Refused, true) => return Err(extra(name)),
                     _ => {}
                 }
             }
@@ -381,7 +473,7 @@ impl Topology {
                     return Err(TopologyError::ServiceReference { node: id, other, expected: expected.command() });
                 }
             }
-            for address in service.listen.iter().chain(service.admin.iter()) {
+            for address in service.listen.iter().chain(service.admin.iter()).chain(service.metrics.iter()) {
                 if let Some((_, other)) = listeners.iter().find(|(a, _)| a == address) {
                     return Err(TopologyError::ServiceAddress { node: id, other: *other, address: *address });
                 }

@@ -23,7 +23,7 @@
 //! [`plan`] (topology to command lines) is pure.
 
 use crate::deployment::{get, proxy, strings};
-use crate::process::{spawn_service, READY_TIMEOUT};
+use crate::process::{spawn_service, spawn_tied_service, READY_TIMEOUT};
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 use std::net::SocketAddr;
@@ -32,6 +32,7 @@ use std::time::Duration;
 use tierstack_appserver::{AppServerArgs, ModuleArgs};
 use tierstack_cluster::{NodeArgs, ServiceKind, Topology};
 use tierstack_proxy::{CacheMode, ProxyArgs};
+use tierstack_tier_http::observe::ObserveArgs;
 use tierstack_tier_http::service::ServiceArgs;
 use tierstack_tier_http::{HEALTHZ_PATH, READYZ_PATH};
 
@@ -52,14 +53,16 @@ pub struct Launch {
     pub args: Vec<String>,
     /// Where its `/healthz` and `/readyz` answer (none for the module).
     pub health: Option<SocketAddr>,
-    /// The module's socket: it is healthy and ready while that accepts a
-    /// connection.
+    /// The module's (or a substrate daemon's) socket, when it has no
+    /// HTTP listener: it is healthy and ready while that accepts a connection.
     pub socket: Option<PathBuf>,
+    /// Where its `/metrics` answers (`tierstack top`).
+    pub metrics: Option<SocketAddr>,
 }
 
-/// The command lines of `topology`'s services, in start order: modules,
-/// application servers, proxies (each kind in file order). `topology_path`
-/// is passed to every process as `--topology`.
+/// The command lines of `topology`'s services, in start order
+/// ([`ServiceKind::START_ORDER`], each kind in file order). `topology_path`
+/// is passed to every process that opens a fabric node as `--topology`.
 pub fn plan(topology: &Topology, topology_path: &Path) -> Result<Vec<Launch>> {
     let socket_of = |module: tierstack_base::NodeId| -> Result<PathBuf> {
         let spec = topology.node(module)?.service.as_ref().and_then(|s| s.socket.as_ref());
@@ -70,31 +73,26 @@ pub fn plan(topology: &Topology, topology_path: &Path) -> Result<Vec<Launch>> {
         Ok(format!("http://{}", spec.with_context(|| format!("{server} has no listener"))?))
     };
     let mut launches = Vec::new();
-    for kind in [ServiceKind::AppModule, ServiceKind::AppServer, ServiceKind::Proxy] {
+    for kind in ServiceKind::START_ORDER {
         for (node, service) in topology.services().filter(|(_, s)| s.kind == kind) {
             let at = NodeArgs { topology: topology_path.to_path_buf(), node: node.id.0 };
             let mut args = strings(&[kind.command()]);
-            let (mut health, mut socket) = (None, None);
             let missing = |field: &str| format!("{}'s service has no {field}", node.id);
+            let listen = || service.listen.with_context(|| missing("listen"));
+            let socket = || service.socket.clone().with_context(|| missing("socket"));
+            let admin_words = || service.admin.map(|a| vec!["--admin".to_string(), a.to_string()]).unwrap_or_default();
             match kind {
-                ServiceKind::AppModule => {
-                    let path = service.socket.as_ref().with_context(|| missing("socket"))?;
-                    args.extend(ModuleArgs::new(at, path.clone()).to_args());
-                    socket = Some(path.clone());
-                }
+                ServiceKind::AppModule => args.extend(ModuleArgs::new(at, socket()?).to_args()),
                 ServiceKind::AppServer => {
-                    let listen = service.listen.with_context(|| missing("listen"))?;
                     let module = service.module.with_context(|| missing("module"))?;
                     let server = AppServerArgs {
                         topology: Some(at.topology),
                         node: Some(at.node),
-                        ..AppServerArgs::new(listen, socket_of(module)?)
+                        ..AppServerArgs::new(listen()?, socket_of(module)?)
                     };
                     args.extend(server.to_args());
-                    health = Some(listen);
                 }
                 ServiceKind::Proxy => {
-                    let listen = service.listen.with_context(|| missing("listen"))?;
                     let admin = service.admin.with_context(|| missing("admin"))?;
                     // The same command line as the demo's proxies.
                     let mode = service.mode.as_deref().unwrap_or(PROXY_MODE_DEFAULT);
@@ -105,19 +103,52 @@ pub fn plan(topology: &Topology, topology_path: &Path) -> Result<Vec<Launch>> {
                     let token = service.args.iter().any(|a| a.split('=').next() == Some("--admin-token-file"));
                     tierstack_proxy::check_admin_exposure(Some(admin), token)
                         .with_context(|| format!("{}'s service", node.id))?;
-                    let proxy = ProxyArgs { upstreams, ..proxy(listen, admin, mode, topology_path, node.id.0) };
+                    let proxy = ProxyArgs { upstreams, ..proxy(listen()?, admin, mode, topology_path, node.id.0) };
                     args.extend(proxy.to_args());
-                    health = Some(admin);
+                }
+                ServiceKind::Origin => {
+                    args.extend(strings(&["--listen", &listen()?.to_string()]));
+                    args.extend(admin_words());
+                }
+                ServiceKind::PressNode => {
+                    args.extend(at.to_args());
+                    args.extend(strings(&["--listen", &listen()?.to_string()]));
+                    args.extend(admin_words());
+                }
+                ServiceKind::DlmNode | ServiceKind::CoopNode => args.extend(at.to_args()),
+                ServiceKind::DdssDaemon => {
+                    args.extend(at.to_args());
+                    args.extend(["--socket".to_string(), socket()?.display().to_string()]);
                 }
             }
+            args.extend(ObserveArgs { metrics_listen: service.metrics }.to_args());
             args.extend(service.args.iter().cloned());
-            launches.push(Launch { node: node.id.0, kind, args, health, socket });
+            // Where readiness is asked: the listener that serves /readyz,
+            // else the socket that accepts once the service is up.
+            let health = match kind {
+                ServiceKind::Proxy | ServiceKind::Origin => service.admin,
+                ServiceKind::AppServer => service.metrics.or(service.listen),
+                _ => service.metrics,
+            };
+            let socket = match kind {
+                ServiceKind::AppModule | ServiceKind::DdssDaemon if health.is_none() => service.socket.clone(),
+                _ => None,
+            };
+            launches.push(Launch { node: node.id.0, kind, args, health, socket, metrics: metrics_of(kind, service) });
         }
     }
     if launches.is_empty() {
         bail!("the topology describes no services ([node.service] sections)");
     }
     Ok(launches)
+}
+
+/// Where a service's `/metrics` answers, if anywhere.
+fn metrics_of(kind: ServiceKind, service: &tierstack_cluster::ServiceSpec) -> Option<SocketAddr> {
+    match kind {
+        ServiceKind::Proxy | ServiceKind::Origin => service.admin,
+        _ => service.metrics,
+    }
 }
 
 /// `tierstack cluster exec`: the command (`exe` and its arguments) that
@@ -164,7 +195,13 @@ pub struct Started {
     /// app-module: its socket.
     #[serde(default)]
     pub socket: Option<PathBuf>,
+    /// Where its `/metrics` answers.
+    #[serde(default)]
+    pub metrics: Option<SocketAddr>,
     pub log: PathBuf,
+    /// How often the supervisor has started it again after it died.
+    #[serde(default)]
+    pub restarts: u32,
 }
 
 /// `<run dir>/cluster.json`.
@@ -174,6 +211,9 @@ pub struct State {
     pub grace_ms: u64,
     /// In start order.
     pub processes: Vec<Started>,
+    /// The process that watches and restarts them (`cluster supervise`).
+    #[serde(default)]
+    pub supervisor: Option<ProcessId>,
 }
 
 impl State {
@@ -184,7 +224,7 @@ impl State {
         serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))
     }
 
-    fn save(&self, run_dir: &Path) -> Result<()> {
+    pub(crate) fn save(&self, run_dir: &Path) -> Result<()> {
         let path = run_dir.join(STATE_FILE);
         let temporary = run_dir.join(format!("{STATE_FILE}.tmp"));
         std::fs::write(&temporary, serde_json::to_string_pretty(self)?)?;
@@ -204,7 +244,20 @@ pub fn start_time_of(pid: u32) -> Option<u64> {
     fields.nth(18)?.parse().ok()
 }
 
-impl Started {
+/// A process named so that a reused pid is never taken for it.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ProcessId {
+    pub pid: u32,
+    /// The kernel's start time of `pid`.
+    pub start_time: u64,
+}
+
+impl ProcessId {
+    /// The process `pid` as it runs now.
+    pub fn of(pid: u32) -> Option<ProcessId> {
+        start_time_of(pid).map(|start_time| ProcessId { pid, start_time })
+    }
+
     /// The recorded process still runs (the same one: its start time matches).
     pub fn alive(&self) -> bool {
         start_time_of(self.pid) == Some(self.start_time)
@@ -218,6 +271,21 @@ impl Started {
     }
 }
 
+impl Started {
+    pub fn id(&self) -> ProcessId {
+        ProcessId { pid: self.pid, start_time: self.start_time }
+    }
+
+    /// The recorded process still runs (the same one: its start time matches).
+    pub fn alive(&self) -> bool {
+        self.id().alive()
+    }
+
+    fn signal(&self, signal: libc::c_int) -> bool {
+        self.id().signal(signal)
+    }
+}
+
 /// What `up` needs besides the topology.
 #[derive(Clone, Debug)]
 pub struct UpConfig {
@@ -226,47 +294,74 @@ pub struct UpConfig {
     pub run_dir: PathBuf,
     /// Passed to every service as `--grace-ms`.
     pub grace_ms: u64,
+    /// Stop the services when the supervisor's process ends (the demo);
+    /// `cluster up`'s services outlive it.
+    pub tied: bool,
 }
 
-/// Starts every service of the topology at `topology_path` (see the module
-/// documentation) and returns the state written to the run directory.
+/// The supervisor's output (its `ready` line) and its log, in the run directory.
+pub const SUPERVISOR_OUT: &str = "supervisor.out";
+pub const SUPERVISOR_LOG: &str = "supervisor.log";
+/// What the supervisor did to each process when it stopped (read by `down`).
+pub const DOWN_REPORT: &str = "down.json";
+
+/// Starts a supervisor (`<exe> cluster supervise`, detached, see
+/// [`crate::supervise`]) that starts every service of the topology at
+/// `topology_path` and restarts what dies; returns once all are ready, with
+/// the state written to the run directory.
 pub fn up(topology_path: &Path, config: &UpConfig) -> Result<State> {
     let topology_path = std::fs::canonicalize(topology_path)
         .with_context(|| format!("reading topology {}", topology_path.display()))?;
-    let topology = Topology::load(&topology_path)?;
-    let launches = plan(&topology, &topology_path)?;
+    // Refused here, before anything starts, as the supervisor would refuse it.
+    let launches = plan(&Topology::load(&topology_path)?, &topology_path)?;
     std::fs::create_dir_all(&config.run_dir).with_context(|| format!("creating {}", config.run_dir.display()))?;
     if let Ok(previous) = State::load(&config.run_dir) {
-        if previous.processes.iter().any(Started::alive) {
+        let supervisor_alive = previous.supervisor.as_ref().is_some_and(ProcessId::alive);
+        if supervisor_alive || previous.processes.iter().any(Started::alive) {
             bail!("a cluster from {} is still up: `tierstack cluster down` it first", config.run_dir.display());
         }
     }
-    let mut state = State { topology: topology_path.clone(), grace_ms: config.grace_ms, processes: Vec::new() };
-    for launch in &launches {
-        match start_one(launch, config) {
-            Ok(started) => {
-                state.processes.push(started);
-                state.save(&config.run_dir)?;
-            }
-            Err(e) => {
-                let stopped = down_state(&state);
-                let _ = std::fs::remove_file(config.run_dir.join(STATE_FILE));
-                let note = stopped.map(|r| r.summary()).unwrap_or_else(|e| format!("stopping the others: {e:#}"));
-                return Err(e.context(format!("starting node {} ({}); {note}", launch.node, launch.kind.command())));
-            }
+    let out_path = config.run_dir.join(SUPERVISOR_OUT);
+    let log_path = config.run_dir.join(SUPERVISOR_LOG);
+    let out = std::fs::File::create(&out_path).with_context(|| format!("creating {}", out_path.display()))?;
+    let log = std::fs::File::create(&log_path).with_context(|| format!("creating {}", log_path.display()))?;
+    let mut args = strings(&["cluster", "supervise"]);
+    args.push(topology_path.display().to_string());
+    args.extend(["--run-dir".to_string(), config.run_dir.display().to_string()]);
+    args.extend(["--grace-ms".to_string(), config.grace_ms.to_string()]);
+    let mut supervisor = spawn_service(&config.exe, &args, out, log)?;
+    // Each service has READY_TIMEOUT to be ready, one after the other.
+    let deadline = tierstack_base::time::instant_now() + READY_TIMEOUT * (launches.len() as u32 + 1);
+    loop {
+        let printed = std::fs::read_to_string(&out_path).unwrap_or_default();
+        if printed.lines().any(|line| line.trim() == "ready") {
+            return State::load(&config.run_dir);
         }
+        if let Some(status) = supervisor.try_wait()? {
+            let said = std::fs::read_to_string(&log_path).unwrap_or_default();
+            bail!("the supervisor exited ({status}) before every service was ready: {}", said.trim());
+        }
+        if tierstack_base::time::instant_now() >= deadline {
+            // SAFETY: kill has no memory preconditions; the child is ours and not yet reaped.
+            unsafe { libc::kill(supervisor.id() as libc::pid_t, libc::SIGTERM) };
+            let _ = supervisor.wait();
+            bail!("the services were not all ready within {:?}", READY_TIMEOUT * (launches.len() as u32 + 1));
+        }
+        std::thread::sleep(POLL);
     }
-    Ok(state)
 }
 
-fn start_one(launch: &Launch, config: &UpConfig) -> Result<Started> {
+/// Starts one service and waits (bounded) until it is ready; a process
+/// that is not is killed and reaped.
+pub(crate) fn start_one(launch: &Launch, config: &UpConfig) -> Result<(Started, std::process::Child)> {
     let out_path = config.run_dir.join(format!("node-{}.out", launch.node));
     let log_path = config.run_dir.join(format!("node-{}.log", launch.node));
     let out = std::fs::File::create(&out_path).with_context(|| format!("creating {}", out_path.display()))?;
     let log = std::fs::File::create(&log_path).with_context(|| format!("creating {}", log_path.display()))?;
     let mut args = launch.args.clone();
     args.extend(ServiceArgs { stop_on_stdin_eof: false, grace_ms: config.grace_ms }.to_args());
-    let mut child = spawn_service(&config.exe, &args, out, log)?;
+    let spawn = if config.tied { spawn_tied_service } else { spawn_service };
+    let mut child = spawn(&config.exe, &args, out, log)?;
     let pid = child.id();
     let start_time = start_time_of(pid).context("the process vanished at once")?;
     let started = Started {
@@ -277,7 +372,14 @@ fn start_one(launch: &Launch, config: &UpConfig) -> Result<Started> {
         health: launch.health,
         stats: launch.health,
         socket: launch.socket.clone(),
+        metrics: launch.metrics,
         log: log_path.clone(),
+        restarts: 0,
+    };
+    let give_up = |child: &mut std::process::Child, why: String| -> Result<(Started, std::process::Child)> {
+        let _ = child.kill();
+        let _ = child.wait();
+        bail!(why)
     };
     let deadline = tierstack_base::time::instant_now() + READY_TIMEOUT;
     let log_tail = || std::fs::read_to_string(&log_path).unwrap_or_default();
@@ -290,8 +392,7 @@ fn start_one(launch: &Launch, config: &UpConfig) -> Result<Started> {
             bail!("it exited ({status}) before it was ready: {}", log_tail());
         }
         if tierstack_base::time::instant_now() >= deadline {
-            let _ = started.signal(libc::SIGKILL);
-            bail!("it printed no `ready` within {READY_TIMEOUT:?}: {}", log_tail());
+            return give_up(&mut child, format!("it printed no `ready` within {READY_TIMEOUT:?}: {}", log_tail()));
         }
         std::thread::sleep(POLL);
     }
@@ -302,13 +403,13 @@ fn start_one(launch: &Launch, config: &UpConfig) -> Result<Started> {
                 break;
             }
             if tierstack_base::time::instant_now() >= deadline {
-                let _ = started.signal(libc::SIGKILL);
-                bail!("/readyz at {addr} did not answer 200 within {READY_TIMEOUT:?}: {answer:?}");
+                let why = format!("/readyz at {addr} did not answer 200 within {READY_TIMEOUT:?}: {answer:?}");
+                return give_up(&mut child, why);
             }
             std::thread::sleep(POLL);
         }
     }
-    Ok(started)
+    Ok((started, child))
 }
 
 /// One process as `status` sees it.
@@ -325,6 +426,8 @@ pub struct NodeStatus {
     pub not_ready: Option<String>,
     /// A few load counters from `/_tierstack/stats`.
     pub load: Option<String>,
+    /// Times the supervisor restarted it.
+    pub restarts: u32,
 }
 
 impl NodeStatus {
@@ -334,10 +437,29 @@ impl NodeStatus {
     }
 }
 
-/// Reads every recorded process's state, health and load.
-pub fn status(run_dir: &Path) -> Result<Vec<NodeStatus>> {
+/// The supervisor's and every recorded process's state, health and load.
+pub fn status(run_dir: &Path) -> Result<ClusterStatus> {
     let state = State::load(run_dir)?;
-    Ok(state.processes.iter().map(node_status).collect())
+    Ok(ClusterStatus {
+        supervisor: state.supervisor,
+        supervisor_alive: state.supervisor.is_some_and(|s| s.alive()),
+        nodes: state.processes.iter().map(node_status).collect(),
+    })
+}
+
+/// What `status` reports.
+#[derive(Clone, Debug, Serialize)]
+pub struct ClusterStatus {
+    pub supervisor: Option<ProcessId>,
+    pub supervisor_alive: bool,
+    pub nodes: Vec<NodeStatus>,
+}
+
+impl ClusterStatus {
+    /// The supervisor runs and every service is alive and ready.
+    pub fn ok(&self) -> bool {
+        self.supervisor_alive && self.nodes.iter().all(NodeStatus::ok)
+    }
 }
 
 fn node_status(started: &Started) -> NodeStatus {
@@ -366,6 +488,7 @@ fn node_status(started: &Started) -> NodeStatus {
         ready,
         not_ready,
         load,
+        restarts: started.restarts,
     }
 }
 
@@ -387,7 +510,7 @@ fn load_of(addr: SocketAddr, kind: &str) -> Option<String> {
 }
 
 /// What `down` did to each process.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct DownReport {
     /// (node, kind, pid, outcome): `stopped`, `killed after <t>`, `was not running`.
     pub nodes: Vec<(u32, String, u32, String)>,
@@ -409,16 +532,47 @@ impl DownReport {
     }
 }
 
-/// Stops every recorded process (see the module documentation) and removes
-/// the state file.
+/// Stops the cluster: the supervisor first (SIGTERM: it stops restarting,
+/// stops every service in reverse start order and reports what it did),
+/// then, if it could not (it was gone or did not finish in time), every
+/// recorded process that still runs, the same way. Removes the state file.
 pub fn down(run_dir: &Path) -> Result<DownReport> {
     let state = State::load(run_dir)?;
-    let report = down_state(&state)?;
-    std::fs::remove_file(run_dir.join(STATE_FILE)).context("removing the state file")?;
+    let report_path = run_dir.join(DOWN_REPORT);
+    let _ = std::fs::remove_file(&report_path);
+    let mut from_supervisor = None;
+    if let Some(supervisor) = state.supervisor.filter(ProcessId::alive) {
+        let each = Duration::from_millis(state.grace_ms) + DOWN_MARGIN;
+        let bound = each * (state.processes.len() as u32 + 1);
+        supervisor.signal(libc::SIGTERM);
+        let since = tierstack_base::time::instant_now();
+        while supervisor.alive() && since.elapsed() < bound {
+            std::thread::sleep(POLL);
+        }
+        if supervisor.alive() {
+            supervisor.signal(libc::SIGKILL);
+        }
+        from_supervisor =
+            std::fs::read_to_string(&report_path).ok().and_then(|text| serde_json::from_str::<DownReport>(&text).ok());
+    }
+    let report = match from_supervisor {
+        Some(report) if !state.processes.iter().any(Started::alive) => report,
+        _ => down_state(&state)?,
+    };
+    match std::fs::remove_file(run_dir.join(STATE_FILE)) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e).context("removing the state file"),
+    }
     Ok(report)
 }
 
-fn down_state(state: &State) -> Result<DownReport> {
+/// Writes what stopping did, for `down` (the supervisor, as it exits).
+pub fn write_down_report(run_dir: &Path, report: &DownReport) -> Result<()> {
+    std::fs::write(run_dir.join(DOWN_REPORT), serde_json::to_string_pretty(report)?).context("writing the down report")
+}
+
+pub(crate) fn down_state(state: &State) -> Result<DownReport> {
     let bound = Duration::from_millis(state.grace_ms) + DOWN_MARGIN;
     let mut nodes = Vec::new();
     // Reverse start order: proxies stop taking clients first, the module last.
@@ -538,7 +692,9 @@ socket = "/tmp/plan.sock"
             health: None,
             stats: None,
             socket: None,
+            metrics: None,
             log: PathBuf::new(),
+            restarts: 0,
         };
         assert!(started(start_time).alive());
         assert!(!started(start_time + 1).alive(), "a reused pid is not the process we started");

@@ -110,6 +110,8 @@ pub struct Deployment {
     module_args: Vec<String>,
     app_args: Vec<String>,
     application_tier_sessions: bool,
+    /// Started by [`Deployment::start_supervised`]: every process is under it.
+    supervisor: Option<crate::supervise::Supervisor>,
     _scratch: tempfile::TempDir,
 }
 
@@ -281,6 +283,99 @@ impl Deployment {
             module_args,
             app_args,
             application_tier_sessions: options.application_tier_sessions,
+            supervisor: None,
+            _scratch: scratch,
+        })
+    }
+
+    /// The same data-center as [`Deployment::start`], started the way
+    /// `tierstack cluster up` starts one: a topology whose `[node.service]`
+    /// sections name every process (module 0, proxies 1..=P, the server
+    /// P+1), under the in-process supervisor ([`crate::supervise`]) with the
+    /// processes tied to this one. Each runs in a session of its own (as
+    /// [`DeploymentOptions::application_tier_sessions`] asks for the
+    /// application tier); one that dies is restarted. `tierstack demo` runs
+    /// this way.
+    pub fn start_supervised(config: &DeploymentConfig) -> Result<Deployment> {
+        let scratch = tempfile::Builder::new().prefix("tierstack-deploy-").tempdir()?;
+        let cpus = tierstack_cluster::online_cpus();
+        let (front_cpu, app_cpu) = if config.pin && cpus >= 2 { (Some(0), Some(cpus - 1)) } else { (None, None) };
+        let app_node = config.proxies + 1;
+        let mut nodes = vec![NodeLine { id: 0, role: "app", cpu: app_cpu }];
+        nodes.extend((1..=config.proxies).map(|id| NodeLine { id, role: "proxy", cpu: front_cpu }));
+        nodes.push(NodeLine { id: app_node, role: "app", cpu: app_cpu });
+        let admin_token = write_admin_token(scratch.path())?;
+        let app_addr = free_loopback_port()?;
+        let quoted = |words: &[String]| words.iter().map(|w| format!("{w:?}")).collect::<Vec<_>>().join(", ");
+        let server_args = strings(&["--documents", &config.documents]).into_iter().chain(strings(&[
+            "--docs",
+            &config.docs.to_string(),
+            "--seed",
+            &config.seed.to_string(),
+            "--compute-threads",
+            &config.compute_threads.to_string(),
+        ]));
+        let mut services = vec![
+            (
+                0,
+                format!(
+                    "kind = \"app-module\"\nsocket = {:?}",
+                    scratch.path().join("module.sock").display().to_string()
+                ),
+            ),
+            (
+                app_node,
+                format!(
+                    "kind = \"app-server\"\nlisten = \"{app_addr}\"\nmodule = 0\nargs = [{}]",
+                    quoted(&server_args.collect::<Vec<_>>())
+                ),
+            ),
+        ];
+        let (mut proxy_addrs, mut admin_addrs) = (Vec::new(), Vec::new());
+        for node in 1..=config.proxies {
+            let (listen, admin) = (free_loopback_port()?, free_loopback_port()?);
+            proxy_addrs.push(listen);
+            admin_addrs.push(admin);
+            let token = strings(&["--admin-token-file", &admin_token.display().to_string()]);
+            services.push((
+                node,
+                format!(
+                    "kind = \"proxy\"\nlisten = \"{listen}\"\nadmin = \"{admin}\"\nupstreams = [{app_node}]\n\
+                     mode = {:?}\nargs = [{}]",
+                    config.mode,
+                    quoted(&token)
+                ),
+            ));
+        }
+        let topology = crate::process::write_topology_with_services(
+            scratch.path(),
+            "dc",
+            config.backend,
+            1000,
+            &nodes,
+            &services,
+        )?;
+        let up = crate::cluster::UpConfig {
+            exe: config.exe.clone(),
+            run_dir: scratch.path().join("run"),
+            grace_ms: tierstack_tier_http::service::GRACE_MS_DEFAULT,
+            tied: true,
+        };
+        let supervisor = crate::supervise::Supervisor::start(&topology, &up)?;
+        let app_url = format!("http://{app_addr}");
+        Ok(Deployment {
+            proxy_urls: proxy_addrs.iter().map(|a| format!("http://{a}")).collect(),
+            app_url,
+            proxy_addrs,
+            admin_addrs,
+            app_addr,
+            proxy_children: Vec::new(),
+            children: Vec::new(),
+            exe: config.exe.clone(),
+            module_args: Vec::new(),
+            app_args: Vec::new(),
+            application_tier_sessions: true,
+            supervisor: Some(supervisor),
             _scratch: scratch,
         })
     }
@@ -370,6 +465,7 @@ impl Deployment {
     /// restarted too because it connects to its module once, at start.
     /// Requests arriving meanwhile fail at the proxies.
     pub fn restart_application_tier(&mut self) -> Result<()> {
+        anyhow::ensure!(self.supervisor.is_none(), "a supervised deployment restarts what dies by itself");
         // Dropping a child closes its stdin and, after a bounded wait, kills it.
         while let Some(child) = self.children.pop() {
             drop(child);
@@ -385,6 +481,10 @@ impl Deployment {
 
     /// Stops every process, proxies first.
     pub fn stop(mut self) -> Result<()> {
+        if let Some(supervisor) = self.supervisor.take() {
+            let report = supervisor.stop()?;
+            anyhow::ensure!(report.clean(), "stopping the deployment: {}", report.summary());
+        }
         for child in self.proxy_children.drain(..).flatten() {
             child.finish()?;
         }

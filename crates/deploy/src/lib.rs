@@ -14,6 +14,9 @@
 //! - [`cluster`]: `tierstack cluster up|status|down`, a topology's
 //!   `[node.service]` sections as detached processes, tracked in a state
 //!   file so that `down` never signals a reused pid.
+//! - [`supervise`]: the supervisor `cluster up` runs detached and the demo
+//!   in-process: starts a topology's services in order, restarts what dies
+//!   with back-off, stops them in reverse order.
 //! - [`haproxy`]: a real HAProxy as a child process (the PRESS baseline).
 //!
 //! Invariant: this crate sits above the tiers and below the experiments and
@@ -24,3 +27,4 @@ pub mod cluster;
 pub mod deployment;
 pub mod haproxy;
 pub mod process;
+pub mod supervise;

@@ -46,9 +46,22 @@ pub fn write_topology(
     op_timeout_ms: u64,
     nodes: &[NodeLine],
 ) -> Result<PathBuf> {
+    write_topology_with_services(dir, name, backend, op_timeout_ms, nodes, &[])
+}
+
+/// As [`write_topology`], with a `[node.service]` section for some nodes:
+/// `(node id, the section's TOML lines)`.
+pub fn write_topology_with_services(
+    dir: &Path,
+    name: &str,
+    backend: Backend,
+    op_timeout_ms: u64,
+    nodes: &[NodeLine],
+    services: &[(u32, String)],
+) -> Result<PathBuf> {
     let transports = (backend == Backend::Ucx && std::env::var("UCX_TLS").is_err())
         .then_some(tierstack_cluster::LOCAL_UCX_TRANSPORTS);
-    write_topology_with(dir, name, backend, op_timeout_ms, nodes, transports)
+    write_topology_with(dir, name, backend, op_timeout_ms, nodes, transports, services)
 }
 
 /// As [`write_topology`] for a ucx cluster over `transports` (`UCX_TLS`,
@@ -60,7 +73,7 @@ pub fn write_ucx_topology(
     op_timeout_ms: u64,
     nodes: &[NodeLine],
 ) -> Result<PathBuf> {
-    write_topology_with(dir, name, Backend::Ucx, op_timeout_ms, nodes, Some(transports))
+    write_topology_with(dir, name, Backend::Ucx, op_timeout_ms, nodes, Some(transports), &[])
 }
 
 fn write_topology_with(
@@ -70,6 +83,7 @@ fn write_topology_with(
     op_timeout_ms: u64,
     nodes: &[NodeLine],
     ucx_transports: Option<&str>,
+    services: &[(u32, String)],
 ) -> Result<PathBuf> {
     let mut text = format!(
         "[cluster]\nname = \"{name}\"\nfabric = \"{}\"\nop_timeout_ms = {op_timeout_ms}\nshm_root = \"{}\"\n",
@@ -97,6 +111,9 @@ fn write_topology_with(
         }
         if let Some(cpu) = node.cpu {
             text.push_str(&format!("cpu = {cpu}\n"));
+        }
+        for (_, section) in services.iter().filter(|(id, _)| *id == node.id) {
+            text.push_str(&format!("[node.service]\n{}\n", section.trim_end()));
         }
     }
     let path = dir.join(format!("{name}.toml"));
@@ -179,6 +196,23 @@ pub fn spawn_service(exe: &Path, args: &[String], stdout: std::fs::File, stderr:
         .args(args)
         .env_remove(STOP_ON_STDIN_EOF_ENV)
         .stdin(Stdio::null())
+        .stdout(stdout)
+        .stderr(stderr)
+        .spawn()
+        .with_context(|| format!("starting {} {}", exe.display(), args.join(" ")))
+}
+
+/// As [`spawn_service`], but stopped when its parent goes: standard input
+/// is a pipe the caller holds (`Child::stdin`) and the child runs with
+/// [`STOP_ON_STDIN_EOF_ENV`], so dropping the pipe, or the parent's death,
+/// stops it. For a supervisor inside a short-lived command (the demo).
+pub fn spawn_tied_service(exe: &Path, args: &[String], stdout: std::fs::File, stderr: std::fs::File) -> Result<Child> {
+    let mut command = Command::new(exe);
+    in_own_session(&mut command);
+    command
+        .args(args)
+        .env(STOP_ON_STDIN_EOF_ENV, "1")
+        .stdin(Stdio::piped())
         .stdout(stdout)
         .stderr(stderr)
         .spawn()

@@ -17,6 +17,9 @@ pub(crate) enum ClusterCommand {
     Down(Where),
     /// Become one node's service (what `up` would start for it), in this process's place: for systemd units and containers.
     Exec(ExecArgs),
+    /// The supervisor `up` starts (detached): start the services, restart any that dies, stop them all on SIGTERM.
+    #[command(hide = true)]
+    Supervise(UpArgs),
     /// Make a new cluster key (32 random bytes, in a new file of mode 0600) for `[cluster] key_file`; copy it to every host.
     Key(KeyArgs),
 }
@@ -41,6 +44,25 @@ pub(crate) struct ExecArgs {
     /// The service's grace period on SIGTERM.
     #[arg(long, default_value_t = crate::service::GRACE_MS_DEFAULT)]
     grace_ms: u64,
+}
+
+/// `cluster supervise`: the services under a supervisor until SIGTERM or
+/// SIGINT, then stopped; what stopping did is left for `down` to print.
+fn supervise(args: UpArgs) -> Result<()> {
+    let config =
+        UpConfig { exe: std::env::current_exe()?, run_dir: args.at.run_dir(), grace_ms: args.grace_ms, tied: false };
+    // Installed before the services start: a stop asked for meanwhile waits
+    // for the start to finish instead of killing us without cleanup.
+    let stop = crate::service::ServiceArgs::default().stop_watch_thread()?;
+    let supervisor = tierstack_deploy::supervise::Supervisor::start(&args.at.topology, &config)?;
+    crate::service::announce_ready()?;
+    let _cause = stop.recv();
+    let report = supervisor.stop()?;
+    cluster::write_down_report(&config.run_dir, &report)?;
+    for (node, kind, pid, outcome) in &report.nodes {
+        println!("node {node} {kind} pid {pid}: {outcome}");
+    }
+    Ok(())
 }
 
 /// Replaces this process with the node's service.
@@ -84,8 +106,12 @@ pub(crate) struct UpArgs {
 pub(crate) fn run(command: ClusterCommand) -> Result<()> {
     match command {
         ClusterCommand::Up(args) => {
-            let config =
-                UpConfig { exe: std::env::current_exe()?, run_dir: args.at.run_dir(), grace_ms: args.grace_ms };
+            let config = UpConfig {
+                exe: std::env::current_exe()?,
+                run_dir: args.at.run_dir(),
+                grace_ms: args.grace_ms,
+                tied: false,
+            };
             let state = cluster::up(&args.at.topology, &config)?;
             for started in &state.processes {
                 let health = started.health.map(|a| format!(" health http://{a}/readyz")).unwrap_or_default();
@@ -97,32 +123,46 @@ pub(crate) fn run(command: ClusterCommand) -> Result<()> {
                     started.log.display()
                 );
             }
-            println!("up: {} processes; state in {}", state.processes.len(), config.run_dir.display());
+            let supervisor = state.supervisor.map(|s| format!(", supervisor pid {}", s.pid)).unwrap_or_default();
+            println!("up: {} processes{supervisor}; state in {}", state.processes.len(), config.run_dir.display());
             Ok(())
         }
+        ClusterCommand::Supervise(args) => supervise(args),
         ClusterCommand::Status(at) => {
-            let nodes = cluster::status(&at.run_dir())?;
+            let status = cluster::status(&at.run_dir())?;
             let yes_no = |v: Option<bool>| v.map(|b| if b { "yes" } else { "NO" }).unwrap_or("-");
+            match status.supervisor {
+                Some(s) => println!(
+                    "supervisor pid {}: {}",
+                    s.pid,
+                    if status.supervisor_alive { "alive" } else { "NOT RUNNING (nothing is restarted)" }
+                ),
+                None => println!("supervisor: none recorded (nothing is restarted)"),
+            }
             println!(
-                "{:>4}  {:<10} {:>8}  {:<5} {:<7} {:<5}  load",
-                "node", "kind", "pid", "alive", "healthy", "ready"
+                "{:>4}  {:<11} {:>8}  {:<5} {:<7} {:<5} {:>8}  load",
+                "node", "kind", "pid", "alive", "healthy", "ready", "restarts"
             );
-            for n in &nodes {
+            for n in &status.nodes {
                 println!(
-                    "{:>4}  {:<10} {:>8}  {:<5} {:<7} {:<5}  {}{}",
+                    "{:>4}  {:<11} {:>8}  {:<5} {:<7} {:<5} {:>8}  {}{}",
                     n.node,
                     n.kind,
                     n.pid,
                     if n.alive { "yes" } else { "NO" },
                     yes_no(n.healthy),
                     yes_no(n.ready),
+                    n.restarts,
                     n.load.as_deref().unwrap_or("-"),
                     n.not_ready.as_ref().map(|why| format!("  not ready: {why}")).unwrap_or_default()
                 );
             }
-            let bad = nodes.iter().filter(|n| !n.ok()).count();
+            let bad = status.nodes.iter().filter(|n| !n.ok()).count();
             if bad > 0 {
-                bail!("{bad} of {} services are not alive and ready", nodes.len());
+                bail!("{bad} of {} services are not alive and ready", status.nodes.len());
+            }
+            if !status.supervisor_alive {
+                bail!("the supervisor is not running");
             }
             Ok(())
         }
