@@ -515,10 +515,27 @@ pub fn get(addr: SocketAddr, path: &str) -> Result<(u16, String)> {
     exchange(addr, "GET", path)
 }
 
+/// As [`get`], every step bounded by `timeout` (a tool that must not hang
+/// on a stopped process: `tierstack top`).
+pub fn get_within(addr: SocketAddr, path: &str, timeout: Duration) -> Result<(u16, String)> {
+    exchange_within(addr, "GET", path, timeout, timeout)
+}
+
 /// As [`get`], with `method` and an empty body.
 fn exchange(addr: SocketAddr, method: &str, path: &str) -> Result<(u16, String)> {
-    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
-    stream.set_read_timeout(Some(Duration::from_secs(60)))?;
+    exchange_within(addr, method, path, Duration::from_secs(5), Duration::from_secs(60))
+}
+
+fn exchange_within(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    connect: Duration,
+    read: Duration,
+) -> Result<(u16, String)> {
+    let mut stream = TcpStream::connect_timeout(&addr, connect)?;
+    stream.set_read_timeout(Some(read))?;
+    stream.set_write_timeout(Some(read))?;
     let length = if method == "GET" { "" } else { "Content-Length: 0\r\n" };
     write!(stream, "{method} {path} HTTP/1.1\r\nHost: {addr}\r\n{length}Connection: close\r\n\r\n")?;
     let mut response = Vec::new();

@@ -17,6 +17,8 @@
 //! - [`supervise`]: the supervisor `cluster up` runs detached and the demo
 //!   in-process: starts a topology's services in order, restarts what dies
 //!   with back-off, stops them in reverse order.
+//! - [`top`]: `tierstack top`'s tier view: every service's `/metrics`,
+//!   scraped twice, one line each.
 //! - [`haproxy`]: a real HAProxy as a child process (the PRESS baseline).
 //!
 //! Invariant: this crate sits above the tiers and below the experiments and
@@ -28,3 +30,4 @@ pub mod deployment;
 pub mod haproxy;
 pub mod process;
 pub mod supervise;
+pub mod top;

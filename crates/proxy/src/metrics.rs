@@ -75,6 +75,7 @@ pub(crate) fn render(stats: &ProxyStats, checks: &CheckLatency) -> String {
         "Latency of the version checks on the request path.",
         &checks.0,
     );
+    tierstack_tier_http::observe::process_metrics(&mut out);
     out.finish()
 }
 
@@ -99,5 +100,6 @@ mod tests {
         // As Prometheus (and promtool, where installed) takes it.
         let checked = tierstack_testkit::metrics::check(&text).unwrap();
         assert_eq!(checked.get("tierstack_proxy_hits_total"), 3.0);
+        assert!(checked.get("process_resident_memory_bytes") > 0.0, "the process families follow");
     }
 }

@@ -129,6 +129,68 @@ fn write_labels(out: &mut String, labels: Labels<'_>) {
     out.push('}');
 }
 
+/// One sample of a scraped exposition.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Sample {
+    pub name: String,
+    /// `(name, value)` pairs, unescaped.
+    pub labels: Vec<(String, String)>,
+    pub value: f64,
+}
+
+/// The samples of an exposition in the text format (comments skipped; a
+/// line that does not parse is skipped too: a reader shows what it can).
+/// For tools that read other processes' `/metrics` (`tierstack top`).
+pub fn parse_samples(text: &str) -> Vec<Sample> {
+    text.lines().filter(|l| !l.starts_with('#') && !l.trim().is_empty()).filter_map(parse_line).collect()
+}
+
+fn parse_line(line: &str) -> Option<Sample> {
+    let line = line.trim();
+    let (name, rest) = match line.find(['{', ' ']) {
+        Some(at) => line.split_at(at),
+        None => return None,
+    };
+    let (labels, rest) = match rest.strip_prefix('{') {
+        Some(inside) => parse_labels(inside)?,
+        None => (Vec::new(), rest),
+    };
+    // A timestamp may follow the value.
+    let value = match rest.split_whitespace().next()? {
+        "+Inf" => f64::INFINITY,
+        "-Inf" => f64::NEG_INFINITY,
+        "NaN" => f64::NAN,
+        v => v.parse().ok()?,
+    };
+    Some(Sample { name: name.to_string(), labels, value })
+}
+
+/// Labels up to the closing brace; returns them and the text after it.
+fn parse_labels(mut text: &str) -> Option<(Vec<(String, String)>, &str)> {
+    let mut labels = Vec::new();
+    loop {
+        text = text.trim_start_matches([' ', ',']);
+        if let Some(rest) = text.strip_prefix('}') {
+            return Some((labels, rest));
+        }
+        let (name, rest) = text.split_once("=\"")?;
+        let mut value = String::new();
+        let mut chars = rest.char_indices();
+        let end = loop {
+            match chars.next()? {
+                (at, '"') => break at,
+                (_, '\\') => match chars.next()?.1 {
+                    'n' => value.push('\n'),
+                    other => value.push(other),
+                },
+                (_, c) => value.push(c),
+            }
+        };
+        labels.push((name.trim().to_string(), value));
+        text = &rest[end + 1..];
+    }
+}
+
 /// Bucket bounds for request-scale latencies: 10 µs to 10 s.
 pub const REQUEST_SECONDS_BOUNDS: &[f64] =
     &[1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0];
@@ -212,6 +274,28 @@ mod tests {
                         tierstack_x_state{peer=\"a\\\"b\\\\c\\nd\"} 1.5\n\
                         tierstack_x_state{peer=\"e\"} NaN\n";
         assert_eq!(text, expected);
+    }
+
+    /// What the writer writes, the reader reads back (escapes included).
+    #[test]
+    fn samples_read_back_as_written() {
+        let mut out = Exposition::new();
+        out.counters("tierstack_x_ops_total", "Ops.", &[(&[("op", "put"), ("model", "a\"b\\c\nd")], 5)]);
+        out.gauge("tierstack_x_level", "Level.", -2.5);
+        let text = out.finish() + "tierstack_x_timed 7 1700000000000\nbroken line\n";
+        let samples = parse_samples(&text);
+        assert_eq!(
+            samples,
+            vec![
+                Sample {
+                    name: "tierstack_x_ops_total".into(),
+                    labels: vec![("op".into(), "put".into()), ("model".into(), "a\"b\\c\nd".into())],
+                    value: 5.0
+                },
+                Sample { name: "tierstack_x_level".into(), labels: vec![], value: -2.5 },
+                Sample { name: "tierstack_x_timed".into(), labels: vec![], value: 7.0 },
+            ]
+        );
     }
 
     #[test]

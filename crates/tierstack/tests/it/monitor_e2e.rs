@@ -24,11 +24,14 @@ const TOP_NODE: u32 = 7;
 fn top(topology: &str) -> Vec<(u64, String, String, u64)> {
     let output = std::process::Command::new(exe())
         .args(["top", "--topology", topology, "--node", &TOP_NODE.to_string(), "--once", "--json"])
+        .args(["--interval-ms", "100"])
         .output()
         .unwrap();
     assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
-    let rows: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
-    rows.as_array()
+    let both: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(both["tiers"].as_array().map(Vec::len), Some(0), "no [node.service] here: no tier to scrape");
+    both["load"]
+        .as_array()
         .unwrap()
         .iter()
         .map(|row| {
