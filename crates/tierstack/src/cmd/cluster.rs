@@ -83,8 +83,10 @@ pub(crate) struct Where {
 }
 
 impl Where {
+    /// Absolute, so that the state file names log files any directory can find.
     fn run_dir(&self) -> PathBuf {
-        self.run_dir.clone().unwrap_or_else(|| default_run_dir(&self.topology))
+        let run_dir = self.run_dir.clone().unwrap_or_else(|| default_run_dir(&self.topology));
+        std::path::absolute(&run_dir).unwrap_or(run_dir)
     }
 }
 

@@ -160,3 +160,255 @@ fn cluster_up_serves_coherent_traffic_and_down_leaves_no_process_behind() {
     let status = tierstack(&["cluster", "status", &path_arg, "--run-dir", &run_arg]);
     assert!(!status.status.success(), "nothing is up any more");
 }
+
+/// `cluster up|status|down` with `dir` as the run directory's parent; the
+/// guard downs the cluster if the test fails first.
+struct Up {
+    path: String,
+    run: String,
+    guard: DownOnDrop,
+}
+
+impl Up {
+    fn start(path: &Path, run_dir: &Path) -> Up {
+        let (path, run) = (path.display().to_string(), run_dir.display().to_string());
+        let guard =
+            DownOnDrop { args: ["cluster", "down", &path, "--run-dir", &run].map(String::from).to_vec(), armed: true };
+        let up = tierstack(&["cluster", "up", &path, "--run-dir", &run, "--grace-ms", "5000"]);
+        assert!(up.status.success(), "cluster up: {}", text(&up));
+        Up { path, run, guard }
+    }
+
+    fn status(&self) -> Output {
+        tierstack(&["cluster", "status", &self.path, "--run-dir", &self.run])
+    }
+
+    fn down(mut self) -> String {
+        self.guard.armed = false;
+        let down = tierstack(&["cluster", "down", &self.path, "--run-dir", &self.run]);
+        assert!(down.status.success(), "cluster down: {}", text(&down));
+        text(&down)
+    }
+}
+
+/// Every service of `state` that names a metrics address serves /metrics
+/// as Prometheus takes it; returns them by node.
+fn scrape_all(state: &State) -> Vec<(u32, tierstack_testkit::metrics::Metrics)> {
+    state
+        .processes
+        .iter()
+        .filter_map(|p| p.metrics.map(|addr| (p.node, addr)))
+        .map(|(node, addr)| {
+            let response = tierstack_testkit::http::get(addr, "/metrics").unwrap();
+            assert_eq!(response.status, 200, "node {node}'s /metrics");
+            let checked = tierstack_testkit::metrics::check(&response.text())
+                .unwrap_or_else(|e| panic!("node {node}'s /metrics: {e}"));
+            (node, checked)
+        })
+        .collect()
+}
+
+/// Polls the state file until `node` runs again after `restarts` restarts.
+fn wait_restarted(run_dir: &Path, node: u32, restarts: u32, old_pid: u32) -> State {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        if let Ok(state) = State::load(run_dir) {
+            let process = state.processes.iter().find(|p| p.node == node).unwrap();
+            if process.restarts == restarts && process.pid != old_pid && process.alive() {
+                return state;
+            }
+        }
+        assert!(std::time::Instant::now() < deadline, "node {node} was not restarted");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
+fn kill(pid: u32) {
+    // SAFETY: kill has no memory preconditions; the pid is a live child of the supervisor.
+    assert_eq!(unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) }, 0);
+}
+
+/// The checked load of the first test, through `proxy_urls`.
+fn checked_load(proxy_urls: Vec<String>, app_url: String, docs: usize) -> tierstack_loadgen::LoadReport {
+    let mut config = LoadConfig::new(proxy_urls[0].clone(), Trace::zipf(0.9, docs).unwrap());
+    config.targets = proxy_urls;
+    config.update_target = Some(app_url);
+    config.connections = 4;
+    config.update_interval_ms = 5;
+    config.keep_records = true;
+    config.check_bodies = true;
+    config.duration_ms = None;
+    config.requests_max = Some(1000);
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let report = runtime.block_on(run(config)).unwrap();
+    assert_eq!(report.stale_responses, 0, "stale responses: {:?}", report.stale_examples);
+    assert_eq!(report.stale_responses_offline, Some(0));
+    assert_eq!(report.ok, report.requests, "errors: {:?}", report.errors);
+    assert!(report.updates.done > 0, "the updater ran");
+    report
+}
+
+/// The issue: the shipped one-machine trial could not start. `deploy/local.toml`,
+/// byte for byte (in a scratch directory, where its relative paths land),
+/// starts under `cluster up`, serves checked traffic with nothing stale,
+/// every service's /metrics parses, and a SIGKILLed proxy and application
+/// server are started again by the supervisor (counted), after which the
+/// traffic is still checked clean and `top` sees every tier up.
+#[test]
+fn the_one_machine_example_starts_as_is_and_killed_nodes_come_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/local.toml");
+    let path = dir.path().join("local.toml");
+    std::fs::copy(&example, &path).unwrap();
+    let topology = tierstack_cluster::Topology::load(&path).unwrap();
+    let listen = |node: u32| topology.node(tierstack_base::NodeId(node)).unwrap().service.as_ref().unwrap().listen;
+    let app_url = format!("http://{}", listen(1).unwrap());
+    let proxy_urls: Vec<String> = [2, 3].iter().map(|n| format!("http://{}", listen(*n).unwrap())).collect();
+    let run_dir = dir.path().join("run");
+    let up = Up::start(&path, &run_dir);
+
+    let state = State::load(&run_dir).unwrap();
+    let kinds: Vec<&str> = state.processes.iter().map(|p| p.kind.as_str()).collect();
+    assert_eq!(kinds, vec!["app-module", "app-server", "proxy", "proxy"]);
+    assert!(up.status().status.success(), "{}", text(&up.status()));
+    assert_eq!(scrape_all(&state).len(), 4, "every service of the example serves /metrics");
+    checked_load(proxy_urls.clone(), app_url.clone(), 100);
+
+    // A proxy, then the application server, killed: each comes back.
+    let proxy = state.processes[2].pid;
+    kill(proxy);
+    let state = wait_restarted(&run_dir, 2, 1, proxy);
+    let server = state.processes[1].pid;
+    kill(server);
+    let state = wait_restarted(&run_dir, 1, 1, server);
+    let status = up.status();
+    assert!(status.status.success(), "every service alive and ready again: {}", text(&status));
+    let restarts: Vec<u32> = state.processes.iter().map(|p| p.restarts).collect();
+    assert_eq!(restarts, vec![0, 1, 1, 0]);
+    checked_load(proxy_urls, app_url, 100);
+    let metrics = scrape_all(&state);
+    let proxy_requests = metrics.iter().find(|(n, _)| *n == 2).unwrap().1.get("tierstack_proxy_requests_total");
+    assert!(proxy_requests > 0.0, "the restarted proxy served the second run");
+
+    let top = tierstack(&["top", "--topology", &up.path, "--once", "--json", "--interval-ms", "200"]);
+    assert!(top.status.success(), "{}", text(&top));
+    let top: serde_json::Value = serde_json::from_slice(&top.stdout).unwrap();
+    let tiers = top["tiers"].as_array().unwrap();
+    assert_eq!(tiers.len(), 4, "{top}");
+    assert!(tiers.iter().all(|t| t["down"].is_null() && t["cpu_percent"].is_number()), "{top}");
+
+    let down = up.down();
+    assert_eq!(down.matches("stopped in").count(), 4, "{down}");
+    for process in &state.processes {
+        assert!(!process.alive(), "node {} (pid {}) is gone", process.node, process.pid);
+    }
+}
+
+/// `cluster up` starts every kind a topology can name (each with its
+/// metrics listener where it takes one), `status` finds them all alive and
+/// ready, and `down` stops them all on SIGTERM.
+#[test]
+fn cluster_up_starts_every_kind_of_service() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = || free_loopback_port().unwrap();
+    // Lock managers and a static origin; then substrates, a PRESS node and
+    // a cooperative-cache node: each subsystem takes every fabric node of
+    // its topology as a member, so each set is a cluster of its own.
+    let locks = format!(
+        r#"[cluster]
+name = "locks"
+fabric = "shm"
+shm_root = "shm-locks"
+
+[[node]]
+id = 0
+role = "app"
+[node.service]
+kind = "dlm-node"
+metrics = "{m0}"
+args = ["--locks", "0..4", "--ops", "0"]
+
+[[node]]
+id = 1
+role = "app"
+[node.service]
+kind = "dlm-node"
+metrics = "{m1}"
+args = ["--locks", "0..4", "--ops", "0"]
+
+[[node]]
+id = 2
+role = "passive"
+[node.service]
+kind = "origin"
+listen = "{origin}"
+admin = "{origin_admin}"
+args = ["--trace", "zipf", "--docs", "10"]
+"#,
+        m0 = port(),
+        m1 = port(),
+        origin = port(),
+        origin_admin = port(),
+    );
+    let others = format!(
+        r#"[cluster]
+name = "others"
+fabric = "shm"
+shm_root = "shm-others"
+
+[[node]]
+id = 0
+role = "app"
+[node.service]
+kind = "ddss-daemon"
+socket = "ddss-0.sock"
+metrics = "{m0}"
+
+[[node]]
+id = 1
+role = "app"
+[node.service]
+kind = "ddss-daemon"
+socket = "ddss-1.sock"
+
+[[node]]
+id = 2
+role = "proxy"
+[node.service]
+kind = "press-node"
+listen = "{press}"
+metrics = "{m2}"
+args = ["--trace", "zipf", "--docs", "10"]
+
+[[node]]
+id = 3
+role = "proxy"
+[node.service]
+kind = "coop-node"
+metrics = "{m3}"
+args = ["--scheme", "mtacc"]
+"#,
+        m0 = port(),
+        press = port(),
+        m2 = port(),
+        m3 = port(),
+    );
+    for (name, text, kinds) in [
+        ("locks", locks, vec!["dlm-node", "dlm-node", "origin"]),
+        ("others", others, vec!["ddss-daemon", "ddss-daemon", "coop-node", "press-node"]),
+    ] {
+        let path = dir.path().join(format!("{name}.toml"));
+        std::fs::write(&path, text).unwrap();
+        let run_dir = dir.path().join(format!("{name}.run"));
+        let up = Up::start(&path, &run_dir);
+        let state = State::load(&run_dir).unwrap();
+        assert_eq!(state.processes.iter().map(|p| p.kind.as_str()).collect::<Vec<_>>(), kinds);
+        let status = up.status();
+        assert!(status.status.success(), "{name}: {}", text(&status));
+        let scraped = scrape_all(&state);
+        assert_eq!(scraped.len(), state.processes.iter().filter(|p| p.metrics.is_some()).count());
+        assert!(scraped.iter().all(|(_, m)| m.get("process_cpu_seconds_total") >= 0.0));
+        let down = up.down();
+        assert_eq!(down.matches("stopped in").count(), kinds.len(), "{name}: {down}");
+    }
+}
