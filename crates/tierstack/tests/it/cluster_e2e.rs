@@ -408,6 +408,23 @@ args = ["--scheme", "mtacc"]
         let scraped = scrape_all(&state);
         assert_eq!(scraped.len(), state.processes.iter().filter(|p| p.metrics.is_some()).count());
         assert!(scraped.iter().all(|(_, m)| m.get("process_cpu_seconds_total") >= 0.0));
+        if name == "others" {
+            // A supervisor killed outright leaves its services running,
+            // unsupervised: `status` says so, and `down` still stops them.
+            kill(state.supervisor.unwrap().pid);
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+            while state.supervisor.unwrap().alive() {
+                assert!(std::time::Instant::now() < deadline, "the supervisor did not die");
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            let status = up.status();
+            assert!(
+                !status.status.success() && text(&status).contains("supervisor is not running"),
+                "{}",
+                text(&status)
+            );
+            assert!(state.processes.iter().all(|p| p.alive()), "the services outlive their supervisor");
+        }
         let down = up.down();
         assert_eq!(down.matches("stopped in").count(), kinds.len(), "{name}: {down}");
     }
