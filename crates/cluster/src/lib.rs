@@ -837,6 +837,21 @@ role = "passive"
         assert!(e(SERVICES.replace("module = 0", "module = 0\nadmin = \"127.0.0.1:7600\"")).contains("does not apply"));
         assert!(e(SERVICES.replace("\"app-module\"", "\"mainframe\"")).contains("unknown variant"));
         assert!(e(SERVICES.replace("module = 0", "module = 0\nmode = \"ttl\"")).contains("`mode` does not apply"));
+        // The proxy serves /metrics on its admin listener; a metrics address may not collide.
+        let proxy_metrics = SERVICES.replace("upstreams = [1]", "upstreams = [1]\nmetrics = \"127.0.0.1:7600\"");
+        assert!(e(proxy_metrics).contains("`metrics` does not apply to proxy"));
+        let server_metrics = SERVICES.replace("module = 0", "module = 0\nmetrics = \"127.0.0.1:7501\"");
+        assert!(e(server_metrics).contains("both listen on"));
+        assert!(e(SERVICES.replace("kind = \"app-module\"", "kind = \"ddss-daemon\"")).contains("runs no app-module"));
+    }
+
+    #[test]
+    fn the_shipped_one_machine_example_is_valid_and_local() {
+        let t = Topology::parse(include_str!("../../../deploy/local.toml")).unwrap();
+        assert_eq!(t.cluster.fabric, Backend::Shm);
+        let addresses = t.services().flat_map(|(_, s)| s.listen.into_iter().chain(s.admin).chain(s.metrics));
+        assert!(addresses.clone().count() >= 8);
+        assert!(addresses.into_iter().all(|a| a.ip().is_loopback()), "nothing listens beyond this machine");
     }
 
     #[test]

@@ -655,6 +655,72 @@ socket = "/tmp/plan.sock"
         assert_eq!(launches[2].health, Some("127.0.0.1:7602".parse().unwrap()));
     }
 
+    #[test]
+    fn plans_every_kind_with_its_node_listeners_and_metrics() {
+        let text = r#"
+[cluster]
+name = "kinds"
+fabric = "shm"
+
+[[node]]
+id = 0
+role = "app"
+[node.service]
+kind = "press-node"
+listen = "127.0.0.1:7700"
+metrics = "127.0.0.1:7701"
+args = ["--trace", "zipf"]
+
+[[node]]
+id = 1
+role = "app"
+[node.service]
+kind = "dlm-node"
+args = ["--locks", "0..2"]
+
+[[node]]
+id = 2
+role = "app"
+[node.service]
+kind = "ddss-daemon"
+socket = "/tmp/d.sock"
+
+[[node]]
+id = 3
+role = "passive"
+[node.service]
+kind = "origin"
+listen = "127.0.0.1:7702"
+admin = "127.0.0.1:7703"
+
+[[node]]
+id = 4
+role = "passive"
+[node.service]
+kind = "coop-node"
+metrics = "127.0.0.1:7704"
+args = ["--scheme", "mtacc"]
+"#;
+        let launches = plan(&Topology::parse(text).unwrap(), Path::new("/t.toml")).unwrap();
+        let lines: Vec<String> = launches.iter().map(|l| l.args.join(" ")).collect();
+        assert_eq!(
+            lines,
+            vec![
+                "ddss-daemon --topology /t.toml --node 2 --socket /tmp/d.sock",
+                "dlm-node --topology /t.toml --node 1 --locks 0..2",
+                "coop-node --topology /t.toml --node 4 --metrics-listen 127.0.0.1:7704 --scheme mtacc",
+                "origin --listen 127.0.0.1:7702 --admin 127.0.0.1:7703",
+                "press-node --topology /t.toml --node 0 --listen 127.0.0.1:7700 --metrics-listen 127.0.0.1:7701 \
+                 --trace zipf",
+            ]
+        );
+        let health: Vec<Option<SocketAddr>> = launches.iter().map(|l| l.health).collect();
+        let addr = |a: &str| Some(a.parse::<SocketAddr>().unwrap());
+        assert_eq!(health, vec![None, None, addr("127.0.0.1:7704"), addr("127.0.0.1:7703"), addr("127.0.0.1:7701")]);
+        assert_eq!(launches[0].socket, Some(PathBuf::from("/tmp/d.sock")), "a daemon without metrics: its socket");
+        assert_eq!(launches[3].metrics, addr("127.0.0.1:7703"), "the origin's metrics are on its admin listener");
+    }
+
     /// The issue: the shipped example put each proxy's admin listener (push,
     /// purge) on the LAN with nothing to check.
     #[test]
