@@ -32,6 +32,7 @@ mod args;
 pub mod dispatcher;
 pub mod handoff;
 mod ho;
+mod metrics;
 mod node;
 pub mod rings;
 pub mod slab;
