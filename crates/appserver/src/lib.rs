@@ -17,7 +17,9 @@
 //! (the paper's x-axis in Fig. 9–10), competing with the module on the node.
 //!
 //! `/_tierstack/stats` answers the server's counters as JSON (time waiting
-//! for the module, time generating), for the response-time breakdown.
+//! for the module, time generating), for the response-time breakdown; the
+//! same counters, and the module's own, are Prometheus text on
+//! `--metrics-listen` ([`observe`]).
 //!
 //! **Published load** ([`AppServer::publish_load`], svc §5.2): the server
 //! keeps a [`LoadPublisher`]'s counters on the paths that change them —

@@ -68,6 +68,8 @@
 //! refused too; its response carries versions the next update retires.
 //!
 //! Who may connect, and the socket file itself: [`crate::module_socket`].
+//! What the module counts (grants, queues, update hold times), for its
+//! `/metrics`: [`ModuleServer::stats`].
 
 mod client;
 mod stats;
