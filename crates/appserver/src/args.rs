@@ -6,6 +6,7 @@ use crate::{PushPolicy, PushTarget, UPDATE_WRITE_PAUSE_DEFAULT, WRITE_THROUGH_TI
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use tierstack_base::NodeId;
+use tierstack_tier_http::observe::ObserveArgs;
 use tierstack_tier_http::service::ServiceArgs;
 use tierstack_tier_http::HttpLimitsArgs;
 
@@ -122,6 +123,10 @@ pub struct AppServerArgs {
     pub limits: HttpLimitsArgs,
     #[command(flatten)]
     pub service: ServiceArgs,
+    // `--metrics-listen`: the client listener does not serve `/metrics`
+    // (a proxy forwards client paths to it).
+    #[command(flatten)]
+    pub observe: ObserveArgs,
 }
 
 /// `<fabric node>=<url>`, as `--push-proxy` takes it.
@@ -172,6 +177,7 @@ impl AppServerArgs {
             site: None,
             limits: HttpLimitsArgs::default(),
             service: ServiceArgs::default(),
+            observe: ObserveArgs::default(),
         }
     }
 
@@ -257,6 +263,7 @@ impl AppServerArgs {
         if self.service != default.service {
             args.extend(self.service.to_args());
         }
+        args.extend(self.observe.to_args());
         args
     }
 }
@@ -311,6 +318,7 @@ mod tests {
                 max_connections_per_client: Some(5),
             },
             service: ServiceArgs { stop_on_stdin_eof: true, grace_ms: 77 },
+            observe: ObserveArgs { metrics_listen: Some("127.0.0.1:9464".parse().unwrap()) },
         };
         assert_eq!(parse(&args), args);
     }

@@ -17,7 +17,9 @@
 //! (the paper's x-axis in Fig. 9–10), competing with the module on the node.
 //!
 //! `/_tierstack/stats` answers the server's counters as JSON (time waiting
-//! for the module, time generating), for the response-time breakdown.
+//! for the module, time generating), for the response-time breakdown; the
+//! same counters, and the module's own, are Prometheus text on
+//! `--metrics-listen` ([`observe`]).
 //!
 //! **Published load** ([`AppServer::publish_load`], svc §5.2): the server
 //! keeps a [`LoadPublisher`]'s counters on the paths that change them —
@@ -39,6 +41,7 @@
 pub mod args;
 pub mod cost;
 pub mod module_args;
+pub mod observe;
 pub mod push;
 pub mod store;
 
@@ -58,6 +61,7 @@ use tierstack_coherent::{DepsHeader, DEPS_HEADER};
 use tierstack_fabric::LocalRegion;
 use tierstack_monitor::reconfig::{self, RoleStamp, ROLE_HEADER};
 use tierstack_monitor::{Gauge, GaugeGuard, LoadPublisher};
+use tierstack_stats::exposition::SecondsHistogram;
 use tierstack_tier_http::RequestBody;
 use tierstack_tier_http::{
     collect_limited, serve_with_options, text, Body, ConnectionHook, HttpLimitsArgs, ServeOptions, Stop,
@@ -128,6 +132,10 @@ struct Counters {
     /// Pages handed to the module with UPDATE_DONE and published, or not.
     pages_published: AtomicU64,
     pages_unpublished: AtomicU64,
+    /// The module's round trips: from READ_REQUEST / UPDATE_REQUEST to
+    /// the grant (`/metrics` only).
+    read_grant_seconds: SecondsHistogram,
+    update_grant_seconds: SecondsHistogram,
 }
 
 #[derive(Serialize)]
@@ -354,7 +362,9 @@ async fn read_document(state: Arc<State>, name: String, size: usize, head_only: 
         }
     };
     drop(queued);
-    state.counters.module_wait_ns.fetch_add(elapsed_ns(started), Ordering::Relaxed);
+    let waited_ns = elapsed_ns(started);
+    state.counters.module_wait_ns.fetch_add(waited_ns, Ordering::Relaxed);
+    state.counters.read_grant_seconds.record_ns(waited_ns);
     let running = state.enter(Gauge::RunningThreads);
     let generating = instant_now();
     let version = version_of(&access.deps, &keys[0]).unwrap_or(0);
@@ -388,8 +398,12 @@ fn page_of(name: &str, body: &Bytes) -> tierstack_coherent::Page {
 /// `--publish`), UPDATE_DONE, the push.
 async fn update_document(state: Arc<State>, name: String, size: usize) -> Response<Body> {
     let (name, keys) = (name.as_str(), [key_of(&name)]);
+    let started = instant_now();
     let access = match state.module.update(&keys).await {
-        Ok(access) => access,
+        Ok(access) => {
+            state.counters.update_grant_seconds.record_ns(elapsed_ns(started));
+            access
+        }
         Err(e) => {
             state.counters.module_errors.fetch_add(1, Ordering::Relaxed);
             return text(StatusCode::SERVICE_UNAVAILABLE, format!("application module: {e}\n"));

@@ -9,6 +9,7 @@ use tierstack_cluster::NodeArgs;
 use tierstack_coherent::module::GRANT_LIFETIME_DEFAULT;
 use tierstack_coherent::pages::{PAGES_DEFAULT, PAGE_BYTES_DEFAULT};
 use tierstack_coherent::{PagesConfig, VersionsAt};
+use tierstack_tier_http::observe::ObserveArgs;
 use tierstack_tier_http::service::ServiceArgs;
 
 /// The version table's capacity unless told otherwise (`--capacity`).
@@ -66,6 +67,8 @@ pub struct ModuleArgs {
     pub test_only_admit_reads_during_updates: bool,
     #[command(flatten)]
     pub service: ServiceArgs,
+    #[command(flatten)]
+    pub observe: ObserveArgs,
 }
 
 impl ModuleArgs {
@@ -83,6 +86,7 @@ impl ModuleArgs {
             publish_page_bytes: PAGE_BYTES_DEFAULT,
             test_only_admit_reads_during_updates: false,
             service: ServiceArgs::default(),
+            observe: ObserveArgs::default(),
         }
     }
 
@@ -126,6 +130,7 @@ impl ModuleArgs {
         if self.service != default.service {
             args.extend(self.service.to_args());
         }
+        args.extend(self.observe.to_args());
         args
     }
 }
@@ -155,6 +160,7 @@ mod tests {
             publish_page_bytes: 4096,
             test_only_admit_reads_during_updates: true,
             service: ServiceArgs { stop_on_stdin_eof: true, grace_ms: 77 },
+            observe: ObserveArgs { metrics_listen: Some("127.0.0.1:9464".parse().unwrap()) },
         };
         assert_eq!(parse(&args), args);
     }

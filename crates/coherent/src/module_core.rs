@@ -100,6 +100,16 @@ pub struct Revocation {
     pub grants: Vec<Grant>,
 }
 
+/// The depths of the module's queues now, summed over its keys: Table 1's
+/// Read Queue and Update Queue, and the admission queue of updates waiting
+/// for an earlier one (see the module docs).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct QueueDepths {
+    pub read: usize,
+    pub update: usize,
+    pub admission: usize,
+}
+
 /// All keys' queues and all requests of one module.
 #[derive(Default)]
 pub struct ModuleCore {
@@ -180,6 +190,15 @@ impl ModuleCore {
     /// Keys with queued or holding requests.
     pub fn busy_keys(&self) -> usize {
         self.keys.len()
+    }
+
+    /// The queues' depths now (a walk over the busy keys).
+    pub fn queue_depths(&self) -> QueueDepths {
+        self.keys.values().fold(QueueDepths::default(), |depths, key| QueueDepths {
+            read: depths.read + key.queues.readers(),
+            update: depths.update + key.queues.update_queue_len(),
+            admission: depths.admission + key.waiting_updates.len(),
+        })
     }
 
     /// READ_REQUEST or UPDATE_REQUEST for `slots`. Returns the grants that
@@ -346,6 +365,27 @@ mod tests {
         assert_eq!(ids(&core.request(4, Kind::Read, &[7]).unwrap()), vec![4]);
         assert!(core.abandon(4).unwrap().is_empty());
         assert_eq!((core.requests(), core.busy_keys()), (0, 0));
+    }
+
+    /// The depths `/metrics` reports: the reader holding, the update and
+    /// the read queued behind it in the Update Queue, the second update in
+    /// the admission queue; nothing once every request is done.
+    #[test]
+    fn queue_depths_count_every_queue_of_every_key() {
+        let mut core = ModuleCore::new();
+        assert_eq!(ids(&core.request(1, Kind::Read, &[7]).unwrap()), vec![1]);
+        assert!(core.request(2, Kind::Update, &[7]).unwrap().is_empty());
+        assert!(core.request(3, Kind::Read, &[7]).unwrap().is_empty());
+        assert!(core.request(4, Kind::Update, &[7]).unwrap().is_empty());
+        assert_eq!(ids(&core.request(5, Kind::Read, &[8]).unwrap()), vec![5]);
+        assert_eq!(core.queue_depths(), QueueDepths { read: 2, update: 2, admission: 1 });
+        assert_eq!(ids(&core.done(1).unwrap()), vec![2]);
+        assert_eq!(ids(&core.done(2).unwrap()), vec![3]);
+        assert_eq!(core.queue_depths(), QueueDepths { read: 2, update: 1, admission: 0 });
+        for id in [3, 4, 5] {
+            core.done(id).unwrap();
+        }
+        assert_eq!(core.queue_depths(), QueueDepths::default());
     }
 
     #[test]

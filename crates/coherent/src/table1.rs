@@ -88,6 +88,12 @@ impl DocumentQueues {
         self.read_queue.len()
     }
 
+    /// Entries of the Update Queue (the update in progress or queued, and
+    /// the reads queued behind it).
+    pub fn update_queue_len(&self) -> usize {
+        self.update_queue.len()
+    }
+
     /// True if an update is queued or in progress.
     pub fn update_pending(&self) -> bool {
         !self.update_queue.is_empty()

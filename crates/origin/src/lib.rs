@@ -29,7 +29,8 @@
 //!   blocks), so N concurrent misses take N service times. HEAD and
 //!   304 answers read metadata only and touch neither cache nor disk. The
 //!   cache decides the cost only; bodies are always generated or read anew.
-//! - **Counters** ([`OriginStats`]) on an optional admin listener, `GET /stats`.
+//! - **Counters** ([`OriginStats`]) on an optional admin listener, `GET /stats`,
+//!   and as Prometheus text at `/metrics` beside it.
 //!
 //! The crate knows nothing of traces: the binary turns a trace's documents
 //! into a [`SyntheticSet`].

@@ -18,6 +18,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime};
 use tierstack_base::time::system_now;
 use tierstack_model::{Caching, Storage};
+use tierstack_stats::exposition::Exposition;
+use tierstack_tier_http::observe::{self, Observed};
 use tierstack_tier_http::RequestBody;
 use tierstack_tier_http::{text, Body};
 use tokio::time::Instant;
@@ -279,16 +281,16 @@ impl State {
         response
     }
 
-    /// The admin listener: `GET /stats`.
+    /// The admin listener: `GET /stats` (JSON), `/metrics`, `/healthz`, `/readyz`.
     pub(crate) async fn serve_admin(self: Arc<Self>, request: Request<RequestBody>) -> Response<Body> {
-        // Its files are opened (or synthesized) before it serves: alive is ready.
-        match request.uri().path() {
-            tierstack_tier_http::HEALTHZ_PATH => return tierstack_tier_http::alive(),
-            tierstack_tier_http::READYZ_PATH => return tierstack_tier_http::readiness(&[]),
-            _ => {}
+        if let Some(response) = observe::respond(&request, self.as_ref()) {
+            return response;
         }
         if request.uri().path() != "/stats" {
-            return text(StatusCode::NOT_FOUND, "the admin listener serves GET /stats, /healthz and /readyz\n");
+            return text(
+                StatusCode::NOT_FOUND,
+                "the admin listener serves GET /stats, /metrics, /healthz and /readyz\n",
+            );
         }
         if request.method() != Method::GET {
             let mut response = text(StatusCode::METHOD_NOT_ALLOWED, "only GET\n");
@@ -303,6 +305,41 @@ impl State {
             }
             Err(e) => text(StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n")),
         }
+    }
+}
+
+/// Its files are opened (or synthesized) before it serves: alive is ready
+/// (no readiness checks).
+impl Observed for State {
+    fn metrics(&self, out: &mut Exposition) {
+        let stats = self.stats();
+        let mut counter =
+            |name: &str, help: &str, value: u64| out.counter(&format!("tierstack_origin_{name}"), help, value);
+        counter("requests_total", "Client requests received.", stats.requests);
+        counter("not_modified_total", "Conditional requests answered 304 Not Modified.", stats.not_modified);
+        counter("cache_hits_total", "GETs whose object was in the memory cache.", stats.cache_hits);
+        counter("cache_misses_total", "GETs whose object was not in the memory cache.", stats.cache_misses);
+        counter("disk_reads_total", "Reads that went to the (emulated) disk.", stats.disk_reads);
+        counter("disk_read_bytes_total", "Bytes read from the (emulated) disk.", stats.disk_bytes);
+        counter("sent_bytes_total", "Response body bytes handed to client connections.", stats.bytes_sent);
+        let codes: Vec<String> = stats.responses.keys().map(u16::to_string).collect();
+        let samples: Vec<([(&str, &str); 1], u64)> =
+            codes.iter().zip(stats.responses.values()).map(|(code, n)| ([("code", code.as_str())], *n)).collect();
+        let samples: Vec<(&[(&str, &str)], u64)> = samples.iter().map(|(labels, n)| (&labels[..], *n)).collect();
+        out.counters("tierstack_origin_responses_total", "Responses by status code.", &samples);
+        let seconds = |ns: u64| ns as f64 / 1e9;
+        out.counter_f64(
+            "tierstack_origin_disk_busy_seconds_total",
+            "Modelled service time of the disk reads, seconds.",
+            seconds(stats.disk_busy_ns),
+        );
+        out.counter_f64(
+            "tierstack_origin_disk_wait_seconds_total",
+            "Time disk reads waited behind earlier ones, seconds.",
+            seconds(stats.disk_wait_ns),
+        );
+        out.gauge("tierstack_origin_cache_bytes", "Bytes in the memory cache now.", stats.cache_bytes as f64);
+        out.gauge("tierstack_origin_cache_objects", "Objects in the memory cache now.", stats.cache_objects as f64);
     }
 }
 

@@ -10,6 +10,7 @@ use std::path::PathBuf;
 use tierstack_cluster::NodeArgs;
 use tierstack_model::{ZIPF_ALPHA_DEFAULT, ZIPF_DOCS_DEFAULT};
 use tierstack_press::{LardConfig, MAX_SIZE_BYTES, THRESHOLD_DEFAULT};
+use tierstack_tier_http::observe::ObserveArgs;
 use tierstack_tier_http::service::ServiceArgs;
 use tierstack_tier_http::HttpLimitsArgs;
 
@@ -93,6 +94,8 @@ pub struct PressNodeArgs {
     /// distributed hand-off server's own accept path is outside them.
     #[command(flatten)]
     pub limits: HttpLimitsArgs,
+    #[command(flatten)]
+    pub observe: ObserveArgs,
 }
 
 impl PressNodeArgs {
@@ -119,6 +122,7 @@ impl PressNodeArgs {
             threads: NODE_THREADS_DEFAULT,
             handoff_dir: None,
             limits: HttpLimitsArgs::default(),
+            observe: ObserveArgs::default(),
         }
     }
 
@@ -179,6 +183,7 @@ impl PressNodeArgs {
         if self.service != default.service {
             args.extend(self.service.to_args());
         }
+        args.extend(self.observe.to_args());
         args
     }
 }
@@ -311,6 +316,7 @@ mod tests {
             threads: 3,
             handoff_dir: Some(PathBuf::from("/tmp/handoff")),
             limits: HttpLimitsArgs { header_read_timeout_ms: 5, max_connections: 64, ..HttpLimitsArgs::default() },
+            observe: ObserveArgs { metrics_listen: Some("127.0.0.1:9464".parse().unwrap()) },
         };
         assert_eq!(parse_node(&args), args);
     }

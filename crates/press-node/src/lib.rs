@@ -27,11 +27,15 @@
 //! failed or unanswered forward leaves the view, so its files are taken over
 //! by others; the request that found it gone is served locally, so a killed
 //! node costs a bounded wait (`forward_timeout`), never a hung client.
+//!
+//! Counters: JSON at the admin listener's `GET /stats`, Prometheus text on
+//! `--metrics-listen` (`PressNode::observed`).
 
 mod args;
 pub mod dispatcher;
 pub mod handoff;
 mod ho;
+mod metrics;
 mod node;
 pub mod rings;
 pub mod slab;

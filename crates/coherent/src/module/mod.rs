@@ -68,10 +68,14 @@
 //! refused too; its response carries versions the next update retires.
 //!
 //! Who may connect, and the socket file itself: [`crate::module_socket`].
+//! What the module counts (grants, queues, update hold times), for its
+//! `/metrics`: [`ModuleServer::stats`].
 
 mod client;
+mod stats;
 
 pub use client::{Access, ClientOptions, ModuleClient, UpdateDone};
+pub use stats::ModuleStats;
 
 use crate::module_core::{CoreError, Grant, Kind, ModuleCore};
 use crate::module_socket::SocketAccess;
@@ -194,6 +198,8 @@ struct Owner {
     /// Taken back after the grant lifetime: the core has forgotten it, and
     /// this entry only remains to refuse its late DONE in clear words.
     revoked: bool,
+    /// When an update was granted (its hold time ends at UPDATE_DONE).
+    granted_at: Option<Instant>,
 }
 
 /// A live connection: its reply queue, and how to close it.
@@ -215,13 +221,7 @@ struct Shared {
     next_request: AtomicU64,
     /// The origin of the time passed to the core.
     started: Instant,
-    /// Statistics: grants, updates, revocations, refused peers.
-    grants: AtomicU64,
-    updates: AtomicU64,
-    revoked: AtomicU64,
-    peers_refused: AtomicU64,
-    pages_published: AtomicU64,
-    pages_unpublished: AtomicU64,
+    counters: stats::Counters,
 }
 
 /// How a [`ModuleServer`] behaves; `Default` is the real module.
@@ -284,12 +284,7 @@ impl ModuleServer {
                 connections: Mutex::new(HashMap::new()),
                 next_request: AtomicU64::new(1),
                 started: instant_now(),
-                grants: AtomicU64::new(0),
-                updates: AtomicU64::new(0),
-                revoked: AtomicU64::new(0),
-                peers_refused: AtomicU64::new(0),
-                pages_published: AtomicU64::new(0),
-                pages_unpublished: AtomicU64::new(0),
+                counters: stats::Counters::default(),
             }),
             access: options.access,
             grant_lifetime: options.grant_lifetime,
@@ -298,37 +293,6 @@ impl ModuleServer {
 
     pub fn table(&self) -> &Arc<VersionTable> {
         &self.shared.table
-    }
-
-    /// Requests queued or holding access now.
-    pub fn requests_in_progress(&self) -> usize {
-        self.shared.core.lock().map(|core| core.requests()).unwrap_or(0)
-    }
-
-    /// Updates granted so far.
-    pub fn updates(&self) -> u64 {
-        self.shared.updates.load(Ordering::Relaxed)
-    }
-
-    /// Grants revoked after the grant lifetime so far.
-    pub fn grants_revoked(&self) -> u64 {
-        self.shared.revoked.load(Ordering::Relaxed)
-    }
-
-    /// Connections refused for their peer's credentials so far.
-    pub fn peers_refused(&self) -> u64 {
-        self.shared.peers_refused.load(Ordering::Relaxed)
-    }
-
-    /// Pages published with `update_done` so far.
-    pub fn pages_published(&self) -> u64 {
-        self.shared.pages_published.load(Ordering::Relaxed)
-    }
-
-    /// Pages brought with `update_done` but not published (too large,
-    /// malformed, no area) so far.
-    pub fn pages_unpublished(&self) -> u64 {
-        self.shared.pages_unpublished.load(Ordering::Relaxed)
     }
 
     /// When this module's updates become visible.
@@ -379,11 +343,12 @@ impl ModuleServer {
                 Err(e) => Some(format!("its credentials are unknown: {e}")),
             };
             if let Some(reason) = refusal {
-                self.shared.peers_refused.fetch_add(1, Ordering::Relaxed);
+                stats::Counters::bump(&self.shared.counters.peers_refused);
                 tracing::warn!(%reason, "module: refused a connection");
                 continue;
             }
             next_connection += 1;
+            stats::Counters::bump(&self.shared.counters.connections_accepted);
             let shared = self.shared.clone();
             let connection = next_connection;
             tokio::spawn(async move {
@@ -441,6 +406,9 @@ async fn serve_connection(
             Err(e) => Some(Reply::error(0, format!("malformed request: {e}"))),
         };
         if let Some(reply) = reply {
+            if reply.error.is_some() {
+                stats::Counters::bump(&shared.counters.refused);
+            }
             // The same rule as for grants: a client that lets its replies pile up is closed.
             match tx.try_send(reply) {
                 Ok(()) => {}
@@ -500,13 +468,17 @@ fn locked<T>(
     let mut outbox = Vec::new();
     while let Some(grant) = grants.pop_front() {
         let Some(owner) = owners.get_mut(&grant.id) else { continue };
-        shared.grants.fetch_add(1, Ordering::Relaxed);
+        stats::Counters::bump(&shared.counters.grants);
         let (op, deps) = match grant.kind {
             Kind::Update => {
-                shared.updates.fetch_add(1, Ordering::Relaxed);
+                stats::Counters::bump(&shared.counters.updates);
+                owner.granted_at = Some(instant_now());
                 ("update_proceed", grant_update(shared, owner))
             }
-            Kind::Read => ("read_proceed", shared.table.header(&owner.keys)),
+            Kind::Read => {
+                stats::Counters::bump(&shared.counters.reads);
+                ("read_proceed", shared.table.header(&owner.keys))
+            }
         };
         match deps {
             Ok(deps) => {
@@ -599,10 +571,13 @@ fn complete_update(
         }
     }
     match &published {
-        Some(Ok(())) => shared.pages_published.fetch_add(1, Ordering::Relaxed),
-        Some(Err(_)) => shared.pages_unpublished.fetch_add(1, Ordering::Relaxed),
-        None => 0,
+        Some(Ok(())) => stats::Counters::bump(&shared.counters.pages_published),
+        Some(Err(_)) => stats::Counters::bump(&shared.counters.pages_unpublished),
+        None => {}
     };
+    if let Some(granted_at) = owner.granted_at {
+        shared.counters.update_seconds.record(instant_now().saturating_duration_since(granted_at));
+    }
     Ok(published)
 }
 
@@ -632,7 +607,7 @@ fn revoke_expired(shared: &Shared) {
         let revocation = core.revoke_expired(now)?;
         let mut notices = Outbox::new();
         for grant in &revocation.revoked {
-            shared.revoked.fetch_add(1, Ordering::Relaxed);
+            stats::Counters::bump(&shared.counters.revoked);
             if let Some(owner) = owners.get_mut(&grant.id) {
                 // Retire the versions the stopped holder may still produce content under.
                 retire(shared, owner);
@@ -719,10 +694,16 @@ fn begin(
             granted_deps: None,
             granted_versions: Vec::new(),
             revoked: false,
+            granted_at: None,
         };
         owners.insert(module_id, owner);
         match core.request(module_id, kind, &slots) {
-            Ok(grants) => Ok(((), grants)),
+            Ok(grants) => {
+                if !grants.iter().any(|grant| grant.id == module_id) {
+                    stats::Counters::bump(&shared.counters.queued);
+                }
+                Ok(((), grants))
+            }
             Err(e) => {
                 owners.remove(&module_id);
                 Err(e.into())

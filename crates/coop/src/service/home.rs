@@ -28,6 +28,11 @@ impl KeyTable {
         Self { region, capacity, entries: HashMap::new(), used: vec![false; slots], full: 0 }
     }
 
+    /// Keys with an entry now, and the most the table holds.
+    pub(super) fn occupancy(&self) -> (u64, u64) {
+        (self.entries.len() as u64, self.capacity)
+    }
+
     /// The entry of `key`, created if needed (None if its window is full).
     fn entry(&mut self, key: Key) -> Option<&mut HomeEntry> {
         if !self.entries.contains_key(&key) {

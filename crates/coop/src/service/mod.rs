@@ -51,4 +51,4 @@ pub mod wire;
 mod home;
 mod node;
 
-pub use node::{CoopConfig, CoopNode, Lookup, ServiceError, ServiceStats};
+pub use node::{CoopConfig, CoopNode, Lookup, Occupancy, ServiceError, ServiceStats};

@@ -5,8 +5,11 @@
 //! read one-sided from a peer) in `pages`.
 
 mod group;
+mod occupancy;
 mod pages;
 mod receive;
+
+pub use occupancy::Occupancy;
 
 use super::home::{version_in_window, KeyTable};
 use super::layout::{key_probe_start, PoolLayout, Record, KEYS_REGION, KEY_ENTRY_BYTES, POOL_REGION, PROBE_MAX};

@@ -12,6 +12,7 @@ use tierstack_press::{LardConfig, Member, PolicyConfig};
 use tierstack_press_node::dispatcher::{Dispatcher, DispatcherConfig};
 pub(crate) use tierstack_press_node::{DispatcherArgs, PressNodeArgs};
 use tierstack_press_node::{NodeConfig, PressNode};
+use tierstack_tier_http::observe::ServingFlag;
 use tierstack_workload::TraceSpec;
 
 pub(crate) fn run_dispatcher(args: DispatcherArgs) -> Result<()> {
@@ -22,7 +23,7 @@ pub(crate) fn run_dispatcher(args: DispatcherArgs) -> Result<()> {
         dir: args.handoff_dir,
         lard: LardConfig { t_low: args.t_low, t_high: args.t_high },
     };
-    serve_until_stopped(args.threads, &args.service, async {
+    serve_until_stopped(args.threads, &args.service, ServingFlag::new(), async {
         let dispatcher = Dispatcher::start(config).await?;
         eprintln!(
             "tierstack press-dispatcher: serving http://{}{}",
@@ -39,11 +40,13 @@ fn stats_at(admin: Option<SocketAddr>) -> String {
 }
 
 /// Runs a PRESS server on `threads` runtime threads: `start` starts it and
-/// returns how to stop it; once it serves, `ready` is printed; at a stop
-/// signal it is stopped and its counters printed as one JSON line.
+/// returns how to stop it; once it serves, `ready` is printed and `serving`
+/// set; at a stop signal it is stopped and its counters printed as one
+/// JSON line.
 fn serve_until_stopped<Stop, Stats>(
     threads: usize,
     service: &crate::service::ServiceArgs,
+    serving: ServingFlag,
     start: impl std::future::Future<Output = Result<Stop>>,
 ) -> Result<()>
 where
@@ -55,7 +58,9 @@ where
         let signals = service.stop_signals()?;
         let stop = start.await?;
         crate::service::announce_ready()?;
+        serving.set(true);
         signals.wait().await;
+        serving.set(false);
         println!("{}", serde_json::to_string(&stop())?);
         std::io::stdout().flush()?;
         Ok(())
@@ -102,13 +107,18 @@ pub(crate) fn run(args: PressNodeArgs) -> Result<()> {
         handoff_dir: args.handoff_dir.clone(),
         limits: args.limits.serve_options(),
     };
-    serve_until_stopped(args.threads, &args.service, async {
+    let serving = ServingFlag::new();
+    serve_until_stopped(args.threads, &args.service, serving.clone(), async {
         let node = PressNode::start(config, fabric).await?;
+        let observer = args.observe.start(node.observed(serving))?;
         eprintln!(
             "tierstack press-node: node {me} serving http://{}{}",
             node.local_addr(),
             stats_at(node.admin_addr())
         );
-        Ok(move || node.stop())
+        Ok(move || {
+            drop(observer);
+            node.stop()
+        })
     })
 }

@@ -6,6 +6,7 @@
 use anyhow::{Context, Result};
 use std::sync::Arc;
 use std::time::Duration;
+use tierstack_appserver::observe::ModuleObserved;
 use tierstack_appserver::{AppServer, AppServerConfig, CpuCost, PushConfig, StoreConfig};
 pub(crate) use tierstack_appserver::{AppServerArgs, ModuleArgs};
 use tierstack_base::NodeId;
@@ -16,6 +17,7 @@ use tierstack_coherent::version_table::{Incarnation, VersionTable};
 use tierstack_monitor::{AgentConfig, LoadPublisher, MonitorAgent, SourceConfig};
 pub(crate) use tierstack_proxy::ProxyArgs;
 use tierstack_proxy::{BalancerConfig, Balancing, CacheStateConfig, Proxy, ProxyConfig, ProxyOptions, Site};
+use tierstack_tier_http::observe::ServingFlag;
 use tierstack_tier_http::Stop;
 
 use crate::service::{announce_ready, drain};
@@ -42,15 +44,21 @@ pub(crate) fn app_module(args: ModuleArgs) -> Result<()> {
         access: access.clone(),
         versions_at: args.versions_at,
     };
-    let server = ModuleServer::with_options(table, &options).context("--grant-timeout-ms")?;
+    let server = Arc::new(ModuleServer::with_options(table, &options).context("--grant-timeout-ms")?);
+    let serving = ServingFlag::new();
+    let observed = Arc::new(ModuleObserved::new(server.clone(), serving.clone()));
+    let _observer = args.observe.start(observed)?;
     runtime(1)?.block_on(async {
         let listener = module_socket::bind(&args.socket, &access).await?;
         let signals = args.service.stop_signals()?;
         announce_ready()?;
-        tokio::select! {
+        serving.set(true);
+        let result = tokio::select! {
             result = server.serve_on(listener) => result.context("module server"),
             _ = signals.wait() => Ok(()),
-        }
+        };
+        serving.set(false);
+        result
     })?;
     drop(fabric);
     let _ = std::fs::remove_file(&args.socket);
@@ -148,11 +156,15 @@ pub(crate) fn app_server(args: AppServerArgs) -> Result<()> {
         if let Some(cost) = cpu_cost {
             server.set_cpu_cost(cost);
         }
+        let serving_flag = ServingFlag::new();
+        let _observer = args.observe.start(server.observed(serving_flag.clone()))?;
         let stop = Stop::new();
         let signals = args.service.stop_signals()?;
         let serving = tokio::spawn(server.run(stop.clone()));
         announce_ready()?;
+        serving_flag.set(true);
         signals.wait().await;
+        serving_flag.set(false);
         stop.stop();
         drain(serving, args.service.grace(), "application server").await?;
         drop(agent);
