@@ -15,6 +15,7 @@ use crate::exe;
 use std::collections::BTreeSet;
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixDatagram;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -297,22 +298,9 @@ fn wait_notification(socket: &UnixDatagram, state: &str, child: &mut std::proces
     }
 }
 
-/// A unit's `Type=notify` and `NotifyAccess=main` hold only if the process
-/// systemd started (`cluster exec`) is the one that says READY=1: it must
-/// become the tier, not spawn it.
-#[test]
-fn cluster_exec_tells_systemd_it_is_ready_and_stopping_from_the_main_process() {
-    let dir = tempfile::tempdir().unwrap();
-    let topology = dir.path().join("cluster.toml");
-    let text = format!(
-        "[cluster]\nname = \"notify\"\nfabric = \"shm\"\nshm_root = \"{shm}\"\n\n\
-         [[node]]\nid = 0\nrole = \"app\"\n[node.service]\nkind = \"app-module\"\nsocket = \"{socket}\"\n",
-        shm = dir.path().join("shm").display(),
-        socket = dir.path().join("module.sock").display(),
-    );
-    std::fs::write(&topology, text).unwrap();
-    let notify_path = dir.path().join("notify");
-    let socket = UnixDatagram::bind(&notify_path).unwrap();
+/// A notification socket that learns each datagram's sender pid.
+fn notify_socket(path: &Path) -> UnixDatagram {
+    let socket = UnixDatagram::bind(path).unwrap();
     let on: libc::c_int = 1;
     // SAFETY: a valid socket and a c_int option value that lives through the call.
     let set = unsafe {
@@ -326,23 +314,44 @@ fn cluster_exec_tells_systemd_it_is_ready_and_stopping_from_the_main_process() {
     };
     assert_eq!(set, 0, "{}", std::io::Error::last_os_error());
     socket.set_read_timeout(Some(Duration::from_millis(100))).unwrap();
+    socket
+}
 
-    let log = dir.path().join("module.log");
-    let mut child = Command::new(exe())
+/// A topology in `dir` with one node, an app-module, on `fabric` (with its
+/// extra `[cluster]` lines and the node's address line).
+fn module_topology(dir: &Path, fabric: &str, cluster_lines: &str, address_line: &str) -> PathBuf {
+    let topology = dir.join("cluster.toml");
+    let text = format!(
+        "[cluster]\nname = \"unit\"\nfabric = \"{fabric}\"\nshm_root = \"{shm}\"\n{cluster_lines}\n\
+         [[node]]\nid = 0\nrole = \"app\"\n{address_line}\n[node.service]\nkind = \"app-module\"\nsocket = \"{socket}\"\n",
+        shm = dir.join("shm").display(),
+        socket = dir.join("module.sock").display(),
+    );
+    std::fs::write(&topology, text).unwrap();
+    topology
+}
+
+/// `cluster exec` of node 0 as a unit would start it, notifying `notify`;
+/// its standard output and error go to `<dir>/module.out` and `.log`.
+fn exec_module(dir: &Path, topology: &Path, notify: &Path) -> Command {
+    let mut command = Command::new(exe());
+    command
         .args(["cluster", "exec"])
-        .arg(&topology)
+        .arg(topology)
         .args(["--node", "0", "--kind", "app-module", "--grace-ms", "2000"])
-        .env("NOTIFY_SOCKET", &notify_path)
+        .env("NOTIFY_SOCKET", notify)
         .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .unwrap();
-    let main_pid = child.id() as libc::pid_t;
-    assert_eq!(wait_notification(&socket, "READY=1", &mut child, &log), main_pid, "READY=1 from the main process");
+        .stdout(std::fs::File::create(dir.join("module.out")).unwrap())
+        .stderr(std::fs::File::create(dir.join("module.log")).unwrap());
+    command
+}
+
+/// SIGTERMs `child`, checks that it says STOPPING=1 and exits 0.
+fn stop(child: &mut std::process::Child, socket: &UnixDatagram, log: &Path) {
+    let pid = child.id() as libc::pid_t;
     // SAFETY: kill has no memory preconditions; the child is not reaped yet.
-    assert_eq!(unsafe { libc::kill(main_pid, libc::SIGTERM) }, 0);
-    assert_eq!(wait_notification(&socket, "STOPPING=1", &mut child, &log), main_pid, "STOPPING=1 too");
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    assert_eq!(wait_notification(socket, "STOPPING=1", child, log), pid, "STOPPING=1 from the main process");
     let deadline = tierstack_base::time::instant_now() + Duration::from_secs(60);
     let status = loop {
         if let Some(status) = child.try_wait().unwrap() {
@@ -351,7 +360,78 @@ fn cluster_exec_tells_systemd_it_is_ready_and_stopping_from_the_main_process() {
         assert!(tierstack_base::time::instant_now() < deadline, "no exit within a minute of SIGTERM");
         std::thread::sleep(Duration::from_millis(20));
     };
-    assert!(status.success(), "{status}: {}", std::fs::read_to_string(&log).unwrap());
+    assert!(status.success(), "{status}: {}", std::fs::read_to_string(log).unwrap());
+}
+
+/// A unit's `Type=notify` and `NotifyAccess=main` hold only if the process
+/// systemd started (`cluster exec`) is the one that says READY=1: it must
+/// become the tier, not spawn it.
+#[test]
+fn cluster_exec_tells_systemd_it_is_ready_and_stopping_from_the_main_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let topology = module_topology(dir.path(), "shm", "", "");
+    let socket = notify_socket(&dir.path().join("notify"));
+    let log = dir.path().join("module.log");
+    let mut child = exec_module(dir.path(), &topology, &dir.path().join("notify")).spawn().unwrap();
+    let main_pid = child.id() as libc::pid_t;
+    assert_eq!(wait_notification(&socket, "READY=1", &mut child, &log), main_pid, "READY=1 from the main process");
+    stop(&mut child, &socket, &log);
+}
+
+/// The units keep `MemoryDenyWriteExecute=yes`, which refuses UCX's default
+/// memory hooks (they patch libc's code): with the units' environment a
+/// tier on ucx, under the same refusal (the kernel's PR_SET_MDWE, what
+/// systemd's seccomp filter enforces), starts and stops with no UCX error.
+#[test]
+fn a_tier_on_ucx_runs_cleanly_under_the_units_memory_deny_write_execute() {
+    if !crate::ucx_or_skip() {
+        return;
+    }
+    let units = service_units();
+    let module = units.iter().find(|u| u.kind() == "app-module").unwrap();
+    assert_eq!(module.value("Service", "MemoryDenyWriteExecute"), "yes");
+    let dir = tempfile::tempdir().unwrap();
+    let key = dir.path().join("cluster.key");
+    tierstack_cluster::ClusterKey::generate().write_new(&key).unwrap();
+    let address = tierstack_deploy::process::free_loopback_port().unwrap();
+    let cluster_lines =
+        format!("op_timeout_ms = 1000\nucx_transports = \"sysv,self\"\nkey_file = \"{}\"\n", key.display());
+    let topology = module_topology(dir.path(), "ucx", &cluster_lines, &format!("address = \"{address}\""));
+    let socket = notify_socket(&dir.path().join("notify"));
+    let mut command = exec_module(dir.path(), &topology, &dir.path().join("notify"));
+    for assignment in module.values("Service", "Environment") {
+        let (name, value) = assignment.split_once('=').unwrap();
+        command.env(name, value);
+    }
+    // SAFETY: prctl is async-signal-safe; nothing else runs in the child before exec.
+    unsafe {
+        command.pre_exec(|| {
+            const PR_SET_MDWE: libc::c_int = 65;
+            const PR_MDWE_REFUSE_EXEC_GAIN: libc::c_ulong = 1;
+            if libc::prctl(PR_SET_MDWE, PR_MDWE_REFUSE_EXEC_GAIN, 0, 0, 0) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut child = match command.spawn() {
+        Ok(child) => child,
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+            println!("SKIPPED: this kernel has no PR_SET_MDWE (Linux 6.3 or newer has): {e}");
+            return;
+        }
+        Err(e) => panic!("{e}"),
+    };
+    let log = dir.path().join("module.log");
+    let main_pid = child.id() as libc::pid_t;
+    assert_eq!(wait_notification(&socket, "READY=1", &mut child, &log), main_pid);
+    stop(&mut child, &socket, &log);
+    // UCX logs on standard output.
+    let printed =
+        std::fs::read_to_string(dir.path().join("module.out")).unwrap() + &std::fs::read_to_string(&log).unwrap();
+    let complaints: Vec<&str> =
+        printed.lines().filter(|l| l.contains("UCX  ERROR") || l.contains("UCX  WARN")).collect();
+    assert!(complaints.is_empty(), "{complaints:#?}");
 }
 
 /// A container file's stages (from each `FROM`), each as its instructions
