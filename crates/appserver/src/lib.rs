@@ -41,6 +41,7 @@
 pub mod args;
 pub mod cost;
 pub mod module_args;
+mod module_link;
 pub mod observe;
 pub mod push;
 pub mod store;
@@ -168,7 +169,7 @@ pub struct StatsSnapshot {
 }
 
 struct State {
-    module: ModuleClient,
+    module: module_link::ModuleLink,
     /// For `/readyz`: the module answers a connection on it.
     module_socket: PathBuf,
     documents: HashMap<String, usize>,
@@ -354,8 +355,8 @@ async fn read_document(state: Arc<State>, name: String, size: usize, head_only: 
     let (name, keys) = (name.as_str(), [key_of(&name)]);
     let started = instant_now();
     let queued = state.enter(Gauge::QueueLength);
-    let access = match state.module.read(&keys).await {
-        Ok(access) => access,
+    let module_link::Granted { access, client } = match state.module.read(&keys).await {
+        Ok(granted) => granted,
         Err(e) => {
             state.counters.module_errors.fetch_add(1, Ordering::Relaxed);
             return text(StatusCode::SERVICE_UNAVAILABLE, format!("application module: {e}\n"));
@@ -375,9 +376,8 @@ async fn read_document(state: Arc<State>, name: String, size: usize, head_only: 
     state.counters.generate_ns.fetch_add(elapsed_ns(generating), Ordering::Relaxed);
     drop(running);
     // READ_DONE needs no answer on the request's path.
-    let releasing = state.clone();
     tokio::spawn(async move {
-        if let Err(e) = releasing.module.read_done(access).await {
+        if let Err(e) = client.read_done(access).await {
             tracing::warn!(error = %e, "READ_DONE failed");
         }
     });
@@ -399,10 +399,10 @@ fn page_of(name: &str, body: &Bytes) -> tierstack_coherent::Page {
 async fn update_document(state: Arc<State>, name: String, size: usize) -> Response<Body> {
     let (name, keys) = (name.as_str(), [key_of(&name)]);
     let started = instant_now();
-    let access = match state.module.update(&keys).await {
-        Ok(access) => {
+    let module_link::Granted { access, client } = match state.module.update(&keys).await {
+        Ok(granted) => {
             state.counters.update_grant_seconds.record_ns(elapsed_ns(started));
-            access
+            granted
         }
         Err(e) => {
             state.counters.module_errors.fetch_add(1, Ordering::Relaxed);
@@ -444,7 +444,7 @@ async fn update_document(state: Arc<State>, name: String, size: usize) -> Respon
         pusher.write_through(name, content(), access.deps.clone()).await;
         pushed = true;
     }
-    match state.module.update_done_with_page(access, page).await {
+    match client.update_done_with_page(access, page).await {
         Ok(_) if store_failed => {
             state.counters.module_errors.fetch_add(1, Ordering::Relaxed);
             text(StatusCode::SERVICE_UNAVAILABLE, "application module: the grant named no version of the document\n")
@@ -596,6 +596,8 @@ impl AppServer {
         }
         let store = config.store.as_ref().map(|c| store::DocumentStore::new(documents.keys(), c));
         let module = connect_module(&config).await?;
+        let options = ClientOptions { module_uids: config.module_uids.clone(), ..ClientOptions::default() };
+        let module = module_link::ModuleLink::new(module, config.module_socket.clone(), options);
         let listener = tokio::net::TcpListener::bind(config.listen)
             .await
             .map_err(|source| AppServerError::Listen { addr: config.listen, source })?;

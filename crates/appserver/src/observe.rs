@@ -123,6 +123,11 @@ impl Observed for AppServerObserved {
                 (&[("outcome", "fenced")], load(&c.fenced)),
             ],
         );
+        out.counter(
+            "tierstack_appserver_module_reconnects_total",
+            "Times the connection to the application module was made again after the module closed it.",
+            self.state.module.reconnects(),
+        );
         out.counter_f64(
             "tierstack_appserver_generate_seconds_total",
             "Time spent generating or copying response bodies, seconds.",

@@ -103,7 +103,10 @@ impl Supervisor {
                     let stopped = down_state(&state);
                     let _ = std::fs::remove_file(config.run_dir.join(STATE_FILE));
                     let note = stopped.map(|r| r.summary()).unwrap_or_else(|e| format!("stopping the others: {e:#}"));
-                    let what = format!("starting node {} ({}); {note}", launch.node, launch.kind.command());
+                    let mut what = format!("starting node {} ({})", launch.node, launch.kind.command());
+                    if !note.is_empty() {
+                        what = format!("{what}; stopped the others: {note}");
+                    }
                     return Err(e.context(what));
                 }
             }

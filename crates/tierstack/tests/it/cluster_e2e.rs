@@ -393,12 +393,12 @@ args = ["--scheme", "mtacc"]
         m2 = port(),
         m3 = port(),
     );
-    for (name, text, kinds) in [
+    for (name, topology, kinds) in [
         ("locks", locks, vec!["dlm-node", "dlm-node", "origin"]),
         ("others", others, vec!["ddss-daemon", "ddss-daemon", "coop-node", "press-node"]),
     ] {
         let path = dir.path().join(format!("{name}.toml"));
-        std::fs::write(&path, text).unwrap();
+        std::fs::write(&path, topology).unwrap();
         let run_dir = dir.path().join(format!("{name}.run"));
         let up = Up::start(&path, &run_dir);
         let state = State::load(&run_dir).unwrap();
