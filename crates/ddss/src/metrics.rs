@@ -72,7 +72,12 @@ impl Default for DaemonMetrics {
 impl DaemonMetrics {
     /// Runs `serve` on `request` and counts it: its op and model, whether
     /// it failed (by `failed` of the answer), how long it took.
-    pub(crate) fn count<R>(&self, request: Request, serve: impl FnOnce(Request) -> R, failed: impl Fn(&R) -> bool) -> R {
+    pub(crate) fn count<R>(
+        &self,
+        request: Request,
+        serve: impl FnOnce(Request) -> R,
+        failed: impl Fn(&R) -> bool,
+    ) -> R {
         let kind = classify(&request);
         let start = tierstack_base::time::instant_now();
         let answer = serve(request);
@@ -137,7 +142,11 @@ impl DaemonMetrics {
             "Time the daemon took to serve a control-path request.",
             &self.operation_seconds,
         );
-        out.gauge("tierstack_ddss_clients", "Client connections open now.", self.clients.load(Ordering::Relaxed) as f64);
+        out.gauge(
+            "tierstack_ddss_clients",
+            "Client connections open now.",
+            self.clients.load(Ordering::Relaxed) as f64,
+        );
         out.counter(
             "tierstack_ddss_client_connections_total",
             "Client connections accepted.",
@@ -151,7 +160,11 @@ impl DaemonMetrics {
                 "Capacity of the allocations live in this node's region.",
                 allocated as f64,
             );
-            out.gauge("tierstack_ddss_region_capacity_bytes", "Capacity of every slot of this node's region.", total as f64);
+            out.gauge(
+                "tierstack_ddss_region_capacity_bytes",
+                "Capacity of every slot of this node's region.",
+                total as f64,
+            );
         }
         let stats = ddss.stats();
         out.counters(

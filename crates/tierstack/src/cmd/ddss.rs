@@ -113,8 +113,12 @@ pub(crate) fn run_daemon(args: DaemonArgs) -> Result<()> {
     let daemon = DdssDaemon::serve(ddss.clone(), &args.socket)
         .with_context(|| format!("serving on {}", args.socket.display()))?;
     let serving = ServingFlag::new();
-    let observed =
-        DaemonObserved { ddss: ddss.clone(), metrics: daemon.metrics(), socket: args.socket.clone(), serving: serving.clone() };
+    let observed = DaemonObserved {
+        ddss: ddss.clone(),
+        metrics: daemon.metrics(),
+        socket: args.socket.clone(),
+        serving: serving.clone(),
+    };
     let _observer = args.observe.start(Arc::new(observed))?;
     crate::service::announce_ready()?;
     serving.set(true);
