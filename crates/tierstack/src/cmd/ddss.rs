@@ -120,8 +120,9 @@ pub(crate) fn run_daemon(args: DaemonArgs) -> Result<()> {
         serving: serving.clone(),
     };
     let _observer = args.observe.start(Arc::new(observed))?;
-    crate::service::announce_ready()?;
+    // Ready before `ready` is printed, so whoever reads the line finds /readyz agreeing.
     serving.set(true);
+    crate::service::announce_ready()?;
 
     let reason = stopped.recv().map(|cause| cause.name()).unwrap_or("stop watcher gone");
     tracing::info!(%node, reason, "DDSS daemon stopping");

@@ -163,8 +163,9 @@ pub(crate) fn run_node(args: LockNodeArgs) -> Result<()> {
     let _observer =
         args.observe.start(Arc::new(LockNodeObserved { metrics: manager.metrics(), serving: serving.clone() }))?;
     ensure_locks_before_ready(&manager, &servers, node, &args.locks)?;
-    crate::service::announce_ready()?;
+    // Ready before `ready` is printed, so whoever reads the line finds /readyz agreeing.
     serving.set(true);
+    crate::service::announce_ready()?;
     let mut stdin = std::io::stdin().lock();
     if args.wait_go {
         let mut line = String::new();

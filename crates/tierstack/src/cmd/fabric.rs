@@ -111,8 +111,9 @@ pub(crate) fn run(command: FabricCommand) -> Result<()> {
             let ready = ServingFlag::new();
             let observer = observe.start(Arc::new(ServeObserved { metrics: serving.metrics(), serving: ready.clone() }))?;
             let stopped = service.stop_watch_thread()?;
-            crate::service::announce_ready()?;
+            // Ready before `ready` is printed, so whoever reads the line finds /readyz agreeing.
             ready.set(true);
+            crate::service::announce_ready()?;
             let _ = stopped.recv();
             ready.set(false);
             drop(observer);

@@ -43,8 +43,9 @@ pub(crate) fn run_node(args: MonitorNodeArgs) -> Result<()> {
     let observer =
         args.observe.start(Arc::new(MonitorObserved { agent: node.agent_view(), serving: serving.clone() }))?;
     let stopped = args.service.stop_watch_thread()?;
-    crate::service::announce_ready()?;
+    // Ready before `ready` is printed, so whoever reads the line finds /readyz agreeing.
     serving.set(true);
+    crate::service::announce_ready()?;
     let _ = stopped.recv();
     serving.set(false);
     drop(observer);

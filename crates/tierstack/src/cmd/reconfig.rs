@@ -55,8 +55,9 @@ pub(crate) fn run(args: ReconfigureArgs) -> Result<()> {
     let _observer =
         args.observe.start(Arc::new(ReconfigObserved { metrics: agent.metrics(), serving: serving.clone() }))?;
     let stopped = args.service.stop_watch_thread()?;
-    crate::service::announce_ready()?;
+    // Ready before `ready` is printed, so whoever reads the line finds /readyz agreeing.
     serving.set(true);
+    crate::service::announce_ready()?;
     let mut next = tierstack_base::time::instant_now();
     while matches!(stopped.try_recv(), Err(std::sync::mpsc::TryRecvError::Empty)) {
         let now_ns = host_monotonic_ns();
