@@ -118,7 +118,11 @@ impl ServingMetrics {
     pub fn write(&self, out: &mut Exposition) {
         let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
         out.gauge("tierstack_fabric_regions", "Regions this node registered.", self.regions as f64);
-        out.gauge("tierstack_fabric_region_bytes", "Bytes of the regions this node registered.", self.region_bytes as f64);
+        out.gauge(
+            "tierstack_fabric_region_bytes",
+            "Bytes of the regions this node registered.",
+            self.region_bytes as f64,
+        );
         out.counter(
             "tierstack_fabric_messages_received_total",
             "Messages received on the application channel.",

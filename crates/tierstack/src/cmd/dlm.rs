@@ -20,7 +20,7 @@
 //! **Metrics** with `--metrics-listen ADDR`: `/metrics` (the
 //! `tierstack_dlm_*` families of [`tierstack_dlm::DlmMetrics`]), `/healthz`,
 //! and `/readyz` (ready once the locks exist and the node said `ready`,
-//! until it stops).
+//! until it stops, while no lock server is known gone).
 //!
 //! Then the node keeps serving lock traffic — it may be the home of locks
 //! others use, or the predecessor that passes a lock on — until its
@@ -42,6 +42,7 @@ use tierstack_bench::dlm_holds::{
 };
 use tierstack_dlm::status::StatusReport;
 use tierstack_dlm::{DlmConfig, DlmMetrics, LockId, LockManager, Scheme};
+use tierstack_fabric::{Fabric, PeerState};
 use tierstack_stats::exposition::Exposition;
 use tierstack_tier_http::observe::{ObserveArgs, Observed, ServingFlag};
 
@@ -93,6 +94,9 @@ pub(crate) struct LockNodeArgs {
 struct LockNodeObserved {
     metrics: Arc<DlmMetrics>,
     serving: ServingFlag,
+    /// The lock servers, and this node's fabric to ask whether they run.
+    servers: Vec<NodeId>,
+    fabric: Arc<dyn Fabric>,
 }
 
 impl Observed for LockNodeObserved {
@@ -102,7 +106,16 @@ impl Observed for LockNodeObserved {
 
     fn readiness(&self) -> Vec<(&'static str, Result<(), String>)> {
         let manager = if self.metrics.running() { Ok(()) } else { Err("the lock manager stopped".into()) };
-        vec![("serving", self.serving.check()), ("lock manager", manager)]
+        // Only a server known gone fails it (one that cannot be told is not
+        // judged): its locks wait for its restart.
+        let gone: Vec<String> = self
+            .servers
+            .iter()
+            .filter(|&&server| self.fabric.peer_state(server) == PeerState::Gone)
+            .map(ToString::to_string)
+            .collect();
+        let servers = if gone.is_empty() { Ok(()) } else { Err(format!("{} gone", gone.join(", "))) };
+        vec![("serving", self.serving.check()), ("lock manager", manager), ("lock servers", servers)]
     }
 }
 
@@ -158,10 +171,12 @@ pub(crate) fn run_node(args: LockNodeArgs) -> Result<()> {
         bail!("the topology has no non-passive node to serve locks");
     }
     let config = args.recovery.apply(DlmConfig::new(args.scheme, servers.clone(), topology.node_ids()));
-    let manager = LockManager::start(fabric, config).with_context(|| format!("starting the lock manager on {node}"))?;
+    let manager =
+        LockManager::start(fabric.clone(), config).with_context(|| format!("starting the lock manager on {node}"))?;
     let serving = ServingFlag::new();
-    let _observer =
-        args.observe.start(Arc::new(LockNodeObserved { metrics: manager.metrics(), serving: serving.clone() }))?;
+    let observed =
+        LockNodeObserved { metrics: manager.metrics(), serving: serving.clone(), servers: servers.clone(), fabric };
+    let _observer = args.observe.start(Arc::new(observed))?;
     ensure_locks_before_ready(&manager, &servers, node, &args.locks)?;
     // Ready before `ready` is printed, so whoever reads the line finds /readyz agreeing.
     serving.set(true);

@@ -109,7 +109,8 @@ pub(crate) fn run(command: FabricCommand) -> Result<()> {
             let (_, fabric) = node.open()?;
             let serving = ServingNode::start(fabric, &regions, busy_threads, seq_records)?;
             let ready = ServingFlag::new();
-            let observer = observe.start(Arc::new(ServeObserved { metrics: serving.metrics(), serving: ready.clone() }))?;
+            let observer =
+                observe.start(Arc::new(ServeObserved { metrics: serving.metrics(), serving: ready.clone() }))?;
             let stopped = service.stop_watch_thread()?;
             // Ready before `ready` is printed, so whoever reads the line finds /readyz agreeing.
             ready.set(true);

@@ -115,6 +115,35 @@ fn dlm_node_metrics_count_every_hold() {
     assert!(node.finish().success(), "{}", node.stderr());
 }
 
+/// A lock node that only uses locks is ready while its lock server runs,
+/// and not ready once the server is killed (its locks would wait for it).
+#[test]
+fn dlm_node_is_not_ready_while_its_lock_server_is_gone() {
+    let dir = tempfile::tempdir().unwrap();
+    let topology = topology(dir.path(), &["app", "passive"]);
+    let node_args = |node: u32| {
+        let mut args = vec!["dlm-node".to_string()];
+        args.extend(at(&topology, node));
+        args.extend(["--locks", "0..1", "--ops", "0"].map(String::from));
+        args
+    };
+    let (mut server, _) = start(node_args(0));
+    let (user, metrics_at) = start(node_args(1));
+    assert_eq!(ready_status(metrics_at), 200);
+    server.kill();
+    let deadline = tierstack_base::time::instant_now() + WAIT;
+    loop {
+        let response = tierstack_testkit::http::get(metrics_at, "/readyz").unwrap();
+        if response.status == 503 {
+            assert!(response.text().contains("lock servers: node0 gone"), "{}", response.text());
+            break;
+        }
+        assert!(tierstack_base::time::instant_now() < deadline, "still ready with its lock server killed");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    drop(user);
+}
+
 /// A daemon serves one allocate, put and get per coherence model, a free
 /// and a get of the freed key (an error) from the test, then a
 /// `ddss-client --via-daemon` history of 20 operations on the strict key:
@@ -168,13 +197,18 @@ fn ddss_daemon_metrics_count_operations_per_model() {
     assert_eq!(strict.coherence().name(), "strict");
     let mut client_args = vec!["ddss-client".to_string()];
     client_args.extend(at(&topology, 1));
-    client_args.extend(
-        ["--socket".into(), socket.display().to_string(), "--key".into(), format!("{strict}:20"), "--via-daemon".into()],
-    );
+    client_args.extend([
+        "--socket".into(),
+        socket.display().to_string(),
+        "--key".into(),
+        format!("{strict}:20"),
+        "--via-daemon".into(),
+    ]);
     let mut client = ChildProcess::tierstack(&exe(), &client_args);
     client.line_after("\"done\"");
     assert!(client.finish().success(), "{}", client.stderr());
-    let after = scrape_until(metrics_at, "the client's connection to close", |m| m.get("tierstack_ddss_clients") == 0.0);
+    let after =
+        scrape_until(metrics_at, "the client's connection to close", |m| m.get("tierstack_ddss_clients") == 0.0);
     let strict_ops = |m: &Metrics, op| value(m, "tierstack_ddss_operations_total", &[("model", "strict"), ("op", op)]);
     assert_eq!(strict_ops(&after, "put") + strict_ops(&after, "get"), 2.0 + 20.0, "{}", after.text);
     assert_eq!(after.get("tierstack_ddss_client_connections_total"), 2.0);
@@ -280,9 +314,8 @@ fn fabric_serve_metrics_count_regions_and_messages() {
         fabric.send(NodeId(0), tierstack_fabric::Channel::APP, &[1]).unwrap();
         fabric.inbox(tierstack_fabric::Channel::APP).recv_timeout(WAIT).unwrap();
     }
-    let after = scrape_until(metrics_at, "three acknowledgements", |m| {
-        m.get("tierstack_fabric_acknowledgements_total") == 3.0
-    });
+    let after =
+        scrape_until(metrics_at, "three acknowledgements", |m| m.get("tierstack_fabric_acknowledgements_total") == 3.0);
     assert_eq!(after.get("tierstack_fabric_messages_received_total"), 3.0);
     drop(server);
 }
