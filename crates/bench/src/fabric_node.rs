@@ -14,12 +14,13 @@
 
 use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 use tierstack_fabric::seqlock::SeqRecord;
 use tierstack_fabric::{Channel, Fabric, FabricError, LocalRegion, RemoteRegion};
+use tierstack_stats::exposition::Exposition;
 
 /// Pause between the stress writer's rounds.
 const SEQ_WRITER_PAUSE: Duration = Duration::from_micros(20);
@@ -95,6 +96,51 @@ pub fn seq_read(region: &dyn RemoteRegion, records: &[SeqRecord], reads: u64) ->
     Ok(json!({ "reads": reads, "torn": torn, "version_changes": versions_seen_changing }))
 }
 
+/// What `fabric serve`'s `/metrics` reports: its regions, and the
+/// messages its responder handled. (The one-sided operations on its
+/// regions are served by the backend — the memory itself under shm, the
+/// backend's responder under tcp — and counted nowhere here.)
+pub struct ServingMetrics {
+    regions: u64,
+    region_bytes: u64,
+    messages_received: AtomicU64,
+    acknowledgements: AtomicU64,
+    acknowledgement_errors: AtomicU64,
+}
+
+impl ServingMetrics {
+    /// Messages the responder received so far.
+    pub fn messages_received(&self) -> u64 {
+        self.messages_received.load(Ordering::Relaxed)
+    }
+
+    /// Writes the `tierstack_fabric_*` families.
+    pub fn write(&self, out: &mut Exposition) {
+        let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        out.gauge("tierstack_fabric_regions", "Regions this node registered.", self.regions as f64);
+        out.gauge(
+            "tierstack_fabric_region_bytes",
+            "Bytes of the regions this node registered.",
+            self.region_bytes as f64,
+        );
+        out.counter(
+            "tierstack_fabric_messages_received_total",
+            "Messages received on the application channel.",
+            self.messages_received(),
+        );
+        out.counter(
+            "tierstack_fabric_acknowledgements_total",
+            "One-byte acknowledgements sent back.",
+            load(&self.acknowledgements),
+        );
+        out.counter(
+            "tierstack_fabric_acknowledgement_errors_total",
+            "Acknowledgements that could not be sent.",
+            load(&self.acknowledgement_errors),
+        );
+    }
+}
+
 /// What `fabric serve` runs: registered regions, CPU burners, the seqlock
 /// writer and the acknowledging responder, until [`stop`](Self::stop).
 pub struct ServingNode {
@@ -102,6 +148,7 @@ pub struct ServingNode {
     registered: Vec<Arc<LocalRegion>>,
     stop: Arc<AtomicBool>,
     responder: JoinHandle<()>,
+    metrics: Arc<ServingMetrics>,
 }
 
 impl ServingNode {
@@ -158,6 +205,14 @@ impl ServingNode {
                 }
             });
         }
+        let metrics = Arc::new(ServingMetrics {
+            regions: registered.len() as u64,
+            region_bytes: registered.iter().map(|r| r.memory().len()).sum(),
+            messages_received: AtomicU64::new(0),
+            acknowledgements: AtomicU64::new(0),
+            acknowledgement_errors: AtomicU64::new(0),
+        });
+        let counts = metrics.clone();
         let responder_fabric = fabric.clone();
         let responder_stop = stop.clone();
         // Polls the stop flag between receives, so that on stop it lets go of
@@ -168,17 +223,27 @@ impl ServingNode {
             }
             match responder_fabric.inbox(Channel::APP).recv_timeout(RESPONDER_POLL) {
                 Ok(message) => {
+                    counts.messages_received.fetch_add(1, Ordering::Relaxed);
                     if message.payload.first() == Some(&1) {
-                        if let Err(e) = responder_fabric.send(message.from, Channel::APP, &[1]) {
-                            tracing::warn!(error = %e, "acknowledgement failed");
-                        }
+                        match responder_fabric.send(message.from, Channel::APP, &[1]) {
+                            Ok(()) => counts.acknowledgements.fetch_add(1, Ordering::Relaxed),
+                            Err(e) => {
+                                tracing::warn!(error = %e, "acknowledgement failed");
+                                counts.acknowledgement_errors.fetch_add(1, Ordering::Relaxed)
+                            }
+                        };
                     }
                 }
                 Err(FabricError::RecvTimeout { .. }) => {}
                 Err(_) => return,
             }
         });
-        Ok(Self { fabric, registered, stop, responder })
+        Ok(Self { fabric, registered, stop, responder, metrics })
+    }
+
+    /// Its regions and the messages it handled, for `/metrics`.
+    pub fn metrics(&self) -> Arc<ServingMetrics> {
+        self.metrics.clone()
     }
 
     /// Stops every thread, then drops the regions and the fabric (which

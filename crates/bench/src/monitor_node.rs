@@ -20,6 +20,7 @@ use tierstack_base::{host_monotonic_ns, seeded_rng};
 use tierstack_cluster::NodeArgs;
 use tierstack_fabric::Fabric;
 use tierstack_monitor::{AgentConfig, Gauge, LoadPublisher, MonitorAgent};
+use tierstack_tier_http::observe::ObserveArgs;
 use tierstack_tier_http::service::ServiceArgs;
 
 /// `tierstack monitor-node`'s flags, spelled once.
@@ -50,6 +51,8 @@ pub struct MonitorNodeArgs {
     pub walk_cpu: Option<usize>,
     #[command(flatten)]
     pub service: ServiceArgs,
+    #[command(flatten)]
+    pub observe: ObserveArgs,
 }
 
 impl MonitorNodeArgs {
@@ -65,6 +68,7 @@ impl MonitorNodeArgs {
             seed: 1,
             walk_cpu: None,
             service: ServiceArgs::default(),
+            observe: ObserveArgs::default(),
         }
     }
 
@@ -111,6 +115,7 @@ impl MonitorNodeArgs {
         if self.service != default.service {
             args.extend(self.service.to_args());
         }
+        args.extend(self.observe.to_args());
         args
     }
 }
@@ -192,6 +197,11 @@ impl MonitoredNode {
         Ok(Self { agent, stop, burners, walker })
     }
 
+    /// The agent's counters and published load, for `/metrics`.
+    pub fn agent_view(&self) -> tierstack_monitor::AgentView {
+        self.agent.view()
+    }
+
     /// Stops every thread and the agent; returns the truth log.
     pub fn stop(self) -> Result<Vec<(u64, usize)>> {
         self.stop.store(true, Ordering::Relaxed);
@@ -229,6 +239,7 @@ mod tests {
             seed: 5,
             walk_cpu: Some(1),
             service: ServiceArgs { stop_on_stdin_eof: true, grace_ms: 77 },
+            observe: ObserveArgs { metrics_listen: Some("127.0.0.1:9464".parse().unwrap()) },
         };
         assert_eq!(parse(&args), args);
     }

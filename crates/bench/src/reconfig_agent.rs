@@ -11,6 +11,7 @@ use std::time::Duration;
 use tierstack_base::NodeId;
 use tierstack_cluster::NodeArgs;
 use tierstack_monitor::ReconfigConfig;
+use tierstack_tier_http::observe::ObserveArgs;
 use tierstack_tier_http::service::ServiceArgs;
 
 /// `tierstack reconfigure`: the reconfiguration agent as a process.
@@ -44,6 +45,8 @@ pub struct ReconfigureArgs {
     pub min_nodes: usize,
     #[command(flatten)]
     pub service: ServiceArgs,
+    #[command(flatten)]
+    pub observe: ObserveArgs,
 }
 
 impl ReconfigureArgs {
@@ -59,6 +62,7 @@ impl ReconfigureArgs {
             history_ms: 5_000,
             min_nodes: 1,
             service: ServiceArgs::default(),
+            observe: ObserveArgs::default(),
         }
     }
 
@@ -114,6 +118,7 @@ impl ReconfigureArgs {
         if self.service != default.service {
             args.extend(self.service.to_args());
         }
+        args.extend(self.observe.to_args());
         args
     }
 }
@@ -142,6 +147,7 @@ mod tests {
             history_ms: 300,
             min_nodes: 2,
             service: ServiceArgs { stop_on_stdin_eof: true, grace_ms: 77 },
+            observe: ObserveArgs { metrics_listen: Some("127.0.0.1:9464".parse().unwrap()) },
         };
         assert_eq!(parse(&args), args);
     }

@@ -37,6 +37,7 @@
 
 use crate::error::{DdssError, Result};
 use crate::key::{hex, unhex, Coherence, Key, Placement};
+use crate::metrics::DaemonMetrics;
 use crate::substrate::{Ddss, DdssConfig};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
@@ -198,14 +199,15 @@ impl DdssDaemon {
             UnixListener::bind(&path).map_err(|e| DdssError::Ipc(format!("bind {}: {e}", path.display())))?;
         let stopping = Arc::new(AtomicBool::new(false));
         let connections: Connections = Arc::default();
+        let metrics = Arc::new(DaemonMetrics::default());
         let accept = {
-            let (stopping, connections) = (stopping.clone(), connections.clone());
+            let (stopping, connections, metrics) = (stopping.clone(), connections.clone(), metrics.clone());
             std::thread::Builder::new()
                 .name(format!("ddss-daemon-{}", ddss.node().0))
-                .spawn(move || accept_loop(listener, ddss, stopping, connections))
+                .spawn(move || accept_loop(listener, ddss, stopping, connections, metrics))
                 .map_err(|e| DdssError::Ipc(format!("spawning the accept thread: {e}")))?
         };
-        Ok(DaemonHandle { path, stopping, connections, accept: Some(accept) })
+        Ok(DaemonHandle { path, stopping, connections, metrics, accept: Some(accept) })
     }
 }
 
@@ -213,7 +215,13 @@ fn lock_connections(connections: &Connections) -> std::sync::MutexGuard<'_, Hash
     connections.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-fn accept_loop(listener: UnixListener, ddss: Arc<Ddss>, stopping: Arc<AtomicBool>, connections: Connections) {
+fn accept_loop(
+    listener: UnixListener,
+    ddss: Arc<Ddss>,
+    stopping: Arc<AtomicBool>,
+    connections: Connections,
+    metrics: Arc<DaemonMetrics>,
+) {
     let mut next_id = 0u64;
     for stream in listener.incoming() {
         if stopping.load(Ordering::Acquire) {
@@ -244,14 +252,17 @@ fn accept_loop(listener: UnixListener, ddss: Arc<Ddss>, stopping: Arc<AtomicBool
                 }
             };
         }
-        let (ddss, connections) = (ddss.clone(), connections.clone());
+        let (ddss, connections, serving_metrics) = (ddss.clone(), connections.clone(), metrics.clone());
+        metrics.client_opened();
         let spawned = std::thread::Builder::new().name("ddss-client".into()).spawn(move || {
-            if let Err(e) = serve_client(stream, &ddss) {
+            if let Err(e) = serve_client(stream, &ddss, &serving_metrics) {
                 tracing::debug!(error = %e, "DDSS client connection ended");
             }
             lock_connections(&connections).remove(&id);
+            serving_metrics.client_closed();
         });
         if let Err(e) = spawned {
+            metrics.client_closed();
             tracing::error!(error = %e, "cannot start a DDSS client thread");
         }
     }
@@ -265,13 +276,16 @@ fn write_response(stream: &mut UnixStream, response: &Response) -> std::io::Resu
 
 /// Serves one connection until it closes, breaks the line limit, or the
 /// daemon stops (which shuts the socket down under the blocked read).
-fn serve_client(stream: UnixStream, ddss: &Ddss) -> std::io::Result<()> {
+fn serve_client(stream: UnixStream, ddss: &Ddss, metrics: &DaemonMetrics) -> std::io::Result<()> {
     let mut writer = stream.try_clone()?;
     let mut reader = BufReader::new(stream);
     while let Some(line) = read_line_bounded(&mut reader, IPC_LINE_BYTES_MAX)? {
         let response = match serde_json::from_str::<Request>(&line) {
-            Ok(request) => handle(ddss, request),
-            Err(e) => Response::bad_request(format!("cannot parse request: {e}")),
+            Ok(request) => metrics.count(request, |request| handle(ddss, request), |response| !response.ok),
+            Err(e) => {
+                metrics.malformed();
+                Response::bad_request(format!("cannot parse request: {e}"))
+            }
         };
         write_response(&mut writer, &response)?;
     }
@@ -283,10 +297,16 @@ pub struct DaemonHandle {
     path: PathBuf,
     stopping: Arc<AtomicBool>,
     connections: Connections,
+    metrics: Arc<DaemonMetrics>,
     accept: Option<JoinHandle<()>>,
 }
 
 impl DaemonHandle {
+    /// The daemon's counters (they outlive it).
+    pub fn metrics(&self) -> Arc<DaemonMetrics> {
+        self.metrics.clone()
+    }
+
     pub fn socket_path(&self) -> &Path {
         &self.path
     }

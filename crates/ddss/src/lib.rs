@@ -150,6 +150,7 @@ pub mod history;
 pub mod ipc;
 mod key;
 pub mod layout;
+pub mod metrics;
 mod substrate;
 
 pub use error::{DdssError, Result};

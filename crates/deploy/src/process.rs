@@ -16,6 +16,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::time::Duration;
 use tierstack_cluster::{Backend, NodeArgs};
+use tierstack_tier_http::observe::ObserveArgs;
 use tierstack_tier_http::service::ServiceArgs;
 
 /// Set to `1` in every [`ChildNode`]'s environment: a long-running
@@ -374,12 +375,21 @@ pub struct ServeArgs {
     pub seq_records: u32,
     #[command(flatten)]
     pub service: ServiceArgs,
+    #[command(flatten)]
+    pub observe: ObserveArgs,
 }
 
 impl ServeArgs {
     /// The node given, no region, every other flag at its default.
     pub fn new(node: NodeArgs) -> ServeArgs {
-        ServeArgs { node, regions: Vec::new(), busy_threads: 0, seq_records: 0, service: ServiceArgs::default() }
+        ServeArgs {
+            node,
+            regions: Vec::new(),
+            busy_threads: 0,
+            seq_records: 0,
+            service: ServiceArgs::default(),
+            observe: ObserveArgs::default(),
+        }
     }
 
     /// The command-line words (after `fabric serve`) that parse back into
@@ -400,6 +410,7 @@ impl ServeArgs {
         if self.service != default.service {
             args.extend(self.service.to_args());
         }
+        args.extend(self.observe.to_args());
         args
     }
 }
@@ -448,6 +459,7 @@ mod tests {
             busy_threads: 3,
             seq_records: 4,
             service: ServiceArgs { stop_on_stdin_eof: true, grace_ms: 77 },
+            observe: ObserveArgs { metrics_listen: Some("127.0.0.1:9464".parse().unwrap()) },
         };
         assert_eq!(parse(&args), args);
     }

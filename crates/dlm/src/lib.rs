@@ -280,8 +280,9 @@ pub mod word;
 pub use error::LockError;
 pub use proto::{LockMode, QueueKind};
 pub use runtime::{
-    DlmConfig, DlmStats, ExclusiveGuard, Grant, LockManager, LockScheme, Scheme, SharedGuard, Wait, LEASE_MS_DEFAULT,
-    PROBE_INTERVAL_MS_DEFAULT, RECEIVE_POLL_MS, SUSPECT_AFTER_MS_DEFAULT, TRY_REPLY_TIMEOUT_MS_DEFAULT,
+    DlmConfig, DlmMetrics, DlmStats, ExclusiveGuard, Grant, LockManager, LockScheme, Scheme, SharedGuard, Wait,
+    LEASE_MS_DEFAULT, PROBE_INTERVAL_MS_DEFAULT, RECEIVE_POLL_MS, SUSPECT_AFTER_MS_DEFAULT,
+    TRY_REPLY_TIMEOUT_MS_DEFAULT,
 };
 
 use std::fmt;

@@ -19,7 +19,7 @@ use crate::sampler::KernelSampler;
 use crate::MonitorError;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -80,6 +80,61 @@ struct Shared {
     stop: AtomicBool,
     kernel: Mutex<KernelSample>,
     subscribers: Mutex<Vec<TcpStream>>,
+    counts: AgentCounters,
+}
+
+/// What the agent did, counted with relaxed atomics (see [`AgentStats`]).
+#[derive(Default)]
+struct AgentCounters {
+    sync_reads: AtomicU64,
+    frames_pushed: AtomicU64,
+    records_written: AtomicU64,
+    record_errors: AtomicU64,
+    subscribers: AtomicU64,
+}
+
+/// What a monitor agent has served since it started.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AgentStats {
+    /// Socket-Sync requests answered (one frame each).
+    pub sync_reads: u64,
+    /// Socket-Async frames sent to subscribers.
+    pub frames_pushed: u64,
+    /// RDMA-Async records written (what one-sided readers read; their
+    /// reads themselves take no CPU here and are not counted).
+    pub records_written: u64,
+    /// Records that could not be written.
+    pub record_errors: u64,
+    /// Socket-Async subscribers now.
+    pub subscribers: u64,
+}
+
+/// A running agent's counters and load, readable from another thread (a
+/// metrics listener) while the agent runs.
+#[derive(Clone)]
+pub struct AgentView(Arc<Shared>);
+
+impl AgentView {
+    pub fn stats(&self) -> AgentStats {
+        let c = &self.0.counts;
+        AgentStats {
+            sync_reads: c.sync_reads.load(Ordering::Relaxed),
+            frames_pushed: c.frames_pushed.load(Ordering::Relaxed),
+            records_written: c.records_written.load(Ordering::Relaxed),
+            record_errors: c.record_errors.load(Ordering::Relaxed),
+            subscribers: c.subscribers.load(Ordering::Relaxed),
+        }
+    }
+
+    /// The load now: the counters, and the last kernel sample.
+    pub fn record(&self) -> LoadRecord {
+        self.0.record_now()
+    }
+
+    /// Whether the agent's threads still run.
+    pub fn running(&self) -> bool {
+        !self.0.stop.load(Ordering::Relaxed)
+    }
 }
 
 impl Shared {
@@ -107,6 +162,7 @@ impl MonitorAgent {
             stop: AtomicBool::new(false),
             kernel: Mutex::new(KernelSample::default()),
             subscribers: Mutex::new(Vec::new()),
+            counts: AgentCounters::default(),
         });
         let mut threads = Vec::new();
         let mut socket_addr = None;
@@ -126,6 +182,11 @@ impl MonitorAgent {
     /// The socket server's address, if it has one.
     pub fn socket_addr(&self) -> Option<SocketAddr> {
         self.socket_addr
+    }
+
+    /// Its counters and load, for a metrics listener.
+    pub fn view(&self) -> AgentView {
+        AgentView(self.shared.clone())
     }
 }
 
@@ -156,14 +217,21 @@ fn tick_loop(shared: Arc<Shared>, interval: Duration, write_record: bool) {
             *latest = kernel;
         }
         if write_record {
-            if let Err(e) = shared.publisher.write_record(kernel, host_monotonic_ns()) {
-                tracing::warn!(error = %e, "cannot write the load record");
-            }
+            match shared.publisher.write_record(kernel, host_monotonic_ns()) {
+                Ok(_) => shared.counts.records_written.fetch_add(1, Ordering::Relaxed),
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot write the load record");
+                    shared.counts.record_errors.fetch_add(1, Ordering::Relaxed)
+                }
+            };
         }
         if let Ok(mut subscribers) = shared.subscribers.lock() {
             if !subscribers.is_empty() {
                 let frame = encode_frame(&shared.record_now());
                 subscribers.retain_mut(|stream| stream.write_all(&frame).is_ok());
+                let sent = subscribers.len() as u64;
+                shared.counts.frames_pushed.fetch_add(sent, Ordering::Relaxed);
+                shared.counts.subscribers.store(sent, Ordering::Relaxed);
             }
         }
         // The period is the monitor thread's: when it is starved of CPU its
@@ -205,10 +273,12 @@ fn serve_connection(mut stream: TcpStream, shared: Arc<Shared>) {
                 if stream.write_all(&encode_frame(&shared.record_now())).is_err() {
                     return;
                 }
+                shared.counts.sync_reads.fetch_add(1, Ordering::Relaxed);
             }
             Ok(_) if request[0] == REQUEST_SUBSCRIBE => {
                 if let Ok(mut subscribers) = shared.subscribers.lock() {
                     subscribers.push(stream);
+                    shared.counts.subscribers.store(subscribers.len() as u64, Ordering::Relaxed);
                 }
                 return;
             }

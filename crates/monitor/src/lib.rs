@@ -15,6 +15,8 @@
 //! - [`deviation`]: the accuracy experiment's offline join (pure).
 //! - [`balance`]: the load-balancing policy (pure state machine).
 //! - [`top`]: `tierstack top`'s rows (both RDMA readings of every node) and table.
+//! - [`metrics`]: the `tierstack_monitor_*` and `tierstack_reconfig_*`
+//!   families of `/metrics` (the monitor agent's, the reconfiguration agent's).
 //! - [`reconfig`]: the role word, its one-CAS claim, and the sensitivity and
 //!   history rules (pure).
 
@@ -22,6 +24,7 @@ pub mod agent;
 mod args;
 pub mod balance;
 pub mod deviation;
+pub mod metrics;
 pub mod publisher;
 pub mod reconfig;
 pub mod record;
@@ -29,7 +32,7 @@ pub mod sampler;
 pub mod scheme;
 pub mod top;
 
-pub use agent::{AgentConfig, MonitorAgent};
+pub use agent::{AgentConfig, AgentStats, AgentView, MonitorAgent};
 pub use balance::{Balancer, BalancerConfig, Decision, Policy};
 pub use publisher::{GaugeGuard, LoadPublisher};
 pub use reconfig::{AgentEvent, ReconfigAgent, ReconfigConfig, RoleStamp, RoleWord, ROLE_HEADER};

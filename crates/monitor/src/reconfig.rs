@@ -311,6 +311,7 @@ pub struct ReconfigAgent {
     /// Length of one window (the unit of the back-off), ns.
     window_ns: u64,
     rng: tierstack_base::SeededRng,
+    metrics: Arc<crate::metrics::ReconfigMetrics>,
 }
 
 impl ReconfigAgent {
@@ -341,7 +342,13 @@ impl ReconfigAgent {
             backoff_until_ns: 0,
             window_ns: u64::try_from(window.as_nanos()).unwrap_or(u64::MAX).max(1),
             rng: tierstack_base::seeded_rng(u64::from(agent)),
+            metrics: Arc::new(crate::metrics::ReconfigMetrics::new(nodes)),
         })
+    }
+
+    /// What it saw and did, for a metrics listener.
+    pub fn metrics(&self) -> Arc<crate::metrics::ReconfigMetrics> {
+        self.metrics.clone()
     }
 
     /// One window at `now_ns` (`CLOCK_MONOTONIC`): read, decide, act. Nodes
@@ -362,21 +369,28 @@ impl ReconfigAgent {
                 Err(MonitorError::Fabric(e)) if e.is_unreachable() => continue,
                 Err(e) => return Err(e),
             };
+            let load = reading.record.counters.load();
+            self.metrics.seen(index, view.role.site, load);
             views.push(NodeView {
                 site: view.role.site,
-                load: reading.record.counters.load(),
+                load,
                 moved_at_ns: view.moved_at_ns,
                 claimed: view.role.holder.is_some(),
             });
             seen.push((index, view.role));
         }
-        let Some(decided) = self.policy.window(now_ns, &views) else { return Ok(None) };
+        use crate::metrics::WindowOutcome;
+        let Some(decided) = self.policy.window(now_ns, &views) else {
+            self.metrics.window(views.len(), WindowOutcome::Stay);
+            return Ok(None);
+        };
         let (index, role) = seen[decided.node];
         let node = self.nodes[index];
         let region = self.roles[index].as_ref();
         match claim(region, role, self.agent)? {
             Claim::Won(mine) => {
                 let moved = complete_move(region, mine, decided.to_site, now_ns)?;
+                self.metrics.window(views.len(), WindowOutcome::Moved);
                 Ok(Some(AgentEvent::Moved { node, from_site: role.site, to_site: moved.site, epoch: moved.epoch }))
             }
             Claim::Lost(found) => {
@@ -385,6 +399,7 @@ impl ReconfigAgent {
                 // colliding in step (live-lock, seed-notes b.6).
                 let windows = rand::Rng::gen_range(&mut self.rng, 0..=4u64);
                 self.backoff_until_ns = now_ns.saturating_add(windows.saturating_mul(self.window_ns));
+                self.metrics.window(views.len(), WindowOutcome::Lost);
                 Ok(Some(AgentEvent::Lost { node, found_site: found.site, found_epoch: found.epoch }))
             }
         }

@@ -6,6 +6,7 @@
 
 use std::path::PathBuf;
 use tierstack_cluster::NodeArgs;
+use tierstack_tier_http::observe::ObserveArgs;
 use tierstack_tier_http::service::ServiceArgs;
 
 /// `tierstack ddss-daemon`: a node's DDSS substrate served on a socket.
@@ -22,12 +23,14 @@ pub struct DaemonArgs {
     pub ignore_stdin: bool,
     #[command(flatten)]
     pub service: ServiceArgs,
+    #[command(flatten)]
+    pub observe: ObserveArgs,
 }
 
 impl DaemonArgs {
     /// The required flags given, every other one at its default.
     pub fn new(at: NodeArgs, socket: PathBuf) -> DaemonArgs {
-        DaemonArgs { at, socket, ignore_stdin: false, service: ServiceArgs::default() }
+        DaemonArgs { at, socket, ignore_stdin: false, service: ServiceArgs::default(), observe: ObserveArgs::default() }
     }
 
     /// The command-line words (after the subcommand) that parse back into
@@ -43,6 +46,7 @@ impl DaemonArgs {
         if self.service != ServiceArgs::default() {
             args.extend(self.service.to_args());
         }
+        args.extend(self.observe.to_args());
         args
     }
 }
@@ -67,6 +71,7 @@ mod tests {
             socket: PathBuf::from("/tmp/d d.sock"),
             ignore_stdin: false,
             service: ServiceArgs { stop_on_stdin_eof: true, grace_ms: 77 },
+            observe: ObserveArgs { metrics_listen: Some("127.0.0.1:9464".parse().unwrap()) },
         };
         assert_eq!(parse(&args), args);
         let ignoring =

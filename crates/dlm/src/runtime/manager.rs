@@ -3,6 +3,7 @@
 //! that release their grant on drop.
 
 use super::liveness::Lease;
+use super::metered::{DlmMetrics, Metered};
 use super::node::Core;
 use super::queue_scheme::QueueScheme;
 use super::srsl_scheme::SrslScheme;
@@ -22,7 +23,9 @@ use tierstack_fabric::{Channel, Fabric, FabricError, LocalRegion};
 /// fabric's [`Channel::LOCKS`] inbox (unless configured off), watch for
 /// lost nodes (with recovery) and keep this node's lease (with leases).
 pub struct LockManager {
+    /// The scheme, counted ([`Metered`]).
     scheme: Arc<dyn LockScheme>,
+    metrics: Arc<DlmMetrics>,
     stop: Arc<AtomicBool>,
     threads: Vec<JoinHandle<()>>,
 }
@@ -48,8 +51,9 @@ impl LockManager {
                 Arc::new(SrslScheme { core, cells: Mutex::new(HashMap::new()), served: Mutex::new(HashMap::new()) })
             }
         };
+        let (scheme, metrics) = Metered::wrap(scheme);
         let stop = Arc::new(AtomicBool::new(false));
-        let mut manager = Self { scheme, stop: stop.clone(), threads: Vec::new() };
+        let mut manager = Self { scheme, metrics, stop: stop.clone(), threads: Vec::new() };
         let spawn = |name: String, f: Box<dyn FnOnce() + Send>| {
             std::thread::Builder::new()
                 .name(name)
@@ -126,6 +130,12 @@ impl LockManager {
         self.scheme.stats()
     }
 
+    /// What an operator watches (`/metrics`); they outlive the manager,
+    /// keeping its last counters.
+    pub fn metrics(&self) -> Arc<DlmMetrics> {
+        self.metrics.clone()
+    }
+
     /// See [`LockScheme::debug_state`].
     pub fn debug_state(&self, lock: LockId) -> String {
         self.scheme.debug_state(lock)
@@ -143,6 +153,7 @@ impl Drop for LockManager {
         for thread in self.threads.drain(..) {
             let _ = thread.join();
         }
+        Metered::freeze(&self.metrics, self.scheme.stats());
     }
 }
 

@@ -34,11 +34,13 @@
 mod cell;
 mod liveness;
 mod manager;
+mod metered;
 mod node;
 mod queue_scheme;
 mod srsl_scheme;
 
 pub use manager::{ExclusiveGuard, LockManager, SharedGuard};
+pub use metered::DlmMetrics;
 
 use crate::error::LockError;
 use crate::proto::LockMode;
@@ -270,6 +272,10 @@ pub struct DlmStats {
     pub messages_sent: u64,
     /// Locks this node moved to a new generation (recoveries it led, and breaks).
     pub moves: u64,
+    /// Locks taken from lost holders without an operator: moves this node
+    /// led for a recovery (not a break), and SRSL holds its server
+    /// took back from a lost or restarted holder.
+    pub recoveries: u64,
     /// Times the monitor reported a lost node to a waiting request.
     pub peers_lost: u64,
 }

@@ -62,6 +62,7 @@ pub(super) struct Core {
     pub(super) violations: AtomicU64,
     pub(super) messages_sent: AtomicU64,
     pub(super) moves: AtomicU64,
+    pub(super) recoveries: AtomicU64,
     pub(super) peers_lost: AtomicU64,
 }
 
@@ -111,6 +112,7 @@ impl Core {
             violations: AtomicU64::new(0),
             messages_sent: AtomicU64::new(0),
             moves: AtomicU64::new(0),
+            recoveries: AtomicU64::new(0),
             peers_lost: AtomicU64::new(0),
         })
     }
@@ -208,6 +210,7 @@ impl Core {
             violations: self.violations.load(Ordering::Relaxed),
             messages_sent: self.messages_sent.load(Ordering::Acquire),
             moves: self.moves.load(Ordering::Relaxed),
+            recoveries: self.recoveries.load(Ordering::Relaxed),
             peers_lost: self.peers_lost.load(Ordering::Relaxed),
         }
     }

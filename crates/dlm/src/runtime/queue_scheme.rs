@@ -94,6 +94,9 @@ impl QueueScheme {
                     Action::Aborted(AbortReason::Recovered { .. }) => st.outcome = Some(Outcome::Requeue),
                     Action::Moved { generation, floor, revoke } => {
                         self.core.moves.fetch_add(1, Ordering::Relaxed);
+                        if !revoke {
+                            self.core.recoveries.fetch_add(1, Ordering::Relaxed);
+                        }
                         st.moved = Some(floor);
                         tracing::warn!(
                             node = %self.core.me, lock = %cell.id, generation, floor, revoke,

@@ -129,6 +129,7 @@ impl SrslScheme {
                     if running != recorded {
                         tracing::warn!(node = %self.core.me, lock = %lock_id, restarted = %holder, "SRSL: a holder restarted");
                         self.core.peers_lost.fetch_add(1, Ordering::Relaxed);
+                        self.core.recoveries.fetch_add(1, Ordering::Relaxed);
                         let served = self.serve(lock_id, |queue, out| {
                             queue.incarnation(holder, running, out);
                             Ok(())
@@ -142,6 +143,7 @@ impl SrslScheme {
                 let Some(reason) = self.core.lost(holder) else { continue };
                 tracing::warn!(node = %self.core.me, lock = %lock_id, lost = %holder, %reason, "SRSL: a holder is lost");
                 self.core.peers_lost.fetch_add(1, Ordering::Relaxed);
+                self.core.recoveries.fetch_add(1, Ordering::Relaxed);
                 let served = self.serve(lock_id, |queue, out| {
                     queue.peer_lost(holder, out);
                     Ok(())

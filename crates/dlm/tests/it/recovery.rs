@@ -92,6 +92,9 @@ fn a_dead_holder_is_recovered_without_an_operator() {
                 Scheme::Srsl => assert!(node(&m, 0).stats().peers_lost >= 1, "{backend:?}: the server took it out"),
                 _ => assert_eq!(node(&m, 2).stats().moves, 1, "{scheme:?} on {backend:?}: the waiter moved the lock"),
             }
+            // `tierstack_dlm_recoveries_total` counts it where it was led.
+            let recoveries = node(&m, 0).stats().recoveries + node(&m, 2).stats().recoveries;
+            assert_eq!(recoveries, 1, "{scheme:?} on {backend:?}: one recovery");
             // The lock works on, shared and exclusive.
             node(&m, 0).acquire_shared(id, PATIENT).unwrap().release().unwrap();
             node(&m, 2).acquire_exclusive(id, PATIENT).unwrap().release().unwrap();

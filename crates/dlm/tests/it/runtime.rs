@@ -448,7 +448,28 @@ fn a_broken_hold_reports_broken() {
         }
         assert_eq!(held.release(), Err(LockError::Broken { lock: id }), "{scheme:?}");
         m[2].acquire_exclusive(id, PATIENT).unwrap();
+        broken_holds_show_in_the_metrics(scheme, &m);
     }
+}
+
+/// The metrics of [`a_broken_hold_reports_broken`]'s run: each refusal is
+/// counted as fenced on the node it refused, the break is no recovery,
+/// and every hold ended.
+fn broken_holds_show_in_the_metrics(scheme: Scheme, m: &[LockManager]) {
+    let fenced = |i: usize| {
+        let mut out = tierstack_stats::exposition::Exposition::new();
+        m[i].metrics().write(&mut out);
+        let checked = tierstack_testkit::metrics::check(&out.finish()).unwrap();
+        checked.get("tierstack_dlm_fenced_total")
+    };
+    let (holder, waiter) = (m[1].metrics(), m[2].metrics());
+    assert_eq!(holder.acquires(), (0, 1), "{scheme:?}");
+    assert_eq!(fenced(1), 1.0, "{scheme:?}: the holder's release said Broken");
+    assert_eq!(waiter.acquires(), (0, 1), "{scheme:?}: the waiter's one grant came after the break");
+    assert_eq!(fenced(2), 1.0, "{scheme:?}: the waiter's request said Broken");
+    assert_eq!((holder.held(), waiter.held()), (0, 0), "{scheme:?}: every hold ended");
+    assert_eq!(fenced(0), 0.0, "{scheme:?}");
+    assert_eq!(m[0].stats().recoveries, 0, "{scheme:?}: a break is no recovery");
 }
 
 fn node(m: &[Option<LockManager>], i: usize) -> &LockManager {

@@ -20,7 +20,10 @@ pub(crate) use tierstack_bench::ddss::daemon::DaemonArgs;
 use tierstack_cluster::{Role, Topology};
 use tierstack_ddss::history::{parse_key_ops, stats_json, History, HistoryConfig};
 use tierstack_ddss::ipc::{DdssClient, DdssDaemon};
+use tierstack_ddss::metrics::DaemonMetrics;
 use tierstack_ddss::{Ddss, DdssConfig, Key};
+use tierstack_stats::exposition::Exposition;
+use tierstack_tier_http::observe::{Observed, ServingFlag};
 
 #[derive(Args)]
 pub(crate) struct ClientArgs {
@@ -65,9 +68,32 @@ fn members(topology: &Topology) -> Vec<NodeId> {
     topology.nodes.iter().filter(|n| n.role != Role::Passive).map(|n| n.id).collect()
 }
 
+/// What a daemon's `/metrics` and `/readyz` report.
+struct DaemonObserved {
+    ddss: Arc<Ddss>,
+    metrics: Arc<DaemonMetrics>,
+    socket: PathBuf,
+    serving: ServingFlag,
+}
+
+impl Observed for DaemonObserved {
+    fn metrics(&self, out: &mut Exposition) {
+        self.metrics.write(&self.ddss, out);
+    }
+
+    fn readiness(&self) -> Vec<(&'static str, Result<(), String>)> {
+        let socket = match self.socket.exists() {
+            true => Ok(()),
+            false => Err(format!("{} is gone", self.socket.display())),
+        };
+        vec![("serving", self.serving.check()), ("socket", socket)]
+    }
+}
+
 /// Starts the node's substrate, serves it on the socket, prints `ready`,
 /// serves as a service (`crate::service`: until SIGTERM/SIGINT, or its
-/// standard input's end with `--stop-on-stdin-eof`), then stops
+/// standard input's end with `--stop-on-stdin-eof`), with `/metrics` on
+/// `--metrics-listen` (`tierstack_ddss::metrics`), then stops
 /// the daemon (closing its clients and removing the socket) and prints one
 /// JSON line with the daemon handle's own counters.
 pub(crate) fn run_daemon(args: DaemonArgs) -> Result<()> {
@@ -86,10 +112,21 @@ pub(crate) fn run_daemon(args: DaemonArgs) -> Result<()> {
     let stopped = args.service.stop_watch_thread()?;
     let daemon = DdssDaemon::serve(ddss.clone(), &args.socket)
         .with_context(|| format!("serving on {}", args.socket.display()))?;
+    let serving = ServingFlag::new();
+    let observed = DaemonObserved {
+        ddss: ddss.clone(),
+        metrics: daemon.metrics(),
+        socket: args.socket.clone(),
+        serving: serving.clone(),
+    };
+    let _observer = args.observe.start(Arc::new(observed))?;
+    // Ready before `ready` is printed, so whoever reads the line finds /readyz agreeing.
+    serving.set(true);
     crate::service::announce_ready()?;
 
     let reason = stopped.recv().map(|cause| cause.name()).unwrap_or("stop watcher gone");
     tracing::info!(%node, reason, "DDSS daemon stopping");
+    serving.set(false);
     daemon.stop();
     println!("{}", json!({ "stopped": reason, "node": node.0, "stats": stats_json(&ddss.stats()) }));
     std::io::stdout().flush()?;

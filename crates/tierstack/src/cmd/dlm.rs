@@ -17,6 +17,11 @@
 //! `tierstack_bench::dlm_holds` (which creates the locks, runs the workload
 //! and writes its summary).
 //!
+//! **Metrics** with `--metrics-listen ADDR`: `/metrics` (the
+//! `tierstack_dlm_*` families of [`tierstack_dlm::DlmMetrics`]), `/healthz`,
+//! and `/readyz` (ready once the locks exist and the node said `ready`,
+//! until it stops, while no lock server is known gone).
+//!
 //! Then the node keeps serving lock traffic — it may be the home of locks
 //! others use, or the predecessor that passes a lock on — until its
 //! standard input closes; it prints `{stopped, messages_handled,
@@ -28,6 +33,7 @@ use clap::Args;
 use serde_json::json;
 use std::io::BufRead;
 use std::ops::Range;
+use std::sync::Arc;
 use std::time::Duration;
 use tierstack_base::host_monotonic_ns as monotonic_ns;
 use tierstack_base::NodeId;
@@ -35,7 +41,10 @@ use tierstack_bench::dlm_holds::{
     emit_stopped, ensure_locks_after_go, ensure_locks_before_ready, lock_servers, parse_lock_range, HoldWorkload,
 };
 use tierstack_dlm::status::StatusReport;
-use tierstack_dlm::{DlmConfig, LockId, LockManager, Scheme};
+use tierstack_dlm::{DlmConfig, DlmMetrics, LockId, LockManager, Scheme};
+use tierstack_fabric::{Fabric, PeerState};
+use tierstack_stats::exposition::Exposition;
+use tierstack_tier_http::observe::{ObserveArgs, Observed, ServingFlag};
 
 #[derive(Args)]
 pub(crate) struct LockNodeArgs {
@@ -77,6 +86,37 @@ pub(crate) struct LockNodeArgs {
     recovery: RecoveryArgs,
     #[command(flatten)]
     service: crate::service::ServiceArgs,
+    #[command(flatten)]
+    observe: ObserveArgs,
+}
+
+/// What `/metrics` and `/readyz` of a lock node report.
+struct LockNodeObserved {
+    metrics: Arc<DlmMetrics>,
+    serving: ServingFlag,
+    /// The lock servers, and this node's fabric to ask whether they run.
+    servers: Vec<NodeId>,
+    fabric: Arc<dyn Fabric>,
+}
+
+impl Observed for LockNodeObserved {
+    fn metrics(&self, out: &mut Exposition) {
+        self.metrics.write(out);
+    }
+
+    fn readiness(&self) -> Vec<(&'static str, Result<(), String>)> {
+        let manager = if self.metrics.running() { Ok(()) } else { Err("the lock manager stopped".into()) };
+        // Only a server known gone fails it (one that cannot be told is not
+        // judged): its locks wait for its restart.
+        let gone: Vec<String> = self
+            .servers
+            .iter()
+            .filter(|&&server| self.fabric.peer_state(server) == PeerState::Gone)
+            .map(ToString::to_string)
+            .collect();
+        let servers = if gone.is_empty() { Ok(()) } else { Err(format!("{} gone", gone.join(", "))) };
+        vec![("serving", self.serving.check()), ("lock manager", manager), ("lock servers", servers)]
+    }
 }
 
 /// How a lock manager recovers from dead and stopped peers (every node of a
@@ -131,8 +171,15 @@ pub(crate) fn run_node(args: LockNodeArgs) -> Result<()> {
         bail!("the topology has no non-passive node to serve locks");
     }
     let config = args.recovery.apply(DlmConfig::new(args.scheme, servers.clone(), topology.node_ids()));
-    let manager = LockManager::start(fabric, config).with_context(|| format!("starting the lock manager on {node}"))?;
+    let manager =
+        LockManager::start(fabric.clone(), config).with_context(|| format!("starting the lock manager on {node}"))?;
+    let serving = ServingFlag::new();
+    let observed =
+        LockNodeObserved { metrics: manager.metrics(), serving: serving.clone(), servers: servers.clone(), fabric };
+    let _observer = args.observe.start(Arc::new(observed))?;
     ensure_locks_before_ready(&manager, &servers, node, &args.locks)?;
+    // Ready before `ready` is printed, so whoever reads the line finds /readyz agreeing.
+    serving.set(true);
     crate::service::announce_ready()?;
     let mut stdin = std::io::stdin().lock();
     if args.wait_go {
@@ -162,6 +209,7 @@ pub(crate) fn run_node(args: LockNodeArgs) -> Result<()> {
     let errors = workload.run_and_summarize(&manager, args.scheme.name(), &mut out)?.errors;
     // Keep serving (the receive thread does) until asked to stop.
     let _ = stopped.recv();
+    serving.set(false);
     emit_stopped(&mut out, node, manager)?;
     if errors > 0 {
         bail!("{errors} of {} operations failed", args.ops);

@@ -8,9 +8,27 @@ use clap::{Args, Subcommand};
 use std::io::BufRead;
 use std::sync::Arc;
 use tierstack_base::NodeId;
-use tierstack_bench::fabric_node::{self, ServingNode};
+use tierstack_bench::fabric_node::{self, ServingMetrics, ServingNode};
 use tierstack_deploy::process::ServeArgs;
 use tierstack_fabric::{Fabric, RemoteRegion};
+use tierstack_stats::exposition::Exposition;
+use tierstack_tier_http::observe::{Observed, ServingFlag};
+
+/// What `fabric serve`'s `/metrics` and `/readyz` report.
+struct ServeObserved {
+    metrics: Arc<ServingMetrics>,
+    serving: ServingFlag,
+}
+
+impl Observed for ServeObserved {
+    fn metrics(&self, out: &mut Exposition) {
+        self.metrics.write(out);
+    }
+
+    fn readiness(&self) -> Vec<(&'static str, Result<(), String>)> {
+        vec![("serving", self.serving.check())]
+    }
+}
 
 #[derive(Args)]
 pub(crate) struct TargetArgs {
@@ -37,6 +55,7 @@ pub(crate) enum FabricCommand {
     /// Register regions and serve them until standard input closes.
     /// Prints `ready` once the regions exist. Answers messages whose first
     /// byte is 1 with a one-byte message (an acknowledgement for benchmarks).
+    /// `/metrics` on `--metrics-listen`: regions, messages, acknowledgements.
     Serve(ServeArgs),
     /// Perform one operation and print its result as JSON.
     Op {
@@ -86,12 +105,19 @@ pub(crate) enum FabricCommand {
 
 pub(crate) fn run(command: FabricCommand) -> Result<()> {
     match command {
-        FabricCommand::Serve(ServeArgs { node, regions, busy_threads, seq_records, service }) => {
+        FabricCommand::Serve(ServeArgs { node, regions, busy_threads, seq_records, service, observe }) => {
             let (_, fabric) = node.open()?;
             let serving = ServingNode::start(fabric, &regions, busy_threads, seq_records)?;
+            let ready = ServingFlag::new();
+            let observer =
+                observe.start(Arc::new(ServeObserved { metrics: serving.metrics(), serving: ready.clone() }))?;
             let stopped = service.stop_watch_thread()?;
+            // Ready before `ready` is printed, so whoever reads the line finds /readyz agreeing.
+            ready.set(true);
             crate::service::announce_ready()?;
             let _ = stopped.recv();
+            ready.set(false);
+            drop(observer);
             serving.stop();
             Ok(())
         }

@@ -5,14 +5,19 @@
 //! claim ([`tierstack_monitor::ReconfigAgent`]). Several agents may run over
 //! the same back ends: exactly one moves a node. It prints `ready`, then one
 //! JSON line per event (`moved`, `lost`) with the agent's id and the time,
-//! and runs until its standard input closes.
+//! and runs until its standard input closes. With `--metrics-listen` it
+//! serves `/metrics` (`tierstack_monitor::metrics::ReconfigMetrics`).
 
 use anyhow::{Context, Result};
 use serde::Serialize;
 use std::io::Write;
+use std::sync::Arc;
 use tierstack_base::host_monotonic_ns;
 pub(crate) use tierstack_bench::reconfig_agent::ReconfigureArgs;
+use tierstack_monitor::metrics::ReconfigMetrics;
 use tierstack_monitor::{AgentEvent, ReconfigAgent};
+use tierstack_stats::exposition::Exposition;
+use tierstack_tier_http::observe::{Observed, ServingFlag};
 
 #[derive(Serialize)]
 struct Line {
@@ -23,6 +28,22 @@ struct Line {
     event: AgentEvent,
 }
 
+/// What an agent's `/metrics` and `/readyz` report.
+struct ReconfigObserved {
+    metrics: Arc<ReconfigMetrics>,
+    serving: ServingFlag,
+}
+
+impl Observed for ReconfigObserved {
+    fn metrics(&self, out: &mut Exposition) {
+        self.metrics.write(out);
+    }
+
+    fn readiness(&self) -> Vec<(&'static str, Result<(), String>)> {
+        vec![("serving", self.serving.check())]
+    }
+}
+
 pub(crate) fn run(args: ReconfigureArgs) -> Result<()> {
     anyhow::ensure!(args.ratio.is_finite() && args.ratio >= 1.0, "--ratio must be at least 1");
     anyhow::ensure!(args.windows >= 1, "--windows must be at least 1");
@@ -30,7 +51,12 @@ pub(crate) fn run(args: ReconfigureArgs) -> Result<()> {
     let (nodes, window) = (args.backend_nodes(), args.window());
     let mut agent = ReconfigAgent::connect(fabric, args.agent_id, &nodes, args.config(), window)
         .context("connecting to the back ends' role regions")?;
+    let serving = ServingFlag::new();
+    let _observer =
+        args.observe.start(Arc::new(ReconfigObserved { metrics: agent.metrics(), serving: serving.clone() }))?;
     let stopped = args.service.stop_watch_thread()?;
+    // Ready before `ready` is printed, so whoever reads the line finds /readyz agreeing.
+    serving.set(true);
     crate::service::announce_ready()?;
     let mut next = tierstack_base::time::instant_now();
     while matches!(stopped.try_recv(), Err(std::sync::mpsc::TryRecvError::Empty)) {
@@ -43,5 +69,6 @@ pub(crate) fn run(args: ReconfigureArgs) -> Result<()> {
         next += window;
         std::thread::sleep(next.saturating_duration_since(tierstack_base::time::instant_now()));
     }
+    serving.set(false);
     Ok(())
 }

@@ -22,6 +22,7 @@ mod dlm_bench_processes;
 mod dlm_processes;
 mod fabric_processes;
 mod layering;
+mod metrics_nodes;
 mod metrics_tiers;
 mod monitor_e2e;
 mod origin_process;
