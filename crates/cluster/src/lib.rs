@@ -269,6 +269,15 @@ impl ServiceKind {
         }
     }
 
+    /// Whether the kind is ready only once its peers run (every lock
+    /// server, substrate, PRESS or cooperative-cache node of the topology):
+    /// started in order, such a service could not be ready before the
+    /// next one starts, so a launcher waits for its readiness only once
+    /// every service has started.
+    pub fn ready_with_peers(self) -> bool {
+        matches!(self, ServiceKind::DlmNode | ServiceKind::DdssDaemon | ServiceKind::PressNode | ServiceKind::CoopNode)
+    }
+
     /// Whether the kind opens a fabric node (and so takes `--topology`/`--node`).
     pub fn opens_fabric_node(self) -> bool {
         self != ServiceKind::Origin

@@ -396,20 +396,48 @@ pub(crate) fn start_one(launch: &Launch, config: &UpConfig) -> Result<(Started, 
         }
         std::thread::sleep(POLL);
     }
+    // A service that needs its peers to be ready is only asked whether it
+    // lives now; `wait_ready` asks the rest once every service started.
+    let probe = if launch.kind.ready_with_peers() { HEALTHZ_PATH } else { READYZ_PATH };
     if let Some(addr) = launch.health {
         loop {
-            let answer = get(addr, READYZ_PATH);
+            let answer = get(addr, probe);
             if matches!(answer, Ok((200, _))) {
                 break;
             }
             if tierstack_base::time::instant_now() >= deadline {
-                let why = format!("/readyz at {addr} did not answer 200 within {READY_TIMEOUT:?}: {answer:?}");
+                let why = format!("{probe} at {addr} did not answer 200 within {READY_TIMEOUT:?}: {answer:?}");
                 return give_up(&mut child, why);
             }
             std::thread::sleep(POLL);
         }
     }
     Ok((started, child))
+}
+
+/// Waits (bounded by [`READY_TIMEOUT`]) until every started service that
+/// answers `/readyz` answers 200: the last step of a start, when services
+/// that need their peers can be ready.
+pub(crate) fn wait_ready(state: &State) -> Result<()> {
+    let deadline = tierstack_base::time::instant_now() + READY_TIMEOUT;
+    for started in state.processes.iter().filter(|p| p.health.is_some()) {
+        let Some(addr) = started.health else { continue };
+        loop {
+            let answer = get(addr, READYZ_PATH);
+            if matches!(answer, Ok((200, _))) {
+                break;
+            }
+            if tierstack_base::time::instant_now() >= deadline {
+                bail!(
+                    "node {} ({}): /readyz at {addr} did not answer 200 within {READY_TIMEOUT:?} of the last start: {answer:?}",
+                    started.node,
+                    started.kind
+                );
+            }
+            std::thread::sleep(POLL);
+        }
+    }
+    Ok(())
 }
 
 /// One process as `status` sees it.

@@ -8,7 +8,11 @@
 //!
 //! - **start**: [`crate::cluster::plan`]'s order, each process ready (its
 //!   `ready` line, then `/readyz` 200 where it has one) before the next
-//!   starts; a failure stops what was started and is the error.
+//!   starts, except that a kind that is ready only with its peers
+//!   (`ServiceKind::ready_with_peers`: lock managers, substrates, PRESS and
+//!   cooperative-cache nodes) need only be alive (`/healthz`) then; once all
+//!   started, every `/readyz` must answer 200. A failure stops what was
+//!   started and is the error.
 //! - **watch**: a thread per child waits for its exit (no polling); an exit
 //!   the supervisor did not ask for is logged and the process started again
 //!   after [`restart_delay`]: 100 ms doubling to 30 s while it keeps dying
@@ -24,7 +28,7 @@
 //! nothing stale is served), a restarted proxy an empty cache.
 
 use crate::cluster::{
-    down_state, plan, start_one, DownReport, Launch, ProcessId, Started, State, UpConfig, STATE_FILE,
+    down_state, plan, start_one, wait_ready, DownReport, Launch, ProcessId, Started, State, UpConfig, STATE_FILE,
 };
 use anyhow::{bail, Context, Result};
 use std::path::{Path, PathBuf};
@@ -110,6 +114,11 @@ impl Supervisor {
                     return Err(e.context(what));
                 }
             }
+        }
+        if let Err(e) = wait_ready(&state) {
+            let stopped = down_state(&state).map(|r| r.summary()).unwrap_or_else(|e| format!("{e:#}"));
+            let _ = std::fs::remove_file(config.run_dir.join(STATE_FILE));
+            return Err(e.context(format!("stopped every service: {stopped}")));
         }
         let state = Arc::new(Mutex::new(state));
         let shared = state.clone();

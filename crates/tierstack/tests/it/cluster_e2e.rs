@@ -251,9 +251,10 @@ fn checked_load(proxy_urls: Vec<String>, app_url: String, docs: usize) -> tierst
 /// The issue: the shipped one-machine trial could not start. `deploy/local.toml`,
 /// byte for byte (in a scratch directory, where its relative paths land),
 /// starts under `cluster up`, serves checked traffic with nothing stale,
-/// every service's /metrics parses, and a SIGKILLed proxy and application
-/// server are started again by the supervisor (counted), after which the
-/// traffic is still checked clean and `top` sees every tier up.
+/// every service's /metrics parses, and a SIGKILLed proxy, application
+/// server and module are started again by the supervisor (counted), after
+/// which the traffic is still checked clean (the server reconnects to the
+/// new module) and `top` sees every tier up.
 #[test]
 fn the_one_machine_example_starts_as_is_and_killed_nodes_come_back() {
     let dir = tempfile::tempdir().unwrap();
@@ -272,7 +273,7 @@ fn the_one_machine_example_starts_as_is_and_killed_nodes_come_back() {
     assert_eq!(kinds, vec!["app-module", "app-server", "proxy", "proxy"]);
     assert!(up.status().status.success(), "{}", text(&up.status()));
     assert_eq!(scrape_all(&state).len(), 4, "every service of the example serves /metrics");
-    checked_load(proxy_urls.clone(), app_url.clone(), 100);
+    let first = checked_load(proxy_urls.clone(), app_url.clone(), 100);
 
     // A proxy, then the application server, killed: each comes back.
     let proxy = state.processes[2].pid;
@@ -285,10 +286,27 @@ fn the_one_machine_example_starts_as_is_and_killed_nodes_come_back() {
     assert!(status.status.success(), "every service alive and ready again: {}", text(&status));
     let restarts: Vec<u32> = state.processes.iter().map(|p| p.restarts).collect();
     assert_eq!(restarts, vec![0, 1, 1, 0]);
-    checked_load(proxy_urls, app_url, 100);
+    checked_load(proxy_urls.clone(), app_url.clone(), 100);
+
+    // The module, killed: a new version table (a new incarnation); the
+    // server connects to it again, and nothing cached from the old one is
+    // served as current.
+    let module = state.processes[0].pid;
+    kill(module);
+    let state = wait_restarted(&run_dir, 0, 1, module);
+    let status = up.status();
+    assert!(status.status.success(), "{}", text(&status));
+    let report = checked_load(proxy_urls, app_url, 100);
+    let incarnations =
+        |r: &tierstack_loadgen::LoadReport| r.incarnations.iter().map(|i| i.incarnation.clone()).collect::<Vec<_>>();
+    assert_eq!(incarnations(&first).len(), 1);
+    assert_eq!(incarnations(&report).len(), 1, "only the new module's versions after its restart");
+    assert_ne!(incarnations(&first), incarnations(&report));
     let metrics = scrape_all(&state);
     let proxy_requests = metrics.iter().find(|(n, _)| *n == 2).unwrap().1.get("tierstack_proxy_requests_total");
-    assert!(proxy_requests > 0.0, "the restarted proxy served the second run");
+    assert!(proxy_requests > 0.0, "the restarted proxy served the later runs");
+    let server = &metrics.iter().find(|(n, _)| *n == 1).unwrap().1;
+    assert_eq!(server.get("tierstack_appserver_module_reconnects_total"), 1.0, "the server reconnected once");
 
     let top = tierstack(&["top", "--topology", &up.path, "--once", "--json", "--interval-ms", "200"]);
     assert!(top.status.success(), "{}", text(&top));
