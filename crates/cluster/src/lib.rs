@@ -858,9 +858,10 @@ role = "passive"
     fn the_shipped_one_machine_example_is_valid_and_local() {
         let t = Topology::parse(include_str!("../../../deploy/local.toml")).unwrap();
         assert_eq!(t.cluster.fabric, Backend::Shm);
-        let addresses = t.services().flat_map(|(_, s)| s.listen.into_iter().chain(s.admin).chain(s.metrics));
-        assert!(addresses.clone().count() >= 8);
-        assert!(addresses.into_iter().all(|a| a.ip().is_loopback()), "nothing listens beyond this machine");
+        let addresses: Vec<SocketAddr> =
+            t.services().flat_map(|(_, s)| s.listen.into_iter().chain(s.admin).chain(s.metrics)).collect();
+        assert!(addresses.len() >= 8);
+        assert!(addresses.iter().all(|a| a.ip().is_loopback()), "nothing listens beyond this machine");
     }
 
     #[test]

@@ -210,7 +210,7 @@ fn scrape_all(state: &State) -> Vec<(u32, tierstack_testkit::metrics::Metrics)> 
 
 /// Polls the state file until `node` runs again after `restarts` restarts.
 fn wait_restarted(run_dir: &Path, node: u32, restarts: u32, old_pid: u32) -> State {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let deadline = tierstack_base::time::instant_now() + std::time::Duration::from_secs(60);
     loop {
         if let Ok(state) = State::load(run_dir) {
             let process = state.processes.iter().find(|p| p.node == node).unwrap();
@@ -218,7 +218,7 @@ fn wait_restarted(run_dir: &Path, node: u32, restarts: u32, old_pid: u32) -> Sta
                 return state;
             }
         }
-        assert!(std::time::Instant::now() < deadline, "node {node} was not restarted");
+        assert!(tierstack_base::time::instant_now() < deadline, "node {node} was not restarted");
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
 }
@@ -430,9 +430,9 @@ args = ["--scheme", "mtacc"]
             // A supervisor killed outright leaves its services running,
             // unsupervised: `status` says so, and `down` still stops them.
             kill(state.supervisor.unwrap().pid);
-            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+            let deadline = tierstack_base::time::instant_now() + std::time::Duration::from_secs(10);
             while state.supervisor.unwrap().alive() {
-                assert!(std::time::Instant::now() < deadline, "the supervisor did not die");
+                assert!(tierstack_base::time::instant_now() < deadline, "the supervisor did not die");
                 std::thread::sleep(std::time::Duration::from_millis(20));
             }
             let status = up.status();
