@@ -36,7 +36,7 @@ async fn prometheus_metrics_are_served_on_the_admin_listener_only() {
     rig.get("/doc/a", &[]).await;
     let uri = format!("http://{}/metrics", rig.admin).parse().unwrap();
     let response = rig.client.get(uri).await.unwrap();
-    assert_eq!(response.headers().get("content-type").unwrap(), "text/plain; version=0.0.4");
+    assert_eq!(response.headers().get("content-type").unwrap(), "text/plain; version=0.0.4; charset=utf-8");
     let text = String::from_utf8(response.into_body().collect().await.unwrap().to_bytes().to_vec()).unwrap();
     for line in [
         "tierstack_proxy_requests_total 2",
