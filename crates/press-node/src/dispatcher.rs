@@ -66,6 +66,48 @@ pub struct DispatcherStats {
     pub loads: Vec<u32>,
 }
 
+/// The admin listener's `/metrics` (and `/readyz`: ready until stopped).
+struct DispatcherObserved(Arc<State>);
+
+impl tierstack_tier_http::observe::Observed for DispatcherObserved {
+    fn metrics(&self, out: &mut tierstack_stats::exposition::Exposition) {
+        let stats = self.0.stats();
+        out.counter("tierstack_dispatcher_requests_total", "Connections whose request head was read.", stats.requests);
+        let names: Vec<String> = (0..stats.handed.len()).map(|b| b.to_string()).collect();
+        let labels: Vec<[(&str, &str); 1]> = names.iter().map(|n| [("backend", n.as_str())]).collect();
+        let handed: Vec<(&[(&str, &str)], u64)> = labels.iter().zip(&stats.handed).map(|(l, v)| (&l[..], *v)).collect();
+        out.counters("tierstack_dispatcher_handed_total", "Connections handed to each back-end.", &handed);
+        out.counter(
+            "tierstack_dispatcher_handoff_failures_total",
+            "Hand-offs that failed (the next choice was tried).",
+            stats.handoff_failures,
+        );
+        out.counter(
+            "tierstack_dispatcher_unserved_total",
+            "Connections no back-end took (answered 503).",
+            stats.unserved,
+        );
+        out.counter(
+            "tierstack_dispatcher_bad_requests_total",
+            "Connections closed before a whole request head.",
+            stats.bad_requests,
+        );
+        out.counter("tierstack_dispatcher_reassignments_total", "Targets LARD's load rule moved.", stats.reassignments);
+        let loads: Vec<(&[(&str, &str)], f64)> =
+            labels.iter().zip(&stats.loads).map(|(l, v)| (&l[..], f64::from(*v))).collect();
+        out.gauges(
+            "tierstack_dispatcher_backend_connections",
+            "Each back-end's open connections as LARD counts them.",
+            &loads,
+        );
+    }
+
+    fn readiness(&self) -> Vec<(&'static str, Result<(), String>)> {
+        let stopped = self.0.stop.load(Ordering::Relaxed);
+        vec![("serving", if stopped { Err("stopping".into()) } else { Ok(()) })]
+    }
+}
+
 struct State {
     lard: Mutex<Lard<String>>,
     backends: usize,
@@ -258,8 +300,14 @@ impl Dispatcher {
             let handler = Arc::new(move |request: hyper::Request<tierstack_tier_http::RequestBody>| {
                 let state = state.clone();
                 async move {
+                    if let Some(answer) =
+                        tierstack_tier_http::observe::respond(&request, &DispatcherObserved(state.clone()))
+                    {
+                        return answer;
+                    }
                     if request.uri().path() != "/stats" {
-                        return text(hyper::StatusCode::NOT_FOUND, "the admin listener serves GET /stats\n");
+                        let paths = "the admin listener serves GET /stats, /metrics, /healthz and /readyz\n";
+                        return text(hyper::StatusCode::NOT_FOUND, paths);
                     }
                     match serde_json::to_string(&state.stats()) {
                         Ok(json) => text(hyper::StatusCode::OK, json),

@@ -386,6 +386,16 @@ fn a_dispatcher_hands_every_connection_to_a_back_end_by_locality() {
     // (One client at a time: LARD gives new files to the least loaded
     // back-end, ties to the lowest index, so the spread is not asserted.)
     assert_eq!(d["loads"], serde_json::json!([0, 0, 0]), "every reported end released its load");
+    // The same counts on /metrics, as Prometheus takes them.
+    let (status, body) = get(admin, "/metrics");
+    assert_eq!(status, 200);
+    let metrics = tierstack_testkit::metrics::check(&String::from_utf8(body).unwrap()).unwrap();
+    assert_eq!(metrics.get("tierstack_dispatcher_requests_total"), requests as f64);
+    let handed_metric: f64 = (0..3)
+        .map(|b| metrics.value("tierstack_dispatcher_handed_total", &[("backend", &b.to_string())]).unwrap())
+        .sum();
+    assert_eq!(handed_metric, requests as f64);
+    assert_eq!(get(admin, "/readyz").0, 200);
     let all: Vec<NodeStats> = backends.iter().map(stats).collect();
     assert_eq!(all.iter().map(|s| s.served_for_peers).sum::<u64>(), requests);
     // Locality: under this light load LARD keeps each file on one back-end,
