@@ -199,6 +199,8 @@ pub const REQUEST_SECONDS_BOUNDS: &[f64] =
 /// the count above the last bound, and the sum in nanoseconds.
 pub struct SecondsHistogram {
     bounds: &'static [f64],
+    /// The bounds in nanoseconds: recording compares integers.
+    bounds_ns: Vec<u64>,
     buckets: Vec<AtomicU64>,
     above: AtomicU64,
     sum_ns: AtomicU64,
@@ -218,6 +220,7 @@ impl SecondsHistogram {
     pub fn new(bounds: &'static [f64]) -> Self {
         SecondsHistogram {
             bounds,
+            bounds_ns: bounds.iter().map(|b| (b * 1e9).round() as u64).collect(),
             buckets: bounds.iter().map(|_| AtomicU64::new(0)).collect(),
             above: AtomicU64::new(0),
             sum_ns: AtomicU64::new(0),
@@ -229,8 +232,7 @@ impl SecondsHistogram {
     }
 
     pub fn record_ns(&self, ns: u64) {
-        let secs = ns as f64 / 1e9;
-        match self.bounds.iter().position(|bound| secs <= *bound) {
+        match self.bounds_ns.iter().position(|bound| ns <= *bound) {
             Some(at) => self.buckets[at].fetch_add(1, Ordering::Relaxed),
             None => self.above.fetch_add(1, Ordering::Relaxed),
         };

@@ -254,7 +254,7 @@ pub(super) fn attempt<E: Engine>(
                         }
                         return Ok(Attempt::Again);
                     }
-                    Ok(Attempt::Granted(Grant { lock: id, mode, token, serial, lapses }))
+                    Ok(Attempt::Granted(Grant { lock: id, mode, token, serial, lapses, waited: started.elapsed() }))
                 }
                 Outcome::WouldBlock => Err(LockError::WouldBlock { lock: id }),
                 Outcome::Broken => Err(LockError::Broken { lock: id }),

@@ -175,11 +175,10 @@ impl LockScheme for Metered {
     }
 
     fn acquire(&self, lock: LockId, mode: LockMode, wait: Wait) -> Result<Grant, LockError> {
-        let start = tierstack_base::time::instant_now();
         let result = self.inner.acquire(lock, mode, wait);
         match &result {
-            Ok(_) => {
-                self.metrics.acquire_wait.record(tierstack_base::time::instant_now().saturating_duration_since(start));
+            Ok(grant) => {
+                self.metrics.acquire_wait.record(grant.waited());
                 let granted = match mode {
                     LockMode::Shared => &self.metrics.acquires_shared,
                     LockMode::Exclusive => &self.metrics.acquires_exclusive,

@@ -235,11 +235,19 @@ pub struct Grant {
     serial: u64,
     /// This node's lease lapses counted when the request began.
     lapses: u64,
+    /// From the request to the grant (the clock read the request's own
+    /// deadline started from, so the metrics pay one read, not two).
+    waited: std::time::Duration,
 }
 
 impl Grant {
     pub fn lock(&self) -> LockId {
         self.lock
+    }
+
+    /// How long the acquire took, from the request to the grant.
+    pub fn waited(&self) -> std::time::Duration {
+        self.waited
     }
 
     pub fn mode(&self) -> LockMode {
