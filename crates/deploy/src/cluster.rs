@@ -32,7 +32,7 @@ use std::time::Duration;
 use tierstack_appserver::{AppServerArgs, ModuleArgs};
 use tierstack_cluster::{NodeArgs, ServiceKind, Topology};
 use tierstack_proxy::{CacheMode, ProxyArgs};
-use tierstack_tier_http::observe::ObserveArgs;
+use tierstack_tier_http::observe::{ObserveArgs, ProcStat};
 use tierstack_tier_http::service::ServiceArgs;
 use tierstack_tier_http::{HEALTHZ_PATH, READYZ_PATH};
 
@@ -234,14 +234,7 @@ impl State {
 
 /// The start time of `pid` if it runs (not a zombie), from `/proc`.
 pub fn start_time_of(pid: u32) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let mut fields = stat.rsplit_once(')')?.1.split_whitespace();
-    let state = fields.next()?;
-    if state == "Z" || state == "X" {
-        return None;
-    }
-    // Fields after the name start at field 3 (state); starttime is field 22.
-    fields.nth(18)?.parse().ok()
+    ProcStat::read(Some(pid)).filter(|stat| !matches!(stat.state, 'Z' | 'X')).map(|stat| stat.starttime)
 }
 
 /// A process named so that a reused pid is never taken for it.
@@ -315,12 +308,7 @@ pub fn up(topology_path: &Path, config: &UpConfig) -> Result<State> {
     // Refused here, before anything starts, as the supervisor would refuse it.
     let launches = plan(&Topology::load(&topology_path)?, &topology_path)?;
     std::fs::create_dir_all(&config.run_dir).with_context(|| format!("creating {}", config.run_dir.display()))?;
-    if let Ok(previous) = State::load(&config.run_dir) {
-        let supervisor_alive = previous.supervisor.as_ref().is_some_and(ProcessId::alive);
-        if supervisor_alive || previous.processes.iter().any(Started::alive) {
-            bail!("a cluster from {} is still up: `tierstack cluster down` it first", config.run_dir.display());
-        }
-    }
+    crate::supervise::refuse_if_running(&config.run_dir)?;
     let out_path = config.run_dir.join(SUPERVISOR_OUT);
     let log_path = config.run_dir.join(SUPERVISOR_LOG);
     let out = std::fs::File::create(&out_path).with_context(|| format!("creating {}", out_path.display()))?;

@@ -166,7 +166,7 @@ impl Drop for Supervisor {
 }
 
 /// Refuses to start over a cluster that still runs from `run_dir`.
-fn refuse_if_running(run_dir: &Path) -> Result<()> {
+pub(crate) fn refuse_if_running(run_dir: &Path) -> Result<()> {
     if let Ok(previous) = State::load(run_dir) {
         let supervisor_alive = previous.supervisor.as_ref().is_some_and(ProcessId::alive);
         if supervisor_alive || previous.processes.iter().any(Started::alive) {

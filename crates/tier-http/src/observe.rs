@@ -198,7 +198,7 @@ pub fn process_metrics(out: &mut Exposition) {
     let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
     // SAFETY: as above.
     let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    if let Some(stat) = std::fs::read_to_string("/proc/self/stat").ok().and_then(|s| ProcStat::parse(&s)) {
+    if let Some(stat) = ProcStat::read(None) {
         if ticks > 0 {
             let cpu = (stat.utime + stat.stime) as f64 / ticks as f64;
             out.counter_f64("process_cpu_seconds_total", "User and system CPU time spent, seconds.", cpu);
@@ -228,16 +228,28 @@ pub fn process_metrics(out: &mut Exposition) {
     );
 }
 
-/// The fields of `/proc/self/stat` the process families need.
-struct ProcStat {
-    utime: u64,
-    stime: u64,
-    threads: u64,
-    starttime: u64,
-    rss_pages: i64,
+/// The fields of a process's `/proc/<pid>/stat` that the process families
+/// and the launchers (`cluster`'s pid checks) need.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ProcStat {
+    /// The state letter (`R`, `S`, `Z` for a zombie, …).
+    pub state: char,
+    pub utime: u64,
+    pub stime: u64,
+    pub threads: u64,
+    /// Clock ticks after boot when the process started: with the pid, it
+    /// names one process (a pid is reused only by a later start).
+    pub starttime: u64,
+    pub rss_pages: i64,
 }
 
 impl ProcStat {
+    /// Process `pid`'s, or this process's (`None`); `None` if it does not exist.
+    pub fn read(pid: Option<u32>) -> Option<ProcStat> {
+        let path = pid.map_or_else(|| "/proc/self/stat".to_string(), |pid| format!("/proc/{pid}/stat"));
+        ProcStat::parse(&std::fs::read_to_string(path).ok()?)
+    }
+
     fn parse(stat: &str) -> Option<ProcStat> {
         // The command name (field 2) may hold spaces and parentheses: the
         // fields after it start after its last ')'.
@@ -246,6 +258,7 @@ impl ProcStat {
         // `rest` starts at field 3 (state): field n is fields[n - 3].
         let field = |n: usize| fields.get(n - 3).copied();
         Some(ProcStat {
+            state: field(3)?.chars().next()?,
             utime: field(14)?.parse().ok()?,
             stime: field(15)?.parse().ok()?,
             threads: field(20)?.parse().ok()?,
@@ -280,7 +293,10 @@ mod tests {
         let line = "42 (a (weird) name) S 1 42 42 0 -1 4194560 100 0 0 0 7 3 0 0 20 0 5 0 1234 1000000 256 \
                     18446744073709551615 1 1 0 0 0 0 0 0 0 0 0 0 17 0 0 0 0 0 0";
         let stat = ProcStat::parse(line).unwrap();
-        assert_eq!((stat.utime, stat.stime, stat.threads, stat.starttime, stat.rss_pages), (7, 3, 5, 1234, 256));
+        assert_eq!(
+            (stat.state, stat.utime, stat.stime, stat.threads, stat.starttime, stat.rss_pages),
+            ('S', 7, 3, 5, 1234, 256)
+        );
         assert!(ProcStat::parse("42 (truncated").is_none());
     }
 
