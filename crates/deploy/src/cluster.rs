@@ -571,6 +571,10 @@ pub fn down(run_dir: &Path) -> Result<DownReport> {
         from_supervisor =
             std::fs::read_to_string(&report_path).ok().and_then(|text| serde_json::from_str::<DownReport>(&text).ok());
     }
+    // The supervisor may have restarted some since `state` was read: its
+    // file, if it is still there (a supervisor that did not finish), names
+    // the processes running now.
+    let state = State::load(run_dir).unwrap_or(state);
     let report = match from_supervisor {
         Some(report) if !state.processes.iter().any(Started::alive) => report,
         _ => down_state(&state)?,
