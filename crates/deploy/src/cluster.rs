@@ -1,24 +1,28 @@
 //! `tierstack cluster up|status|down <topology.toml>`: the tier processes a
 //! topology's `[node.service]` sections describe (see `tierstack_cluster`),
-//! started on this host as detached services.
+//! started on this host as detached services under a supervisor.
 //!
-//! - **up** starts the services in dependency order (modules, application
-//!   servers, proxies), each with [`spawn_service`]: its own session,
-//!   standard input `/dev/null`, output into `<run dir>/node-<id>.out` and
-//!   `.log`. The same pinning as the demo: each process pins itself to its
-//!   node's `cpu` when it opens its fabric node. Each must print `ready`
-//!   and then answer `/readyz` with 200 (where it has an HTTP listener)
-//!   within [`READY_TIMEOUT`] before the next starts. The pids (with their
-//!   kernel start times, so a reused pid is never signalled) go to
-//!   `<run dir>/cluster.json` after every start, so a failed `up` can still
-//!   be taken `down`; a failed `up` stops what it started.
-//! - **status** reads that file: every process alive, its `/healthz`,
-//!   `/readyz`, and its load (the proxies' and servers' counters).
+//! - **up** starts the supervisor (`tierstack cluster supervise`, detached,
+//!   [`crate::supervise`]) and returns once it says every service is ready.
+//!   The supervisor starts them in `ServiceKind::START_ORDER`, each with
+//!   [`spawn_service`]: its own session, standard input `/dev/null`, output
+//!   into `<run dir>/node-<id>.out` and `.log`. The same pinning as the
+//!   demo: each process pins itself to its node's `cpu` when it opens its
+//!   fabric node. Each must print `ready` and then answer `/readyz` (or
+//!   `/healthz`, for kinds ready only with their peers) with 200 within
+//!   [`READY_TIMEOUT`] before the next starts. The pids (with their kernel
+//!   start times, so a reused pid is never signalled) go to
+//!   `<run dir>/cluster.json` after every start and restart, so a failed
+//!   `up` can still be taken `down`; a failed `up` stops what it started.
+//! - **status** reads that file: the supervisor alive, every process
+//!   alive, its `/healthz`, `/readyz`, restarts, and its load.
 //! - **exec** ([`exec_command`]) is one node's service in the caller's
 //!   place, for systemd units and containers.
-//! - **down** sends SIGTERM, proxies first, waits for each (bounded by the
-//!   grace period plus [`DOWN_MARGIN`]), SIGKILLs what is still there and
-//!   reports it; the state file is removed once nothing is left.
+//! - **down** asks the supervisor to stop (SIGTERM): it stops restarting,
+//!   sends SIGTERM to every service, proxies first, waits for each (bounded
+//!   by the grace period plus [`DOWN_MARGIN`]), SIGKILLs what is still
+//!   there and reports it; without a supervisor `down` does the same
+//!   itself. The state file is removed once nothing is left.
 //!
 //! [`plan`] (topology to command lines) is pure.
 
