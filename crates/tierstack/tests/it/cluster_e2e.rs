@@ -129,21 +129,7 @@ fn cluster_up_serves_coherent_traffic_and_down_leaves_no_process_behind() {
         .count();
     assert_eq!(healthy_ready, 4, "every node alive, healthy and ready: {}", text(&status));
 
-    let mut config = LoadConfig::new(proxy_urls[0].clone(), Trace::zipf(0.9, 5).unwrap());
-    config.targets = proxy_urls;
-    config.update_target = Some(app_url);
-    config.connections = 4;
-    config.update_interval_ms = 5;
-    config.keep_records = true;
-    config.check_bodies = true;
-    config.duration_ms = None;
-    config.requests_max = Some(1500);
-    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
-    let report = runtime.block_on(run(config)).unwrap();
-    assert_eq!(report.stale_responses, 0, "stale responses: {:?}", report.stale_examples);
-    assert_eq!(report.stale_responses_offline, Some(0));
-    assert_eq!(report.ok, report.requests, "errors: {:?}", report.errors);
-    assert!(report.updates.done > 0, "the updater ran");
+    let report = checked_load(proxy_urls, app_url, 5, 1500);
     assert!(report.cache_hits > 0, "the proxies cached");
 
     guard.armed = false;
@@ -228,8 +214,8 @@ fn kill(pid: u32) {
     assert_eq!(unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) }, 0);
 }
 
-/// The checked load of the first test, through `proxy_urls`.
-fn checked_load(proxy_urls: Vec<String>, app_url: String, docs: usize) -> tierstack_loadgen::LoadReport {
+/// A checked load through `proxy_urls` with an updater: nothing stale, every request ok.
+fn checked_load(proxy_urls: Vec<String>, app_url: String, docs: usize, requests: u64) -> tierstack_loadgen::LoadReport {
     let mut config = LoadConfig::new(proxy_urls[0].clone(), Trace::zipf(0.9, docs).unwrap());
     config.targets = proxy_urls;
     config.update_target = Some(app_url);
@@ -238,7 +224,7 @@ fn checked_load(proxy_urls: Vec<String>, app_url: String, docs: usize) -> tierst
     config.keep_records = true;
     config.check_bodies = true;
     config.duration_ms = None;
-    config.requests_max = Some(1000);
+    config.requests_max = Some(requests);
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     let report = runtime.block_on(run(config)).unwrap();
     assert_eq!(report.stale_responses, 0, "stale responses: {:?}", report.stale_examples);
@@ -273,7 +259,7 @@ fn the_one_machine_example_starts_as_is_and_killed_nodes_come_back() {
     assert_eq!(kinds, vec!["app-module", "app-server", "proxy", "proxy"]);
     assert!(up.status().status.success(), "{}", text(&up.status()));
     assert_eq!(scrape_all(&state).len(), 4, "every service of the example serves /metrics");
-    let first = checked_load(proxy_urls.clone(), app_url.clone(), 100);
+    let first = checked_load(proxy_urls.clone(), app_url.clone(), 100, 1000);
 
     // A proxy, then the application server, killed: each comes back.
     let proxy = state.processes[2].pid;
@@ -286,7 +272,7 @@ fn the_one_machine_example_starts_as_is_and_killed_nodes_come_back() {
     assert!(status.status.success(), "every service alive and ready again: {}", text(&status));
     let restarts: Vec<u32> = state.processes.iter().map(|p| p.restarts).collect();
     assert_eq!(restarts, vec![0, 1, 1, 0]);
-    checked_load(proxy_urls.clone(), app_url.clone(), 100);
+    checked_load(proxy_urls.clone(), app_url.clone(), 100, 1000);
 
     // The module, killed: a new version table (a new incarnation); the
     // server connects to it again, and nothing cached from the old one is
@@ -296,7 +282,7 @@ fn the_one_machine_example_starts_as_is_and_killed_nodes_come_back() {
     let state = wait_restarted(&run_dir, 0, 1, module);
     let status = up.status();
     assert!(status.status.success(), "{}", text(&status));
-    let report = checked_load(proxy_urls, app_url, 100);
+    let report = checked_load(proxy_urls, app_url, 100, 1000);
     let incarnations =
         |r: &tierstack_loadgen::LoadReport| r.incarnations.iter().map(|i| i.incarnation.clone()).collect::<Vec<_>>();
     assert_eq!(incarnations(&first).len(), 1);
