@@ -1,0 +1,363 @@
+//! `tierstack bench monitor`: fine-grained monitoring (services paper
+//! §5.2, Fig. 8a): how far each scheme's reported load is from the true
+//! load at the moment a front end uses it, as the back end gets busier.
+//!
+//! Per compute-thread count, one run: a `tierstack monitor-node` process
+//! (fabric node 0, pinned to the last CPU when there are two or more) runs a
+//! seeded random walk of requests in flight and logs every change with the
+//! host's `CLOCK_MONOTONIC`; this process (node 1) reads the four schemes,
+//! each from its own thread, every `sample_every`, stamping each value with the same clock when
+//! it has it. The walk's log and the samples are joined offline
+//! ([`tierstack_monitor::deviation`]). Compute threads burn CPU on the back
+//! end without counting in the load: they delay its monitor thread (the
+//! async schemes' sampler, Socket-Sync's answers), never RDMA-Sync's read.
+//! [R] With two or more CPUs the walk's thread runs on CPU 0, away from the
+//! compute threads: otherwise a starved walk would barely move under load
+//! and every scheme would look accurate for the wrong reason (seen: at 200
+//! compute threads the walk made a fraction of its steps).
+//!
+//! Fig. 8b lives in [`throughput`] ([`run_throughput`]), the
+//! reconfiguration experiment in [`reconfig`] ([`run_reconfig`]).
+
+mod reconfig;
+mod throughput;
+
+pub use reconfig::{run_reconfig, ReconfigBenchConfig, ReconfigPoint, ReconfigReport};
+pub use throughput::{run_throughput, BalanceConfig, ThroughputConfig, ThroughputPoint, ThroughputReport};
+
+use crate::monitor_node::MonitorNodeArgs;
+use crate::report::{line_plot, write_json, Axes, Series, Table};
+use anyhow::{Context, Result};
+use serde::Serialize;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+use tierstack_appserver::{AppServerArgs, ModuleArgs};
+use tierstack_base::{host_monotonic_ns, NodeId};
+use tierstack_cluster::{open_fabric, Backend, NodeArgs, Topology};
+use tierstack_deploy::deployment::strings;
+use tierstack_deploy::process::{free_loopback_port, write_topology, ChildNode, NodeLine};
+use tierstack_monitor::deviation::{deviations, summarize, Change, DeviationSummary, Sample};
+use tierstack_monitor::{open_source, BackendAddress, Health, LoadSource, Scheme, SourceConfig};
+
+const BACKEND: NodeId = NodeId(0);
+const FRONT: NodeId = NodeId(1);
+
+/// `tierstack bench monitor`'s flags: Fig. 8a ([`MonitorBenchConfig`]),
+/// Fig. 8b ([`ThroughputConfig`]) or the reconfiguration experiment
+/// ([`ReconfigBenchConfig`]).
+#[derive(clap::Args, Clone, Debug)]
+pub struct MonitorArgs {
+    /// Output folder for JSON and plots.
+    #[arg(long, default_value = "report/monitor")]
+    pub out: PathBuf,
+    /// Compute threads 0, 50, 200 and 1 s per run.
+    #[arg(long)]
+    pub quick: bool,
+    /// Compute-thread counts (default 0,25,50,100,200).
+    #[arg(long, value_delimiter = ',')]
+    pub compute_threads: Option<Vec<usize>>,
+    /// Seconds of sampling per run.
+    #[arg(long)]
+    pub duration_s: Option<u64>,
+    /// The back end's monitor interval (RDMA-Async, Socket-Async), ms.
+    #[arg(long, default_value_t = 10)]
+    pub interval_ms: u64,
+    /// Which figure: 8a (accuracy), 8b (throughput of balancing), both,
+    /// or reconfig (two sites, load shifting, with and without the agent).
+    #[arg(long, default_value = "both", value_parser = ["8a", "8b", "both", "reconfig"])]
+    pub figure: String,
+    /// Fig. 8b: Zipf exponents (default 0.25,0.5,0.75,0.9; 0.5,0.9 with --quick).
+    #[arg(long, value_delimiter = ',')]
+    pub alphas: Option<Vec<f64>>,
+    /// Fig. 8b: per-read CPU cost of the application servers (`app-server --cpu-cost`).
+    #[arg(long, default_value = "rubis")]
+    pub cpu_cost: String,
+    /// Fig. 8b: closed-loop clients.
+    #[arg(long, default_value_t = 16)]
+    pub connections: usize,
+}
+
+impl MonitorArgs {
+    /// Runs the figures `--figure` chose; `exe` is the `tierstack`
+    /// executable the back ends are started from.
+    pub fn run(self, exe: impl FnOnce() -> std::io::Result<PathBuf>) -> Result<()> {
+        let exe = exe()?;
+        let interval = Duration::from_millis(self.interval_ms.max(1));
+        if self.figure == "reconfig" {
+            let mut config = ReconfigBenchConfig::new(exe, self.out, self.quick);
+            if let Some(seconds) = self.duration_s {
+                config.phase = Duration::from_secs(seconds);
+            }
+            run_reconfig(&config)?;
+            return Ok(());
+        }
+        if self.figure != "8b" {
+            let mut config = MonitorBenchConfig::new(exe.clone(), self.out.clone(), self.quick);
+            if let Some(threads) = self.compute_threads {
+                config.compute_threads = threads;
+            }
+            if let Some(seconds) = self.duration_s {
+                config.duration = Duration::from_secs(seconds);
+            }
+            config.interval = interval;
+            run(&config)?;
+        }
+        if self.figure != "8a" {
+            let mut config = ThroughputConfig::new(exe, self.out, self.quick);
+            if let Some(alphas) = self.alphas {
+                config.alphas = alphas;
+            }
+            if let Some(seconds) = self.duration_s {
+                config.duration = Duration::from_secs(seconds);
+            }
+            config.interval = interval;
+            config.cpu_cost = self.cpu_cost;
+            config.connections = self.connections;
+            run_throughput(&config)?;
+        }
+        Ok(())
+    }
+}
+
+pub struct MonitorBenchConfig {
+    /// The `tierstack` executable, to start the back end.
+    pub exe: PathBuf,
+    pub out_dir: PathBuf,
+    pub compute_threads: Vec<usize>,
+    /// Sampling time per run.
+    pub duration: Duration,
+    /// The back end's monitor interval (RDMA-Async, Socket-Async).
+    pub interval: Duration,
+    /// How often the front end reads each scheme.
+    pub sample_every: Duration,
+    /// Mean time between two steps of the walk.
+    pub step: Duration,
+    pub seed: u64,
+}
+
+impl MonitorBenchConfig {
+    pub fn new(exe: PathBuf, out_dir: PathBuf, quick: bool) -> Self {
+        MonitorBenchConfig {
+            exe,
+            out_dir,
+            compute_threads: if quick { vec![0, 50, 200] } else { vec![0, 25, 50, 100, 200] },
+            duration: Duration::from_secs(if quick { 1 } else { 4 }),
+            interval: Duration::from_millis(10),
+            sample_every: Duration::from_millis(1),
+            step: Duration::from_millis(1),
+            seed: 1,
+        }
+    }
+}
+
+/// One scheme at one compute-thread count.
+#[derive(Clone, Debug, Serialize)]
+pub struct AccuracyPoint {
+    pub scheme: Scheme,
+    pub compute_threads: usize,
+    /// |reported − actual| at the time of use, over the fresh and stale readings.
+    pub deviation: DeviationSummary,
+    /// Readings by health.
+    pub fresh: u64,
+    pub stale: u64,
+    pub unusable: u64,
+    /// Mean time one read took at the front end, in µs.
+    pub read_us_mean: f64,
+}
+
+#[derive(Serialize)]
+pub struct MonitorReport {
+    pub interval_ms: u64,
+    pub sample_every_us: u64,
+    pub step_us: u64,
+    pub walk_changes: Vec<(usize, usize)>,
+    pub accuracy: Vec<AccuracyPoint>,
+}
+
+#[derive(Default)]
+struct SchemeLog {
+    samples: Vec<Sample>,
+    fresh: u64,
+    stale: u64,
+    unusable: u64,
+    read_ns: u64,
+    reads: u64,
+}
+
+/// Reads back end 0 through `source` every `sample_every` for `duration`.
+fn sample(source: &dyn LoadSource, config: &MonitorBenchConfig) -> SchemeLog {
+    let mut log = SchemeLog::default();
+    let started = tierstack_base::time::instant_now();
+    let mut next = started;
+    while started.elapsed() < config.duration {
+        let before = host_monotonic_ns();
+        let reading = source.read(0);
+        let used_ns = host_monotonic_ns();
+        log.read_ns += used_ns - before;
+        log.reads += 1;
+        match reading.health {
+            Health::Fresh => log.fresh += 1,
+            Health::Stale => log.stale += 1,
+            Health::Dead | Health::Unknown => log.unusable += 1,
+        }
+        if matches!(reading.health, Health::Fresh | Health::Stale) {
+            log.samples.push(Sample { used_ns, reported: i64::from(reading.record.counters.load()) });
+        }
+        next += config.sample_every;
+        if let Some(wait) = next.checked_duration_since(tierstack_base::time::instant_now()) {
+            std::thread::sleep(wait);
+        }
+    }
+    log
+}
+
+/// One run: the back end with `threads` compute threads, four schemes read.
+fn run_once(config: &MonitorBenchConfig, threads: usize) -> Result<(Vec<AccuracyPoint>, usize)> {
+    let scratch = tempfile::Builder::new().prefix("tierstack-bench-monitor-").tempdir()?;
+    let cpus = tierstack_cluster::online_cpus();
+    let back_cpu = (cpus >= 2).then(|| cpus - 1);
+    let nodes =
+        [NodeLine { id: BACKEND.0, role: "app", cpu: back_cpu }, NodeLine { id: FRONT.0, role: "proxy", cpu: None }];
+    let topology_path = write_topology(scratch.path(), "monitor", Backend::Shm, 1000, &nodes)?;
+    let socket = free_loopback_port()?;
+    let at = NodeArgs { topology: topology_path.clone(), node: BACKEND.0 };
+    let node = MonitorNodeArgs {
+        interval_ms: u64::try_from(config.interval.as_millis())?,
+        compute_threads: threads,
+        step_us: u64::try_from(config.step.as_micros())?,
+        seed: config.seed,
+        // The truth moves at the pace it would without the compute threads.
+        walk_cpu: back_cpu.map(|_| 0),
+        ..MonitorNodeArgs::new(at, socket)
+    };
+    let args = command("monitor-node", node.to_args());
+    let child = ChildNode::spawn(&config.exe, &args).context("starting the monitored back end")?;
+    let topology = Topology::load(&topology_path)?;
+    let fabric = open_fabric(&topology, FRONT)?;
+    let backends = [BackendAddress { node: Some(BACKEND), socket: Some(socket) }];
+    let source_config = SourceConfig::for_interval(config.interval);
+    let sources: Vec<Arc<dyn LoadSource>> = Scheme::ALL
+        .into_iter()
+        .map(|scheme| open_source(scheme, Some(fabric.clone()), &backends, source_config))
+        .collect::<Result<_, _>>()?;
+    // One sampling thread per scheme, so a slow scheme (Socket-Sync
+    // waiting on a busy back end) does not thin out the others' samples.
+    let logs: Vec<SchemeLog> = std::thread::scope(|scope| {
+        let threads: Vec<_> =
+            sources.iter().map(|source| scope.spawn(move || sample(source.as_ref(), config))).collect();
+        threads.into_iter().map(|t| t.join().unwrap_or_default()).collect()
+    });
+    drop(sources);
+    let truth_log = child.finish().context("stopping the back end")?;
+    let changes: Vec<Change> = truth_log
+        .lines()
+        .filter_map(|line| {
+            let (t, v) = line.split_once(' ')?;
+            Some(Change { t_ns: t.trim().parse().ok()?, value: v.trim().parse().ok()? })
+        })
+        .collect();
+    anyhow::ensure!(changes.len() > 1, "the back end logged no walk ({} lines)", truth_log.lines().count());
+    let points = Scheme::ALL
+        .into_iter()
+        .zip(logs)
+        .map(|(scheme, log)| AccuracyPoint {
+            scheme,
+            compute_threads: threads,
+            deviation: summarize(&deviations(&changes, &log.samples)),
+            fresh: log.fresh,
+            stale: log.stale,
+            unusable: log.unusable,
+            read_us_mean: log.read_ns as f64 / log.reads.max(1) as f64 / 1000.0,
+        })
+        .collect();
+    Ok((points, changes.len()))
+}
+
+pub fn run(config: &MonitorBenchConfig) -> Result<MonitorReport> {
+    std::fs::create_dir_all(&config.out_dir)?;
+    let mut report = MonitorReport {
+        interval_ms: config.interval.as_millis() as u64,
+        sample_every_us: config.sample_every.as_micros() as u64,
+        step_us: config.step.as_micros() as u64,
+        walk_changes: Vec::new(),
+        accuracy: Vec::new(),
+    };
+    for &threads in &config.compute_threads {
+        let (points, changes) = run_once(config, threads)?;
+        report.walk_changes.push((threads, changes));
+        report.accuracy.extend(points);
+    }
+    let mut table = Table::new(
+        "Fig. 8a: |reported - actual| load at the time of use (shm)",
+        &["compute", "scheme", "samples", "mean", "p99", "max", "exact %", "stale %", "read µs"],
+    );
+    for p in &report.accuracy {
+        let used = (p.fresh + p.stale).max(1);
+        table.row(vec![
+            p.compute_threads.to_string(),
+            p.scheme.name().to_string(),
+            p.deviation.samples.to_string(),
+            format!("{:.2}", p.deviation.mean_abs),
+            p.deviation.p99_abs.to_string(),
+            p.deviation.max_abs.to_string(),
+            format!("{:.1}", 100.0 * p.deviation.exact_share),
+            format!("{:.1}", 100.0 * p.stale as f64 / used as f64),
+            format!("{:.1}", p.read_us_mean),
+        ]);
+    }
+    println!("{}", table.render());
+    write_json(&config.out_dir.join("monitor.json"), &report)?;
+    let series = |value: fn(&AccuracyPoint) -> f64| -> Vec<Series> {
+        Scheme::ALL
+            .into_iter()
+            .map(|scheme| Series {
+                label: scheme.name().to_string(),
+                points: report
+                    .accuracy
+                    .iter()
+                    .filter(|p| p.scheme == scheme)
+                    .map(|p| (p.compute_threads as f64, value(p)))
+                    .collect(),
+            })
+            .collect()
+    };
+    let axes = |y_label| Axes { x_label: "compute threads on the back end", y_label, log_x: false, log_y: false };
+    line_plot(
+        &config.out_dir.join("fig8a_mean_deviation.svg"),
+        "Fig. 8a: mean |reported - actual| load",
+        axes("mean |deviation| (requests)"),
+        &series(|p| p.deviation.mean_abs),
+    )?;
+    line_plot(
+        &config.out_dir.join("fig8a_p99_deviation.svg"),
+        "Fig. 8a: p99 |reported - actual| load",
+        axes("p99 |deviation| (requests)"),
+        &series(|p| p.deviation.p99_abs as f64),
+    )?;
+    println!("wrote {}", config.out_dir.display());
+    Ok(report)
+}
+
+/// `tierstack <subcommand> <args>`.
+pub(super) fn command(subcommand: &str, args: Vec<String>) -> Vec<String> {
+    let mut words = strings(&[subcommand]);
+    words.extend(args);
+    words
+}
+
+/// The application module of the experiments' deployments (fabric node 0).
+pub(super) fn module_command(topology: &std::path::Path, socket: &std::path::Path) -> Vec<String> {
+    let at = NodeArgs { topology: topology.to_path_buf(), node: 0 };
+    command("app-module", ModuleArgs::new(at, socket.to_path_buf()).to_args())
+}
+
+/// An application server of the experiments: a Zipf document set.
+pub(super) fn zipf_server(
+    listen: std::net::SocketAddr,
+    socket: &std::path::Path,
+    docs: usize,
+    seed: u64,
+) -> AppServerArgs {
+    AppServerArgs { documents: "zipf".into(), docs, seed, ..AppServerArgs::new(listen, socket.to_path_buf()) }
+}
