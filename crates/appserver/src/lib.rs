@@ -665,6 +665,7 @@ impl AppServer {
     pub async fn run(self, stop: Stop) -> std::io::Result<()> {
         let burning = Arc::new(AtomicBool::new(false));
         start_compute_threads(self.compute_threads, burning.clone(), self.state.load.get().cloned());
+        let heartbeat = self.state.load.get().cloned().map(|publisher| tokio::spawn(beat(publisher)));
         let state = self.state.clone();
         let handler = Arc::new(move |request| handle(state.clone(), request));
         let hook: Option<ConnectionHook> = self.state.load.get().cloned().map(|publisher| {
@@ -672,7 +673,26 @@ impl AppServer {
         });
         let result = serve_with_options(self.listener, handler, stop, hook, self.limits).await;
         burning.store(true, Ordering::Relaxed);
+        if let Some(heartbeat) = heartbeat {
+            heartbeat.abort();
+        }
         result
+    }
+}
+
+/// Advances the published progress word every [`HEARTBEAT`] from a task of
+/// the serving runtime: it moves only while that runtime schedules tasks,
+/// so a stopped process or a wedged runtime shows as a word standing still
+/// (front ends then call this server suspect and route around it).
+///
+/// [`HEARTBEAT`]: tierstack_monitor::publisher::HEARTBEAT
+async fn beat(publisher: Arc<LoadPublisher>) {
+    let mut ticks = tokio::time::interval(tierstack_monitor::publisher::HEARTBEAT);
+    // After a stall, one beat, not a burst that would hide how long it was.
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticks.tick().await;
+        publisher.beat();
     }
 }
 

@@ -139,3 +139,16 @@ async fn the_published_counters_follow_the_server() {
     assert_eq!(busy.running_threads, COMPUTE_THREADS, "nobody is on the CPU for them: {busy:?}");
     s.counters_until("two connections", |c| c.open_connections == 2).await;
 }
+
+/// The progress word: the serving runtime advances it on its own while the
+/// server runs (a reader takes a word standing still for a hung server).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_serving_runtime_advances_the_progress_word() {
+    let setup = setup().await;
+    let first = setup.publisher.progress();
+    let deadline = instant_now() + Duration::from_secs(20);
+    while setup.publisher.progress() < first + 3 && instant_now() < deadline {
+        tokio::time::sleep(tierstack_monitor::publisher::HEARTBEAT).await;
+    }
+    assert!(setup.publisher.progress() >= first + 3, "the heartbeat did not move: {}", setup.publisher.progress());
+}

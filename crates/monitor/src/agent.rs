@@ -11,7 +11,7 @@
 //! Socket protocol (TCP): the front end sends one byte, [`REQUEST_SYNC`]
 //! (answered by one frame; repeatable) or [`REQUEST_SUBSCRIBE`] (then frames
 //! arrive every interval). A frame is [`FRAME_BYTES`] bytes: [`FRAME_MAGIC`]
-//! then the record's six words, little-endian.
+//! then the record's seven words, little-endian.
 
 use crate::publisher::LoadPublisher;
 use crate::record::{KernelSample, LoadRecord, RECORD_WORDS};
@@ -30,8 +30,8 @@ use tierstack_base::time::instant_now;
 pub const REQUEST_SYNC: u8 = b'S';
 /// Asks for a frame every interval from now on.
 pub const REQUEST_SUBSCRIBE: u8 = b'A';
-/// `"tsmonfr1"`, the first word of every frame.
-pub const FRAME_MAGIC: u64 = u64::from_le_bytes(*b"tsmonfr1");
+/// `"tsmonfr2"`, the first word of every frame (2: with the progress word).
+pub const FRAME_MAGIC: u64 = u64::from_le_bytes(*b"tsmonfr2");
 pub const FRAME_BYTES: usize = 8 + RECORD_WORDS * 8;
 /// Longest the monitor thread waits on one subscriber's socket.
 const SEND_TIMEOUT: Duration = Duration::from_millis(50);
@@ -140,7 +140,8 @@ impl AgentView {
 impl Shared {
     fn record_now(&self) -> LoadRecord {
         let kernel = self.kernel.lock().map(|k| *k).unwrap_or_default();
-        LoadRecord { t_ns: host_monotonic_ns(), counters: self.publisher.counters(), kernel }
+        let publisher = &self.publisher;
+        LoadRecord { t_ns: host_monotonic_ns(), counters: publisher.counters(), progress: publisher.progress(), kernel }
     }
 }
 
@@ -299,6 +300,7 @@ mod tests {
         let record = LoadRecord {
             t_ns: 5,
             counters: Counters { running_threads: 1, open_connections: 2, in_flight_requests: 3, queue_len: 4 },
+            progress: 77,
             kernel: KernelSample { procs_running: Some(9), ..KernelSample::default() },
         };
         let frame = encode_frame(&record);

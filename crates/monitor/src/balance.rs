@@ -11,8 +11,18 @@
 //!   so a stale value does not send every request to the same "least loaded"
 //!   back end until the next sample (herding). [R] A refinement of
 //!   seed-notes b.5 ("requests dispatched since"): completions count too.
+//!   The estimate is never below this front end's own requests in flight
+//!   there (as nginx's `least_conn` counts its own connections): a back end
+//!   that stopped counting (a hung process: frozen counters read fresh by
+//!   RDMA-Sync, whose sample time is the read's, so the correction above
+//!   resets on every read) still fills up with what it was sent.
 //!
-//! Every policy skips back ends whose process is gone ([`Health::Dead`]).
+//! Every policy skips back ends whose process is gone ([`Health::Dead`]),
+//! and prefers any other to one that is [`Health::Suspect`] (alive but
+//! making no progress: stopped or wedged), falling back to a suspect only
+//! when nothing else is left. [`Failures`] is the passive half: nginx's
+//! `max_fails`/`fail_timeout`, a back end that failed `max_fails` requests
+//! within `fail_timeout` is paused for `fail_timeout`.
 //! **Admission control** (optional): a request is refused when the chosen
 //! back end's estimate is at or above `admit_max` (for least-loaded: when
 //! every back end is), and the refusal is counted by the caller (503).
@@ -21,6 +31,7 @@ use crate::scheme::{Health, Reading};
 use rand::Rng;
 use serde::Serialize;
 use std::collections::VecDeque;
+use std::time::Duration;
 use tierstack_base::{seeded_rng, SeededRng};
 
 /// How requests are spread.
@@ -91,6 +102,8 @@ struct Backend {
     /// The last value read and when it was sampled.
     value: Option<(u32, u64)>,
     dead: bool,
+    /// Alive but making no progress (its last reading was suspect).
+    suspect: bool,
     /// Serves another site now (reconfiguration): never chosen.
     elsewhere: bool,
     /// This front end's requests in flight to it now.
@@ -130,7 +143,9 @@ impl Backend {
         match self.value {
             Some((value, _)) if correct => {
                 let delta = i64::from(self.in_flight) - i64::from(self.base);
-                u32::try_from((i64::from(value) + delta).max(0)).unwrap_or(u32::MAX)
+                let corrected = u32::try_from((i64::from(value) + delta).max(0)).unwrap_or(u32::MAX);
+                // Its load includes at least what this front end has there now.
+                corrected.max(self.in_flight)
             }
             Some((value, _)) => value,
             // Nothing read yet: only what this front end knows it sent.
@@ -178,7 +193,8 @@ impl Balancer {
     pub fn observe(&mut self, index: usize, reading: &Reading) {
         let Some(backend) = self.backends.get_mut(index) else { return };
         backend.dead = reading.health == Health::Dead;
-        if matches!(reading.health, Health::Fresh | Health::Stale) {
+        backend.suspect = reading.health == Health::Suspect;
+        if matches!(reading.health, Health::Fresh | Health::Stale | Health::Suspect) {
             let sampled = reading.record.t_ns;
             // A value older than the one held (reordered readings) is ignored.
             if backend.value.is_none_or(|(_, held)| sampled >= held) {
@@ -207,19 +223,34 @@ impl Balancer {
         self.backends.get(index).is_some_and(|b| b.dead)
     }
 
+    /// Whether back end `index`'s last reading was suspect (alive, no progress).
+    pub fn is_suspect(&self, index: usize) -> bool {
+        self.backends.get(index).is_some_and(|b| b.suspect)
+    }
+
     /// Picks the back end for a request with `key` (hash policy's input).
     pub fn choose(&mut self, key: &str) -> Decision {
+        self.choose_except(key, &[])
+    }
+
+    /// Picks the back end for a request with `key`, never one of `except`
+    /// (back ends this request already failed on, or paused ones).
+    pub fn choose_except(&mut self, key: &str, except: &[usize]) -> Decision {
         let n = self.backends.len();
-        if !self.backends.iter().any(Backend::eligible) {
+        let candidate = |i: usize, b: &Backend| b.eligible() && !except.contains(&i);
+        if !self.backends.iter().enumerate().any(|(i, b)| candidate(i, b)) {
             return Decision::NoBackend;
         }
+        // Suspects only when nothing else is left.
+        let avoid_suspects = self.backends.iter().enumerate().any(|(i, b)| candidate(i, b) && !b.suspect);
+        let usable = |i: usize, b: &Backend| candidate(i, b) && !(avoid_suspects && b.suspect);
         let chosen = match self.config.policy {
             Policy::Hash => {
                 let start = (fnv1a(key) % n as u64) as usize;
-                (0..n).map(|i| (start + i) % n).find(|i| self.backends[*i].eligible())
+                (0..n).map(|i| (start + i) % n).find(|i| usable(*i, &self.backends[*i]))
             }
             Policy::RoundRobin => {
-                let found = (0..n).map(|i| (self.next + i) % n).find(|i| self.backends[*i].eligible());
+                let found = (0..n).map(|i| (self.next + i) % n).find(|i| usable(*i, &self.backends[*i]));
                 if let Some(i) = found {
                     self.next = (i + 1) % n;
                 }
@@ -227,7 +258,7 @@ impl Balancer {
             }
             Policy::LeastLoaded => {
                 let correct = self.config.correct;
-                let live = || self.backends.iter().enumerate().filter(|(_, b)| b.eligible());
+                let live = || self.backends.iter().enumerate().filter(|(i, b)| usable(*i, b));
                 let least = live().map(|(_, b)| b.estimate(correct)).min();
                 let tied: Vec<usize> =
                     live().filter(|(_, b)| Some(b.estimate(correct)) == least).map(|(i, _)| i).collect();
@@ -264,6 +295,85 @@ impl Balancer {
     /// This front end's requests in flight to `index`.
     pub fn in_flight(&self, index: usize) -> u32 {
         self.backends.get(index).map_or(0, |b| b.in_flight)
+    }
+}
+
+/// nginx's `max_fails` and `fail_timeout`, per back end.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FailureConfig {
+    /// Failures within `fail_timeout` that pause a back end; 0: never paused.
+    pub max_fails: u32,
+    /// The window failures are counted in, and how long a pause lasts.
+    pub fail_timeout: Duration,
+}
+
+impl Default for FailureConfig {
+    /// nginx's defaults: one failure pauses a server for 10 s.
+    fn default() -> Self {
+        FailureConfig { max_fails: 1, fail_timeout: Duration::from_secs(10) }
+    }
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+struct FailureWindow {
+    fails: u32,
+    window_start_ns: u64,
+    paused_until_ns: u64,
+}
+
+/// The passive health check: failed requests pause a back end (pure: times
+/// are passed in). A failure is what the caller counts as one (a refused
+/// connection, no response in time, a broken response); a success clears
+/// the count.
+#[derive(Clone, Debug)]
+pub struct Failures {
+    config: FailureConfig,
+    windows: Vec<FailureWindow>,
+}
+
+impl Failures {
+    pub fn new(backends: usize, config: FailureConfig) -> Self {
+        Failures { config, windows: vec![FailureWindow::default(); backends] }
+    }
+
+    fn timeout_ns(&self) -> u64 {
+        u64::try_from(self.config.fail_timeout.as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    /// A request to `index` failed at `now_ns`; true if that paused it.
+    pub fn failed(&mut self, index: usize, now_ns: u64) -> bool {
+        let (max_fails, timeout) = (self.config.max_fails, self.timeout_ns());
+        let Some(window) = self.windows.get_mut(index) else { return false };
+        if max_fails == 0 {
+            return false;
+        }
+        if window.fails == 0 || now_ns.saturating_sub(window.window_start_ns) > timeout {
+            *window = FailureWindow { fails: 0, window_start_ns: now_ns, paused_until_ns: window.paused_until_ns };
+        }
+        window.fails += 1;
+        if window.fails >= max_fails {
+            *window =
+                FailureWindow { fails: 0, window_start_ns: now_ns, paused_until_ns: now_ns.saturating_add(timeout) };
+            return true;
+        }
+        false
+    }
+
+    /// A request to `index` succeeded: its failures are forgotten.
+    pub fn succeeded(&mut self, index: usize) {
+        if let Some(window) = self.windows.get_mut(index) {
+            window.fails = 0;
+        }
+    }
+
+    /// Whether `index` is paused at `now_ns`.
+    pub fn paused(&self, index: usize, now_ns: u64) -> bool {
+        self.windows.get(index).is_some_and(|w| now_ns < w.paused_until_ns)
+    }
+
+    /// The back ends paused at `now_ns`.
+    pub fn paused_set(&self, now_ns: u64) -> Vec<usize> {
+        (0..self.windows.len()).filter(|i| self.paused(*i, now_ns)).collect()
     }
 }
 
@@ -382,6 +492,81 @@ mod tests {
         for key in ["/doc/a", "/doc/b", "/doc/zz"] {
             assert_eq!(b.choose(key), Decision::Route((fnv1a(key) % 5) as usize));
         }
+    }
+
+    /// The hung-node black hole: a stopped back end's counters read as 0
+    /// by RDMA-Sync (stamped with the read's time, so the correction for
+    /// this front end's dispatches resets on every read). Its estimate must
+    /// still grow with what was sent there and not answered.
+    #[test]
+    fn a_back_end_with_frozen_counters_fills_up_with_our_own_requests() {
+        let mut b = Balancer::new(2, BalancerConfig::new(Policy::LeastLoaded));
+        let mut counts = [0u32; 2];
+        for t in 1..=40u64 {
+            // Back end 0 is hung: reads 0 forever. Back end 1 reads what
+            // this front end has in flight there (it answers at once).
+            b.observe(0, &reading(0, t * 10, Health::Fresh));
+            b.observe(1, &reading(b.in_flight(1) as u16, t * 10, Health::Fresh));
+            let i = route(b.choose("k"));
+            counts[i] += 1;
+            b.dispatched(i, t * 10 + 1);
+            if i == 1 {
+                b.completed(1, t * 10 + 2);
+            }
+        }
+        assert_eq!(b.estimate(0), Some(b.in_flight(0)), "the floor is our own requests in flight");
+        assert!(counts[0] <= 2, "the hung back end got {counts:?}");
+    }
+
+    #[test]
+    fn suspect_back_ends_are_chosen_only_when_nothing_else_is_left() {
+        for policy in [Policy::Hash, Policy::RoundRobin, Policy::LeastLoaded] {
+            let mut b = Balancer::new(3, BalancerConfig::new(policy));
+            b.observe(0, &reading(0, 1, Health::Suspect));
+            b.observe(1, &reading(9, 1, Health::Fresh));
+            b.observe(2, &reading(9, 1, Health::Fresh));
+            assert!(b.is_suspect(0));
+            for key in ["a", "b", "c", "d", "e", "f", "g"] {
+                assert!(matches!(b.choose(key), Decision::Route(1 | 2)), "{policy:?}: least loaded but suspect");
+            }
+            assert!(matches!(b.choose_except("a", &[1, 2]), Decision::Route(0)), "{policy:?}: the only one left");
+            b.observe(0, &reading(0, 2, Health::Fresh));
+            assert!(!b.is_suspect(0), "{policy:?}: a suspect that makes progress again is trusted again");
+        }
+    }
+
+    #[test]
+    fn except_removes_candidates_and_nothing_left_is_no_backend() {
+        for policy in [Policy::Hash, Policy::RoundRobin, Policy::LeastLoaded] {
+            let mut b = Balancer::new(3, BalancerConfig::new(policy));
+            for key in ["a", "b", "c", "d"] {
+                assert!(matches!(b.choose_except(key, &[0, 2]), Decision::Route(1)), "{policy:?}");
+            }
+            assert_eq!(b.choose_except("a", &[0, 1, 2]), Decision::NoBackend, "{policy:?}");
+        }
+    }
+
+    #[test]
+    fn max_fails_within_the_window_pause_a_back_end_for_fail_timeout() {
+        let second = 1_000_000_000u64;
+        let config = FailureConfig { max_fails: 2, fail_timeout: Duration::from_secs(10) };
+        let mut f = Failures::new(2, config);
+        assert!(!f.failed(0, second));
+        assert!(!f.paused(0, second), "one failure of two");
+        // The window passed: the count starts again.
+        assert!(!f.failed(0, 12 * second));
+        assert!(f.failed(0, 13 * second), "two within ten seconds");
+        assert!(f.paused(0, 13 * second) && f.paused(0, 22 * second));
+        assert!(!f.paused(0, 23 * second), "the pause lasts fail_timeout");
+        assert_eq!(f.paused_set(14 * second), vec![0]);
+        // A success forgets a failure.
+        assert!(!f.failed(1, second));
+        f.succeeded(1);
+        assert!(!f.failed(1, 2 * second), "the count was reset");
+        // max_fails 0: never paused; out of range: ignored.
+        let mut never = Failures::new(1, FailureConfig { max_fails: 0, ..config });
+        assert!((0..10).all(|t| !never.failed(0, t)) && !never.paused(0, 5));
+        assert!(!f.failed(7, 1) && !f.paused(7, 1));
     }
 
     proptest! {

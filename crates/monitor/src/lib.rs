@@ -33,7 +33,7 @@ pub mod scheme;
 pub mod top;
 
 pub use agent::{AgentConfig, AgentStats, AgentView, MonitorAgent};
-pub use balance::{Balancer, BalancerConfig, Decision, Policy};
+pub use balance::{Balancer, BalancerConfig, Decision, FailureConfig, Failures, Policy};
 pub use publisher::{GaugeGuard, LoadPublisher};
 pub use reconfig::{AgentEvent, ReconfigAgent, ReconfigConfig, RoleStamp, RoleWord, ROLE_HEADER};
 pub use record::{Counters, Gauge, KernelSample, LoadRecord};

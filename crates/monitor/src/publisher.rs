@@ -5,10 +5,11 @@
 //!
 //! ```text
 //! offset  0  magic            MAGIC: tells a monitor region from anything else
-//! offset  8  counters word    Counters packed 4 x 16 bits (RDMA-Sync reads this)
-//! offset 16  saturated        increments refused because a counter was at COUNTER_MAX
-//! offset 24  started_ns       when this publisher started (CLOCK_MONOTONIC)
-//! offset 32  sampled record   a SeqRecord of a LoadRecord (RDMA-Async reads this)
+//! offset  8  counters word    Counters packed 4 x 16 bits  } RDMA-Sync reads these
+//! offset 16  progress word    the heartbeat (0: none kept) } two words in one read
+//! offset 24  saturated        increments refused because a counter was at COUNTER_MAX
+//! offset 32  started_ns       when this publisher started (CLOCK_MONOTONIC)
+//! offset 40  sampled record   a SeqRecord of a LoadRecord (RDMA-Async reads this)
 //! ```
 //!
 //! The counters word changes only through [`GaugeGuard`]s: a guard adds one
@@ -18,6 +19,14 @@
 //! refused, counted in `saturated`, and its guard takes nothing away). This
 //! is the analog of the kernel updating its counters as a side effect of
 //! scheduling (seed-notes b.3): no thread of the node ever runs for a reader.
+//!
+//! The progress word is the node's liveness: [`LoadPublisher::beat`], called
+//! by a task of the serving runtime every [`HEARTBEAT`], adds one. A node
+//! whose process is stopped (SIGSTOP, a debugger, a VM pause) or whose
+//! runtime is wedged keeps counters that look idle forever; its progress
+//! word standing still is what tells a reader (the counters cannot: an idle
+//! node's are still too). A node that never beats leaves it 0, which
+//! readers take as "no heartbeat kept", never as hung.
 
 use crate::record::{Counters, Gauge, KernelSample, LoadRecord, COUNTER_MAX, RECORD_WORDS};
 use crate::MonitorError;
@@ -29,13 +38,19 @@ use tierstack_fabric::{Fabric, LocalRegion};
 
 /// Name of the load region on every monitored node.
 pub const REGION_NAME: &str = "monitor.load";
-/// `"tsmonld1"`: the first word of every load region.
-pub const MAGIC: u64 = u64::from_le_bytes(*b"tsmonld1");
+/// `"tsmonld2"`: the first word of every load region (2: with the
+/// progress word).
+pub const MAGIC: u64 = u64::from_le_bytes(*b"tsmonld2");
 pub const MAGIC_OFFSET: u64 = 0;
 pub const COUNTERS_OFFSET: u64 = 8;
-pub const SATURATED_OFFSET: u64 = 16;
-pub const STARTED_OFFSET: u64 = 24;
-pub const RECORD_OFFSET: u64 = 32;
+pub const PROGRESS_OFFSET: u64 = 16;
+pub const SATURATED_OFFSET: u64 = 24;
+pub const STARTED_OFFSET: u64 = 32;
+pub const RECORD_OFFSET: u64 = 40;
+/// How often a serving runtime advances its progress word
+/// ([`LoadPublisher::beat`]): a reader calls a node hung when the word
+/// stands still for many of these.
+pub const HEARTBEAT: std::time::Duration = std::time::Duration::from_millis(10);
 /// Bytes of the load region.
 pub const REGION_BYTES: u64 = RECORD_OFFSET + 8 + RECORD_WORDS as u64 * 8;
 
@@ -89,6 +104,18 @@ impl LoadPublisher {
         Counters::from_word(self.memory().load_u64(COUNTERS_OFFSET).unwrap_or(0))
     }
 
+    /// The progress word now.
+    pub fn progress(&self) -> u64 {
+        self.memory().load_u64(PROGRESS_OFFSET).unwrap_or(0)
+    }
+
+    /// Advances the progress word: the node is scheduled and serving. Call
+    /// it from the serving runtime (a task every [`HEARTBEAT`]), not from a
+    /// thread of its own, or a wedged runtime would still look alive.
+    pub fn beat(&self) {
+        let _ = self.memory().fetch_add(PROGRESS_OFFSET, 1);
+    }
+
     /// Increments refused so far because a counter was full.
     pub fn saturated(&self) -> u64 {
         self.memory().load_u64(SATURATED_OFFSET).unwrap_or(0)
@@ -128,7 +155,7 @@ impl LoadPublisher {
     /// Writes the sampled record (the async schemes' sampler): the counters
     /// now, the kernel's fields, and `t_ns`. Returns what it wrote.
     pub fn write_record(&self, kernel: KernelSample, t_ns: u64) -> Result<LoadRecord, MonitorError> {
-        let record = LoadRecord { t_ns, counters: self.counters(), kernel };
+        let record = LoadRecord { t_ns, counters: self.counters(), progress: self.progress(), kernel };
         let bytes: Vec<u8> = record.to_words().iter().flat_map(|w| w.to_ne_bytes()).collect();
         let _one_writer = self.record_writer.lock().map_err(|_| MonitorError::Poisoned)?;
         self.record.write_local(self.memory(), &bytes)?;
@@ -212,6 +239,17 @@ mod tests {
         assert_eq!(publisher.counters().in_flight_requests, 0, "no carry");
         drop(refused);
         assert_eq!(publisher.counters().open_connections, COUNTER_MAX, "a refused guard takes nothing away");
+    }
+
+    #[test]
+    fn the_progress_word_starts_at_zero_and_each_beat_adds_one() {
+        let publisher = LoadPublisher::unregistered().unwrap();
+        assert_eq!(publisher.progress(), 0, "no heartbeat until the first beat");
+        publisher.beat();
+        publisher.beat();
+        assert_eq!(publisher.progress(), 2);
+        assert_eq!(publisher.write_record(KernelSample::default(), 1).unwrap().progress, 2);
+        assert_eq!(publisher.counters(), Counters::default(), "beats touch no counter");
     }
 
     #[test]

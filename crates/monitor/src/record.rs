@@ -100,18 +100,22 @@ pub struct KernelSample {
     pub psi_cpu_some_centi: Option<u32>,
 }
 
-/// A node's load at one instant: the counters and, from a sampler, the
-/// kernel's fields.
+/// A node's load at one instant: the counters, its progress word and,
+/// from a sampler, the kernel's fields.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct LoadRecord {
     /// When it was sampled (`CLOCK_MONOTONIC`, ns: one clock for the host).
     pub t_ns: u64,
     pub counters: Counters,
+    /// The node's heartbeat: advanced by its serving runtime while that
+    /// runtime is scheduled (0: the node keeps no heartbeat). A reader that
+    /// sees it stand still knows the node is hung, whatever its counters say.
+    pub progress: u64,
     pub kernel: KernelSample,
 }
 
 /// Words of an encoded [`LoadRecord`].
-pub const RECORD_WORDS: usize = 6;
+pub const RECORD_WORDS: usize = 7;
 
 /// A word that means "absent" in an encoded optional field.
 const ABSENT: u64 = u64::MAX;
@@ -125,12 +129,13 @@ fn word_to_u32(word: u64) -> Option<u32> {
 }
 
 impl LoadRecord {
-    /// The record as words: `t_ns`, the counters word, then the kernel
-    /// fields (`u64::MAX` = absent).
+    /// The record as words: `t_ns`, the counters word, the progress word,
+    /// then the kernel fields (`u64::MAX` = absent).
     pub fn to_words(&self) -> [u64; RECORD_WORDS] {
         [
             self.t_ns,
             self.counters.to_word(),
+            self.progress,
             opt_to_word(self.kernel.procs_running),
             opt_to_word(self.kernel.cpu_busy_permille),
             opt_to_word(self.kernel.mem_available_kib),
@@ -144,11 +149,12 @@ impl LoadRecord {
         LoadRecord {
             t_ns: words[0],
             counters: Counters::from_word(words[1]),
+            progress: words[2],
             kernel: KernelSample {
-                procs_running: word_to_u32(words[2]),
-                cpu_busy_permille: word_to_u32(words[3]),
-                mem_available_kib: (words[4] != ABSENT).then_some(words[4]),
-                psi_cpu_some_centi: word_to_u32(words[5]),
+                procs_running: word_to_u32(words[3]),
+                cpu_busy_permille: word_to_u32(words[4]),
+                mem_available_kib: (words[5] != ABSENT).then_some(words[5]),
+                psi_cpu_some_centi: word_to_u32(words[6]),
             },
         }
     }
@@ -191,14 +197,16 @@ mod tests {
         (
             any::<u64>(),
             counters(),
+            any::<u64>(),
             proptest::option::of(any::<u32>()),
             proptest::option::of(0u32..=1000),
             proptest::option::of(0u64..u64::MAX),
             proptest::option::of(any::<u32>()),
         )
-            .prop_map(|(t_ns, counters, procs, busy, mem, psi)| LoadRecord {
+            .prop_map(|(t_ns, counters, progress, procs, busy, mem, psi)| LoadRecord {
                 t_ns,
                 counters,
+                progress,
                 kernel: KernelSample {
                     procs_running: procs,
                     cpu_busy_permille: busy,
@@ -239,7 +247,7 @@ mod tests {
     #[test]
     fn an_oversized_32_bit_field_reads_as_absent() {
         let mut words = LoadRecord::default().to_words();
-        words[2] = u64::from(u32::MAX) + 1;
+        words[3] = u64::from(u32::MAX) + 1;
         assert_eq!(LoadRecord::from_words(&words).kernel.procs_running, None);
     }
 }

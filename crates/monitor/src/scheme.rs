@@ -14,10 +14,17 @@
 //! A read never fails: it returns a [`Reading`] whose [`Health`] says how far
 //! to trust it. A back end whose process is gone is [`Health::Dead`] (a read
 //! fails with `PeerDead`, the fabric reports it `Gone`, or its socket server
-//! refuses connections), never stale forever.
+//! refuses connections or does not accept them in time), never stale forever.
+//! A back end whose process is there but does not run (stopped, or its
+//! serving runtime wedged) is [`Health::Suspect`]: its progress word
+//! ([`crate::publisher::HEARTBEAT`]) has stood still for longer than
+//! [`SourceConfig::suspect_after`] (RDMA-Sync reads the word live, the async
+//! schemes in the sampled record), or it did not answer a read in that
+//! time. After such a read the node is not asked again for `suspect_after`:
+//! a hung node costs a reader one bounded wait per window, not one per read.
 
 use crate::agent::{decode_frame, FRAME_BYTES, REQUEST_SUBSCRIBE, REQUEST_SYNC};
-use crate::publisher::{sampled_record, COUNTERS_OFFSET, MAGIC, MAGIC_OFFSET, REGION_NAME};
+use crate::publisher::{sampled_record, COUNTERS_OFFSET, MAGIC, MAGIC_OFFSET, PROGRESS_OFFSET, REGION_NAME};
 use crate::record::{Counters, LoadRecord, RECORD_WORDS};
 use crate::MonitorError;
 use serde::Serialize;
@@ -84,6 +91,10 @@ pub enum Health {
     /// The last value known, older than the bound (or the read failed in a
     /// way that does not prove the node dead).
     Stale,
+    /// The node answers (or its memory is readable) but shows no progress:
+    /// its heartbeat has stood still, or it did not answer in time. Its
+    /// process is stopped or wedged; the value is the last known.
+    Suspect,
     /// The node's process is gone.
     Dead,
     /// Nothing has been read from it yet.
@@ -119,19 +130,69 @@ pub struct SourceConfig {
     /// RDMA-Sync: how often to ask the fabric whether the node still runs
     /// (a one-sided read of a killed node's memory still succeeds on shm).
     pub liveness_every: Duration,
-    /// Socket schemes: connect and answer timeout.
+    /// Socket schemes: connect timeout, and answer timeout without
+    /// `suspect_after`.
     pub socket_timeout: Duration,
+    /// A node whose progress word stands still this long, or that does not
+    /// answer a read in this time, is [`Health::Suspect`]; `None` turns
+    /// the liveness check off (the node is then trusted while it answers).
+    pub suspect_after: Option<Duration>,
 }
+
+/// Default of [`SourceConfig::suspect_after`]: 20 heartbeats. A serving
+/// runtime that cannot run one 10 ms timer task in 200 ms is as good as hung
+/// for a balancer; a loaded one still beats well within it.
+pub const SUSPECT_AFTER_DEFAULT: Duration = Duration::from_millis(200);
 
 impl SourceConfig {
     /// Defaults for an async interval: stale after three intervals (at
-    /// least 50 ms), liveness every 100 ms, sockets time out after 1 s.
+    /// least 50 ms), liveness every 100 ms, sockets time out after 1 s,
+    /// suspect after [`SUSPECT_AFTER_DEFAULT`] without progress.
     pub fn for_interval(interval: Duration) -> Self {
         SourceConfig {
             stale_after: (interval * 3).max(Duration::from_millis(50)),
             liveness_every: Duration::from_millis(100),
             socket_timeout: Duration::from_secs(1),
+            suspect_after: Some(SUSPECT_AFTER_DEFAULT),
         }
+    }
+
+    fn suspect_after_ns(&self) -> Option<u64> {
+        self.suspect_after.map(|d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+    }
+}
+
+/// Watches one node's progress word across readings (pure).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ProgressWatch {
+    last: u64,
+    /// When `last` was first seen (reader's clock); 0: nothing seen yet.
+    seen_ns: u64,
+    /// No read is to be tried before this (after a read that hung).
+    quiet_until_ns: u64,
+}
+
+impl ProgressWatch {
+    /// Takes the progress word `progress` read at `now_ns`; true if it has
+    /// stood still for more than `bound_ns`. A word of 0 is a node that
+    /// keeps no heartbeat: never suspect.
+    pub fn stalled(&mut self, progress: u64, now_ns: u64, bound_ns: Option<u64>) -> bool {
+        if self.seen_ns == 0 || progress != self.last {
+            self.last = progress;
+            self.seen_ns = now_ns;
+            return false;
+        }
+        progress != 0 && bound_ns.is_some_and(|bound| now_ns.saturating_sub(self.seen_ns) > bound)
+    }
+
+    /// A read hung (timed out): no read before `now_ns + bound_ns`.
+    pub fn hung(&mut self, now_ns: u64, bound_ns: u64) {
+        self.quiet_until_ns = now_ns.saturating_add(bound_ns);
+    }
+
+    /// Whether a read may be tried at `now_ns`.
+    pub fn may_read(&self, now_ns: u64) -> bool {
+        now_ns >= self.quiet_until_ns
     }
 }
 
@@ -145,6 +206,11 @@ pub trait LoadSource: Send + Sync {
     }
     /// Reads back end `index`'s load now (as the scheme can).
     fn read(&self, index: usize) -> Reading;
+    /// Whether a read may wait on the network (Socket-Sync, a fabric other
+    /// than shm): an async caller then reads on a blocking thread.
+    fn reads_wait_on_the_network(&self) -> bool {
+        false
+    }
 }
 
 /// Where a back end is reached.
@@ -192,6 +258,7 @@ struct RdmaNode {
     region: Option<Arc<dyn RemoteRegion>>,
     last: Option<LoadRecord>,
     liveness_checked_ns: u64,
+    watch: ProgressWatch,
 }
 
 /// RDMA-Sync and RDMA-Async: one-sided reads of `monitor.load`.
@@ -206,7 +273,15 @@ impl RdmaSource {
     pub fn new(scheme: Scheme, fabric: Arc<dyn Fabric>, nodes: Vec<NodeId>, config: SourceConfig) -> Self {
         let nodes = nodes
             .into_iter()
-            .map(|node| Mutex::new(RdmaNode { node, region: None, last: None, liveness_checked_ns: 0 }))
+            .map(|node| {
+                Mutex::new(RdmaNode {
+                    node,
+                    region: None,
+                    last: None,
+                    liveness_checked_ns: 0,
+                    watch: ProgressWatch::default(),
+                })
+            })
             .collect();
         RdmaSource { scheme, fabric, nodes, config }
     }
@@ -224,12 +299,17 @@ impl RdmaSource {
     fn read_value(&self, region: &dyn RemoteRegion) -> Result<LoadRecord, FabricError> {
         match self.scheme {
             Scheme::RdmaSync => {
-                let word = region.post(vec![Op::Read { offset: COUNTERS_OFFSET, len: 8 }]).wait()?;
-                let bytes = word.into_iter().next().ok_or(FabricError::Closed)?.into_bytes()?;
-                let mut eight = [0u8; 8];
-                eight.copy_from_slice(bytes.get(..8).ok_or(FabricError::Closed)?);
-                let counters = Counters::from_word(u64::from_ne_bytes(eight));
-                Ok(LoadRecord { t_ns: host_monotonic_ns(), counters, ..LoadRecord::default() })
+                // The counters word and the progress word, adjacent: one read.
+                const _: () = assert!(PROGRESS_OFFSET == COUNTERS_OFFSET + 8);
+                let words = region.post(vec![Op::Read { offset: COUNTERS_OFFSET, len: 16 }]).wait()?;
+                let bytes = words.into_iter().next().ok_or(FabricError::Closed)?.into_bytes()?;
+                let word = |at: usize| -> Result<u64, FabricError> {
+                    let mut eight = [0u8; 8];
+                    eight.copy_from_slice(bytes.get(at..at + 8).ok_or(FabricError::Closed)?);
+                    Ok(u64::from_ne_bytes(eight))
+                };
+                let counters = Counters::from_word(word(0)?);
+                Ok(LoadRecord { t_ns: host_monotonic_ns(), counters, progress: word(8)?, ..LoadRecord::default() })
             }
             _ => {
                 let (_, payload) = sampled_record().read(region)?;
@@ -258,6 +338,10 @@ impl LoadSource for RdmaSource {
         self.nodes.len()
     }
 
+    fn reads_wait_on_the_network(&self) -> bool {
+        self.fabric.backend_name() != "shm"
+    }
+
     fn read(&self, index: usize) -> Reading {
         let now = host_monotonic_ns();
         let Some(slot) = self.nodes.get(index) else { return Reading::unknown(now) };
@@ -268,6 +352,9 @@ impl LoadSource for RdmaSource {
             read_ns: host_monotonic_ns(),
             health,
         };
+        if !state.watch.may_read(now) {
+            return stale(state.last, Health::Suspect);
+        }
         let region = match state.region.clone() {
             Some(region) => region,
             None => match self.connect(node) {
@@ -303,8 +390,11 @@ impl LoadSource for RdmaSource {
                         return Reading { record, read_ns, health: Health::Dead };
                     }
                 }
+                let stalled = state.watch.stalled(record.progress, read_ns, self.config.suspect_after_ns());
                 let health = if record.t_ns == 0 {
                     Health::Unknown // the sampler has not written yet
+                } else if stalled {
+                    Health::Suspect
                 } else if aged {
                     Health::Stale
                 } else {
@@ -315,7 +405,16 @@ impl LoadSource for RdmaSource {
             Err(e) => {
                 state.region = None;
                 let dead = matches!(e, FabricError::PeerDead { .. }) || self.gone(node);
-                stale(state.last, if dead { Health::Dead } else { Health::Stale })
+                let hung = matches!(e, FabricError::Timeout { .. });
+                let health = match (dead, hung, self.config.suspect_after_ns()) {
+                    (true, _, _) => Health::Dead,
+                    (false, true, Some(bound)) => {
+                        state.watch.hung(host_monotonic_ns(), bound);
+                        Health::Suspect
+                    }
+                    _ => Health::Stale,
+                };
+                stale(state.last, health)
             }
         }
     }
@@ -323,8 +422,16 @@ impl LoadSource for RdmaSource {
 
 // -------------------------------------------------------------- sockets ----
 
-fn refused(e: &std::io::Error) -> bool {
-    e.kind() == ErrorKind::ConnectionRefused
+/// A connection that failed this way proves the node gone: nothing
+/// listens (refused), or nothing accepted in time (a host that is down; a
+/// stopped process still accepts into its backlog).
+fn proves_gone(e: &std::io::Error) -> bool {
+    matches!(e.kind(), ErrorKind::ConnectionRefused | ErrorKind::TimedOut | ErrorKind::WouldBlock)
+}
+
+/// A read or write that failed this way waited out its timeout.
+fn timed_out(e: &std::io::Error) -> bool {
+    matches!(e.kind(), ErrorKind::TimedOut | ErrorKind::WouldBlock)
 }
 
 fn connect(addr: SocketAddr, timeout: Duration) -> std::io::Result<TcpStream> {
@@ -345,6 +452,7 @@ struct SyncNode {
     addr: SocketAddr,
     stream: Option<TcpStream>,
     last: Option<LoadRecord>,
+    watch: ProgressWatch,
 }
 
 /// Socket-Sync: a TCP request to the back end's monitor thread per read.
@@ -355,7 +463,10 @@ pub struct SocketSyncSource {
 
 impl SocketSyncSource {
     pub fn new(sockets: Vec<SocketAddr>, config: SourceConfig) -> Self {
-        let nodes = sockets.into_iter().map(|addr| Mutex::new(SyncNode { addr, stream: None, last: None })).collect();
+        let nodes = sockets
+            .into_iter()
+            .map(|addr| Mutex::new(SyncNode { addr, stream: None, last: None, watch: ProgressWatch::default() }))
+            .collect();
         SocketSyncSource { nodes, config }
     }
 }
@@ -369,36 +480,54 @@ impl LoadSource for SocketSyncSource {
         self.nodes.len()
     }
 
+    fn reads_wait_on_the_network(&self) -> bool {
+        true
+    }
+
     fn read(&self, index: usize) -> Reading {
         let now = host_monotonic_ns();
         let Some(slot) = self.nodes.get(index) else { return Reading::unknown(now) };
         let Ok(mut state) = slot.lock() else { return Reading::unknown(now) };
-        let mut dead = false;
+        if !state.watch.may_read(now) {
+            return Reading { record: state.last.unwrap_or_default(), read_ns: now, health: Health::Suspect };
+        }
+        let suspect_after = self.config.suspect_after_ns();
+        // A monitor thread that cannot answer within the suspicion bound is
+        // suspect: waiting longer only stalls the reader.
+        let answer_timeout = self.config.suspect_after.map_or(self.config.socket_timeout, |bound| {
+            bound.min(self.config.socket_timeout).max(Duration::from_millis(1))
+        });
+        let (mut dead, mut hung) = (false, false);
         let answer = (|| {
             if state.stream.is_none() {
-                state.stream =
-                    Some(connect(state.addr, self.config.socket_timeout).inspect_err(|e| dead = refused(e))?);
+                let stream = connect(state.addr, self.config.socket_timeout).inspect_err(|e| dead = proves_gone(e))?;
+                stream.set_read_timeout(Some(answer_timeout))?;
+                state.stream = Some(stream);
             }
             let stream = state.stream.as_mut().ok_or_else(|| std::io::Error::from(ErrorKind::NotConnected))?;
             stream.write_all(&[REQUEST_SYNC])?;
-            read_frame(stream)
+            read_frame(stream).inspect_err(|e| hung = timed_out(e))
         })();
         let read_ns = host_monotonic_ns();
         match answer {
             Ok(record) => {
                 state.last = Some(record);
-                Reading { record, read_ns, health: Health::Fresh }
+                let stalled = state.watch.stalled(record.progress, read_ns, suspect_after);
+                Reading { record, read_ns, health: if stalled { Health::Suspect } else { Health::Fresh } }
             }
             Err(_) => {
-                // The connection is unusable; the next read reconnects, and a
-                // refusal there proves the monitor (its process) gone.
+                // The connection is unusable (a late answer would be read as
+                // the next one's); the next read reconnects, and a refusal
+                // there proves the monitor (its process) gone.
                 state.stream = None;
-                let health = if dead {
-                    Health::Dead
-                } else if state.last.is_some() {
-                    Health::Stale
-                } else {
-                    Health::Unknown
+                let health = match (dead, hung, suspect_after) {
+                    (true, _, _) => Health::Dead,
+                    (false, true, Some(bound)) => {
+                        state.watch.hung(read_ns, bound);
+                        Health::Suspect
+                    }
+                    _ if state.last.is_some() => Health::Stale,
+                    _ => Health::Unknown,
                 };
                 Reading { record: state.last.unwrap_or_default(), read_ns, health }
             }
@@ -410,6 +539,7 @@ impl LoadSource for SocketSyncSource {
 struct AsyncSlot {
     last: Option<LoadRecord>,
     dead: bool,
+    watch: ProgressWatch,
 }
 
 /// Socket-Async: a receiver thread per back end keeps the latest frame the
@@ -463,7 +593,7 @@ fn subscribe_loop(addr: SocketAddr, slot: Arc<Mutex<AsyncSlot>>, stop: Arc<Atomi
             Ok(stream) => stream,
             Err(e) => {
                 if let Ok(mut slot) = slot.lock() {
-                    slot.dead = refused(&e);
+                    slot.dead = proves_gone(&e);
                 }
                 // Retry no faster than the staleness bound: a refusing node
                 // is reported dead meanwhile.
@@ -510,7 +640,7 @@ impl LoadSource for SocketAsyncSource {
     }
 
     fn read(&self, index: usize) -> Reading {
-        let Some(Ok(slot)) = self.slots.get(index).map(|s| s.lock()) else {
+        let Some(Ok(mut slot)) = self.slots.get(index).map(|s| s.lock()) else {
             return Reading::unknown(host_monotonic_ns());
         };
         // Read the clock under the slot's lock: taken before it, the receiver
@@ -521,13 +651,52 @@ impl LoadSource for SocketAsyncSource {
             return Reading { record: LoadRecord::default(), read_ns, health };
         };
         let aged = Duration::from_nanos(read_ns.saturating_sub(record.t_ns)) > self.config.stale_after;
+        // No new frame, or frames whose progress stands still: suspect.
+        let stalled = slot.watch.stalled(record.progress, read_ns, self.config.suspect_after_ns());
         let health = if slot.dead {
             Health::Dead
+        } else if stalled {
+            Health::Suspect
         } else if aged {
             Health::Stale
         } else {
             Health::Fresh
         };
         Reading { record, read_ns, health }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: u64 = 1_000_000;
+
+    #[test]
+    fn a_progress_word_standing_still_past_the_bound_is_stalled() {
+        let mut watch = ProgressWatch::default();
+        let bound = Some(100 * MS);
+        assert!(!watch.stalled(5, 1_000 * MS, bound), "the first sight starts the clock");
+        assert!(!watch.stalled(5, 1_100 * MS, bound), "exactly the bound: not yet");
+        assert!(watch.stalled(5, 1_101 * MS, bound));
+        assert!(!watch.stalled(6, 1_102 * MS, bound), "it moved: trusted again");
+        assert!(!watch.stalled(6, 1_150 * MS, bound));
+        assert!(!watch.stalled(6, 9_999 * MS, None), "no bound: never stalled");
+    }
+
+    #[test]
+    fn a_node_that_keeps_no_heartbeat_is_never_stalled() {
+        let mut watch = ProgressWatch::default();
+        assert!(!watch.stalled(0, MS, Some(MS)));
+        assert!(!watch.stalled(0, 1_000 * MS, Some(MS)));
+    }
+
+    #[test]
+    fn after_a_hung_read_no_read_is_tried_within_the_bound() {
+        let mut watch = ProgressWatch::default();
+        assert!(watch.may_read(0));
+        watch.hung(50 * MS, 100 * MS);
+        assert!(!watch.may_read(50 * MS) && !watch.may_read(149 * MS));
+        assert!(watch.may_read(150 * MS));
     }
 }

@@ -62,6 +62,7 @@ fn health(h: Health) -> &'static str {
     match h {
         Health::Fresh => "fresh",
         Health::Stale => "stale",
+        Health::Suspect => "suspect",
         Health::Dead => "dead",
         Health::Unknown => "-",
     }
@@ -123,7 +124,7 @@ mod tests {
     fn the_table_shows_counters_and_only_sampled_kernel_fields() {
         let counters = Counters { running_threads: 3, open_connections: 7, in_flight_requests: 2, queue_len: 1 };
         let kernel = KernelSample { procs_running: Some(4), cpu_busy_permille: Some(512), ..KernelSample::default() };
-        let record = LoadRecord { t_ns: 1_000_000, counters, kernel };
+        let record = LoadRecord { t_ns: 1_000_000, counters, progress: 1, kernel };
         let fresh = Reading { record, read_ns: 3_500_000, health: Health::Fresh };
         let unknown =
             Reading { record: LoadRecord { kernel, ..LoadRecord::default() }, read_ns: 0, health: Health::Unknown };

@@ -57,8 +57,12 @@ fn source_config() -> SourceConfig {
         stale_after: Duration::from_millis(100),
         liveness_every: Duration::from_millis(20),
         socket_timeout: Duration::from_millis(200),
+        suspect_after: Some(SUSPECT_AFTER),
     }
 }
+
+/// The liveness bound of these tests: 10 heartbeats.
+const SUSPECT_AFTER: Duration = Duration::from_millis(100);
 
 /// A record the hammer writes at `t`: its kernel fields are functions of
 /// `t`, so a record pieced together from two writes is detected.
@@ -174,8 +178,9 @@ fn child_entry() {
             }
             say(&report.join(" | "));
         }
-        // A back end with a monitor thread (1 ms) and socket server; says
-        // its socket address.
+        // A back end with a monitor thread (1 ms), a socket server and a
+        // heartbeat (a thread stands in for a serving runtime); says its
+        // socket address.
         "back-end" => {
             exit_when_stdin_closes();
             let fabric = fabric(&root, node);
@@ -187,6 +192,11 @@ fn child_entry() {
             };
             let agent = MonitorAgent::start(publisher.clone(), config).unwrap();
             let _busy = [publisher.enter(Gauge::RunningThreads), publisher.enter(Gauge::RunningThreads)];
+            let beating = publisher.clone();
+            std::thread::spawn(move || loop {
+                beating.beat();
+                std::thread::sleep(tierstack_monitor::publisher::HEARTBEAT);
+            });
             say(&format!("ready {}", agent.socket_addr().unwrap()));
             loop {
                 std::thread::park();
@@ -256,7 +266,7 @@ fn readers_in_other_processes_never_see_a_torn_record_or_impossible_counters() {
 }
 
 #[test]
-fn a_stopped_back_end_is_read_by_rdma_sync_alone_and_a_killed_one_is_dead_for_every_scheme() {
+fn a_stopped_back_end_is_suspect_for_every_scheme_and_a_killed_one_is_dead() {
     let root = tempfile::tempdir().unwrap();
     let parent: Arc<dyn Fabric> = fabric(root.path(), 0);
     let mut back_end = start("back-end", root.path(), 1);
@@ -272,25 +282,33 @@ fn a_stopped_back_end_is_read_by_rdma_sync_alone_and_a_killed_one_is_dead_for_ev
         assert_eq!(reading.record.counters.running_threads, 2, "{}", source.scheme());
     }
 
+    // Without the liveness check, a stopped node's frozen counters read as
+    // fresh forever through RDMA-Sync: the hung-node black hole.
+    let blind_config = SourceConfig { suspect_after: None, ..source_config() };
+    let blind = open_source(Scheme::RdmaSync, Some(parent.clone()), &address, blind_config).unwrap();
     back_end.signal(libc::SIGSTOP);
+    let stopped = host_monotonic_ns();
     for source in &sources {
         let scheme = source.scheme();
+        let reading = read_until(source.as_ref(), |r| r.health == Health::Suspect);
+        assert_eq!(reading.health, Health::Suspect, "{scheme}: a stopped node is suspect, not dead");
+        assert_eq!(reading.record.counters.running_threads, 2, "{scheme}: the last value is kept");
         if scheme == Scheme::RdmaSync {
-            // One-sided: nobody on the back end needs to run.
-            let before = host_monotonic_ns();
-            for _ in 0..1000 {
-                let reading = source.read(0);
-                assert_eq!(reading.health, Health::Fresh);
-                assert!(reading.record.t_ns >= before);
-                assert_eq!(reading.record.counters.running_threads, 2);
-            }
-        } else {
-            let reading = read_until(source.as_ref(), |r| r.health != Health::Fresh);
-            assert_eq!(reading.health, Health::Stale, "{scheme}: a stopped node is not dead");
+            // One-sided: the read itself succeeded with nobody running there.
+            assert!(reading.record.t_ns >= stopped, "{scheme}: read after the stop");
         }
+        // It stays suspect while stopped (and a read costs no wait: see
+        // `a_hung_read_is_not_retried_within_the_bound`).
+        assert_eq!(source.read(0).health, Health::Suspect, "{scheme}");
+    }
+    for _ in 0..100 {
+        let reading = blind.read(0);
+        assert_eq!((reading.health, reading.record.counters.running_threads), (Health::Fresh, 2), "blind rdma-sync");
     }
     back_end.signal(libc::SIGCONT);
     for source in &sources {
+        // Resumed: the heartbeat moves again (the quiet window after a hung
+        // read ends within the bound).
         let reading = read_until(source.as_ref(), |r| r.health == Health::Fresh);
         assert_eq!(reading.health, Health::Fresh, "{} after SIGCONT", source.scheme());
     }

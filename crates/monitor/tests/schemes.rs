@@ -187,3 +187,116 @@ fn schemes_parse_by_name_and_refuse_missing_addresses() {
     assert!(open_source(Scheme::RdmaSync, Some(cluster.fabric(0).clone()), &no_node, config()).is_err());
     assert!(open_source(Scheme::RdmaSync, None, &no_socket, config()).is_err());
 }
+
+/// A reading's value against the truth: the back end logs each change as
+/// (before, after, value) on the host clock; value `v` may have held from the
+/// `before` of the change that set it to the `after` of the next change.
+fn held_within(log: &[(u64, u64, u32)], value: u32, from_ns: u64, to_ns: u64) -> bool {
+    log.iter().enumerate().any(|(k, &(set_before, _, v))| {
+        let until = log.get(k + 1).map_or(u64::MAX, |next| next.1);
+        v == value && set_before <= to_ns && until >= from_ns
+    })
+}
+
+/// The staleness bound of every scheme, asserted (shm and tcp): a reading
+/// the source calls fresh carries a value that held at some instant no
+/// earlier than the bound before the read began — 0 for the sync schemes
+/// (sampled during the read), `stale_after` for the async ones — while the
+/// back end's load changes every few hundred microseconds.
+#[test]
+fn a_fresh_reading_is_never_older_than_its_schemes_bound() {
+    for backend in [Backend::Shm, Backend::Tcp] {
+        for scheme in Scheme::ALL {
+            let rig = rig(backend, scheme);
+            let what = format!("{scheme} on {}", backend.name());
+            let bound_ns = match scheme {
+                Scheme::RdmaSync | Scheme::SocketSync => 0,
+                _ => u64::try_from(config().stale_after.as_nanos()).unwrap(),
+            };
+            let stop = std::sync::atomic::AtomicBool::new(false);
+            let (log, readings) = std::thread::scope(|scope| {
+                let changer = scope.spawn(|| {
+                    let mut rng = tierstack_base::seeded_rng(7);
+                    let (mut held, mut log) = (Vec::new(), vec![(0, 0, 0u32)]);
+                    for _ in 0..300 {
+                        use rand::Rng;
+                        let before = host_monotonic_ns();
+                        if held.is_empty() || (held.len() < 20 && rng.gen_bool(0.5)) {
+                            held.push(rig.publisher.enter(Gauge::RunningThreads));
+                        } else {
+                            held.pop();
+                        }
+                        log.push((before, host_monotonic_ns(), held.len() as u32));
+                        // The workload's pace (not a synchronization).
+                        std::thread::sleep(Duration::from_micros(300));
+                    }
+                    let before = host_monotonic_ns();
+                    drop(held);
+                    log.push((before, host_monotonic_ns(), 0));
+                    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+                    log
+                });
+                let mut readings = Vec::new();
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let before = host_monotonic_ns();
+                    let reading = rig.source.read(0);
+                    readings.push((before, host_monotonic_ns(), reading));
+                }
+                (changer.join().unwrap(), readings)
+            });
+            let fresh: Vec<_> = readings.iter().filter(|(_, _, r)| r.health == Health::Fresh).collect();
+            let distinct: std::collections::BTreeSet<u32> =
+                fresh.iter().map(|(_, _, r)| r.record.counters.load()).collect();
+            assert!(distinct.len() >= 3, "{what}: the readings followed too few changes: {distinct:?}");
+            for (before, after, reading) in fresh {
+                let value = reading.record.counters.load();
+                assert!(
+                    held_within(&log, value, before.saturating_sub(bound_ns), *after),
+                    "{what}: fresh value {value} read in [{before}, {after}] held nowhere within {bound_ns} ns before"
+                );
+            }
+        }
+    }
+}
+
+/// A Socket-Sync monitor that accepts and never answers (a stopped
+/// process: the kernel accepts into its backlog): the first read waits at
+/// most the suspicion bound and says Suspect; later reads within the bound
+/// say Suspect at once, without asking again (counted at the server).
+#[test]
+fn a_hung_read_is_not_retried_within_the_bound() {
+    use std::io::Read;
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let asked = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let counting = asked.clone();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { return };
+            let counting = counting.clone();
+            std::thread::spawn(move || {
+                let mut byte = [0u8; 1];
+                while matches!(stream.read(&mut byte), Ok(1)) {
+                    counting.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+            });
+        }
+    });
+    let bound = Duration::from_millis(300);
+    let hung_config = SourceConfig { suspect_after: Some(bound), ..config() };
+    let address = BackendAddress { node: None, socket: Some(addr) };
+    let source = open_source(Scheme::SocketSync, None, &[address], hung_config).unwrap();
+    let started = host_monotonic_ns();
+    let reads = 50;
+    for _ in 0..reads {
+        assert_eq!(source.read(0).health, Health::Suspect);
+    }
+    let elapsed = host_monotonic_ns() - started;
+    // Each request waits out the bound, then none is sent for the bound: at
+    // most one request per two bounds of elapsed time, however slow the host
+    // (a source that asked on every read would send one per bound).
+    let windows = elapsed / (2 * u64::try_from(bound.as_nanos()).unwrap()) + 1;
+    let asked = asked.load(std::sync::atomic::Ordering::Relaxed);
+    assert!(asked >= 1, "the first read asked");
+    assert!(asked <= windows, "{asked} requests for {reads} reads in {elapsed} ns, bound {bound:?}");
+}

@@ -199,7 +199,7 @@ fn sample(source: &dyn LoadSource, config: &MonitorBenchConfig) -> SchemeLog {
         match reading.health {
             Health::Fresh => log.fresh += 1,
             Health::Stale => log.stale += 1,
-            Health::Dead | Health::Unknown => log.unusable += 1,
+            Health::Suspect | Health::Dead | Health::Unknown => log.unusable += 1,
         }
         if matches!(reading.health, Health::Fresh | Health::Stale) {
             log.samples.push(Sample { used_ns, reported: i64::from(reading.record.counters.load()) });
