@@ -18,6 +18,12 @@ pub const CACHE_BYTES_DEFAULT: usize = 256 << 20;
 pub const UPSTREAM_TIMEOUT_MS_DEFAULT: u64 = 30_000;
 /// `--monitor-interval-ms` unless told otherwise.
 pub const MONITOR_INTERVAL_MS_DEFAULT: u64 = 10;
+/// `--max-fails` unless told otherwise (nginx's default).
+pub const MAX_FAILS_DEFAULT: u32 = 1;
+/// `--fail-timeout-ms` unless told otherwise (nginx's default, 10 s).
+pub const FAIL_TIMEOUT_MS_DEFAULT: u64 = 10_000;
+/// `--suspect-after-ms` unless told otherwise.
+pub const SUSPECT_AFTER_MS_DEFAULT: u64 = tierstack_monitor::scheme::SUSPECT_AFTER_DEFAULT.as_millis() as u64;
 
 impl CacheMode {
     /// The word `--mode` takes.
@@ -97,6 +103,19 @@ pub struct ProxyArgs {
     /// Seed of the balancer's tie-breaking.
     #[arg(long, default_value_t = 1)]
     pub balance_seed: u64,
+    /// Liveness (with --monitor): an upstream whose progress word stands
+    /// still this long, or whose monitor does not answer in this time, is
+    /// suspect (stopped or wedged): new requests avoid it, and a waiting
+    /// idempotent request goes to another upstream. 0: off.
+    #[arg(long, default_value_t = SUSPECT_AFTER_MS_DEFAULT)]
+    pub suspect_after_ms: u64,
+    /// Failed forwards (refused, broken, or no response head in time)
+    /// within --fail-timeout-ms that pause an upstream for
+    /// --fail-timeout-ms, as nginx's `max_fails`; 0: never paused.
+    #[arg(long, default_value_t = MAX_FAILS_DEFAULT)]
+    pub max_fails: u32,
+    #[arg(long, default_value_t = FAIL_TIMEOUT_MS_DEFAULT, value_parser = clap::value_parser!(u64).range(1..))]
+    pub fail_timeout_ms: u64,
     /// Reconfiguration: route only to the upstreams whose role word (read
     /// one-sidedly before each choice) names this site. Needs --balance,
     /// --topology/--node, and a fabric node in every --upstream-monitor.
@@ -152,6 +171,19 @@ impl ProxyArgs {
         self.admin_token_file.as_deref().map(tierstack_secret::read_secret_file).transpose()
     }
 
+    /// `--suspect-after-ms` as a bound (`None`: off).
+    pub fn suspect_after(&self) -> Option<std::time::Duration> {
+        (self.suspect_after_ms > 0).then(|| std::time::Duration::from_millis(self.suspect_after_ms))
+    }
+
+    /// `--max-fails` and `--fail-timeout-ms`.
+    pub fn failures(&self) -> crate::FailureConfig {
+        crate::FailureConfig {
+            max_fails: self.max_fails,
+            fail_timeout: std::time::Duration::from_millis(self.fail_timeout_ms),
+        }
+    }
+
     /// The required flags given (one upstream), every other one at its default.
     pub fn new(listen: SocketAddr, upstream: String) -> ProxyArgs {
         ProxyArgs {
@@ -172,6 +204,9 @@ impl ProxyArgs {
             monitor_interval_ms: MONITOR_INTERVAL_MS_DEFAULT,
             admit_max: None,
             balance_seed: 1,
+            suspect_after_ms: SUSPECT_AFTER_MS_DEFAULT,
+            max_fails: MAX_FAILS_DEFAULT,
+            fail_timeout_ms: FAIL_TIMEOUT_MS_DEFAULT,
             site: None,
             config: None,
             coop: None,
@@ -245,6 +280,15 @@ impl ProxyArgs {
         if self.balance_seed != default.balance_seed {
             flag("--balance-seed", self.balance_seed.to_string());
         }
+        if self.suspect_after_ms != default.suspect_after_ms {
+            flag("--suspect-after-ms", self.suspect_after_ms.to_string());
+        }
+        if self.max_fails != default.max_fails {
+            flag("--max-fails", self.max_fails.to_string());
+        }
+        if self.fail_timeout_ms != default.fail_timeout_ms {
+            flag("--fail-timeout-ms", self.fail_timeout_ms.to_string());
+        }
         if let Some(config) = &self.config {
             flag("--config", config.display().to_string());
         }
@@ -307,6 +351,9 @@ mod tests {
             monitor_interval_ms: 20,
             admit_max: Some(8),
             balance_seed: 5,
+            suspect_after_ms: 0,
+            max_fails: 3,
+            fail_timeout_ms: 2_500,
             site: Some(1),
             config: Some(PathBuf::from("/tmp/proxy.toml")),
             coop: Some(tierstack_coop::Scheme::Mtacc),

@@ -98,21 +98,22 @@ async fn send<'a>(
     body: Bytes,
 ) -> Result<(Response<PooledBody>, Instant, u64, Routed<'a>), Response<Body>> {
     let mut attempt = 0;
-    // Upstreams that refused this request (as nginx's `proxy_next_upstream
-    // error`): each is tried at most once.
-    let mut refused: Vec<usize> = Vec::new();
+    // Upstreams that failed this request (as nginx's `proxy_next_upstream
+    // error timeout`): each is tried at most once.
+    let mut tried: Vec<usize> = Vec::new();
     let request_time = policy::now_secs();
+    let idempotent = is_idempotent(method);
     let (started, response, routed) = loop {
         attempt += 1;
-        let routed = state.route(target, &refused).await?;
+        let routed = state.route(target, &tried).await?;
         let Some(uri) = upstream_uri(&state.upstreams[routed.index], target) else {
             return Err(text(StatusCode::BAD_REQUEST, "unusable request target\n"));
         };
+        let another_left = tried.len() + 1 < state.upstreams.len();
         // The fields are copied only if this attempt may be followed by
         // another (another upstream, or a fenced request routed again);
         // else the last attempt takes them.
-        let may_repeat =
-            refused.len() + 1 < state.upstreams.len() || (routed.stamp.is_some() && attempt < FENCED_ATTEMPTS_MAX);
+        let may_repeat = another_left || (routed.stamp.is_some() && attempt < FENCED_ATTEMPTS_MAX);
         let fields = if may_repeat { headers.clone() } else { std::mem::take(&mut headers) };
         let mut upstream_request = Request::new(Full::new(body.clone()));
         *upstream_request.method_mut() = method.clone();
@@ -124,20 +125,39 @@ async fn send<'a>(
             }
         }
         let started = tierstack_base::time::instant_now();
-        let outcome =
-            tokio::time::timeout(state.upstream_timeout, state.connections.request(routed.index, upstream_request))
-                .await;
-        if let Ok(Err(e)) = &outcome {
-            if may_retry_elsewhere(e, method) && refused.len() + 1 < state.upstreams.len() {
-                state.counters.upstream_retries.fetch_add(1, Ordering::Relaxed);
-                tracing::debug!(upstream = routed.index, error = %e, "upstream refused; trying the next");
-                refused.push(routed.index);
-                continue;
+        // Only a request that may be repeated elsewhere is given up while
+        // its upstream is merely unresponsive.
+        let may_abandon = idempotent && another_left;
+        let answer = state.connections.request(routed.index, upstream_request);
+        let outcome = wait_for_head(state, routed.index, may_abandon, answer).await;
+        let retry = match &outcome {
+            Waited::Answered(Ok(_)) => {
+                state.failures.succeeded(routed.index);
+                false
             }
+            Waited::Answered(Err(e)) => {
+                note_failure(state, routed.index);
+                may_retry_elsewhere(e, method) && another_left
+            }
+            Waited::TimedOut | Waited::Abandoned => {
+                note_failure(state, routed.index);
+                let counter = match outcome {
+                    Waited::Abandoned => &state.counters.upstream_abandoned,
+                    _ => &state.counters.upstream_timeouts,
+                };
+                counter.fetch_add(1, Ordering::Relaxed);
+                idempotent && another_left
+            }
+        };
+        if retry {
+            state.counters.upstream_retries.fetch_add(1, Ordering::Relaxed);
+            tracing::debug!(upstream = routed.index, "upstream failed the forward; trying another");
+            tried.push(routed.index);
+            continue;
         }
         // The upstream moved to another site after we read its role (the
         // epoch fence refused the request): route it once more.
-        if let Ok(Ok(response)) = &outcome {
+        if let Waited::Answered(Ok(response)) = &outcome {
             if response.status() == StatusCode::MISDIRECTED_REQUEST && routed.stamp.is_some() {
                 state.counters.fenced.fetch_add(1, Ordering::Relaxed);
                 if attempt < FENCED_ATTEMPTS_MAX {
@@ -152,11 +172,11 @@ async fn send<'a>(
         response
     };
     let response = match response {
-        Ok(Ok(response)) => response,
-        Ok(Err(e)) => {
+        Waited::Answered(Ok(response)) => response,
+        Waited::Answered(Err(e)) => {
             return Err(upstream_error(text(StatusCode::BAD_GATEWAY, format!("application server unreachable: {e}\n"))))
         }
-        Err(_) => {
+        Waited::TimedOut | Waited::Abandoned => {
             return Err(upstream_error(text(
                 StatusCode::GATEWAY_TIMEOUT,
                 "application server did not answer in time\n",
@@ -180,6 +200,64 @@ pub(crate) fn upstream_uri(upstream: &Uri, target: &str) -> Option<Uri> {
     (uri.scheme().is_none() && uri.authority().is_none() && uri.path().starts_with('/')).then_some(uri)
 }
 
+/// How waiting for an upstream's response head ended.
+enum Waited<T> {
+    Answered(T),
+    /// No head within `upstream_timeout`.
+    TimedOut,
+    /// Given up early: the upstream's load source says it is suspect
+    /// (stopped, wedged) or dead.
+    Abandoned,
+}
+
+/// Waits for `answer` (the upstream's response head) up to the upstream
+/// timeout. With a load source and `may_abandon`, every `suspect_probe`
+/// without a head it asks whether the upstream still runs, and gives up
+/// as soon as it is suspect or dead: a hung upstream then costs a forward
+/// about one probe period past the suspicion bound, not the whole timeout.
+async fn wait_for_head<F: std::future::Future>(
+    state: &State,
+    index: usize,
+    may_abandon: bool,
+    answer: F,
+) -> Waited<F::Output> {
+    let deadline = tokio::time::Instant::now() + state.upstream_timeout;
+    let probe =
+        state.suspect_probe.filter(|_| may_abandon && state.balancing.get().is_some_and(|b| b.source.is_some()));
+    let Some(probe) = probe else {
+        return match tokio::time::timeout_at(deadline, answer).await {
+            Ok(output) => Waited::Answered(output),
+            Err(_) => Waited::TimedOut,
+        };
+    };
+    tokio::pin!(answer);
+    loop {
+        let wake = (tokio::time::Instant::now() + probe).min(deadline);
+        match tokio::time::timeout_at(wake, &mut answer).await {
+            Ok(output) => return Waited::Answered(output),
+            Err(_) if tokio::time::Instant::now() >= deadline => return Waited::TimedOut,
+            Err(_) => {
+                if state.upstream_unresponsive(index).await == Some(true) {
+                    return Waited::Abandoned;
+                }
+            }
+        }
+    }
+}
+
+/// Counts a failed forward to `index` (and the pause it may cause).
+fn note_failure(state: &State, index: usize) {
+    if state.failures.failed(index) {
+        state.counters.upstream_pauses.fetch_add(1, Ordering::Relaxed);
+        tracing::info!(upstream = index, "upstream paused after failed forwards");
+    }
+}
+
+/// RFC 9110 §9.2.2: a request that may be repeated with the same effect.
+fn is_idempotent(method: &Method) -> bool {
+    matches!(*method, Method::GET | Method::HEAD | Method::PUT | Method::DELETE | Method::OPTIONS | Method::TRACE)
+}
+
 /// May a request that failed with `error` go to another upstream? If the
 /// connection was never made (refused, unreachable): the request was not
 /// sent, so any method. If the connection broke before a whole response head
@@ -189,9 +267,7 @@ fn may_retry_elsewhere(error: &UpstreamError, method: &Method) -> bool {
     if error.is_connect() {
         return true;
     }
-    let idempotent =
-        matches!(*method, Method::GET | Method::HEAD | Method::PUT | Method::DELETE | Method::OPTIONS | Method::TRACE);
-    idempotent && error.is_incomplete_message()
+    is_idempotent(method) && error.is_incomplete_message()
 }
 
 /// Forwards to the upstream and streams the answer back as it arrives. A

@@ -127,7 +127,7 @@ use std::time::Duration;
 use tierstack_base::SystemClock;
 use tierstack_coherent::VersionChecker;
 use tierstack_fabric::{Fabric, RemoteRegion};
-pub use tierstack_monitor::{Balancer, BalancerConfig, Decision, LoadSource, Policy, Scheme};
+pub use tierstack_monitor::{Balancer, BalancerConfig, Decision, FailureConfig, LoadSource, Policy, Scheme};
 pub use tierstack_pushpull::state::CacheStateConfig;
 use tierstack_pushpull::CacheStateWriter;
 pub use tierstack_pushpull::SLOTS_DEFAULT as CACHE_STATE_SLOTS_DEFAULT;
@@ -231,6 +231,15 @@ pub struct ProxyOptions {
     pub refresh_hot: usize,
     /// How often refresh reads their versions.
     pub refresh_interval: Duration,
+    /// The passive health check (nginx's `max_fails`, `fail_timeout`):
+    /// forwards that failed (refused, broken or timed out before a response
+    /// head) pause their upstream.
+    pub failures: FailureConfig,
+    /// With a load source: a forward with no response head after this long
+    /// asks whether its upstream is suspect (stopped, wedged) or dead, and
+    /// again each time this passes; an idempotent one then goes to another
+    /// upstream. `None`: a forward waits for `upstream_timeout`.
+    pub suspect_probe: Option<Duration>,
 }
 
 /// The client listener's limits' defaults, as every tier's.
@@ -250,6 +259,8 @@ impl Default for ProxyOptions {
             access_log: None,
             refresh_hot: 0,
             refresh_interval: REFRESH_INTERVAL_DEFAULT,
+            failures: FailureConfig::default(),
+            suspect_probe: Some(tierstack_monitor::scheme::SUSPECT_AFTER_DEFAULT),
         }
     }
 }
@@ -392,6 +403,8 @@ impl Proxy {
             balancing: OnceLock::new(),
             site: OnceLock::new(),
             routed: (0..config.upstreams.len()).map(|_| AtomicU64::new(0)).collect(),
+            failures: route::FailureGate::new(config.upstreams.len(), options.failures),
+            suspect_probe: options.suspect_probe,
             default_authority,
             revalidating: Mutex::new(HashSet::new()),
             access_log,

@@ -43,8 +43,23 @@ pub(crate) fn render(stats: &ProxyStats, checks: &CheckLatency) -> String {
     counter("upstream_errors_total", "Upstreams that did not answer, or not in time.", stats.upstream_errors);
     counter(
         "upstream_retries_total",
-        "Forwards sent to the next upstream because the chosen one refused the connection.",
+        "Forwards sent to another upstream after the chosen one failed them.",
         stats.upstream_retries,
+    );
+    counter(
+        "upstream_abandoned_total",
+        "Forwards given up before a response head: their upstream turned suspect or dead.",
+        stats.upstream_abandoned,
+    );
+    counter(
+        "upstream_timeouts_total",
+        "Forwards with no response head within the upstream timeout.",
+        stats.upstream_timeouts,
+    );
+    counter(
+        "upstream_pauses_total",
+        "Times an upstream was paused after max_fails failed forwards.",
+        stats.upstream_pauses,
     );
     counter("upstream_bytes_total", "Response body bytes received from upstreams.", stats.upstream_bytes);
     counter("evictions_total", "Keys evicted to stay within the cache's bound.", stats.evictions);

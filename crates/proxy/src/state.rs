@@ -37,6 +37,10 @@ pub(crate) struct State {
     pub(crate) balancing: OnceLock<BalancingState>,
     pub(crate) site: OnceLock<Site>,
     pub(crate) routed: Vec<AtomicU64>,
+    /// Failed forwards per upstream, and the pauses they cause.
+    pub(crate) failures: crate::route::FailureGate,
+    /// See [`crate::ProxyOptions::suspect_probe`].
+    pub(crate) suspect_probe: Option<Duration>,
     /// See [`crate::ProxyOptions::default_authority`].
     pub(crate) default_authority: String,
     /// Keys being revalidated in the background.
@@ -140,6 +144,9 @@ impl State {
             upstream_ns: load(&c.upstream_ns),
             upstream_errors: load(&c.upstream_errors),
             upstream_retries: load(&c.upstream_retries),
+            upstream_abandoned: load(&c.upstream_abandoned),
+            upstream_timeouts: load(&c.upstream_timeouts),
+            upstream_pauses: load(&c.upstream_pauses),
             uncacheable_deps: load(&c.uncacheable_deps),
             coalesced: load(&c.coalesced),
             waiting_on_fetch: load(&c.waiting_on_fetch),

@@ -24,6 +24,9 @@ pub(crate) struct Counters {
     pub(crate) upstream_ns: AtomicU64,
     pub(crate) upstream_errors: AtomicU64,
     pub(crate) upstream_retries: AtomicU64,
+    pub(crate) upstream_abandoned: AtomicU64,
+    pub(crate) upstream_timeouts: AtomicU64,
+    pub(crate) upstream_pauses: AtomicU64,
     pub(crate) uncacheable_deps: AtomicU64,
     pub(crate) coalesced: AtomicU64,
     pub(crate) waiting_on_fetch: AtomicU64,
@@ -115,6 +118,19 @@ pub struct ProxyStats {
     /// head); each was routed once more.
     #[serde(default)]
     pub upstream_retries: u64,
+    /// Forwards given up before a response head because their upstream
+    /// turned suspect or dead while they waited; an idempotent one was then
+    /// retried on another upstream (counted in `upstream_retries` too).
+    #[serde(default)]
+    pub upstream_abandoned: u64,
+    /// Forwards with no response head within the upstream timeout (an
+    /// idempotent one was retried on another upstream, if one was left).
+    #[serde(default)]
+    pub upstream_timeouts: u64,
+    /// Times an upstream was paused for `fail_timeout` after `max_fails`
+    /// failed forwards (nginx's passive health check).
+    #[serde(default)]
+    pub upstream_pauses: u64,
     /// Responses not cached because their dependency header was malformed.
     pub uncacheable_deps: u64,
     /// Requests answered from another request's concurrent fetch (after

@@ -12,7 +12,9 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
-use tierstack_proxy::{BalancerConfig, Balancing, CacheMode, Policy, Proxy, ProxyConfig, ProxyOptions, ProxyStats};
+use tierstack_proxy::{
+    BalancerConfig, Balancing, CacheMode, FailureConfig, Policy, Proxy, ProxyConfig, ProxyOptions, ProxyStats,
+};
 use tierstack_tier_http::{serve, text, Stop};
 
 /// A live upstream counting the requests it served.
@@ -62,7 +64,15 @@ struct Setup {
     client: Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>>,
 }
 
+/// Failed forwards never pause an upstream: every request meets the dead
+/// ones (what the retry tests need).
+const NEVER_PAUSED: FailureConfig = FailureConfig { max_fails: 0, fail_timeout: Duration::from_secs(10) };
+
 async fn setup(upstreams: Vec<String>, balancing: Option<Policy>) -> Setup {
+    setup_with(upstreams, balancing, NEVER_PAUSED).await
+}
+
+async fn setup_with(upstreams: Vec<String>, balancing: Option<Policy>, failures: FailureConfig) -> Setup {
     let config = ProxyConfig {
         listen: "127.0.0.1:0".parse().unwrap(),
         upstreams,
@@ -72,7 +82,8 @@ async fn setup(upstreams: Vec<String>, balancing: Option<Policy>) -> Setup {
         fabric: None,
         admin_listen: Some("127.0.0.1:0".parse().unwrap()),
     };
-    let proxy = Proxy::bind_with(config, ProxyOptions { cache_state: None, ..ProxyOptions::default() }).await.unwrap();
+    let options = ProxyOptions { cache_state: None, failures, ..ProxyOptions::default() };
+    let proxy = Proxy::bind_with(config, options).await.unwrap();
     if let Some(policy) = balancing {
         proxy.set_balancing(Balancing { config: BalancerConfig::new(policy), source: None }).unwrap();
     }
@@ -192,4 +203,161 @@ async fn a_request_retried_on_the_next_upstream_keeps_the_client_s_fields() {
     }
     let stats = s.stats().await;
     assert!(stats.upstream_retries >= 5, "some requests were retried: {stats:?}");
+}
+
+/// nginx's `max_fails=1 fail_timeout=10s` (the default): a refused
+/// upstream is paused after its first failure, so later requests go
+/// straight to the live one (no retry each); with every other upstream
+/// paused or failed, a paused one is still tried rather than answering 502.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_upstream_is_paused_and_skipped_until_fail_timeout() {
+    for policy in [None, Some(Policy::RoundRobin), Some(Policy::LeastLoaded)] {
+        let (live, served) = alive().await;
+        let s = setup_with(vec![refused().await, live, refused().await], policy, FailureConfig::default()).await;
+        for i in 0..30 {
+            assert_eq!(s.send(Method::GET, &format!("/doc/{i}"), s.proxy).await.0, StatusCode::OK, "{policy:?}");
+        }
+        let stats = s.stats().await;
+        assert_eq!(served.load(Ordering::Relaxed), 30, "{policy:?}");
+        assert!(stats.upstream_retries <= 2, "{policy:?}: each dead upstream failed once, then paused: {stats:?}");
+        assert_eq!(stats.upstream_pauses, stats.upstream_retries, "{policy:?}: {stats:?}");
+        assert_eq!(stats.routed[0] + stats.routed[2], stats.upstream_retries, "{policy:?}: {stats:?}");
+    }
+    // Only paused upstreams left: tried anyway (a 502 from each, not a 503).
+    let s = setup_with(vec![refused().await], None, FailureConfig::default()).await;
+    for _ in 0..3 {
+        assert_eq!(s.send(Method::GET, "/doc/a", s.proxy).await.0, StatusCode::BAD_GATEWAY);
+    }
+    assert_eq!(s.stats().await.routed, vec![3], "a lone paused upstream is still tried");
+}
+
+/// An upstream that accepts and reads requests but never answers (a
+/// stopped process: the kernel accepts for it); counts connections.
+async fn hangs() -> (String, Arc<AtomicU64>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let accepted = Arc::new(AtomicU64::new(0));
+    let counting = accepted.clone();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((stream, _)) = listener.accept().await {
+            counting.fetch_add(1, Ordering::Relaxed);
+            held.push(stream);
+        }
+    });
+    (format!("http://{addr}"), accepted)
+}
+
+/// A load source whose readings the test sets: each upstream's load and
+/// health.
+struct Scripted {
+    health: Vec<std::sync::Mutex<(tierstack_monitor::Health, u16)>>,
+}
+
+impl tierstack_monitor::LoadSource for Scripted {
+    fn scheme(&self) -> tierstack_monitor::Scheme {
+        tierstack_monitor::Scheme::RdmaSync
+    }
+    fn len(&self) -> usize {
+        self.health.len()
+    }
+    fn read(&self, index: usize) -> tierstack_monitor::Reading {
+        let (health, load) = *self.health[index].lock().unwrap();
+        let now = tierstack_base::host_monotonic_ns();
+        let counters = tierstack_monitor::Counters { in_flight_requests: load, ..Default::default() };
+        let record = tierstack_monitor::LoadRecord { t_ns: now, counters, ..Default::default() };
+        tierstack_monitor::Reading { record, read_ns: now, health }
+    }
+}
+
+async fn setup_scripted(upstreams: Vec<String>, source: Arc<Scripted>, timeout: Duration) -> Setup {
+    let config = ProxyConfig {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        upstreams,
+        mode: CacheMode::NoCache,
+        cache_bytes: 1 << 20,
+        upstream_timeout: timeout,
+        fabric: None,
+        admin_listen: Some("127.0.0.1:0".parse().unwrap()),
+    };
+    let options = ProxyOptions {
+        cache_state: None,
+        failures: NEVER_PAUSED,
+        suspect_probe: Some(Duration::from_millis(20)),
+        ..ProxyOptions::default()
+    };
+    let proxy = Proxy::bind_with(config, options).await.unwrap();
+    let balancing = Balancing { config: BalancerConfig::new(Policy::LeastLoaded), source: Some(source) };
+    proxy.set_balancing(balancing).unwrap();
+    let (addr, admin) = (proxy.local_addr().unwrap(), proxy.admin_addr().unwrap());
+    tokio::spawn(proxy.run(Stop::new()));
+    Setup { proxy: addr, admin, client: Client::builder(TokioExecutor::new()).build_http() }
+}
+
+/// Requests waiting on an upstream that hangs are given up as soon as its
+/// load source calls it suspect, and the idempotent ones are answered by
+/// another upstream: no request waits out the upstream timeout (a minute
+/// here: a 504 would mean it did). New requests avoid the suspect.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_on_an_upstream_that_turns_suspect_are_retried_elsewhere() {
+    use tierstack_monitor::Health;
+    let (hung, accepted) = hangs().await;
+    let (live, served) = alive().await;
+    // The hung one looks idle (its counters froze at 0), the live one busy.
+    let source = Arc::new(Scripted {
+        health: vec![std::sync::Mutex::new((Health::Fresh, 0)), std::sync::Mutex::new((Health::Fresh, 3))],
+    });
+    let s = Arc::new(setup_scripted(vec![hung, live], source.clone(), Duration::from_secs(60)).await);
+    let requests: Vec<_> = (0..8)
+        .map(|i| {
+            let s = s.clone();
+            tokio::spawn(async move { s.send(Method::GET, &format!("/doc/{i}"), s.proxy).await.0 })
+        })
+        .collect();
+    // Wait (bounded) until the hung upstream holds some of them.
+    let deadline = tierstack_base::time::instant_now() + Duration::from_secs(20);
+    while accepted.load(Ordering::Relaxed) == 0 && tierstack_base::time::instant_now() < deadline {
+        tokio::task::yield_now().await;
+    }
+    assert!(accepted.load(Ordering::Relaxed) > 0, "the idle-looking upstream got requests");
+    *source.health[0].lock().unwrap() = (Health::Suspect, 0);
+    for request in requests {
+        assert_eq!(request.await.unwrap(), StatusCode::OK);
+    }
+    for i in 8..16 {
+        assert_eq!(s.send(Method::GET, &format!("/doc/{i}"), s.proxy).await.0, StatusCode::OK);
+    }
+    let stats = s.stats().await;
+    let stuck = stats.routed[0];
+    assert!((1..=8).contains(&stuck), "only requests sent before the suspicion went there: {stats:?}");
+    assert_eq!(stats.upstream_abandoned, stuck, "{stats:?}");
+    assert_eq!(stats.upstream_timeouts, 0, "given up on suspicion, not after the timeout: {stats:?}");
+    assert_eq!(served.load(Ordering::Relaxed), 16, "the live upstream answered every request");
+}
+
+/// A POST is never given up while its upstream is merely unresponsive (it
+/// may be processed when the upstream resumes): it waits for its timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_post_on_a_suspect_upstream_is_not_repeated_elsewhere() {
+    use tierstack_monitor::Health;
+    let (hung, accepted) = hangs().await;
+    let (live, served) = alive().await;
+    let source = Arc::new(Scripted {
+        health: vec![std::sync::Mutex::new((Health::Fresh, 0)), std::sync::Mutex::new((Health::Fresh, 3))],
+    });
+    let s = Arc::new(setup_scripted(vec![hung, live], source.clone(), Duration::from_secs(2)).await);
+    let posting = {
+        let s = s.clone();
+        tokio::spawn(async move { s.send(Method::POST, "/doc/a", s.proxy).await.0 })
+    };
+    let deadline = tierstack_base::time::instant_now() + Duration::from_secs(20);
+    while accepted.load(Ordering::Relaxed) == 0 && tierstack_base::time::instant_now() < deadline {
+        tokio::task::yield_now().await;
+    }
+    *source.health[0].lock().unwrap() = (Health::Suspect, 0);
+    let status = posting.await.unwrap();
+    assert_eq!(status, StatusCode::GATEWAY_TIMEOUT, "the POST waited out its timeout on the hung upstream");
+    assert_eq!(served.load(Ordering::Relaxed), 0, "and was not repeated on the live one");
+    let stats = s.stats().await;
+    assert_eq!((stats.upstream_abandoned, stats.upstream_timeouts), (0, 1), "{stats:?}");
 }

@@ -205,7 +205,10 @@ pub(crate) fn proxy(args: ProxyArgs) -> Result<()> {
                 args.upstream_monitors.len(),
                 args.upstreams.len()
             );
-            let config = SourceConfig::for_interval(Duration::from_millis(args.monitor_interval_ms));
+            let config = SourceConfig {
+                suspect_after: args.suspect_after(),
+                ..SourceConfig::for_interval(Duration::from_millis(args.monitor_interval_ms))
+            };
             Some(tierstack_monitor::open_source(scheme, fabric.clone(), &args.upstream_monitors, config)?)
         }
     };
@@ -236,6 +239,7 @@ pub(crate) fn proxy(args: ProxyArgs) -> Result<()> {
         }
     };
     let limits = args.limits.serve_options();
+    let (failures, suspect_after) = (args.failures(), args.suspect_after());
     let admin_token = args.admin_token().context("--admin-token-file")?;
     let config = ProxyConfig {
         listen: args.listen,
@@ -264,6 +268,8 @@ pub(crate) fn proxy(args: ProxyArgs) -> Result<()> {
             default_authority: args.default_authority.clone(),
             refresh_hot: args.refresh_hot,
             refresh_interval: Duration::from_millis(args.refresh_interval_ms),
+            failures,
+            suspect_probe: suspect_after,
         };
         let proxy = Proxy::bind_with(config, options).await?;
         if let Some(balancing) = balancing {
