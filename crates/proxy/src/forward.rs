@@ -260,14 +260,15 @@ fn is_idempotent(method: &Method) -> bool {
 
 /// May a request that failed with `error` go to another upstream? If the
 /// connection was never made (refused, unreachable): the request was not
-/// sent, so any method. If the connection broke before a whole response head
-/// arrived: only an idempotent method (RFC 9110 §9.2.2), which may have
-/// been processed but may be repeated.
+/// sent, so any method. If the exchange failed before a whole response head
+/// arrived (the connection closed or reset, the head unreadable): only an
+/// idempotent method (RFC 9110 §9.2.2), which may have been processed but
+/// may be repeated.
 fn may_retry_elsewhere(error: &UpstreamError, method: &Method) -> bool {
     if error.is_connect() {
         return true;
     }
-    is_idempotent(method) && error.is_incomplete_message()
+    is_idempotent(method) && error.is_failure_before_head()
 }
 
 /// Forwards to the upstream and streams the answer back as it arrives. A

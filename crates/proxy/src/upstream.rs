@@ -43,9 +43,14 @@ impl UpstreamError {
         matches!(self, UpstreamError::Connect(_))
     }
 
-    /// The connection broke before a whole response head arrived.
-    pub(crate) fn is_incomplete_message(&self) -> bool {
-        matches!(self, UpstreamError::Http(e) if e.is_incomplete_message())
+    /// The exchange failed on the connection's side before a response head
+    /// (closed early, reset, unreadable head): nginx's `proxy_next_upstream
+    /// error`. Not a misuse of the client by this proxy.
+    pub(crate) fn is_failure_before_head(&self) -> bool {
+        match self {
+            UpstreamError::Connect(_) => true,
+            UpstreamError::Http(e) => !e.is_user(),
+        }
     }
 }
 
@@ -370,6 +375,6 @@ mod tests {
         let Err(error) = upstreams.request(0, get("/a")).await else { panic!("answered") };
         assert!(error.is_connect(), "{error}");
         let Err(error) = upstreams.request(7, get("/a")).await else { panic!("answered") };
-        assert!(error.is_connect() && !error.is_incomplete_message(), "{error}");
+        assert!(error.is_connect() && error.is_failure_before_head(), "{error}");
     }
 }
