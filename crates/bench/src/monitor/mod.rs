@@ -17,11 +17,14 @@
 //! compute threads the walk made a fraction of its steps).
 //!
 //! Fig. 8b lives in [`throughput`] ([`run_throughput`]), the
-//! reconfiguration experiment in [`reconfig`] ([`run_reconfig`]).
+//! reconfiguration experiment in [`reconfig`] ([`run_reconfig`]), the
+//! hung-back-end experiment in [`hung`] ([`run_hung`]).
 
+mod hung;
 mod reconfig;
 mod throughput;
 
+pub use hung::{run_hung, HungConfig, HungPoint, HungReport};
 pub use reconfig::{run_reconfig, ReconfigBenchConfig, ReconfigPoint, ReconfigReport};
 pub use throughput::{run_throughput, BalanceConfig, ThroughputConfig, ThroughputPoint, ThroughputReport};
 
@@ -64,8 +67,10 @@ pub struct MonitorArgs {
     #[arg(long, default_value_t = 10)]
     pub interval_ms: u64,
     /// Which figure: 8a (accuracy), 8b (throughput of balancing), both,
-    /// or reconfig (two sites, load shifting, with and without the agent).
-    #[arg(long, default_value = "both", value_parser = ["8a", "8b", "both", "reconfig"])]
+    /// reconfig (two sites, load shifting, with and without the agent), or
+    /// hung (a back end SIGSTOPped mid-run, each scheme with and without
+    /// the liveness word).
+    #[arg(long, default_value = "both", value_parser = ["8a", "8b", "both", "reconfig", "hung"])]
     pub figure: String,
     /// Fig. 8b: Zipf exponents (default 0.25,0.5,0.75,0.9; 0.5,0.9 with --quick).
     #[arg(long, value_delimiter = ',')]
@@ -84,6 +89,16 @@ impl MonitorArgs {
     pub fn run(self, exe: impl FnOnce() -> std::io::Result<PathBuf>) -> Result<()> {
         let exe = exe()?;
         let interval = Duration::from_millis(self.interval_ms.max(1));
+        if self.figure == "hung" {
+            let mut config = HungConfig::new(exe, self.out, self.quick);
+            if let Some(seconds) = self.duration_s {
+                config.duration = Duration::from_secs(seconds);
+            }
+            config.interval = interval;
+            config.connections = self.connections;
+            run_hung(&config)?;
+            return Ok(());
+        }
         if self.figure == "reconfig" {
             let mut config = ReconfigBenchConfig::new(exe, self.out, self.quick);
             if let Some(seconds) = self.duration_s {
