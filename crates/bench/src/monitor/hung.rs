@@ -6,7 +6,11 @@
 //! each run and resumed after it. Per configuration: requests served per
 //! second over the run and while the server was stopped, p99, errors, and
 //! the forwards the proxy gave up (abandoned on suspicion) or that waited
-//! out the upstream timeout. "Liveness off" is `--suspect-after-ms 0`: the
+//! out the upstream timeout. [R] Each server emulates a node of `workers`
+//! workers spending the cost in wall time (`app-server --emulated-workers`,
+//! as the reconfiguration experiment does): on this 2-core machine two
+//! servers burning real CPU share one capacity, and stopping one would
+//! change nothing but who burns it. "Liveness off" is `--suspect-after-ms 0`: the
 //! schemes then trust a node while it answers (RDMA-Sync: while its memory
 //! is readable), which is what every scheme did before the progress word.
 
@@ -32,11 +36,14 @@ pub struct HungConfig {
     /// Load time per configuration; the server stops at a third of it.
     pub duration: Duration,
     pub connections: usize,
-    /// `app-server --cpu-cost`.
+    /// `app-server --cpu-cost` (spent in wall time by the emulated workers).
     pub cpu_cost: String,
+    /// `app-server --emulated-workers`.
+    pub workers: usize,
     pub docs: usize,
-    /// The proxies' `--upstream-timeout-ms` (bounds how long a forward
-    /// waits on the stopped server without liveness).
+    /// The proxies' `--upstream-timeout-ms` (how long a forward waits on
+    /// the stopped server without liveness): a third of the run, so that
+    /// forwards stuck at the stop time out (and are retried) within it.
     pub upstream_timeout: Duration,
     /// The proxies' `--suspect-after-ms` with liveness on.
     pub suspect_after: Duration,
@@ -47,14 +54,16 @@ pub struct HungConfig {
 
 impl HungConfig {
     pub fn new(exe: PathBuf, out_dir: PathBuf, quick: bool) -> Self {
+        let duration = Duration::from_secs(if quick { 3 } else { 9 });
         HungConfig {
             exe,
             out_dir,
-            duration: Duration::from_secs(if quick { 3 } else { 9 }),
+            duration,
             connections: 16,
-            cpu_cost: "pareto:1.1,200,5000".into(),
+            cpu_cost: "pareto:1.5,2000,50000".into(),
+            workers: 4,
             docs: 64,
-            upstream_timeout: Duration::from_secs(5),
+            upstream_timeout: duration / 3,
             suspect_after: tierstack_monitor::scheme::SUSPECT_AFTER_DEFAULT,
             interval: Duration::from_millis(10),
             seed: 1,
@@ -72,7 +81,11 @@ pub struct HungPoint {
     pub stopped_rps: f64,
     pub p50_us: f64,
     pub p99_us: f64,
+    pub p999_us: f64,
+    pub max_us: f64,
     pub errors: u64,
+    /// Requests still unanswered when the run ended (not in the latency).
+    pub unfinished: u64,
     /// Forwards given up because the server turned suspect, and forwards
     /// that waited out the upstream timeout.
     pub abandoned: u64,
@@ -83,12 +96,13 @@ pub struct HungPoint {
     pub per_second: Vec<u64>,
     /// Against the same scheme with liveness off.
     pub stopped_rps_vs_off: f64,
-    pub p99_vs_off: f64,
+    pub p999_vs_off: f64,
 }
 
 #[derive(Serialize)]
 pub struct HungReport {
     pub cpu_cost: String,
+    pub workers: usize,
     pub connections: usize,
     pub duration_s: f64,
     pub stop_at_s: f64,
@@ -134,6 +148,7 @@ pub fn run_hung(config: &HungConfig) -> Result<HungReport> {
             monitor_listen: Some(monitor),
             monitor_interval_ms: interval_ms,
             cpu_cost: Some(config.cpu_cost.clone()),
+            emulated_workers: Some(config.workers),
             ..zipf_server(listen, &socket, config.docs, config.seed)
         };
         servers.push(
@@ -196,13 +211,16 @@ pub fn run_hung(config: &HungConfig) -> Result<HungReport> {
             stopped_rps: stopped.iter().sum::<u64>() as f64 / stopped.len().max(1) as f64,
             p50_us: report.latency.p50_ns as f64 / 1000.0,
             p99_us: report.latency.p99_ns as f64 / 1000.0,
+            p999_us: report.latency.p999_ns as f64 / 1000.0,
+            max_us: report.latency.max_ns as f64 / 1000.0,
             errors: report.errors.total(),
+            unfinished: report.abandoned,
             abandoned: stats.upstream_abandoned,
             timeouts: stats.upstream_timeouts,
             routed: stats.routed.clone(),
             per_second: report.series.iter().map(|s| s.ok).collect(),
             stopped_rps_vs_off: 1.0,
-            p99_vs_off: 1.0,
+            p999_vs_off: 1.0,
         });
         // The resumed server must answer again before the next run.
         let deadline = tierstack_base::time::instant_now() + Duration::from_secs(30);
@@ -216,15 +234,16 @@ pub fn run_hung(config: &HungConfig) -> Result<HungReport> {
     }
     drop(servers);
     let off: Vec<(Scheme, f64, f64)> =
-        points.iter().filter(|p| !p.liveness).map(|p| (p.scheme, p.stopped_rps, p.p99_us)).collect();
+        points.iter().filter(|p| !p.liveness).map(|p| (p.scheme, p.stopped_rps, p.p999_us)).collect();
     for point in &mut points {
-        if let Some((_, rps, p99)) = off.iter().find(|(scheme, _, _)| *scheme == point.scheme) {
+        if let Some((_, rps, p999)) = off.iter().find(|(scheme, _, _)| *scheme == point.scheme) {
             point.stopped_rps_vs_off = point.stopped_rps / rps.max(f64::MIN_POSITIVE);
-            point.p99_vs_off = point.p99_us / p99.max(f64::MIN_POSITIVE);
+            point.p999_vs_off = point.p999_us / p999.max(f64::MIN_POSITIVE);
         }
     }
     let report = HungReport {
         cpu_cost: config.cpu_cost.clone(),
+        workers: config.workers,
         connections: config.connections,
         duration_s: config.duration.as_secs_f64(),
         stop_at_s: stop_at.as_secs_f64(),
@@ -234,8 +253,8 @@ pub fn run_hung(config: &HungConfig) -> Result<HungReport> {
     };
     let mut table = Table::new(
         &format!(
-            "Hung back end: server 1 of 2 SIGSTOPped at {:.1} s of {:.0} s, least-loaded, {} clients, cost {} (shm)",
-            report.stop_at_s, report.duration_s, config.connections, config.cpu_cost
+            "Hung back end: server 1 of 2 ({} emulated workers each, cost {}) SIGSTOPped at {:.1} s of {:.0} s, least-loaded, {} clients, upstream timeout {} ms (shm)",
+            config.workers, config.cpu_cost, report.stop_at_s, report.duration_s, config.connections, report.upstream_timeout_ms
         ),
         &[
             "scheme",
@@ -244,8 +263,11 @@ pub fn run_hung(config: &HungConfig) -> Result<HungReport> {
             "req/s stopped",
             "vs off",
             "p99 ms",
-            "p99 vs off",
+            "p99.9 ms",
+            "p99.9 vs off",
+            "max ms",
             "errors",
+            "unfinished",
             "abandoned",
             "timeouts",
             "routed",
@@ -259,8 +281,11 @@ pub fn run_hung(config: &HungConfig) -> Result<HungReport> {
             format!("{:.0}", p.stopped_rps),
             format!("{:.2}", p.stopped_rps_vs_off),
             format!("{:.1}", p.p99_us / 1000.0),
-            format!("{:.2}", p.p99_vs_off),
+            format!("{:.1}", p.p999_us / 1000.0),
+            format!("{:.2}", p.p999_vs_off),
+            format!("{:.0}", p.max_us / 1000.0),
             p.errors.to_string(),
+            p.unfinished.to_string(),
             p.abandoned.to_string(),
             p.timeouts.to_string(),
             format!("{:?}", p.routed),
