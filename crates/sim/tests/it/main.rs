@@ -3,6 +3,7 @@
 #![allow(clippy::unwrap_used)] // Test code: a failed unwrap is the failure report.
 
 mod common;
+mod balance;
 mod coop;
 mod counts;
 mod hand_computed;
