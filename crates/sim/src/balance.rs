@@ -13,8 +13,13 @@
 //!   requests in flight = queued + in service, queue length = queued.
 //! - **front ends**: F of them, each a [`Balancer`] that sees only its own
 //!   dispatches; client `c` sends through front end `c mod F`. With F > 1
-//!   the other front ends' requests are visible only through monitoring
-//!   (the seed's data centre hosts two services on the same back ends).
+//!   the other front ends' requests are visible only through monitoring.
+//! - **a second service** (optional, `background_clients`): the seed's data
+//!   centre hosts two services on the same back ends. Its closed-loop
+//!   clients go through a front end of their own that routes by hash of the
+//!   document (load-oblivious), so the back ends' load is skewed in a way
+//!   the balanced service's front ends see only through monitoring. Only
+//!   the balanced service's requests are measured.
 //! - **a scheme** ([`SchemeModel`]) is what it measurably costs and how
 //!   old its value is: before each least-loaded choice the front end reads
 //!   every back end **one after the other** (as the proxy's `route.rs`
@@ -85,6 +90,9 @@ pub struct BalanceSimConfig {
     pub front_ends: usize,
     /// Closed-loop clients, one request outstanding each, no think time.
     pub clients: usize,
+    /// Closed-loop clients of a second, hash-routed service on the same
+    /// back ends (not measured).
+    pub background_clients: usize,
     pub policy: Policy,
     /// What feeds least-loaded; `None`: only the front end's own requests
     /// in flight (nginx's `least_conn`). Only least-loaded reads.
@@ -108,8 +116,11 @@ impl BalanceSimConfig {
         if !(1..=FRONT_ENDS_MAX).contains(&self.front_ends) {
             return bad(format!("{} front ends (1..={FRONT_ENDS_MAX})", self.front_ends));
         }
-        if !(1..=CLIENTS_MAX).contains(&self.clients) {
-            return bad(format!("{} clients (1..={CLIENTS_MAX})", self.clients));
+        if !(1..=CLIENTS_MAX).contains(&self.clients) || self.background_clients > CLIENTS_MAX {
+            return bad(format!(
+                "{} clients and {} of the second service (1..={CLIENTS_MAX} each)",
+                self.clients, self.background_clients
+            ));
         }
         if self.requests == 0 {
             return bad("no requests to measure".into());
@@ -143,6 +154,7 @@ pub struct BalanceSimReport {
     pub workers: usize,
     pub front_ends: usize,
     pub clients: usize,
+    pub background_clients: usize,
     pub requests: u64,
     /// Simulated time of the measurement, ns.
     pub measured_ns: u64,
@@ -152,10 +164,14 @@ pub struct BalanceSimReport {
     pub p99_us: f64,
     /// Mean wait for the reads before a choice, µs.
     pub read_wait_us: f64,
-    /// Busy worker time over all workers' time.
+    /// Busy worker time over all workers' time (both services).
     pub utilization: f64,
-    /// Completions per back end.
+    /// Both services' completions per second.
+    pub total_throughput_rps: f64,
+    /// The balanced service's completions per back end.
     pub served: Vec<u64>,
+    /// The second service's completions per back end.
+    pub served_background: Vec<u64>,
 }
 
 #[derive(Debug)]
@@ -206,6 +222,7 @@ struct Backend {
     busy_area: u128,
     since_ns: u64,
     served: u64,
+    served_background: u64,
 }
 
 impl Backend {
@@ -287,12 +304,15 @@ pub fn run_balance<F: Fn(f64) -> u64>(
             ..Backend::default()
         })
         .collect();
-    let front_ends = (0..config.front_ends)
+    // Front end F (after the balanced service's) is the second service's.
+    let front_ends = (0..=config.front_ends)
         .map(|f| {
             let seed = config.seed ^ (f as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-            Balancer::new(config.backends, BalancerConfig { seed, ..BalancerConfig::new(config.policy) })
+            let policy = if f < config.front_ends { config.policy } else { Policy::Hash };
+            Balancer::new(config.backends, BalancerConfig { seed, ..BalancerConfig::new(policy) })
         })
         .collect();
+    let background_seed = config.seed ^ 0x6261_636b;
     let clients = (0..config.clients)
         .map(|c| Client {
             stream: trace.stream(config.seed, c, config.clients),
@@ -300,6 +320,12 @@ pub fn run_balance<F: Fn(f64) -> u64>(
             issued_ns: 0,
             front_end: c % config.front_ends,
         })
+        .chain((0..config.background_clients).map(|c| Client {
+            stream: trace.stream(background_seed, c, config.background_clients),
+            doc: 0,
+            issued_ns: 0,
+            front_end: config.front_ends,
+        }))
         .collect();
     let mut model = Model {
         config,
@@ -321,7 +347,7 @@ pub fn run_balance<F: Fn(f64) -> u64>(
         read_wait_ns: 0,
         read_waits: 0,
     };
-    for client in 0..config.clients {
+    for client in 0..config.clients + config.background_clients {
         model.schedule(0, Event::Issue { client });
     }
     if config.warmup_requests == 0 {
@@ -349,13 +375,15 @@ impl<F: Fn(f64) -> u64> Model<'_, F> {
             backend.busy_area = 0;
             backend.since_ns = self.now;
             backend.served = 0;
+            backend.served_background = 0;
         }
         self.read_wait_ns = 0;
         self.read_waits = 0;
     }
 
-    fn reads(&self) -> bool {
-        self.config.policy == Policy::LeastLoaded && self.config.scheme.is_some()
+    /// Whether front end `front_end` reads the load before choosing.
+    fn reads(&self, front_end: usize) -> bool {
+        front_end < self.config.front_ends && self.config.policy == Policy::LeastLoaded && self.config.scheme.is_some()
     }
 
     fn handle(&mut self, event: Event) -> Result<(), BalanceSimError> {
@@ -364,12 +392,15 @@ impl<F: Fn(f64) -> u64> Model<'_, F> {
                 let Some(c) = self.clients.get_mut(client) else { return Ok(()) };
                 c.doc = c.stream.next().unwrap_or(0);
                 c.issued_ns = self.now;
+                let front_end = c.front_end;
                 let wait = match &self.config.scheme {
-                    Some(scheme) if self.reads() => scheme.read_ns.saturating_mul(self.config.backends as u64),
+                    Some(scheme) if self.reads(front_end) => scheme.read_ns.saturating_mul(self.config.backends as u64),
                     _ => 0,
                 };
-                self.read_wait_ns += u128::from(wait);
-                self.read_waits += 1;
+                if front_end < self.config.front_ends {
+                    self.read_wait_ns += u128::from(wait);
+                    self.read_waits += 1;
+                }
                 if wait == 0 {
                     self.decide(client)?;
                 } else {
@@ -385,19 +416,20 @@ impl<F: Fn(f64) -> u64> Model<'_, F> {
     /// The reads a least-loaded front end made for the request issued at
     /// `issued`: back end `i`'s read completed at `issued + (i + 1) · read`.
     fn observe(&mut self, front_end: usize, issued: u64) {
-        let Some(scheme) = self.config.scheme.as_ref().filter(|_| self.reads()) else { return };
+        let Some(scheme) = self.config.scheme.as_ref().filter(|_| self.reads(front_end)) else { return };
         for (i, backend) in self.backends.iter().enumerate() {
             let read_at = issued + scheme.read_ns.saturating_mul(i as u64 + 1);
             let sampled_at = if scheme.sample_period_ns == 0 {
                 Some(read_at)
             } else {
                 // The sampler's last publication at or before the read.
-                read_at.checked_sub(backend.phase_ns).map(|since| {
-                    backend.phase_ns + since / scheme.sample_period_ns * scheme.sample_period_ns
-                })
+                read_at
+                    .checked_sub(backend.phase_ns)
+                    .map(|since| backend.phase_ns + since / scheme.sample_period_ns * scheme.sample_period_ns)
             };
             let Some(sampled_at) = sampled_at else { continue };
-            let record = LoadRecord { t_ns: sampled_at, counters: backend.counters_at(sampled_at), ..LoadRecord::default() };
+            let record =
+                LoadRecord { t_ns: sampled_at, counters: backend.counters_at(sampled_at), ..LoadRecord::default() };
             let reading = Reading { record, read_ns: read_at, health: Health::Fresh };
             if let Some(balancer) = self.front_ends.get_mut(front_end) {
                 balancer.observe(i, &reading);
@@ -433,9 +465,14 @@ impl<F: Fn(f64) -> u64> Model<'_, F> {
         let now = self.now;
         let horizon = self.horizon_ns;
         let mut next = None;
+        let balanced = self.clients.get(client).is_some_and(|c| c.front_end < self.config.front_ends);
         if let Some(backend) = self.backends.get_mut(index) {
             let busy_before = backend.busy;
-            backend.served += 1;
+            if balanced {
+                backend.served += 1;
+            } else {
+                backend.served_background += 1;
+            }
             match backend.queue.pop_front() {
                 // The freed worker takes the next queued request.
                 Some(waiting) => next = Some(waiting),
@@ -451,12 +488,15 @@ impl<F: Fn(f64) -> u64> Model<'_, F> {
         if let Some(balancer) = self.front_ends.get_mut(c.front_end) {
             balancer.completed(index, now);
         }
-        if self.measuring_since.is_some() {
-            self.latencies_ns.push(now - c.issued_ns);
-        }
-        self.completed += 1;
-        if self.measuring_since.is_none() && self.completed >= self.config.warmup_requests {
-            self.start_measuring();
+        // Only the balanced service's requests are measured.
+        if c.front_end < self.config.front_ends {
+            if self.measuring_since.is_some() {
+                self.latencies_ns.push(now - c.issued_ns);
+            }
+            self.completed += 1;
+            if self.measuring_since.is_none() && self.completed >= self.config.warmup_requests {
+                self.start_measuring();
+            }
         }
         self.schedule(now, Event::Issue { client });
     }
@@ -478,6 +518,7 @@ impl<F: Fn(f64) -> u64> Model<'_, F> {
             workers: self.config.workers,
             front_ends: self.config.front_ends,
             clients: self.config.clients,
+            background_clients: self.config.background_clients,
             requests,
             measured_ns,
             throughput_rps: requests as f64 * 1e9 / (measured_ns.max(1)) as f64,
@@ -485,7 +526,11 @@ impl<F: Fn(f64) -> u64> Model<'_, F> {
             p99_us: tierstack_stats::percentile(&self.latencies_ns, 99.0) as f64 / 1000.0,
             read_wait_us: self.read_wait_ns as f64 / self.read_waits.max(1) as f64 / 1000.0,
             utilization: busy as f64 / capacity.max(1.0),
+            total_throughput_rps: self.backends.iter().map(|b| b.served + b.served_background).sum::<u64>() as f64
+                * 1e9
+                / (measured_ns.max(1)) as f64,
             served: self.backends.iter().map(|b| b.served).collect(),
+            served_background: self.backends.iter().map(|b| b.served_background).collect(),
         }
     }
 }

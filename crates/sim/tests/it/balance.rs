@@ -20,6 +20,7 @@ fn config(backends: usize, workers: usize, front_ends: usize, clients: usize) ->
         workers,
         front_ends,
         clients,
+        background_clients: 0,
         policy: Policy::Hash,
         scheme: None,
         warmup_requests: 500,
@@ -91,6 +92,23 @@ fn exact_free_readings_are_never_worse_than_round_robin_on_divergent_costs() {
                 "N {backends} F {front_ends} seed {seed}: {least:?} vs {round:?}"
             );
         }
+    }
+}
+
+#[test]
+fn readings_show_a_second_services_load_that_counting_our_own_requests_cannot() {
+    // As many clients as workers, half of them a second service routed by
+    // hash of Zipf documents, so some back ends carry more of it. A front
+    // end counting only its own requests (least-conn) spreads evenly and
+    // leaves workers idle where the second service is light; exact
+    // readings see it and fill them.
+    for (backends, seed) in [(2, 1), (4, 2), (8, 3)] {
+        let workers = backends * 4;
+        let base = BalanceSimConfig { background_clients: workers / 2, seed, ..config(backends, 4, 1, workers / 2) };
+        let exact = run(&with(&base, Policy::LeastLoaded, sync(0)));
+        let blind = run(&with(&base, Policy::LeastLoaded, None));
+        assert!(exact.utilization > blind.utilization, "N {backends}: {exact:?} vs {blind:?}");
+        assert!(exact.throughput_rps > blind.throughput_rps, "N {backends}: {exact:?} vs {blind:?}");
     }
 }
 

@@ -2,8 +2,8 @@
 
 #![allow(clippy::unwrap_used)] // Test code: a failed unwrap is the failure report.
 
-mod common;
 mod balance;
+mod common;
 mod coop;
 mod counts;
 mod hand_computed;
