@@ -192,10 +192,11 @@ fn cpu_delta_ms(before: &[Option<f64>], after: &[Option<f64>]) -> Vec<f64> {
 
 /// The deployment the configurations share: the module and the servers.
 struct Servers {
-    _module: ChildNode,
     servers: Vec<ChildNode>,
     /// Each server's URL and monitor address.
     upstreams: Vec<(String, BackendAddress)>,
+    /// Last, so it stops after the servers (fields drop in order).
+    _module: ChildNode,
 }
 
 fn start_servers(config: &ThroughputConfig, topology: &std::path::Path, scratch: &std::path::Path) -> Result<Servers> {
@@ -228,7 +229,7 @@ fn start_servers(config: &ThroughputConfig, topology: &std::path::Path, scratch:
         let address = BackendAddress { node: Some(NodeId(node)), socket: Some(monitor) };
         upstreams.push((format!("http://{listen}"), address));
     }
-    Ok(Servers { _module: module, servers, upstreams })
+    Ok(Servers { servers, upstreams, _module: module })
 }
 
 /// One configuration at one α: a proxy of its own, a closed-loop load.
