@@ -81,6 +81,22 @@ fn exact_least_loaded_with_one_client_per_worker_keeps_every_worker_busy() {
 }
 
 #[test]
+fn a_back_end_serves_at_most_its_workers_at_once() {
+    // Known answer: 1 ms per request, 4 back ends of 2 workers, 16 clients:
+    // the cluster serves 8 at a time, 8 000 req/s, and each request waits
+    // for one other (2 ms), under any policy that keeps the queues even.
+    let base = BalanceSimConfig { warmup_requests: 1_000, requests: 8_000, ..config(4, 2, 1, 16) };
+    let fixed = |_: f64| 1_000_000;
+    let trace = Trace::zipf(0.9, 64).unwrap();
+    for policy in [Policy::RoundRobin, Policy::LeastLoaded] {
+        let report = run_balance(&with(&base, policy, None), &trace, fixed).unwrap();
+        assert!((report.throughput_rps - 8_000.0).abs() < 1e-6, "{report:?}");
+        assert_eq!((report.p50_us, report.p99_us), (2000.0, 2000.0), "{report:?}");
+        assert!((report.utilization - 1.0).abs() < 1e-9, "{report:?}");
+    }
+}
+
+#[test]
 fn exact_free_readings_are_never_worse_than_round_robin_on_divergent_costs() {
     for (backends, front_ends) in [(2, 1), (2, 3), (8, 1), (8, 4)] {
         for seed in 1..=3 {
