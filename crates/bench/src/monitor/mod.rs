@@ -82,9 +82,9 @@ pub struct MonitorArgs {
     #[arg(long, default_value_t = throughput::CONNECTIONS_DEFAULT)]
     pub connections: usize,
     /// Fig. 8b: compute threads of each application server (server i
-    /// takes entry i mod the count).
-    #[arg(long, value_delimiter = ',', default_value = "4")]
-    pub backend_compute_threads: Vec<usize>,
+    /// takes entry i mod the count; default 4 each).
+    #[arg(long, value_delimiter = ',')]
+    pub backend_compute_threads: Option<Vec<usize>>,
     /// Fig. 8b and 8b-sim: repeats (seeds for 8b-sim); default 3, 1 with --quick.
     #[arg(long)]
     pub repeats: Option<usize>,
@@ -177,7 +177,9 @@ impl MonitorArgs {
             config.interval = interval;
             config.cpu_cost = self.cpu_cost;
             config.connections = self.connections;
-            config.compute_threads = self.backend_compute_threads;
+            if let Some(threads) = self.backend_compute_threads {
+                config.compute_threads = threads;
+            }
             run_throughput(&config)?;
         }
         Ok(())
