@@ -16,7 +16,8 @@
 //! and every scheme would look accurate for the wrong reason (seen: at 200
 //! compute threads the walk made a fraction of its steps).
 //!
-//! Fig. 8b lives in [`throughput`] ([`run_throughput`]), the
+//! Fig. 8b lives in [`throughput`] ([`run_throughput`]), its simulated
+//! counterpart in [`throughput_sim`] ([`run_throughput_sim`]), the
 //! reconfiguration experiment in [`reconfig`] ([`run_reconfig`]).
 
 mod reconfig;
