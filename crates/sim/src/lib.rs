@@ -15,12 +15,17 @@
 //! - **networks**: the client network and named intra-cluster transports,
 //!   each a latency plus bytes over a bandwidth ([`costs`]).
 //!
+//! Beside it, [`balance`] models Fig. 8b's load balancing over many back
+//! ends (the monitor crate's `Balancer` fed by a model of each monitoring
+//! scheme), a smaller event loop of its own.
+//!
 //! A [`Policy`] decides, per request, what happens ([`policy`]); the engine
 //! ([`run`]) turns its actions into events and costs. Time is integer
 //! nanoseconds, events are ordered by (time, sequence number), and a run is a
 //! pure function of its configuration, trace, policy and seed: the same inputs
 //! give a byte-identical [`SimReport`].
 
+pub mod balance;
 pub mod config;
 pub mod coop;
 pub mod costs;

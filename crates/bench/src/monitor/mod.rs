@@ -16,17 +16,22 @@
 //! and every scheme would look accurate for the wrong reason (seen: at 200
 //! compute threads the walk made a fraction of its steps).
 //!
-//! Fig. 8b lives in [`throughput`] ([`run_throughput`]), the
+//! Fig. 8b lives in [`throughput`] ([`run_throughput`]), its simulated
+//! counterpart in [`throughput_sim`] ([`run_throughput_sim`]), the
 //! reconfiguration experiment in [`reconfig`] ([`run_reconfig`]), the
 //! hung-back-end experiment in [`hung`] ([`run_hung`]).
 
 mod hung;
 mod reconfig;
 mod throughput;
+mod throughput_sim;
 
 pub use hung::{run_hung, HungConfig, HungPoint, HungReport};
 pub use reconfig::{run_reconfig, ReconfigBenchConfig, ReconfigPoint, ReconfigReport};
-pub use throughput::{run_throughput, BalanceConfig, ThroughputConfig, ThroughputPoint, ThroughputReport};
+pub use throughput::{
+    run_throughput, BalanceConfig, ThroughputConfig, ThroughputPoint, ThroughputReport, ThroughputSummary,
+};
+pub use throughput_sim::{run_throughput_sim, SimPoint, ThroughputSimConfig, ThroughputSimReport, FIG8A_READ_US};
 
 use crate::monitor_node::MonitorNodeArgs;
 use crate::report::{line_plot, write_json, Axes, Series, Table};
@@ -67,20 +72,56 @@ pub struct MonitorArgs {
     #[arg(long, default_value_t = 10)]
     pub interval_ms: u64,
     /// Which figure: 8a (accuracy), 8b (throughput of balancing), both,
-    /// reconfig (two sites, load shifting, with and without the agent), or
-    /// hung (a back end SIGSTOPped mid-run, each scheme with and without
-    /// the liveness word).
-    #[arg(long, default_value = "both", value_parser = ["8a", "8b", "both", "reconfig", "hung"])]
+    /// 8b-sim (Fig. 8b in the simulator, larger clusters), reconfig (two
+    /// sites, load shifting, with and without the agent), or hung (a back
+    /// end SIGSTOPped mid-run, each scheme with and without the liveness
+    /// word).
+    #[arg(long, default_value = "both", value_parser = ["8a", "8b", "both", "8b-sim", "reconfig", "hung"])]
     pub figure: String,
-    /// Fig. 8b: Zipf exponents (default 0.25,0.5,0.75,0.9; 0.5,0.9 with --quick).
+    /// Fig. 8b: Zipf exponents (default 0.25,0.5,0.75,0.9; 0.9 with --quick).
     #[arg(long, value_delimiter = ',')]
     pub alphas: Option<Vec<f64>>,
     /// Fig. 8b: per-read CPU cost of the application servers (`app-server --cpu-cost`).
     #[arg(long, default_value = "rubis")]
     pub cpu_cost: String,
     /// Fig. 8b: closed-loop clients.
-    #[arg(long, default_value_t = 16)]
+    #[arg(long, default_value_t = throughput::CONNECTIONS_DEFAULT)]
     pub connections: usize,
+    /// Fig. 8b: compute threads of each application server (server i
+    /// takes entry i mod the count; default 4 each).
+    #[arg(long, value_delimiter = ',')]
+    pub backend_compute_threads: Option<Vec<usize>>,
+    /// Fig. 8b and 8b-sim: repeats (seeds for 8b-sim); default 3, 1 with --quick.
+    #[arg(long)]
+    pub repeats: Option<usize>,
+    /// 8b-sim: back ends per cluster.
+    #[arg(long, value_delimiter = ',', default_value = "2,8,32")]
+    pub sim_backends: Vec<usize>,
+    /// 8b-sim: front ends, each balancing on its own.
+    #[arg(long, value_delimiter = ',', default_value = "1")]
+    pub sim_front_ends: Vec<usize>,
+    /// 8b-sim: workers per back end.
+    #[arg(long, default_value_t = 4)]
+    pub sim_workers: usize,
+    /// 8b-sim: closed-loop clients per worker (both services).
+    #[arg(long, default_value_t = 1)]
+    pub sim_clients_per_worker: usize,
+    /// 8b-sim: the share of the clients that belong to a second,
+    /// hash-routed service on the same back ends; each value a setting (0:
+    /// the balanced service alone).
+    #[arg(long, value_delimiter = ',', default_value = "0,0.5")]
+    pub sim_second_service_share: Vec<f64>,
+    /// 8b-sim: the Fig. 8a load levels (compute threads) whose measured
+    /// read costs feed the schemes.
+    #[arg(long, value_delimiter = ',', default_value = "0,200")]
+    pub sim_compute_threads: Vec<usize>,
+    /// 8b-sim: take the read costs from this Fig. 8a `monitor.json`
+    /// (default: docs/results.md's Fig. 8a table).
+    #[arg(long)]
+    pub sim_fig8a: Option<PathBuf>,
+    /// 8b-sim: requests measured per run (default 200000, 20000 with --quick).
+    #[arg(long)]
+    pub sim_requests: Option<u64>,
 }
 
 impl MonitorArgs {
@@ -107,6 +148,26 @@ impl MonitorArgs {
             run_reconfig(&config)?;
             return Ok(());
         }
+        if self.figure == "8b-sim" {
+            let mut config = ThroughputSimConfig::new(self.out, self.quick);
+            config.backends = self.sim_backends;
+            config.front_ends = self.sim_front_ends;
+            config.workers = self.sim_workers;
+            config.clients_per_worker = self.sim_clients_per_worker;
+            config.second_service_share = self.sim_second_service_share;
+            config.compute_threads = self.sim_compute_threads;
+            config.fig8a = self.sim_fig8a;
+            config.interval = interval;
+            config.cpu_cost = self.cpu_cost;
+            if let Some(requests) = self.sim_requests {
+                config.requests = requests;
+            }
+            if let Some(repeats) = self.repeats {
+                config.repeats = repeats;
+            }
+            run_throughput_sim(&config)?;
+            return Ok(());
+        }
         if self.figure != "8b" {
             let mut config = MonitorBenchConfig::new(exe.clone(), self.out.clone(), self.quick);
             if let Some(threads) = self.compute_threads {
@@ -126,9 +187,15 @@ impl MonitorArgs {
             if let Some(seconds) = self.duration_s {
                 config.duration = Duration::from_secs(seconds);
             }
+            if let Some(repeats) = self.repeats {
+                config.repeats = repeats;
+            }
             config.interval = interval;
             config.cpu_cost = self.cpu_cost;
             config.connections = self.connections;
+            if let Some(threads) = self.backend_compute_threads {
+                config.compute_threads = threads;
+            }
             run_throughput(&config)?;
         }
         Ok(())

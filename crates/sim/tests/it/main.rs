@@ -2,6 +2,7 @@
 
 #![allow(clippy::unwrap_used)] // Test code: a failed unwrap is the failure report.
 
+mod balance;
 mod common;
 mod coop;
 mod counts;

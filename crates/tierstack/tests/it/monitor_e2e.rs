@@ -193,14 +193,17 @@ fn the_accuracy_bench_runs_and_reports_every_scheme() {
     assert!(out.path().join("fig8a_mean_deviation.svg").exists());
 }
 
-/// Fig. 8b end to end, one α and one second per configuration: every
-/// configuration is measured without errors, compared with hash, and the
-/// load-oblivious round-robin splits requests evenly.
+/// Fig. 8b end to end, one α, one second per configuration, two repeats:
+/// every configuration is measured without errors in each repeat, the
+/// second repeat runs them in another order, each is compared with hash of
+/// its own repeat, the back ends' and proxies' CPU is read from /proc, and
+/// the load-oblivious round-robin splits requests evenly.
 #[test]
 fn the_throughput_bench_runs_every_configuration() {
     let out = tempfile::tempdir().unwrap();
     let status = std::process::Command::new(exe())
         .args(["bench", "monitor", "--figure", "8b", "--alphas", "0.9", "--duration-s", "1", "--connections", "4"])
+        .args(["--repeats", "2", "--backend-compute-threads", "1"])
         .arg("--out")
         .arg(out.path())
         .stdout(std::process::Stdio::null())
@@ -210,9 +213,18 @@ fn the_throughput_bench_runs_every_configuration() {
     let report: serde_json::Value =
         serde_json::from_slice(&std::fs::read(out.path().join("monitor_throughput.json")).unwrap()).unwrap();
     let points = report["points"].as_array().unwrap();
-    let labels: Vec<&str> = points.iter().map(|p| p["balance"].as_str().unwrap()).collect();
-    assert_eq!(labels[..2], ["hash", "round-robin"]);
-    assert_eq!(labels.len(), 2 + Scheme::ALL.len());
+    let configurations = 2 + Scheme::ALL.len();
+    assert_eq!(points.len(), 2 * configurations);
+    let labels = |repeat: u64| -> Vec<&str> {
+        points.iter().filter(|p| p["repeat"] == repeat).map(|p| p["balance"].as_str().unwrap()).collect()
+    };
+    assert_eq!(labels(0)[..2], ["hash", "round-robin"]);
+    assert_eq!(labels(1)[configurations - 1], "hash", "the second repeat is rotated by one");
+    let mut sorted = labels(1);
+    sorted.sort_unstable();
+    let mut first = labels(0);
+    first.sort_unstable();
+    assert_eq!(sorted, first, "every configuration in every repeat");
     for point in points {
         assert_eq!(point["errors"], 0, "{point}");
         assert!(point["requests"].as_u64().unwrap() > 0, "{point}");
@@ -221,9 +233,52 @@ fn the_throughput_bench_runs_every_configuration() {
         // are not counted by the client: at most one per connection.
         let requests = point["requests"].as_u64().unwrap();
         assert!((requests..=requests + 4).contains(&routed), "every request forwarded once: {point}");
+        let shares = point["backend_cpu_share"].as_array().unwrap();
+        assert_eq!(shares.len(), 2, "{point}");
+        // A compute thread each: the back ends used CPU (how much depends on the machine).
+        assert!(shares.iter().all(|s| s.as_f64().unwrap() > 0.0), "{point}");
+        assert!(point["proxy_cpu_us_per_request"].as_f64().unwrap() > 0.0, "{point}");
+        if point["balance"] == "hash" {
+            assert_eq!(point["throughput_vs_hash"], 1.0, "{point}");
+        }
     }
-    assert_eq!(points[0]["throughput_vs_hash"], 1.0);
-    let round_robin: Vec<u64> = points[1]["routed"].as_array().unwrap().iter().map(|r| r.as_u64().unwrap()).collect();
+    let round_robin: Vec<u64> = points.iter().find(|p| p["balance"] == "round-robin").unwrap()["routed"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r.as_u64().unwrap())
+        .collect();
     assert!(round_robin[0].abs_diff(round_robin[1]) <= 1, "{round_robin:?}");
+    assert_eq!(report["summary"].as_array().unwrap().len(), configurations);
     assert!(out.path().join("fig8b_throughput.svg").exists());
+}
+
+/// Fig. 8b in the simulator, end to end: every configuration at both
+/// settings, hash the baseline, and two runs give byte-identical reports
+/// (the model is a pure function of its inputs and seeds).
+#[test]
+fn the_simulated_throughput_bench_is_deterministic() {
+    let run = || {
+        let out = tempfile::tempdir().unwrap();
+        let status = std::process::Command::new(exe())
+            .args(["bench", "monitor", "--figure", "8b-sim", "--quick", "--sim-backends", "2,4"])
+            .args(["--sim-compute-threads", "0", "--sim-requests", "2000", "--repeats", "2"])
+            .arg("--out")
+            .arg(out.path())
+            .stdout(std::process::Stdio::null())
+            .status()
+            .unwrap();
+        assert!(status.success());
+        std::fs::read(out.path().join("monitor_throughput_sim.json")).unwrap()
+    };
+    let (first, second) = (run(), run());
+    assert!(first == second, "two runs of the model differ");
+    let report: serde_json::Value = serde_json::from_slice(&first).unwrap();
+    let points = report["points"].as_array().unwrap();
+    // 2 sizes × 2 settings (alone, shared) × (hash, round-robin, least-conn, 4 schemes).
+    assert_eq!(points.len(), 2 * 2 * (3 + Scheme::ALL.len()));
+    for point in points.iter().filter(|p| p["balance"] == "hash") {
+        assert_eq!(point["throughput_vs_hash"]["median"], 1.0, "{point}");
+    }
+    assert_eq!(report["runs"].as_array().unwrap().len(), 2 * points.len());
 }
