@@ -259,6 +259,9 @@ struct RdmaNode {
     last: Option<LoadRecord>,
     liveness_checked_ns: u64,
     watch: ProgressWatch,
+    /// RDMA-Async: the live progress word, read only when the sampled
+    /// record's stands still (a starved sampler is not a hung node).
+    live: ProgressWatch,
 }
 
 /// RDMA-Sync and RDMA-Async: one-sided reads of `monitor.load`.
@@ -280,6 +283,7 @@ impl RdmaSource {
                     last: None,
                     liveness_checked_ns: 0,
                     watch: ProgressWatch::default(),
+                    live: ProgressWatch::default(),
                 })
             })
             .collect();
@@ -390,7 +394,17 @@ impl LoadSource for RdmaSource {
                         return Reading { record, read_ns, health: Health::Dead };
                     }
                 }
-                let stalled = state.watch.stalled(record.progress, read_ns, self.config.suspect_after_ns());
+                let bound = self.config.suspect_after_ns();
+                let mut stalled = state.watch.stalled(record.progress, read_ns, bound);
+                if stalled && self.scheme == Scheme::RdmaAsync {
+                    // The sampler's record stands still: ask the live word
+                    // (one more one-sided read, on this rare path only).
+                    // The node is suspect only if that stands still too.
+                    stalled = match region.read_u64(PROGRESS_OFFSET) {
+                        Ok(live) => state.live.stalled(live, read_ns, bound),
+                        Err(_) => true,
+                    };
+                }
                 let health = if record.t_ns == 0 {
                     Health::Unknown // the sampler has not written yet
                 } else if stalled {

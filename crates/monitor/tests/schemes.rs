@@ -300,3 +300,38 @@ fn a_hung_read_is_not_retried_within_the_bound() {
     assert!(asked >= 1, "the first read asked");
     assert!(asked <= windows, "{asked} requests for {reads} reads in {elapsed} ns, bound {bound:?}");
 }
+
+/// RDMA-Async whose sampler stops while the node's runtime still beats
+/// (a starved monitor thread on a busy node): stale, never suspect, since
+/// the live progress word moves; once the beating stops too, suspect.
+#[test]
+fn a_silent_sampler_on_a_beating_node_is_stale_not_suspect() {
+    let mut rig = rig(Backend::Shm, Scheme::RdmaAsync);
+    let beating = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let beater = {
+        let (publisher, beating) = (rig.publisher.clone(), beating.clone());
+        std::thread::spawn(move || {
+            while beating.load(std::sync::atomic::Ordering::Relaxed) {
+                publisher.beat();
+                std::thread::sleep(tierstack_monitor::publisher::HEARTBEAT);
+            }
+        })
+    };
+    let fresh = read_until(rig.source.as_ref(), |r| r.health == Health::Fresh && r.record.progress > 0);
+    assert_eq!(fresh.health, Health::Fresh);
+    rig.agent = None;
+    // Well past the suspicion bound (200 ms) with the sampler silent.
+    let silent_since = host_monotonic_ns();
+    let mut stale = 0;
+    while host_monotonic_ns() - silent_since < 3 * 200_000_000 {
+        let reading = rig.source.read(0);
+        assert_ne!(reading.health, Health::Suspect, "a starved sampler is not a hung node");
+        stale += u32::from(reading.health == Health::Stale);
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(stale > 0, "the silent sampler's record aged");
+    beating.store(false, std::sync::atomic::Ordering::Relaxed);
+    beater.join().unwrap();
+    let hung = read_until(rig.source.as_ref(), |r| r.health == Health::Suspect);
+    assert_eq!(hung.health, Health::Suspect, "record and live word both still: suspect");
+}

@@ -138,6 +138,9 @@ pub struct ThroughputPoint {
     pub errors: u64,
     /// Requests each server got.
     pub routed: Vec<u64>,
+    /// Forwards the proxy sent again to the other server (one failed,
+    /// or its server turned suspect while it waited: a starved monitor).
+    pub retries: u64,
     /// CPU each back end used over the load, as a share of the wall time
     /// (1.0 = one CPU all the time).
     pub backend_cpu_share: Vec<f64>,
@@ -285,6 +288,7 @@ fn measure(
         p99_us: report.latency.p99_ns as f64 / 1000.0,
         errors: report.errors.total(),
         routed: stats.routed,
+        retries: stats.upstream_retries,
         backend_cpu_share: backend_ms.iter().map(|ms| ms / wall_ms.max(f64::MIN_POSITIVE)).collect(),
         proxy_cpu_us_per_request: proxy_ms.iter().sum::<f64>() * 1000.0 / report.requests.max(1) as f64,
         throughput_vs_hash: 1.0,
@@ -491,6 +495,7 @@ mod tests {
             p99_us: p99,
             errors: 0,
             routed: vec![6, 4],
+            retries: 0,
             backend_cpu_share: vec![0.9, 1.0],
             proxy_cpu_us_per_request: 50.0,
             throughput_vs_hash: 1.0,
