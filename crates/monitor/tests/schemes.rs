@@ -230,9 +230,12 @@ fn a_fresh_reading_is_never_older_than_its_schemes_bound() {
                         // The workload's pace (not a synchronization).
                         std::thread::sleep(Duration::from_micros(300));
                     }
-                    let before = host_monotonic_ns();
-                    drop(held);
-                    log.push((before, host_monotonic_ns(), 0));
+                    // One guard at a time: each drop is a change of its own.
+                    while !held.is_empty() {
+                        let before = host_monotonic_ns();
+                        held.pop();
+                        log.push((before, host_monotonic_ns(), held.len() as u32));
+                    }
                     stop.store(true, std::sync::atomic::Ordering::Relaxed);
                     log
                 });
