@@ -29,8 +29,8 @@
 use anyhow::{anyhow, Result};
 use rand::Rng;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Barrier, Condvar, Mutex, MutexGuard};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::Duration;
 use tierstack_base::{host_monotonic_ns, seeded_rng};
@@ -39,6 +39,9 @@ use tierstack_fabric::Fabric;
 use tierstack_monitor::{AgentConfig, Gauge, GaugeGuard, LoadPublisher, MonitorAgent};
 use tierstack_tier_http::observe::ObserveArgs;
 use tierstack_tier_http::service::ServiceArgs;
+
+/// How long the node's threads may take to start (a loaded machine).
+const START_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// A fault a test injects into the node (never set in experiments).
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -78,8 +81,9 @@ pub struct MonitorNodeArgs {
     pub step_us: u64,
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
-    /// Pin the walk's thread to this CPU (off the compute threads' CPU), so
-    /// the walk moves at the same pace whatever the load on the monitor's CPU.
+    /// Pin the walk's thread to this CPU (off the compute threads' CPU), at
+    /// real-time priority where allowed, so the walk moves at the same pace
+    /// whatever the load on the monitor's CPU.
     #[arg(long)]
     pub walk_cpu: Option<usize>,
     /// A test fault (uncounted-compute: compute threads not counted).
@@ -175,7 +179,7 @@ pub struct MonitoredNodeConfig {
     /// Mean time between steps of the walk, in microseconds (uniform in 0.2x..1.8x).
     pub step_us: u64,
     pub seed: u64,
-    /// Pin the walk's thread to this CPU.
+    /// Pin the walk's thread to this CPU (and raise it to real-time priority where allowed).
     pub walk_cpu: Option<usize>,
     /// A test fault.
     pub fault: Option<Fault>,
@@ -268,6 +272,27 @@ impl Worker {
     }
 }
 
+/// Puts the calling thread under `SCHED_FIFO` at the lowest real-time
+/// priority, where the system allows it. For the walk alone: it wakes for
+/// a few microseconds per step, and it is the workload's arrivals, which
+/// should keep their pace however loaded the machine is. Pinned off the
+/// node's CPU, a normal-priority walk starved anyway: Linux's autogroup
+/// gives its session's weight on that CPU in proportion to the session's
+/// load there (one sleeping thread against hundreds spinning on the other
+/// CPU), so any other session's work there ran first (seen: 233 steps a
+/// second at 200 compute threads against 850 at none).
+fn realtime() -> std::io::Result<()> {
+    let param = libc::sched_param { sched_priority: 1 };
+    // SAFETY: `param` is a valid sched_param for the call's duration; pid 0
+    // is the calling thread.
+    let rc = unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
 /// A thousand steps of an LCG: CPU work the optimizer cannot remove.
 fn burn(mut x: u64) -> u64 {
     for _ in 0..1000 {
@@ -293,21 +318,25 @@ fn spawn<T: Send + 'static>(name: String, body: impl FnOnce() -> T + Send + 'sta
 impl MonitoredNode {
     /// Registers the load region on `fabric`, starts the monitor agent, the
     /// compute threads, the workers and the walk; returns once every
-    /// compute thread is counted and every worker is in its loop.
+    /// compute thread is counted and every worker has started.
     pub fn start(fabric: &dyn Fabric, config: &MonitoredNodeConfig) -> Result<Self> {
         let publisher = LoadPublisher::register(fabric)?;
         let agent_config =
             AgentConfig { interval: config.interval, write_record: true, socket_listen: Some(config.monitor_listen) };
         let agent = MonitorAgent::start(publisher.clone(), agent_config)?;
         let stop = Arc::new(AtomicBool::new(false));
-        let started = Arc::new(Barrier::new(config.compute_threads + config.walk_max + 1));
+        // Threads say they started on a counter, not a `Barrier`: a barrier's
+        // waiters leave it one by one through its mutex, and with hundreds
+        // of spinning threads on one CPU that hand-over took seconds, every
+        // waiter counted but asleep (seen: +185 threads at 200).
+        let started = Arc::new(AtomicUsize::new(0));
         let counted = config.fault != Some(Fault::UncountedCompute);
         let mut threads = Vec::new();
         for i in 0..config.compute_threads {
             let (stop, started, publisher) = (stop.clone(), started.clone(), publisher.clone());
             threads.push(spawn(format!("compute-{i}"), move || {
                 let _running = counted.then(|| publisher.enter(Gauge::RunningThreads));
-                started.wait();
+                started.fetch_add(1, Ordering::Release);
                 let mut x = i as u64 | 1;
                 while !stop.load(Ordering::Relaxed) {
                     x = burn(x);
@@ -319,17 +348,28 @@ impl MonitoredNode {
         for (i, worker) in workers.iter().enumerate() {
             let (stop, started, worker) = (stop.clone(), started.clone(), worker.clone());
             threads.push(spawn(format!("worker-{i}"), move || {
-                started.wait();
+                started.fetch_add(1, Ordering::Release);
                 worker.run(&stop);
             })?);
         }
-        started.wait();
+        let everyone = config.compute_threads + config.walk_max;
+        let deadline = tierstack_base::time::instant_now() + START_TIMEOUT;
+        while started.load(Ordering::Acquire) < everyone {
+            if tierstack_base::time::instant_now() > deadline {
+                stop.store(true, Ordering::Relaxed);
+                return Err(anyhow!("{} of {everyone} threads started within {START_TIMEOUT:?}", started.load(Ordering::Acquire)));
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
         let (walking, pool) = (stop.clone(), workers.clone());
         let (walk_cpu, seed, step_us) = (config.walk_cpu, config.seed, config.step_us);
         let walker = spawn("walk".into(), move || {
             if let Some(cpu) = walk_cpu {
                 if let Err(e) = tierstack_cluster::pin_to_cpu(cpu) {
                     tracing::warn!(error = %e, cpu, "cannot pin the walk");
+                }
+                if let Err(e) = realtime() {
+                    tracing::warn!(error = %e, "the walk keeps its normal priority");
                 }
             }
             let mut rng = seeded_rng(seed);

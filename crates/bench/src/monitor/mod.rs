@@ -324,7 +324,11 @@ fn run_once(config: &MonitorBenchConfig, threads: usize) -> Result<(Vec<Accuracy
         ..MonitorNodeArgs::new(at, socket)
     };
     let args = command("monitor-node", node.to_args());
-    let child = ChildNode::spawn(&config.exe, &args).context("starting the monitored back end")?;
+    // In a session of its own, as a remote node would be: in ours, the
+    // back end's hundreds of spinning threads would shrink our autogroup's
+    // weight on the other CPU, and other sessions' work there would starve
+    // the observer and the readers (seen: 6 scans in a second at 200).
+    let child = ChildNode::spawn_in_own_session(&config.exe, &args).context("starting the monitored back end")?;
     // After `ready`: every thread of the back end is named and counted.
     let observer = Observer::start(child.pid(), config.observe_every).context("observing the back end")?;
     let topology = Topology::load(&topology_path)?;
