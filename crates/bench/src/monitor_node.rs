@@ -357,7 +357,10 @@ impl MonitoredNode {
         while started.load(Ordering::Acquire) < everyone {
             if tierstack_base::time::instant_now() > deadline {
                 stop.store(true, Ordering::Relaxed);
-                return Err(anyhow!("{} of {everyone} threads started within {START_TIMEOUT:?}", started.load(Ordering::Acquire)));
+                return Err(anyhow!(
+                    "{} of {everyone} threads started within {START_TIMEOUT:?}",
+                    started.load(Ordering::Acquire)
+                ));
             }
             std::thread::sleep(Duration::from_micros(200));
         }

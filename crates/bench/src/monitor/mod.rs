@@ -49,8 +49,8 @@ use tierstack_cluster::{open_fabric, Backend, NodeArgs, Topology};
 use tierstack_deploy::deployment::strings;
 use tierstack_deploy::process::{free_loopback_port, write_topology, ChildNode, NodeLine};
 use tierstack_monitor::deviation::{deviations, summarize, Change, DeviationSummary, Sample};
-use truth::{join, Observer, Resolution, Truth};
 use tierstack_monitor::{open_source, BackendAddress, Health, LoadSource, Scheme, SourceConfig};
+use truth::{join, Observer, Resolution, Truth};
 
 const BACKEND: NodeId = NodeId(0);
 const FRONT: NodeId = NodeId(1);
@@ -361,8 +361,7 @@ fn run_once(config: &MonitorBenchConfig, threads: usize) -> Result<(Vec<Accuracy
             let against_truth = Deviation::of(&join(&truth, &running, max_gap_ns));
             let samples: Vec<Sample> =
                 running.iter().map(|&(used_ns, reported)| Sample { used_ns, reported }).collect();
-            let procs: Vec<(u64, i64)> =
-                log.uses.iter().filter_map(|u| Some((u.used_ns, u.procs_running?))).collect();
+            let procs: Vec<(u64, i64)> = log.uses.iter().filter_map(|u| Some((u.used_ns, u.procs_running?))).collect();
             let mut ages: Vec<u64> = log.uses.iter().map(|u| u.age_ns).collect();
             AccuracyPoint {
                 scheme,
@@ -404,7 +403,19 @@ pub fn run(config: &MonitorBenchConfig) -> Result<MonitorReport> {
     }
     let mut table = Table::new(
         "Fig. 8a: reported - actual running threads at the time of use (actual: the observer's /proc scans; shm)",
-        &["compute", "scheme", "joined", "mean |dev|", "mean dev", "p99", "exact %", "vs walk", "stale %", "age p50 ms", "read µs"],
+        &[
+            "compute",
+            "scheme",
+            "joined",
+            "mean |dev|",
+            "mean dev",
+            "p99",
+            "exact %",
+            "vs walk",
+            "stale %",
+            "age p50 ms",
+            "read µs",
+        ],
     );
     for p in &report.accuracy {
         let used = (p.fresh + p.stale).max(1);
@@ -425,7 +436,18 @@ pub fn run(config: &MonitorBenchConfig) -> Result<MonitorReport> {
     println!("{}", table.render());
     let mut truth_table = Table::new(
         "Fig. 8a: the truth's resolution, and RDMA-Async's host-wide procs_running against it",
-        &["compute", "scans", "scan p50 µs", "scan p99 µs", "period p50 µs", "actual mean", "walk steps", "procs_running mean dev", "p99 |dev|", "its age p50/p99 ms"],
+        &[
+            "compute",
+            "scans",
+            "scan p50 µs",
+            "scan p99 µs",
+            "period p50 µs",
+            "actual mean",
+            "walk steps",
+            "procs_running mean dev",
+            "p99 |dev|",
+            "its age p50/p99 ms",
+        ],
     );
     for t in &report.truth {
         let rdma_async =

@@ -428,10 +428,7 @@ mod tests {
     #[test]
     fn overlapping_or_reversed_scans_are_refused() {
         assert!(matches!(Truth::new(vec![scan(5, 4, 0)]), Err(TruthError::Unordered { index: 0 })));
-        assert!(matches!(
-            Truth::new(vec![scan(0, 10, 0), scan(9, 12, 0)]),
-            Err(TruthError::Unordered { index: 1 })
-        ));
+        assert!(matches!(Truth::new(vec![scan(0, 10, 0), scan(9, 12, 0)]), Err(TruthError::Unordered { index: 1 })));
         Truth::new(vec![scan(0, 10, 0), scan(10, 10, 0), scan(10, 12, 0)]).unwrap();
     }
 
