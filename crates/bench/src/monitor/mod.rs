@@ -197,6 +197,10 @@ pub struct AccuracyPoint {
     /// over the fresh and stale readings.
     pub deviation: DeviationSummary,
     pub mean_signed: f64,
+    /// The same, over the "quiet" readings: those with no step of the walk
+    /// from the reading through its scan (the window the truth cannot
+    /// resolve), so what is left is the scheme's own error.
+    pub quiet: DeviationSummary,
     /// Against the walk's own log (busy workers + compute threads): what
     /// the back end meant, a secondary measure.
     pub vs_walk: Deviation,
@@ -296,6 +300,23 @@ fn walk_changes(log: &str, compute_threads: usize) -> Vec<Change> {
         .collect()
 }
 
+/// The deviations of the readings whose window (from the time of use
+/// through the whole of its scan) holds no step of the walk.
+fn quiet(truth: &Truth, walk: &[Change], readings: &[(u64, i64)], max_gap_ns: u64) -> Vec<(u64, i64)> {
+    // The log is in time order (one walk thread, one clock).
+    let steps = |from: u64, to: u64| {
+        walk.partition_point(|c| c.t_ns < to.saturating_add(1)) - walk.partition_point(|c| c.t_ns < from)
+    };
+    readings
+        .iter()
+        .filter_map(|&(t_ns, reported)| {
+            let scan = truth.at(t_ns, max_gap_ns)?;
+            let (from, to) = (t_ns.min(scan.start_ns), t_ns.max(scan.end_ns));
+            (steps(from, to) == 0).then(|| (t_ns, reported - i64::from(scan.running)))
+        })
+        .collect()
+}
+
 /// Milliseconds at the `pct` percentile of `ns`.
 fn ms_at(ns: &mut [u64], pct: f64) -> f64 {
     ns.sort_unstable();
@@ -368,6 +389,7 @@ fn run_once(config: &MonitorBenchConfig, threads: usize) -> Result<(Vec<Accuracy
                 compute_threads: threads,
                 deviation: against_truth.summary,
                 mean_signed: against_truth.mean_signed,
+                quiet: summarize(&quiet(&truth, &changes, &running, max_gap_ns)),
                 vs_walk: Deviation::of(&deviations(&changes, &samples)),
                 procs_running: (!procs.is_empty()).then(|| Deviation::of(&join(&truth, &procs, max_gap_ns))),
                 fresh: log.fresh,
@@ -411,6 +433,8 @@ pub fn run(config: &MonitorBenchConfig) -> Result<MonitorReport> {
             "mean dev",
             "p99",
             "exact %",
+            "quiet",
+            "exact %",
             "vs walk",
             "stale %",
             "age p50 ms",
@@ -427,6 +451,8 @@ pub fn run(config: &MonitorBenchConfig) -> Result<MonitorReport> {
             format!("{:+.2}", p.mean_signed),
             p.deviation.p99_abs.to_string(),
             format!("{:.1}", 100.0 * p.deviation.exact_share),
+            p.quiet.samples.to_string(),
+            format!("{:.1}", 100.0 * p.quiet.exact_share),
             format!("{:.2}", p.vs_walk.summary.mean_abs),
             format!("{:.1}", 100.0 * p.stale as f64 / used as f64),
             format!("{:.2}", p.age_ms_p50),
