@@ -331,74 +331,83 @@ impl MonitoredNode {
         // waiter counted but asleep (seen: +185 threads at 200).
         let started = Arc::new(AtomicUsize::new(0));
         let counted = config.fault != Some(Fault::UncountedCompute);
-        let mut threads = Vec::new();
-        for i in 0..config.compute_threads {
-            let (stop, started, publisher) = (stop.clone(), started.clone(), publisher.clone());
-            threads.push(spawn(format!("compute-{i}"), move || {
-                let _running = counted.then(|| publisher.enter(Gauge::RunningThreads));
-                started.fetch_add(1, Ordering::Release);
-                let mut x = i as u64 | 1;
-                while !stop.load(Ordering::Relaxed) {
-                    x = burn(x);
-                }
-            })?);
-        }
         // Made here, on the node's CPU (the walk's pinning is its own).
         let workers: Vec<Arc<Worker>> = (0..config.walk_max).map(|_| Arc::new(Worker::new())).collect();
-        for (i, worker) in workers.iter().enumerate() {
-            let (stop, started, worker) = (stop.clone(), started.clone(), worker.clone());
-            threads.push(spawn(format!("worker-{i}"), move || {
-                started.fetch_add(1, Ordering::Release);
-                worker.run(&stop);
-            })?);
-        }
-        let everyone = config.compute_threads + config.walk_max;
-        let deadline = tierstack_base::time::instant_now() + START_TIMEOUT;
-        while started.load(Ordering::Acquire) < everyone {
-            if tierstack_base::time::instant_now() > deadline {
+        let mut threads = Vec::new();
+        let start_threads = || -> Result<JoinHandle<Vec<(u64, usize)>>> {
+            for i in 0..config.compute_threads {
+                let (stop, started, publisher) = (stop.clone(), started.clone(), publisher.clone());
+                threads.push(spawn(format!("compute-{i}"), move || {
+                    let _running = counted.then(|| publisher.enter(Gauge::RunningThreads));
+                    started.fetch_add(1, Ordering::Release);
+                    let mut x = i as u64 | 1;
+                    while !stop.load(Ordering::Relaxed) {
+                        x = burn(x);
+                    }
+                })?);
+            }
+            for (i, worker) in workers.iter().enumerate() {
+                let (stop, started, worker) = (stop.clone(), started.clone(), worker.clone());
+                threads.push(spawn(format!("worker-{i}"), move || {
+                    started.fetch_add(1, Ordering::Release);
+                    worker.run(&stop);
+                })?);
+            }
+            let everyone = config.compute_threads + config.walk_max;
+            let deadline = tierstack_base::time::instant_now() + START_TIMEOUT;
+            while started.load(Ordering::Acquire) < everyone {
+                if tierstack_base::time::instant_now() > deadline {
+                    return Err(anyhow!(
+                        "{} of {everyone} threads started within {START_TIMEOUT:?}",
+                        started.load(Ordering::Acquire)
+                    ));
+                }
+                std::thread::sleep(Duration::from_micros(200));
+            }
+            let (walking, pool) = (stop.clone(), workers.clone());
+            let (walk_cpu, seed, step_us) = (config.walk_cpu, config.seed, config.step_us);
+            spawn("walk".into(), move || {
+                if let Some(cpu) = walk_cpu {
+                    if let Err(e) = tierstack_cluster::pin_to_cpu(cpu) {
+                        tracing::warn!(error = %e, cpu, "cannot pin the walk");
+                    }
+                    if let Err(e) = realtime() {
+                        tracing::warn!(error = %e, "the walk keeps its normal priority");
+                    }
+                }
+                let mut rng = seeded_rng(seed);
+                // Workers 0..busy are busy: a step wakes the next or idles the last.
+                let mut busy = 0usize;
+                let mut log = vec![(host_monotonic_ns(), 0usize)];
+                while !walking.load(Ordering::Relaxed) {
+                    // The walk's own pacing (a workload, not a synchronization).
+                    let pause = step_us * rng.gen_range(200..=1800) / 1000;
+                    std::thread::sleep(Duration::from_micros(pause));
+                    if pool.is_empty() {
+                        continue;
+                    }
+                    let up = busy == 0 || (busy < pool.len() && rng.gen_bool(0.5));
+                    if up {
+                        pool[busy].set_busy(&publisher);
+                        busy += 1;
+                    } else {
+                        busy -= 1;
+                        pool[busy].set_idle();
+                    }
+                    log.push((host_monotonic_ns(), busy));
+                }
+                log
+            })
+        };
+        match start_threads() {
+            Ok(walker) => Ok(Self { agent, stop, workers, threads, walker }),
+            Err(e) => {
+                // Whatever started stops: spinning threads see `stop`, blocked workers are woken.
                 stop.store(true, Ordering::Relaxed);
-                return Err(anyhow!(
-                    "{} of {everyone} threads started within {START_TIMEOUT:?}",
-                    started.load(Ordering::Acquire)
-                ));
+                workers.iter().for_each(|worker| worker.release());
+                Err(e)
             }
-            std::thread::sleep(Duration::from_micros(200));
         }
-        let (walking, pool) = (stop.clone(), workers.clone());
-        let (walk_cpu, seed, step_us) = (config.walk_cpu, config.seed, config.step_us);
-        let walker = spawn("walk".into(), move || {
-            if let Some(cpu) = walk_cpu {
-                if let Err(e) = tierstack_cluster::pin_to_cpu(cpu) {
-                    tracing::warn!(error = %e, cpu, "cannot pin the walk");
-                }
-                if let Err(e) = realtime() {
-                    tracing::warn!(error = %e, "the walk keeps its normal priority");
-                }
-            }
-            let mut rng = seeded_rng(seed);
-            // Workers 0..busy are busy: a step wakes the next or idles the last.
-            let mut busy = 0usize;
-            let mut log = vec![(host_monotonic_ns(), 0usize)];
-            while !walking.load(Ordering::Relaxed) {
-                // The walk's own pacing (a workload, not a synchronization).
-                let pause = step_us * rng.gen_range(200..=1800) / 1000;
-                std::thread::sleep(Duration::from_micros(pause));
-                if pool.is_empty() {
-                    continue;
-                }
-                let up = busy == 0 || (busy < pool.len() && rng.gen_bool(0.5));
-                if up {
-                    pool[busy].set_busy(&publisher);
-                    busy += 1;
-                } else {
-                    busy -= 1;
-                    pool[busy].set_idle();
-                }
-                log.push((host_monotonic_ns(), busy));
-            }
-            log
-        })?;
-        Ok(Self { agent, stop, workers, threads, walker })
     }
 
     /// The agent's counters and published load, for `/metrics`.
