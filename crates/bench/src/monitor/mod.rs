@@ -24,7 +24,13 @@
 //! [R] With two or more CPUs the walk's thread runs on CPU 0, away from the
 //! compute threads: otherwise a starved walk would barely move under load
 //! and every scheme would look accurate for the wrong reason (seen: at 200
-//! compute threads the walk made a fraction of its steps).
+//! compute threads the walk made a fraction of its steps). The back end
+//! runs in a session of its own and the walk at real-time priority where
+//! the system allows it: Linux's autogroup otherwise starved both the walk
+//! and this process's observer (see `run_once` and `monitor_node`).
+//! A reading with no walk step between it and the end of its scan is
+//! "quiet": the truth cannot be wrong about it, so its deviation is the
+//! scheme's own (the table's second exact share).
 //!
 //! Fig. 8b lives in [`throughput`] ([`run_throughput`]), the
 //! reconfiguration experiment in [`reconfig`] ([`run_reconfig`]).
