@@ -83,7 +83,7 @@ enum Command {
     DlmBenchNode(cmd::dlm::BenchNodeArgs),
     /// Reconfiguration agent: moves back ends from the idlest site to the busiest (one CAS on the node's role word).
     Reconfigure(cmd::reconfig::ReconfigureArgs),
-    /// Monitored back end driven by `bench monitor` (a random walk of load; prints its truth log at the end).
+    /// Monitored back end driven by `bench monitor` (worker and compute threads; prints its walk's log at the end).
     #[command(hide = true)]
     MonitorNode(cmd::monitor::MonitorNodeArgs),
     /// Cooperative-cache node without HTTP: the passive back-end memory of MTACC/HYBCC beside `proxy --coop`.

@@ -1,20 +1,36 @@
 //! `tierstack bench monitor`: fine-grained monitoring (services paper
-//! §5.2, Fig. 8a): how far each scheme's reported load is from the true
-//! load at the moment a front end uses it, as the back end gets busier.
+//! §5.2, Fig. 8a): how far each scheme's reported number of running
+//! threads is from the actual number at the moment a front end uses it, as
+//! the back end gets busier.
 //!
 //! Per compute-thread count, one run: a `tierstack monitor-node` process
-//! (fabric node 0, pinned to the last CPU when there are two or more) runs a
-//! seeded random walk of requests in flight and logs every change with the
-//! host's `CLOCK_MONOTONIC`; this process (node 1) reads the four schemes,
-//! each from its own thread, every `sample_every`, stamping each value with the same clock when
-//! it has it. The walk's log and the samples are joined offline
-//! ([`tierstack_monitor::deviation`]). Compute threads burn CPU on the back
-//! end without counting in the load: they delay its monitor thread (the
-//! async schemes' sampler, Socket-Sync's answers), never RDMA-Sync's read.
+//! (fabric node 0, pinned to the last CPU when there are two or more) runs
+//! `walk_max` worker threads that a seeded random walk wakes (they spin)
+//! and idles (they block), and K compute threads that always spin; each
+//! running thread counts in its published `running_threads`. This process
+//! (node 1) reads the four schemes, each from its own thread, every
+//! `sample_every`, and stamps each reading with its time of use
+//! (`CLOCK_MONOTONIC`). **The truth** is independent of all of it: an
+//! observer thread here ([`truth`]) scans the back end's
+//! `/proc/<pid>/task/*/stat` about every millisecond and counts the
+//! `worker-*`/`compute-*` tasks the kernel has in state `R`; each reading
+//! is joined to the scan covering (or nearest) its time of use. The walk's
+//! own log (busy workers + K) is kept as a secondary column: what the back
+//! end meant, not what the kernel ran. Compute threads delay the back end's
+//! monitor thread (the async schemes' sampler, Socket-Sync's answers),
+//! never RDMA-Sync's read. RDMA-Async's record also carries the host-wide
+//! `procs_running` the sampler read; it is joined to the same truth and
+//! reported on its own line, with its age.
 //! [R] With two or more CPUs the walk's thread runs on CPU 0, away from the
 //! compute threads: otherwise a starved walk would barely move under load
 //! and every scheme would look accurate for the wrong reason (seen: at 200
-//! compute threads the walk made a fraction of its steps).
+//! compute threads the walk made a fraction of its steps). The back end
+//! runs in a session of its own and the walk at real-time priority where
+//! the system allows it: Linux's autogroup otherwise starved both the walk
+//! and this process's observer (see `run_once` and `monitor_node`).
+//! A reading with no walk step between it and the end of its scan is
+//! "quiet": the truth cannot be wrong about it, so its deviation is the
+//! scheme's own (the table's second exact share).
 //!
 //! Fig. 8b lives in [`throughput`] ([`run_throughput`]), its simulated
 //! counterpart in [`throughput_sim`] ([`run_throughput_sim`]), the
@@ -25,6 +41,7 @@ mod hung;
 mod reconfig;
 mod throughput;
 mod throughput_sim;
+pub mod truth;
 
 pub use hung::{run_hung, HungConfig, HungPoint, HungReport};
 pub use reconfig::{run_reconfig, ReconfigBenchConfig, ReconfigPoint, ReconfigReport};
@@ -47,6 +64,7 @@ use tierstack_deploy::deployment::strings;
 use tierstack_deploy::process::{free_loopback_port, write_topology, ChildNode, NodeLine};
 use tierstack_monitor::deviation::{deviations, summarize, Change, DeviationSummary, Sample};
 use tierstack_monitor::{open_source, BackendAddress, Health, LoadSource, Scheme, SourceConfig};
+use truth::{join, Observer, Resolution, Truth};
 
 const BACKEND: NodeId = NodeId(0);
 const FRONT: NodeId = NodeId(1);
@@ -215,6 +233,12 @@ pub struct MonitorBenchConfig {
     pub sample_every: Duration,
     /// Mean time between two steps of the walk.
     pub step: Duration,
+    /// Worker threads of the back end (the walk's range).
+    pub walk_max: usize,
+    /// How often the observer starts a scan of the back end's tasks.
+    pub observe_every: Duration,
+    /// A reading farther than this from every scan is left out of the join.
+    pub max_gap: Duration,
     pub seed: u64,
 }
 
@@ -228,8 +252,27 @@ impl MonitorBenchConfig {
             interval: Duration::from_millis(10),
             sample_every: Duration::from_millis(1),
             step: Duration::from_millis(1),
+            walk_max: 32,
+            observe_every: Duration::from_millis(1),
+            max_gap: Duration::from_millis(2),
             seed: 1,
         }
+    }
+}
+
+/// A deviation summary and its signed mean.
+#[derive(Clone, Copy, Debug, Default, Serialize)]
+pub struct Deviation {
+    /// Of |reported − truth|.
+    pub summary: DeviationSummary,
+    /// Mean of reported − truth: below zero, the scheme under-reports.
+    pub mean_signed: f64,
+}
+
+impl Deviation {
+    fn of(deviations: &[(u64, i64)]) -> Self {
+        let sum: i64 = deviations.iter().map(|(_, d)| d).sum();
+        Deviation { summary: summarize(deviations), mean_signed: sum as f64 / deviations.len().max(1) as f64 }
     }
 }
 
@@ -238,14 +281,38 @@ impl MonitorBenchConfig {
 pub struct AccuracyPoint {
     pub scheme: Scheme,
     pub compute_threads: usize,
-    /// |reported − actual| at the time of use, over the fresh and stale readings.
+    /// Reported running threads − the observer's count at the time of use,
+    /// over the fresh and stale readings.
     pub deviation: DeviationSummary,
+    pub mean_signed: f64,
+    /// The same, over the "quiet" readings: those with no step of the walk
+    /// from the reading through its scan (the window the truth cannot
+    /// resolve), so what is left is the scheme's own error.
+    pub quiet: DeviationSummary,
+    /// Against the walk's own log (busy workers + compute threads): what
+    /// the back end meant, a secondary measure.
+    pub vs_walk: Deviation,
+    /// The record's host-wide `procs_running` against the same truth, for
+    /// the schemes whose record carries it.
+    pub procs_running: Option<Deviation>,
     /// Readings by health.
     pub fresh: u64,
     pub stale: u64,
     pub unusable: u64,
     /// Mean time one read took at the front end, in µs.
     pub read_us_mean: f64,
+    /// Age of the value when read (read time − its sample time), ms.
+    pub age_ms_p50: f64,
+    pub age_ms_p99: f64,
+}
+
+/// The truth of one run: how finely the observer saw the back end.
+#[derive(Clone, Debug, Serialize)]
+pub struct TruthPoint {
+    pub compute_threads: usize,
+    pub resolution: Resolution,
+    /// Steps the walk made.
+    pub walk_steps: usize,
 }
 
 #[derive(Serialize)]
@@ -253,13 +320,24 @@ pub struct MonitorReport {
     pub interval_ms: u64,
     pub sample_every_us: u64,
     pub step_us: u64,
+    pub walk_max: usize,
+    /// (compute threads, entries of the walk's log).
     pub walk_changes: Vec<(usize, usize)>,
+    pub truth: Vec<TruthPoint>,
     pub accuracy: Vec<AccuracyPoint>,
+}
+
+/// One reading the front end used.
+struct Use {
+    used_ns: u64,
+    running_threads: i64,
+    procs_running: Option<i64>,
+    age_ns: u64,
 }
 
 #[derive(Default)]
 struct SchemeLog {
-    samples: Vec<Sample>,
+    uses: Vec<Use>,
     fresh: u64,
     stale: u64,
     unusable: u64,
@@ -284,7 +362,12 @@ fn sample(source: &dyn LoadSource, config: &MonitorBenchConfig) -> SchemeLog {
             Health::Suspect | Health::Dead | Health::Unknown => log.unusable += 1,
         }
         if matches!(reading.health, Health::Fresh | Health::Stale) {
-            log.samples.push(Sample { used_ns, reported: i64::from(reading.record.counters.load()) });
+            log.uses.push(Use {
+                used_ns,
+                running_threads: i64::from(reading.record.counters.running_threads),
+                procs_running: reading.record.kernel.procs_running.map(i64::from),
+                age_ns: reading.age_ns(),
+            });
         }
         next += config.sample_every;
         if let Some(wait) = next.checked_duration_since(tierstack_base::time::instant_now()) {
@@ -294,8 +377,43 @@ fn sample(source: &dyn LoadSource, config: &MonitorBenchConfig) -> SchemeLog {
     log
 }
 
-/// One run: the back end with `threads` compute threads, four schemes read.
-fn run_once(config: &MonitorBenchConfig, threads: usize) -> Result<(Vec<AccuracyPoint>, usize)> {
+/// The walk's log as printed by `monitor-node`: `<t_ns> <busy workers>` lines.
+fn walk_changes(log: &str, compute_threads: usize) -> Vec<Change> {
+    log.lines()
+        .filter_map(|line| {
+            let (t, v) = line.split_once(' ')?;
+            let busy: i64 = v.trim().parse().ok()?;
+            Some(Change { t_ns: t.trim().parse().ok()?, value: busy + compute_threads as i64 })
+        })
+        .collect()
+}
+
+/// The deviations of the readings whose window (from the time of use
+/// through the whole of its scan) holds no step of the walk.
+fn quiet(truth: &Truth, walk: &[Change], readings: &[(u64, i64)], max_gap_ns: u64) -> Vec<(u64, i64)> {
+    // The log is in time order (one walk thread, one clock).
+    let steps = |from: u64, to: u64| {
+        walk.partition_point(|c| c.t_ns < to.saturating_add(1)) - walk.partition_point(|c| c.t_ns < from)
+    };
+    readings
+        .iter()
+        .filter_map(|&(t_ns, reported)| {
+            let scan = truth.at(t_ns, max_gap_ns)?;
+            let (from, to) = (t_ns.min(scan.start_ns), t_ns.max(scan.end_ns));
+            (steps(from, to) == 0).then(|| (t_ns, reported - i64::from(scan.running)))
+        })
+        .collect()
+}
+
+/// Milliseconds at the `pct` percentile of `ns`.
+fn ms_at(ns: &mut [u64], pct: f64) -> f64 {
+    ns.sort_unstable();
+    tierstack_stats::percentile(ns, pct) as f64 / 1e6
+}
+
+/// One run: the back end with `threads` compute threads, four schemes read,
+/// the observer scanning.
+fn run_once(config: &MonitorBenchConfig, threads: usize) -> Result<(Vec<AccuracyPoint>, TruthPoint, usize)> {
     let scratch = tempfile::Builder::new().prefix("tierstack-bench-monitor-").tempdir()?;
     let cpus = tierstack_cluster::online_cpus();
     let back_cpu = (cpus >= 2).then(|| cpus - 1);
@@ -307,14 +425,21 @@ fn run_once(config: &MonitorBenchConfig, threads: usize) -> Result<(Vec<Accuracy
     let node = MonitorNodeArgs {
         interval_ms: u64::try_from(config.interval.as_millis())?,
         compute_threads: threads,
+        walk_max: config.walk_max,
         step_us: u64::try_from(config.step.as_micros())?,
         seed: config.seed,
-        // The truth moves at the pace it would without the compute threads.
+        // The walk moves at the pace it would without the compute threads.
         walk_cpu: back_cpu.map(|_| 0),
         ..MonitorNodeArgs::new(at, socket)
     };
     let args = command("monitor-node", node.to_args());
-    let child = ChildNode::spawn(&config.exe, &args).context("starting the monitored back end")?;
+    // In a session of its own, as a remote node would be: in ours, the
+    // back end's hundreds of spinning threads would shrink our autogroup's
+    // weight on the other CPU, and other sessions' work there would starve
+    // the observer and the readers (seen: 6 scans in a second at 200).
+    let child = ChildNode::spawn_in_own_session(&config.exe, &args).context("starting the monitored back end")?;
+    // After `ready`: every thread of the back end is named and counted.
+    let observer = Observer::start(child.pid(), config.observe_every).context("observing the back end")?;
     let topology = Topology::load(&topology_path)?;
     let fabric = open_fabric(&topology, FRONT)?;
     let backends = [BackendAddress { node: Some(BACKEND), socket: Some(socket) }];
@@ -331,29 +456,42 @@ fn run_once(config: &MonitorBenchConfig, threads: usize) -> Result<(Vec<Accuracy
         threads.into_iter().map(|t| t.join().unwrap_or_default()).collect()
     });
     drop(sources);
-    let truth_log = child.finish().context("stopping the back end")?;
-    let changes: Vec<Change> = truth_log
-        .lines()
-        .filter_map(|line| {
-            let (t, v) = line.split_once(' ')?;
-            Some(Change { t_ns: t.trim().parse().ok()?, value: v.trim().parse().ok()? })
-        })
-        .collect();
-    anyhow::ensure!(changes.len() > 1, "the back end logged no walk ({} lines)", truth_log.lines().count());
+    let truth = Truth::new(observer.stop()?)?;
+    let walk_log = child.finish().context("stopping the back end")?;
+    let changes = walk_changes(&walk_log, threads);
+    anyhow::ensure!(changes.len() > 1, "the back end logged no walk ({} lines)", walk_log.lines().count());
+    anyhow::ensure!(truth.scans().len() > 1, "the observer made {} scans", truth.scans().len());
+    let max_gap_ns = u64::try_from(config.max_gap.as_nanos())?;
     let points = Scheme::ALL
         .into_iter()
         .zip(logs)
-        .map(|(scheme, log)| AccuracyPoint {
-            scheme,
-            compute_threads: threads,
-            deviation: summarize(&deviations(&changes, &log.samples)),
-            fresh: log.fresh,
-            stale: log.stale,
-            unusable: log.unusable,
-            read_us_mean: log.read_ns as f64 / log.reads.max(1) as f64 / 1000.0,
+        .map(|(scheme, log)| {
+            let running: Vec<(u64, i64)> = log.uses.iter().map(|u| (u.used_ns, u.running_threads)).collect();
+            let against_truth = Deviation::of(&join(&truth, &running, max_gap_ns));
+            let samples: Vec<Sample> =
+                running.iter().map(|&(used_ns, reported)| Sample { used_ns, reported }).collect();
+            let procs: Vec<(u64, i64)> = log.uses.iter().filter_map(|u| Some((u.used_ns, u.procs_running?))).collect();
+            let mut ages: Vec<u64> = log.uses.iter().map(|u| u.age_ns).collect();
+            AccuracyPoint {
+                scheme,
+                compute_threads: threads,
+                deviation: against_truth.summary,
+                mean_signed: against_truth.mean_signed,
+                quiet: summarize(&quiet(&truth, &changes, &running, max_gap_ns)),
+                vs_walk: Deviation::of(&deviations(&changes, &samples)),
+                procs_running: (!procs.is_empty()).then(|| Deviation::of(&join(&truth, &procs, max_gap_ns))),
+                fresh: log.fresh,
+                stale: log.stale,
+                unusable: log.unusable,
+                read_us_mean: log.read_ns as f64 / log.reads.max(1) as f64 / 1000.0,
+                age_ms_p50: ms_at(&mut ages, 50.0),
+                age_ms_p99: ms_at(&mut ages, 99.0),
+            }
         })
         .collect();
-    Ok((points, changes.len()))
+    let truth_point =
+        TruthPoint { compute_threads: threads, resolution: truth.resolution(), walk_steps: changes.len() - 1 };
+    Ok((points, truth_point, changes.len()))
 }
 
 pub fn run(config: &MonitorBenchConfig) -> Result<MonitorReport> {
@@ -362,17 +500,34 @@ pub fn run(config: &MonitorBenchConfig) -> Result<MonitorReport> {
         interval_ms: config.interval.as_millis() as u64,
         sample_every_us: config.sample_every.as_micros() as u64,
         step_us: config.step.as_micros() as u64,
+        walk_max: config.walk_max,
         walk_changes: Vec::new(),
+        truth: Vec::new(),
         accuracy: Vec::new(),
     };
     for &threads in &config.compute_threads {
-        let (points, changes) = run_once(config, threads)?;
+        let (points, truth, changes) = run_once(config, threads)?;
         report.walk_changes.push((threads, changes));
+        report.truth.push(truth);
         report.accuracy.extend(points);
     }
     let mut table = Table::new(
-        "Fig. 8a: |reported - actual| load at the time of use (shm)",
-        &["compute", "scheme", "samples", "mean", "p99", "max", "exact %", "stale %", "read µs"],
+        "Fig. 8a: reported - actual running threads at the time of use (actual: the observer's /proc scans; shm)",
+        &[
+            "compute",
+            "scheme",
+            "joined",
+            "mean |dev|",
+            "mean dev",
+            "p99",
+            "exact %",
+            "quiet",
+            "exact %",
+            "vs walk",
+            "stale %",
+            "age p50 ms",
+            "read µs",
+        ],
     );
     for p in &report.accuracy {
         let used = (p.fresh + p.stale).max(1);
@@ -381,14 +536,52 @@ pub fn run(config: &MonitorBenchConfig) -> Result<MonitorReport> {
             p.scheme.name().to_string(),
             p.deviation.samples.to_string(),
             format!("{:.2}", p.deviation.mean_abs),
+            format!("{:+.2}", p.mean_signed),
             p.deviation.p99_abs.to_string(),
-            p.deviation.max_abs.to_string(),
             format!("{:.1}", 100.0 * p.deviation.exact_share),
+            p.quiet.samples.to_string(),
+            format!("{:.1}", 100.0 * p.quiet.exact_share),
+            format!("{:.2}", p.vs_walk.summary.mean_abs),
             format!("{:.1}", 100.0 * p.stale as f64 / used as f64),
+            format!("{:.2}", p.age_ms_p50),
             format!("{:.1}", p.read_us_mean),
         ]);
     }
     println!("{}", table.render());
+    let mut truth_table = Table::new(
+        "Fig. 8a: the truth's resolution, and RDMA-Async's host-wide procs_running against it",
+        &[
+            "compute",
+            "scans",
+            "scan p50 µs",
+            "scan p99 µs",
+            "period p50 µs",
+            "actual mean",
+            "walk steps",
+            "procs_running mean dev",
+            "p99 |dev|",
+            "its age p50/p99 ms",
+        ],
+    );
+    for t in &report.truth {
+        let rdma_async =
+            report.accuracy.iter().find(|p| p.compute_threads == t.compute_threads && p.scheme == Scheme::RdmaAsync);
+        let kernel = rdma_async.and_then(|p| Some((p, p.procs_running?)));
+        let r = &t.resolution;
+        truth_table.row(vec![
+            t.compute_threads.to_string(),
+            r.scans.to_string(),
+            format!("{:.0}", r.scan_us_p50),
+            format!("{:.0}", r.scan_us_p99),
+            format!("{:.0}", r.period_us_p50),
+            format!("{:.1}", r.running_mean),
+            t.walk_steps.to_string(),
+            kernel.map_or("-".into(), |(_, k)| format!("{:+.2}", k.mean_signed)),
+            kernel.map_or("-".into(), |(_, k)| k.summary.p99_abs.to_string()),
+            kernel.map_or("-".into(), |(p, _)| format!("{:.1} / {:.1}", p.age_ms_p50, p.age_ms_p99)),
+        ]);
+    }
+    println!("{}", truth_table.render());
     write_json(&config.out_dir.join("monitor.json"), &report)?;
     let series = |value: fn(&AccuracyPoint) -> f64| -> Vec<Series> {
         Scheme::ALL
@@ -407,14 +600,14 @@ pub fn run(config: &MonitorBenchConfig) -> Result<MonitorReport> {
     let axes = |y_label| Axes { x_label: "compute threads on the back end", y_label, log_x: false, log_y: false };
     line_plot(
         &config.out_dir.join("fig8a_mean_deviation.svg"),
-        "Fig. 8a: mean |reported - actual| load",
-        axes("mean |deviation| (requests)"),
+        "Fig. 8a: mean |reported - actual| running threads",
+        axes("mean |deviation| (threads)"),
         &series(|p| p.deviation.mean_abs),
     )?;
     line_plot(
         &config.out_dir.join("fig8a_p99_deviation.svg"),
-        "Fig. 8a: p99 |reported - actual| load",
-        axes("p99 |deviation| (requests)"),
+        "Fig. 8a: p99 |reported - actual| running threads",
+        axes("p99 |deviation| (threads)"),
         &series(|p| p.deviation.p99_abs as f64),
     )?;
     println!("wrote {}", config.out_dir.display());

@@ -1,12 +1,14 @@
 //! `tierstack monitor-node` (hidden): the back end of `tierstack bench
 //! monitor`'s accuracy run (Fig. 8a), run by
 //! `tierstack_bench::monitor_node`. It publishes its load on its fabric
-//! node and through a monitor socket server, runs a seeded random walk of
-//! requests in flight (the true value), and burns CPU with compute threads
-//! that do not count in the load but compete with the monitor thread for
-//! the CPU (the walk itself can be pinned elsewhere: `--walk-cpu`). It prints `ready`; when its standard input closes it stops and
-//! prints the truth log, one `<t_ns> <value>` line per change
-//! (`CLOCK_MONOTONIC`, the clock the front end stamps its samples with).
+//! node and through a monitor socket server, and runs real threads counted
+//! as running threads: workers that a seeded random walk wakes (they spin)
+//! and idles (they block), and compute threads that always spin (the walk
+//! itself can be pinned elsewhere: `--walk-cpu`). The truth they are judged
+//! by is the bench's `/proc` observer. It prints `ready`; when its standard
+//! input closes it stops and prints the walk's log, one `<t_ns> <busy
+//! workers>` line per step (`CLOCK_MONOTONIC`, the clock the front end
+//! stamps its samples with). `--fault uncounted-compute` is a test fault.
 //! With `--metrics-listen` it serves `/metrics` (the published load and
 //! what the agent served, `tierstack_monitor::metrics::write_agent`).
 

@@ -26,6 +26,7 @@ mod metrics_nodes;
 mod metrics_tiers;
 mod monitor_e2e;
 mod monitor_liveness;
+mod monitor_truth;
 mod origin_process;
 mod press_bench;
 mod press_processes;
