@@ -338,3 +338,33 @@ fn a_silent_sampler_on_a_beating_node_is_stale_not_suspect() {
     let hung = read_until(rig.source.as_ref(), |r| r.health == Health::Suspect);
     assert_eq!(hung.health, Health::Suspect, "record and live word both still: suspect");
 }
+
+/// A monitor whose host does not complete connections in time (here a
+/// listener whose accept queue is full, so the kernel drops the SYN as an
+/// unreachable host would): the socket schemes call it dead, as they do a
+/// refused connection, rather than stale forever.
+#[test]
+fn a_connect_that_times_out_is_dead_for_the_socket_schemes() {
+    use std::os::fd::AsRawFd;
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    // SAFETY: listen(2) on a socket we own, to shrink its accept queue.
+    assert_eq!(unsafe { libc::listen(listener.as_raw_fd(), 0) }, 0);
+    let addr = listener.local_addr().unwrap();
+    // Fill the queue: connections nobody accepts, until one does not complete.
+    let mut queued = Vec::new();
+    let full = (0..16).any(|_| match std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(300)) {
+        Ok(stream) => {
+            queued.push(stream);
+            false
+        }
+        Err(_) => true,
+    });
+    assert!(full, "the accept queue never filled");
+    let timeout_config = SourceConfig { socket_timeout: Duration::from_millis(300), ..config() };
+    for scheme in [Scheme::SocketSync, Scheme::SocketAsync] {
+        let address = BackendAddress { node: None, socket: Some(addr) };
+        let source = open_source(scheme, None, &[address], timeout_config).unwrap();
+        let reading = read_until(source.as_ref(), |r| r.health == Health::Dead);
+        assert_eq!(reading.health, Health::Dead, "{scheme}");
+    }
+}
