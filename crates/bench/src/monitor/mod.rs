@@ -102,9 +102,9 @@ pub struct MonitorArgs {
     /// Fig. 8b: per-read CPU cost of the application servers (`app-server --cpu-cost`).
     #[arg(long, default_value = "rubis")]
     pub cpu_cost: String,
-    /// Fig. 8b: closed-loop clients.
-    #[arg(long, default_value_t = throughput::CONNECTIONS_DEFAULT)]
-    pub connections: usize,
+    /// Closed-loop clients (Fig. 8b: default 32; hung: 16).
+    #[arg(long)]
+    pub connections: Option<usize>,
     /// Fig. 8b: compute threads of each application server (server i
     /// takes entry i mod the count; default 4 each).
     #[arg(long, value_delimiter = ',')]
@@ -154,7 +154,9 @@ impl MonitorArgs {
                 config.duration = Duration::from_secs(seconds);
             }
             config.interval = interval;
-            config.connections = self.connections;
+            if let Some(connections) = self.connections {
+                config.connections = connections;
+            }
             run_hung(&config)?;
             return Ok(());
         }
@@ -210,7 +212,9 @@ impl MonitorArgs {
             }
             config.interval = interval;
             config.cpu_cost = self.cpu_cost;
-            config.connections = self.connections;
+            if let Some(connections) = self.connections {
+                config.connections = connections;
+            }
             if let Some(threads) = self.backend_compute_threads {
                 config.compute_threads = threads;
             }
