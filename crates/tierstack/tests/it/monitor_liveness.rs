@@ -202,3 +202,35 @@ fn a_killed_server_costs_no_client_an_error() {
         assert_eq!(stats.upstream_errors, 0, "{scheme}: {stats:?}");
     }
 }
+
+/// `bench monitor --figure hung` end to end, quick: every scheme with and
+/// without liveness is measured without client errors; with liveness off
+/// nothing is ever given up on suspicion, with it some stuck requests are.
+#[test]
+fn the_hung_bench_runs_every_scheme_with_and_without_liveness() {
+    let out = tempfile::tempdir().unwrap();
+    let status = std::process::Command::new(exe())
+        .args(["bench", "monitor", "--figure", "hung", "--quick", "--connections", "8", "--out"])
+        .arg(out.path())
+        .stdout(std::process::Stdio::null())
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let report: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.path().join("monitor_hung.json")).unwrap()).unwrap();
+    let points = report["points"].as_array().unwrap();
+    assert_eq!(points.len(), 2 * Scheme::ALL.len());
+    let mut abandoned_with_liveness = 0;
+    for point in points {
+        assert_eq!(point["errors"], 0, "{point}");
+        assert!(point["requests"].as_u64().unwrap() > 0, "{point}");
+        let abandoned = point["abandoned"].as_u64().unwrap();
+        if point["liveness"] == false {
+            assert_eq!(abandoned, 0, "nothing is given up on suspicion with liveness off: {point}");
+        } else {
+            abandoned_with_liveness += abandoned;
+        }
+    }
+    assert!(abandoned_with_liveness > 0, "the stop caught requests and liveness gave some up");
+    assert!(out.path().join("hung_throughput.svg").exists());
+}
