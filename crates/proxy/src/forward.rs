@@ -139,14 +139,15 @@ async fn send<'a>(
                 note_failure(state, routed.index);
                 may_retry_elsewhere(e, method) && another_left
             }
-            Waited::TimedOut | Waited::Abandoned => {
+            Waited::TimedOut => {
                 note_failure(state, routed.index);
-                let counter = match outcome {
-                    Waited::Abandoned => &state.counters.upstream_abandoned,
-                    _ => &state.counters.upstream_timeouts,
-                };
-                counter.fetch_add(1, Ordering::Relaxed);
+                state.counters.upstream_timeouts.fetch_add(1, Ordering::Relaxed);
                 idempotent && another_left
+            }
+            Waited::Abandoned => {
+                note_failure(state, routed.index);
+                state.counters.upstream_abandoned.fetch_add(1, Ordering::Relaxed);
+                true // only a request that may go elsewhere is abandoned
             }
         };
         if retry {
