@@ -170,13 +170,22 @@ pub struct ProgressWatch {
     seen_ns: u64,
     /// No read is to be tried before this (after a read that hung).
     quiet_until_ns: u64,
+    /// Reads that hung in a row: each doubles the quiet window.
+    hangs: u32,
 }
+
+/// Most doublings of the quiet window after reads that hang in a row: a
+/// node hung for long is asked once per 32 bounds (6.4 s at the default),
+/// so a read that blocks (all the node's readers wait behind it) takes a
+/// small share of the time, and a resumed node is noticed within that.
+pub const HUNG_DOUBLINGS_MAX: u32 = 5;
 
 impl ProgressWatch {
     /// Takes the progress word `progress` read at `now_ns`; true if it has
     /// stood still for more than `bound_ns`. A word of 0 is a node that
     /// keeps no heartbeat: never suspect.
     pub fn stalled(&mut self, progress: u64, now_ns: u64, bound_ns: Option<u64>) -> bool {
+        self.hangs = 0; // it answered
         if self.seen_ns == 0 || progress != self.last {
             self.last = progress;
             self.seen_ns = now_ns;
@@ -185,9 +194,13 @@ impl ProgressWatch {
         progress != 0 && bound_ns.is_some_and(|bound| now_ns.saturating_sub(self.seen_ns) > bound)
     }
 
-    /// A read hung (timed out): no read before `now_ns + bound_ns`.
+    /// A read hung (timed out): no read before `now_ns + bound_ns`,
+    /// doubled for each read that hung since the node last answered (at
+    /// most [`HUNG_DOUBLINGS_MAX`] times).
     pub fn hung(&mut self, now_ns: u64, bound_ns: u64) {
-        self.quiet_until_ns = now_ns.saturating_add(bound_ns);
+        let window = bound_ns.saturating_mul(1 << self.hangs.min(HUNG_DOUBLINGS_MAX));
+        self.quiet_until_ns = now_ns.saturating_add(window);
+        self.hangs = self.hangs.saturating_add(1);
     }
 
     /// Whether a read may be tried at `now_ns`.
@@ -712,5 +725,20 @@ mod tests {
         watch.hung(50 * MS, 100 * MS);
         assert!(!watch.may_read(50 * MS) && !watch.may_read(149 * MS));
         assert!(watch.may_read(150 * MS));
+    }
+
+    #[test]
+    fn reads_that_hang_in_a_row_double_the_quiet_window_until_the_node_answers() {
+        let mut watch = ProgressWatch::default();
+        let mut now = 0;
+        for doubling in 0..8u32 {
+            watch.hung(now, 100 * MS);
+            let window = (100 * MS) << doubling.min(HUNG_DOUBLINGS_MAX);
+            assert!(!watch.may_read(now + window - 1) && watch.may_read(now + window), "hang {doubling}");
+            now += window;
+        }
+        watch.stalled(7, now, Some(100 * MS)); // it answered
+        watch.hung(now, 100 * MS);
+        assert!(watch.may_read(now + 100 * MS), "an answer resets the back-off");
     }
 }
