@@ -559,6 +559,12 @@ mod tests {
         assert!(f.paused(0, 13 * second) && f.paused(0, 22 * second));
         assert!(!f.paused(0, 23 * second), "the pause lasts fail_timeout");
         assert_eq!(f.paused_set(14 * second), vec![0]);
+        assert_eq!(f.paused_set(23 * second), Vec::<usize>::new());
+        // A second failure exactly fail_timeout after the first is still
+        // within its window.
+        assert!(!f.failed(1, 30 * second));
+        assert!(f.failed(1, 40 * second), "the window includes its last instant");
+        assert_eq!(f.paused_set(41 * second), vec![1]);
         // A success forgets a failure.
         assert!(!f.failed(1, second));
         f.succeeded(1);

@@ -368,3 +368,49 @@ fn a_connect_that_times_out_is_dead_for_the_socket_schemes() {
         assert_eq!(reading.health, Health::Dead, "{scheme}");
     }
 }
+
+/// Which reads may wait on the network (the proxy reads those on a
+/// blocking thread): Socket-Sync's and a fabric's other than shm.
+#[test]
+fn reads_that_cross_a_network_say_so() {
+    for backend in [Backend::Shm, Backend::Tcp] {
+        for scheme in Scheme::ALL {
+            let rig = rig(backend, scheme);
+            let expected = scheme == Scheme::SocketSync || (scheme.is_rdma() && backend == Backend::Tcp);
+            assert_eq!(rig.source.reads_wait_on_the_network(), expected, "{scheme} on {}", backend.name());
+        }
+    }
+}
+
+/// A Socket-Sync monitor that answers once and then closes its connection
+/// (a broken or restarting monitor, not a hung one): the failed read is
+/// stale (unknown before any answer), never suspect.
+#[test]
+fn a_monitor_that_closes_is_stale_not_suspect() {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = std::thread::spawn(move || {
+        // The first connection: one request answered, then closed.
+        let (mut stream, _) = listener.accept().unwrap();
+        let mut request = [0u8; 1];
+        stream.read_exact(&mut request).unwrap();
+        let record = tierstack_monitor::LoadRecord { t_ns: host_monotonic_ns(), progress: 5, ..Default::default() };
+        stream.write_all(&tierstack_monitor::agent::encode_frame(&record)).unwrap();
+        drop(stream);
+    });
+    let address = BackendAddress { node: None, socket: Some(addr) };
+    let source = open_source(Scheme::SocketSync, None, &[address], config()).unwrap();
+    assert_eq!(source.read(0).health, Health::Fresh);
+    server.join().unwrap();
+    let after = source.read(0);
+    assert_eq!((after.health, after.record.progress), (Health::Stale, 5), "the last value, stale");
+    // Before any answer: unknown.
+    let closing = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = closing.local_addr().unwrap();
+    let closer = std::thread::spawn(move || drop(closing.accept().unwrap()));
+    let address = BackendAddress { node: None, socket: Some(addr) };
+    let source = open_source(Scheme::SocketSync, None, &[address], config()).unwrap();
+    assert_eq!(source.read(0).health, Health::Unknown);
+    closer.join().unwrap();
+}
