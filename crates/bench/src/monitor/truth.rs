@@ -374,9 +374,12 @@ mod tests {
     #[test]
     fn the_observer_counts_a_spinning_thread_and_not_a_blocked_one() {
         let stop = Arc::new(AtomicBool::new(false));
+        // One channel per thread: which one says its tid first is up to the
+        // scheduler.
         let (started, running) = std::sync::mpsc::channel::<i32>();
+        let (sleeping, asleep) = std::sync::mpsc::channel::<i32>();
         let spinning = {
-            let (stop, started) = (stop.clone(), started.clone());
+            let stop = stop.clone();
             std::thread::Builder::new()
                 .name("compute-t".into())
                 .spawn(move || {
@@ -393,12 +396,12 @@ mod tests {
             .name("worker-t".into())
             .spawn(move || {
                 // SAFETY: gettid has no preconditions.
-                started.send(unsafe { libc::gettid() }).unwrap();
+                sleeping.send(unsafe { libc::gettid() }).unwrap();
                 let _ = wait.recv();
             })
             .unwrap();
         let _spinner = running.recv().unwrap();
-        let sleeper = running.recv().unwrap();
+        let sleeper = asleep.recv().unwrap();
         let deadline = tierstack_base::time::instant_now() + Duration::from_secs(20);
         // Poll /proc until the blocked thread is asleep in its recv.
         while own_state(sleeper) != Some('S') {
