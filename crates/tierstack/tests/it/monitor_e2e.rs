@@ -46,12 +46,13 @@ fn top(topology: &str) -> Vec<(u64, String, String, u64)> {
 }
 
 /// One GET over its own connection: the status and the body.
-fn get(addr: SocketAddr, path: &str) -> (u16, String) {
+pub(crate) fn get(addr: SocketAddr, path: &str) -> (u16, String) {
     let response = http::get(addr, path).unwrap();
     (response.status, response.text())
 }
 
-fn stats(admin: SocketAddr) -> ProxyStats {
+/// A proxy's counters, their accounting checked.
+pub(crate) fn stats(admin: SocketAddr) -> ProxyStats {
     let (status, body) = get(admin, "/_tierstack/stats");
     assert_eq!(status, 200);
     let stats: ProxyStats = serde_json::from_str(&body).unwrap();

@@ -14,6 +14,7 @@
 //!   the other, connections refused too, and the server is paused).
 
 use crate::exe;
+use crate::monitor_e2e::{get, stats};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
@@ -23,7 +24,6 @@ use tierstack_deploy::deployment::{proxy_args, strings};
 use tierstack_deploy::process::{free_loopback_port, write_topology, ChildNode, NodeLine};
 use tierstack_monitor::Scheme;
 use tierstack_proxy::ProxyStats;
-use tierstack_testkit::http;
 
 const DOCS: [&str; 4] = ["a", "b", "c", "d"];
 /// The proxies' liveness bound (`--suspect-after-ms`).
@@ -90,19 +90,6 @@ fn rig(backend: Backend) -> Rig {
         proxies.push((scheme, listen, admin, ChildNode::spawn(&exe(), &args).unwrap()));
     }
     Rig { _dir: dir, _module: module, servers, proxies }
-}
-
-fn get(addr: SocketAddr, path: &str) -> (u16, String) {
-    let response = http::get(addr, path).unwrap();
-    (response.status, response.text())
-}
-
-fn stats(admin: SocketAddr) -> ProxyStats {
-    let (status, body) = get(admin, "/_tierstack/stats");
-    assert_eq!(status, 200);
-    let stats: ProxyStats = serde_json::from_str(&body).unwrap();
-    assert_eq!(stats.accounting_error(), None, "{stats:?}");
-    stats
 }
 
 fn signal(server: &ChildNode, signal: libc::c_int) {
