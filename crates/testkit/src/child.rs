@@ -203,9 +203,11 @@ impl ChildProcess {
         assert_eq!(unsafe { libc::kill(self.child.id() as libc::pid_t, signal) }, 0, "signal {signal}");
     }
 
-    /// SIGSTOP: the child stays alive and answers nothing.
+    /// SIGSTOP, returning once every thread of the child is stopped: it
+    /// stays alive and answers nothing.
     pub fn stop(&self) {
         self.signal(libc::SIGSTOP);
+        wait_stopped(self.pid(), self.bound);
     }
 
     /// SIGCONT after [`stop`](Self::stop).
@@ -239,6 +241,29 @@ impl Drop for ChildProcess {
         }
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+/// Returns once every thread of process `pid` is stopped (state `T` in its
+/// `/proc/<pid>/task/*/stat`); panics after `within`. kill(2) with SIGSTOP
+/// only starts a group stop: the thread that takes the signal must run to
+/// stop the others, and on a loaded host the rest may serve a request or
+/// two meanwhile (CI saw one answered after kill returned).
+pub fn wait_stopped(pid: u32, within: Duration) {
+    let tasks = format!("/proc/{pid}/task");
+    let until = tierstack_base::time::instant_now() + within;
+    loop {
+        let states: Vec<Option<char>> = std::fs::read_dir(&tasks)
+            .unwrap()
+            .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("stat")).ok())
+            // `tid (comm) S ...`: the state follows the last `)`.
+            .map(|stat| stat.rsplit_once(") ").and_then(|(_, rest)| rest.chars().next()))
+            .collect();
+        if !states.is_empty() && states.iter().all(|state| *state == Some('T')) {
+            return;
+        }
+        assert!(tierstack_base::time::instant_now() < until, "process {pid} never stopped: {states:?}");
+        std::thread::yield_now();
     }
 }
 
@@ -282,5 +307,14 @@ mod tests {
         drop(child);
         // SAFETY: signal 0 probes the pid; it was our child, now reaped.
         assert_eq!(unsafe { libc::kill(pid, 0) }, -1, "the child outlived its handle");
+    }
+
+    #[test]
+    fn wait_stopped_waits_for_every_thread_and_fails_on_a_running_process() {
+        let child = ChildProcess::spawn(&mut sh("echo ready; exec sleep 600"));
+        let running = std::panic::catch_unwind(|| wait_stopped(child.pid(), Duration::from_millis(50)));
+        assert!(running.is_err(), "a running process passed for stopped");
+        child.stop();
+        wait_stopped(child.pid(), Duration::from_millis(50));
     }
 }

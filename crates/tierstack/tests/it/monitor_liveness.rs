@@ -98,6 +98,12 @@ fn signal(server: &ChildNode, signal: libc::c_int) {
     assert_eq!(sent, 0, "kill({}, {signal})", server.pid());
 }
 
+/// Stops `server` and returns once every thread of it is stopped.
+fn stop(server: &ChildNode) {
+    signal(server, libc::SIGSTOP);
+    tierstack_testkit::child::wait_stopped(server.pid(), PATIENCE);
+}
+
 fn warm_up(rig: &Rig) {
     for (scheme, listen, admin, _) in &rig.proxies {
         for doc in DOCS.iter().cycle().take(8) {
@@ -114,7 +120,7 @@ fn a_stopped_server_is_avoided_by_every_scheme_and_used_again_when_resumed() {
         let rig = rig(backend);
         warm_up(&rig);
         let before: Vec<ProxyStats> = rig.proxies.iter().map(|(_, _, admin, _)| stats(*admin)).collect();
-        signal(&rig.servers[1], libc::SIGSTOP);
+        stop(&rig.servers[1]);
         for ((scheme, listen, admin, _), before) in rig.proxies.iter().zip(&before) {
             let what = format!("{scheme} on {}", backend.name());
             for doc in DOCS.iter().cycle().take(16) {
