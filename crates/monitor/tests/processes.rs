@@ -286,7 +286,7 @@ fn a_stopped_back_end_is_suspect_for_every_scheme_and_a_killed_one_is_dead() {
     // fresh forever through RDMA-Sync: the hung-node black hole.
     let blind_config = SourceConfig { suspect_after: None, ..source_config() };
     let blind = open_source(Scheme::RdmaSync, Some(parent.clone()), &address, blind_config).unwrap();
-    back_end.signal(libc::SIGSTOP);
+    back_end.stop();
     let stopped = host_monotonic_ns();
     for source in &sources {
         let scheme = source.scheme();

@@ -289,7 +289,7 @@ fn a_stopped_receiver_holds_its_senders_and_then_gets_exactly_what_was_sent() {
     for i in 0..100 {
         send_numbered(&mut seq, 9 + i * 13).unwrap();
     }
-    receiver.signal(libc::SIGSTOP);
+    receiver.stop();
     // Stopped: a message larger than the ring is half sent, then times out.
     let unfinished = sender.send(NodeId(1), Channel::TEST, &payload(0, Channel::TEST, NEVER, 200_000));
     assert!(matches!(unfinished, Err(FabricError::Timeout { node: NodeId(1), .. })), "{unfinished:?}");
@@ -298,7 +298,7 @@ fn a_stopped_receiver_holds_its_senders_and_then_gets_exactly_what_was_sent() {
         send_numbered(&mut seq, 9 + i * 7).unwrap();
     }
     // Stopped again: small messages fill the ring, then a send times out.
-    receiver.signal(libc::SIGSTOP);
+    receiver.stop();
     let error = loop {
         if let Err(e) = send_numbered(&mut seq, 100) {
             break e;

@@ -275,20 +275,7 @@ fn ops_against_a_stopped_owner(tls: &str) -> Vec<(&'static str, Result<(), Fabri
     let me = open_node(1, tls, &peers_env(&[(0, addr)]), Duration::from_millis(500));
     let region = me.connect(NodeId(0), "shared").unwrap();
     region.write(0, &5u64.to_ne_bytes()).unwrap();
-    // SAFETY: stopping our own child.
-    assert_eq!(unsafe { libc::kill(owner.pid() as libc::pid_t, libc::SIGSTOP) }, 0);
-    let until = tierstack_base::time::instant_now() + BOUND;
-    while !std::fs::read_to_string(format!("/proc/{}/stat", owner.pid()))
-        .unwrap()
-        .rsplit(')')
-        .next()
-        .unwrap()
-        .trim_start()
-        .starts_with('T')
-    {
-        assert!(tierstack_base::time::instant_now() < until, "the owner did not stop");
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    owner.stop();
     let outcomes = vec![
         ("read", region.read_u64(0).map(|v| assert_eq!(v, 5))),
         ("write", region.write(64, b"written while stopped")),

@@ -113,17 +113,9 @@ fn signal(pid: u32, signal: i32) {
     assert_eq!(rc, 0, "kill({pid}, {signal}) failed");
 }
 
-/// Waits (bounded) until the kernel reports the process as stopped.
+/// Waits (bounded) until every thread of the process is stopped.
 fn wait_until_stopped(pid: u32) {
-    for _ in 0..2000 {
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-        if stat.rsplit(')').next().unwrap().trim_start().starts_with('T') {
-            return;
-        }
-        std::thread::yield_now();
-        std::thread::sleep(std::time::Duration::from_millis(1));
-    }
-    panic!("process {pid} did not stop");
+    tierstack_testkit::child::wait_stopped(pid, tierstack_testkit::child::BOUND);
 }
 
 #[test]

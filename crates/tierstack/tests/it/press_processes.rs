@@ -220,16 +220,6 @@ fn check_kill(transport: &str) {
     assert!(lost <= 2 * survivors.len() as u64, "{lost} forwards lost to the dead node");
 }
 
-/// Whether every thread of `pid` is in the stopped state (`T` in
-/// `/proc/<pid>/task/<tid>/stat`).
-fn all_threads_stopped(pid: i32) -> bool {
-    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return false };
-    tasks.filter_map(Result::ok).all(|task| {
-        let stat = std::fs::read_to_string(task.path().join("stat")).unwrap_or_default();
-        stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().next()) == Some("T")
-    })
-}
-
 /// Polls `check` until it holds, failing after `STEP`.
 fn eventually(what: &str, mut check: impl FnMut() -> bool) {
     let start = tierstack_base::time::instant_now();
@@ -276,7 +266,7 @@ fn check_full_window(transport: &str) {
     assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
     // A signal takes effect when the process is next scheduled: wait until
     // the kernel shows it stopped (on a busy host that can take a while).
-    eventually("node 1 stopping", || all_threads_stopped(pid));
+    tierstack_testkit::child::wait_stopped(pid as u32, STEP);
     let before = stats(&cluster[0]);
     // Distinct files, cached by node 1: each is forwarded while credits
     // last; then the sender waits for a credit (bounded), gives up, and the
