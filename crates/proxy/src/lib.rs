@@ -103,11 +103,13 @@ mod state;
 mod stats;
 mod store;
 mod stream;
+mod targeted;
 #[cfg(test)]
 mod testkit;
 #[cfg(test)]
 mod tests;
 mod upstream;
+mod vary;
 
 use bytes::Bytes;
 use cache::Cache;

@@ -19,13 +19,15 @@ use hyper::header::{HeaderMap, HeaderName, HeaderValue, AUTHORIZATION, CACHE_CON
 use hyper::{Method, StatusCode};
 
 /// `CDN-Cache-Control` (RFC 9213): when valid, this cache obeys it instead
-/// of `Cache-Control` and `Expires`.
-pub(crate) const CDN_CACHE_CONTROL: HeaderName = HeaderName::from_static("cdn-cache-control");
+/// of `Cache-Control` and `Expires` (parsed in `targeted`).
+pub(crate) use crate::targeted::CDN_CACHE_CONTROL;
+/// The secondary key (§4.1), in `vary`.
+pub(crate) use crate::vary::Vary;
 /// Heuristic freshness (§4.2.2) is a tenth of the time since
 /// `Last-Modified`, at most this (an hour).
 pub(crate) const HEURISTIC_SECS_MAX: u64 = 3600;
 /// Delta-seconds beyond this are taken as this (§1.2.2).
-const DELTA_MAX: u64 = 1 << 31;
+pub(crate) const DELTA_MAX: u64 = 1 << 31;
 
 /// Seconds since the epoch now (the one clock read; everything else here
 /// takes the time as an argument).
@@ -44,13 +46,21 @@ pub(crate) enum Delta {
 }
 
 impl Delta {
+    /// Takes one occurrence's argument: delta-seconds (§1.2.2), as a token
+    /// or a quoted-string (§5.2: recipients accept both). Nothing else is
+    /// one: no whitespace around it (`max-age= 60`), no sign, fraction or
+    /// suffix (`60.0`, `60a`), no single quotes.
     fn set(&mut self, value: Option<&str>) {
-        let parsed = match value.map(|v| v.trim_matches('"')) {
+        let parsed = match value.map(|v| v.strip_prefix('"').and_then(|v| v.strip_suffix('"')).unwrap_or(v)) {
             Some(v) if !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()) => {
                 Delta::Secs(v.parse::<u64>().unwrap_or(DELTA_MAX).min(DELTA_MAX))
             }
             _ => Delta::Invalid,
         };
+        self.merge(parsed);
+    }
+
+    fn merge(&mut self, parsed: Delta) {
         *self = match (*self, parsed) {
             (Delta::Absent, parsed) => parsed,
             (Delta::Secs(a), Delta::Secs(b)) if a == b => Delta::Secs(a),
@@ -106,11 +116,16 @@ impl Directives {
                 continue;
             };
             for item in split_list(line) {
+                // Whitespace around a list's commas is allowed (OWS), none
+                // around `=` (RFC 9110 §5.6.1, §5.2): `max-age =60` names no
+                // directive this cache knows, `max-age= 60` has no valid
+                // argument.
+                let item = item.trim_matches([' ', '\t']);
                 let (name, value) = match item.split_once('=') {
-                    Some((n, v)) => (n.trim(), Some(v.trim())),
-                    None => (item.trim(), None),
+                    Some((n, v)) => (n, Some(v)),
+                    None => (item, None),
                 };
-                if name.is_empty() {
+                if !is_token(name) {
                     continue;
                 }
                 d.any = true;
@@ -142,6 +157,12 @@ impl Directives {
         }
         Some(d)
     }
+}
+
+/// A token (RFC 9110 §5.6.2): one or more tchar.
+fn is_token(text: &str) -> bool {
+    !text.is_empty()
+        && text.bytes().all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
 }
 
 /// Splits a comma-separated list, not inside a quoted string
@@ -205,13 +226,31 @@ fn http_date_secs(value: &HeaderValue) -> Option<u64> {
     secs
 }
 
-/// The `Age` field's value (§5.1): the first line, if a non-negative integer.
-fn age_field(headers: &HeaderMap) -> u64 {
-    headers
-        .get(hyper::header::AGE)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.trim().parse::<u64>().ok())
-        .map_or(0, |a| a.min(DELTA_MAX))
+/// The `Age` field (§5.1).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Age {
+    Absent,
+    Secs(u64),
+    /// Not delta-seconds (`abc`, `-1`, `1.5`, `10;a=b`): ignored in the age
+    /// arithmetic (§5.1 "SHOULD ignore the field"), and the response is
+    /// taken as stale on arrival ([`storable`]): its age is unknown, and
+    /// revalidating is never wrong.
+    Invalid,
+}
+
+/// The `Age` field: a list (`Age: 7200, 0`, or two lines) counts by its
+/// first member (§5.1: "SHOULD use the first member of the field value,
+/// discarding subsequent ones").
+fn age_field(headers: &HeaderMap) -> Age {
+    let Some(line) = headers.get(hyper::header::AGE) else { return Age::Absent };
+    let first = line.as_bytes().split(|&b| b == b',').next().unwrap_or_default();
+    let first = first.trim_ascii();
+    if first.is_empty() || !first.iter().all(u8::is_ascii_digit) {
+        return Age::Invalid;
+    }
+    // All digits: only its size can fail to parse (§1.2.2: the greatest).
+    let secs = std::str::from_utf8(first).ok().and_then(|a| a.parse::<u64>().ok()).unwrap_or(DELTA_MAX);
+    Age::Secs(secs.min(DELTA_MAX))
 }
 
 /// Status codes cacheable by default (RFC 9110 §15.1).
@@ -342,9 +381,9 @@ impl Freshness {
 /// present and holding at least one directive (then `Expires` is ignored
 /// too: the bool), else `Cache-Control`.
 pub(crate) fn response_directives(headers: &HeaderMap) -> (Directives, bool) {
-    match Directives::parse(headers, &CDN_CACHE_CONTROL) {
-        Some(targeted) if targeted.any => (targeted, true),
-        _ => (Directives::parse(headers, &CACHE_CONTROL).unwrap_or_default(), false),
+    match crate::targeted::directives(headers, &CDN_CACHE_CONTROL) {
+        Some(targeted) => (targeted, true),
+        None => (Directives::parse(headers, &CACHE_CONTROL).unwrap_or_default(), false),
     }
 }
 
@@ -448,6 +487,8 @@ pub(crate) fn storable(
         },
         None => return Err(NotStored::Status),
     };
+    // An invalid `Age`: stale on arrival (see [`Age::Invalid`]).
+    let lifetime = if age_field(response) == Age::Invalid { 0 } else { lifetime };
     let validators = response.contains_key(hyper::header::ETAG) || last_modified.is_some();
     let secs = |d: Delta| if let Delta::Secs(s) = d { s } else { 0 };
     let freshness = Freshness {
@@ -475,94 +516,38 @@ pub(crate) fn initial_age(response: &HeaderMap, request_time: u64, response_time
 fn corrected_initial_age(response: &HeaderMap, date: Option<u64>, request_time: u64, response_time: u64) -> u64 {
     let apparent_age = response_time.saturating_sub(date.unwrap_or(response_time));
     let response_delay = response_time.saturating_sub(request_time);
-    apparent_age.max(age_field(response).saturating_add(response_delay))
+    let age = match age_field(response) {
+        Age::Secs(age) => age,
+        Age::Absent | Age::Invalid => 0,
+    };
+    apparent_age.max(age.saturating_add(response_delay))
 }
 
-/// The request's values of the fields a stored response varies on (§4.1):
-/// the secondary key.
-#[derive(Clone, Debug, PartialEq, Eq, Default)]
-pub(crate) struct Vary {
-    /// (field, its values joined by ", " with whitespace around each
-    /// member trimmed; `None` when the request had none).
-    fields: Vec<(HeaderName, Option<String>)>,
-}
-
-impl Vary {
-    /// The field names `response` varies on; `None` for `Vary: *` (never
-    /// matches anything).
-    pub(crate) fn of(response: &HeaderMap) -> Option<Vec<HeaderName>> {
-        let mut names = Vec::new();
-        for line in response.get_all(hyper::header::VARY) {
-            let Ok(line) = line.to_str() else { return None };
-            for name in line.split(',').map(str::trim).filter(|n| !n.is_empty()) {
-                if name == "*" {
-                    return None;
-                }
-                let Ok(name) = HeaderName::from_bytes(name.as_bytes()) else { return None };
-                if !names.contains(&name) {
-                    names.push(name);
-                }
-            }
-        }
-        Some(names)
-    }
-
-    /// The secondary key of `request` for a response varying on `names`.
-    pub(crate) fn key(names: &[HeaderName], request: &HeaderMap) -> Vary {
-        Vary { fields: names.iter().map(|name| (name.clone(), normalized(request, name))).collect() }
-    }
-
-    /// Does `request` select a response stored with this key?
-    pub(crate) fn matches(&self, request: &HeaderMap) -> bool {
-        self.fields.iter().all(|(name, value)| same_members(request, name, value.as_deref()))
-    }
-
-    pub(crate) fn is_empty(&self) -> bool {
-        self.fields.is_empty()
-    }
-}
-
-/// `normalized(request, name) == stored`, without building the string (the
-/// hit path).
-fn same_members(request: &HeaderMap, name: &HeaderName, stored: Option<&str>) -> bool {
-    let mut lines = request.get_all(name).iter().peekable();
-    let Some(stored) = stored else { return lines.peek().is_none() };
-    if lines.peek().is_none() {
-        return false;
-    }
-    let mut expected = stored.split(", ");
-    for line in lines {
-        let Ok(line) = line.to_str() else { return false };
-        for member in line.split(',') {
-            if expected.next() != Some(member.trim()) {
-                return false;
-            }
-        }
-    }
-    expected.next().is_none()
-}
-
-fn normalized(request: &HeaderMap, name: &HeaderName) -> Option<String> {
-    let mut values = request.get_all(name).iter().peekable();
-    values.peek()?;
-    let mut joined = Vec::new();
-    for value in values {
-        let text = String::from_utf8_lossy(value.as_bytes()).into_owned();
-        joined.extend(text.split(',').map(|m| m.trim().to_string()));
-    }
-    Some(joined.join(", "))
-}
-
-/// Fields a 304 never changes in the stored response (§3.2: Content-Length;
-/// and what the stored body's framing depends on).
+/// Fields a 304 never changes in the stored response (§3.2): `Content-
+/// Length` (a MUST), and the fields "the cache's stored response depends
+/// upon": the stored body's coding and range (`Content-Encoding`,
+/// `Content-Range`, also "automatically processed"), its framing, and the
+/// checksums of its bytes (`Content-MD5`, `Content-Digest`), which a 304,
+/// having no content, cannot describe.
 fn kept_on_update(name: &HeaderName) -> bool {
-    matches!(name.as_str(), "content-length" | "content-encoding" | "content-range" | "transfer-encoding")
+    matches!(
+        name.as_str(),
+        "content-length"
+            | "content-encoding"
+            | "content-range"
+            | "transfer-encoding"
+            | "content-md5"
+            | "content-digest"
+    )
 }
 
 /// The stored header fields after a 304 (§4.3.4, §3.2): every field of the
-/// 304 replaces all lines of that field, except the framing ones.
+/// 304 replaces all lines of that field, except the kept ones. The stored
+/// `Age` goes: it described the message that carried it, and the 304's
+/// own `Age` (if any) now says how old the response is.
 pub(crate) fn updated_headers(stored: &HeaderMap, not_modified: &HeaderMap) -> HeaderMap {
     let mut headers = stored.clone();
+    headers.remove(hyper::header::AGE);
     let mut replaced: Vec<&HeaderName> = Vec::new();
     for (name, value) in not_modified {
         if kept_on_update(name) {
@@ -577,13 +562,20 @@ pub(crate) fn updated_headers(stored: &HeaderMap, not_modified: &HeaderMap) -> H
     headers
 }
 
-/// Should a 304 update `stored` (§4.3.4)? When their strong validators
-/// agree, or, without an `ETag` in the 304, when `Last-Modified` agrees or
-/// the 304 names no validator at all.
+/// Should a 304 update `stored` (§4.3.4)? A strong `ETag` in the 304 must
+/// equal the stored one (strong comparison); a weak one must match it
+/// weakly (the 304 "contains no strong validators but does contain one or
+/// more weak validators"); without an `ETag`, `Last-Modified` must agree,
+/// or the 304 names no validator at all.
 pub(crate) fn not_modified_selects(stored: &HeaderMap, not_modified: &HeaderMap) -> bool {
     let etag = |h: &HeaderMap| h.get(hyper::header::ETAG).cloned();
+    let opaque = |tag: &HeaderValue| -> Vec<u8> {
+        let tag = tag.as_bytes();
+        tag.strip_prefix(b"W/").unwrap_or(tag).to_vec()
+    };
     match etag(not_modified) {
-        Some(new) => etag(stored).is_some_and(|old| old == new && !old.as_bytes().starts_with(b"W/")),
+        Some(new) if new.as_bytes().starts_with(b"W/") => etag(stored).is_some_and(|old| opaque(&old) == opaque(&new)),
+        Some(new) => etag(stored).is_some_and(|old| old == new),
         None => match not_modified.get(LAST_MODIFIED) {
             Some(lm) => stored.get(LAST_MODIFIED) == Some(lm),
             None => true,
@@ -766,18 +758,6 @@ mod tests {
     }
 
     #[test]
-    fn vary_matches_normalized_values_and_star_never() {
-        let names = Vary::of(&headers(&[("vary", "Accept-Encoding, cookie"), ("vary", "accept-encoding")])).unwrap();
-        assert_eq!(names.len(), 2);
-        let key = Vary::key(&names, &headers(&[("accept-encoding", "gzip,  br"), ("cookie", "u=1")]));
-        assert!(key.matches(&headers(&[("accept-encoding", "gzip"), ("accept-encoding", "br"), ("cookie", "u=1")])));
-        assert!(!key.matches(&headers(&[("accept-encoding", "gzip, br"), ("cookie", "u=2")])));
-        assert!(!key.matches(&headers(&[("accept-encoding", "gzip, br")])), "absent differs from present");
-        assert!(Vary::key(&names, &HeaderMap::new()).matches(&HeaderMap::new()), "absent matches absent");
-        assert!(Vary::of(&headers(&[("vary", "*")])).is_none());
-    }
-
-    #[test]
     fn a_304_updates_stored_fields_but_not_the_framing() {
         let stored =
             headers(&[("etag", "\"a\""), ("content-length", "5"), ("x-old", "1"), ("cache-control", "max-age=1")]);
@@ -790,6 +770,98 @@ mod tests {
         assert_eq!(updated.get("x-new").unwrap(), "2");
         assert_eq!(updated.get("x-old").unwrap(), "1");
         assert!(!not_modified_selects(&stored, &headers(&[("etag", "\"b\"")])));
-        assert!(!not_modified_selects(&headers(&[("etag", "W/\"a\"")]), &headers(&[("etag", "W/\"a\"")])));
+        // §4.3.4: a weak validator in the 304 selects by weak comparison; a
+        // strong one only an equal strong one.
+        assert!(not_modified_selects(&headers(&[("etag", "W/\"a\"")]), &headers(&[("etag", "W/\"a\"")])));
+        assert!(not_modified_selects(&stored, &headers(&[("etag", "W/\"a\"")])));
+        assert!(!not_modified_selects(&headers(&[("etag", "W/\"a\"")]), &headers(&[("etag", "\"a\"")])));
+        assert!(!not_modified_selects(&stored, &headers(&[("etag", "W/\"b\"")])));
+    }
+
+    #[test]
+    fn a_304_keeps_what_the_stored_body_depends_on_and_drops_the_stored_age() {
+        let stored = headers(&[
+            ("content-md5", "old"),
+            ("content-digest", "sha-256=:old:"),
+            ("content-encoding", "gzip"),
+            ("content-range", "bytes 0-1/2"),
+            ("age", "7200"),
+            ("x-a", "1"),
+        ]);
+        let nm = headers(&[
+            ("content-md5", "new"),
+            ("content-digest", "sha-256=:new:"),
+            ("content-encoding", "br"),
+            ("content-range", "bytes 0-0/1"),
+            ("x-a", "2"),
+        ]);
+        let updated = updated_headers(&stored, &nm);
+        for (name, kept) in
+            [("content-md5", "old"), ("content-digest", "sha-256=:old:"), ("content-encoding", "gzip"), ("x-a", "2")]
+        {
+            assert_eq!(updated.get(name).unwrap(), kept, "{name}");
+        }
+        assert_eq!(updated.get("content-range").unwrap(), "bytes 0-1/2");
+        assert!(updated.get("age").is_none(), "the stored Age described the old message");
+        let with_age = updated_headers(&stored, &headers(&[("age", "5")]));
+        assert_eq!(with_age.get_all("age").iter().collect::<Vec<_>>(), ["5"]);
+    }
+
+    /// Cache-Control arguments are delta-seconds, token or quoted, and
+    /// nothing else (§1.2.2, §5.2); anything else is invalid, so stale
+    /// (§4.2.1), or no directive at all when the name is no token.
+    #[test]
+    fn cache_control_arguments_are_parsed_strictly() {
+        let lifetime = |cc: &str| fresh_for(&[("cache-control", cc), ("etag", "\"e\"")]);
+        for (cc, expected) in [
+            ("max-age=3600", 3600),
+            ("max-age=003600", 3600),
+            ("max-age=\"3600\"", 3600),
+            ("  max-age=3600 ,public", 3600),
+            ("Max-Age=3600", 3600),
+            ("extension=\"max-age=3600\", max-age=1", 1),
+            ("max-age=1, extension=\"max-age=3600\"", 1),
+            ("max-age= 3600", 0),
+            ("max-age=3600a", 0),
+            ("max-age=a3600", 0),
+            ("max-age=3600.0", 0),
+            ("max-age='3600'", 0),
+            ("max-age=\"3600", 0),
+            ("max-age=\"\"", 0),
+            ("max-age=-1", 0),
+            ("max-age =3600", 0),
+        ] {
+            assert_eq!(lifetime(cc), Ok(expected), "{cc}");
+        }
+        // `max-age =3600` names no directive: heuristic freshness applies.
+        let d = Directives::parse(&headers(&[("cache-control", "max-age =3600, no-store ,x")]), &CACHE_CONTROL).unwrap();
+        assert_eq!((d.max_age, d.no_store), (Delta::Absent, true));
+    }
+
+    /// `Age` (§5.1): a list counts by its first member; a first member that
+    /// is not delta-seconds leaves the response stale on arrival.
+    #[test]
+    fn age_uses_the_first_member_and_an_invalid_one_is_stale() {
+        let arrive = |ages: &[&str]| {
+            let mut fields = vec![("cache-control", "max-age=3600"), ("etag", "\"e\"")];
+            fields.extend(ages.iter().map(|a| ("age", *a)));
+            storable(&Method::GET, &HeaderMap::new(), StatusCode::OK, &headers(&fields), T, T)
+                .map(|f| (f.lifetime, f.age(T)))
+                .unwrap()
+        };
+        assert_eq!(arrive(&[]), (3600, 0));
+        assert_eq!(arrive(&["60"]), (3600, 60));
+        assert_eq!(arrive(&["7200, 0"]), (3600, 7200));
+        assert_eq!(arrive(&["7200,0"]), (3600, 7200));
+        assert_eq!(arrive(&["0,7200"]), (3600, 0));
+        assert_eq!(arrive(&["7200", "0"]), (3600, 7200), "two lines are one list");
+        assert_eq!(arrive(&["0", "7200"]), (3600, 0));
+        assert_eq!(arrive(&[" 10 "]), (3600, 10));
+        assert_eq!(arrive(&["99999999999"]), (3600, DELTA_MAX));
+        for invalid in ["abc", "-7200", "7200.0", "7200;foo=bar", "7200;foo=111", "", "1 2", "+5"] {
+            assert_eq!(arrive(&[invalid]), (0, 0), "{invalid:?}: stale, its value ignored");
+        }
+        let f = storable(&Method::GET, &HeaderMap::new(), StatusCode::OK, &headers(&[("cache-control", "max-age=60"), ("age", "x")]), T, T);
+        assert_eq!(f, Err(NotStored::Useless), "stale on arrival with no validator: not worth storing");
     }
 }

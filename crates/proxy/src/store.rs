@@ -101,7 +101,7 @@ pub(crate) fn store(state: &State, key: &str, request: &HeaderMap, response: Sto
             (freshness, None)
         }
     };
-    let vary = Vary::key(&Vary::of(&headers)?, request);
+    let vary = Vary::key(&Vary::of(&headers)?, request, &headers);
     let entry = Arc::new(Entry { status, headers, body, deps, pushed: false, vary, freshness, reply: OnceLock::new() });
     match state.cache_store(key, entry.clone()) {
         Some(InsertOutcome::Stored | InsertOutcome::KeptNewer) => Some(entry),
