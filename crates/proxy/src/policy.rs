@@ -264,6 +264,56 @@ fn understood(status: StatusCode) -> bool {
     cacheable_by_default(status) || matches!(status.as_u16(), 302 | 303 | 307)
 }
 
+/// What the cache does with a response that carries `Set-Cookie`
+/// (`--set-cookie`). RFC 9111 §7.3: `Set-Cookie` "does not inhibit
+/// caching"; but a stored cookie is replayed to every client a hit
+/// answers, handing one user's session to the next. So by default the
+/// stored copy never keeps one: only `store` replays cookies, and only the
+/// operator can choose it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum SetCookie {
+    /// Stored only when the origin says a shared cache may reuse it
+    /// (`public` or `s-maxage`), and stored without its `Set-Cookie`
+    /// fields: the client whose request fetched it gets its cookies, hits
+    /// get none.
+    #[default]
+    IfPublic,
+    /// Never stored (Varnish's built-in VCL, nginx's default).
+    Never,
+    /// Stored whenever it otherwise may be, without its `Set-Cookie`
+    /// fields (nginx's `proxy_ignore_headers Set-Cookie` with
+    /// `proxy_hide_header Set-Cookie` on the stored copy). For origins that
+    /// set cookies on pages that are the same for everyone.
+    Strip,
+    /// Stored whenever it otherwise may be, with its `Set-Cookie`, which
+    /// every hit replays to every client (RFC 9111 §7.3 read literally).
+    /// Only for cookies that are the same for every client.
+    Store,
+}
+
+impl SetCookie {
+    /// The flag's spelling of this policy.
+    pub fn name(self) -> &'static str {
+        match self {
+            SetCookie::IfPublic => "if-public",
+            SetCookie::Never => "never",
+            SetCookie::Strip => "strip",
+            SetCookie::Store => "store",
+        }
+    }
+
+    /// Removes the cookies a stored copy may not keep under this policy.
+    pub(crate) fn strip(self, stored: &mut HeaderMap) {
+        if self != SetCookie::Store {
+            stored.remove(hyper::header::SET_COOKIE);
+            stored.remove(SET_COOKIE2);
+        }
+    }
+}
+
+/// RFC 2965's obsolete cookie field, treated as `Set-Cookie`.
+const SET_COOKIE2: HeaderName = HeaderName::from_static("set-cookie2");
+
 /// Why a response is not stored.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum NotStored {
@@ -403,7 +453,7 @@ pub(crate) fn request_directives(headers: &HeaderMap) -> Directives {
 
 /// The refusals that apply to every response, with or without
 /// dependencies: method, `no-store`, `private`, `Authorization` (§3.5),
-/// `Vary: *`, `Set-Cookie` (see [`storable`]).
+/// `Vary: *`, `Set-Cookie` (by `set_cookie`).
 pub(crate) fn refusal(
     method: &Method,
     request: &HeaderMap,
@@ -411,6 +461,7 @@ pub(crate) fn refusal(
     status: StatusCode,
     response: &HeaderMap,
     cc: &Directives,
+    set_cookie: SetCookie,
 ) -> Option<NotStored> {
     if *method != Method::GET {
         return Some(NotStored::Method);
@@ -438,10 +489,15 @@ pub(crate) fn refusal(
     if Vary::of(response).is_none() {
         return Some(NotStored::VaryStar);
     }
-    // Stored cookies would be replayed to every client: only when the
-    // origin said outright that a shared cache may reuse the response.
-    if response.contains_key(hyper::header::SET_COOKIE) && !(cc.public || cc.s_maxage.present()) {
-        return Some(NotStored::SetCookie);
+    if response.contains_key(hyper::header::SET_COOKIE) || response.contains_key(SET_COOKIE2) {
+        let allowed = match set_cookie {
+            SetCookie::IfPublic => cc.public || cc.s_maxage.present(),
+            SetCookie::Never => false,
+            SetCookie::Strip | SetCookie::Store => true,
+        };
+        if !allowed {
+            return Some(NotStored::SetCookie);
+        }
     }
     None
 }
@@ -450,20 +506,20 @@ pub(crate) fn refusal(
 /// request's `request` fields, and how fresh is it? Times: when the request
 /// was sent upstream and when its response arrived.
 ///
-/// Beyond the RFC's MUSTs, a response with `Set-Cookie` is stored only if
-/// it is `public` or has `s-maxage`, and a response that could never be
-/// reused (no freshness, no validator, no `stale-if-error`) is not stored.
+/// Beyond the RFC's MUSTs, a response with `Set-Cookie` is stored only as
+/// `set_cookie` allows, and a response that could never be reused (no
+/// freshness, no validator, no `stale-if-error`) is not stored.
 pub(crate) fn storable(
     method: &Method,
     request: &HeaderMap,
     status: StatusCode,
     response: &HeaderMap,
-    request_time: u64,
-    response_time: u64,
+    (request_time, response_time): (u64, u64),
+    set_cookie: SetCookie,
 ) -> Result<Freshness, NotStored> {
     let (cc, targeted) = response_directives(response);
     let request_cc = request_directives(request);
-    if let Some(why) = refusal(method, request, &request_cc, status, response, &cc) {
+    if let Some(why) = refusal(method, request, &request_cc, status, response, &cc, set_cookie) {
         return Err(why);
     }
     let date = date_field(response, DATE);
@@ -610,7 +666,7 @@ mod tests {
     const T: u64 = 1_700_000_000;
 
     fn fresh_for(response: &[(&str, &str)]) -> Result<u64, NotStored> {
-        storable(&Method::GET, &HeaderMap::new(), StatusCode::OK, &headers(response), T, T).map(|f| f.lifetime)
+        storable(&Method::GET, &HeaderMap::new(), StatusCode::OK, &headers(response), (T, T), SetCookie::IfPublic).map(|f| f.lifetime)
     }
 
     /// Each thread remembers the last date it parsed: dates that alternate,
@@ -656,8 +712,8 @@ mod tests {
                 &HeaderMap::new(),
                 StatusCode::OK,
                 &headers(&[("cache-control", cc), ("etag", "\"e\"")]),
-                T,
-                T,
+                (T, T),
+                SetCookie::IfPublic,
             );
             assert_eq!(f.map(|f| f.lifetime), Ok(0), "{cc}");
         }
@@ -674,8 +730,8 @@ mod tests {
             &HeaderMap::new(),
             StatusCode::CREATED,
             &headers(&[("last-modified", &at(T - 1000))]),
-            T,
-            T,
+            (T, T),
+            SetCookie::IfPublic,
         );
         assert_eq!(not_by_default, Err(NotStored::Status));
     }
@@ -683,7 +739,7 @@ mod tests {
     #[test]
     fn shared_cache_refusals() {
         let get = |req: &[(&str, &str)], status: u16, res: &[(&str, &str)]| {
-            storable(&Method::GET, &headers(req), StatusCode::from_u16(status).unwrap(), &headers(res), T, T).err()
+            storable(&Method::GET, &headers(req), StatusCode::from_u16(status).unwrap(), &headers(res), (T, T), SetCookie::IfPublic).err()
         };
         let fresh = [("cache-control", "max-age=60")];
         assert_eq!(get(&[], 200, &fresh), None);
@@ -707,7 +763,7 @@ mod tests {
         assert_eq!(get(&[], 200, &[("cache-control", "public, max-age=60"), ("set-cookie", "a=b")]), None);
         assert_eq!(get(&[], 200, &[("cache-control", "no-store, must-understand, max-age=60")]), None);
         assert_eq!(get(&[], 201, &[("cache-control", "must-understand, max-age=60")]), Some(NotStored::Status));
-        let head = storable(&Method::HEAD, &HeaderMap::new(), StatusCode::OK, &headers(&fresh), T, T);
+        let head = storable(&Method::HEAD, &HeaderMap::new(), StatusCode::OK, &headers(&fresh), (T, T), SetCookie::IfPublic);
         assert_eq!(head.err(), Some(NotStored::Method));
     }
 
@@ -723,7 +779,7 @@ mod tests {
     #[test]
     fn age_and_the_request_directives_move_with_the_clock() {
         let res = headers(&[("cache-control", "max-age=100"), ("age", "10")]);
-        let f = storable(&Method::GET, &HeaderMap::new(), StatusCode::OK, &res, T - 2, T).unwrap();
+        let f = storable(&Method::GET, &HeaderMap::new(), StatusCode::OK, &res, (T - 2, T), SetCookie::IfPublic).unwrap();
         assert_eq!(f.age(T), 12, "Age + response delay");
         assert_eq!(f.age(T + 50), 62);
         let none = Directives::default();
@@ -743,7 +799,7 @@ mod tests {
     #[test]
     fn stale_while_revalidate_and_stale_if_error_windows() {
         let res = headers(&[("cache-control", "max-age=10, stale-while-revalidate=20, stale-if-error=60")]);
-        let f = storable(&Method::GET, &HeaderMap::new(), StatusCode::OK, &res, T, T).unwrap();
+        let f = storable(&Method::GET, &HeaderMap::new(), StatusCode::OK, &res, (T, T), SetCookie::IfPublic).unwrap();
         let none = Directives::default();
         assert_eq!(f.usable(&none, T + 5), Usable::Fresh);
         assert_eq!(f.usable(&none, T + 15), Usable::StaleWhileRevalidate);
@@ -752,7 +808,7 @@ mod tests {
         assert!(!f.usable_on_error(&none, T + 70));
         let strict =
             headers(&[("cache-control", "max-age=10, must-revalidate, stale-while-revalidate=20, stale-if-error=60")]);
-        let f = storable(&Method::GET, &HeaderMap::new(), StatusCode::OK, &strict, T, T).unwrap();
+        let f = storable(&Method::GET, &HeaderMap::new(), StatusCode::OK, &strict, (T, T), SetCookie::IfPublic).unwrap();
         assert_eq!(f.usable(&none, T + 15), Usable::Revalidate, "must-revalidate forbids stale");
         assert!(!f.usable_on_error(&none, T + 15));
     }
@@ -845,7 +901,7 @@ mod tests {
         let arrive = |ages: &[&str]| {
             let mut fields = vec![("cache-control", "max-age=3600"), ("etag", "\"e\"")];
             fields.extend(ages.iter().map(|a| ("age", *a)));
-            storable(&Method::GET, &HeaderMap::new(), StatusCode::OK, &headers(&fields), T, T)
+            storable(&Method::GET, &HeaderMap::new(), StatusCode::OK, &headers(&fields), (T, T), SetCookie::IfPublic)
                 .map(|f| (f.lifetime, f.age(T)))
                 .unwrap()
         };
@@ -861,7 +917,7 @@ mod tests {
         for invalid in ["abc", "-7200", "7200.0", "7200;foo=bar", "7200;foo=111", "", "1 2", "+5"] {
             assert_eq!(arrive(&[invalid]), (0, 0), "{invalid:?}: stale, its value ignored");
         }
-        let f = storable(&Method::GET, &HeaderMap::new(), StatusCode::OK, &headers(&[("cache-control", "max-age=60"), ("age", "x")]), T, T);
+        let f = storable(&Method::GET, &HeaderMap::new(), StatusCode::OK, &headers(&[("cache-control", "max-age=60"), ("age", "x")]), (T, T), SetCookie::IfPublic);
         assert_eq!(f, Err(NotStored::Useless), "stale on arrival with no validator: not worth storing");
     }
 }
