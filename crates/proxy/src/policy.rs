@@ -306,13 +306,9 @@ impl SetCookie {
     pub(crate) fn strip(self, stored: &mut HeaderMap) {
         if self != SetCookie::Store {
             stored.remove(hyper::header::SET_COOKIE);
-            stored.remove(SET_COOKIE2);
         }
     }
 }
-
-/// RFC 2965's obsolete cookie field, treated as `Set-Cookie`.
-const SET_COOKIE2: HeaderName = HeaderName::from_static("set-cookie2");
 
 /// Why a response is not stored.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -489,7 +485,9 @@ pub(crate) fn refusal(
     if Vary::of(response).is_none() {
         return Some(NotStored::VaryStar);
     }
-    if response.contains_key(hyper::header::SET_COOKIE) || response.contains_key(SET_COOKIE2) {
+    // (Not RFC 2965's `Set-Cookie2`: RFC 6265 obsoleted it, and no client
+    // acts on one, so replaying it hands nobody a session.)
+    if response.contains_key(hyper::header::SET_COOKIE) {
         let allowed = match set_cookie {
             SetCookie::IfPublic => cc.public || cc.s_maxage.present(),
             SetCookie::Never => false,
