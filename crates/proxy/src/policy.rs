@@ -161,8 +161,7 @@ impl Directives {
 
 /// A token (RFC 9110 §5.6.2): one or more tchar.
 fn is_token(text: &str) -> bool {
-    !text.is_empty()
-        && text.bytes().all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
+    !text.is_empty() && text.bytes().all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
 }
 
 /// Splits a comma-separated list, not inside a quoted string
@@ -664,7 +663,8 @@ mod tests {
     const T: u64 = 1_700_000_000;
 
     fn fresh_for(response: &[(&str, &str)]) -> Result<u64, NotStored> {
-        storable(&Method::GET, &HeaderMap::new(), StatusCode::OK, &headers(response), (T, T), SetCookie::IfPublic).map(|f| f.lifetime)
+        storable(&Method::GET, &HeaderMap::new(), StatusCode::OK, &headers(response), (T, T), SetCookie::IfPublic)
+            .map(|f| f.lifetime)
     }
 
     /// Each thread remembers the last date it parsed: dates that alternate,
@@ -737,7 +737,15 @@ mod tests {
     #[test]
     fn shared_cache_refusals() {
         let get = |req: &[(&str, &str)], status: u16, res: &[(&str, &str)]| {
-            storable(&Method::GET, &headers(req), StatusCode::from_u16(status).unwrap(), &headers(res), (T, T), SetCookie::IfPublic).err()
+            storable(
+                &Method::GET,
+                &headers(req),
+                StatusCode::from_u16(status).unwrap(),
+                &headers(res),
+                (T, T),
+                SetCookie::IfPublic,
+            )
+            .err()
         };
         let fresh = [("cache-control", "max-age=60")];
         assert_eq!(get(&[], 200, &fresh), None);
@@ -761,7 +769,8 @@ mod tests {
         assert_eq!(get(&[], 200, &[("cache-control", "public, max-age=60"), ("set-cookie", "a=b")]), None);
         assert_eq!(get(&[], 200, &[("cache-control", "no-store, must-understand, max-age=60")]), None);
         assert_eq!(get(&[], 201, &[("cache-control", "must-understand, max-age=60")]), Some(NotStored::Status));
-        let head = storable(&Method::HEAD, &HeaderMap::new(), StatusCode::OK, &headers(&fresh), (T, T), SetCookie::IfPublic);
+        let head =
+            storable(&Method::HEAD, &HeaderMap::new(), StatusCode::OK, &headers(&fresh), (T, T), SetCookie::IfPublic);
         assert_eq!(head.err(), Some(NotStored::Method));
     }
 
@@ -777,7 +786,8 @@ mod tests {
     #[test]
     fn age_and_the_request_directives_move_with_the_clock() {
         let res = headers(&[("cache-control", "max-age=100"), ("age", "10")]);
-        let f = storable(&Method::GET, &HeaderMap::new(), StatusCode::OK, &res, (T - 2, T), SetCookie::IfPublic).unwrap();
+        let f =
+            storable(&Method::GET, &HeaderMap::new(), StatusCode::OK, &res, (T - 2, T), SetCookie::IfPublic).unwrap();
         assert_eq!(f.age(T), 12, "Age + response delay");
         assert_eq!(f.age(T + 50), 62);
         let none = Directives::default();
@@ -806,7 +816,8 @@ mod tests {
         assert!(!f.usable_on_error(&none, T + 70));
         let strict =
             headers(&[("cache-control", "max-age=10, must-revalidate, stale-while-revalidate=20, stale-if-error=60")]);
-        let f = storable(&Method::GET, &HeaderMap::new(), StatusCode::OK, &strict, (T, T), SetCookie::IfPublic).unwrap();
+        let f =
+            storable(&Method::GET, &HeaderMap::new(), StatusCode::OK, &strict, (T, T), SetCookie::IfPublic).unwrap();
         assert_eq!(f.usable(&none, T + 15), Usable::Revalidate, "must-revalidate forbids stale");
         assert!(!f.usable_on_error(&none, T + 15));
     }
@@ -888,7 +899,8 @@ mod tests {
             assert_eq!(lifetime(cc), Ok(expected), "{cc}");
         }
         // `max-age =3600` names no directive: heuristic freshness applies.
-        let d = Directives::parse(&headers(&[("cache-control", "max-age =3600, no-store ,x")]), &CACHE_CONTROL).unwrap();
+        let d =
+            Directives::parse(&headers(&[("cache-control", "max-age =3600, no-store ,x")]), &CACHE_CONTROL).unwrap();
         assert_eq!((d.max_age, d.no_store), (Delta::Absent, true));
     }
 
@@ -915,7 +927,14 @@ mod tests {
         for invalid in ["abc", "-7200", "7200.0", "7200;foo=bar", "7200;foo=111", "", "1 2", "+5"] {
             assert_eq!(arrive(&[invalid]), (0, 0), "{invalid:?}: stale, its value ignored");
         }
-        let f = storable(&Method::GET, &HeaderMap::new(), StatusCode::OK, &headers(&[("cache-control", "max-age=60"), ("age", "x")]), (T, T), SetCookie::IfPublic);
+        let f = storable(
+            &Method::GET,
+            &HeaderMap::new(),
+            StatusCode::OK,
+            &headers(&[("cache-control", "max-age=60"), ("age", "x")]),
+            (T, T),
+            SetCookie::IfPublic,
+        );
         assert_eq!(f, Err(NotStored::Useless), "stale on arrival with no validator: not worth storing");
     }
 }

@@ -69,7 +69,8 @@ pub(crate) fn store(state: &State, key: &str, request: &HeaderMap, response: Sto
             let (cc, _) = policy::response_directives(&headers);
             let request_cc = policy::request_directives(request);
             if status != StatusCode::OK
-                || policy::refusal(&Method::GET, request, &request_cc, status, &headers, &cc, state.set_cookie).is_some()
+                || policy::refusal(&Method::GET, request, &request_cc, status, &headers, &cc, state.set_cookie)
+                    .is_some()
             {
                 return None;
             }

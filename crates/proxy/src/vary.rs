@@ -98,9 +98,7 @@ impl Vary {
         }
         let Some(language) = &self.language else { return false };
         match ranges.as_slice() {
-            [(range, q), rest @ ..] => {
-                *q > 0 && range == language && rest.first().is_none_or(|(_, next)| next < q)
-            }
+            [(range, q), rest @ ..] => *q > 0 && range == language && rest.first().is_none_or(|(_, next)| next < q),
             [] => false,
         }
     }
@@ -200,7 +198,8 @@ fn qvalue(param: &str) -> Option<u16> {
     if fraction.len() > 3 || !fraction.bytes().all(|b| b.is_ascii_digit()) {
         return None;
     }
-    let thousandths = fraction.bytes().chain(std::iter::repeat(b'0')).take(3).fold(0u16, |n, b| n * 10 + u16::from(b - b'0'));
+    let thousandths =
+        fraction.bytes().chain(std::iter::repeat(b'0')).take(3).fold(0u16, |n, b| n * 10 + u16::from(b - b'0'));
     match whole {
         "0" => Some(thousandths),
         "1" if thousandths == 0 => Some(1000),
@@ -293,9 +292,14 @@ mod tests {
         };
         assert_eq!(normal(&["en, de"]).as_deref(), Some("de, en"));
         assert_eq!(normal(&[" eN ,\tDe-AT ", ""]).as_deref(), Some("de-at, en"));
-        assert_eq!(normal(&["fr;q=0.5, de;q=1.0", "en ; Q=0.500, *;q=0"]).as_deref(), Some("de, en;q=0.5, fr;q=0.5, *;q=0"));
+        assert_eq!(
+            normal(&["fr;q=0.5, de;q=1.0", "en ; Q=0.500, *;q=0"]).as_deref(),
+            Some("de, en;q=0.5, fr;q=0.5, *;q=0")
+        );
         assert_eq!(normal(&["da;q=0.005, en-gb;q=0.25"]).as_deref(), Some("en-gb;q=0.25, da;q=0.005"));
-        for raw in ["en;q=2", "en;q=0.5000", "en;q=1.5", "en;level=1", "en;q=0.5;x=y", "e_n", "toolonglang", "en-", "q=1"] {
+        for raw in
+            ["en;q=2", "en;q=0.5000", "en;q=1.5", "en;level=1", "en;q=0.5;x=y", "e_n", "toolonglang", "en-", "q=1"]
+        {
             assert_eq!(accept_language(&languages(&[raw])), Normal::Raw, "{raw}");
         }
         assert_eq!(accept_language(&HeaderMap::new()), Normal::Absent);

@@ -21,6 +21,15 @@ async fn an_invalid_cdn_cache_control_never_overrides_cache_control() {
     }
     let fields = [("cache-control", "max-age=10000"), ("cdn-cache-control", "no-store")];
     assert_eq!(origin_requests_for_two_gets(&fields, &[]).await, 2);
+    // With a validator, a targeted field that counted (its bad `max-age`
+    // alone ignored) would have it stored and revalidated.
+    let rig = Rig::new().await;
+    let fields = [("cache-control", "no-store"), ("cdn-cache-control", "max-age=\"10000\""), ("etag", "\"e\"")];
+    rig.origin.always(Reply::ok(&fields, "x"));
+    rig.get("/e", &[]).await;
+    rig.get("/e", &[]).await;
+    assert_eq!(rig.origin.requests(), 2);
+    assert!(rig.origin.last().headers.get("if-none-match").is_none(), "not stored: no-store applied");
 }
 
 /// `max-age` is delta-seconds, as a token or quoted, with nothing around
@@ -89,19 +98,19 @@ async fn a_304_keeps_the_stored_bodys_checksum() {
     assert_eq!(rig.origin.requests(), 2);
 }
 
-/// §4.3.2: without `Last-Modified`, the stored `Date` answers a client's
-/// `If-Modified-Since`.
+/// §4.3.2: without `Last-Modified`, the stored `Date` (not when it was
+/// received) answers a client's `If-Modified-Since`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn if_modified_since_uses_the_stored_date_without_last_modified() {
     let rig = Rig::new().await;
-    let date = http_date(0);
+    let date = http_date(-5000);
     let fields = [("cache-control", "max-age=10000"), ("date", date.as_str())];
     rig.origin.always(Reply::ok(&fields, "dated"));
     rig.get("/d", &[]).await;
-    let later = http_date(10);
+    let later = http_date(-3000);
     let got = rig.get("/d", &[("if-modified-since", &later)]).await;
     assert_eq!((got.status, got.x_cache()), (StatusCode::NOT_MODIFIED, "HIT"));
-    let earlier = http_date(-3000);
+    let earlier = http_date(-6000);
     let got = rig.get("/d", &[("if-modified-since", &earlier)]).await;
     assert_eq!((got.status, got.body.as_str()), (StatusCode::OK, "dated"), "modified since then");
     assert_eq!(rig.origin.requests(), 1);

@@ -176,13 +176,13 @@ impl Rig {
         let origin = Origin::start().await;
         let proxy = Proxy::bind_with(
             ProxyConfig {
-            listen: "127.0.0.1:0".parse().unwrap(),
-            upstreams: vec![format!("http://{}", origin.addr)],
-            mode,
-            cache_bytes: 64 << 20,
-            upstream_timeout: Duration::from_secs(20),
-            fabric: Some(proxy_fabric),
-            admin_listen: Some("127.0.0.1:0".parse().unwrap()),
+                listen: "127.0.0.1:0".parse().unwrap(),
+                upstreams: vec![format!("http://{}", origin.addr)],
+                mode,
+                cache_bytes: 64 << 20,
+                upstream_timeout: Duration::from_secs(20),
+                fabric: Some(proxy_fabric),
+                admin_listen: Some("127.0.0.1:0".parse().unwrap()),
             },
             options,
         )
