@@ -4,7 +4,9 @@
 //! taking the place of `Cache-Control` and `Expires` when present), age
 //! (§4.2.3), what a request may be served without revalidation (§4.2.4,
 //! §5.2.1), RFC 5861's `stale-while-revalidate` and `stale-if-error`, the
-//! secondary key of `Vary` (§4.1) and the header update of a 304 (§4.3.4).
+//! header update of a 304 (§3.2, §4.3.4) and the `--set-cookie` policy.
+//! `Vary`'s secondary key (§4.1) is in `vary`; `CDN-Cache-Control`, a
+//! Structured Field, is parsed in `targeted`.
 //!
 //! Written by hand rather than with the `http-cache-semantics` crate (3.0,
 //! RFC 7234): that crate has no `stale-while-revalidate`, `stale-if-error`
@@ -97,9 +99,6 @@ pub(crate) struct Directives {
     pub max_stale: Delta,
     pub stale_while_revalidate: Delta,
     pub stale_if_error: Delta,
-    /// Any directive at all (RFC 9213: an empty or unparsable targeted
-    /// field is ignored).
-    pub any: bool,
 }
 
 impl Directives {
@@ -112,7 +111,6 @@ impl Directives {
             // A line that is not text: the most restrictive reading.
             let Ok(line) = line.to_str() else {
                 d.no_store = true;
-                d.any = true;
                 continue;
             };
             for item in split_list(line) {
@@ -128,7 +126,6 @@ impl Directives {
                 if !is_token(name) {
                     continue;
                 }
-                d.any = true;
                 // Lowercased only when it has to be (no allocation per directive).
                 let name = if name.bytes().any(|b| b.is_ascii_uppercase()) {
                     std::borrow::Cow::Owned(name.to_ascii_lowercase())
@@ -441,7 +438,7 @@ pub(crate) fn request_directives(headers: &HeaderMap) -> Directives {
             let pragma_no_cache = headers.get_all(hyper::header::PRAGMA).iter().any(|v| {
                 v.to_str().is_ok_and(|v| split_list(v).iter().any(|d| d.trim().eq_ignore_ascii_case("no-cache")))
             });
-            Directives { no_cache: pragma_no_cache, any: pragma_no_cache, ..Directives::default() }
+            Directives { no_cache: pragma_no_cache, ..Directives::default() }
         }
     }
 }

@@ -40,7 +40,7 @@ pub(crate) fn directives(headers: &HeaderMap, field: &HeaderName) -> Option<Dire
     if dictionary.is_empty() {
         return None;
     }
-    let mut d = Directives { any: true, ..Directives::default() };
+    let mut d = Directives::default();
     for (key, entry) in &dictionary {
         let item = match entry {
             ListEntry::Item(item) => Some(&item.bare_item),
