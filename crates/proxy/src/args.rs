@@ -409,6 +409,17 @@ mod tests {
         assert_eq!(args.to_args(), words);
     }
 
+    /// Every `--set-cookie` policy's spelling in `to_args` is clap's.
+    #[test]
+    fn set_cookie_policies_round_trip() {
+        use crate::SetCookie;
+        for policy in [SetCookie::IfPublic, SetCookie::Never, SetCookie::Strip, SetCookie::Store] {
+            let mut args = ProxyArgs::new("127.0.0.1:8080".parse().unwrap(), "http://a:1".into());
+            args.set_cookie = policy;
+            assert_eq!(parse(&args), args, "{policy:?}");
+        }
+    }
+
     #[test]
     fn cache_modes_round_trip() {
         for mode in [CacheMode::NoCache, CacheMode::Poll, CacheMode::Ttl] {
