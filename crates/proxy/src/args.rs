@@ -156,6 +156,12 @@ pub struct ProxyArgs {
     /// pushed documents are cached (default: the --listen address).
     #[arg(long)]
     pub default_authority: Option<String>,
+    /// Responses with Set-Cookie: `if-public` (default) stores one only when
+    /// it is `public` or has `s-maxage`, without its cookies; `never`;
+    /// `strip` stores it as any other, without its cookies; `store` keeps
+    /// the cookies, replayed to every client a hit answers.
+    #[arg(long, value_enum, default_value_t = crate::SetCookie::IfPublic)]
+    pub set_cookie: crate::SetCookie,
     #[command(flatten)]
     pub service: ServiceArgs,
 }
@@ -216,6 +222,7 @@ impl ProxyArgs {
             refresh_hot: REFRESH_HOT_DEFAULT,
             refresh_interval_ms: REFRESH_INTERVAL_DEFAULT.as_millis() as u64,
             default_authority: None,
+            set_cookie: crate::SetCookie::IfPublic,
             service: ServiceArgs::default(),
         }
     }
@@ -307,6 +314,9 @@ impl ProxyArgs {
         if let Some(authority) = &self.default_authority {
             flag("--default-authority", authority.clone());
         }
+        if self.set_cookie != default.set_cookie {
+            flag("--set-cookie", self.set_cookie.name().to_string());
+        }
         args.extend(self.coop_args.to_args());
         args.extend(self.limits.to_args());
         if self.service != default.service {
@@ -375,6 +385,7 @@ mod tests {
             refresh_hot: 0,
             refresh_interval_ms: 3,
             default_authority: Some("example.org:80".into()),
+            set_cookie: crate::SetCookie::Strip,
             service: ServiceArgs { stop_on_stdin_eof: true, grace_ms: 77 },
         };
         assert_eq!(parse(&args), args);
@@ -396,6 +407,17 @@ mod tests {
         let args = ProxyArgs::new("127.0.0.1:8080".parse().unwrap(), "http://a:1".into());
         let words = ["--listen", "127.0.0.1:8080", "--mode", "poll", "--upstream", "http://a:1"];
         assert_eq!(args.to_args(), words);
+    }
+
+    /// Every `--set-cookie` policy's spelling in `to_args` is clap's.
+    #[test]
+    fn set_cookie_policies_round_trip() {
+        use crate::SetCookie;
+        for policy in [SetCookie::IfPublic, SetCookie::Never, SetCookie::Strip, SetCookie::Store] {
+            let mut args = ProxyArgs::new("127.0.0.1:8080".parse().unwrap(), "http://a:1".into());
+            args.set_cookie = policy;
+            assert_eq!(parse(&args), args, "{policy:?}");
+        }
     }
 
     #[test]

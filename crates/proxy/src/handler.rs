@@ -239,9 +239,12 @@ fn client_not_modified(entry: &Entry, request: &HeaderMap) -> bool {
         });
     }
     let Some(since) = policy::date_field(request, IF_MODIFIED_SINCE) else { return false };
-    let modified =
-        policy::date_field(&entry.headers, LAST_MODIFIED).or_else(|| policy::date_field(&entry.headers, DATE));
-    modified.is_some_and(|modified| modified <= since)
+    // RFC 9111 §4.3.2: without Last-Modified, the stored Date, else when
+    // the response was received.
+    let modified = policy::date_field(&entry.headers, LAST_MODIFIED)
+        .or_else(|| policy::date_field(&entry.headers, DATE))
+        .unwrap_or(entry.freshness.response_time);
+    modified <= since
 }
 
 /// The fields a 304 repeats from the 200 it stands for (RFC 9110 §15.4.5).

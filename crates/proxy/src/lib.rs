@@ -94,6 +94,7 @@ mod handler;
 mod headers;
 mod metrics;
 mod policy;
+pub use policy::SetCookie;
 mod published;
 mod push;
 mod refresh;
@@ -103,11 +104,13 @@ mod state;
 mod stats;
 mod store;
 mod stream;
+mod targeted;
 #[cfg(test)]
 mod testkit;
 #[cfg(test)]
 mod tests;
 mod upstream;
+mod vary;
 
 use bytes::Bytes;
 use cache::Cache;
@@ -240,6 +243,9 @@ pub struct ProxyOptions {
     /// again each time this passes; an idempotent one then goes to another
     /// upstream. `None`: a forward waits for `upstream_timeout`.
     pub suspect_probe: Option<Duration>,
+    /// Whether and how responses with `Set-Cookie` are stored
+    /// (`--set-cookie`; default: only `public` ones, without their cookies).
+    pub set_cookie: SetCookie,
 }
 
 /// The client listener's limits' defaults, as every tier's.
@@ -261,6 +267,7 @@ impl Default for ProxyOptions {
             refresh_interval: REFRESH_INTERVAL_DEFAULT,
             failures: FailureConfig::default(),
             suspect_probe: Some(tierstack_monitor::scheme::SUSPECT_AFTER_DEFAULT),
+            set_cookie: SetCookie::default(),
         }
     }
 }
@@ -411,6 +418,7 @@ impl Proxy {
             refresh: refresh::Refresh::new(options.refresh_hot, options.refresh_interval),
             coop: OnceLock::new(),
             admin_token: options.admin_token,
+            set_cookie: options.set_cookie,
             #[cfg(test)]
             hooks: testkit::Hooks::default(),
         });

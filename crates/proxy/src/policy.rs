@@ -4,7 +4,9 @@
 //! taking the place of `Cache-Control` and `Expires` when present), age
 //! (§4.2.3), what a request may be served without revalidation (§4.2.4,
 //! §5.2.1), RFC 5861's `stale-while-revalidate` and `stale-if-error`, the
-//! secondary key of `Vary` (§4.1) and the header update of a 304 (§4.3.4).
+//! header update of a 304 (§3.2, §4.3.4) and the `--set-cookie` policy.
+//! `Vary`'s secondary key (§4.1) is in `vary`; `CDN-Cache-Control`, a
+//! Structured Field, is parsed in `targeted`.
 //!
 //! Written by hand rather than with the `http-cache-semantics` crate (3.0,
 //! RFC 7234): that crate has no `stale-while-revalidate`, `stale-if-error`
@@ -19,13 +21,15 @@ use hyper::header::{HeaderMap, HeaderName, HeaderValue, AUTHORIZATION, CACHE_CON
 use hyper::{Method, StatusCode};
 
 /// `CDN-Cache-Control` (RFC 9213): when valid, this cache obeys it instead
-/// of `Cache-Control` and `Expires`.
-pub(crate) const CDN_CACHE_CONTROL: HeaderName = HeaderName::from_static("cdn-cache-control");
+/// of `Cache-Control` and `Expires` (parsed in `targeted`).
+pub(crate) use crate::targeted::CDN_CACHE_CONTROL;
+/// The secondary key (§4.1), in `vary`.
+pub(crate) use crate::vary::Vary;
 /// Heuristic freshness (§4.2.2) is a tenth of the time since
 /// `Last-Modified`, at most this (an hour).
 pub(crate) const HEURISTIC_SECS_MAX: u64 = 3600;
 /// Delta-seconds beyond this are taken as this (§1.2.2).
-const DELTA_MAX: u64 = 1 << 31;
+pub(crate) const DELTA_MAX: u64 = 1 << 31;
 
 /// Seconds since the epoch now (the one clock read; everything else here
 /// takes the time as an argument).
@@ -44,13 +48,21 @@ pub(crate) enum Delta {
 }
 
 impl Delta {
+    /// Takes one occurrence's argument: delta-seconds (§1.2.2), as a token
+    /// or a quoted-string (§5.2: recipients accept both). Nothing else is
+    /// one: no whitespace around it (`max-age= 60`), no sign, fraction or
+    /// suffix (`60.0`, `60a`), no single quotes.
     fn set(&mut self, value: Option<&str>) {
-        let parsed = match value.map(|v| v.trim_matches('"')) {
+        let parsed = match value.map(|v| v.strip_prefix('"').and_then(|v| v.strip_suffix('"')).unwrap_or(v)) {
             Some(v) if !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()) => {
                 Delta::Secs(v.parse::<u64>().unwrap_or(DELTA_MAX).min(DELTA_MAX))
             }
             _ => Delta::Invalid,
         };
+        self.merge(parsed);
+    }
+
+    fn merge(&mut self, parsed: Delta) {
         *self = match (*self, parsed) {
             (Delta::Absent, parsed) => parsed,
             (Delta::Secs(a), Delta::Secs(b)) if a == b => Delta::Secs(a),
@@ -87,9 +99,6 @@ pub(crate) struct Directives {
     pub max_stale: Delta,
     pub stale_while_revalidate: Delta,
     pub stale_if_error: Delta,
-    /// Any directive at all (RFC 9213: an empty or unparsable targeted
-    /// field is ignored).
-    pub any: bool,
 }
 
 impl Directives {
@@ -102,18 +111,21 @@ impl Directives {
             // A line that is not text: the most restrictive reading.
             let Ok(line) = line.to_str() else {
                 d.no_store = true;
-                d.any = true;
                 continue;
             };
             for item in split_list(line) {
+                // Whitespace around a list's commas is allowed (OWS), none
+                // around `=` (RFC 9110 §5.6.1, §5.2): `max-age =60` names no
+                // directive this cache knows, `max-age= 60` has no valid
+                // argument.
+                let item = item.trim_matches([' ', '\t']);
                 let (name, value) = match item.split_once('=') {
-                    Some((n, v)) => (n.trim(), Some(v.trim())),
-                    None => (item.trim(), None),
+                    Some((n, v)) => (n, Some(v)),
+                    None => (item, None),
                 };
-                if name.is_empty() {
+                if !is_token(name) {
                     continue;
                 }
-                d.any = true;
                 // Lowercased only when it has to be (no allocation per directive).
                 let name = if name.bytes().any(|b| b.is_ascii_uppercase()) {
                     std::borrow::Cow::Owned(name.to_ascii_lowercase())
@@ -142,6 +154,11 @@ impl Directives {
         }
         Some(d)
     }
+}
+
+/// A token (RFC 9110 §5.6.2): one or more tchar.
+fn is_token(text: &str) -> bool {
+    !text.is_empty() && text.bytes().all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
 }
 
 /// Splits a comma-separated list, not inside a quoted string
@@ -205,13 +222,31 @@ fn http_date_secs(value: &HeaderValue) -> Option<u64> {
     secs
 }
 
-/// The `Age` field's value (§5.1): the first line, if a non-negative integer.
-fn age_field(headers: &HeaderMap) -> u64 {
-    headers
-        .get(hyper::header::AGE)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.trim().parse::<u64>().ok())
-        .map_or(0, |a| a.min(DELTA_MAX))
+/// The `Age` field (§5.1).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Age {
+    Absent,
+    Secs(u64),
+    /// Not delta-seconds (`abc`, `-1`, `1.5`, `10;a=b`): ignored in the age
+    /// arithmetic (§5.1 "SHOULD ignore the field"), and the response is
+    /// taken as stale on arrival ([`storable`]): its age is unknown, and
+    /// revalidating is never wrong.
+    Invalid,
+}
+
+/// The `Age` field: a list (`Age: 7200, 0`, or two lines) counts by its
+/// first member (§5.1: "SHOULD use the first member of the field value,
+/// discarding subsequent ones").
+fn age_field(headers: &HeaderMap) -> Age {
+    let Some(line) = headers.get(hyper::header::AGE) else { return Age::Absent };
+    let first = line.as_bytes().split(|&b| b == b',').next().unwrap_or_default();
+    let first = first.trim_ascii();
+    if first.is_empty() || !first.iter().all(u8::is_ascii_digit) {
+        return Age::Invalid;
+    }
+    // All digits: only its size can fail to parse (§1.2.2: the greatest).
+    let secs = std::str::from_utf8(first).ok().and_then(|a| a.parse::<u64>().ok()).unwrap_or(DELTA_MAX);
+    Age::Secs(secs.min(DELTA_MAX))
 }
 
 /// Status codes cacheable by default (RFC 9110 §15.1).
@@ -223,6 +258,52 @@ pub(crate) fn cacheable_by_default(status: StatusCode) -> bool {
 /// `must-understand`, §5.2.2.3): those, plus the redirects it stores.
 fn understood(status: StatusCode) -> bool {
     cacheable_by_default(status) || matches!(status.as_u16(), 302 | 303 | 307)
+}
+
+/// What the cache does with a response that carries `Set-Cookie`
+/// (`--set-cookie`). RFC 9111 §7.3: `Set-Cookie` "does not inhibit
+/// caching"; but a stored cookie is replayed to every client a hit
+/// answers, handing one user's session to the next. So by default the
+/// stored copy never keeps one: only `store` replays cookies, and only the
+/// operator can choose it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum SetCookie {
+    /// Stored only when the origin says a shared cache may reuse it
+    /// (`public` or `s-maxage`), and stored without its `Set-Cookie`
+    /// fields: the client whose request fetched it gets its cookies, hits
+    /// get none.
+    #[default]
+    IfPublic,
+    /// Never stored (Varnish's built-in VCL, nginx's default).
+    Never,
+    /// Stored whenever it otherwise may be, without its `Set-Cookie`
+    /// fields (nginx's `proxy_ignore_headers Set-Cookie` with
+    /// `proxy_hide_header Set-Cookie` on the stored copy). For origins that
+    /// set cookies on pages that are the same for everyone.
+    Strip,
+    /// Stored whenever it otherwise may be, with its `Set-Cookie`, which
+    /// every hit replays to every client (RFC 9111 §7.3 read literally).
+    /// Only for cookies that are the same for every client.
+    Store,
+}
+
+impl SetCookie {
+    /// The flag's spelling of this policy.
+    pub fn name(self) -> &'static str {
+        match self {
+            SetCookie::IfPublic => "if-public",
+            SetCookie::Never => "never",
+            SetCookie::Strip => "strip",
+            SetCookie::Store => "store",
+        }
+    }
+
+    /// Removes the cookies a stored copy may not keep under this policy.
+    pub(crate) fn strip(self, stored: &mut HeaderMap) {
+        if self != SetCookie::Store {
+            stored.remove(hyper::header::SET_COOKIE);
+        }
+    }
 }
 
 /// Why a response is not stored.
@@ -342,9 +423,9 @@ impl Freshness {
 /// present and holding at least one directive (then `Expires` is ignored
 /// too: the bool), else `Cache-Control`.
 pub(crate) fn response_directives(headers: &HeaderMap) -> (Directives, bool) {
-    match Directives::parse(headers, &CDN_CACHE_CONTROL) {
-        Some(targeted) if targeted.any => (targeted, true),
-        _ => (Directives::parse(headers, &CACHE_CONTROL).unwrap_or_default(), false),
+    match crate::targeted::directives(headers, &CDN_CACHE_CONTROL) {
+        Some(targeted) => (targeted, true),
+        None => (Directives::parse(headers, &CACHE_CONTROL).unwrap_or_default(), false),
     }
 }
 
@@ -357,14 +438,14 @@ pub(crate) fn request_directives(headers: &HeaderMap) -> Directives {
             let pragma_no_cache = headers.get_all(hyper::header::PRAGMA).iter().any(|v| {
                 v.to_str().is_ok_and(|v| split_list(v).iter().any(|d| d.trim().eq_ignore_ascii_case("no-cache")))
             });
-            Directives { no_cache: pragma_no_cache, any: pragma_no_cache, ..Directives::default() }
+            Directives { no_cache: pragma_no_cache, ..Directives::default() }
         }
     }
 }
 
 /// The refusals that apply to every response, with or without
 /// dependencies: method, `no-store`, `private`, `Authorization` (§3.5),
-/// `Vary: *`, `Set-Cookie` (see [`storable`]).
+/// `Vary: *`, `Set-Cookie` (by `set_cookie`).
 pub(crate) fn refusal(
     method: &Method,
     request: &HeaderMap,
@@ -372,6 +453,7 @@ pub(crate) fn refusal(
     status: StatusCode,
     response: &HeaderMap,
     cc: &Directives,
+    set_cookie: SetCookie,
 ) -> Option<NotStored> {
     if *method != Method::GET {
         return Some(NotStored::Method);
@@ -399,10 +481,17 @@ pub(crate) fn refusal(
     if Vary::of(response).is_none() {
         return Some(NotStored::VaryStar);
     }
-    // Stored cookies would be replayed to every client: only when the
-    // origin said outright that a shared cache may reuse the response.
-    if response.contains_key(hyper::header::SET_COOKIE) && !(cc.public || cc.s_maxage.present()) {
-        return Some(NotStored::SetCookie);
+    // (Not RFC 2965's `Set-Cookie2`: RFC 6265 obsoleted it, and no client
+    // acts on one, so replaying it hands nobody a session.)
+    if response.contains_key(hyper::header::SET_COOKIE) {
+        let allowed = match set_cookie {
+            SetCookie::IfPublic => cc.public || cc.s_maxage.present(),
+            SetCookie::Never => false,
+            SetCookie::Strip | SetCookie::Store => true,
+        };
+        if !allowed {
+            return Some(NotStored::SetCookie);
+        }
     }
     None
 }
@@ -411,20 +500,20 @@ pub(crate) fn refusal(
 /// request's `request` fields, and how fresh is it? Times: when the request
 /// was sent upstream and when its response arrived.
 ///
-/// Beyond the RFC's MUSTs, a response with `Set-Cookie` is stored only if
-/// it is `public` or has `s-maxage`, and a response that could never be
-/// reused (no freshness, no validator, no `stale-if-error`) is not stored.
+/// Beyond the RFC's MUSTs, a response with `Set-Cookie` is stored only as
+/// `set_cookie` allows, and a response that could never be reused (no
+/// freshness, no validator, no `stale-if-error`) is not stored.
 pub(crate) fn storable(
     method: &Method,
     request: &HeaderMap,
     status: StatusCode,
     response: &HeaderMap,
-    request_time: u64,
-    response_time: u64,
+    (request_time, response_time): (u64, u64),
+    set_cookie: SetCookie,
 ) -> Result<Freshness, NotStored> {
     let (cc, targeted) = response_directives(response);
     let request_cc = request_directives(request);
-    if let Some(why) = refusal(method, request, &request_cc, status, response, &cc) {
+    if let Some(why) = refusal(method, request, &request_cc, status, response, &cc, set_cookie) {
         return Err(why);
     }
     let date = date_field(response, DATE);
@@ -448,6 +537,8 @@ pub(crate) fn storable(
         },
         None => return Err(NotStored::Status),
     };
+    // An invalid `Age`: stale on arrival (see [`Age::Invalid`]).
+    let lifetime = if age_field(response) == Age::Invalid { 0 } else { lifetime };
     let validators = response.contains_key(hyper::header::ETAG) || last_modified.is_some();
     let secs = |d: Delta| if let Delta::Secs(s) = d { s } else { 0 };
     let freshness = Freshness {
@@ -475,94 +566,38 @@ pub(crate) fn initial_age(response: &HeaderMap, request_time: u64, response_time
 fn corrected_initial_age(response: &HeaderMap, date: Option<u64>, request_time: u64, response_time: u64) -> u64 {
     let apparent_age = response_time.saturating_sub(date.unwrap_or(response_time));
     let response_delay = response_time.saturating_sub(request_time);
-    apparent_age.max(age_field(response).saturating_add(response_delay))
+    let age = match age_field(response) {
+        Age::Secs(age) => age,
+        Age::Absent | Age::Invalid => 0,
+    };
+    apparent_age.max(age.saturating_add(response_delay))
 }
 
-/// The request's values of the fields a stored response varies on (§4.1):
-/// the secondary key.
-#[derive(Clone, Debug, PartialEq, Eq, Default)]
-pub(crate) struct Vary {
-    /// (field, its values joined by ", " with whitespace around each
-    /// member trimmed; `None` when the request had none).
-    fields: Vec<(HeaderName, Option<String>)>,
-}
-
-impl Vary {
-    /// The field names `response` varies on; `None` for `Vary: *` (never
-    /// matches anything).
-    pub(crate) fn of(response: &HeaderMap) -> Option<Vec<HeaderName>> {
-        let mut names = Vec::new();
-        for line in response.get_all(hyper::header::VARY) {
-            let Ok(line) = line.to_str() else { return None };
-            for name in line.split(',').map(str::trim).filter(|n| !n.is_empty()) {
-                if name == "*" {
-                    return None;
-                }
-                let Ok(name) = HeaderName::from_bytes(name.as_bytes()) else { return None };
-                if !names.contains(&name) {
-                    names.push(name);
-                }
-            }
-        }
-        Some(names)
-    }
-
-    /// The secondary key of `request` for a response varying on `names`.
-    pub(crate) fn key(names: &[HeaderName], request: &HeaderMap) -> Vary {
-        Vary { fields: names.iter().map(|name| (name.clone(), normalized(request, name))).collect() }
-    }
-
-    /// Does `request` select a response stored with this key?
-    pub(crate) fn matches(&self, request: &HeaderMap) -> bool {
-        self.fields.iter().all(|(name, value)| same_members(request, name, value.as_deref()))
-    }
-
-    pub(crate) fn is_empty(&self) -> bool {
-        self.fields.is_empty()
-    }
-}
-
-/// `normalized(request, name) == stored`, without building the string (the
-/// hit path).
-fn same_members(request: &HeaderMap, name: &HeaderName, stored: Option<&str>) -> bool {
-    let mut lines = request.get_all(name).iter().peekable();
-    let Some(stored) = stored else { return lines.peek().is_none() };
-    if lines.peek().is_none() {
-        return false;
-    }
-    let mut expected = stored.split(", ");
-    for line in lines {
-        let Ok(line) = line.to_str() else { return false };
-        for member in line.split(',') {
-            if expected.next() != Some(member.trim()) {
-                return false;
-            }
-        }
-    }
-    expected.next().is_none()
-}
-
-fn normalized(request: &HeaderMap, name: &HeaderName) -> Option<String> {
-    let mut values = request.get_all(name).iter().peekable();
-    values.peek()?;
-    let mut joined = Vec::new();
-    for value in values {
-        let text = String::from_utf8_lossy(value.as_bytes()).into_owned();
-        joined.extend(text.split(',').map(|m| m.trim().to_string()));
-    }
-    Some(joined.join(", "))
-}
-
-/// Fields a 304 never changes in the stored response (§3.2: Content-Length;
-/// and what the stored body's framing depends on).
+/// Fields a 304 never changes in the stored response (§3.2): `Content-
+/// Length` (a MUST), and the fields "the cache's stored response depends
+/// upon": the stored body's coding and range (`Content-Encoding`,
+/// `Content-Range`, also "automatically processed"), its framing, and the
+/// checksums of its bytes (`Content-MD5`, `Content-Digest`), which a 304,
+/// having no content, cannot describe.
 fn kept_on_update(name: &HeaderName) -> bool {
-    matches!(name.as_str(), "content-length" | "content-encoding" | "content-range" | "transfer-encoding")
+    matches!(
+        name.as_str(),
+        "content-length"
+            | "content-encoding"
+            | "content-range"
+            | "transfer-encoding"
+            | "content-md5"
+            | "content-digest"
+    )
 }
 
 /// The stored header fields after a 304 (§4.3.4, §3.2): every field of the
-/// 304 replaces all lines of that field, except the framing ones.
+/// 304 replaces all lines of that field, except the kept ones. The stored
+/// `Age` goes: it described the message that carried it, and the 304's
+/// own `Age` (if any) now says how old the response is.
 pub(crate) fn updated_headers(stored: &HeaderMap, not_modified: &HeaderMap) -> HeaderMap {
     let mut headers = stored.clone();
+    headers.remove(hyper::header::AGE);
     let mut replaced: Vec<&HeaderName> = Vec::new();
     for (name, value) in not_modified {
         if kept_on_update(name) {
@@ -577,13 +612,20 @@ pub(crate) fn updated_headers(stored: &HeaderMap, not_modified: &HeaderMap) -> H
     headers
 }
 
-/// Should a 304 update `stored` (§4.3.4)? When their strong validators
-/// agree, or, without an `ETag` in the 304, when `Last-Modified` agrees or
-/// the 304 names no validator at all.
+/// Should a 304 update `stored` (§4.3.4)? A strong `ETag` in the 304 must
+/// equal the stored one (strong comparison); a weak one must match it
+/// weakly (the 304 "contains no strong validators but does contain one or
+/// more weak validators"); without an `ETag`, `Last-Modified` must agree,
+/// or the 304 names no validator at all.
 pub(crate) fn not_modified_selects(stored: &HeaderMap, not_modified: &HeaderMap) -> bool {
     let etag = |h: &HeaderMap| h.get(hyper::header::ETAG).cloned();
+    let opaque = |tag: &HeaderValue| -> Vec<u8> {
+        let tag = tag.as_bytes();
+        tag.strip_prefix(b"W/").unwrap_or(tag).to_vec()
+    };
     match etag(not_modified) {
-        Some(new) => etag(stored).is_some_and(|old| old == new && !old.as_bytes().starts_with(b"W/")),
+        Some(new) if new.as_bytes().starts_with(b"W/") => etag(stored).is_some_and(|old| opaque(&old) == opaque(&new)),
+        Some(new) => etag(stored).is_some_and(|old| old == new),
         None => match not_modified.get(LAST_MODIFIED) {
             Some(lm) => stored.get(LAST_MODIFIED) == Some(lm),
             None => true,
@@ -618,7 +660,8 @@ mod tests {
     const T: u64 = 1_700_000_000;
 
     fn fresh_for(response: &[(&str, &str)]) -> Result<u64, NotStored> {
-        storable(&Method::GET, &HeaderMap::new(), StatusCode::OK, &headers(response), T, T).map(|f| f.lifetime)
+        storable(&Method::GET, &HeaderMap::new(), StatusCode::OK, &headers(response), (T, T), SetCookie::IfPublic)
+            .map(|f| f.lifetime)
     }
 
     /// Each thread remembers the last date it parsed: dates that alternate,
@@ -664,8 +707,8 @@ mod tests {
                 &HeaderMap::new(),
                 StatusCode::OK,
                 &headers(&[("cache-control", cc), ("etag", "\"e\"")]),
-                T,
-                T,
+                (T, T),
+                SetCookie::IfPublic,
             );
             assert_eq!(f.map(|f| f.lifetime), Ok(0), "{cc}");
         }
@@ -682,8 +725,8 @@ mod tests {
             &HeaderMap::new(),
             StatusCode::CREATED,
             &headers(&[("last-modified", &at(T - 1000))]),
-            T,
-            T,
+            (T, T),
+            SetCookie::IfPublic,
         );
         assert_eq!(not_by_default, Err(NotStored::Status));
     }
@@ -691,7 +734,15 @@ mod tests {
     #[test]
     fn shared_cache_refusals() {
         let get = |req: &[(&str, &str)], status: u16, res: &[(&str, &str)]| {
-            storable(&Method::GET, &headers(req), StatusCode::from_u16(status).unwrap(), &headers(res), T, T).err()
+            storable(
+                &Method::GET,
+                &headers(req),
+                StatusCode::from_u16(status).unwrap(),
+                &headers(res),
+                (T, T),
+                SetCookie::IfPublic,
+            )
+            .err()
         };
         let fresh = [("cache-control", "max-age=60")];
         assert_eq!(get(&[], 200, &fresh), None);
@@ -715,7 +766,8 @@ mod tests {
         assert_eq!(get(&[], 200, &[("cache-control", "public, max-age=60"), ("set-cookie", "a=b")]), None);
         assert_eq!(get(&[], 200, &[("cache-control", "no-store, must-understand, max-age=60")]), None);
         assert_eq!(get(&[], 201, &[("cache-control", "must-understand, max-age=60")]), Some(NotStored::Status));
-        let head = storable(&Method::HEAD, &HeaderMap::new(), StatusCode::OK, &headers(&fresh), T, T);
+        let head =
+            storable(&Method::HEAD, &HeaderMap::new(), StatusCode::OK, &headers(&fresh), (T, T), SetCookie::IfPublic);
         assert_eq!(head.err(), Some(NotStored::Method));
     }
 
@@ -731,7 +783,8 @@ mod tests {
     #[test]
     fn age_and_the_request_directives_move_with_the_clock() {
         let res = headers(&[("cache-control", "max-age=100"), ("age", "10")]);
-        let f = storable(&Method::GET, &HeaderMap::new(), StatusCode::OK, &res, T - 2, T).unwrap();
+        let f =
+            storable(&Method::GET, &HeaderMap::new(), StatusCode::OK, &res, (T - 2, T), SetCookie::IfPublic).unwrap();
         assert_eq!(f.age(T), 12, "Age + response delay");
         assert_eq!(f.age(T + 50), 62);
         let none = Directives::default();
@@ -751,7 +804,7 @@ mod tests {
     #[test]
     fn stale_while_revalidate_and_stale_if_error_windows() {
         let res = headers(&[("cache-control", "max-age=10, stale-while-revalidate=20, stale-if-error=60")]);
-        let f = storable(&Method::GET, &HeaderMap::new(), StatusCode::OK, &res, T, T).unwrap();
+        let f = storable(&Method::GET, &HeaderMap::new(), StatusCode::OK, &res, (T, T), SetCookie::IfPublic).unwrap();
         let none = Directives::default();
         assert_eq!(f.usable(&none, T + 5), Usable::Fresh);
         assert_eq!(f.usable(&none, T + 15), Usable::StaleWhileRevalidate);
@@ -760,21 +813,10 @@ mod tests {
         assert!(!f.usable_on_error(&none, T + 70));
         let strict =
             headers(&[("cache-control", "max-age=10, must-revalidate, stale-while-revalidate=20, stale-if-error=60")]);
-        let f = storable(&Method::GET, &HeaderMap::new(), StatusCode::OK, &strict, T, T).unwrap();
+        let f =
+            storable(&Method::GET, &HeaderMap::new(), StatusCode::OK, &strict, (T, T), SetCookie::IfPublic).unwrap();
         assert_eq!(f.usable(&none, T + 15), Usable::Revalidate, "must-revalidate forbids stale");
         assert!(!f.usable_on_error(&none, T + 15));
-    }
-
-    #[test]
-    fn vary_matches_normalized_values_and_star_never() {
-        let names = Vary::of(&headers(&[("vary", "Accept-Encoding, cookie"), ("vary", "accept-encoding")])).unwrap();
-        assert_eq!(names.len(), 2);
-        let key = Vary::key(&names, &headers(&[("accept-encoding", "gzip,  br"), ("cookie", "u=1")]));
-        assert!(key.matches(&headers(&[("accept-encoding", "gzip"), ("accept-encoding", "br"), ("cookie", "u=1")])));
-        assert!(!key.matches(&headers(&[("accept-encoding", "gzip, br"), ("cookie", "u=2")])));
-        assert!(!key.matches(&headers(&[("accept-encoding", "gzip, br")])), "absent differs from present");
-        assert!(Vary::key(&names, &HeaderMap::new()).matches(&HeaderMap::new()), "absent matches absent");
-        assert!(Vary::of(&headers(&[("vary", "*")])).is_none());
     }
 
     #[test]
@@ -790,6 +832,106 @@ mod tests {
         assert_eq!(updated.get("x-new").unwrap(), "2");
         assert_eq!(updated.get("x-old").unwrap(), "1");
         assert!(!not_modified_selects(&stored, &headers(&[("etag", "\"b\"")])));
-        assert!(!not_modified_selects(&headers(&[("etag", "W/\"a\"")]), &headers(&[("etag", "W/\"a\"")])));
+        // §4.3.4: a weak validator in the 304 selects by weak comparison; a
+        // strong one only an equal strong one.
+        assert!(not_modified_selects(&headers(&[("etag", "W/\"a\"")]), &headers(&[("etag", "W/\"a\"")])));
+        assert!(not_modified_selects(&stored, &headers(&[("etag", "W/\"a\"")])));
+        assert!(!not_modified_selects(&headers(&[("etag", "W/\"a\"")]), &headers(&[("etag", "\"a\"")])));
+        assert!(!not_modified_selects(&stored, &headers(&[("etag", "W/\"b\"")])));
+    }
+
+    #[test]
+    fn a_304_keeps_what_the_stored_body_depends_on_and_drops_the_stored_age() {
+        let stored = headers(&[
+            ("content-md5", "old"),
+            ("content-digest", "sha-256=:old:"),
+            ("content-encoding", "gzip"),
+            ("content-range", "bytes 0-1/2"),
+            ("age", "7200"),
+            ("x-a", "1"),
+        ]);
+        let nm = headers(&[
+            ("content-md5", "new"),
+            ("content-digest", "sha-256=:new:"),
+            ("content-encoding", "br"),
+            ("content-range", "bytes 0-0/1"),
+            ("x-a", "2"),
+        ]);
+        let updated = updated_headers(&stored, &nm);
+        for (name, kept) in
+            [("content-md5", "old"), ("content-digest", "sha-256=:old:"), ("content-encoding", "gzip"), ("x-a", "2")]
+        {
+            assert_eq!(updated.get(name).unwrap(), kept, "{name}");
+        }
+        assert_eq!(updated.get("content-range").unwrap(), "bytes 0-1/2");
+        assert!(updated.get("age").is_none(), "the stored Age described the old message");
+        let with_age = updated_headers(&stored, &headers(&[("age", "5")]));
+        assert_eq!(with_age.get_all("age").iter().collect::<Vec<_>>(), ["5"]);
+    }
+
+    /// Cache-Control arguments are delta-seconds, token or quoted, and
+    /// nothing else (§1.2.2, §5.2); anything else is invalid, so stale
+    /// (§4.2.1), or no directive at all when the name is no token.
+    #[test]
+    fn cache_control_arguments_are_parsed_strictly() {
+        let lifetime = |cc: &str| fresh_for(&[("cache-control", cc), ("etag", "\"e\"")]);
+        for (cc, expected) in [
+            ("max-age=3600", 3600),
+            ("max-age=003600", 3600),
+            ("max-age=\"3600\"", 3600),
+            ("  max-age=3600 ,public", 3600),
+            ("Max-Age=3600", 3600),
+            ("extension=\"max-age=3600\", max-age=1", 1),
+            ("max-age=1, extension=\"max-age=3600\"", 1),
+            ("max-age= 3600", 0),
+            ("max-age=3600a", 0),
+            ("max-age=a3600", 0),
+            ("max-age=3600.0", 0),
+            ("max-age='3600'", 0),
+            ("max-age=\"3600", 0),
+            ("max-age=\"\"", 0),
+            ("max-age=-1", 0),
+            ("max-age =3600", 0),
+        ] {
+            assert_eq!(lifetime(cc), Ok(expected), "{cc}");
+        }
+        // `max-age =3600` names no directive: heuristic freshness applies.
+        let d =
+            Directives::parse(&headers(&[("cache-control", "max-age =3600, no-store ,x")]), &CACHE_CONTROL).unwrap();
+        assert_eq!((d.max_age, d.no_store), (Delta::Absent, true));
+    }
+
+    /// `Age` (§5.1): a list counts by its first member; a first member that
+    /// is not delta-seconds leaves the response stale on arrival.
+    #[test]
+    fn age_uses_the_first_member_and_an_invalid_one_is_stale() {
+        let arrive = |ages: &[&str]| {
+            let mut fields = vec![("cache-control", "max-age=3600"), ("etag", "\"e\"")];
+            fields.extend(ages.iter().map(|a| ("age", *a)));
+            storable(&Method::GET, &HeaderMap::new(), StatusCode::OK, &headers(&fields), (T, T), SetCookie::IfPublic)
+                .map(|f| (f.lifetime, f.age(T)))
+                .unwrap()
+        };
+        assert_eq!(arrive(&[]), (3600, 0));
+        assert_eq!(arrive(&["60"]), (3600, 60));
+        assert_eq!(arrive(&["7200, 0"]), (3600, 7200));
+        assert_eq!(arrive(&["7200,0"]), (3600, 7200));
+        assert_eq!(arrive(&["0,7200"]), (3600, 0));
+        assert_eq!(arrive(&["7200", "0"]), (3600, 7200), "two lines are one list");
+        assert_eq!(arrive(&["0", "7200"]), (3600, 0));
+        assert_eq!(arrive(&[" 10 "]), (3600, 10));
+        assert_eq!(arrive(&["99999999999"]), (3600, DELTA_MAX));
+        for invalid in ["abc", "-7200", "7200.0", "7200;foo=bar", "7200;foo=111", "", "1 2", "+5"] {
+            assert_eq!(arrive(&[invalid]), (0, 0), "{invalid:?}: stale, its value ignored");
+        }
+        let f = storable(
+            &Method::GET,
+            &HeaderMap::new(),
+            StatusCode::OK,
+            &headers(&[("cache-control", "max-age=60"), ("age", "x")]),
+            (T, T),
+            SetCookie::IfPublic,
+        );
+        assert_eq!(f, Err(NotStored::Useless), "stale on arrival with no validator: not worth storing");
     }
 }

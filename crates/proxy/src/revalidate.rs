@@ -10,7 +10,7 @@ use crate::policy;
 use crate::state::State;
 use crate::store::maybe_store;
 use bytes::Bytes;
-use hyper::header::HeaderMap;
+use hyper::header::{HeaderMap, HeaderValue, SET_COOKIE};
 use hyper::{Method, Request, Response, StatusCode};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, OnceLock};
@@ -31,7 +31,15 @@ pub(crate) async fn revalidate<B>(
     let outcome = refresh(state, key, &parts.headers, &entry).await;
     let now = policy::now_secs();
     match outcome {
-        Refreshed::Entry(fresh) => respond(&fresh, &parts.headers, &parts.method, now, "MISS"),
+        Refreshed::Entry(fresh, cookies) => {
+            let mut response = respond(&fresh, &parts.headers, &parts.method, now, "MISS");
+            // The 304's cookies are this client's, even when the stored
+            // copy may not keep them.
+            for cookie in cookies {
+                response.headers_mut().append(SET_COOKIE, cookie);
+            }
+            response
+        }
         Refreshed::Response(fetched) if !fetched.parts.status.is_server_error() => {
             let mut response = fetched.into_response();
             if parts.method == Method::HEAD {
@@ -50,8 +58,9 @@ pub(crate) async fn revalidate<B>(
 
 /// What a revalidation ended with.
 enum Refreshed {
-    /// The stored entry, its fields updated by a 304.
-    Entry(Arc<Entry>),
+    /// The stored entry, its fields updated by a 304, and the 304's
+    /// `Set-Cookie` lines the stored copy did not keep.
+    Entry(Arc<Entry>, Vec<HeaderValue>),
     /// A full response from the upstream (stored if it may be).
     Response(Fetched),
     /// No answer (the error response for the client).
@@ -85,25 +94,25 @@ async fn refresh(state: &State, key: &str, request: &HeaderMap, entry: &Arc<Entr
     }
     let update = end_to_end(&fetched.parts.headers);
     if !policy::not_modified_selects(&entry.headers, &update) {
-        // A 304 for another representation: ask again, unconditionally.
-        for name in &CONDITIONALS {
-            headers.remove(name);
-        }
-        state.counters.revalidations.fetch_add(1, Ordering::Relaxed);
-        return match fetch(state, &Method::GET, target_of(key), headers, Bytes::new()).await {
-            Ok(fetched) => {
-                if maybe_store(state, key, request, &fetched).is_none() {
-                    state.cache_remove_entry(key, entry);
-                }
-                Refreshed::Response(fetched)
-            }
-            Err(response) => Refreshed::Failed(response),
-        };
+        // The 304 names a validator the stored response does not have: it
+        // updates nothing (§4.3.4 "MUST NOT use the new response to update
+        // any stored responses"). It still answers the condition on the
+        // stored validator ("not modified", RFC 9110 §15.4.5), so this
+        // request gets the stored response as it is; it stays stale, and
+        // the next request revalidates again. Never a second, unconditional
+        // request whose answer (whatever it is) would reach the client.
+        return Refreshed::Entry(entry.clone(), Vec::new());
     }
     state.counters.revalidated.fetch_add(1, Ordering::Relaxed);
-    let headers = policy::updated_headers(&entry.headers, &update);
-    let freshness =
-        policy::storable(&Method::GET, request, entry.status, &headers, fetched.request_time, fetched.response_time);
+    let mut headers = policy::updated_headers(&entry.headers, &update);
+    let times = (fetched.request_time, fetched.response_time);
+    let freshness = policy::storable(&Method::GET, request, entry.status, &headers, times, state.set_cookie);
+    let cookies = if state.set_cookie == policy::SetCookie::Store {
+        Vec::new()
+    } else {
+        update.get_all(SET_COOKIE).iter().cloned().collect()
+    };
+    state.set_cookie.strip(&mut headers);
     let refreshed = Arc::new(Entry {
         status: entry.status,
         body: entry.body.clone(),
@@ -118,7 +127,7 @@ async fn refresh(state: &State, key: &str, request: &HeaderMap, entry: &Arc<Entr
     if freshness.is_ok() {
         state.cache_store(key, refreshed.clone());
     }
-    Refreshed::Entry(refreshed)
+    Refreshed::Entry(refreshed, cookies)
 }
 
 /// Serves stale now and revalidates behind (RFC 5861 `stale-while-

@@ -51,6 +51,8 @@ pub(crate) struct State {
     pub(crate) coop: OnceLock<Arc<coop::CoopLayer>>,
     /// See [`crate::ProxyOptions::admin_token`].
     pub(crate) admin_token: Option<tierstack_secret::Secret>,
+    /// Whether and how responses with `Set-Cookie` are stored.
+    pub(crate) set_cookie: crate::policy::SetCookie,
     #[cfg(test)]
     pub(crate) hooks: crate::testkit::Hooks,
 }

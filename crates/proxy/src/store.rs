@@ -61,7 +61,7 @@ pub(crate) struct Stored {
 
 /// [`maybe_store`] of a response whose fields are end-to-end already.
 pub(crate) fn store(state: &State, key: &str, request: &HeaderMap, response: Stored) -> Option<Arc<Entry>> {
-    let Stored { status, headers, body, request_time, response_time } = response;
+    let Stored { status, mut headers, body, request_time, response_time } = response;
     let (freshness, deps) = match headers.get(DEPS_HEADER) {
         // Dependencies: stored only as a 200 nothing forbids storing; served
         // only after a version check, so no freshness applies.
@@ -69,7 +69,8 @@ pub(crate) fn store(state: &State, key: &str, request: &HeaderMap, response: Sto
             let (cc, _) = policy::response_directives(&headers);
             let request_cc = policy::request_directives(request);
             if status != StatusCode::OK
-                || policy::refusal(&Method::GET, request, &request_cc, status, &headers, &cc).is_some()
+                || policy::refusal(&Method::GET, request, &request_cc, status, &headers, &cc, state.set_cookie)
+                    .is_some()
             {
                 return None;
             }
@@ -96,12 +97,22 @@ pub(crate) fn store(state: &State, key: &str, request: &HeaderMap, response: Sto
             (freshness, Some(deps))
         }
         None => {
-            let freshness =
-                policy::storable(&Method::GET, request, status, &headers, request_time, response_time).ok()?;
+            let freshness = policy::storable(
+                &Method::GET,
+                request,
+                status,
+                &headers,
+                (request_time, response_time),
+                state.set_cookie,
+            )
+            .ok()?;
             (freshness, None)
         }
     };
-    let vary = Vary::key(&Vary::of(&headers)?, request);
+    let vary = Vary::key(&Vary::of(&headers)?, request, &headers);
+    // The client that fetched it has its cookies; the stored copy keeps
+    // them only if the operator said so (`--set-cookie store`).
+    state.set_cookie.strip(&mut headers);
     let entry = Arc::new(Entry { status, headers, body, deps, pushed: false, vary, freshness, reply: OnceLock::new() });
     match state.cache_store(key, entry.clone()) {
         Some(InsertOutcome::Stored | InsertOutcome::KeptNewer) => Some(entry),

@@ -270,6 +270,7 @@ pub(crate) fn proxy(args: ProxyArgs) -> Result<()> {
             refresh_interval: Duration::from_millis(args.refresh_interval_ms),
             failures,
             suspect_probe: suspect_after,
+            set_cookie: args.set_cookie,
         };
         let proxy = Proxy::bind_with(config, options).await?;
         if let Some(balancing) = balancing {

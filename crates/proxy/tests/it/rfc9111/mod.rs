@@ -16,10 +16,14 @@ pub(crate) mod support;
 
 mod admin;
 mod conditionals;
+mod cookies;
 mod deps;
 mod fidelity;
 mod freshness;
+mod interim;
 mod invalidation;
+mod languages;
+mod parsing;
 mod storability;
 mod validation;
 mod vary;

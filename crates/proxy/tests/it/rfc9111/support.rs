@@ -17,7 +17,7 @@ use tierstack_coherent::version_table::VersionTable;
 use tierstack_coherent::{Incarnation, DEPS_HEADER};
 use tierstack_fabric::{Fabric, NodeId};
 use tierstack_fabric_shm::{ShmConfig, ShmFabric};
-use tierstack_proxy::{CacheMode, Proxy, ProxyConfig, ProxyStats};
+use tierstack_proxy::{CacheMode, Proxy, ProxyConfig, ProxyOptions, ProxyStats};
 use tierstack_tier_http::RequestBody;
 use tierstack_tier_http::{serve, Body, Stop};
 use tokio::sync::Notify;
@@ -165,20 +165,27 @@ impl Rig {
     }
 
     pub(crate) async fn with_mode(mode: CacheMode) -> Rig {
+        Rig::with_options(mode, ProxyOptions::default()).await
+    }
+
+    pub(crate) async fn with_options(mode: CacheMode, options: ProxyOptions) -> Rig {
         let dir = tempfile::tempdir().unwrap();
         let module = ShmFabric::open(ShmConfig::new(dir.path(), NodeId(0))).unwrap();
         let table = Arc::new(VersionTable::create(module.as_ref(), 16, Incarnation(3)).unwrap());
         let proxy_fabric: Arc<dyn Fabric> = ShmFabric::open(ShmConfig::new(dir.path(), NodeId(1))).unwrap();
         let origin = Origin::start().await;
-        let proxy = Proxy::bind(ProxyConfig {
-            listen: "127.0.0.1:0".parse().unwrap(),
-            upstreams: vec![format!("http://{}", origin.addr)],
-            mode,
-            cache_bytes: 64 << 20,
-            upstream_timeout: Duration::from_secs(20),
-            fabric: Some(proxy_fabric),
-            admin_listen: Some("127.0.0.1:0".parse().unwrap()),
-        })
+        let proxy = Proxy::bind_with(
+            ProxyConfig {
+                listen: "127.0.0.1:0".parse().unwrap(),
+                upstreams: vec![format!("http://{}", origin.addr)],
+                mode,
+                cache_bytes: 64 << 20,
+                upstream_timeout: Duration::from_secs(20),
+                fabric: Some(proxy_fabric),
+                admin_listen: Some("127.0.0.1:0".parse().unwrap()),
+            },
+            options,
+        )
         .await
         .unwrap();
         let (addr, admin) = (proxy.local_addr().unwrap(), proxy.admin_addr().unwrap());
