@@ -156,6 +156,14 @@ pub struct ProxyArgs {
     /// pushed documents are cached (default: the --listen address).
     #[arg(long)]
     pub default_authority: Option<String>,
+    /// Grace, seconds: when the upstream fails (refused, closed, timed
+    /// out, or 500/502/503/504), answer with a stored response stale by at
+    /// most this long, as nginx's `proxy_cache_use_stale` and Varnish's
+    /// grace. Never a response with dependencies, nor one with
+    /// must-revalidate, proxy-revalidate, s-maxage or no-cache. 0: off
+    /// (only the response's `stale-if-error`).
+    #[arg(long, default_value_t = 0, value_name = "SECONDS")]
+    pub serve_stale_on_error: u64,
     #[command(flatten)]
     pub service: ServiceArgs,
 }
@@ -216,6 +224,7 @@ impl ProxyArgs {
             refresh_hot: REFRESH_HOT_DEFAULT,
             refresh_interval_ms: REFRESH_INTERVAL_DEFAULT.as_millis() as u64,
             default_authority: None,
+            serve_stale_on_error: 0,
             service: ServiceArgs::default(),
         }
     }
@@ -307,6 +316,9 @@ impl ProxyArgs {
         if let Some(authority) = &self.default_authority {
             flag("--default-authority", authority.clone());
         }
+        if self.serve_stale_on_error != default.serve_stale_on_error {
+            flag("--serve-stale-on-error", self.serve_stale_on_error.to_string());
+        }
         args.extend(self.coop_args.to_args());
         args.extend(self.limits.to_args());
         if self.service != default.service {
@@ -375,6 +387,7 @@ mod tests {
             refresh_hot: 0,
             refresh_interval_ms: 3,
             default_authority: Some("example.org:80".into()),
+            serve_stale_on_error: 30,
             service: ServiceArgs { stop_on_stdin_eof: true, grace_ms: 77 },
         };
         assert_eq!(parse(&args), args);

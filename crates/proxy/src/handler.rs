@@ -5,6 +5,8 @@
 //! [`State::usable`], for the proxy's own copy, the cooperative pool's and
 //! another request's shared fetch: an entry with dependencies only after
 //! its version check (or in `ttl` mode), any other by RFC 9111 freshness.
+//! A GET's ranges are served from an entry under that same decision
+//! (`range`); a range request the cache does not answer so passes through.
 
 use crate::admin::ADMIN_PATH_PREFIX;
 use crate::cache::Entry;
@@ -12,6 +14,7 @@ use crate::forward::forward;
 use crate::headers::{age_value, cache_key, flight_key, target_of, X_CACHE_COALESCED, X_CACHE_NAME};
 use crate::policy::{self, Directives, Usable};
 use crate::published;
+use crate::range::{self, Asked};
 use crate::revalidate::{revalidate, revalidate_in_background};
 use crate::state::State;
 use crate::stats::elapsed_ns;
@@ -90,7 +93,7 @@ enum Usability {
 }
 
 /// The client listener's requests.
-pub(crate) async fn handle<B>(state: Arc<State>, request: Request<B>) -> Response<ProxyBody>
+pub(crate) async fn handle<B>(state: Arc<State>, mut request: Request<B>) -> Response<ProxyBody>
 where
     B: hyper::body::Body,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
@@ -105,9 +108,7 @@ where
     let method = request.method().clone();
     let key = cache_key(request.uri(), request.headers(), &state.default_authority);
     let readable = method == Method::GET || method == Method::HEAD;
-    // Range requests pass through (never answered from, nor stored in, the
-    // cache): see ARCHITECTURE.md.
-    if !readable || state.mode == CacheMode::NoCache || request.headers().keys().any(|name| name == RANGE) {
+    if !readable || state.mode == CacheMode::NoCache {
         state.counters.misses.fetch_add(1, Ordering::Relaxed);
         unserved.pending = false;
         // On the heap (here and below): a miss's state (request and response
@@ -116,6 +117,12 @@ where
         // few times between the handler and hyper's dispatcher).
         return Box::pin(forward(&state, request, &key, None)).await;
     }
+    // A range request's `Range` and `If-Range`, taken off while the cache
+    // answers (its revalidations and refreshes ask for the whole
+    // response); put back if it passes through (see `range`).
+    let asked = request.headers().keys().any(|name| name == RANGE).then(|| Asked::take(request.headers_mut()));
+    // Only a GET's ranges are served (RFC 9110 §14.2): HEAD ignores them.
+    let ranges = asked.as_ref().filter(|_| method == Method::GET);
     let now = policy::now_secs();
     let request_cc = RequestDirectives { headers: request.headers(), parsed: OnceLock::new() };
     let fingerprint = fingerprint(target_of(&key));
@@ -128,14 +135,14 @@ where
             Usability::Serve => {
                 state.note_access(fingerprint, true);
                 unserved.pending = false;
-                return state.hit(&entry, request.headers(), &method, now).map(Into::into);
+                return state.hit(&entry, request.headers(), &method, now, ranges).map(Into::into);
             }
             Usability::ServeStale => {
                 state.counters.stale_served.fetch_add(1, Ordering::Relaxed);
                 revalidate_in_background(&state, &key, request.headers(), &entry);
                 state.note_access(fingerprint, true);
                 unserved.pending = false;
-                return state.hit(&entry, request.headers(), &method, now).map(Into::into);
+                return state.hit(&entry, request.headers(), &method, now, ranges).map(Into::into);
             }
             Usability::Revalidate => stale = Some(entry),
             // The new page, if the application published it and it is
@@ -145,7 +152,7 @@ where
                     Some(page) => {
                         state.note_access(fingerprint, true);
                         unserved.pending = false;
-                        return state.hit(&page, request.headers(), &method, now).map(Into::into);
+                        return state.hit(&page, request.headers(), &method, now, ranges).map(Into::into);
                     }
                     None => state.cache_remove_entry(&key, &entry),
                 }
@@ -164,7 +171,7 @@ where
                 coop.served(source);
                 state.note_access(fingerprint, true);
                 unserved.pending = false;
-                return state.hit(&entry, request.headers(), &method, now).map(Into::into);
+                return state.hit(&entry, request.headers(), &method, now, ranges).map(Into::into);
             }
             coop.unusable();
             if entry.deps.is_some() {
@@ -178,6 +185,18 @@ where
         state.counters.misses.fetch_add(1, Ordering::Relaxed);
         unserved.pending = false;
         return text(StatusCode::GATEWAY_TIMEOUT, "not cached, and the request asked only-if-cached\n").map(Into::into);
+    }
+    // A GET's ranges the cache did not answer (no usable copy, or a stale
+    // one): passed through as they came, the answer not stored; neither
+    // revalidated nor coalesced for. A whole GET fills the cache.
+    if ranges.is_some() {
+        state.counters.misses.fetch_add(1, Ordering::Relaxed);
+        unserved.pending = false;
+        drop(request_cc);
+        if let Some(asked) = asked {
+            asked.restore(request.headers_mut());
+        }
+        return Box::pin(forward(&state, request, &key, None)).await;
     }
     if let Some(entry) = stale {
         state.counters.misses.fetch_add(1, Ordering::Relaxed);
@@ -216,12 +235,15 @@ where
     }
     state.counters.misses.fetch_add(1, Ordering::Relaxed);
     unserved.pending = false;
+    if let Some(asked) = asked {
+        asked.restore(request.headers_mut());
+    }
     Box::pin(forward(&state, request, &key, None)).await
 }
 
 /// Does the stored response satisfy the client's `If-None-Match` or
 /// `If-Modified-Since` (RFC 9110 §13.1.2, §13.1.3; weak comparison)?
-fn client_not_modified(entry: &Entry, request: &HeaderMap) -> bool {
+pub(crate) fn client_not_modified(entry: &Entry, request: &HeaderMap) -> bool {
     // One pass over the request's names first: most requests carry no
     // condition, and comparing names is cheaper than two hashed lookups.
     if entry.status != StatusCode::OK || !request.keys().any(|name| name == IF_NONE_MATCH || name == IF_MODIFIED_SINCE)
@@ -309,14 +331,26 @@ pub(crate) fn respond(
 }
 
 impl State {
-    /// Serves the proxy's own cached copy (counted by the caller's check).
-    fn hit(&self, entry: &Entry, request: &HeaderMap, method: &Method, now: u64) -> Response<Body> {
+    /// Serves the proxy's own cached copy (counted by the caller's check):
+    /// the GET's `ranges` of it, if asked and served (`range`), else whole.
+    fn hit(
+        &self,
+        entry: &Entry,
+        request: &HeaderMap,
+        method: &Method,
+        now: u64,
+        ranges: Option<&Asked>,
+    ) -> Response<Body> {
         self.counters.hits.fetch_add(1, Ordering::Relaxed);
         if entry.deps.is_none() {
             self.counters.policy_hits.fetch_add(1, Ordering::Relaxed);
         }
         if entry.pushed {
             self.counters.push_hits.fetch_add(1, Ordering::Relaxed);
+        }
+        if let Some(partial) = ranges.and_then(|asked| range::respond(entry, request, asked, now, "HIT")) {
+            self.counters.ranges_served.fetch_add(1, Ordering::Relaxed);
+            return partial;
         }
         let response = respond(entry, request, method, now, "HIT");
         if response.status() == StatusCode::NOT_MODIFIED {

@@ -4,7 +4,7 @@
 //! It is an RFC 9111 shared cache for every response (see `policy` and
 //! ARCHITECTURE.md: whole responses, key = authority + target, `Vary`,
 //! revalidation, invalidation, stale-while-revalidate / stale-if-error,
-//! `CDN-Cache-Control`; Range requests pass through). A GET response that
+//! `CDN-Cache-Control`; ranges of stored responses, see `range`). A GET response that
 //! carries `X-Tierstack-Deps` (the versions it was generated at) is instead
 //! cached as a 200 nothing forbids storing, with no freshness: on every hit, in
 //! `poll` mode, the proxy reads those versions from the application module's
@@ -96,9 +96,11 @@ mod metrics;
 mod policy;
 mod published;
 mod push;
+mod range;
 mod refresh;
 mod revalidate;
 mod route;
+mod stale;
 mod state;
 mod stats;
 mod store;
@@ -143,6 +145,7 @@ pub use args::ProxyArgs;
 pub use coop::CoopStats;
 pub use forward::{REQUEST_BODY_BYTES_MAX, RESPONSE_BODY_BYTES_MAX, WHOLE_BYTES_MAX};
 pub use headers::{X_CACHE, X_CACHE_COALESCED};
+pub use range::RANGES_MAX;
 pub use refresh::{HotSet, REFRESH_HOT_DEFAULT, REFRESH_INTERVAL_DEFAULT};
 pub use stats::ProxyStats;
 pub use stream::{ProxyBody, StreamError};
@@ -240,6 +243,12 @@ pub struct ProxyOptions {
     /// again each time this passes; an idempotent one then goes to another
     /// upstream. `None`: a forward waits for `upstream_timeout`.
     pub suspect_probe: Option<Duration>,
+    /// The operator's grace (`--serve-stale-on-error`): when the upstream
+    /// fails a revalidation, a stored response without dependencies that
+    /// is stale by at most this long answers instead, unless it or the
+    /// request forbids it (see the `stale` module). Zero: only
+    /// `stale-if-error` does.
+    pub serve_stale_on_error: Duration,
 }
 
 /// The client listener's limits' defaults, as every tier's.
@@ -261,6 +270,7 @@ impl Default for ProxyOptions {
             refresh_interval: REFRESH_INTERVAL_DEFAULT,
             failures: FailureConfig::default(),
             suspect_probe: Some(tierstack_monitor::scheme::SUSPECT_AFTER_DEFAULT),
+            serve_stale_on_error: Duration::ZERO,
         }
     }
 }
@@ -405,6 +415,7 @@ impl Proxy {
             routed: (0..config.upstreams.len()).map(|_| AtomicU64::new(0)).collect(),
             failures: route::FailureGate::new(config.upstreams.len(), options.failures),
             suspect_probe: options.suspect_probe,
+            stale_on_error_secs: options.serve_stale_on_error.as_secs(),
             default_authority,
             revalidating: Mutex::new(HashSet::new()),
             access_log,

@@ -36,6 +36,12 @@ pub(crate) fn render(stats: &ProxyStats, checks: &CheckLatency) -> String {
         "Stale responses served (stale-while-revalidate, stale-if-error).",
         stats.stale_served,
     );
+    counter(
+        "served_on_error_total",
+        "Stored responses served in place of an upstream failure (stale-if-error, --serve-stale-on-error).",
+        stats.served_on_error,
+    );
+    counter("ranges_served_total", "Hits answered 206 or 416 from a stored complete response.", stats.ranges_served);
     counter("revalidations_total", "Conditional requests sent to revalidate stored responses.", stats.revalidations);
     counter("revalidated_total", "Revalidations answered 304.", stats.revalidated);
     counter("invalidations_total", "Stored responses dropped after unsafe methods.", stats.invalidations);

@@ -270,6 +270,7 @@ pub(crate) fn proxy(args: ProxyArgs) -> Result<()> {
             refresh_interval: Duration::from_millis(args.refresh_interval_ms),
             failures,
             suspect_probe: suspect_after,
+            serve_stale_on_error: Duration::from_secs(args.serve_stale_on_error),
         };
         let proxy = Proxy::bind_with(config, options).await?;
         if let Some(balancing) = balancing {

@@ -20,6 +20,8 @@ mod deps;
 mod fidelity;
 mod freshness;
 mod invalidation;
+mod ranges;
+mod stale_on_error;
 mod storability;
 mod validation;
 mod vary;
