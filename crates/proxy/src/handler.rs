@@ -117,12 +117,15 @@ where
         // few times between the handler and hyper's dispatcher).
         return Box::pin(forward(&state, request, &key, None)).await;
     }
-    // A range request's `Range` and `If-Range`, taken off while the cache
-    // answers (its revalidations and refreshes ask for the whole
-    // response); put back if it passes through (see `range`).
-    let asked = request.headers().keys().any(|name| name == RANGE).then(|| Asked::take(request.headers_mut()));
-    // Only a GET's ranges are served (RFC 9110 §14.2): HEAD ignores them.
-    let ranges = asked.as_ref().filter(|_| method == Method::GET);
+    // A GET's `Range` and `If-Range`, taken off while the cache answers
+    // (its revalidations and refreshes ask for the whole response); put
+    // back if it passes through (see `range`). A HEAD's are dropped: only
+    // a GET has ranges (RFC 9110 §14.2). Boxed: held across the awaits
+    // below, inline it would grow every request's future.
+    let asked = match request.headers().keys().any(|name| name == RANGE) {
+        true => Some(Asked::take(request.headers_mut())).filter(|_| method == Method::GET).map(Box::new),
+        false => None,
+    };
     let now = policy::now_secs();
     let request_cc = RequestDirectives { headers: request.headers(), parsed: OnceLock::new() };
     let fingerprint = fingerprint(target_of(&key));
@@ -135,14 +138,14 @@ where
             Usability::Serve => {
                 state.note_access(fingerprint, true);
                 unserved.pending = false;
-                return state.hit(&entry, request.headers(), &method, now, ranges).map(Into::into);
+                return state.hit(&entry, request.headers(), &method, now, asked.as_deref()).map(Into::into);
             }
             Usability::ServeStale => {
                 state.counters.stale_served.fetch_add(1, Ordering::Relaxed);
                 revalidate_in_background(&state, &key, request.headers(), &entry);
                 state.note_access(fingerprint, true);
                 unserved.pending = false;
-                return state.hit(&entry, request.headers(), &method, now, ranges).map(Into::into);
+                return state.hit(&entry, request.headers(), &method, now, asked.as_deref()).map(Into::into);
             }
             Usability::Revalidate => stale = Some(entry),
             // The new page, if the application published it and it is
@@ -152,7 +155,7 @@ where
                     Some(page) => {
                         state.note_access(fingerprint, true);
                         unserved.pending = false;
-                        return state.hit(&page, request.headers(), &method, now, ranges).map(Into::into);
+                        return state.hit(&page, request.headers(), &method, now, asked.as_deref()).map(Into::into);
                     }
                     None => state.cache_remove_entry(&key, &entry),
                 }
@@ -171,7 +174,7 @@ where
                 coop.served(source);
                 state.note_access(fingerprint, true);
                 unserved.pending = false;
-                return state.hit(&entry, request.headers(), &method, now, ranges).map(Into::into);
+                return state.hit(&entry, request.headers(), &method, now, asked.as_deref()).map(Into::into);
             }
             coop.unusable();
             if entry.deps.is_some() {
@@ -189,13 +192,11 @@ where
     // A GET's ranges the cache did not answer (no usable copy, or a stale
     // one): passed through as they came, the answer not stored; neither
     // revalidated nor coalesced for. A whole GET fills the cache.
-    if ranges.is_some() {
+    if let Some(asked) = asked {
         state.counters.misses.fetch_add(1, Ordering::Relaxed);
         unserved.pending = false;
         drop(request_cc);
-        if let Some(asked) = asked {
-            asked.restore(request.headers_mut());
-        }
+        asked.restore(request.headers_mut());
         return Box::pin(forward(&state, request, &key, None)).await;
     }
     if let Some(entry) = stale {
@@ -235,9 +236,6 @@ where
     }
     state.counters.misses.fetch_add(1, Ordering::Relaxed);
     unserved.pending = false;
-    if let Some(asked) = asked {
-        asked.restore(request.headers_mut());
-    }
     Box::pin(forward(&state, request, &key, None)).await
 }
 

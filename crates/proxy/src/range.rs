@@ -21,11 +21,13 @@
 //! headers: ranges never overlap, so no byte is sent twice.
 //!
 //! Only GET: `Range` on any other method, HEAD included, is ignored (§14.2,
-//! "GET is the only method for which range handling is defined"). The
-//! handler takes `Range` and `If-Range` off the request before the cache
-//! looks at it ([`Asked::take`]) and puts them back only on a request
-//! passed through upstream, so a revalidation or a refresh sent on behalf
-//! of a range request asks for the whole response.
+//! "GET is the only method for which range handling is defined"); a
+//! HEAD's `Range` and `If-Range` are dropped (a HEAD is answered whole, from
+//! the cache or upstream). The handler takes a GET's `Range` and `If-Range`
+//! off the request before the cache looks at it ([`Asked::take`]) and puts
+//! them back only on a request passed through upstream, so a revalidation
+//! or a refresh sent on behalf of a range request asks for the whole
+//! response.
 
 use crate::cache::Entry;
 use crate::handler::client_not_modified;
