@@ -110,7 +110,7 @@ mod tests {
         for ns in [1_000, 7_000, 7_000, 2_000_000, 1_000_000_000] {
             h.0.record_ns(ns);
         }
-        let stats = ProxyStats { checks: 5, hits: 3, ..ProxyStats::default() };
+        let stats = ProxyStats { checks: 5, hits: 3, served_on_error: 2, ranges_served: 1, ..ProxyStats::default() };
         let text = render(&stats, &h);
         assert!(text.contains("tierstack_proxy_version_check_seconds_bucket{le=\"0.000005\"} 1\n"), "{text}");
         assert!(text.contains("tierstack_proxy_version_check_seconds_bucket{le=\"0.00001\"} 3\n"), "{text}");
@@ -121,6 +121,8 @@ mod tests {
         // As Prometheus (and promtool, where installed) takes it.
         let checked = tierstack_testkit::metrics::check(&text).unwrap();
         assert_eq!(checked.get("tierstack_proxy_hits_total"), 3.0);
+        assert_eq!(checked.get("tierstack_proxy_served_on_error_total"), 2.0);
+        assert_eq!(checked.get("tierstack_proxy_ranges_served_total"), 1.0);
         assert!(checked.get("process_resident_memory_bytes") > 0.0, "the process families follow");
     }
 }
