@@ -16,6 +16,7 @@ use crate::policy::{self, Directives, Usable};
 use crate::published;
 use crate::range::{self, Asked};
 use crate::revalidate::{revalidate, revalidate_in_background};
+use crate::stale;
 use crate::state::State;
 use crate::stats::elapsed_ns;
 use crate::stream::ProxyBody;
@@ -191,13 +192,27 @@ where
     }
     // A GET's ranges the cache did not answer (no usable copy, or a stale
     // one): passed through as they came, the answer not stored; neither
-    // revalidated nor coalesced for. A whole GET fills the cache.
+    // revalidated nor coalesced for. A whole GET fills the cache. If the
+    // upstream fails, a stale copy's ranges may stand in (`stale`).
     if let Some(asked) = asked {
         state.counters.misses.fetch_add(1, Ordering::Relaxed);
         unserved.pending = false;
+        let fallback = stale.map(|entry| Box::new((entry, request.headers().clone(), request_cc.get().clone())));
         drop(request_cc);
         asked.restore(request.headers_mut());
-        return Box::pin(forward(&state, request, &key, None)).await;
+        let response = Box::pin(forward(&state, request, &key, None)).await;
+        if let Some((entry, request, request_cc)) = fallback.as_deref() {
+            let now = policy::now_secs();
+            if stale::is_failure(response.status())
+                && stale::may_serve(entry, request_cc, now, state.stale_on_error_secs)
+            {
+                state.counters.stale_served.fetch_add(1, Ordering::Relaxed);
+                state.counters.served_on_error.fetch_add(1, Ordering::Relaxed);
+                let partial = range::respond(entry, request, &asked, now, "MISS");
+                return partial.unwrap_or_else(|| respond(entry, request, &Method::GET, now, "MISS")).map(Into::into);
+            }
+        }
+        return response;
     }
     if let Some(entry) = stale {
         state.counters.misses.fetch_add(1, Ordering::Relaxed);

@@ -171,12 +171,12 @@ impl Asked {
     }
 
     /// Puts them back (a request passed through upstream as it came).
-    pub(crate) fn restore(self, headers: &mut HeaderMap) {
-        for value in self.range {
-            headers.append(RANGE, value);
+    pub(crate) fn restore(&self, headers: &mut HeaderMap) {
+        for value in &self.range {
+            headers.append(RANGE, value.clone());
         }
-        for value in self.if_range {
-            headers.append(IF_RANGE, value);
+        for value in &self.if_range {
+            headers.append(IF_RANGE, value.clone());
         }
     }
 }

@@ -3,7 +3,8 @@
 //! origin closes the connection or answers 500/502/503/504; never for
 //! `must-revalidate`, `proxy-revalidate`, `s-maxage`, `no-cache`, against
 //! the request's `min-fresh`/`max-stale`, or for a response with
-//! dependencies. Staleness comes from the origin's `Age`.
+//! dependencies; a range request passed through gets the stale copy's
+//! range. Staleness comes from the origin's `Age`.
 
 use super::support::*;
 use hyper::StatusCode;
@@ -130,4 +131,17 @@ async fn a_response_with_dependencies_is_never_served_stale_on_error() {
     let stats = rig.stats().await;
     assert_eq!((stats.served_on_error, stats.stale_served), (0, 0));
     assert_eq!(stats.accounting_error(), None, "{stats:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_range_request_the_origin_fails_gets_the_stale_copy_s_range_under_the_grace() {
+    let graced = rig(CacheMode::Ttl, 3600).await;
+    let got = after_a_cut(&graced, STALE_30, &[("range", "bytes=1-3")]).await;
+    assert_eq!((got.status, got.body.as_str()), (StatusCode::PARTIAL_CONTENT, "tor"));
+    assert_eq!((got.field("content-range"), got.x_cache()), (Some("bytes 1-3/6"), "MISS"));
+    let stats = graced.stats().await;
+    assert_eq!(stats.served_on_error, 1);
+    assert_eq!(stats.accounting_error(), None, "{stats:?}");
+    let without = rig(CacheMode::Ttl, 0).await;
+    assert_eq!(after_a_cut(&without, STALE_30, &[("range", "bytes=1-3")]).await.status, StatusCode::BAD_GATEWAY);
 }
