@@ -162,6 +162,14 @@ pub struct ProxyArgs {
     /// the cookies, replayed to every client a hit answers.
     #[arg(long, value_enum, default_value_t = crate::SetCookie::IfPublic)]
     pub set_cookie: crate::SetCookie,
+    /// Grace, seconds: when the upstream fails (refused, closed, timed
+    /// out, or 500/502/503/504), answer with a stored response stale by at
+    /// most this long, as nginx's `proxy_cache_use_stale` and Varnish's
+    /// grace. Never a response with dependencies, nor one with
+    /// must-revalidate, proxy-revalidate, s-maxage or no-cache. 0: off
+    /// (only the response's `stale-if-error`).
+    #[arg(long, default_value_t = 0, value_name = "SECONDS")]
+    pub serve_stale_on_error: u64,
     #[command(flatten)]
     pub service: ServiceArgs,
 }
@@ -223,6 +231,7 @@ impl ProxyArgs {
             refresh_interval_ms: REFRESH_INTERVAL_DEFAULT.as_millis() as u64,
             default_authority: None,
             set_cookie: crate::SetCookie::IfPublic,
+            serve_stale_on_error: 0,
             service: ServiceArgs::default(),
         }
     }
@@ -317,6 +326,9 @@ impl ProxyArgs {
         if self.set_cookie != default.set_cookie {
             flag("--set-cookie", self.set_cookie.name().to_string());
         }
+        if self.serve_stale_on_error != default.serve_stale_on_error {
+            flag("--serve-stale-on-error", self.serve_stale_on_error.to_string());
+        }
         args.extend(self.coop_args.to_args());
         args.extend(self.limits.to_args());
         if self.service != default.service {
@@ -386,6 +398,7 @@ mod tests {
             refresh_interval_ms: 3,
             default_authority: Some("example.org:80".into()),
             set_cookie: crate::SetCookie::Strip,
+            serve_stale_on_error: 30,
             service: ServiceArgs { stop_on_stdin_eof: true, grace_ms: 77 },
         };
         assert_eq!(parse(&args), args);

@@ -5,6 +5,8 @@
 //! [`State::usable`], for the proxy's own copy, the cooperative pool's and
 //! another request's shared fetch: an entry with dependencies only after
 //! its version check (or in `ttl` mode), any other by RFC 9111 freshness.
+//! A GET's ranges are served from an entry under that same decision
+//! (`range`); a range request the cache does not answer so passes through.
 
 use crate::admin::ADMIN_PATH_PREFIX;
 use crate::cache::Entry;
@@ -12,7 +14,9 @@ use crate::forward::forward;
 use crate::headers::{age_value, cache_key, flight_key, target_of, X_CACHE_COALESCED, X_CACHE_NAME};
 use crate::policy::{self, Directives, Usable};
 use crate::published;
+use crate::range::{self, Asked};
 use crate::revalidate::{revalidate, revalidate_in_background};
+use crate::stale;
 use crate::state::State;
 use crate::stats::elapsed_ns;
 use crate::stream::ProxyBody;
@@ -90,7 +94,7 @@ enum Usability {
 }
 
 /// The client listener's requests.
-pub(crate) async fn handle<B>(state: Arc<State>, request: Request<B>) -> Response<ProxyBody>
+pub(crate) async fn handle<B>(state: Arc<State>, mut request: Request<B>) -> Response<ProxyBody>
 where
     B: hyper::body::Body,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
@@ -105,9 +109,7 @@ where
     let method = request.method().clone();
     let key = cache_key(request.uri(), request.headers(), &state.default_authority);
     let readable = method == Method::GET || method == Method::HEAD;
-    // Range requests pass through (never answered from, nor stored in, the
-    // cache): see ARCHITECTURE.md.
-    if !readable || state.mode == CacheMode::NoCache || request.headers().keys().any(|name| name == RANGE) {
+    if !readable || state.mode == CacheMode::NoCache {
         state.counters.misses.fetch_add(1, Ordering::Relaxed);
         unserved.pending = false;
         // On the heap (here and below): a miss's state (request and response
@@ -116,6 +118,15 @@ where
         // few times between the handler and hyper's dispatcher).
         return Box::pin(forward(&state, request, &key, None)).await;
     }
+    // A GET's `Range` and `If-Range`, taken off while the cache answers
+    // (its revalidations and refreshes ask for the whole response); put
+    // back if it passes through (see `range`). A HEAD's are dropped: only
+    // a GET has ranges (RFC 9110 §14.2). Boxed: held across the awaits
+    // below, inline it would grow every request's future.
+    let asked = match request.headers().keys().any(|name| name == RANGE) {
+        true => Some(Asked::take(request.headers_mut())).filter(|_| method == Method::GET).map(Box::new),
+        false => None,
+    };
     let now = policy::now_secs();
     let request_cc = RequestDirectives { headers: request.headers(), parsed: OnceLock::new() };
     let fingerprint = fingerprint(target_of(&key));
@@ -128,14 +139,14 @@ where
             Usability::Serve => {
                 state.note_access(fingerprint, true);
                 unserved.pending = false;
-                return state.hit(&entry, request.headers(), &method, now).map(Into::into);
+                return state.hit(&entry, request.headers(), &method, now, asked.as_deref()).map(Into::into);
             }
             Usability::ServeStale => {
                 state.counters.stale_served.fetch_add(1, Ordering::Relaxed);
                 revalidate_in_background(&state, &key, request.headers(), &entry);
                 state.note_access(fingerprint, true);
                 unserved.pending = false;
-                return state.hit(&entry, request.headers(), &method, now).map(Into::into);
+                return state.hit(&entry, request.headers(), &method, now, asked.as_deref()).map(Into::into);
             }
             Usability::Revalidate => stale = Some(entry),
             // The new page, if the application published it and it is
@@ -145,7 +156,7 @@ where
                     Some(page) => {
                         state.note_access(fingerprint, true);
                         unserved.pending = false;
-                        return state.hit(&page, request.headers(), &method, now).map(Into::into);
+                        return state.hit(&page, request.headers(), &method, now, asked.as_deref()).map(Into::into);
                     }
                     None => state.cache_remove_entry(&key, &entry),
                 }
@@ -164,7 +175,7 @@ where
                 coop.served(source);
                 state.note_access(fingerprint, true);
                 unserved.pending = false;
-                return state.hit(&entry, request.headers(), &method, now).map(Into::into);
+                return state.hit(&entry, request.headers(), &method, now, asked.as_deref()).map(Into::into);
             }
             coop.unusable();
             if entry.deps.is_some() {
@@ -178,6 +189,30 @@ where
         state.counters.misses.fetch_add(1, Ordering::Relaxed);
         unserved.pending = false;
         return text(StatusCode::GATEWAY_TIMEOUT, "not cached, and the request asked only-if-cached\n").map(Into::into);
+    }
+    // A GET's ranges the cache did not answer (no usable copy, or a stale
+    // one): passed through as they came, the answer not stored; neither
+    // revalidated nor coalesced for. A whole GET fills the cache. If the
+    // upstream fails, a stale copy's ranges may stand in (`stale`).
+    if let Some(asked) = asked {
+        state.counters.misses.fetch_add(1, Ordering::Relaxed);
+        unserved.pending = false;
+        let fallback = stale.map(|entry| Box::new((entry, request.headers().clone(), request_cc.get().clone())));
+        drop(request_cc);
+        asked.restore(request.headers_mut());
+        let response = Box::pin(forward(&state, request, &key, None)).await;
+        if let Some((entry, request, request_cc)) = fallback.as_deref() {
+            let now = policy::now_secs();
+            if stale::is_failure(response.status())
+                && stale::may_serve(entry, request_cc, now, state.stale_on_error_secs)
+            {
+                state.counters.stale_served.fetch_add(1, Ordering::Relaxed);
+                state.counters.served_on_error.fetch_add(1, Ordering::Relaxed);
+                let partial = range::respond(entry, request, &asked, now, "MISS");
+                return partial.unwrap_or_else(|| respond(entry, request, &Method::GET, now, "MISS")).map(Into::into);
+            }
+        }
+        return response;
     }
     if let Some(entry) = stale {
         state.counters.misses.fetch_add(1, Ordering::Relaxed);
@@ -221,7 +256,7 @@ where
 
 /// Does the stored response satisfy the client's `If-None-Match` or
 /// `If-Modified-Since` (RFC 9110 §13.1.2, §13.1.3; weak comparison)?
-fn client_not_modified(entry: &Entry, request: &HeaderMap) -> bool {
+pub(crate) fn client_not_modified(entry: &Entry, request: &HeaderMap) -> bool {
     // One pass over the request's names first: most requests carry no
     // condition, and comparing names is cheaper than two hashed lookups.
     if entry.status != StatusCode::OK || !request.keys().any(|name| name == IF_NONE_MATCH || name == IF_MODIFIED_SINCE)
@@ -312,14 +347,26 @@ pub(crate) fn respond(
 }
 
 impl State {
-    /// Serves the proxy's own cached copy (counted by the caller's check).
-    fn hit(&self, entry: &Entry, request: &HeaderMap, method: &Method, now: u64) -> Response<Body> {
+    /// Serves the proxy's own cached copy (counted by the caller's check):
+    /// the GET's `ranges` of it, if asked and served (`range`), else whole.
+    fn hit(
+        &self,
+        entry: &Entry,
+        request: &HeaderMap,
+        method: &Method,
+        now: u64,
+        ranges: Option<&Asked>,
+    ) -> Response<Body> {
         self.counters.hits.fetch_add(1, Ordering::Relaxed);
         if entry.deps.is_none() {
             self.counters.policy_hits.fetch_add(1, Ordering::Relaxed);
         }
         if entry.pushed {
             self.counters.push_hits.fetch_add(1, Ordering::Relaxed);
+        }
+        if let Some(partial) = ranges.and_then(|asked| range::respond(entry, request, asked, now, "HIT")) {
+            self.counters.ranges_served.fetch_add(1, Ordering::Relaxed);
+            return partial;
         }
         let response = respond(entry, request, method, now, "HIT");
         if response.status() == StatusCode::NOT_MODIFIED {

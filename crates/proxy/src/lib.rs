@@ -4,7 +4,7 @@
 //! It is an RFC 9111 shared cache for every response (see `policy` and
 //! ARCHITECTURE.md: whole responses, key = authority + target, `Vary`,
 //! revalidation, invalidation, stale-while-revalidate / stale-if-error,
-//! `CDN-Cache-Control`; Range requests pass through). A GET response that
+//! `CDN-Cache-Control`; ranges of stored responses, see `range`). A GET response that
 //! carries `X-Tierstack-Deps` (the versions it was generated at) is instead
 //! cached as a 200 nothing forbids storing, with no freshness: on every hit, in
 //! `poll` mode, the proxy reads those versions from the application module's
@@ -97,9 +97,11 @@ mod policy;
 pub use policy::SetCookie;
 mod published;
 mod push;
+mod range;
 mod refresh;
 mod revalidate;
 mod route;
+mod stale;
 mod state;
 mod stats;
 mod store;
@@ -146,6 +148,7 @@ pub use args::ProxyArgs;
 pub use coop::CoopStats;
 pub use forward::{REQUEST_BODY_BYTES_MAX, RESPONSE_BODY_BYTES_MAX, WHOLE_BYTES_MAX};
 pub use headers::{X_CACHE, X_CACHE_COALESCED};
+pub use range::RANGES_MAX;
 pub use refresh::{HotSet, REFRESH_HOT_DEFAULT, REFRESH_INTERVAL_DEFAULT};
 pub use stats::ProxyStats;
 pub use stream::{ProxyBody, StreamError};
@@ -246,6 +249,12 @@ pub struct ProxyOptions {
     /// Whether and how responses with `Set-Cookie` are stored
     /// (`--set-cookie`; default: only `public` ones, without their cookies).
     pub set_cookie: SetCookie,
+    /// The operator's grace (`--serve-stale-on-error`): when the upstream
+    /// fails a revalidation, a stored response without dependencies that
+    /// is stale by at most this long answers instead, unless it or the
+    /// request forbids it (see the `stale` module). Zero: only
+    /// `stale-if-error` does.
+    pub serve_stale_on_error: Duration,
 }
 
 /// The client listener's limits' defaults, as every tier's.
@@ -268,6 +277,7 @@ impl Default for ProxyOptions {
             failures: FailureConfig::default(),
             suspect_probe: Some(tierstack_monitor::scheme::SUSPECT_AFTER_DEFAULT),
             set_cookie: SetCookie::default(),
+            serve_stale_on_error: Duration::ZERO,
         }
     }
 }
@@ -412,6 +422,7 @@ impl Proxy {
             routed: (0..config.upstreams.len()).map(|_| AtomicU64::new(0)).collect(),
             failures: route::FailureGate::new(config.upstreams.len(), options.failures),
             suspect_probe: options.suspect_probe,
+            stale_on_error_secs: options.serve_stale_on_error.as_secs(),
             default_authority,
             revalidating: Mutex::new(HashSet::new()),
             access_log,

@@ -36,6 +36,12 @@ pub(crate) fn render(stats: &ProxyStats, checks: &CheckLatency) -> String {
         "Stale responses served (stale-while-revalidate, stale-if-error).",
         stats.stale_served,
     );
+    counter(
+        "served_on_error_total",
+        "Stored responses served in place of an upstream failure (stale-if-error, --serve-stale-on-error).",
+        stats.served_on_error,
+    );
+    counter("ranges_served_total", "Hits answered 206 or 416 from a stored complete response.", stats.ranges_served);
     counter("revalidations_total", "Conditional requests sent to revalidate stored responses.", stats.revalidations);
     counter("revalidated_total", "Revalidations answered 304.", stats.revalidated);
     counter("invalidations_total", "Stored responses dropped after unsafe methods.", stats.invalidations);
@@ -104,7 +110,7 @@ mod tests {
         for ns in [1_000, 7_000, 7_000, 2_000_000, 1_000_000_000] {
             h.0.record_ns(ns);
         }
-        let stats = ProxyStats { checks: 5, hits: 3, ..ProxyStats::default() };
+        let stats = ProxyStats { checks: 5, hits: 3, served_on_error: 2, ranges_served: 1, ..ProxyStats::default() };
         let text = render(&stats, &h);
         assert!(text.contains("tierstack_proxy_version_check_seconds_bucket{le=\"0.000005\"} 1\n"), "{text}");
         assert!(text.contains("tierstack_proxy_version_check_seconds_bucket{le=\"0.00001\"} 3\n"), "{text}");
@@ -115,6 +121,8 @@ mod tests {
         // As Prometheus (and promtool, where installed) takes it.
         let checked = tierstack_testkit::metrics::check(&text).unwrap();
         assert_eq!(checked.get("tierstack_proxy_hits_total"), 3.0);
+        assert_eq!(checked.get("tierstack_proxy_served_on_error_total"), 2.0);
+        assert_eq!(checked.get("tierstack_proxy_ranges_served_total"), 1.0);
         assert!(checked.get("process_resident_memory_bytes") > 0.0, "the process families follow");
     }
 }

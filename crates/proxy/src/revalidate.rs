@@ -7,6 +7,7 @@ use crate::forward::{fetch, Fetched};
 use crate::handler::respond;
 use crate::headers::{end_to_end, target_of, upstream_fields, CONDITIONALS};
 use crate::policy;
+use crate::stale;
 use crate::state::State;
 use crate::store::maybe_store;
 use bytes::Bytes;
@@ -18,8 +19,8 @@ use tierstack_tier_http::Body;
 
 /// Revalidates the stored `entry` (§4.3): a conditional GET with its
 /// validators (unconditional if it has none); a 304 refreshes it and it
-/// answers; a new response replaces it; an error answers with it if
-/// `stale-if-error` allows.
+/// answers; a new response replaces it; a failure answers with it if
+/// `stale-if-error` or the operator's grace allows (`stale`).
 pub(crate) async fn revalidate<B>(
     state: &Arc<State>,
     request: Request<B>,
@@ -40,15 +41,19 @@ pub(crate) async fn revalidate<B>(
             }
             response
         }
-        Refreshed::Response(fetched) if !fetched.parts.status.is_server_error() => {
+        Refreshed::Response(fetched) if !stale::is_failure(fetched.parts.status) => {
             let mut response = fetched.into_response();
             if parts.method == Method::HEAD {
                 *response.body_mut() = Body::default();
             }
             response
         }
-        Refreshed::Response(_) | Refreshed::Failed(_) if entry.freshness.usable_on_error(request_cc, now) => {
+        Refreshed::Failed(response) if !stale::is_failure(response.status()) => response,
+        Refreshed::Response(_) | Refreshed::Failed(_)
+            if stale::may_serve(&entry, request_cc, now, state.stale_on_error_secs) =>
+        {
             state.counters.stale_served.fetch_add(1, Ordering::Relaxed);
+            state.counters.served_on_error.fetch_add(1, Ordering::Relaxed);
             respond(&entry, &parts.headers, &parts.method, now, "MISS")
         }
         Refreshed::Response(fetched) => fetched.into_response(),

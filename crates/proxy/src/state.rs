@@ -41,6 +41,8 @@ pub(crate) struct State {
     pub(crate) failures: crate::route::FailureGate,
     /// See [`crate::ProxyOptions::suspect_probe`].
     pub(crate) suspect_probe: Option<Duration>,
+    /// See [`crate::ProxyOptions::serve_stale_on_error`] (whole seconds).
+    pub(crate) stale_on_error_secs: u64,
     /// See [`crate::ProxyOptions::default_authority`].
     pub(crate) default_authority: String,
     /// Keys being revalidated in the background.
@@ -177,6 +179,8 @@ impl State {
             fenced: load(&c.fenced),
             not_modified: load(&c.not_modified),
             stale_served: load(&c.stale_served),
+            served_on_error: load(&c.served_on_error),
+            ranges_served: load(&c.ranges_served),
             revalidations: load(&c.revalidations),
             revalidated: load(&c.revalidated),
             invalidations: load(&c.invalidations),

@@ -47,6 +47,8 @@ pub(crate) struct Counters {
     pub(crate) fenced: AtomicU64,
     pub(crate) not_modified: AtomicU64,
     pub(crate) stale_served: AtomicU64,
+    pub(crate) served_on_error: AtomicU64,
+    pub(crate) ranges_served: AtomicU64,
     pub(crate) revalidations: AtomicU64,
     pub(crate) revalidated: AtomicU64,
     pub(crate) invalidations: AtomicU64,
@@ -215,6 +217,15 @@ pub struct ProxyStats {
     /// in place of an error under `stale-if-error` (misses).
     #[serde(default)]
     pub stale_served: u64,
+    /// Stored responses served in place of an upstream failure (500, 502,
+    /// 503, 504, or no answer) under `stale-if-error` or the operator's
+    /// `--serve-stale-on-error` grace (misses; in `stale_served` too).
+    #[serde(default)]
+    pub served_on_error: u64,
+    /// Hits answered 206 (or 416) with ranges of a stored complete
+    /// response (in `hits` too).
+    #[serde(default)]
+    pub ranges_served: u64,
     /// Conditional requests sent to revalidate stored responses, and those
     /// answered 304 (the stored response then served, updated).
     #[serde(default)]

@@ -271,6 +271,7 @@ pub(crate) fn proxy(args: ProxyArgs) -> Result<()> {
             failures,
             suspect_probe: suspect_after,
             set_cookie: args.set_cookie,
+            serve_stale_on_error: Duration::from_secs(args.serve_stale_on_error),
         };
         let proxy = Proxy::bind_with(config, options).await?;
         if let Some(balancing) = balancing {

@@ -35,6 +35,7 @@ mod pushpull_e2e;
 mod reconfig_e2e;
 mod refresh_e2e;
 mod service_e2e;
+mod stale_e2e;
 mod table1_e2e;
 mod test_script;
 

@@ -1,5 +1,5 @@
-//! Client conditionals and ranges: 304s answered from a hit (RFC 9110 §13),
-//! Range passed through.
+//! Client conditionals: 304s answered from a hit (RFC 9110 §13); ranges
+//! are in `ranges`.
 
 use super::support::*;
 use hyper::StatusCode;
@@ -41,22 +41,4 @@ async fn a_hit_answers_if_modified_since_with_304() {
     // If-None-Match takes precedence (RFC 9110 §13.2.2).
     let both = rig.get("/c", &[("if-none-match", "\"x\""), ("if-modified-since", later)]).await;
     assert_eq!(both.status, StatusCode::OK);
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn range_requests_pass_through_to_the_origin() {
-    let rig = Rig::new().await;
-    rig.origin.answer(|seen, _| match seen.headers.get("range") {
-        Some(_) => Reply::with(206, &[("content-range", "bytes 0-3/10")], "0123"),
-        None => Reply::ok(&[("cache-control", "max-age=300")], "0123456789"),
-    });
-    rig.get("/r", &[]).await;
-    let partial = rig.get("/r", &[("range", "bytes=0-3")]).await;
-    assert_eq!(
-        (partial.status, partial.x_cache(), partial.body.as_str()),
-        (StatusCode::PARTIAL_CONTENT, "MISS", "0123")
-    );
-    assert_eq!(rig.origin.last().headers.get("range").unwrap(), "bytes=0-3");
-    let whole = rig.get("/r", &[]).await;
-    assert_eq!((whole.x_cache(), whole.body.as_str()), ("HIT", "0123456789"), "the full response stays stored");
 }

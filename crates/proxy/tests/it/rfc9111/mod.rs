@@ -24,6 +24,8 @@ mod interim;
 mod invalidation;
 mod languages;
 mod parsing;
+mod ranges;
+mod stale_on_error;
 mod storability;
 mod validation;
 mod vary;

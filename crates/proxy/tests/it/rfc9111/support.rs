@@ -129,11 +129,50 @@ impl Origin {
     }
 }
 
+/// A TCP relay in front of the origin that can be cut: while cut, every
+/// connection through it (open or new) is closed before a byte of an
+/// answer, as by an origin that crashed or a network that failed.
+pub(crate) struct Relay {
+    pub(crate) addr: SocketAddr,
+    cut: tokio::sync::watch::Sender<bool>,
+}
+
+impl Relay {
+    pub(crate) async fn start(to: SocketAddr) -> Relay {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (cut, watch) = tokio::sync::watch::channel(false);
+        tokio::spawn(async move {
+            while let Ok((mut inbound, _)) = listener.accept().await {
+                let mut watch = watch.clone();
+                if *watch.borrow() {
+                    continue;
+                }
+                tokio::spawn(async move {
+                    let Ok(mut outbound) = tokio::net::TcpStream::connect(to).await else { return };
+                    tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
+                        _ = watch.wait_for(|cut| *cut) => {}
+                    }
+                });
+            }
+        });
+        Relay { addr, cut }
+    }
+
+    /// Cuts (or restores) the way to the origin.
+    pub(crate) fn cut(&self, cut: bool) {
+        self.cut.send_replace(cut);
+    }
+}
+
 /// A proxy (poll mode, its own shm fabric) in front of an [`Origin`], and
 /// a version table for responses with dependencies.
 pub(crate) struct Rig {
     pub(crate) _dir: tempfile::TempDir,
     pub(crate) origin: Origin,
+    /// Between the proxy and the origin, if the rig was built with one.
+    pub(crate) relay: Option<Relay>,
     pub(crate) proxy: SocketAddr,
     pub(crate) admin: SocketAddr,
     pub(crate) table: Arc<VersionTable>,
@@ -165,19 +204,27 @@ impl Rig {
     }
 
     pub(crate) async fn with_mode(mode: CacheMode) -> Rig {
-        Rig::with_options(mode, ProxyOptions::default()).await
+        Rig::build(mode, ProxyOptions::default(), false).await
     }
 
     pub(crate) async fn with_options(mode: CacheMode, options: ProxyOptions) -> Rig {
+        Rig::build(mode, options, false).await
+    }
+
+    /// With `options`, and a [`Relay`] between the proxy and the origin if
+    /// `relay`.
+    pub(crate) async fn build(mode: CacheMode, options: ProxyOptions, relay: bool) -> Rig {
         let dir = tempfile::tempdir().unwrap();
         let module = ShmFabric::open(ShmConfig::new(dir.path(), NodeId(0))).unwrap();
         let table = Arc::new(VersionTable::create(module.as_ref(), 16, Incarnation(3)).unwrap());
         let proxy_fabric: Arc<dyn Fabric> = ShmFabric::open(ShmConfig::new(dir.path(), NodeId(1))).unwrap();
         let origin = Origin::start().await;
+        let relay = if relay { Some(Relay::start(origin.addr).await) } else { None };
+        let upstream = relay.as_ref().map_or(origin.addr, |relay| relay.addr);
         let proxy = Proxy::bind_with(
             ProxyConfig {
                 listen: "127.0.0.1:0".parse().unwrap(),
-                upstreams: vec![format!("http://{}", origin.addr)],
+                upstreams: vec![format!("http://{upstream}")],
                 mode,
                 cache_bytes: 64 << 20,
                 upstream_timeout: Duration::from_secs(20),
@@ -193,6 +240,7 @@ impl Rig {
         Rig {
             _dir: dir,
             origin,
+            relay,
             proxy: addr,
             admin,
             table,
