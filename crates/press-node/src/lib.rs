@@ -198,7 +198,7 @@ pub struct NodeStats {
     /// Zero: forwarded files sent by a copy because they were not in the
     /// registered cache.
     pub zero_copy_fallbacks: u64,
-    /// Zero: files whose bytes are in the registered cache.
+    /// Files whose bytes are in the memory cache's slab (registered for Zero).
     pub slab_files: u64,
     pub caching_broadcasts: u64,
     pub cache_hits: u64,
