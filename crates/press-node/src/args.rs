@@ -9,7 +9,9 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use tierstack_cluster::NodeArgs;
 use tierstack_model::{ZIPF_ALPHA_DEFAULT, ZIPF_DOCS_DEFAULT};
-use tierstack_press::{LardConfig, COOL_DOWN_MS_DEFAULT as BREAKER_COOL_DOWN_MS_DEFAULT, MAX_SIZE_BYTES, THRESHOLD_DEFAULT};
+use tierstack_press::{
+    LardConfig, COOL_DOWN_MS_DEFAULT as BREAKER_COOL_DOWN_MS_DEFAULT, MAX_SIZE_BYTES, THRESHOLD_DEFAULT,
+};
 use tierstack_tier_http::observe::ObserveArgs;
 use tierstack_tier_http::service::ServiceArgs;
 use tierstack_tier_http::HttpLimitsArgs;

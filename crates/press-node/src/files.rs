@@ -130,7 +130,15 @@ impl Root {
             .collect();
         let file = match std::fs::canonicalize(self.dir.join(relative)) {
             Ok(file) => file,
-            Err(e) if matches!(e.kind(), std::io::ErrorKind::NotFound | std::io::ErrorKind::NotADirectory) => {
+            // A name longer than the file system allows names no file.
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::NotFound
+                        | std::io::ErrorKind::NotADirectory
+                        | std::io::ErrorKind::InvalidFilename
+                ) =>
+            {
                 return Err(Refusal::NotFound)
             }
             Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => return Err(Refusal::Forbidden),
@@ -230,6 +238,12 @@ mod tests {
         assert_eq!(root.resolve_blocking(b"/link"), Err(Refusal::Forbidden), "a link out of the root");
         assert_eq!(root.resolve_blocking(b"/none"), Err(Refusal::NotFound));
         assert_eq!(root.resolve_blocking(b"/sub/a.txt/x"), Err(Refusal::NotFound));
+        let long = format!("/{}", "a".repeat(20_000));
+        assert_eq!(
+            root.resolve_blocking(long.as_bytes()),
+            Err(Refusal::NotFound),
+            "a name too long for the file system"
+        );
     }
 
     #[test]

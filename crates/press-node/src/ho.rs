@@ -109,7 +109,8 @@ impl Shared {
                 return;
             }
         };
-        let path = match tierstack_origin::decode_request_path(&head.path).ok().and_then(|p| String::from_utf8(p).ok()) {
+        let path = match tierstack_origin::decode_request_path(&head.path).ok().and_then(|p| String::from_utf8(p).ok())
+        {
             Some(p) => self.config.root.resolve(p.clone().into_bytes()).await.ok().map(|t| (p, t.meta.size)),
             None => None,
         };

@@ -43,7 +43,10 @@ pub(crate) fn method_not_allowed() -> Response<NodeBody> {
 pub(crate) enum Part {
     Whole,
     /// Bytes `start..end` (end exclusive, non-empty).
-    Range { start: u64, end: u64 },
+    Range {
+        start: u64,
+        end: u64,
+    },
     /// 416: no byte of the range lies in the file.
     Unsatisfiable,
 }

@@ -61,7 +61,11 @@ impl Observed for NodeObserved {
         );
         counter("revalidated", "Cached copies dropped because their file changed on disk.", stats.revalidated);
         counter("streamed", "Responses streamed from disk (large files the cache does not keep).", stats.streamed);
-        counter("slab_full", "Cached files the byte slab had no room for (read from disk on each hit).", stats.slab_full);
+        counter(
+            "slab_full",
+            "Cached files the byte slab had no room for (read from disk on each hit).",
+            stats.slab_full,
+        );
         let [opened, skipped, probes, closed] = stats.breaker;
         out.counters(
             "tierstack_press_breaker_total",

@@ -50,9 +50,18 @@ enum Use {
     PeerFromSlab,
 }
 
+/// At most the first 200 bytes of a client's path, for a log line.
+fn shown(key: &str) -> &str {
+    let mut end = key.len().min(200);
+    while !key.is_char_boundary(end) {
+        end -= 1;
+    }
+    &key[..end]
+}
+
 /// A 500 for an I/O error on `key`, logged.
 fn io_error(key: &str, error: &str) -> Response<NodeBody> {
-    tracing::warn!(path = %key, %error, "reading a served file failed");
+    tracing::warn!(path = %shown(key), %error, "reading a served file failed");
     http::text(StatusCode::INTERNAL_SERVER_ERROR, "reading the file failed\n")
 }
 
@@ -252,7 +261,7 @@ impl Shared {
             Err(Refusal::NotFound) => Err(http::text(StatusCode::NOT_FOUND, "not found\n")),
             Err(Refusal::Forbidden) => Err(http::text(StatusCode::FORBIDDEN, "not a file under the served root\n")),
             Err(Refusal::Io(e)) => {
-                tracing::warn!(path = %key, error = %e, "looking a file up failed");
+                tracing::warn!(path = %shown(&key), error = %e, "looking a file up failed");
                 Err(http::text(StatusCode::INTERNAL_SERVER_ERROR, "looking the file up failed\n"))
             }
         }
@@ -281,7 +290,12 @@ impl Shared {
     /// file this read does not cache and larger than [`STREAM_BYTES_MIN`]
     /// is streamed from disk to a client ([`Use::Client`]); for Zero's
     /// send a slab hit is left where it is ([`Local::InSlab`]).
-    async fn read_local(self: &Arc<Self>, asked: &Asked, caching: Caching, to: Use) -> Result<Local, Response<NodeBody>> {
+    async fn read_local(
+        self: &Arc<Self>,
+        asked: &Asked,
+        caching: Caching,
+        to: Use,
+    ) -> Result<Local, Response<NodeBody>> {
         let (key, meta) = (&asked.key, asked.target.meta);
         self.revalidate(key, meta);
         let outcome = {
@@ -379,7 +393,8 @@ impl Shared {
             Err(response) => return response,
         };
         // HEAD and a current client copy need no bytes: answered here.
-        if let Some(response) = http::without_body(request.method(), request.headers(), &asked.target.meta, &asked.decoded)
+        if let Some(response) =
+            http::without_body(request.method(), request.headers(), &asked.target.meta, &asked.decoded)
         {
             return response;
         }
@@ -451,7 +466,8 @@ impl Shared {
             Ok(asked) => asked,
             Err(response) => return response,
         };
-        if let Some(response) = http::without_body(request.method(), request.headers(), &asked.target.meta, &asked.decoded)
+        if let Some(response) =
+            http::without_body(request.method(), request.headers(), &asked.target.meta, &asked.decoded)
         {
             return response;
         }
@@ -491,7 +507,8 @@ impl Shared {
                 // The service node caches what it reads ("becoming part of
                 // the server set"); files of max_size or more are never
                 // forwarded by a correct initial node, and are not cached.
-                let caching = if meta.size >= self.config.policy.max_size_bytes { Caching::Bypass } else { Caching::Normal };
+                let caching =
+                    if meta.size >= self.config.policy.max_size_bytes { Caching::Bypass } else { Caching::Normal };
                 let zero = self.link.kind() == TransportKind::Zero && self.link.rings().is_some();
                 match self.read_local(&asked, caching, if zero { Use::PeerFromSlab } else { Use::Peer }).await {
                     Ok(Local::InSlab) => {

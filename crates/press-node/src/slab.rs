@@ -19,10 +19,10 @@
 //! for which no contiguous space is left (fragmentation) is simply not in
 //! the slab, and its transfer falls back to a copy (counted).
 
-use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex, PoisonError};
 use crate::files::{FileMeta, META_BYTES};
 use bytes::Bytes;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, PoisonError};
 use tierstack_fabric::{Fabric, FabricError, LocalRegion, LocalSlice, RegionMemory};
 
 /// The slab region's name.
@@ -134,9 +134,10 @@ impl Slab {
                 state.free.insert(at + need, len - need);
             }
             // Pinned while its bytes are written, so nobody sends it half-filled.
-            state
-                .entries
-                .insert(path.to_string(), Entry { meta, offset: at, len: payload.len() as u64, pins: 1, evicted: false });
+            state.entries.insert(
+                path.to_string(),
+                Entry { meta, offset: at, len: payload.len() as u64, pins: 1, evicted: false },
+            );
             at
         };
         let written = self.region.memory().write(offset, &payload).is_ok();
@@ -235,7 +236,10 @@ mod tests {
         assert_eq!(c.body().unwrap(), Bytes::from(vec![3; 8]));
         let mut payload = [0u8; 24];
         slab.region.memory().read(c.slice.offset(), &mut payload).unwrap();
-        assert_eq!(crate::files::split_reply(Bytes::copy_from_slice(&payload)), Some((meta(8), Bytes::from(vec![3; 8]))));
+        assert_eq!(
+            crate::files::split_reply(Bytes::copy_from_slice(&payload)),
+            Some((meta(8), Bytes::from(vec![3; 8])))
+        );
         drop(c);
         assert_eq!(slab.files(), 2);
         assert!(slab.insert("/c", FileMeta { size: 8, mtime_ns: 2 }, &[4; 8]), "a changed file replaces its entry");

@@ -17,7 +17,9 @@ pub const COOL_DOWN_MS_DEFAULT: u64 = 1000;
 enum State {
     Closed,
     /// Skipped until this time (ns on the caller's clock).
-    Open { until_ns: u64 },
+    Open {
+        until_ns: u64,
+    },
     /// A probe is in flight.
     Probing,
 }

@@ -205,11 +205,15 @@ fn paths_out_of_the_root_and_non_files_are_refused() {
         ("/missing", 404),
         ("/a%zz", 400),
     ] {
-        let response = http::exchange(node.listen, &format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"))
-            .unwrap();
+        let response =
+            http::exchange(node.listen, &format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"))
+                .unwrap();
         assert_eq!(response.status, status, "GET {path}");
         assert!(!response.text().contains("SECRET"), "{path} leaked the file outside the root");
     }
+    let long = format!("/{}", "a".repeat(20_000));
+    assert_eq!(ask(node, "GET", &long, &[]).status, 404, "a name too long for the file system names no file");
+    assert_eq!(ask(node, "GET", &format!("/{}", "a".repeat(70_000)), &[]).status, 414);
     let post = ask(node, "POST", "/ok.txt", &[]);
     assert_eq!(post.status, 405);
     assert_eq!(post.header("allow"), Some("GET, HEAD"));
