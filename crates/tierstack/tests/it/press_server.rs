@@ -9,7 +9,7 @@
 use crate::exe;
 use std::net::SocketAddr;
 use std::path::Path;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 use tierstack_deploy::process::{free_loopback_port, ChildNode};
 use tierstack_press::MsgType;
 use tierstack_press_node::NodeStats;
@@ -170,7 +170,7 @@ fn a_changed_file_is_served_new_with_a_new_etag_from_every_node() {
     // The same size, new bytes and a new mtime (set, so a coarse clock
     // cannot hide the change).
     std::fs::write(&file, content(2, 5_000)).unwrap();
-    let later = SystemTime::now() + Duration::from_secs(5);
+    let later = tierstack_base::time::system_now() + Duration::from_secs(5);
     std::fs::File::options().write(true).open(&file).unwrap().set_modified(later).unwrap();
     for (n, node) in cluster.iter().enumerate() {
         let new = ask(node, "GET", "/page.txt", &[&format!("If-None-Match: {old_etag}")]);
