@@ -511,51 +511,60 @@ impl Shared {
                     if meta.size >= self.config.policy.max_size_bytes { Caching::Bypass } else { Caching::Normal };
                 let zero = self.link.kind() == TransportKind::Zero && self.link.rings().is_some();
                 match self.read_local(&asked, caching, if zero { Use::PeerFromSlab } else { Use::Peer }).await {
-                    Ok(Local::InSlab) => {
+                    Ok(Local::Stream(_)) | Err(_) => (FileStatus::Failed, Vec::new()),
+                    Ok(local) => {
                         // Zero: written to the peer's ring straight from the
-                        // registered cache, pinned for the transfer.
-                        let shared = self.clone();
-                        let sent = self
-                            .runtime
-                            .spawn_blocking(move || {
-                                let cached = shared.slab.get(&path).filter(|hit| hit.meta == meta)?;
-                                let rings = shared.link.rings()?;
-                                let message = Message {
-                                    load: shared.load_now(),
-                                    body: Body::File { request, status: FileStatus::Ok, data: Vec::new() },
-                                };
-                                let result = rings.send_from(from, &message, &cached.slice, shared.link.counters());
-                                if let Err(e) = &result {
-                                    shared.stats.send_failures.fetch_add(1, Ordering::Relaxed);
-                                    tracing::debug!(%from, error = %e, "zero-copy send failed");
-                                    shared.check_peer(from);
-                                }
-                                Some(())
-                            })
-                            .await;
-                        if let Ok(Some(())) = sent {
+                        // registered cache (a miss's bytes were just put
+                        // there), pinned for the transfer.
+                        if zero && self.send_from_slab(from, request, &path, meta).await {
                             return;
                         }
-                        // Evicted in between: the copying path.
-                        self.stats.zero_copy_fallbacks.fetch_add(1, Ordering::Relaxed);
-                        match files::read_whole(&asked.target).await {
+                        if zero {
+                            // Not in the slab (not cacheable, no room, or
+                            // evicted in between): the copying path.
+                            self.stats.zero_copy_fallbacks.fetch_add(1, Ordering::Relaxed);
+                        }
+                        let body = match local {
+                            Local::Bytes(body) => Ok(body),
+                            _ => files::read_whole(&asked.target).await,
+                        };
+                        match body {
+                            // Base copies the file into the message at the sender.
                             Ok(body) => (FileStatus::Ok, files::reply_payload(&meta, &body)),
                             Err(_) => (FileStatus::Failed, Vec::new()),
                         }
                     }
-                    Ok(Local::Bytes(body)) => {
-                        if zero {
-                            // Not in the slab (not cached, or no room).
-                            self.stats.zero_copy_fallbacks.fetch_add(1, Ordering::Relaxed);
-                        }
-                        // Base copies the file into the message at the sender.
-                        (FileStatus::Ok, files::reply_payload(&meta, &body))
-                    }
-                    Ok(Local::Stream(_)) | Err(_) => (FileStatus::Failed, Vec::new()),
                 }
             }
         };
         self.send_detached(from, Body::File { request, status, data });
+    }
+
+    /// Zero: sends `path`'s slab entry (metadata and bytes, if they are
+    /// `meta`'s) to `to`'s ring with no copy at this node; false if the
+    /// slab does not hold it (the caller sends a copy). A failed send
+    /// counts as sent: the initial node times out and serves it itself.
+    async fn send_from_slab(self: &Arc<Self>, to: Member, request: u64, path: &str, meta: FileMeta) -> bool {
+        let shared = self.clone();
+        let path = path.to_string();
+        let sent = self
+            .runtime
+            .spawn_blocking(move || {
+                let cached = shared.slab.get(&path).filter(|hit| hit.meta == meta)?;
+                let rings = shared.link.rings()?;
+                let message = Message {
+                    load: shared.load_now(),
+                    body: Body::File { request, status: FileStatus::Ok, data: Vec::new() },
+                };
+                if let Err(e) = rings.send_from(to, &message, &cached.slice, shared.link.counters()) {
+                    shared.stats.send_failures.fetch_add(1, Ordering::Relaxed);
+                    tracing::debug!(%to, error = %e, "zero-copy send failed");
+                    shared.check_peer(to);
+                }
+                Some(())
+            })
+            .await;
+        matches!(sent, Ok(Some(())))
     }
 
     /// The receive thread: takes PRESS messages off the fabric's channel
