@@ -25,13 +25,22 @@ struct Node {
 
 /// Starts `nodes` Base nodes serving `root`, with `extra` flags.
 fn start(dir: &Path, root: &Path, name: &str, nodes: usize, extra: &[&str]) -> Vec<Node> {
+    start_on(dir, root, name, "base", nodes, extra)
+}
+
+/// Starts `nodes` nodes of communication version `transport` serving `root`.
+fn start_on(dir: &Path, root: &Path, name: &str, transport: &str, nodes: usize, extra: &[&str]) -> Vec<Node> {
+    let fabric = if transport == "tcp" { "tcp" } else { "shm" };
     let mut topology = format!(
-        "[cluster]\nname = \"{name}-{}\"\nfabric = \"shm\"\nshm_root = \"{}\"\nop_timeout_ms = 2000\n",
+        "[cluster]\nname = \"{name}-{}\"\nfabric = \"{fabric}\"\nshm_root = \"{}\"\nop_timeout_ms = 2000\n",
         std::process::id(),
         dir.join("shm").display()
     );
     for i in 0..nodes {
         topology.push_str(&format!("[[node]]\nid = {i}\nrole = \"proxy\"\n"));
+        if fabric == "tcp" {
+            topology.push_str(&format!("address = \"{}\"\n", free_loopback_port().unwrap()));
+        }
     }
     let path = dir.join("topology.toml");
     std::fs::write(&path, topology).unwrap();
@@ -46,6 +55,7 @@ fn start(dir: &Path, root: &Path, name: &str, nodes: usize, extra: &[&str]) -> V
                 ("--listen", listen.to_string()),
                 ("--admin", admin.to_string()),
                 ("--root", root.display().to_string()),
+                ("--transport", transport.to_string()),
                 ("--threads", "1".into()),
             ] {
                 args.extend([flag.to_string(), value]);
@@ -92,6 +102,30 @@ fn cache_at_node_1(cluster: &[Node], paths: &[&str]) {
 
 #[test]
 fn files_are_served_byte_identical_from_every_node_with_head_304_and_ranges() {
+    check_files_everywhere("base");
+}
+
+#[test]
+fn files_are_served_byte_identical_from_every_node_on_tcp() {
+    check_files_everywhere("tcp");
+}
+
+#[test]
+fn files_are_served_byte_identical_from_every_node_on_rdma_1c() {
+    check_files_everywhere("rdma-1c");
+}
+
+#[test]
+fn files_are_served_byte_identical_from_every_node_on_rdma() {
+    check_files_everywhere("rdma");
+}
+
+#[test]
+fn files_are_served_byte_identical_from_every_node_on_zero() {
+    check_files_everywhere("zero");
+}
+
+fn check_files_everywhere(transport: &str) {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("www");
     std::fs::create_dir_all(root.join("img")).unwrap();
@@ -105,7 +139,7 @@ fn files_are_served_byte_identical_from_every_node_with_head_304_and_ranges() {
     for (path, bytes, _) in &files {
         std::fs::write(root.join(&path[1..]), bytes).unwrap();
     }
-    let cluster = start(dir.path(), &root, "press-server", 3, &[]);
+    let cluster = start_on(dir.path(), &root, &format!("press-server-{transport}"), transport, 3, &[]);
     cache_at_node_1(&cluster, &["/index.html", "/img/a.png", "/data"]);
     let mut etags = Vec::new();
     for (path, bytes, mime) in &files {
@@ -152,16 +186,32 @@ fn files_are_served_byte_identical_from_every_node_with_head_304_and_ranges() {
     assert!(sum(|s| s.replies_relayed) >= 2 * 2 * 3, "{all:?}");
     assert_eq!(sum(|s| s.forward_fallbacks + s.bad_messages), 0, "{all:?}");
     assert!(sum(|s| s.streamed) >= 3, "the large file was streamed: {all:?}");
+    if transport == "zero" {
+        // Every forwarded file was cached at its service node: all went out
+        // from the registered cache, none by a copy.
+        assert_eq!(sum(|s| s.zero_copy_fallbacks), 0, "{all:?}");
+    }
 }
 
 #[test]
 fn a_changed_file_is_served_new_with_a_new_etag_from_every_node() {
+    check_changed_file("base");
+}
+
+/// On Zero the service node's re-read lands in its registered cache and is
+/// sent from there, not by a copy.
+#[test]
+fn a_changed_file_is_served_new_from_the_registered_cache_on_zero() {
+    check_changed_file("zero");
+}
+
+fn check_changed_file(transport: &str) {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("www");
     std::fs::create_dir_all(&root).unwrap();
     let file = root.join("page.txt");
     std::fs::write(&file, content(1, 5_000)).unwrap();
-    let cluster = start(dir.path(), &root, "press-change", 2, &[]);
+    let cluster = start_on(dir.path(), &root, &format!("press-change-{transport}"), transport, 2, &[]);
     cache_at_node_1(&cluster, &["/page.txt"]);
     let old = ask(&cluster[0], "GET", "/page.txt", &[]);
     assert_eq!(old.body, content(1, 5_000));
@@ -183,6 +233,8 @@ fn a_changed_file_is_served_new_with_a_new_etag_from_every_node() {
     }
     assert!(stats(&cluster[1]).revalidated >= 1, "node 1 dropped its stale copy");
     assert_eq!(stats(&cluster[0]).forward_fallbacks, 0);
+    assert!(stats(&cluster[0]).replies_relayed >= 2, "the new file came from node 1 too");
+    assert_eq!(stats(&cluster[1]).zero_copy_fallbacks, 0, "{:?}", stats(&cluster[1]));
 }
 
 #[test]
