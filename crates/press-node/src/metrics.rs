@@ -113,6 +113,16 @@ impl Observed for NodeObserved {
                 }
             })
         };
+        let skipped = {
+            let breakers = self.shared.breakers();
+            let me = self.shared.me().index();
+            (0..self.shared.config.nodes).filter(|&i| i != me && !breakers.is_closed(i)).count()
+        };
+        out.gauge(
+            "tierstack_press_peers_breaker_open",
+            "Peers whose circuit breaker is open or probing (their requests served here).",
+            skipped as f64,
+        );
         out.gauges(
             "tierstack_press_peers",
             "Peers by state in this node's cluster view.",

@@ -150,7 +150,7 @@ impl Shared {
         self.load.load(Ordering::Relaxed)
     }
 
-    fn breakers(&self) -> std::sync::MutexGuard<'_, Breakers> {
+    pub(crate) fn breakers(&self) -> std::sync::MutexGuard<'_, Breakers> {
         self.breakers.lock().unwrap_or_else(PoisonError::into_inner)
     }
 

@@ -21,6 +21,7 @@ struct Node {
     child: ChildNode,
     listen: SocketAddr,
     admin: SocketAddr,
+    metrics: SocketAddr,
 }
 
 /// Starts `nodes` Base nodes serving `root`, with `extra` flags.
@@ -47,6 +48,7 @@ fn start_on(dir: &Path, root: &Path, name: &str, transport: &str, nodes: usize, 
     (0..nodes)
         .map(|i| {
             let (listen, admin) = (free_loopback_port().unwrap(), free_loopback_port().unwrap());
+            let metrics = free_loopback_port().unwrap();
             let mut args: Vec<String> = ["press-node", "--topology", path.to_str().unwrap(), "--node", &i.to_string()]
                 .into_iter()
                 .map(String::from)
@@ -54,6 +56,7 @@ fn start_on(dir: &Path, root: &Path, name: &str, transport: &str, nodes: usize, 
             for (flag, value) in [
                 ("--listen", listen.to_string()),
                 ("--admin", admin.to_string()),
+                ("--metrics-listen", metrics.to_string()),
                 ("--root", root.display().to_string()),
                 ("--transport", transport.to_string()),
                 ("--threads", "1".into()),
@@ -62,7 +65,7 @@ fn start_on(dir: &Path, root: &Path, name: &str, transport: &str, nodes: usize, 
             }
             args.extend(extra.iter().map(|s| s.to_string()));
             let child = ChildNode::spawn(&exe(), &args).unwrap_or_else(|e| panic!("node {i} did not start: {e:#}"));
-            Node { child, listen, admin }
+            Node { child, listen, admin, metrics }
         })
         .collect()
 }
@@ -71,6 +74,14 @@ fn stats(node: &Node) -> NodeStats {
     let response = http::get(node.admin, "/stats").unwrap();
     assert_eq!(response.status, 200);
     serde_json::from_slice(&response.body).unwrap()
+}
+
+/// The value of the sample `name` (with its labels, as written) in the
+/// node's `/metrics`.
+fn metric(node: &Node, name: &str) -> f64 {
+    let text = http::get(node.metrics, "/metrics").unwrap().text();
+    let line = text.lines().find(|l| l.split_once(' ').is_some_and(|(n, _)| n == name));
+    line.and_then(|l| l.rsplit_once(' ')).and_then(|(_, v)| v.parse().ok()).unwrap_or_else(|| panic!("no {name}"))
 }
 
 fn ask(node: &Node, method: &str, path: &str, headers: &[&str]) -> Response {
@@ -304,6 +315,8 @@ fn a_stopped_peer_costs_one_bounded_wait_then_is_skipped_and_used_again_after_si
     assert_eq!(forwards(&stopped) - forwards(&before), 1 + probes, "{stopped:?}");
     assert_eq!(skipped + probes, during.len() as u64 - 1, "{stopped:?}");
     assert!(skipped >= 1, "the stopped peer was avoided: {stopped:?}");
+    assert_eq!(metric(&cluster[0], "tierstack_press_breaker_total{event=\"opened\"}"), 1.0);
+    assert_eq!(metric(&cluster[0], "tierstack_press_peers_breaker_open"), 1.0);
     // SAFETY: as above.
     assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGCONT) }, 0);
     // After the cool-down a probe reaches node 1 again and closes the breaker.
@@ -316,4 +329,5 @@ fn a_stopped_peer_costs_one_bounded_wait_then_is_skipped_and_used_again_after_si
         let now = stats(&cluster[0]);
         now.replies_relayed > stopped.replies_relayed && now.breaker[3] >= 1
     });
+    assert_eq!(metric(&cluster[0], "tierstack_press_peers_breaker_open"), 0.0, "closed again");
 }
