@@ -139,6 +139,8 @@ fn check_cluster(transport: &str) {
     }
     // Every version's memory cache holds the files' bytes.
     assert!(sum(|s| s.slab_files) > 0, "{all:?}");
+    assert_eq!(sum(|s| s.slab_files), sum(|s| s.cache_objects), "every cached file's bytes are in a slab: {all:?}");
+    assert_eq!(sum(|s| s.slab_full), 0);
     // Every served request was served exactly once somewhere.
     assert_eq!(sum(|s| s.served_local + s.served_uncached + s.forwarded), requests as u64);
     // The initial node never caches a relayed file: cached objects across
