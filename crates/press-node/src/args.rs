@@ -62,8 +62,8 @@ pub struct PressNodeArgs {
     /// origin --trace` (e.g. press:clarknet@0.01): written once as files
     /// (under --root, else a directory per trace under the temporary
     /// directory, kept for the next run) and served as a root.
-    #[arg(long, default_value = "")]
-    pub trace: String,
+    #[arg(long)]
+    pub trace: Option<String>,
     #[arg(long, default_value_t = ZIPF_ALPHA_DEFAULT)]
     pub alpha: f64,
     #[arg(long, default_value_t = ZIPF_DOCS_DEFAULT)]
@@ -113,7 +113,7 @@ pub struct PressNodeArgs {
 
 impl PressNodeArgs {
     /// The node, its listener and the trace mode's trace given, every other
-    /// flag at its default.
+    /// flag at its default (no `--root`).
     pub fn new(node: NodeArgs, listen: SocketAddr, trace: String) -> PressNodeArgs {
         PressNodeArgs {
             node,
@@ -123,7 +123,7 @@ impl PressNodeArgs {
             mode: Mode::Press,
             transport: TransportKind::Base,
             root: None,
-            trace,
+            trace: Some(trace),
             alpha: ZIPF_ALPHA_DEFAULT,
             docs: ZIPF_DOCS_DEFAULT,
             seed: 1,
@@ -147,12 +147,12 @@ impl PressNodeArgs {
     /// flag whose value is not the parser's default (so that a launcher may
     /// append flags of its own); the disk only whole, as the parser requires.
     pub fn to_args(&self) -> Vec<String> {
-        let default = PressNodeArgs::new(self.node.clone(), self.listen, self.trace.clone());
+        let default = PressNodeArgs::new(self.node.clone(), self.listen, String::new());
         let mut args = self.node.to_args();
         let mut flag = |name: &str, value: String| args.extend([name.to_string(), value]);
         flag("--listen", self.listen.to_string());
-        if !self.trace.is_empty() {
-            flag("--trace", self.trace.clone());
+        if let Some(trace) = &self.trace {
+            flag("--trace", trace.clone());
         }
         if let Some(root) = &self.root {
             flag("--root", root.display().to_string());
@@ -327,7 +327,7 @@ mod tests {
             mode: Mode::DistribHandoff,
             transport: TransportKind::Rdma1c,
             root: Some(PathBuf::from("/tmp/a root")),
-            trace: "press:clarknet@0.01".into(),
+            trace: Some("press:clarknet@0.01".into()),
             alpha: 0.9,
             docs: 40,
             seed: 3,
@@ -356,6 +356,16 @@ mod tests {
         let at = NodeArgs { topology: PathBuf::from("/tmp/p.toml"), node: 1 };
         assert_eq!(parsed, PressNodeArgs::new(at, "127.0.0.1:8080".parse().unwrap(), "zipf".into()));
         assert_eq!(parse_node(&parsed), parsed);
+    }
+
+    /// A node serves `--root`, `--trace`, or both; never nothing.
+    #[test]
+    fn a_node_needs_a_root_or_a_trace() {
+        let base = ["press-node", "--topology", "/tmp/p.toml", "--node", "1", "--listen", "127.0.0.1:8080"];
+        let parsed = tierstack_testkit::args::parse::<PressNodeArgs, _, _>(base.iter().chain(&["--root", "/srv/www"]));
+        let parsed = parsed.unwrap();
+        assert_eq!((parsed.root, parsed.trace), (Some(PathBuf::from("/srv/www")), None));
+        assert!(tierstack_testkit::args::parse::<PressNodeArgs, _, _>(base).is_err());
     }
 
     #[test]

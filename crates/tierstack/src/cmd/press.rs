@@ -82,43 +82,42 @@ const ROOT_CACHE_BYTES_DEFAULT: u64 = 64 << 20;
 /// The served directory: `--root`, with the trace's set written into it
 /// if one is given; or, for a trace alone, a directory per trace under the
 /// temporary directory (written once, kept for the next run).
-fn root_dir(args: &PressNodeArgs, trace: Option<&tierstack_workload::Trace>) -> Result<std::path::PathBuf> {
+fn root_dir(args: &PressNodeArgs, trace: Option<(&str, &tierstack_workload::Trace)>) -> Result<std::path::PathBuf> {
     let dir = match (&args.root, trace) {
         (Some(root), _) => root.clone(),
-        (None, Some(_)) => {
+        (None, Some((spec, _))) => {
             use std::hash::{Hash, Hasher};
             let mut hasher = std::collections::hash_map::DefaultHasher::new();
-            (&args.trace, args.alpha.to_bits(), args.docs, args.seed).hash(&mut hasher);
+            (spec, args.alpha.to_bits(), args.docs, args.seed).hash(&mut hasher);
             std::env::temp_dir().join(format!("tierstack-press-set-{:016x}", hasher.finish()))
         }
         (None, None) => bail!("press-node needs --root or --trace"),
     };
-    if let Some(trace) = trace {
+    if let Some((spec, trace)) = trace {
         let objects = trace.documents().iter().map(|document| (document.path(), document.size_bytes));
         // Checked as the origin checks a set (sizes, paths) before writing.
-        SyntheticSet::new(objects.clone()).with_context(|| format!("trace {}'s documents", args.trace))?;
+        SyntheticSet::new(objects.clone()).with_context(|| format!("trace {spec}'s documents"))?;
         std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
         let mtime = tierstack_origin::synthetic_last_modified_default();
         let written = tierstack_press_node::files::write_set(&dir, objects, mtime, tierstack_origin::synthetic_body)
-            .with_context(|| format!("writing trace {}'s files under {}", args.trace, dir.display()))?;
+            .with_context(|| format!("writing trace {spec}'s files under {}", dir.display()))?;
         if written > 0 {
-            eprintln!("tierstack press-node: wrote {written} files of {} under {}", args.trace, dir.display());
+            eprintln!("tierstack press-node: wrote {written} files of {spec} under {}", dir.display());
         }
     }
     Ok(dir)
 }
 
 pub(crate) fn run(args: PressNodeArgs) -> Result<()> {
-    let trace = if args.trace.is_empty() {
-        None
-    } else {
-        Some(
-            TraceSpec::parse(&args.trace, args.alpha, args.docs)?
+    let trace = match &args.trace {
+        None => None,
+        Some(spec) => Some(
+            TraceSpec::parse(spec, args.alpha, args.docs)?
                 .build(args.seed)
-                .with_context(|| format!("building trace {}", args.trace))?,
-        )
+                .with_context(|| format!("building trace {spec}"))?,
+        ),
     };
-    let dir = root_dir(&args, trace.as_ref())?;
+    let dir = root_dir(&args, args.trace.as_deref().zip(trace.as_ref()))?;
     let root = tierstack_press_node::files::Root::open(&dir).with_context(|| format!("serving {}", dir.display()))?;
     let cache_default = match &trace {
         Some(trace) => trace.cache_bytes_per_node().unwrap_or(0),
