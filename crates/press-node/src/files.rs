@@ -166,22 +166,37 @@ impl Root {
     }
 }
 
-/// Reads `target` whole (on the blocking pool) and checks it is still the
-/// file its validators describe; `Err` if it changed in between (the
-/// caller serves the error, the next request sees the new file).
-pub async fn read_whole(target: &Target) -> std::io::Result<Bytes> {
-    let file = target.file.clone();
-    let expected = target.meta;
+/// Times a read is tried again when the file changed while it was read.
+const READ_ATTEMPTS: usize = 3;
+
+/// Reads `file` whole (on the blocking pool) with the validators of the
+/// bytes read: those of the open file, the same before and after the read
+/// (else it is read again, up to [`READ_ATTEMPTS`] times), so the answer's
+/// ETag always describes its body even while the file is being replaced.
+pub async fn read_whole(file: &Path) -> std::io::Result<(FileMeta, Bytes)> {
+    use std::io::Read;
+    let file = file.to_path_buf();
     tokio::task::spawn_blocking(move || {
-        let bytes = std::fs::read(&file)?;
-        let now = FileMeta::of(&std::fs::metadata(&file)?);
-        if now != expected || bytes.len() as u64 != expected.size {
-            return Err(std::io::Error::other("the file changed while it was read"));
+        for _ in 0..READ_ATTEMPTS {
+            let mut open = std::fs::File::open(&file)?;
+            let before = FileMeta::of(&open.metadata()?);
+            let mut bytes = Vec::with_capacity(usize::try_from(before.size).unwrap_or(0));
+            open.read_to_end(&mut bytes)?;
+            if FileMeta::of(&open.metadata()?) == before && bytes.len() as u64 == before.size {
+                return Ok((before, Bytes::from(bytes)));
+            }
         }
-        Ok(Bytes::from(bytes))
+        Err(std::io::Error::other("the file kept changing while it was read"))
     })
     .await
     .map_err(std::io::Error::other)?
+}
+
+/// Opens `file` for streaming, with the validators of the open file.
+pub async fn open_stream(file: &Path) -> std::io::Result<(FileMeta, tokio::fs::File)> {
+    let file = tokio::fs::File::open(file).await?;
+    let meta = FileMeta::of(&file.metadata().await?);
+    Ok((meta, file))
 }
 
 /// The trace mode's files: written under `dir` once (each as a temporary
@@ -254,6 +269,18 @@ mod tests {
         assert_eq!(split_reply(Bytes::from(payload[..20].to_vec())), None, "short body");
         assert_ne!(meta.etag(), FileMeta { size: 11, ..meta }.etag());
         assert_ne!(meta.etag(), FileMeta { mtime_ns: 6, ..meta }.etag());
+    }
+
+    #[tokio::test]
+    async fn a_read_brings_the_validators_of_its_bytes() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("f"), b"0123456789").unwrap();
+        let target = Root::open(dir.path()).unwrap().resolve_blocking(b"/f").unwrap();
+        let (meta, bytes) = read_whole(&target.file).await.unwrap();
+        assert_eq!((meta, &bytes[..]), (target.meta, &b"0123456789"[..]));
+        let (meta, _) = open_stream(&target.file).await.unwrap();
+        assert_eq!(meta, target.meta);
+        assert!(read_whole(&dir.path().join("none")).await.is_err());
     }
 
     #[test]

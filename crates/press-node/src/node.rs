@@ -289,13 +289,15 @@ impl Shared {
     /// In PRESS mode, starting or stopping to cache a file is broadcast. A
     /// file this read does not cache and larger than [`STREAM_BYTES_MIN`]
     /// is streamed from disk to a client ([`Use::Client`]); for Zero's
-    /// send a slab hit is left where it is ([`Local::InSlab`]).
+    /// send a slab hit is left where it is ([`Local::InSlab`]). Returns the
+    /// validators of the bytes it gives (the look-up's, unless the file
+    /// changed since).
     async fn read_local(
         self: &Arc<Self>,
         asked: &Asked,
         caching: Caching,
         to: Use,
-    ) -> Result<Local, Response<NodeBody>> {
+    ) -> Result<(FileMeta, Local), Response<NodeBody>> {
         let (key, meta) = (&asked.key, asked.target.meta);
         self.revalidate(key, meta);
         let outcome = {
@@ -317,25 +319,34 @@ impl Shared {
         }
         let cached = self.storage.lock().unwrap_or_else(PoisonError::into_inner).is_cached(key);
         let content = match self.slab.get(key).filter(|hit| hit.meta == meta) {
-            Some(_) if to == Use::PeerFromSlab => Local::InSlab,
+            Some(_) if to == Use::PeerFromSlab => (meta, Local::InSlab),
             Some(hit) => match hit.body() {
-                Ok(bytes) => Local::Bytes(bytes),
+                Ok(bytes) => (meta, Local::Bytes(bytes)),
                 Err(e) => return Err(io_error(key, &e.to_string())),
             },
             None if !cached && meta.size > STREAM_BYTES_MIN && to == Use::Client => {
-                let file = match tokio::fs::File::open(&asked.target.file).await {
-                    Ok(file) => file,
-                    Err(e) => return Err(io_error(key, &e.to_string())),
-                };
+                let (read, file) =
+                    files::open_stream(&asked.target.file).await.map_err(|e| io_error(key, &e.to_string()))?;
                 self.stats.streamed.fetch_add(1, Ordering::Relaxed);
-                Local::Stream(file)
+                (read, Local::Stream(file))
             }
             None => {
-                let bytes = files::read_whole(&asked.target).await.map_err(|e| io_error(key, &e.to_string()))?;
-                if cached && !self.slab.insert(key, meta, &bytes) {
+                let (read, bytes) =
+                    files::read_whole(&asked.target.file).await.map_err(|e| io_error(key, &e.to_string()))?;
+                if read.size != meta.size {
+                    // Changed since the look-up: the cache accounted the
+                    // old size; the next request caches the new file.
+                    if self.storage.lock().unwrap_or_else(PoisonError::into_inner).remove(key) {
+                        self.slab.evict(key);
+                        if self.config.mode.distributes() {
+                            self.view().on_caching(self.me(), key, CachingEvent::Stop);
+                            self.broadcast_caching(key, CachingEvent::Stop);
+                        }
+                    }
+                } else if cached && !self.slab.insert(key, read, &bytes) {
                     self.stats.slab_full.fetch_add(1, Ordering::Relaxed);
                 }
-                Local::Bytes(bytes)
+                (read, Local::Bytes(bytes))
             }
         };
         let (ready_ns, now) = (outcome.ready_ns(), self.now_ns());
@@ -448,7 +459,7 @@ impl Shared {
             }
         };
         match local {
-            Ok(content) => http::respond(request.headers(), &asked.target.meta, &asked.decoded, content).await,
+            Ok((meta, content)) => http::respond(request.headers(), &meta, &asked.decoded, content).await,
             Err(response) => response,
         }
     }
@@ -484,7 +495,7 @@ impl Shared {
             Caching::Normal
         };
         match self.read_local(&asked, caching, Use::Client).await {
-            Ok(content) => http::respond(request.headers(), &asked.target.meta, &asked.decoded, content).await,
+            Ok((meta, content)) => http::respond(request.headers(), &meta, &asked.decoded, content).await,
             Err(response) => response,
         }
     }
@@ -511,8 +522,8 @@ impl Shared {
                     if meta.size >= self.config.policy.max_size_bytes { Caching::Bypass } else { Caching::Normal };
                 let zero = self.link.kind() == TransportKind::Zero && self.link.rings().is_some();
                 match self.read_local(&asked, caching, if zero { Use::PeerFromSlab } else { Use::Peer }).await {
-                    Ok(Local::Stream(_)) | Err(_) => (FileStatus::Failed, Vec::new()),
-                    Ok(local) => {
+                    Ok((_, Local::Stream(_))) | Err(_) => (FileStatus::Failed, Vec::new()),
+                    Ok((meta, local)) => {
                         // Zero: written to the peer's ring straight from the
                         // registered cache (a miss's bytes were just put
                         // there), pinned for the transfer.
@@ -524,13 +535,13 @@ impl Shared {
                             // evicted in between): the copying path.
                             self.stats.zero_copy_fallbacks.fetch_add(1, Ordering::Relaxed);
                         }
-                        let body = match local {
-                            Local::Bytes(body) => Ok(body),
-                            _ => files::read_whole(&asked.target).await,
+                        let read = match local {
+                            Local::Bytes(body) => Ok((meta, body)),
+                            _ => files::read_whole(&asked.target.file).await,
                         };
-                        match body {
+                        match read {
                             // Base copies the file into the message at the sender.
-                            Ok(body) => (FileStatus::Ok, files::reply_payload(&meta, &body)),
+                            Ok((meta, body)) => (FileStatus::Ok, files::reply_payload(&meta, &body)),
                             Err(_) => (FileStatus::Failed, Vec::new()),
                         }
                     }
