@@ -9,7 +9,9 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use tierstack_cluster::NodeArgs;
 use tierstack_model::{ZIPF_ALPHA_DEFAULT, ZIPF_DOCS_DEFAULT};
-use tierstack_press::{LardConfig, MAX_SIZE_BYTES, THRESHOLD_DEFAULT};
+use tierstack_press::{
+    LardConfig, COOL_DOWN_MS_DEFAULT as BREAKER_COOL_DOWN_MS_DEFAULT, MAX_SIZE_BYTES, THRESHOLD_DEFAULT,
+};
 use tierstack_tier_http::observe::ObserveArgs;
 use tierstack_tier_http::service::ServiceArgs;
 use tierstack_tier_http::HttpLimitsArgs;
@@ -51,10 +53,17 @@ pub struct PressNodeArgs {
     /// Communication version: tcp (topology fabric tcp), base, rdma-1c, rdma or zero (fabric shm).
     #[arg(long, default_value = "base")]
     pub transport: TransportKind,
-    /// The documents served: a trace's (`/doc/<name>`, their sizes), as
-    /// `tierstack origin --trace` (e.g. press:clarknet@0.01).
+    /// The document root: the regular files under it are served (GET,
+    /// HEAD, validators, ranges). With --trace, the trace's set is written
+    /// into it first (files already there with the right size are kept).
+    #[arg(long, required_unless_present = "trace")]
+    pub root: Option<PathBuf>,
+    /// A trace's documents (`/doc/<name>`, their sizes), as `tierstack
+    /// origin --trace` (e.g. press:clarknet@0.01): written once as files
+    /// (under --root, else a directory per trace under the temporary
+    /// directory, kept for the next run) and served as a root.
     #[arg(long)]
-    pub trace: String,
+    pub trace: Option<String>,
     #[arg(long, default_value_t = ZIPF_ALPHA_DEFAULT)]
     pub alpha: f64,
     #[arg(long, default_value_t = ZIPF_DOCS_DEFAULT)]
@@ -79,6 +88,10 @@ pub struct PressNodeArgs {
     /// Longest wait for a forwarded request's reply, in ms, before serving it here.
     #[arg(long, default_value_t = FORWARD_TIMEOUT_MS_DEFAULT)]
     pub forward_timeout_ms: u64,
+    /// After a failed or unanswered forward, how long the peer is skipped
+    /// (its requests served here) before one probe forward, in ms.
+    #[arg(long, default_value_t = BREAKER_COOL_DOWN_MS_DEFAULT)]
+    pub breaker_cool_down_ms: u64,
     /// Flow-control window: messages in flight per ordered pair (base: credits; rdma-1c: ring entries).
     #[arg(long, default_value_t = WINDOW_DEFAULT)]
     pub window: u32,
@@ -99,7 +112,8 @@ pub struct PressNodeArgs {
 }
 
 impl PressNodeArgs {
-    /// The required flags given, every other one at its default.
+    /// The node, its listener and the trace mode's trace given, every other
+    /// flag at its default (no `--root`).
     pub fn new(node: NodeArgs, listen: SocketAddr, trace: String) -> PressNodeArgs {
         PressNodeArgs {
             node,
@@ -108,7 +122,8 @@ impl PressNodeArgs {
             admin: None,
             mode: Mode::Press,
             transport: TransportKind::Base,
-            trace,
+            root: None,
+            trace: Some(trace),
             alpha: ZIPF_ALPHA_DEFAULT,
             docs: ZIPF_DOCS_DEFAULT,
             seed: 1,
@@ -118,6 +133,7 @@ impl PressNodeArgs {
             threshold: THRESHOLD_DEFAULT,
             max_size_bytes: MAX_SIZE_BYTES,
             forward_timeout_ms: FORWARD_TIMEOUT_MS_DEFAULT,
+            breaker_cool_down_ms: BREAKER_COOL_DOWN_MS_DEFAULT,
             window: WINDOW_DEFAULT,
             threads: NODE_THREADS_DEFAULT,
             handoff_dir: None,
@@ -131,11 +147,16 @@ impl PressNodeArgs {
     /// flag whose value is not the parser's default (so that a launcher may
     /// append flags of its own); the disk only whole, as the parser requires.
     pub fn to_args(&self) -> Vec<String> {
-        let default = PressNodeArgs::new(self.node.clone(), self.listen, self.trace.clone());
+        let default = PressNodeArgs::new(self.node.clone(), self.listen, String::new());
         let mut args = self.node.to_args();
         let mut flag = |name: &str, value: String| args.extend([name.to_string(), value]);
         flag("--listen", self.listen.to_string());
-        flag("--trace", self.trace.clone());
+        if let Some(trace) = &self.trace {
+            flag("--trace", trace.clone());
+        }
+        if let Some(root) = &self.root {
+            flag("--root", root.display().to_string());
+        }
         if let Some(admin) = self.admin {
             flag("--admin", admin.to_string());
         }
@@ -169,6 +190,9 @@ impl PressNodeArgs {
         }
         if self.forward_timeout_ms != default.forward_timeout_ms {
             flag("--forward-timeout-ms", self.forward_timeout_ms.to_string());
+        }
+        if self.breaker_cool_down_ms != default.breaker_cool_down_ms {
+            flag("--breaker-cool-down-ms", self.breaker_cool_down_ms.to_string());
         }
         if self.window != default.window {
             flag("--window", self.window.to_string());
@@ -302,7 +326,8 @@ mod tests {
             admin: Some("127.0.0.1:8081".parse().unwrap()),
             mode: Mode::DistribHandoff,
             transport: TransportKind::Rdma1c,
-            trace: "press:clarknet@0.01".into(),
+            root: Some(PathBuf::from("/tmp/a root")),
+            trace: Some("press:clarknet@0.01".into()),
             alpha: 0.9,
             docs: 40,
             seed: 3,
@@ -312,6 +337,7 @@ mod tests {
             threshold: 7,
             max_size_bytes: 4096,
             forward_timeout_ms: 99,
+            breaker_cool_down_ms: 123,
             window: 5,
             threads: 3,
             handoff_dir: Some(PathBuf::from("/tmp/handoff")),
@@ -330,6 +356,16 @@ mod tests {
         let at = NodeArgs { topology: PathBuf::from("/tmp/p.toml"), node: 1 };
         assert_eq!(parsed, PressNodeArgs::new(at, "127.0.0.1:8080".parse().unwrap(), "zipf".into()));
         assert_eq!(parse_node(&parsed), parsed);
+    }
+
+    /// A node serves `--root`, `--trace`, or both; never nothing.
+    #[test]
+    fn a_node_needs_a_root_or_a_trace() {
+        let base = ["press-node", "--topology", "/tmp/p.toml", "--node", "1", "--listen", "127.0.0.1:8080"];
+        let parsed = tierstack_testkit::args::parse::<PressNodeArgs, _, _>(base.iter().chain(&["--root", "/srv/www"]));
+        let parsed = parsed.unwrap();
+        assert_eq!((parsed.root, parsed.trace), (Some(PathBuf::from("/srv/www")), None));
+        assert!(tierstack_testkit::args::parse::<PressNodeArgs, _, _>(base).is_err());
     }
 
     #[test]

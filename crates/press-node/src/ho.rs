@@ -29,7 +29,7 @@ const SEND_TIMEOUT: Duration = Duration::from_secs(1);
 pub(crate) async fn serve_connection<F, Fut>(io: Prefixed, handler: F)
 where
     F: Fn(Request<Incoming>) -> Fut + Send + Sync + 'static,
-    Fut: std::future::Future<Output = hyper::Response<tierstack_tier_http::Body>> + Send + 'static,
+    Fut: std::future::Future<Output = hyper::Response<crate::http::NodeBody>> + Send + 'static,
 {
     let handler = Arc::new(handler);
     let service = hyper::service::service_fn(move |request| {
@@ -109,10 +109,11 @@ impl Shared {
                 return;
             }
         };
-        let path = tierstack_origin::decode_request_path(&head.path)
-            .ok()
-            .and_then(|p| String::from_utf8(p).ok())
-            .and_then(|p| self.config.files.size_of(&p).map(|size| (p, size)));
+        let path = match tierstack_origin::decode_request_path(&head.path).ok().and_then(|p| String::from_utf8(p).ok())
+        {
+            Some(p) => self.config.root.resolve(p.clone().into_bytes()).await.ok().map(|t| (p, t.meta.size)),
+            None => None,
+        };
         let decision = path.map(|(path, size)| {
             let mut view = self.view();
             view.set_load(self.me(), self.load_now());

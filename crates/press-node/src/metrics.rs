@@ -59,6 +59,24 @@ impl Observed for NodeObserved {
             "Forwarded files copied because they were not in the registered cache.",
             stats.zero_copy_fallbacks,
         );
+        counter("revalidated", "Cached copies dropped because their file changed on disk.", stats.revalidated);
+        counter("streamed", "Responses streamed from disk (large files the cache does not keep).", stats.streamed);
+        counter(
+            "slab_full",
+            "Cached files the byte slab had no room for (read from disk on each hit).",
+            stats.slab_full,
+        );
+        let [opened, skipped, probes, closed] = stats.breaker;
+        out.counters(
+            "tierstack_press_breaker_total",
+            "The peers' circuit breakers: opened after a failed or unanswered forward, forwards skipped while open, probes after a cool-down, breakers a probe closed.",
+            &[
+                (&[("event", "opened")], opened),
+                (&[("event", "skipped")], skipped),
+                (&[("event", "probe")], probes),
+                (&[("event", "closed")], closed),
+            ],
+        );
         out.counters(
             "tierstack_press_decisions_total",
             "Client requests by Fig. 1's decision: served here cached, served here uncached (max_size or more), forwarded.",
@@ -95,6 +113,16 @@ impl Observed for NodeObserved {
                 }
             })
         };
+        let skipped = {
+            let breakers = self.shared.breakers();
+            let me = self.shared.me().index();
+            (0..self.shared.config.nodes).filter(|&i| i != me && !breakers.is_closed(i)).count()
+        };
+        out.gauge(
+            "tierstack_press_peers_breaker_open",
+            "Peers whose circuit breaker is open or probing (their requests served here).",
+            skipped as f64,
+        );
         out.gauges(
             "tierstack_press_peers",
             "Peers by state in this node's cluster view.",

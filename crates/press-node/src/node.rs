@@ -2,29 +2,68 @@
 //! the one-hop service at the service node, caching broadcasts, piggy-backed
 //! loads, and the fallback when a service node is gone.
 
+use crate::files::{self, split_reply, FileMeta, Refusal, Target, META_BYTES};
+use crate::http::{self, Content as Local, NodeBody};
 use crate::rings::Arrival;
 use crate::transport::{node_id, Link};
-use crate::{Mode, NodeConfig, NodeStats};
+use crate::{Mode, NodeConfig, NodeStats, TransportKind};
 use bytes::Bytes;
-use hyper::header::{HeaderValue, CONTENT_LENGTH, CONTENT_TYPE};
 use hyper::{Method, Request, Response, StatusCode};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 use tierstack_fabric::{Channel, FabricError, PeerState};
-use tierstack_origin::{content_type, decode_request_path, synthetic_body, Caching, ReadOutcome, Storage};
-use tierstack_press::proto::{decode, Body, FileStatus, Message};
-use tierstack_press::{decide, CachingEvent, ClusterView, Decision, Member};
-use tierstack_tier_http::text;
+use tierstack_origin::{decode_request_path, Caching, PathRefusal, ReadOutcome, Storage};
+use tierstack_press::proto::{decode, Body, FileStatus, Message, FILE_BYTES_MAX};
+use tierstack_press::{decide, Admit, Breakers, CachingEvent, ClusterView, Decision, Member};
 use tokio::sync::oneshot;
 
 /// How long the receive thread waits for a message before it looks at the
 /// stop flag again.
 const RECV_SLICE: Duration = Duration::from_millis(50);
 
-/// What a forwarded request's reply brings back.
+/// What a forwarded request's reply brings back: the status and the
+/// payload (`files::reply_payload`).
 type Reply = (FileStatus, Bytes);
+
+/// Files larger than this that a read does not cache are streamed from
+/// disk to the client in chunks, never held whole (Fig. 1's `max_size`
+/// by default: the files PRESS serves uncached).
+pub(crate) const STREAM_BYTES_MIN: u64 = 256 << 10;
+
+/// A checked client request: its decoded path (the cache key) and file.
+pub(crate) struct Asked {
+    decoded: Vec<u8>,
+    key: String,
+    target: Target,
+}
+
+/// Who a [`Shared::read_local`] reads for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Use {
+    /// A client: a large uncached file may be streamed.
+    Client,
+    /// A peer's forwarded request: the bytes, whole.
+    Peer,
+    /// Zero's send to a peer: a slab hit stays in the slab.
+    PeerFromSlab,
+}
+
+/// At most the first 200 bytes of a client's path, for a log line.
+fn shown(key: &str) -> &str {
+    let mut end = key.len().min(200);
+    while !key.is_char_boundary(end) {
+        end -= 1;
+    }
+    &key[..end]
+}
+
+/// A 500 for an I/O error on `key`, logged.
+fn io_error(key: &str, error: &str) -> Response<NodeBody> {
+    tracing::warn!(path = %shown(key), %error, "reading a served file failed");
+    http::text(StatusCode::INTERNAL_SERVER_ERROR, "reading the file failed\n")
+}
 
 #[derive(Default)]
 pub(crate) struct Stats {
@@ -40,6 +79,12 @@ pub(crate) struct Stats {
     pub send_failures: AtomicU64,
     pub zero_copy_fallbacks: AtomicU64,
     pub caching_broadcasts: AtomicU64,
+    /// Cached copies dropped because their file changed on disk.
+    pub revalidated: AtomicU64,
+    /// Responses streamed from disk.
+    pub streamed: AtomicU64,
+    /// Cached files the slab had no room for (read from disk on each hit).
+    pub slab_full: AtomicU64,
 }
 
 /// Open client connections plus forwarded requests in service: the load
@@ -83,8 +128,11 @@ pub(crate) struct Shared {
     pub stats: Stats,
     pub stop: AtomicBool,
     pub runtime: tokio::runtime::Handle,
-    /// Zero: the registered cache.
-    pub slab: Option<crate::slab::Slab>,
+    /// The memory cache's bytes (registered for Zero), following
+    /// `storage`'s inserts and evictions.
+    pub slab: crate::slab::Slab,
+    /// A circuit breaker per peer (forwards to a failed peer skipped).
+    pub breakers: Mutex<Breakers>,
     /// The distributed hand-off server: sockets to the peers' hand-off sockets.
     pub handoff_out: Option<crate::ho::Outbound>,
 }
@@ -100,6 +148,10 @@ impl Shared {
 
     pub(crate) fn load_now(&self) -> u32 {
         self.load.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn breakers(&self) -> std::sync::MutexGuard<'_, Breakers> {
+        self.breakers.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     pub(crate) fn view(&self) -> std::sync::MutexGuard<'_, ClusterView<String>> {
@@ -127,7 +179,14 @@ impl Shared {
             bad_messages: get(&s.bad_messages),
             send_failures: get(&s.send_failures),
             zero_copy_fallbacks: get(&s.zero_copy_fallbacks),
-            slab_files: self.slab.as_ref().map_or(0, |slab| slab.files() as u64),
+            slab_files: self.slab.files() as u64,
+            revalidated: get(&s.revalidated),
+            streamed: get(&s.streamed),
+            slab_full: get(&s.slab_full),
+            breaker: {
+                let c = self.breakers().counts();
+                [c.opened, c.skipped, c.probes, c.closed]
+            },
             caching_broadcasts: get(&s.caching_broadcasts),
             cache_hits: counts.cache_hits,
             cache_misses: counts.cache_misses,
@@ -182,51 +241,129 @@ impl Shared {
         }
     }
 
-    /// Reads `path` through this node's storage (cache, else the emulated
-    /// disk) and returns its bytes once the modelled read completes. In
-    /// PRESS mode, starting or stopping to cache a file is broadcast.
-    async fn read_local(self: &Arc<Self>, path: &str, size: u64, caching: Caching) -> Bytes {
+    /// Checks a client request and looks its file up: the answer to send
+    /// instead if it is refused (405, 400, 403 outside the root or not a
+    /// regular file, 404, 500).
+    async fn look_up<B>(&self, request: &Request<B>) -> Result<Asked, Response<NodeBody>> {
+        if request.method() != Method::GET && request.method() != Method::HEAD {
+            return Err(http::method_not_allowed());
+        }
+        let decoded = match decode_request_path(request.uri().path()) {
+            Ok(decoded) => decoded,
+            Err(PathRefusal::Traversal) => return Err(http::text(StatusCode::FORBIDDEN, "outside the served root\n")),
+            Err(_) => return Err(http::text(StatusCode::BAD_REQUEST, "malformed request path\n")),
+        };
+        let Ok(key) = String::from_utf8(decoded.clone()) else {
+            return Err(http::text(StatusCode::NOT_FOUND, "not found\n"));
+        };
+        match self.config.root.resolve(decoded.clone()).await {
+            Ok(target) => Ok(Asked { decoded, key, target }),
+            Err(Refusal::NotFound) => Err(http::text(StatusCode::NOT_FOUND, "not found\n")),
+            Err(Refusal::Forbidden) => Err(http::text(StatusCode::FORBIDDEN, "not a file under the served root\n")),
+            Err(Refusal::Io(e)) => {
+                tracing::warn!(path = %shown(&key), error = %e, "looking a file up failed");
+                Err(http::text(StatusCode::INTERNAL_SERVER_ERROR, "looking the file up failed\n"))
+            }
+        }
+    }
+
+    /// Drops a cached copy of `key` whose validators are not `meta` any
+    /// more (the file changed on disk): the read that follows misses and
+    /// brings the new bytes in.
+    fn revalidate(self: &Arc<Self>, key: &str, meta: FileMeta) {
+        let stale = self.slab.get(key).is_some_and(|cached| cached.meta != meta);
+        if !stale {
+            return;
+        }
+        self.slab.evict(key);
+        let removed = self.storage.lock().unwrap_or_else(PoisonError::into_inner).remove(&key.to_string());
+        self.stats.revalidated.fetch_add(1, Ordering::Relaxed);
+        if removed && self.config.mode.distributes() {
+            self.view().on_caching(self.me(), &key.to_string(), CachingEvent::Stop);
+            self.broadcast_caching(key, CachingEvent::Stop);
+        }
+    }
+
+    /// Reads a file through this node's cache (the slab's bytes, else the
+    /// disk, reads on the blocking pool) once the modelled read completes.
+    /// In PRESS mode, starting or stopping to cache a file is broadcast. A
+    /// file this read does not cache and larger than [`STREAM_BYTES_MIN`]
+    /// is streamed from disk to a client ([`Use::Client`]); for Zero's
+    /// send a slab hit is left where it is ([`Local::InSlab`]). Returns the
+    /// validators of the bytes it gives (the look-up's, unless the file
+    /// changed since).
+    async fn read_local(
+        self: &Arc<Self>,
+        asked: &Asked,
+        caching: Caching,
+        to: Use,
+    ) -> Result<(FileMeta, Local), Response<NodeBody>> {
+        let (key, meta) = (&asked.key, asked.target.meta);
+        self.revalidate(key, meta);
         let outcome = {
             let mut storage = self.storage.lock().unwrap_or_else(PoisonError::into_inner);
-            storage.read(self.now_ns(), &path.to_string(), size, caching)
+            storage.read(self.now_ns(), key, meta.size, caching)
         };
-        if let (true, ReadOutcome::Miss { inserted: Some(inserted), .. }) = (self.config.mode.distributes(), &outcome) {
+        if let ReadOutcome::Miss { inserted: Some(inserted), .. } = &outcome {
             for (evicted, _) in &inserted.evicted {
-                self.view().on_caching(self.me(), evicted, CachingEvent::Stop);
-                self.broadcast_caching(evicted, CachingEvent::Stop);
+                self.slab.evict(evicted);
+                if self.config.mode.distributes() {
+                    self.view().on_caching(self.me(), evicted, CachingEvent::Stop);
+                    self.broadcast_caching(evicted, CachingEvent::Stop);
+                }
             }
-            if inserted.stored {
-                self.view().on_caching(self.me(), &path.to_string(), CachingEvent::Start);
-                self.broadcast_caching(path, CachingEvent::Start);
+            if inserted.stored && self.config.mode.distributes() {
+                self.view().on_caching(self.me(), key, CachingEvent::Start);
+                self.broadcast_caching(key, CachingEvent::Start);
             }
         }
-        let ready_ns = outcome.ready_ns();
-        let body = if size <= 1 << 20 {
-            synthetic_body(path, size)
-        } else {
-            let p = path.to_string();
-            self.runtime.spawn_blocking(move || synthetic_body(&p, size)).await.unwrap_or_default()
+        let cached = self.storage.lock().unwrap_or_else(PoisonError::into_inner).is_cached(key);
+        let content = match self.slab.get(key).filter(|hit| hit.meta == meta) {
+            Some(_) if to == Use::PeerFromSlab => (meta, Local::InSlab),
+            Some(hit) => match hit.body() {
+                Ok(bytes) => (meta, Local::Bytes(bytes)),
+                Err(e) => return Err(io_error(key, &e.to_string())),
+            },
+            None if !cached && meta.size > STREAM_BYTES_MIN && to == Use::Client => {
+                let (read, file) =
+                    files::open_stream(&asked.target.file).await.map_err(|e| io_error(key, &e.to_string()))?;
+                self.stats.streamed.fetch_add(1, Ordering::Relaxed);
+                (read, Local::Stream(file))
+            }
+            None => {
+                let (read, bytes) =
+                    files::read_whole(&asked.target.file).await.map_err(|e| io_error(key, &e.to_string()))?;
+                if read.size != meta.size {
+                    // Changed since the look-up: the cache accounted the
+                    // old size; the next request caches the new file.
+                    if self.storage.lock().unwrap_or_else(PoisonError::into_inner).remove(key) {
+                        self.slab.evict(key);
+                        if self.config.mode.distributes() {
+                            self.view().on_caching(self.me(), key, CachingEvent::Stop);
+                            self.broadcast_caching(key, CachingEvent::Stop);
+                        }
+                    }
+                } else if cached && !self.slab.insert(key, read, &bytes) {
+                    self.stats.slab_full.fetch_add(1, Ordering::Relaxed);
+                }
+                (read, Local::Bytes(bytes))
+            }
         };
-        // Zero: the registered cache follows the storage's decisions, and
-        // holds the bytes the (emulated) disk read brought in.
-        if let (Some(slab), ReadOutcome::Miss { inserted: Some(inserted), .. }) = (&self.slab, &outcome) {
-            for (evicted, _) in &inserted.evicted {
-                slab.evict(evicted);
-            }
-            if inserted.stored {
-                slab.insert(path, &body);
-            }
-        }
-        let now = self.now_ns();
+        let (ready_ns, now) = (outcome.ready_ns(), self.now_ns());
         if ready_ns > now {
             tokio::time::sleep(Duration::from_nanos(ready_ns - now)).await;
         }
-        body
+        Ok(content)
     }
 
     /// Forwards to `service` and waits for its file; `None` if it did not
-    /// come (peer gone, send failed, or no reply within the bound).
+    /// come (peer gone, send failed, no reply within the bound) or the
+    /// peer's breaker is open, so the caller serves it here.
     async fn forward(self: &Arc<Self>, service: Member, path: &str) -> Option<Reply> {
+        let admit = self.breakers().admit(service.index(), self.now_ns());
+        if admit == Admit::Skip {
+            return None;
+        }
         let request = self.next_request.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
         self.pending.lock().unwrap_or_else(PoisonError::into_inner).insert(request, tx);
@@ -249,93 +386,104 @@ impl Shared {
             Err(_) => None,
         };
         self.pending.lock().unwrap_or_else(PoisonError::into_inner).remove(&request);
-        if reply.is_none() {
-            self.check_peer(service);
+        match &reply {
+            Some(_) => self.breakers().success(service.index()),
+            None => {
+                self.breakers().failure(service.index(), self.now_ns());
+                self.check_peer(service);
+            }
         }
         reply
     }
 
     /// A client request at its initial node.
-    pub(crate) async fn handle<B>(self: Arc<Self>, request: Request<B>) -> Response<tierstack_tier_http::Body> {
+    pub(crate) async fn handle<B>(self: Arc<Self>, request: Request<B>) -> Response<NodeBody> {
         self.stats.requests.fetch_add(1, Ordering::Relaxed);
-        if request.method() != Method::GET {
-            return text(StatusCode::METHOD_NOT_ALLOWED, "only GET\n");
-        }
-        let Ok(decoded) = decode_request_path(request.uri().path()) else {
-            return text(StatusCode::BAD_REQUEST, "malformed request path\n");
+        let asked = match self.look_up(&request).await {
+            Ok(asked) => asked,
+            Err(response) => return response,
         };
-        let Ok(path) = String::from_utf8(decoded.clone()) else { return text(StatusCode::NOT_FOUND, "not found\n") };
-        let Some(size) = self.config.files.size_of(&path) else { return text(StatusCode::NOT_FOUND, "not found\n") };
+        // HEAD and a current client copy need no bytes: answered here.
+        if let Some(response) =
+            http::without_body(request.method(), request.headers(), &asked.target.meta, &asked.decoded)
+        {
+            return response;
+        }
+        let size = asked.target.meta.size;
         let decision = match self.config.mode {
             // The hand-off server decided when it accepted the connection.
             Mode::Traditional | Mode::DistribHandoff => None,
             Mode::Press => {
                 let mut view = self.view();
                 view.set_load(self.me(), self.load_now());
-                Some(decide(&self.config.policy, &mut view, &path, size).decision)
+                Some(decide(&self.config.policy, &mut view, &asked.key, size).decision)
             }
         };
-        let body = match decision {
+        let local = match decision {
             None => {
                 self.stats.served_local.fetch_add(1, Ordering::Relaxed);
                 let caching = if size >= self.config.policy.max_size_bytes { Caching::Bypass } else { Caching::Normal };
-                self.read_local(&path, size, caching).await
+                self.read_local(&asked, caching, Use::Client).await
             }
             Some(Decision::ServeUncached) => {
                 self.stats.served_uncached.fetch_add(1, Ordering::Relaxed);
-                self.read_local(&path, size, Caching::Bypass).await
+                self.read_local(&asked, Caching::Bypass, Use::Client).await
             }
             Some(Decision::ServeLocal) => {
                 self.stats.served_local.fetch_add(1, Ordering::Relaxed);
-                self.read_local(&path, size, Caching::Normal).await
+                self.read_local(&asked, Caching::Normal, Use::Client).await
             }
             Some(Decision::Forward(service)) => {
                 self.stats.forwarded.fetch_add(1, Ordering::Relaxed);
-                match self.forward(service, &path).await {
-                    Some((FileStatus::Ok, data)) => {
-                        self.stats.replies_relayed.fetch_add(1, Ordering::Relaxed);
-                        data
-                    }
-                    Some((FileStatus::NotFound, _)) => return text(StatusCode::NOT_FOUND, "not found\n"),
+                match self.forward(service, &asked.key).await {
+                    Some((FileStatus::Ok, payload)) => match split_reply(payload) {
+                        Some((meta, body)) => {
+                            self.stats.replies_relayed.fetch_add(1, Ordering::Relaxed);
+                            // The service node's validators go with its bytes.
+                            return http::respond(request.headers(), &meta, &asked.decoded, Local::Bytes(body)).await;
+                        }
+                        None => {
+                            self.stats.bad_messages.fetch_add(1, Ordering::Relaxed);
+                            self.stats.forward_fallbacks.fetch_add(1, Ordering::Relaxed);
+                            self.read_local(&asked, Caching::Normal, Use::Client).await
+                        }
+                    },
+                    Some((FileStatus::NotFound, _)) => return http::text(StatusCode::NOT_FOUND, "not found\n"),
                     Some((FileStatus::Failed, _)) | None => {
-                        // The service node is gone or failed: serve it here
-                        // (no hang, no error for the client).
+                        // The service node is gone, hung or failed: serve it
+                        // here (no hang, no error for the client).
                         self.stats.forward_fallbacks.fetch_add(1, Ordering::Relaxed);
-                        self.read_local(&path, size, Caching::Normal).await
+                        self.read_local(&asked, Caching::Normal, Use::Client).await
                     }
                 }
             }
         };
-        let mut response = Response::new(tierstack_tier_http::Body::new(body.clone()));
-        let headers = response.headers_mut();
-        headers.insert(CONTENT_TYPE, HeaderValue::from_static(content_type(&decoded)));
-        headers.insert(CONTENT_LENGTH, HeaderValue::from(body.len()));
-        response
+        match local {
+            Ok((meta, content)) => http::respond(request.headers(), &meta, &asked.decoded, content).await,
+            Err(response) => response,
+        }
     }
 
     /// A request on a connection the hand-off server decided to serve here,
     /// counted by `role`; never forwarded.
-    pub(crate) async fn handle_here<B>(
-        self: Arc<Self>,
-        request: Request<B>,
-        role: Role,
-    ) -> Response<tierstack_tier_http::Body> {
+    pub(crate) async fn handle_here<B>(self: Arc<Self>, request: Request<B>, role: Role) -> Response<NodeBody> {
         match role {
             Role::HandedOff => self.stats.served_for_peers.fetch_add(1, Ordering::Relaxed),
             Role::Initial => self.stats.requests.fetch_add(1, Ordering::Relaxed),
             Role::Fallback => 0,
         };
         let counted = role == Role::Initial;
-        if request.method() != Method::GET {
-            return text(StatusCode::METHOD_NOT_ALLOWED, "only GET\n");
-        }
-        let Ok(decoded) = decode_request_path(request.uri().path()) else {
-            return text(StatusCode::BAD_REQUEST, "malformed request path\n");
+        let asked = match self.look_up(&request).await {
+            Ok(asked) => asked,
+            Err(response) => return response,
         };
-        let Ok(path) = String::from_utf8(decoded.clone()) else { return text(StatusCode::NOT_FOUND, "not found\n") };
-        let Some(size) = self.config.files.size_of(&path) else { return text(StatusCode::NOT_FOUND, "not found\n") };
+        if let Some(response) =
+            http::without_body(request.method(), request.headers(), &asked.target.meta, &asked.decoded)
+        {
+            return response;
+        }
         // Fig. 1 lines 3-5: large files are served and not cached.
-        let caching = if size >= self.config.policy.max_size_bytes {
+        let caching = if asked.target.meta.size >= self.config.policy.max_size_bytes {
             if counted {
                 self.stats.served_uncached.fetch_add(1, Ordering::Relaxed);
             }
@@ -346,61 +494,88 @@ impl Shared {
             }
             Caching::Normal
         };
-        let body = self.read_local(&path, size, caching).await;
-        let mut response = Response::new(tierstack_tier_http::Body::new(body.clone()));
-        let headers = response.headers_mut();
-        headers.insert(CONTENT_TYPE, HeaderValue::from_static(content_type(&decoded)));
-        headers.insert(CONTENT_LENGTH, HeaderValue::from(body.len()));
-        response
+        match self.read_local(&asked, caching, Use::Client).await {
+            Ok((meta, content)) => http::respond(request.headers(), &meta, &asked.decoded, content).await,
+            Err(response) => response,
+        }
     }
 
     /// A forwarded request at its service node: served here, never
     /// forwarded again, even if the information that brought it was stale.
+    /// The reply's payload is the file's metadata then its bytes
+    /// (`files::reply_payload`), so the initial node answers with this
+    /// node's validators.
     async fn serve_forwarded(self: Arc<Self>, from: Member, request: u64, path: String) {
         let _in_service = LoadGuard::new(&self.load);
         self.stats.served_for_peers.fetch_add(1, Ordering::Relaxed);
-        let (status, data) = match self.config.files.size_of(&path) {
-            None => (FileStatus::NotFound, Vec::new()),
-            Some(size) => {
+        let (status, data) = match self.config.root.resolve(path.clone().into_bytes()).await {
+            Err(Refusal::NotFound | Refusal::Forbidden) => (FileStatus::NotFound, Vec::new()),
+            Err(Refusal::Io(_)) => (FileStatus::Failed, Vec::new()),
+            Ok(target) if target.meta.size as usize > FILE_BYTES_MAX - META_BYTES => (FileStatus::Failed, Vec::new()),
+            Ok(target) => {
+                let meta = target.meta;
+                let asked = Asked { decoded: path.clone().into_bytes(), key: path.clone(), target };
                 // The service node caches what it reads ("becoming part of
                 // the server set"); files of max_size or more are never
                 // forwarded by a correct initial node, and are not cached.
-                let caching = if size >= self.config.policy.max_size_bytes { Caching::Bypass } else { Caching::Normal };
-                let body = self.read_local(&path, size, caching).await;
-                if self.slab.is_some() {
-                    // Zero: written to the peer's ring straight from the
-                    // registered cache, pinned for the transfer.
-                    let shared = self.clone();
-                    let sent = self
-                        .runtime
-                        .spawn_blocking(move || {
-                            let slab = shared.slab.as_ref()?;
-                            let pinned = slab.pin(&path)?;
-                            let rings = shared.link.rings()?;
-                            let message = Message {
-                                load: shared.load_now(),
-                                body: Body::File { request, status: FileStatus::Ok, data: Vec::new() },
-                            };
-                            let result = rings.send_from(from, &message, &pinned.slice, shared.link.counters());
-                            if let Err(e) = &result {
-                                shared.stats.send_failures.fetch_add(1, Ordering::Relaxed);
-                                tracing::debug!(%from, error = %e, "zero-copy send failed");
-                                shared.check_peer(from);
-                            }
-                            Some(())
-                        })
-                        .await;
-                    if let Ok(Some(())) = sent {
-                        return;
+                let caching =
+                    if meta.size >= self.config.policy.max_size_bytes { Caching::Bypass } else { Caching::Normal };
+                let zero = self.link.kind() == TransportKind::Zero && self.link.rings().is_some();
+                match self.read_local(&asked, caching, if zero { Use::PeerFromSlab } else { Use::Peer }).await {
+                    Ok((_, Local::Stream(_))) | Err(_) => (FileStatus::Failed, Vec::new()),
+                    Ok((meta, local)) => {
+                        // Zero: written to the peer's ring straight from the
+                        // registered cache (a miss's bytes were just put
+                        // there), pinned for the transfer.
+                        if zero && self.send_from_slab(from, request, &path, meta).await {
+                            return;
+                        }
+                        if zero {
+                            // Not in the slab (not cacheable, no room, or
+                            // evicted in between): the copying path.
+                            self.stats.zero_copy_fallbacks.fetch_add(1, Ordering::Relaxed);
+                        }
+                        let read = match local {
+                            Local::Bytes(body) => Ok((meta, body)),
+                            _ => files::read_whole(&asked.target.file).await,
+                        };
+                        match read {
+                            // Base copies the file into the message at the sender.
+                            Ok((meta, body)) => (FileStatus::Ok, files::reply_payload(&meta, &body)),
+                            Err(_) => (FileStatus::Failed, Vec::new()),
+                        }
                     }
-                    // Not in the slab (no room): the copying path.
-                    self.stats.zero_copy_fallbacks.fetch_add(1, Ordering::Relaxed);
                 }
-                // Base copies the file into the message at the sender.
-                (FileStatus::Ok, body.to_vec())
             }
         };
         self.send_detached(from, Body::File { request, status, data });
+    }
+
+    /// Zero: sends `path`'s slab entry (metadata and bytes, if they are
+    /// `meta`'s) to `to`'s ring with no copy at this node; false if the
+    /// slab does not hold it (the caller sends a copy). A failed send
+    /// counts as sent: the initial node times out and serves it itself.
+    async fn send_from_slab(self: &Arc<Self>, to: Member, request: u64, path: &str, meta: FileMeta) -> bool {
+        let shared = self.clone();
+        let path = path.to_string();
+        let sent = self
+            .runtime
+            .spawn_blocking(move || {
+                let cached = shared.slab.get(&path).filter(|hit| hit.meta == meta)?;
+                let rings = shared.link.rings()?;
+                let message = Message {
+                    load: shared.load_now(),
+                    body: Body::File { request, status: FileStatus::Ok, data: Vec::new() },
+                };
+                if let Err(e) = rings.send_from(to, &message, &cached.slice, shared.link.counters()) {
+                    shared.stats.send_failures.fetch_add(1, Ordering::Relaxed);
+                    tracing::debug!(%to, error = %e, "zero-copy send failed");
+                    shared.check_peer(to);
+                }
+                Some(())
+            })
+            .await;
+        matches!(sent, Ok(Some(())))
     }
 
     /// The receive thread: takes PRESS messages off the fabric's channel

@@ -1,8 +1,15 @@
-//! The Zero version's registered cache: the bytes of the files a node
-//! caches, kept in a registered region (`press.cache`) so a file transfer
-//! is written to the receiver's ring straight from them (`Op::WriteFrom`),
-//! with no copy at the sender ("all pages containing cached files are
-//! registered", §4.2).
+//! The node's memory cache of file bytes. For Zero it is a registered
+//! region (`press.cache`) so a file transfer is written to the receiver's
+//! ring straight from it (`Op::WriteFrom`), with no copy at the sender
+//! ("all pages containing cached files are registered", §4.2); for the
+//! other versions the same slab lives in plain heap memory.
+//!
+//! Each entry is a forwarded reply's payload as it goes on the wire: the
+//! file's [`FileMeta`] (size and mtime, `META_BYTES`) then its bytes
+//! (`crate::files::reply_payload`). So the Zero send of a cached file is
+//! [`Slab::get`]'s `slice`, whole, and a local hit copies the bytes after
+//! the metadata out ([`CachedFile::body`]). An entry whose metadata differs
+//! from a fresh stat is stale: the caller evicts it and reads the file anew.
 //!
 //! The storage model (`tierstack_model::Storage`) decides what is cached;
 //! this slab follows its inserts and evictions. Space is allocated first-fit
@@ -12,14 +19,17 @@
 //! for which no contiguous space is left (fragmentation) is simply not in
 //! the slab, and its transfer falls back to a copy (counted).
 
+use crate::files::{FileMeta, META_BYTES};
+use bytes::Bytes;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, PoisonError};
-use tierstack_fabric::{Fabric, FabricError, LocalRegion, LocalSlice};
+use tierstack_fabric::{Fabric, FabricError, LocalRegion, LocalSlice, RegionMemory};
 
 /// The slab region's name.
 pub const REGION: &str = "press.cache";
 
 struct Entry {
+    meta: FileMeta,
     offset: u64,
     len: u64,
     pins: u32,
@@ -43,14 +53,30 @@ fn round8(n: u64) -> u64 {
     n.div_ceil(8) * 8
 }
 
-/// A pinned file in the slab; dropping it unpins.
-pub struct Pinned<'a> {
+/// A cached file, pinned in the slab (its space is not reused while this
+/// lives); dropping it unpins.
+pub struct CachedFile<'a> {
     slab: &'a Slab,
     path: String,
+    /// The file's size and mtime when it was cached.
+    pub meta: FileMeta,
+    /// The reply payload in the slab: metadata, then the file's bytes.
     pub slice: LocalSlice,
 }
 
-impl Drop for Pinned<'_> {
+/// The former name of a pinned slab entry.
+pub type Pinned<'a> = CachedFile<'a>;
+
+impl CachedFile<'_> {
+    /// A copy of the file's bytes (a local hit's answer).
+    pub fn body(&self) -> Result<Bytes, FabricError> {
+        let mut out = vec![0u8; usize::try_from(self.meta.size).unwrap_or(0)];
+        self.slab.region.memory().read(self.slice.offset() + META_BYTES as u64, &mut out)?;
+        Ok(Bytes::from(out))
+    }
+}
+
+impl Drop for CachedFile<'_> {
     fn drop(&mut self) {
         self.slab.unpin(&self.path);
     }
@@ -61,23 +87,46 @@ impl Slab {
     pub fn register(fabric: &Arc<dyn Fabric>, bytes: u64) -> Result<Slab, FabricError> {
         let bytes = round8(bytes.max(8));
         let region = fabric.register(REGION, bytes, tierstack_fabric::Access::read_only())?;
+        Ok(Slab::over(region))
+    }
+
+    /// A slab of `bytes` in plain memory (the versions that do not send
+    /// from it by remote writes).
+    pub fn heap(bytes: u64) -> Result<Slab, FabricError> {
+        let bytes = round8(bytes.max(8));
+        Ok(Slab::over(Arc::new(LocalRegion::new(REGION, RegionMemory::heap(REGION, bytes)?))))
+    }
+
+    fn over(region: Arc<LocalRegion>) -> Slab {
         let mut state = State::default();
         state.free.insert(0, region.len());
-        Ok(Slab { region, state: Mutex::new(state) })
+        Slab { region, state: Mutex::new(state) }
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// The storage started caching `path`: store its bytes (the read from
-    /// disk lands here). Returns whether there was room.
-    pub fn insert(&self, path: &str, body: &[u8]) -> bool {
-        let need = round8(body.len() as u64).max(8);
+    /// The storage started caching `path`: store its metadata and bytes
+    /// (the read from disk lands here). Returns whether there was room. An
+    /// entry of other metadata is replaced.
+    pub fn insert(&self, path: &str, meta: FileMeta, body: &[u8]) -> bool {
+        let payload = crate::files::reply_payload(&meta, body);
+        let need = round8(payload.len() as u64).max(8);
         let offset = {
             let mut state = self.state();
-            if state.entries.contains_key(path) {
-                return true;
+            match state.entries.get(path) {
+                Some(entry) if entry.meta == meta && !entry.evicted => return true,
+                Some(_) => {
+                    drop(state);
+                    self.evict(path);
+                    state = self.state();
+                    if state.entries.contains_key(path) {
+                        // Still being sent: no second entry under one name.
+                        return false;
+                    }
+                }
+                None => {}
             }
             let Some((&at, &len)) = state.free.iter().find(|(_, &len)| len >= need) else { return false };
             state.free.remove(&at);
@@ -85,12 +134,13 @@ impl Slab {
                 state.free.insert(at + need, len - need);
             }
             // Pinned while its bytes are written, so nobody sends it half-filled.
-            state
-                .entries
-                .insert(path.to_string(), Entry { offset: at, len: body.len() as u64, pins: 1, evicted: false });
+            state.entries.insert(
+                path.to_string(),
+                Entry { meta, offset: at, len: payload.len() as u64, pins: 1, evicted: false },
+            );
             at
         };
-        let written = self.region.memory().write(offset, body).is_ok();
+        let written = self.region.memory().write(offset, &payload).is_ok();
         self.unpin(path);
         if !written {
             self.evict(path);
@@ -111,16 +161,23 @@ impl Slab {
         }
     }
 
-    /// Pins `path` for a transfer, if its bytes are in the slab.
-    pub fn pin(&self, path: &str) -> Option<Pinned<'_>> {
+    /// The cached file `path`, pinned, if its bytes are in the slab: what
+    /// a Zero send writes from, and what a local hit copies. The caller
+    /// compares `meta` with a fresh stat (a changed file is stale).
+    pub fn get(&self, path: &str) -> Option<CachedFile<'_>> {
         let mut state = self.state();
         let entry = state.entries.get_mut(path)?;
         if entry.evicted {
             return None;
         }
-        entry.pins += 1;
         let slice = LocalSlice::new(self.region.clone(), entry.offset, u32::try_from(entry.len).ok()?);
-        Some(Pinned { slab: self, path: path.to_string(), slice })
+        entry.pins += 1;
+        Some(CachedFile { slab: self, path: path.to_string(), meta: entry.meta, slice })
+    }
+
+    /// [`Slab::get`] under its former name.
+    pub fn pin(&self, path: &str) -> Option<CachedFile<'_>> {
+        self.get(path)
     }
 
     fn unpin(&self, path: &str) {
@@ -163,21 +220,30 @@ mod tests {
     #[test]
     fn a_pinned_file_is_freed_only_when_its_last_send_ends() {
         let cluster = tierstack_cluster::local_cluster(tierstack_cluster::Backend::Shm, 1).unwrap();
-        let slab = Slab::register(cluster.fabric(0), 64).unwrap();
-        assert!(slab.insert("/a", &[1; 30]));
-        assert!(slab.insert("/b", &[2; 30]));
-        assert!(!slab.insert("/c", &[3; 8]), "full: 32 + 32 bytes of 64");
-        let pinned = slab.pin("/a").unwrap();
-        assert_eq!((pinned.slice.offset(), pinned.slice.len()), (0, 30));
+        let slab = Slab::register(cluster.fabric(0), 96).unwrap();
+        let meta = |size| FileMeta { size, mtime_ns: 1 };
+        assert!(slab.insert("/a", meta(30), &[1; 30]));
+        assert!(slab.insert("/b", meta(30), &[2; 30]));
+        assert!(!slab.insert("/c", meta(8), &[3; 8]), "full: 48 + 48 bytes of 96");
+        let pinned = slab.get("/a").unwrap();
+        assert_eq!((pinned.slice.offset(), pinned.slice.len(), pinned.meta), (0, 46, meta(30)));
         slab.evict("/a");
-        assert!(slab.pin("/a").is_none(), "an evicted file is not sent again");
-        assert!(!slab.insert("/c", &[3; 8]), "its space is still in flight");
+        assert!(slab.get("/a").is_none(), "an evicted file is not sent again");
+        assert!(!slab.insert("/c", meta(8), &[3; 8]), "its space is still in flight");
         drop(pinned);
-        assert!(slab.insert("/c", &[3; 8]), "freed when the send ended");
-        let mut bytes = [0u8; 8];
-        let c = slab.pin("/c").unwrap();
-        slab.region.memory().read(c.slice.offset(), &mut bytes).unwrap();
-        assert_eq!(bytes, [3; 8]);
+        assert!(slab.insert("/c", meta(8), &[3; 8]), "freed when the send ended");
+        let c = slab.get("/c").unwrap();
+        assert_eq!(c.body().unwrap(), Bytes::from(vec![3; 8]));
+        let mut payload = [0u8; 24];
+        slab.region.memory().read(c.slice.offset(), &mut payload).unwrap();
+        assert_eq!(
+            crate::files::split_reply(Bytes::copy_from_slice(&payload)),
+            Some((meta(8), Bytes::from(vec![3; 8])))
+        );
+        drop(c);
+        assert_eq!(slab.files(), 2);
+        assert!(slab.insert("/c", FileMeta { size: 8, mtime_ns: 2 }, &[4; 8]), "a changed file replaces its entry");
+        assert_eq!(slab.get("/c").unwrap().body().unwrap(), Bytes::from(vec![4; 8]));
         assert_eq!(slab.files(), 2);
     }
 

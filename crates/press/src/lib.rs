@@ -18,6 +18,8 @@
 //! - [`proto`]: the intra-cluster messages (forward, file, caching, flow
 //!   control, buffer management), each carrying the sender's load, and
 //!   their encoding (`docs/wire-format.md`);
+//! - [`breaker`]: a circuit breaker per peer, so a dead or hung service
+//!   node costs one bounded wait, then is skipped for a cool-down;
 //! - [`lard`]: the dispatcher hand-off server's LARD choice of back-end;
 //! - [`counters`]: per-type message and byte counts, Table 2;
 //! - [`ring`]: the remote-write versions' per-pair rings (layout, slots,
@@ -28,6 +30,7 @@
 //! in `tierstack-press-node`; the simulator (`tierstack_sim::press`) drives
 //! the same [`decide`] over the same view.
 
+pub mod breaker;
 pub mod counters;
 pub mod lard;
 pub mod policy;
@@ -35,6 +38,7 @@ pub mod proto;
 pub mod ring;
 pub mod view;
 
+pub use breaker::{Admit, BreakerCounts, Breakers, COOL_DOWN_MS_DEFAULT};
 pub use counters::{Counters, Counts, Table2Row};
 pub use lard::{Lard, LardConfig, LardError};
 pub use policy::{decide, Branch, Decision, Outcome, PolicyConfig, MAX_SIZE_BYTES, THRESHOLD_DEFAULT};

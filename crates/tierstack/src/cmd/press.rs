@@ -76,12 +76,53 @@ fn disk(args: &PressNodeArgs) -> Result<Option<DiskModel>> {
     Ok(Some(DiskModel::new(seek_ns, (mb_per_s * 1e6).round().max(1.0) as u64)?))
 }
 
+/// The memory cache of a node serving a root (no trace) unless told otherwise.
+const ROOT_CACHE_BYTES_DEFAULT: u64 = 64 << 20;
+
+/// The served directory: `--root`, with the trace's set written into it
+/// if one is given; or, for a trace alone, a directory per trace under the
+/// temporary directory (written once, kept for the next run).
+fn root_dir(args: &PressNodeArgs, trace: Option<(&str, &tierstack_workload::Trace)>) -> Result<std::path::PathBuf> {
+    let dir = match (&args.root, trace) {
+        (Some(root), _) => root.clone(),
+        (None, Some((spec, _))) => {
+            use std::hash::{Hash, Hasher};
+            let mut hasher = std::collections::hash_map::DefaultHasher::new();
+            (spec, args.alpha.to_bits(), args.docs, args.seed).hash(&mut hasher);
+            std::env::temp_dir().join(format!("tierstack-press-set-{:016x}", hasher.finish()))
+        }
+        (None, None) => bail!("press-node needs --root or --trace"),
+    };
+    if let Some((spec, trace)) = trace {
+        let objects = trace.documents().iter().map(|document| (document.path(), document.size_bytes));
+        // Checked as the origin checks a set (sizes, paths) before writing.
+        SyntheticSet::new(objects.clone()).with_context(|| format!("trace {spec}'s documents"))?;
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        let mtime = tierstack_origin::synthetic_last_modified_default();
+        let written = tierstack_press_node::files::write_set(&dir, objects, mtime, tierstack_origin::synthetic_body)
+            .with_context(|| format!("writing trace {spec}'s files under {}", dir.display()))?;
+        if written > 0 {
+            eprintln!("tierstack press-node: wrote {written} files of {spec} under {}", dir.display());
+        }
+    }
+    Ok(dir)
+}
+
 pub(crate) fn run(args: PressNodeArgs) -> Result<()> {
-    let trace = TraceSpec::parse(&args.trace, args.alpha, args.docs)?
-        .build(args.seed)
-        .with_context(|| format!("building trace {}", args.trace))?;
-    let objects = trace.documents().iter().map(|document| (document.path(), document.size_bytes));
-    let files = SyntheticSet::new(objects).with_context(|| format!("trace {}'s documents", args.trace))?;
+    let trace = match &args.trace {
+        None => None,
+        Some(spec) => Some(
+            TraceSpec::parse(spec, args.alpha, args.docs)?
+                .build(args.seed)
+                .with_context(|| format!("building trace {spec}"))?,
+        ),
+    };
+    let dir = root_dir(&args, args.trace.as_deref().zip(trace.as_ref()))?;
+    let root = tierstack_press_node::files::Root::open(&dir).with_context(|| format!("serving {}", dir.display()))?;
+    let cache_default = match &trace {
+        Some(trace) => trace.cache_bytes_per_node().unwrap_or(0),
+        None => ROOT_CACHE_BYTES_DEFAULT,
+    };
     let (topology, fabric) = args.node.open()?;
     let nodes = topology.node_ids();
     let me = u16::try_from(args.node.node).context("node id too large for PRESS")?;
@@ -97,12 +138,13 @@ pub(crate) fn run(args: PressNodeArgs) -> Result<()> {
         transport: args.transport,
         policy: PolicyConfig { max_size_bytes: args.max_size_bytes, threshold: args.threshold },
         storage: StorageConfig {
-            cache_bytes: args.cache_bytes.or(trace.cache_bytes_per_node()).unwrap_or(0),
+            cache_bytes: args.cache_bytes.unwrap_or(cache_default),
             cache_max_object_bytes: None,
             disk: disk(&args)?,
         },
-        files,
+        root,
         forward_timeout: Duration::from_millis(args.forward_timeout_ms),
+        breaker_cool_down: Duration::from_millis(args.breaker_cool_down_ms),
         window: args.window,
         handoff_dir: args.handoff_dir.clone(),
         limits: args.limits.serve_options(),

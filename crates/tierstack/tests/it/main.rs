@@ -30,6 +30,7 @@ mod monitor_truth;
 mod origin_process;
 mod press_bench;
 mod press_processes;
+mod press_server;
 mod publish_e2e;
 mod pushpull_e2e;
 mod reconfig_e2e;
