@@ -134,7 +134,8 @@ pub use tierstack_pushpull::SLOTS_DEFAULT as CACHE_STATE_SLOTS_DEFAULT;
 use tierstack_secret::Secret;
 use tierstack_tier_http::RequestBody;
 use tierstack_tier_http::{
-    serve_with_options, PeerAddr, ServeOptions, Stop, BODY_READ_TIMEOUT_DEFAULT, WRITE_TIMEOUT_DEFAULT,
+    serve_with_front, serve_with_options, Front, PeerAddr, ServeOptions, Stop, BODY_READ_TIMEOUT_DEFAULT,
+    WRITE_TIMEOUT_DEFAULT,
 };
 use upstream::Upstreams;
 
@@ -240,6 +241,9 @@ pub struct ProxyOptions {
     /// again each time this passes; an idempotent one then goes to another
     /// upstream. `None`: a forward waits for `upstream_timeout`.
     pub suspect_probe: Option<Duration>,
+    /// What the client listener speaks besides HTTP/1.1: TLS (ALPN h2 and
+    /// http/1.1), h2c. The admin listener stays plain HTTP/1.1.
+    pub front: Front,
 }
 
 /// The client listener's limits' defaults, as every tier's.
@@ -261,6 +265,7 @@ impl Default for ProxyOptions {
             refresh_interval: REFRESH_INTERVAL_DEFAULT,
             failures: FailureConfig::default(),
             suspect_probe: Some(tierstack_monitor::scheme::SUSPECT_AFTER_DEFAULT),
+            front: Front::default(),
         }
     }
 }
@@ -327,6 +332,7 @@ pub struct Balancing {
 pub struct Proxy {
     listener: tokio::net::TcpListener,
     limits: ServeOptions,
+    front: Front,
     admin: Option<tokio::net::TcpListener>,
     state: Arc<State>,
 }
@@ -423,7 +429,7 @@ impl Proxy {
             // Only the access log names the client.
             peer_addr: state.access_log.is_some(),
         };
-        Ok(Proxy { listener, limits, admin, state })
+        Ok(Proxy { listener, limits, front: options.front, admin, state })
     }
 
     pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
@@ -527,7 +533,7 @@ impl Proxy {
                 response
             }
         });
-        let clients = serve_with_options(self.listener, handler, stop.clone(), None, self.limits);
+        let clients = serve_with_front(self.listener, handler, stop.clone(), None, self.limits, self.front);
         let Some(admin) = self.admin else { return clients.await };
         let state = self.state.clone();
         let admin_handler = Arc::new(move |request| admin::handle_admin(state.clone(), request));

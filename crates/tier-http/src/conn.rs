@@ -89,6 +89,17 @@ pub struct Front {
     pub tls_handshake_timeout: Option<Duration>,
 }
 
+impl std::fmt::Debug for Front {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Front")
+            .field("tls", &self.tls.as_ref().map(|tls| tls.files()))
+            .field("http2_cleartext", &self.http2_cleartext)
+            .field("http2", &self.http2)
+            .field("tls_handshake_timeout", &self.tls_handshake_timeout)
+            .finish()
+    }
+}
+
 impl Front {
     /// Plain HTTP/1.1 only: the connection takes the unchanged path.
     pub(crate) fn is_plain(&self) -> bool {

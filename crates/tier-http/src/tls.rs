@@ -97,6 +97,11 @@ impl TlsServer {
         }
     }
 
+    /// The files it reads.
+    pub fn files(&self) -> &TlsFiles {
+        &self.files
+    }
+
     /// Reloads taken, and refused, so far.
     pub fn reload_counts(&self) -> (u64, u64) {
         (self.reloads.load(Ordering::Relaxed), self.refused.load(Ordering::Relaxed))

@@ -239,6 +239,8 @@ pub(crate) fn proxy(args: ProxyArgs) -> Result<()> {
         }
     };
     let limits = args.limits.serve_options();
+    // Certificate and key are checked before anything starts.
+    let front = args.front.front().context("the client listener's TLS")?;
     let (failures, suspect_after) = (args.failures(), args.suspect_after());
     let admin_token = args.admin_token().context("--admin-token-file")?;
     let config = ProxyConfig {
@@ -270,6 +272,7 @@ pub(crate) fn proxy(args: ProxyArgs) -> Result<()> {
             refresh_interval: Duration::from_millis(args.refresh_interval_ms),
             failures,
             suspect_probe: suspect_after,
+            front: front.clone(),
         };
         let proxy = Proxy::bind_with(config, options).await?;
         if let Some(balancing) = balancing {
@@ -283,6 +286,9 @@ pub(crate) fn proxy(args: ProxyArgs) -> Result<()> {
         }
         let stop = Stop::new();
         let signals = args.service.stop_signals()?;
+        if let Some(tls) = &front.tls {
+            tls.reload_on_sighup().context("installing the SIGHUP handler")?;
+        }
         let serving = tokio::spawn(proxy.run(stop.clone()));
         announce_ready()?;
         signals.wait().await;
