@@ -107,20 +107,16 @@ impl Client {
 /// share the cache: a miss over h2, then a hit over h2 and over h1 with the
 /// same body and dependencies; after an update through the application
 /// tier, the next GET over h2 serves the new page (never the old), and h1
-/// then hits that new copy. Seen failing: with the `Host` from
-/// `:authority` left out for h2, the update's invalidation did not reach
-/// the h2 client's copy (keyed under the listener's address).
+/// then hits that new copy. Seen failing: with an h2 request's authority
+/// dropped (its URI cut to origin-form, no `Host` made from `:authority`),
+/// the HTTP/1.1 client missed the entry HTTP/2 stored.
 #[test]
 fn h2_over_tls_gets_the_same_hits_misses_and_invalidation_as_http1() {
     let dir = tempfile::tempdir().unwrap();
     let ca = TestCa::new();
     let (cert, key) = ca.issue(1).write(dir.path(), "edge");
-    let deployment = deploy(vec![
-        "--tls-cert".into(),
-        cert.display().to_string(),
-        "--tls-key".into(),
-        key.display().to_string(),
-    ]);
+    let deployment =
+        deploy(vec!["--tls-cert".into(), cert.display().to_string(), "--tls-key".into(), key.display().to_string()]);
     let proxy = addr(&deployment.proxy_urls[0]);
     let authority = format!("localhost:{}", proxy.port());
     let path = Trace::zipf(0.9, DOCS).unwrap().documents()[0].path();
@@ -193,9 +189,7 @@ fn tls_proxy(cert: &Path, key: &Path, extra: &[&str]) -> (ChildProcess, SocketAd
 
 /// The certificate a new handshake with `proxy` shows.
 fn shown(ca: &TestCa, proxy: SocketAddr) -> Vec<u8> {
-    runtime().block_on(async {
-        peer_certificate(&TestCa::connect(ca.client_config(&[b"h2"]), proxy).await.unwrap())
-    })
+    runtime().block_on(async { peer_certificate(&TestCa::connect(ca.client_config(&[b"h2"]), proxy).await.unwrap()) })
 }
 
 /// SIGHUP makes new handshakes show the new certificate; a bad pair after

@@ -22,6 +22,7 @@ mod dlm_bench_processes;
 mod dlm_processes;
 mod edge_tls;
 mod fabric_processes;
+mod http2_bench;
 mod layering;
 mod metrics_nodes;
 mod metrics_tiers;
