@@ -141,6 +141,11 @@ pub struct ProxyArgs {
     /// The client listener's TLS and HTTP/2.
     #[command(flatten)]
     pub front: FrontArgs,
+    /// Speak HTTP/2 to the upstreams (cleartext, prior knowledge: they must
+    /// accept it, e.g. a proxy with --http2-cleartext); one connection per
+    /// upstream carries every request as a stream.
+    #[arg(long)]
+    pub upstream_http2: bool,
     /// Append a Combined Log Format line per client request to this file
     /// (`tierstack load` replays it as the trace `clf:PATH`).
     #[arg(long)]
@@ -216,6 +221,7 @@ impl ProxyArgs {
             coop_args: CoopArgs::default(),
             limits: HttpLimitsArgs::default(),
             front: FrontArgs::default(),
+            upstream_http2: false,
             access_log: None,
             refresh_hot: REFRESH_HOT_DEFAULT,
             refresh_interval_ms: REFRESH_INTERVAL_DEFAULT.as_millis() as u64,
@@ -314,6 +320,9 @@ impl ProxyArgs {
         args.extend(self.coop_args.to_args());
         args.extend(self.limits.to_args());
         args.extend(self.front.to_args());
+        if self.upstream_http2 {
+            args.push("--upstream-http2".to_string());
+        }
         if self.service != default.service {
             args.extend(self.service.to_args());
         }
@@ -383,6 +392,7 @@ mod tests {
                 http2_max_concurrent_streams: 9,
                 ..FrontArgs::default()
             },
+            upstream_http2: true,
             access_log: Some(PathBuf::from("/tmp/access.log")),
             refresh_hot: 0,
             refresh_interval_ms: 3,

@@ -244,6 +244,9 @@ pub struct ProxyOptions {
     /// What the client listener speaks besides HTTP/1.1: TLS (ALPN h2 and
     /// http/1.1), h2c. The admin listener stays plain HTTP/1.1.
     pub front: Front,
+    /// Speak HTTP/2 to the upstreams (h2c, prior knowledge): one shared
+    /// connection each, a stream per request.
+    pub upstream_http2: bool,
 }
 
 /// The client listener's limits' defaults, as every tier's.
@@ -266,6 +269,7 @@ impl Default for ProxyOptions {
             failures: FailureConfig::default(),
             suspect_probe: Some(tierstack_monitor::scheme::SUSPECT_AFTER_DEFAULT),
             front: Front::default(),
+            upstream_http2: false,
         }
     }
 }
@@ -373,7 +377,7 @@ impl Proxy {
             (_, Some(fabric)) => Some(VersionChecker::new(fabric)),
             (_, None) => None,
         };
-        let connections = Upstreams::new(&upstreams, UPSTREAM_IDLE_MAX);
+        let connections = Upstreams::new(&upstreams, UPSTREAM_IDLE_MAX, options.upstream_http2);
         let bind = |addr: SocketAddr| async move {
             tokio::net::TcpListener::bind(addr).await.map_err(|source| ProxyError::Listen { addr, source })
         };

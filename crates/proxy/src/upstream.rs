@@ -1,5 +1,7 @@
 //! Connections to the application servers: per upstream, a pool of idle
-//! HTTP/1.1 connections over hyper's connection API.
+//! HTTP/1.1 connections over hyper's connection API, or (`--upstream-http2`,
+//! h2c with prior knowledge) one shared HTTP/2 connection that carries
+//! every request as a stream.
 //!
 //! Why not hyper-util's pooled `Client`: a forward through it cost about
 //! 9,000 instructions more per miss (callgrind, docs/results.md issue 10): a
@@ -18,15 +20,46 @@
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper::body::{Body, Frame, Incoming, SizeHint};
-use hyper::client::conn::http1::SendRequest;
+use hyper::client::conn::{http1, http2};
 use hyper::header::{HeaderValue, HOST};
 use hyper::{Request, Response, Uri};
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
-type Sender = SendRequest<Full<Bytes>>;
+/// A connection's sending half, of either protocol.
+enum Sender {
+    H1(http1::SendRequest<Full<Bytes>>),
+    /// Cloned for every request: one connection, many streams.
+    H2(http2::SendRequest<Full<Bytes>>),
+}
+
+impl Sender {
+    fn is_closed(&self) -> bool {
+        match self {
+            Sender::H1(sender) => sender.is_closed(),
+            Sender::H2(sender) => sender.is_closed(),
+        }
+    }
+
+    async fn ready(&mut self) -> hyper::Result<()> {
+        match self {
+            Sender::H1(sender) => sender.ready().await,
+            Sender::H2(sender) => sender.ready().await,
+        }
+    }
+
+    async fn try_send_request(
+        &mut self,
+        request: Request<Full<Bytes>>,
+    ) -> Result<Response<Incoming>, hyper::client::conn::TrySendError<Request<Full<Bytes>>>> {
+        match self {
+            Sender::H1(sender) => sender.try_send_request(request).await,
+            Sender::H2(sender) => sender.try_send_request(request).await,
+        }
+    }
+}
 
 /// Why a request got no response head.
 #[derive(Debug, thiserror::Error)]
@@ -62,11 +95,20 @@ struct Pool {
     host: Option<HeaderValue>,
     idle: Mutex<Vec<Sender>>,
     idle_max: usize,
+    /// HTTP/2 with prior knowledge: `idle` holds the one shared connection.
+    http2: bool,
 }
 
 impl Pool {
     fn take(&self) -> Option<Sender> {
         let mut idle = self.idle.lock().ok()?;
+        if self.http2 {
+            match idle.first() {
+                Some(Sender::H2(shared)) if !shared.is_closed() => return Some(Sender::H2(shared.clone())),
+                _ => idle.clear(),
+            }
+            return None;
+        }
         while let Some(sender) = idle.pop() {
             if !sender.is_closed() {
                 return Some(sender);
@@ -76,7 +118,8 @@ impl Pool {
     }
 
     fn give_back(&self, sender: Sender) {
-        if sender.is_closed() {
+        // An HTTP/2 stream's sender is a clone of the shared one: dropped.
+        if sender.is_closed() || matches!(sender, Sender::H2(_)) {
             return;
         }
         if let Ok(mut idle) = self.idle.lock() {
@@ -89,14 +132,31 @@ impl Pool {
     async fn connect(&self) -> Result<Sender, UpstreamError> {
         let stream = tokio::net::TcpStream::connect(self.address.as_str()).await.map_err(UpstreamError::Connect)?;
         let _ = stream.set_nodelay(true);
-        let (sender, connection) =
-            hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.map_err(UpstreamError::Http)?;
+        if self.http2 {
+            let (sender, connection) = http2::Builder::new(TokioExecutor::new())
+                .timer(TokioTimer::new())
+                .keep_alive_interval(UPSTREAM_HTTP2_KEEPALIVE)
+                .handshake(TokioIo::new(stream))
+                .await
+                .map_err(UpstreamError::Http)?;
+            tokio::spawn(async move {
+                if let Err(e) = connection.await {
+                    tracing::debug!(error = %e, "upstream HTTP/2 connection ended with an error");
+                }
+            });
+            if let Ok(mut idle) = self.idle.lock() {
+                idle.clear();
+                idle.push(Sender::H2(sender.clone()));
+            }
+            return Ok(Sender::H2(sender));
+        }
+        let (sender, connection) = http1::handshake(TokioIo::new(stream)).await.map_err(UpstreamError::Http)?;
         tokio::spawn(async move {
             if let Err(e) = connection.await {
                 tracing::debug!(error = %e, "upstream connection ended with an error");
             }
         });
-        Ok(sender)
+        Ok(Sender::H1(sender))
     }
 }
 
@@ -107,8 +167,9 @@ pub(crate) struct Upstreams {
 
 impl Upstreams {
     /// Pools for `upstreams` (absolute `http` URIs with an authority),
-    /// keeping at most `idle_max` idle connections each.
-    pub(crate) fn new(upstreams: &[Uri], idle_max: usize) -> Upstreams {
+    /// keeping at most `idle_max` idle connections each; `http2`: one shared
+    /// HTTP/2 connection each instead (h2c, prior knowledge).
+    pub(crate) fn new(upstreams: &[Uri], idle_max: usize, http2: bool) -> Upstreams {
         let pools = upstreams
             .iter()
             .map(|uri| {
@@ -120,6 +181,7 @@ impl Upstreams {
                     host: authority.and_then(|a| HeaderValue::from_str(a.as_str()).ok()),
                     idle: Mutex::new(Vec::new()),
                     idle_max,
+                    http2,
                 })
             })
             .collect();
@@ -141,6 +203,9 @@ impl Upstreams {
             if let Some(host) = &pool.host {
                 request.headers_mut().insert(HOST, host.clone());
             }
+        }
+        if pool.http2 {
+            as_http2(&mut request);
         }
         loop {
             let (mut sender, reused) = match pool.take() {
@@ -165,6 +230,24 @@ impl Upstreams {
                     _ => return Err(UpstreamError::Http(e.into_error())),
                 },
             }
+        }
+    }
+}
+
+/// How often an idle upstream HTTP/2 connection is pinged (a dead one is
+/// then found before a request waits on it).
+const UPSTREAM_HTTP2_KEEPALIVE: std::time::Duration = std::time::Duration::from_secs(20);
+
+/// An origin-form request made fit for HTTP/2: its `Host` becomes the
+/// URI's authority (`:authority`, RFC 9113 §8.3.1), with scheme `http`.
+fn as_http2(request: &mut Request<Full<Bytes>>) {
+    let Some(host) = request.headers_mut().remove(HOST) else { return };
+    let target = request.uri().path_and_query().map_or("/", |p| p.as_str());
+    match host.to_str().ok().and_then(|host| format!("http://{host}{target}").parse::<Uri>().ok()) {
+        Some(uri) => *request.uri_mut() = uri,
+        // Not an authority: leave it a field (hyper sends it as one).
+        None => {
+            request.headers_mut().insert(HOST, host);
         }
     }
 }
@@ -272,7 +355,7 @@ mod tests {
 
     fn upstreams(server: &Server, idle_max: usize) -> Upstreams {
         let uri: Uri = format!("http://{}", server.address).parse().unwrap();
-        Upstreams::new(&[uri], idle_max)
+        Upstreams::new(&[uri], idle_max, false)
     }
 
     fn get(target: &str) -> Request<Full<Bytes>> {
@@ -371,7 +454,7 @@ mod tests {
         let closed = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let uri: Uri = format!("http://{}", closed.local_addr().unwrap()).parse().unwrap();
         drop(closed);
-        let upstreams = Upstreams::new(&[uri], 8);
+        let upstreams = Upstreams::new(&[uri], 8, false);
         let Err(error) = upstreams.request(0, get("/a")).await else { panic!("answered") };
         assert!(error.is_connect(), "{error}");
         let Err(error) = upstreams.request(7, get("/a")).await else { panic!("answered") };

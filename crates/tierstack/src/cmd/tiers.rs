@@ -273,6 +273,7 @@ pub(crate) fn proxy(args: ProxyArgs) -> Result<()> {
             failures,
             suspect_probe: suspect_after,
             front: front.clone(),
+            upstream_http2: args.upstream_http2,
         };
         let proxy = Proxy::bind_with(config, options).await?;
         if let Some(balancing) = balancing {
