@@ -1,7 +1,8 @@
 //! Connections to the application servers: per upstream, a pool of idle
 //! HTTP/1.1 connections over hyper's connection API, or (`--upstream-http2`,
 //! h2c with prior knowledge) one shared HTTP/2 connection that carries
-//! every request as a stream.
+//! every request as a stream. The HTTP/2 path is boxed away from the
+//! HTTP/1.1 one, so that a forward over HTTP/1.1 moves no larger futures.
 //!
 //! Why not hyper-util's pooled `Client`: a forward through it cost about
 //! 9,000 instructions more per miss (callgrind, docs/results.md issue 10): a
@@ -20,7 +21,8 @@
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper::body::{Body, Frame, Incoming, SizeHint};
-use hyper::client::conn::{http1, http2};
+use hyper::client::conn::http1::SendRequest;
+use hyper::client::conn::http2;
 use hyper::header::{HeaderValue, HOST};
 use hyper::{Request, Response, Uri};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
@@ -28,38 +30,8 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
-/// A connection's sending half, of either protocol.
-enum Sender {
-    H1(http1::SendRequest<Full<Bytes>>),
-    /// Cloned for every request: one connection, many streams.
-    H2(http2::SendRequest<Full<Bytes>>),
-}
-
-impl Sender {
-    fn is_closed(&self) -> bool {
-        match self {
-            Sender::H1(sender) => sender.is_closed(),
-            Sender::H2(sender) => sender.is_closed(),
-        }
-    }
-
-    async fn ready(&mut self) -> hyper::Result<()> {
-        match self {
-            Sender::H1(sender) => sender.ready().await,
-            Sender::H2(sender) => sender.ready().await,
-        }
-    }
-
-    async fn try_send_request(
-        &mut self,
-        request: Request<Full<Bytes>>,
-    ) -> Result<Response<Incoming>, hyper::client::conn::TrySendError<Request<Full<Bytes>>>> {
-        match self {
-            Sender::H1(sender) => sender.try_send_request(request).await,
-            Sender::H2(sender) => sender.try_send_request(request).await,
-        }
-    }
-}
+type Sender = SendRequest<Full<Bytes>>;
+type SharedSender = http2::SendRequest<Full<Bytes>>;
 
 /// Why a request got no response head.
 #[derive(Debug, thiserror::Error)]
@@ -95,20 +67,14 @@ struct Pool {
     host: Option<HeaderValue>,
     idle: Mutex<Vec<Sender>>,
     idle_max: usize,
-    /// HTTP/2 with prior knowledge: `idle` holds the one shared connection.
-    http2: bool,
+    /// HTTP/2 with prior knowledge: the one connection every request
+    /// shares (`Some` once made), instead of `idle`.
+    shared: Option<Mutex<Option<SharedSender>>>,
 }
 
 impl Pool {
     fn take(&self) -> Option<Sender> {
         let mut idle = self.idle.lock().ok()?;
-        if self.http2 {
-            match idle.first() {
-                Some(Sender::H2(shared)) if !shared.is_closed() => return Some(Sender::H2(shared.clone())),
-                _ => idle.clear(),
-            }
-            return None;
-        }
         while let Some(sender) = idle.pop() {
             if !sender.is_closed() {
                 return Some(sender);
@@ -118,8 +84,7 @@ impl Pool {
     }
 
     fn give_back(&self, sender: Sender) {
-        // An HTTP/2 stream's sender is a clone of the shared one: dropped.
-        if sender.is_closed() || matches!(sender, Sender::H2(_)) {
+        if sender.is_closed() {
             return;
         }
         if let Ok(mut idle) = self.idle.lock() {
@@ -132,31 +97,88 @@ impl Pool {
     async fn connect(&self) -> Result<Sender, UpstreamError> {
         let stream = tokio::net::TcpStream::connect(self.address.as_str()).await.map_err(UpstreamError::Connect)?;
         let _ = stream.set_nodelay(true);
-        if self.http2 {
-            let (sender, connection) = http2::Builder::new(TokioExecutor::new())
-                .timer(TokioTimer::new())
-                .keep_alive_interval(UPSTREAM_HTTP2_KEEPALIVE)
-                .handshake(TokioIo::new(stream))
-                .await
-                .map_err(UpstreamError::Http)?;
-            tokio::spawn(async move {
-                if let Err(e) = connection.await {
-                    tracing::debug!(error = %e, "upstream HTTP/2 connection ended with an error");
-                }
-            });
-            if let Ok(mut idle) = self.idle.lock() {
-                idle.clear();
-                idle.push(Sender::H2(sender.clone()));
-            }
-            return Ok(Sender::H2(sender));
-        }
-        let (sender, connection) = http1::handshake(TokioIo::new(stream)).await.map_err(UpstreamError::Http)?;
+        let (sender, connection) =
+            hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.map_err(UpstreamError::Http)?;
         tokio::spawn(async move {
             if let Err(e) = connection.await {
                 tracing::debug!(error = %e, "upstream connection ended with an error");
             }
         });
-        Ok(Sender::H1(sender))
+        Ok(sender)
+    }
+
+    /// The shared HTTP/2 connection if it is open, and whether it was
+    /// (a new one is made and shared otherwise).
+    async fn shared_sender(&self, shared: &Mutex<Option<SharedSender>>) -> Result<(SharedSender, bool), UpstreamError> {
+        if let Ok(held) = shared.lock() {
+            if let Some(sender) = held.as_ref().filter(|s| !s.is_closed()) {
+                return Ok((sender.clone(), true));
+            }
+        }
+        let stream = tokio::net::TcpStream::connect(self.address.as_str()).await.map_err(UpstreamError::Connect)?;
+        let _ = stream.set_nodelay(true);
+        let (sender, connection) = http2::Builder::new(TokioExecutor::new())
+            .timer(TokioTimer::new())
+            .keep_alive_interval(UPSTREAM_HTTP2_KEEPALIVE)
+            .handshake(TokioIo::new(stream))
+            .await
+            .map_err(UpstreamError::Http)?;
+        tokio::spawn(async move {
+            if let Err(e) = connection.await {
+                tracing::debug!(error = %e, "upstream HTTP/2 connection ended with an error");
+            }
+        });
+        if let Ok(mut held) = shared.lock() {
+            *held = Some(sender.clone());
+        }
+        Ok((sender, false))
+    }
+
+    /// [`Upstreams::request`] over the shared HTTP/2 connection.
+    async fn request_http2(
+        &self,
+        shared: &Mutex<Option<SharedSender>>,
+        mut request: Request<Full<Bytes>>,
+    ) -> Result<Response<PooledBody>, UpstreamError> {
+        as_http2(&mut request);
+        loop {
+            let (mut sender, reused) = self.shared_sender(shared).await?;
+            if let Err(e) = sender.ready().await {
+                if reused {
+                    // Closed meanwhile: the next turn makes a new one.
+                    if let Ok(mut held) = shared.lock() {
+                        held.take();
+                    }
+                    continue;
+                }
+                return Err(UpstreamError::Http(e));
+            }
+            match sender.try_send_request(request).await {
+                Ok(response) => return Ok(response.map(|body| PooledBody { body, back: None })),
+                Err(mut e) => match e.take_message() {
+                    Some(unsent) if reused => request = unsent,
+                    _ => return Err(UpstreamError::Http(e.into_error())),
+                },
+            }
+        }
+    }
+}
+
+/// How often an idle upstream HTTP/2 connection is pinged (a dead one is
+/// then found before a request waits on it).
+const UPSTREAM_HTTP2_KEEPALIVE: std::time::Duration = std::time::Duration::from_secs(20);
+
+/// An origin-form request made fit for HTTP/2: its `Host` becomes the
+/// URI's authority (`:authority`, RFC 9113 §8.3.1), with scheme `http`.
+fn as_http2(request: &mut Request<Full<Bytes>>) {
+    let Some(host) = request.headers_mut().remove(HOST) else { return };
+    let target = request.uri().path_and_query().map_or("/", |p| p.as_str());
+    match host.to_str().ok().and_then(|host| format!("http://{host}{target}").parse::<Uri>().ok()) {
+        Some(uri) => *request.uri_mut() = uri,
+        // Not an authority: leave it a field (hyper sends it as one).
+        None => {
+            request.headers_mut().insert(HOST, host);
+        }
     }
 }
 
@@ -181,7 +203,7 @@ impl Upstreams {
                     host: authority.and_then(|a| HeaderValue::from_str(a.as_str()).ok()),
                     idle: Mutex::new(Vec::new()),
                     idle_max,
-                    http2,
+                    shared: http2.then(|| Mutex::new(None)),
                 })
             })
             .collect();
@@ -204,8 +226,9 @@ impl Upstreams {
                 request.headers_mut().insert(HOST, host.clone());
             }
         }
-        if pool.http2 {
-            as_http2(&mut request);
+        if let Some(shared) = &pool.shared {
+            // Boxed: the HTTP/1.1 path's future stays as small as it was.
+            return Box::pin(pool.request_http2(shared, request)).await;
         }
         loop {
             let (mut sender, reused) = match pool.take() {
@@ -230,24 +253,6 @@ impl Upstreams {
                     _ => return Err(UpstreamError::Http(e.into_error())),
                 },
             }
-        }
-    }
-}
-
-/// How often an idle upstream HTTP/2 connection is pinged (a dead one is
-/// then found before a request waits on it).
-const UPSTREAM_HTTP2_KEEPALIVE: std::time::Duration = std::time::Duration::from_secs(20);
-
-/// An origin-form request made fit for HTTP/2: its `Host` becomes the
-/// URI's authority (`:authority`, RFC 9113 §8.3.1), with scheme `http`.
-fn as_http2(request: &mut Request<Full<Bytes>>) {
-    let Some(host) = request.headers_mut().remove(HOST) else { return };
-    let target = request.uri().path_and_query().map_or("/", |p| p.as_str());
-    match host.to_str().ok().and_then(|host| format!("http://{host}{target}").parse::<Uri>().ok()) {
-        Some(uri) => *request.uri_mut() = uri,
-        // Not an authority: leave it a field (hyper sends it as one).
-        None => {
-            request.headers_mut().insert(HOST, host);
         }
     }
 }

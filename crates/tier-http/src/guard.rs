@@ -175,8 +175,9 @@ pub struct RequestBody {
     /// The connection and its head's arrival ([`ConnState::head_arrived`]),
     /// while this body is unfinished and under a deadline.
     unfinished: Option<(Arc<ConnState>, u64)>,
-    /// HTTP/2: the stream's body deadline, and its timer once armed.
-    deadline: Option<(Instant, Option<Pin<Box<Sleep>>>)>,
+    /// HTTP/2: the stream's body deadline (boxed: a plain HTTP/1.1
+    /// request's body, moved with every request, grows by a pointer only).
+    deadline: Option<Pin<Box<Sleep>>>,
 }
 
 /// Why a request body could not be read: hyper's error, or (HTTP/2) the
@@ -189,7 +190,7 @@ impl RequestBody {
     }
 
     pub(crate) fn with_deadline(inner: hyper::body::Incoming, deadline: Option<Instant>) -> Self {
-        RequestBody { inner, unfinished: None, deadline: deadline.map(|at| (at, None)) }
+        RequestBody { inner, unfinished: None, deadline: deadline.map(|at| Box::pin(tokio::time::sleep_until(at))) }
     }
 
     fn finished(&mut self) {
@@ -217,8 +218,8 @@ impl hyper::body::Body for RequestBody {
     ) -> Poll<Option<Result<hyper::body::Frame<Self::Data>, Self::Error>>> {
         let polled = Pin::new(&mut self.inner).poll_frame(cx);
         if polled.is_pending() {
-            if let Some((at, timer)) = &mut self.deadline {
-                if poll_timer(timer, *at, cx) {
+            if let Some(timer) = &mut self.deadline {
+                if timer.as_mut().poll(cx).is_ready() {
                     self.deadline = None;
                     return Poll::Ready(Some(Err(timed_out(
                         "the request body did not arrive within the body timeout",

@@ -15,7 +15,7 @@ use std::time::Duration;
 use tierstack_proxy::{CacheMode, Proxy, ProxyConfig, ProxyOptions};
 use tierstack_tier_http::{collect_limited, serve_with_front, text, Front, ServeOptions, Stop};
 
-/// Seen failing: with `take` never handing out the shared connection, the
+/// Seen failing: with the shared connection never handed out again, the
 /// upstream counted one connection per forward; with `as_http2` left out,
 /// the requests went without `:scheme` and `:authority`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
