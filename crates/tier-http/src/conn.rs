@@ -128,6 +128,39 @@ pub(crate) struct Conn<H> {
     pub(crate) peer: std::net::SocketAddr,
     pub(crate) options: ServeOptions,
     pub(crate) close: oneshot::Receiver<Close>,
+    pub(crate) held: Held,
+}
+
+/// A new connection's place under the connection limit.
+pub(crate) enum Slot {
+    /// Held for its drop, which gives the slot back.
+    #[allow(dead_code)]
+    Held(tokio::sync::OwnedSemaphorePermit),
+    /// A displaced connection is closing; its slot comes once it has.
+    Freeing(Arc<tokio::sync::Semaphore>),
+}
+
+/// What a connection holds while it lives: its places under the limits,
+/// the accept hook's guard, and its part in the listener's count of open
+/// connections (the stop waits for every one to be dropped). Each is held
+/// for its drop.
+pub(crate) struct Held {
+    pub(crate) _hook: Option<Box<dyn Send>>,
+    pub(crate) slot: Option<Slot>,
+    pub(crate) _client: Option<crate::guard::ClientSlot>,
+    pub(crate) _registered: Option<crate::guard::Registered>,
+    pub(crate) _open: tokio::sync::mpsc::Sender<()>,
+}
+
+impl Held {
+    /// Waits for the connection's slot if a displaced one still holds it.
+    async fn settled(mut self) -> Held {
+        if let Some(Slot::Freeing(slots)) = &self.slot {
+            let slots = slots.clone();
+            self.slot = slots.acquire_owned().await.ok().map(Slot::Held);
+        }
+        self
+    }
 }
 
 /// Serves one accepted connection with a [`Front`] (TLS, h2c): finds the
@@ -139,6 +172,7 @@ where
     B: hyper::body::Body<Data = Bytes> + Send + Unpin + 'static,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
+    conn.held = conn.held.settled().await;
     if let Some(tls) = &front.tls {
         let acceptor = tokio_rustls::TlsAcceptor::from(tls.config());
         let deadline = front.tls_handshake_timeout.unwrap_or(TLS_HANDSHAKE_TIMEOUT_DEFAULT);
@@ -194,7 +228,8 @@ where
     B: hyper::body::Body<Data = Bytes> + Send + Unpin + 'static,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
-    let Conn { handler, state, peer, options, close } = conn;
+    let Conn { handler, state, peer, options, close, held } = conn;
+    let _held = held.settled().await;
     let on_request = state;
     let body_deadline = options.body_read_timeout.is_some();
     // Without a header timeout or a registry to read it, the end of
@@ -255,7 +290,8 @@ where
     B: hyper::body::Body<Data = Bytes> + Send + Unpin + 'static,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
-    let Conn { handler, state, peer, options, close } = conn;
+    let Conn { handler, state, peer, options, close, held } = conn;
+    let _held = held.settled().await;
     let streams = state.clone();
     let service = service_fn(move |request: Request<Incoming>| {
         // Held until the stream's answer is done with, or its handler

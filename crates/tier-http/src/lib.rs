@@ -19,7 +19,7 @@ pub use args::{
     FrontArgs, HttpLimitsArgs, BODY_READ_TIMEOUT_DEFAULT, HEADER_READ_TIMEOUT_DEFAULT, MAX_CONNECTIONS_DEFAULT,
     WRITE_TIMEOUT_DEFAULT,
 };
-use conn::{serve_front, serve_http1, watch_for_close, Conn};
+use conn::{serve_front, serve_http1, watch_for_close, Conn, Held, Slot};
 pub use conn::{Front, Http2Options};
 pub use guard::{BodyError, RequestBody};
 use guard::{ConnState, GuardedIo, PerClient, Registry};
@@ -274,43 +274,30 @@ where
             _ => None,
         };
         let _ = stream.set_nodelay(true);
-        let handler = handler.clone();
-        let conn_stop = watcher.clone();
-        let held = on_connection.as_ref().map(|hook| hook());
-        let open = open_tx.clone();
         let state = Arc::new(ConnState::new());
-        let registered = registry.as_ref().map(|registry| registry.enter(state.clone()));
-        let front = front.clone();
-        tokio::spawn(async move {
-            let slot = match slot {
-                Some(Slot::Held(slot)) => Some(slot),
-                Some(Slot::Freeing(slots)) => slots.acquire_owned().await.ok(),
-                None => None,
-            };
-            let _held_while_connected = (held, slot, client_slot, registered);
-            let _open = open;
-            let io = GuardedIo::new(stream, state.clone(), options.body_read_timeout, options.write_timeout);
-            // The stop signal and the header-read timer are watched by a task
-            // of their own, which wakes this one only when one fires: polled
-            // beside the connection, they cost about 400 instructions per
-            // request (a select polls every branch on every wake).
-            let (close_tx, close) = tokio::sync::oneshot::channel();
-            tokio::spawn(watch_for_close(close_tx, conn_stop, state.clone(), options.header_read_timeout));
-            let conn = Conn { handler, state, peer, options, close };
-            match front {
-                None => serve_http1(io, conn).await,
-                Some(front) => serve_front(front, io, conn).await,
-            }
-        });
+        let held = Held {
+            _hook: on_connection.as_ref().map(|hook| hook()),
+            slot,
+            _client: client_slot,
+            _registered: registry.as_ref().map(|registry| registry.enter(state.clone())),
+            _open: open_tx.clone(),
+        };
+        let io = GuardedIo::new(stream, state.clone(), options.body_read_timeout, options.write_timeout);
+        // The stop signal and the header-read timer are watched by a task
+        // of their own, which wakes the connection's only when one fires:
+        // polled beside the connection, they cost about 400 instructions
+        // per request (a select polls every branch on every wake).
+        let (close_tx, close) = tokio::sync::oneshot::channel();
+        tokio::spawn(watch_for_close(close_tx, watcher.clone(), state.clone(), options.header_read_timeout));
+        let conn = Conn { handler: handler.clone(), state, peer, options, close, held };
+        // The plain connection's task is `serve_http1` itself: no outer
+        // future to pass every wake through.
+        match &front {
+            None => drop(tokio::spawn(serve_http1(io, conn))),
+            Some(front) => drop(tokio::spawn(serve_front(front.clone(), io, conn))),
+        }
         let _ = watcher.borrow_and_update();
     }
-}
-
-/// A new connection's place under the connection limit.
-enum Slot {
-    Held(tokio::sync::OwnedSemaphorePermit),
-    /// A displaced connection is closing; its slot comes once it has.
-    Freeing(Arc<tokio::sync::Semaphore>),
 }
 
 /// The path every tier answers `200 alive` on (its admin listener).
