@@ -10,7 +10,7 @@
 //! plots), [`html`] (the page a person opens: `index.html` per experiment),
 //! [`dlm_nodes`] (the lock-manager benchmark's node processes and their
 //! pipe protocol), [`fabric_node`] (`tierstack fabric`'s node tools). Experiments: [`fabric`], [`coherence`] (its hot-document experiment: [`coherence_hot`]), [`pushpull`],
-//! [`dlm`], [`ddss`], [`monitor`] (its back end: [`monitor_node`]; its reconfiguration agent's flags: [`reconfig_agent`]); [`demo`] is the comparison `tierstack demo` tells and
+//! [`dlm`], [`ddss`], [`http2`] (the proxy at the edge beside nginx, over TLS and HTTP/2), [`monitor`] (its back end: [`monitor_node`]; its reconfiguration agent's flags: [`reconfig_agent`]); [`demo`] is the comparison `tierstack demo` tells and
 //! [`demo_run`] runs it; [`dlm_holds`] is the random-hold workload `tierstack dlm-node` runs.
 //! Launching processes (children, the 2-tier deployment, `tierstack
 //! cluster`) is deployment and lives in `tierstack_deploy`.
@@ -29,6 +29,7 @@ pub mod fabric;
 pub mod fabric_auth;
 pub mod fabric_node;
 pub mod html;
+pub mod http2;
 pub mod monitor;
 pub mod monitor_node;
 pub mod press;

@@ -28,6 +28,7 @@
 pub mod cluster;
 pub mod deployment;
 pub mod haproxy;
+pub mod nginx;
 pub mod process;
 pub mod supervise;
 pub mod top;

@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use tierstack_coop::args::{parse_scheme, CoopArgs};
 use tierstack_monitor::BackendAddress;
 use tierstack_tier_http::service::ServiceArgs;
-use tierstack_tier_http::HttpLimitsArgs;
+use tierstack_tier_http::{FrontArgs, HttpLimitsArgs};
 
 /// `--cache-bytes` unless told otherwise.
 pub const CACHE_BYTES_DEFAULT: usize = 256 << 20;
@@ -138,6 +138,14 @@ pub struct ProxyArgs {
     /// The client listener's limits (slow clients, connections).
     #[command(flatten)]
     pub limits: HttpLimitsArgs,
+    /// The client listener's TLS and HTTP/2.
+    #[command(flatten)]
+    pub front: FrontArgs,
+    /// Speak HTTP/2 to the upstreams (cleartext, prior knowledge: they must
+    /// accept it, e.g. a proxy with --http2-cleartext); one connection per
+    /// upstream carries every request as a stream.
+    #[arg(long)]
+    pub upstream_http2: bool,
     /// Append a Combined Log Format line per client request to this file
     /// (`tierstack load` replays it as the trace `clf:PATH`).
     #[arg(long)]
@@ -226,6 +234,8 @@ impl ProxyArgs {
             coop: None,
             coop_args: CoopArgs::default(),
             limits: HttpLimitsArgs::default(),
+            front: FrontArgs::default(),
+            upstream_http2: false,
             access_log: None,
             refresh_hot: REFRESH_HOT_DEFAULT,
             refresh_interval_ms: REFRESH_INTERVAL_DEFAULT.as_millis() as u64,
@@ -331,6 +341,10 @@ impl ProxyArgs {
         }
         args.extend(self.coop_args.to_args());
         args.extend(self.limits.to_args());
+        args.extend(self.front.to_args());
+        if self.upstream_http2 {
+            args.push("--upstream-http2".to_string());
+        }
         if self.service != default.service {
             args.extend(self.service.to_args());
         }
@@ -393,6 +407,14 @@ mod tests {
                 max_connections: 12,
                 max_connections_per_client: Some(3),
             },
+            front: FrontArgs {
+                tls_cert: Some(PathBuf::from("/tmp/c.pem")),
+                tls_key: Some(PathBuf::from("/tmp/k.pem")),
+                http2_cleartext: true,
+                http2_max_concurrent_streams: 9,
+                ..FrontArgs::default()
+            },
+            upstream_http2: true,
             access_log: Some(PathBuf::from("/tmp/access.log")),
             refresh_hot: 0,
             refresh_interval_ms: 3,

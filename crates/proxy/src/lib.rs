@@ -139,7 +139,8 @@ pub use tierstack_pushpull::SLOTS_DEFAULT as CACHE_STATE_SLOTS_DEFAULT;
 use tierstack_secret::Secret;
 use tierstack_tier_http::RequestBody;
 use tierstack_tier_http::{
-    serve_with_options, PeerAddr, ServeOptions, Stop, BODY_READ_TIMEOUT_DEFAULT, WRITE_TIMEOUT_DEFAULT,
+    serve_with_front, serve_with_options, Front, PeerAddr, ServeOptions, Stop, BODY_READ_TIMEOUT_DEFAULT,
+    WRITE_TIMEOUT_DEFAULT,
 };
 use upstream::Upstreams;
 
@@ -255,6 +256,12 @@ pub struct ProxyOptions {
     /// request forbids it (see the `stale` module). Zero: only
     /// `stale-if-error` does.
     pub serve_stale_on_error: Duration,
+    /// What the client listener speaks besides HTTP/1.1: TLS (ALPN h2 and
+    /// http/1.1), h2c. The admin listener stays plain HTTP/1.1.
+    pub front: Front,
+    /// Speak HTTP/2 to the upstreams (h2c, prior knowledge): one shared
+    /// connection each, a stream per request.
+    pub upstream_http2: bool,
 }
 
 /// The client listener's limits' defaults, as every tier's.
@@ -278,6 +285,8 @@ impl Default for ProxyOptions {
             suspect_probe: Some(tierstack_monitor::scheme::SUSPECT_AFTER_DEFAULT),
             set_cookie: SetCookie::default(),
             serve_stale_on_error: Duration::ZERO,
+            front: Front::default(),
+            upstream_http2: false,
         }
     }
 }
@@ -344,6 +353,7 @@ pub struct Balancing {
 pub struct Proxy {
     listener: tokio::net::TcpListener,
     limits: ServeOptions,
+    front: Front,
     admin: Option<tokio::net::TcpListener>,
     state: Arc<State>,
 }
@@ -384,7 +394,7 @@ impl Proxy {
             (_, Some(fabric)) => Some(VersionChecker::new(fabric)),
             (_, None) => None,
         };
-        let connections = Upstreams::new(&upstreams, UPSTREAM_IDLE_MAX);
+        let connections = Upstreams::new(&upstreams, UPSTREAM_IDLE_MAX, options.upstream_http2);
         let bind = |addr: SocketAddr| async move {
             tokio::net::TcpListener::bind(addr).await.map_err(|source| ProxyError::Listen { addr, source })
         };
@@ -442,7 +452,7 @@ impl Proxy {
             // Only the access log names the client.
             peer_addr: state.access_log.is_some(),
         };
-        Ok(Proxy { listener, limits, admin, state })
+        Ok(Proxy { listener, limits, front: options.front, admin, state })
     }
 
     pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
@@ -546,7 +556,7 @@ impl Proxy {
                 response
             }
         });
-        let clients = serve_with_options(self.listener, handler, stop.clone(), None, self.limits);
+        let clients = serve_with_front(self.listener, handler, stop.clone(), None, self.limits, self.front);
         let Some(admin) = self.admin else { return clients.await };
         let state = self.state.clone();
         let admin_handler = Arc::new(move |request| admin::handle_admin(state.clone(), request));

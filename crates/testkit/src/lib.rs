@@ -17,6 +17,8 @@
 //!   under a fresh directory, `tcp` and `ucx` on loopback).
 //! - [`ddss`]: DDSS substrates in one process over a local cluster.
 //! - [`http`]: a hand-written HTTP/1.1 client for the end-to-end tests.
+//! - [`tls`]: a test certificate authority issuing server certificates
+//!   (written to PEM files, the key 0600) and a TLS client that trusts it.
 //! - [`metrics`]: a `/metrics` exposition checked as Prometheus takes it.
 //! - [`test_seed`]: a randomized test's seed, replayable with
 //!   `TIERSTACK_TEST_SEED`.
@@ -40,6 +42,7 @@ pub mod http;
 pub mod metrics;
 pub mod nodes;
 pub mod rights;
+pub mod tls;
 pub mod transfers;
 
 /// The `tierstack` binary's path, for the tierstack crate's integration

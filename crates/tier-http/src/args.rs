@@ -1,8 +1,17 @@
 //! [`HttpLimitsArgs`]: the client-facing limits of a tier's HTTP listener,
 //! spelled once, flattened into every tier's flags (proxy, app-server,
-//! origin, press-node) and turned into [`ServeOptions`].
+//! origin, press-node) and turned into [`ServeOptions`]. [`FrontArgs`]:
+//! TLS and HTTP/2 on a listener (the proxy's, so far), turned into a
+//! [`Front`](crate::Front).
 
+use crate::conn::{
+    Front, Http2Options, HTTP2_CONNECTION_WINDOW_BYTES_DEFAULT, HTTP2_KEEPALIVE_INTERVAL_DEFAULT,
+    HTTP2_KEEPALIVE_TIMEOUT_DEFAULT, HTTP2_MAX_CONCURRENT_STREAMS_DEFAULT, HTTP2_MAX_HEADER_LIST_BYTES_DEFAULT,
+    HTTP2_STREAM_WINDOW_BYTES_DEFAULT, TLS_HANDSHAKE_TIMEOUT_DEFAULT,
+};
+use crate::tls::{TlsError, TlsFiles, TlsServer};
 use crate::ServeOptions;
+use std::path::PathBuf;
 use std::time::Duration;
 
 /// `--header-read-timeout-ms` unless told otherwise.
@@ -93,9 +102,195 @@ impl HttpLimitsArgs {
     }
 }
 
+/// HTTP/2 flow-control windows: at least the protocol's initial 65,535
+/// bytes, at most its 2^31 - 1.
+fn window_bytes(word: &str) -> Result<u32, String> {
+    let bytes: u32 = word.parse().map_err(|e| format!("{e}"))?;
+    if !(65_535..=(1 << 31) - 1).contains(&bytes) {
+        return Err(format!("{bytes} is no HTTP/2 window (65535 to 2147483647 bytes)"));
+    }
+    Ok(bytes)
+}
+
+/// What a listener speaks besides plain HTTP/1.1: TLS (with ALPN for
+/// HTTP/2) and HTTP/2 on cleartext, with HTTP/2's limits.
+#[derive(clap::Args, Clone, Debug, PartialEq, Eq)]
+pub struct FrontArgs {
+    /// Terminate TLS with this certificate chain (PEM, end-entity
+    /// certificate first); needs --tls-key. Reloaded with the key on SIGHUP.
+    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// The certificate's private key (PEM); mode 0600 and owned by this
+    /// user, or it is refused.
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// Close a connection whose TLS handshake is not done this long after
+    /// it was accepted.
+    #[arg(long, default_value_t = TLS_HANDSHAKE_TIMEOUT_DEFAULT.as_millis() as u64,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub tls_handshake_timeout_ms: u64,
+    /// Over TLS, offer HTTP/1.1 only (ALPN); without it `h2` is offered first.
+    #[arg(long)]
+    pub no_http2: bool,
+    /// On cleartext, also serve HTTP/2 to clients that open with its
+    /// preface (h2c with prior knowledge).
+    #[arg(long)]
+    pub http2_cleartext: bool,
+    /// HTTP/2: at most this many streams open at once per connection.
+    #[arg(long, default_value_t = HTTP2_MAX_CONCURRENT_STREAMS_DEFAULT,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub http2_max_concurrent_streams: u32,
+    /// HTTP/2: the largest request header list (decoded bytes).
+    #[arg(long, default_value_t = HTTP2_MAX_HEADER_LIST_BYTES_DEFAULT,
+          value_parser = clap::value_parser!(u32).range(1024..))]
+    pub http2_max_header_list_bytes: u32,
+    /// HTTP/2: request body bytes a client may send one stream unread.
+    #[arg(long, default_value_t = HTTP2_STREAM_WINDOW_BYTES_DEFAULT, value_parser = window_bytes)]
+    pub http2_stream_window_bytes: u32,
+    /// HTTP/2: request body bytes a client may send unread over all streams.
+    #[arg(long, default_value_t = HTTP2_CONNECTION_WINDOW_BYTES_DEFAULT, value_parser = window_bytes)]
+    pub http2_connection_window_bytes: u32,
+    /// HTTP/2: ping a connection this often; 0: never.
+    #[arg(long, default_value_t = HTTP2_KEEPALIVE_INTERVAL_DEFAULT.as_millis() as u64)]
+    pub http2_keepalive_interval_ms: u64,
+    /// HTTP/2: close a connection whose ping is not answered this long.
+    #[arg(long, default_value_t = HTTP2_KEEPALIVE_TIMEOUT_DEFAULT.as_millis() as u64,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub http2_keepalive_timeout_ms: u64,
+}
+
+impl Default for FrontArgs {
+    /// As parsed from no flags.
+    fn default() -> Self {
+        let http2 = Http2Options::default();
+        FrontArgs {
+            tls_cert: None,
+            tls_key: None,
+            tls_handshake_timeout_ms: TLS_HANDSHAKE_TIMEOUT_DEFAULT.as_millis() as u64,
+            no_http2: false,
+            http2_cleartext: false,
+            http2_max_concurrent_streams: http2.max_concurrent_streams,
+            http2_max_header_list_bytes: http2.max_header_list_bytes,
+            http2_stream_window_bytes: http2.stream_window_bytes,
+            http2_connection_window_bytes: http2.connection_window_bytes,
+            http2_keepalive_interval_ms: HTTP2_KEEPALIVE_INTERVAL_DEFAULT.as_millis() as u64,
+            http2_keepalive_timeout_ms: HTTP2_KEEPALIVE_TIMEOUT_DEFAULT.as_millis() as u64,
+        }
+    }
+}
+
+impl FrontArgs {
+    /// The command-line words that parse back into these (those at their
+    /// defaults left out).
+    pub fn to_args(&self) -> Vec<String> {
+        let default = FrontArgs::default();
+        let mut args = Vec::new();
+        let mut flag = |name: &str, value: String| args.extend([name.to_string(), value]);
+        if let (Some(cert), Some(key)) = (&self.tls_cert, &self.tls_key) {
+            flag("--tls-cert", cert.display().to_string());
+            flag("--tls-key", key.display().to_string());
+        }
+        let numbers = [
+            ("--tls-handshake-timeout-ms", self.tls_handshake_timeout_ms, default.tls_handshake_timeout_ms),
+            (
+                "--http2-max-concurrent-streams",
+                self.http2_max_concurrent_streams.into(),
+                default.http2_max_concurrent_streams.into(),
+            ),
+            (
+                "--http2-max-header-list-bytes",
+                self.http2_max_header_list_bytes.into(),
+                default.http2_max_header_list_bytes.into(),
+            ),
+            (
+                "--http2-stream-window-bytes",
+                self.http2_stream_window_bytes.into(),
+                default.http2_stream_window_bytes.into(),
+            ),
+            (
+                "--http2-connection-window-bytes",
+                self.http2_connection_window_bytes.into(),
+                default.http2_connection_window_bytes.into(),
+            ),
+            ("--http2-keepalive-interval-ms", self.http2_keepalive_interval_ms, default.http2_keepalive_interval_ms),
+            ("--http2-keepalive-timeout-ms", self.http2_keepalive_timeout_ms, default.http2_keepalive_timeout_ms),
+        ];
+        for (name, value, default) in numbers {
+            if value != default {
+                flag(name, value.to_string());
+            }
+        }
+        if self.no_http2 {
+            args.push("--no-http2".to_string());
+        }
+        if self.http2_cleartext {
+            args.push("--http2-cleartext".to_string());
+        }
+        args
+    }
+
+    /// The certificate and key files, if TLS is asked for.
+    pub fn tls_files(&self) -> Option<TlsFiles> {
+        match (&self.tls_cert, &self.tls_key) {
+            (Some(cert), Some(key)) => Some(TlsFiles { cert: cert.clone(), key: key.clone() }),
+            _ => None,
+        }
+    }
+
+    /// The listener's [`Front`], its certificate and key loaded (the error
+    /// says which file is wrong and why).
+    pub fn front(&self) -> Result<Front, TlsError> {
+        let tls = match self.tls_files() {
+            Some(files) => Some(TlsServer::load(files, !self.no_http2)?),
+            None => None,
+        };
+        Ok(Front {
+            tls,
+            http2_cleartext: self.http2_cleartext,
+            http2: Http2Options {
+                max_concurrent_streams: self.http2_max_concurrent_streams,
+                max_header_list_bytes: self.http2_max_header_list_bytes,
+                stream_window_bytes: self.http2_stream_window_bytes,
+                connection_window_bytes: self.http2_connection_window_bytes,
+                keepalive_interval: (self.http2_keepalive_interval_ms > 0)
+                    .then(|| Duration::from_millis(self.http2_keepalive_interval_ms)),
+                keepalive_timeout: Duration::from_millis(self.http2_keepalive_timeout_ms),
+            },
+            tls_handshake_timeout: Some(Duration::from_millis(self.tls_handshake_timeout_ms)),
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Guards "spelled once" for the front's flags too.
+    #[test]
+    fn front_flags_round_trip_through_their_words() {
+        let changed = FrontArgs {
+            tls_cert: Some("/c.pem".into()),
+            tls_key: Some("/k.pem".into()),
+            tls_handshake_timeout_ms: 1_500,
+            no_http2: true,
+            http2_cleartext: true,
+            http2_max_concurrent_streams: 7,
+            http2_max_header_list_bytes: 4096,
+            http2_stream_window_bytes: 70_000,
+            http2_connection_window_bytes: 80_000,
+            http2_keepalive_interval_ms: 0,
+            http2_keepalive_timeout_ms: 900,
+        };
+        for front in [changed, FrontArgs::default()] {
+            let words = std::iter::once("front".to_string()).chain(front.to_args());
+            assert_eq!(tierstack_testkit::args::parse::<FrontArgs, _, _>(words).unwrap(), front);
+        }
+        assert!(FrontArgs::default().to_args().is_empty());
+        let bad = ["front", "--http2-stream-window-bytes", "100"];
+        assert!(tierstack_testkit::args::parse::<FrontArgs, _, _>(bad).is_err(), "a window below 65535");
+        let half = ["front", "--tls-cert", "/c.pem"];
+        assert!(tierstack_testkit::args::parse::<FrontArgs, _, _>(half).is_err(), "a certificate without its key");
+    }
 
     /// Guards "spelled once": every field survives `to_args` and parsing.
     #[test]

@@ -39,7 +39,7 @@ use std::future::Future;
 use std::io;
 use std::net::IpAddr;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -65,6 +65,8 @@ pub(crate) struct ConnState {
     pub(crate) evict: tokio::sync::Notify,
     /// Chosen to make room already (never chosen twice).
     evicted: AtomicBool,
+    /// HTTP/2: streams open; while any is, the connection waits for no head.
+    streams: AtomicU32,
 }
 
 const NONE: u64 = u64::MAX;
@@ -79,6 +81,7 @@ impl ConnState {
             write_blocked_since_ns: AtomicU64::new(NONE),
             evict: tokio::sync::Notify::new(),
             evicted: AtomicBool::new(false),
+            streams: AtomicU32::new(0),
         }
     }
 
@@ -108,9 +111,31 @@ impl ConnState {
         self.head_since_ns.store(self.ns_since_start(Instant::now()), Ordering::Relaxed);
     }
 
-    /// Since when the connection waits for a head, if it does.
+    /// HTTP/2: a stream opened; the connection is busy.
+    pub(crate) fn stream_opened(&self) {
+        self.streams.fetch_add(1, Ordering::Relaxed);
+        self.head_since_ns.store(NONE, Ordering::Relaxed);
+    }
+
+    /// HTTP/2: a stream is done with; the last one leaves the connection
+    /// idle (waiting for a head, as HTTP/1.1 says it) from now.
+    pub(crate) fn stream_closed(&self) {
+        if self.streams.fetch_sub(1, Ordering::Relaxed) == 1 {
+            self.head_since_ns.store(self.ns_since_start(Instant::now()), Ordering::Relaxed);
+        }
+    }
+
+    /// HTTP/2: how many streams are open.
+    pub(crate) fn streams_open(&self) -> u32 {
+        self.streams.load(Ordering::Relaxed)
+    }
+
+    /// Since when the connection waits for a head, if it does. (An HTTP/2
+    /// stream opening as another closes may leave a mark behind; the
+    /// count of open streams, read after it, says it is busy.)
     pub(crate) fn waiting_since(&self) -> Option<Instant> {
-        self.at(self.head_since_ns.load(Ordering::Relaxed))
+        let since = self.at(self.head_since_ns.load(Ordering::Relaxed))?;
+        (self.streams.load(Ordering::Relaxed) == 0).then_some(since)
     }
 
     /// As [`ConnState::waiting_since`], but not while a write is pending:
@@ -142,17 +167,30 @@ impl ConnState {
 
 /// A request's body as a tier's handler receives it: hyper's, which tells
 /// its connection when it is finished (read to its end, or dropped), so
-/// that the body deadline stops counting then.
+/// that the body deadline stops counting then. On HTTP/2 the deadline is
+/// the stream's own: a read still pending past it fails (the connection's
+/// other streams go on).
 pub struct RequestBody {
     inner: hyper::body::Incoming,
     /// The connection and its head's arrival ([`ConnState::head_arrived`]),
     /// while this body is unfinished and under a deadline.
     unfinished: Option<(Arc<ConnState>, u64)>,
+    /// HTTP/2: the stream's body deadline (boxed: a plain HTTP/1.1
+    /// request's body, moved with every request, grows by a pointer only).
+    deadline: Option<Pin<Box<Sleep>>>,
 }
+
+/// Why a request body could not be read: hyper's error, or (HTTP/2) the
+/// stream's body deadline passed.
+pub type BodyError = Box<dyn std::error::Error + Send + Sync>;
 
 impl RequestBody {
     pub(crate) fn new(inner: hyper::body::Incoming, unfinished: Option<(Arc<ConnState>, u64)>) -> Self {
-        RequestBody { inner, unfinished }
+        RequestBody { inner, unfinished, deadline: None }
+    }
+
+    pub(crate) fn with_deadline(inner: hyper::body::Incoming, deadline: Option<Instant>) -> Self {
+        RequestBody { inner, unfinished: None, deadline: deadline.map(|at| Box::pin(tokio::time::sleep_until(at))) }
     }
 
     fn finished(&mut self) {
@@ -172,17 +210,30 @@ impl Drop for RequestBody {
 
 impl hyper::body::Body for RequestBody {
     type Data = bytes::Bytes;
-    type Error = hyper::Error;
+    type Error = BodyError;
 
     fn poll_frame(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<hyper::body::Frame<Self::Data>, Self::Error>>> {
         let polled = Pin::new(&mut self.inner).poll_frame(cx);
+        if polled.is_pending() {
+            if let Some(timer) = &mut self.deadline {
+                if timer.as_mut().poll(cx).is_ready() {
+                    self.deadline = None;
+                    return Poll::Ready(Some(Err(timed_out(
+                        "the request body did not arrive within the body timeout",
+                    )
+                    .into())));
+                }
+            }
+            return Poll::Pending;
+        }
         if matches!(polled, Poll::Ready(None) | Poll::Ready(Some(Err(_)))) || self.inner.is_end_stream() {
             self.finished();
+            self.deadline = None;
         }
-        polled
+        polled.map_err(Into::into)
     }
 
     fn is_end_stream(&self) -> bool {

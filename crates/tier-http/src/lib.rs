@@ -1,31 +1,33 @@
-//! HTTP/1.1 plumbing shared by the tiers (application server, proxy): the
+//! HTTP plumbing shared by the tiers (application server, proxy): the
 //! accept loop with graceful stop, the response body type, and small
-//! responses. No tier logic lives here. [`guard`]: the slow-client limits
+//! responses. No tier logic lives here. [`conn`]: one connection, plain
+//! HTTP/1.1 or (with a [`Front`]) TLS with ALPN, HTTP/2 and h2c; [`tls`]:
+//! the certificate and key, reloadable. [`guard`]: the slow-client limits
 //! every listener enforces, [`args`] their flags. [`service`]: how every tier process
 //! stops (signals, `--stop-on-stdin-eof`, the grace period) and announces
 //! that it is ready. [`observe`]: `/metrics`, `/healthz` and `/readyz` for
 //! every long-running command.
 
 pub mod args;
+pub mod conn;
 pub mod guard;
 pub mod observe;
 pub mod service;
+pub mod tls;
 
 pub use args::{
-    HttpLimitsArgs, BODY_READ_TIMEOUT_DEFAULT, HEADER_READ_TIMEOUT_DEFAULT, MAX_CONNECTIONS_DEFAULT,
+    FrontArgs, HttpLimitsArgs, BODY_READ_TIMEOUT_DEFAULT, HEADER_READ_TIMEOUT_DEFAULT, MAX_CONNECTIONS_DEFAULT,
     WRITE_TIMEOUT_DEFAULT,
 };
-pub use guard::RequestBody;
+use conn::{serve_front, serve_http1, watch_for_close, Conn, Held, Slot};
+pub use conn::{Front, Http2Options};
+pub use guard::{BodyError, RequestBody};
 use guard::{ConnState, GuardedIo, PerClient, Registry};
+pub use tls::{TlsError, TlsFiles, TlsServer};
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
-use hyper::body::Incoming;
-use hyper::server::conn::http1;
-use hyper::service::service_fn;
 use hyper::{Request, Response, StatusCode};
-use hyper_util::rt::TokioIo;
-use std::convert::Infallible;
 use std::future::Future;
 use std::sync::Arc;
 use tokio::net::{TcpListener, TcpStream};
@@ -78,7 +80,7 @@ impl Default for Stop {
     }
 }
 
-async fn stopped(mut watcher: watch::Receiver<bool>) {
+pub(crate) async fn stopped(mut watcher: watch::Receiver<bool>) {
     while !*watcher.borrow() {
         if watcher.changed().await.is_err() {
             return;
@@ -190,6 +192,29 @@ where
     B: hyper::body::Body<Data = Bytes> + Send + Unpin + 'static,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
+    serve_with_front(listener, handler, stop, on_connection, options, Front::default()).await
+}
+
+/// As [`serve_with_options`], speaking what `front` adds to plain HTTP/1.1
+/// (TLS, HTTP/2; see [`conn`]). A TLS handshake or an HTTP/2 preface counts
+/// against the same limits as a request head: the connection holds its
+/// slot under both caps from the moment it is accepted.
+pub async fn serve_with_front<H, F, B>(
+    listener: TcpListener,
+    handler: Arc<H>,
+    stop: Stop,
+    on_connection: Option<ConnectionHook>,
+    options: ServeOptions,
+    front: Front,
+) -> std::io::Result<()>
+where
+    H: Fn(Request<RequestBody>) -> F + Send + Sync + 'static,
+    F: Future<Output = Response<B>> + Send + 'static,
+    B: hyper::body::Body<Data = Bytes> + Send + Unpin + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    // Plain HTTP/1.1 connections take the path they always took.
+    let front = (!front.is_plain()).then(|| Arc::new(front));
     let mut watcher = stop.watcher();
     let slots = options.max_connections.map(|max| Arc::new(tokio::sync::Semaphore::new(max)));
     let registry = options.max_connections.map(|_| Arc::new(Registry::default()));
@@ -249,176 +274,29 @@ where
             _ => None,
         };
         let _ = stream.set_nodelay(true);
-        let handler = handler.clone();
-        let conn_stop = watcher.clone();
-        let held = on_connection.as_ref().map(|hook| hook());
-        let open = open_tx.clone();
         let state = Arc::new(ConnState::new());
-        let registered = registry.as_ref().map(|registry| registry.enter(state.clone()));
-        tokio::spawn(async move {
-            let slot = match slot {
-                Some(Slot::Held(slot)) => Some(slot),
-                Some(Slot::Freeing(slots)) => slots.acquire_owned().await.ok(),
-                None => None,
-            };
-            let _held_while_connected = (held, slot, client_slot, registered);
-            let _open = open;
-            let on_request = state.clone();
-            let body_deadline = options.body_read_timeout.is_some();
-            // Without a header timeout or a registry to read it, the end of
-            // an answer is not marked (no clock read per request).
-            let mark_answers = options.header_read_timeout.is_some() || options.max_connections.is_some();
-            let service = service_fn(move |request: Request<Incoming>| {
-                let timed = body_deadline && !hyper::body::Body::is_end_stream(request.body());
-                let since = on_request.head_arrived(timed);
-                let unfinished = timed.then(|| (on_request.clone(), since));
-                let mut request = request.map(|body| RequestBody::new(body, unfinished));
-                if options.peer_addr {
-                    request.extensions_mut().insert(PeerAddr(peer));
-                }
-                let response = handler(request);
-                let on_done = mark_answers.then(|| on_request.clone());
-                async move {
-                    // The connection waits for its next head once this
-                    // response's body is done with (or dropped).
-                    let response = response.await.map(|body| AnswerBody { body, waiting: on_done });
-                    Ok::<_, Infallible>(response)
-                }
-            });
-            let mut builder = http1::Builder::new();
-            builder.keep_alive(true);
-            let io = GuardedIo::new(stream, state.clone(), options.body_read_timeout, options.write_timeout);
-            let connection = builder.serve_connection(TokioIo::new(io), service);
-            tokio::pin!(connection);
-            // The stop signal and the header-read timer are watched by a task
-            // of their own, which wakes this one only when one fires: polled
-            // beside the connection, they cost about 400 instructions per
-            // request (a select polls every branch on every wake).
-            let (close_tx, close_rx) = tokio::sync::oneshot::channel();
-            tokio::spawn(watch_for_close(close_tx, conn_stop, state, options.header_read_timeout));
-            tokio::select! {
-                result = connection.as_mut() => {
-                    if let Err(e) = result {
-                        tracing::debug!(error = %e, "connection ended with an error");
-                    }
-                }
-                // (A watcher gone without a word leaves the connection served.)
-                Ok(close) = close_rx => match close {
-                    Close::Stop => {
-                        connection.as_mut().graceful_shutdown();
-                        let _ = connection.await;
-                    }
-                    Close::HeadTimeout => {
-                        tracing::debug!("closing a connection that sent no whole request head in time");
-                    }
-                    Close::Evicted => {
-                        tracing::debug!("closing the longest-stalled connection to make room for a new one");
-                    }
-                },
-            }
-        });
+        let held = Held {
+            _hook: on_connection.as_ref().map(|hook| hook()),
+            slot,
+            _client: client_slot,
+            _registered: registry.as_ref().map(|registry| registry.enter(state.clone())),
+            _open: open_tx.clone(),
+        };
+        let io = GuardedIo::new(stream, state.clone(), options.body_read_timeout, options.write_timeout);
+        // The stop signal and the header-read timer are watched by a task
+        // of their own, which wakes the connection's only when one fires:
+        // polled beside the connection, they cost about 400 instructions
+        // per request (a select polls every branch on every wake).
+        let (close_tx, close) = tokio::sync::oneshot::channel();
+        tokio::spawn(watch_for_close(close_tx, watcher.clone(), state.clone(), options.header_read_timeout));
+        let conn = Conn { handler: handler.clone(), state, peer, options, close, held };
+        // The plain connection's task is `serve_http1` itself: no outer
+        // future to pass every wake through.
+        match &front {
+            None => drop(tokio::spawn(serve_http1(io, conn))),
+            Some(front) => drop(tokio::spawn(serve_front(front.clone(), io, conn))),
+        }
         let _ = watcher.borrow_and_update();
-    }
-}
-
-/// A new connection's place under the connection limit.
-enum Slot {
-    Held(tokio::sync::OwnedSemaphorePermit),
-    /// A displaced connection is closing; its slot comes once it has.
-    Freeing(Arc<tokio::sync::Semaphore>),
-}
-
-/// Returns once the connection has waited `timeout` for a request head
-/// (never without a timeout). Sleeps until the earliest moment that could
-/// be, and looks again: one timer per connection re-armed when it fires,
-/// not a timer per request (hyper's own costs an allocation, a timer-wheel
-/// entry and a second read of every head).
-async fn head_read_timeout(waiting: &ConnState, timeout: Option<std::time::Duration>) {
-    let Some(timeout) = timeout else { return std::future::pending().await };
-    let sleep = tokio::time::sleep(timeout);
-    tokio::pin!(sleep);
-    loop {
-        sleep.as_mut().await;
-        let now = tokio::time::Instant::now();
-        match waiting.waiting_for_head_since() {
-            Some(since) if now >= since + timeout => return,
-            Some(since) => sleep.as_mut().reset(since + timeout),
-            // Answering: the next wait starts later than now.
-            None => sleep.as_mut().reset(now + timeout),
-        }
-    }
-}
-
-/// Why a connection's watcher ([`watch_for_close`]) ends it.
-enum Close {
-    /// The server stops: finish the request in progress, then close.
-    Stop,
-    /// No whole request head within the header-read timeout: close now.
-    HeadTimeout,
-    /// The listener is full and this connection stalled longest: close now.
-    Evicted,
-}
-
-/// Tells its connection (through `close`) when the server stops, the
-/// connection has waited the header-read timeout for a head, or the
-/// registry displaces it; ends without a word once the connection has ended.
-async fn watch_for_close(
-    mut close: tokio::sync::oneshot::Sender<Close>,
-    stop: watch::Receiver<bool>,
-    state: Arc<ConnState>,
-    timeout: Option<std::time::Duration>,
-) {
-    let why = tokio::select! {
-        _ = stopped(stop) => Close::Stop,
-        _ = head_read_timeout(&state, timeout) => Close::HeadTimeout,
-        _ = state.evict.notified() => Close::Evicted,
-        _ = close.closed() => return,
-    };
-    let _ = close.send(why);
-}
-
-/// A response body that, once done with, marks its connection as waiting
-/// for the next request head.
-struct AnswerBody<B> {
-    body: B,
-    waiting: Option<Arc<ConnState>>,
-}
-
-impl<B> AnswerBody<B> {
-    fn done(&mut self) {
-        if let Some(waiting) = self.waiting.take() {
-            waiting.answered();
-        }
-    }
-}
-
-impl<B> Drop for AnswerBody<B> {
-    fn drop(&mut self) {
-        self.done();
-    }
-}
-
-impl<B: hyper::body::Body + Unpin> hyper::body::Body for AnswerBody<B> {
-    type Data = B::Data;
-    type Error = B::Error;
-
-    fn poll_frame(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Self::Data>, Self::Error>>> {
-        let polled = std::pin::Pin::new(&mut self.body).poll_frame(cx);
-        if matches!(polled, std::task::Poll::Ready(None)) {
-            self.done();
-        }
-        polled
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
-    }
-
-    fn size_hint(&self) -> hyper::body::SizeHint {
-        self.body.size_hint()
     }
 }
 
@@ -450,6 +328,7 @@ pub fn readiness(checks: &[(&str, Result<(), String>)]) -> Response<Body> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use hyper_util::rt::TokioIo;
 
     type Client = hyper::client::conn::http1::SendRequest<Body>;
 

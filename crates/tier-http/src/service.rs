@@ -18,9 +18,11 @@
 //! below the tiers, so that each tier's argument struct can flatten them and
 //! a launcher can spell them with [`ServiceArgs::to_args`].
 //!
-//! SIGHUP is logged and ignored: nothing a running tier holds can be
-//! reloaded safely yet (its listeners, fabric node and caches are fixed at
-//! start); the log filter is read from `TIERSTACK_LOG` at start only.
+//! SIGHUP never stops a service: it is logged and otherwise ignored here.
+//! The one thing reloaded on it is a TLS listener's certificate and key
+//! ([`TlsServer::reload_on_sighup`](crate::TlsServer::reload_on_sighup));
+//! listeners, fabric node and caches are fixed at start, and the log
+//! filter is read from `TIERSTACK_LOG` at start only.
 
 use std::io::{self, Read};
 use std::time::Duration;
@@ -161,7 +163,7 @@ impl StopSignals {
                 _ = self.interrupt.recv() => break StopCause::Interrupt,
                 _ = stdin_eof => break StopCause::StdinEof,
                 _ = self.hangup.recv() => {
-                    tracing::info!("SIGHUP: nothing is reloadable at run time; ignored");
+                    tracing::info!("SIGHUP: not a stop, ignored here (a TLS listener reloads its certificate and key)");
                 }
             }
         };

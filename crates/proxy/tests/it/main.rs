@@ -11,3 +11,4 @@ mod limits;
 mod next_upstream;
 mod rfc9111;
 mod site;
+mod upstream_http2;

@@ -4,7 +4,7 @@
 
 use anyhow::Result;
 use clap::Subcommand;
-use tierstack_bench::{coherence, coop, ddss, dlm, fabric, monitor, press, pushpull};
+use tierstack_bench::{coherence, coop, ddss, dlm, fabric, http2, monitor, press, pushpull};
 
 #[derive(Subcommand)]
 pub(crate) enum BenchCommand {
@@ -24,6 +24,9 @@ pub(crate) enum BenchCommand {
     /// Distributed data sharing substrate (services paper Fig. 3a): put latency by coherence model and value
     /// size, get latency, and Redis on loopback for comparison; the home node is a `ddss-daemon` process.
     Ddss(ddss::DdssArgs),
+    /// The proxy at the edge (issue 32): HTTP/2 hits over TLS and TLS handshakes per second, with CPU
+    /// per request, beside nginx caching the same object, with h2load; skipped where either is absent.
+    Http2(http2::Http2Args),
     /// Fine-grained resource monitoring (services paper Fig. 8): 8a, |reported - actual| load of the four
     /// schemes (socket-async, socket-sync, rdma-async, rdma-sync) vs compute threads on the back end;
     /// 8b, throughput of a proxy balancing by hash, round-robin and least-loaded by each scheme.
@@ -45,6 +48,7 @@ pub(crate) fn run(command: BenchCommand) -> Result<()> {
         BenchCommand::Fabric(args) => args.run(exe),
         BenchCommand::Dlm(args) => args.run(exe),
         BenchCommand::Ddss(args) => args.run(exe),
+        BenchCommand::Http2(args) => args.run(exe),
         BenchCommand::Monitor(args) => args.run(exe),
         BenchCommand::Press(args) => args.run(exe),
         BenchCommand::PushPull(args) => args.run(exe),

@@ -239,6 +239,8 @@ pub(crate) fn proxy(args: ProxyArgs) -> Result<()> {
         }
     };
     let limits = args.limits.serve_options();
+    // Certificate and key are checked before anything starts.
+    let front = args.front.front().context("the client listener's TLS")?;
     let (failures, suspect_after) = (args.failures(), args.suspect_after());
     let admin_token = args.admin_token().context("--admin-token-file")?;
     let config = ProxyConfig {
@@ -272,6 +274,8 @@ pub(crate) fn proxy(args: ProxyArgs) -> Result<()> {
             suspect_probe: suspect_after,
             set_cookie: args.set_cookie,
             serve_stale_on_error: Duration::from_secs(args.serve_stale_on_error),
+            front: front.clone(),
+            upstream_http2: args.upstream_http2,
         };
         let proxy = Proxy::bind_with(config, options).await?;
         if let Some(balancing) = balancing {
@@ -285,6 +289,9 @@ pub(crate) fn proxy(args: ProxyArgs) -> Result<()> {
         }
         let stop = Stop::new();
         let signals = args.service.stop_signals()?;
+        if let Some(tls) = &front.tls {
+            tls.reload_on_sighup().context("installing the SIGHUP handler")?;
+        }
         let serving = tokio::spawn(proxy.run(stop.clone()));
         announce_ready()?;
         signals.wait().await;
