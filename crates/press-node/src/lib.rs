@@ -195,6 +195,9 @@ pub struct NodeStats {
     /// Bytes sent, by Table 2 type.
     pub sent_bytes: [u64; 4],
     pub files_in_view: u64,
+    /// The receiver's waits and wake-ups, doorbells, Zero's slab sends.
+    #[serde(default)]
+    pub link: transport::LinkStats,
 }
 
 impl NodeStats {

@@ -59,6 +59,27 @@ impl Observed for NodeObserved {
             "Forwarded files copied because they were not in the registered cache.",
             stats.zero_copy_fallbacks,
         );
+        let link = stats.link;
+        counter(
+            "zero_copy_sends",
+            "Zero: forwarded files written to the peer's ring straight from the registered cache.",
+            link.files_from_slab,
+        );
+        counter(
+            "receiver_idle_waits",
+            "Waits the receiver (TCP, Base: the receive thread; rings: the poll thread) began with nothing to take.",
+            link.idle_waits,
+        );
+        counter(
+            "receiver_wakeups",
+            "Receiver waits ended by an arriving message (TCP, Base) or doorbell (rings).",
+            link.woken,
+        );
+        counter(
+            "doorbells",
+            "Ring versions: doorbells rung at a peer that had published it was going to sleep.",
+            link.doorbells,
+        );
         out.counters(
             "tierstack_press_decisions_total",
             "Client requests by Fig. 1's decision: served here cached, served here uncached (max_size or more), forwarded.",

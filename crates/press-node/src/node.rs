@@ -138,6 +138,7 @@ impl Shared {
             sent_messages: sent.messages,
             sent_bytes: sent.bytes,
             files_in_view: self.view().files() as u64,
+            link: self.link.link_stats(),
         }
     }
 
@@ -408,7 +409,7 @@ impl Shared {
     pub(crate) fn receive_loop(self: Arc<Self>) {
         let inbox = self.link.fabric().inbox(Channel::PRESS);
         while !self.stop.load(Ordering::Relaxed) {
-            let message = match inbox.recv_timeout(RECV_SLICE) {
+            let message = match self.link.receive(inbox, RECV_SLICE) {
                 Ok(message) => message,
                 Err(FabricError::RecvTimeout { .. }) => continue,
                 Err(e) => {

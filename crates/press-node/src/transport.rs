@@ -13,12 +13,29 @@
 //!   a `Flow` message once it consumed half a window from that sender. A
 //!   receiver that stops consuming therefore stops its senders after
 //!   `window` messages: they wait (bounded) instead of overrunning it.
+//!   Those `Flow` messages are all Base sends for flow control: the paper's
+//!   Base moves every file in one regular message copied out at once at
+//!   the receiver, so no buffer stays in use to be announced, and its
+//!   Table 2 shows it: Base's Flow messages average 4.0 bytes, a credit
+//!   count alone, where a buffer-management message carries an address and
+//!   a size. Buffer management is the remote-write versions' second message
+//!   per file (the `released` word in `rings`), as §4.2 explains.
+//!
+//! **Every receiver waits the same way** (issue 33): with nothing to take,
+//! it waits in the fabric's inbox wait (`Link::receive` here for TCP and
+//! Base; the ring versions' poll thread waits on its doorbell channel, see
+//! `rings`). On `shm` that wait spins adaptively for at most the fabric's
+//! `receive_spin` (50 µs by default), then sleeps on a futex that the
+//! sender wakes; on `tcp` the kernel wakes the reader thread and the inbox
+//! wakes the receiver. The waits and wake-ups are counted ([`LinkStats`]).
 
+use serde::{Deserialize, Serialize};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::Duration;
 use tierstack_base::time::instant_now;
 use tierstack_base::NodeId;
-use tierstack_fabric::{Channel, Fabric, FabricError};
+use tierstack_fabric::{Channel, Fabric, FabricError, Inbox};
 use tierstack_press::proto::{encode, Body, Message, MsgType, ProtoError};
 use tierstack_press::{Counters, Member};
 
@@ -84,6 +101,44 @@ pub enum LinkError {
     NoCredit { to: Member, waited_ms: u64 },
     #[error("a message of {bytes} bytes does not fit the rings")]
     TooLarge { bytes: u64 },
+}
+
+/// How a node's receiver waited and woke, and how its Zero files went out
+/// (shared by the link's threads).
+#[derive(Debug, Default)]
+pub struct LinkCounters {
+    pub idle_waits: AtomicU64,
+    pub woken: AtomicU64,
+    pub doorbells: AtomicU64,
+    pub files_from_slab: AtomicU64,
+}
+
+/// A snapshot of [`LinkCounters`] (`GET /stats`, `/metrics`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LinkStats {
+    /// Waits the receiver began with nothing to take (it went idle).
+    pub idle_waits: u64,
+    /// Waits that ended because a message (TCP, Base) or a doorbell (the
+    /// ring versions) arrived.
+    pub woken: u64,
+    /// Ring versions: doorbells this node rang (a receiver it wrote to
+    /// had published a new asleep generation).
+    pub doorbells: u64,
+    /// Zero: files written to a peer's ring straight from the registered
+    /// cache (the others, `zero_copy_fallbacks`, went by a copy).
+    pub files_from_slab: u64,
+}
+
+impl LinkCounters {
+    pub fn snapshot(&self) -> LinkStats {
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        LinkStats {
+            idle_waits: get(&self.idle_waits),
+            woken: get(&self.woken),
+            doorbells: get(&self.doorbells),
+            files_from_slab: get(&self.files_from_slab),
+        }
+    }
 }
 
 /// Window flow control, both halves: the credits this node may spend per
@@ -189,6 +244,7 @@ pub struct Link {
     window: Option<Window>,
     rings: Option<Arc<crate::rings::Rings>>,
     credit_timeout: Duration,
+    link_counters: Arc<LinkCounters>,
 }
 
 impl Link {
@@ -201,6 +257,7 @@ impl Link {
         window: u32,
         credit_timeout: Duration,
     ) -> Result<Link, LinkError> {
+        let link_counters = Arc::new(LinkCounters::default());
         let rings = match kind {
             TransportKind::Rdma1c | TransportKind::Rdma | TransportKind::Zero => {
                 Some(Arc::new(crate::rings::Rings::register(
@@ -210,12 +267,32 @@ impl Link {
                     window,
                     kind != TransportKind::Rdma1c,
                     credit_timeout,
+                    link_counters.clone(),
                 )?))
             }
             _ => None,
         };
         let window = (kind == TransportKind::Base).then(|| Window::new(nodes, window));
-        Ok(Link { fabric, kind, counters: Arc::default(), window, rings, credit_timeout })
+        Ok(Link { fabric, kind, counters: Arc::default(), window, rings, credit_timeout, link_counters })
+    }
+
+    /// The receiver's waits and wake-ups, doorbells rung, Zero's files sent
+    /// from the registered cache.
+    pub fn link_stats(&self) -> LinkStats {
+        self.link_counters.snapshot()
+    }
+
+    /// The next message of `inbox` (TCP, Base), waiting up to `timeout`:
+    /// taken at once if one is there, else through the fabric's wait
+    /// (counted as an idle wait, and as a wake-up if a message ends it).
+    pub fn receive(&self, inbox: &Inbox, timeout: Duration) -> Result<tierstack_fabric::Message, FabricError> {
+        if let Some(message) = inbox.try_recv() {
+            return Ok(message);
+        }
+        self.link_counters.idle_waits.fetch_add(1, Ordering::Relaxed);
+        let message = inbox.recv_timeout(timeout)?;
+        self.link_counters.woken.fetch_add(1, Ordering::Relaxed);
+        Ok(message)
     }
 
     pub fn rings(&self) -> Option<&Arc<crate::rings::Rings>> {
@@ -310,5 +387,104 @@ mod tests {
         assert!("udp".parse::<TransportKind>().is_err());
         assert!(needs_credit(&Body::Forward { request: 1, path: "/".into() }));
         assert!(!needs_credit(&Body::Flow { credits: 1 }));
+    }
+
+    /// Polls `check` until it holds (a deadline, not a timing assertion).
+    fn eventually(what: &str, mut check: impl FnMut() -> bool) {
+        let start = instant_now();
+        while !check() {
+            assert!(start.elapsed() < Duration::from_secs(30), "timed out waiting for {what}");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    /// A receiver of `kind` that went idle is woken by the next message,
+    /// through its wait: the fabric's inbox wait for TCP and Base, the
+    /// doorbell for the ring versions (one per message here, as the
+    /// receiver published a new asleep generation before each).
+    fn check_wake(kind: TransportKind) {
+        use std::sync::atomic::AtomicBool;
+        let dir = tempfile::tempdir().unwrap();
+        let fabrics: Vec<Arc<dyn Fabric>> = match kind {
+            TransportKind::Tcp => tierstack_testkit::nodes::tcp::cluster(0, 2, Duration::from_secs(5))
+                .into_iter()
+                .map(|f| f as Arc<dyn Fabric>)
+                .collect(),
+            _ => tierstack_testkit::nodes::shm::nodes(dir.path(), 2, Duration::from_secs(5))
+                .into_iter()
+                .map(|f| f as Arc<dyn Fabric>)
+                .collect(),
+        };
+        let timeout = Duration::from_secs(5);
+        let sender = Link::new(fabrics[0].clone(), kind, Member(0), 2, 8, timeout).unwrap();
+        let receiver = Arc::new(Link::new(fabrics[1].clone(), kind, Member(1), 2, 8, timeout).unwrap());
+        let stop = Arc::new(AtomicBool::new(false));
+        let (tx, rx) = std::sync::mpsc::channel::<Message>();
+        let thread = {
+            let (receiver, stop) = (receiver.clone(), stop.clone());
+            std::thread::spawn(move || match receiver.rings() {
+                Some(rings) => rings.clone().poll_loop(&stop, receiver.counters(), |_, arrival| {
+                    if let crate::rings::Arrival::Message(m) = arrival {
+                        let _ = tx.send(m);
+                    }
+                }),
+                None => {
+                    let inbox = receiver.fabric().inbox(Channel::PRESS);
+                    while !stop.load(Ordering::Relaxed) {
+                        match receiver.receive(inbox, Duration::from_millis(50)) {
+                            Ok(m) => {
+                                let _ = tx.send(tierstack_press::proto::decode(&m.payload).unwrap());
+                            }
+                            Err(FabricError::RecvTimeout { .. }) => {}
+                            Err(e) => panic!("{e}"),
+                        }
+                    }
+                }
+            })
+        };
+        for round in 1..=3u32 {
+            let before = receiver.link_stats();
+            eventually("the receiver going idle", || receiver.link_stats().idle_waits > before.idle_waits);
+            let message = Message { load: round, body: Body::Forward { request: u64::from(round), path: "/f".into() } };
+            sender.send(Member(1), &message).unwrap();
+            assert_eq!(rx.recv_timeout(Duration::from_secs(30)).unwrap(), message, "{kind:?} round {round}");
+            let after = receiver.link_stats();
+            assert!(after.woken > before.woken, "{kind:?}: the message ended an idle wait: {before:?} {after:?}");
+            match kind {
+                TransportKind::Tcp | TransportKind::Base => assert_eq!(sender.link_stats().doorbells, 0),
+                _ => assert_eq!(
+                    sender.link_stats().doorbells,
+                    u64::from(round),
+                    "{kind:?}: one doorbell per idle period"
+                ),
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+        thread.join().unwrap();
+    }
+
+    #[test]
+    fn an_idle_tcp_receiver_is_woken_by_the_next_message() {
+        check_wake(TransportKind::Tcp);
+    }
+
+    #[test]
+    fn an_idle_base_receiver_is_woken_by_the_next_message() {
+        check_wake(TransportKind::Base);
+    }
+
+    #[test]
+    fn an_idle_rdma_1c_receiver_is_woken_by_its_doorbell() {
+        check_wake(TransportKind::Rdma1c);
+    }
+
+    #[test]
+    fn an_idle_rdma_receiver_is_woken_by_its_doorbell() {
+        check_wake(TransportKind::Rdma);
+    }
+
+    #[test]
+    fn an_idle_zero_receiver_is_woken_by_its_doorbell() {
+        check_wake(TransportKind::Zero);
     }
 }
