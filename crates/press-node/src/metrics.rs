@@ -80,6 +80,13 @@ impl Observed for NodeObserved {
             "Ring versions: doorbells rung at a peer that had published it was going to sleep.",
             link.doorbells,
         );
+        let branches: Vec<([(&str, &str); 1], u64)> =
+            crate::transport::BRANCHES.iter().zip(link.branches).map(|(name, n)| ([("branch", *name)], n)).collect();
+        out.counters(
+            "tierstack_press_fig1_branches_total",
+            "Client requests by the line of Fig. 1 that chose the service node (load balancing: initial-takes-over, idle-takes-over, all-overloaded).",
+            &samples(&branches),
+        );
         out.counters(
             "tierstack_press_decisions_total",
             "Client requests by Fig. 1's decision: served here cached, served here uncached (max_size or more), forwarded.",

@@ -273,7 +273,9 @@ impl Shared {
             Mode::Press => {
                 let mut view = self.view();
                 view.set_load(self.me(), self.load_now());
-                Some(decide(&self.config.policy, &mut view, &path, size).decision)
+                let outcome = decide(&self.config.policy, &mut view, &path, size);
+                self.link.record_branch(outcome.branch);
+                Some(outcome.decision)
             }
         };
         let body = match decision {

@@ -37,7 +37,7 @@ use tierstack_base::time::instant_now;
 use tierstack_base::NodeId;
 use tierstack_fabric::{Channel, Fabric, FabricError, Inbox};
 use tierstack_press::proto::{encode, Body, Message, MsgType, ProtoError};
-use tierstack_press::{Counters, Member};
+use tierstack_press::{Branch, Counters, Member};
 
 /// Default flow-control window (messages in flight per ordered pair).
 pub const WINDOW_DEFAULT: u32 = 32;
@@ -111,6 +111,31 @@ pub struct LinkCounters {
     pub woken: AtomicU64,
     pub doorbells: AtomicU64,
     pub files_from_slab: AtomicU64,
+    /// Client requests by the line of Fig. 1 that decided them ([`BRANCHES`]).
+    pub branches: [AtomicU64; 7],
+}
+
+/// The names of Fig. 1's branches, in [`LinkStats::branches`]' order.
+pub const BRANCHES: [&str; 7] = [
+    "large",
+    "first-request",
+    "initial-caches",
+    "least-loaded-server",
+    "initial-takes-over",
+    "idle-takes-over",
+    "all-overloaded",
+];
+
+fn branch_index(branch: Branch) -> usize {
+    match branch {
+        Branch::Large => 0,
+        Branch::FirstRequest => 1,
+        Branch::InitialCaches => 2,
+        Branch::LeastLoadedServer => 3,
+        Branch::InitialTakesOver => 4,
+        Branch::IdleTakesOver => 5,
+        Branch::AllOverloaded => 6,
+    }
 }
 
 /// A snapshot of [`LinkCounters`] (`GET /stats`, `/metrics`).
@@ -127,6 +152,10 @@ pub struct LinkStats {
     /// Zero: files written to a peer's ring straight from the registered
     /// cache (the others, `zero_copy_fallbacks`, went by a copy).
     pub files_from_slab: u64,
+    /// Client requests by the line of Fig. 1 that decided them ([`BRANCHES`];
+    /// lines 15-22, the load-balancing half, run only once a load passes T).
+    #[serde(default)]
+    pub branches: [u64; 7],
 }
 
 impl LinkCounters {
@@ -137,6 +166,7 @@ impl LinkCounters {
             woken: get(&self.woken),
             doorbells: get(&self.doorbells),
             files_from_slab: get(&self.files_from_slab),
+            branches: std::array::from_fn(|i| get(&self.branches[i])),
         }
     }
 }
@@ -274,6 +304,12 @@ impl Link {
         };
         let window = (kind == TransportKind::Base).then(|| Window::new(nodes, window));
         Ok(Link { fabric, kind, counters: Arc::default(), window, rings, credit_timeout, link_counters })
+    }
+
+    /// Counts a client request decided by `branch` of Fig. 1 (kept with
+    /// the link's counters so one snapshot carries every counter of issue 33).
+    pub fn record_branch(&self, branch: Branch) {
+        self.link_counters.branches[branch_index(branch)].fetch_add(1, Ordering::Relaxed);
     }
 
     /// The receiver's waits and wake-ups, doorbells rung, Zero's files sent
