@@ -10,7 +10,9 @@
 //!   at the receiver, as VIA's send/receive. On top, PRESS's own window
 //!   flow control: a sender holds at most `window` unacknowledged messages
 //!   per receiver (every type but `Flow`), and a receiver returns credits in
-//!   a `Flow` message once it consumed half a window from that sender. A
+//!   a `Flow` message once it consumed half a window from that sender, sent
+//!   by a thread of its own (the paper's send thread) so that the receive
+//!   thread never blocks on a full peer. A
 //!   receiver that stops consuming therefore stops its senders after
 //!   `window` messages: they wait (bounded) instead of overrunning it.
 //!   Those `Flow` messages are all Base sends for flow control: the paper's
@@ -101,6 +103,8 @@ pub enum LinkError {
     NoCredit { to: Member, waited_ms: u64 },
     #[error("a message of {bytes} bytes does not fit the rings")]
     TooLarge { bytes: u64 },
+    #[error("starting the credit sender thread: {0}")]
+    Thread(std::io::Error),
 }
 
 /// How a node's receiver waited and woke, and how its Zero files went out
@@ -275,6 +279,29 @@ pub struct Link {
     rings: Option<Arc<crate::rings::Rings>>,
     credit_timeout: Duration,
     link_counters: Arc<LinkCounters>,
+    /// Base: credits (`Flow`) go out from their own thread, so the receive
+    /// thread never blocks on a peer whose inbox is full — while it would,
+    /// it could not drain its own, and two such nodes wait on each other
+    /// until the send timeout (seen: Base stalled at 96 connections).
+    credits_out: Option<std::sync::mpsc::Sender<(Member, Vec<u8>)>>,
+}
+
+/// The credit sender thread: sends every queued `Flow` message, counted
+/// when sent; ends when the link (the queue's sender) is dropped.
+fn credit_sender(
+    fabric: Arc<dyn Fabric>,
+    counters: Arc<Counters>,
+) -> std::io::Result<std::sync::mpsc::Sender<(Member, Vec<u8>)>> {
+    let (tx, rx) = std::sync::mpsc::channel::<(Member, Vec<u8>)>();
+    std::thread::Builder::new().name("press-credits".into()).spawn(move || {
+        for (to, bytes) in rx {
+            match fabric.send(node_id(to), Channel::PRESS, &bytes) {
+                Ok(()) => counters.record(MsgType::Flow, bytes.len() as u64),
+                Err(e) => tracing::debug!(%to, error = %e, "press credit send failed"),
+            }
+        }
+    })?;
+    Ok(tx)
 }
 
 impl Link {
@@ -303,7 +330,12 @@ impl Link {
             _ => None,
         };
         let window = (kind == TransportKind::Base).then(|| Window::new(nodes, window));
-        Ok(Link { fabric, kind, counters: Arc::default(), window, rings, credit_timeout, link_counters })
+        let counters: Arc<Counters> = Arc::default();
+        let credits_out = match kind {
+            TransportKind::Base => Some(credit_sender(fabric.clone(), counters.clone()).map_err(LinkError::Thread)?),
+            _ => None,
+        };
+        Ok(Link { fabric, kind, counters, window, rings, credit_timeout, link_counters, credits_out })
     }
 
     /// Counts a client request decided by `branch` of Fig. 1 (kept with
@@ -359,6 +391,10 @@ impl Link {
             return rings.send(to, message, &self.counters);
         }
         let bytes = encode(message)?;
+        if let (Some(out), Body::Flow { .. }) = (&self.credits_out, &message.body) {
+            // Queued: the credit thread sends it (and counts it).
+            return out.send((to, bytes)).map_err(|_| LinkError::Fabric(FabricError::Closed));
+        }
         if let Some(window) = &self.window {
             if needs_credit(&message.body) {
                 window.acquire(to, self.credit_timeout)?;
@@ -423,6 +459,39 @@ mod tests {
         assert!("udp".parse::<TransportKind>().is_err());
         assert!(needs_credit(&Body::Forward { request: 1, path: "/".into() }));
         assert!(!needs_credit(&Body::Flow { credits: 1 }));
+    }
+
+    /// Base's credits never block the caller (the receive thread) on a
+    /// peer whose inbox is full: queued, then sent once it drains.
+    #[test]
+    fn a_base_credit_is_sent_even_when_the_peers_inbox_is_full() {
+        let dir = tempfile::tempdir().unwrap();
+        let fabrics = tierstack_testkit::nodes::shm::nodes(dir.path(), 2, Duration::from_millis(200));
+        let (f0, f1): (Arc<dyn Fabric>, Arc<dyn Fabric>) = (fabrics[0].clone(), fabrics[1].clone());
+        let link1 = Link::new(f1.clone(), TransportKind::Base, Member(1), 2, 8, Duration::from_secs(1)).unwrap();
+        // Fill node 0's inbox from node 1 until a send times out, with large
+        // messages and then with the smallest, so not even a credit fits.
+        let mut filled = 0;
+        for size in [8192, 1] {
+            while f1.send(NodeId(0), Channel::PRESS, &vec![0u8; size]).is_ok() {
+                filled += 1;
+                assert!(filled < 100_000, "the inbox never filled");
+            }
+        }
+        // A blocking send would now time out; the credit is queued instead.
+        link1.send(Member(0), &Message { load: 0, body: Body::Flow { credits: 4 } }).unwrap();
+        let inbox = f0.inbox(Channel::PRESS);
+        let mut flow = None;
+        eventually("the credit arriving once node 0 drains its inbox", || {
+            while let Some(m) = inbox.try_recv() {
+                if let Ok(Message { body: Body::Flow { credits }, .. }) = tierstack_press::proto::decode(&m.payload) {
+                    flow = Some(credits);
+                }
+            }
+            flow.is_some()
+        });
+        assert_eq!(flow, Some(4));
+        eventually("the credit counted", || link1.counters().snapshot().messages(MsgType::Flow) == 1);
     }
 
     /// Polls `check` until it holds (a deadline, not a timing assertion).
