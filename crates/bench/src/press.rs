@@ -14,6 +14,12 @@
 //! - **Traditional comparison**: PRESS-Base over the traditional server per
 //!   trace on the largest node count, the paper's 8-node gains beside ours.
 //!
+//! - **Capacity** (`--cpu`, module [`cpu`]): CPU-seconds of the node
+//!   processes per 1,000 requests per version, repeated, with spreads and
+//!   ratios to TCP measured in the same round; throughput with several
+//!   client processes (`--clients`) and each node's CPU utilisation; Fig. 1's
+//!   branches per threshold T (`--thresholds`).
+//!
 //! Every run: the nodes start, a closed-loop client (`tierstack_loadgen`,
 //! one new connection per request, targets chosen at random, as the paper's
 //! clients) warms the caches, then measures for the run's duration. Node
@@ -34,6 +40,8 @@ use tierstack_loadgen::{LoadConfig, TargetChoice};
 use tierstack_press::{Counts, MsgType};
 use tierstack_press_node::{DispatcherArgs, Mode, NodeStats, PressNodeArgs, TransportKind};
 use tierstack_workload::{Trace, TraceSpec};
+
+mod cpu;
 
 /// The paper's Base-VIA gain over TCP on 8 nodes, Fig. 3 (§4.2): only the
 /// extremes are stated (6 % Rutgers, 28 % Nasa).
@@ -104,6 +112,13 @@ pub struct PressBenchConfig {
     pub repeats: usize,
     /// Skip Fig. 5 (the node-count sweep).
     pub skip_fig5: bool,
+    /// Capacity instead of the figures: CPU per request per version ([`cpu`]).
+    pub cpu: bool,
+    /// Fig. 1's T per run (`--cpu` runs every version at each).
+    pub thresholds: Vec<u32>,
+    /// Client processes (`tierstack load`) in the measured window; 1 runs
+    /// the client in this process.
+    pub clients: usize,
 }
 
 /// Every system `bench press` knows: the five PRESS versions, the
@@ -156,6 +171,9 @@ impl PressBenchConfig {
             systems: SYSTEMS.iter().map(|s| s.to_string()).collect(),
             repeats: 1,
             skip_fig5: false,
+            cpu: false,
+            thresholds: vec![tierstack_press::THRESHOLD_DEFAULT],
+            clients: 1,
         }
     }
 }
@@ -196,6 +214,18 @@ pub struct PressArgs {
     /// Skip Fig. 5's node-count sweep.
     #[arg(long)]
     pub skip_fig5: bool,
+    /// Capacity: CPU-seconds of the node processes per 1,000 requests for every PRESS version (with
+    /// --repeats rounds, spreads and ratios to TCP), node CPU utilisation, Fig. 1's branches per T.
+    #[arg(long)]
+    pub cpu: bool,
+    /// Fig. 1's threshold T, one run per value (e.g. 256,8,2: the small ones make the load-balancing
+    /// branches run); default 256.
+    #[arg(long, value_delimiter = ',')]
+    pub thresholds: Option<Vec<u32>>,
+    /// Client processes (`tierstack load`) driving the nodes in the measured window, the connections
+    /// split among them; 1: the client runs inside the bench.
+    #[arg(long, default_value_t = 1)]
+    pub clients: usize,
 }
 
 impl PressArgs {
@@ -225,12 +255,23 @@ impl PressArgs {
         }
         config.repeats = self.repeats.max(1);
         config.skip_fig5 = self.skip_fig5;
+        config.cpu = self.cpu;
+        if let Some(thresholds) = self.thresholds {
+            anyhow::ensure!(!thresholds.is_empty(), "--thresholds needs at least one value");
+            config.thresholds = thresholds;
+        }
+        config.clients = self.clients.max(1);
         Ok(config)
     }
 
     /// Runs the experiment; `exe` is the `tierstack` executable the nodes are started from.
     pub fn run(self, exe: impl FnOnce() -> std::io::Result<PathBuf>) -> Result<()> {
-        run(&self.config(exe()?)?)?;
+        let config = self.config(exe()?)?;
+        if config.cpu {
+            cpu::run(&config)?;
+        } else {
+            run(&config)?;
+        }
         Ok(())
     }
 }
@@ -256,6 +297,37 @@ pub struct PressRun {
     pub messages: [u64; 4],
     pub bytes: [u64; 4],
     pub load_average: f64,
+    /// Fig. 1's T of the run.
+    pub threshold: u32,
+    /// Client processes in the measured window (1: in the bench).
+    pub clients: usize,
+    /// User + system CPU-seconds of the node processes (and a front
+    /// process, if any) in the measured window, from `/proc/<pid>/stat`.
+    pub cpu_s: f64,
+    /// Wall seconds between the two CPU readings.
+    pub window_s: f64,
+    /// Each node's CPU-seconds over `window_s`, percent of one core.
+    pub node_cpu_pct: Vec<f64>,
+    /// Client requests by Fig. 1's branch (`tierstack_press_node::transport::BRANCHES`).
+    pub branches: [u64; 7],
+    /// Zero: forwarded files sent from the registered cache, and by a copy.
+    pub files_from_slab: u64,
+    pub zero_copy_fallbacks: u64,
+    /// Receivers' idle waits, their wake-ups, and ring doorbells rung.
+    pub idle_waits: u64,
+    pub wakeups: u64,
+    pub doorbells: u64,
+}
+
+impl PressRun {
+    /// CPU-seconds of the nodes per 1,000 requests.
+    pub fn cpu_s_per_k(&self) -> f64 {
+        if self.requests == 0 {
+            f64::NAN
+        } else {
+            self.cpu_s * 1000.0 / self.requests as f64
+        }
+    }
 }
 
 fn load_average() -> f64 {
@@ -277,6 +349,18 @@ fn trace_name(trace: &str, scale: f64) -> String {
 
 /// Starts the cluster, warms it, measures; every node stopped on return.
 fn run_one(config: &PressBenchConfig, trace: &str, system: &str, nodes: usize, repeat: usize) -> Result<PressRun> {
+    run_at(config, trace, system, nodes, repeat, config.thresholds[0])
+}
+
+/// As [`run_one`], with Fig. 1's T = `threshold`.
+fn run_at(
+    config: &PressBenchConfig,
+    trace: &str,
+    system: &str,
+    nodes: usize,
+    repeat: usize,
+    threshold: u32,
+) -> Result<PressRun> {
     let (mode, transport) = match system {
         "traditional" | "dispatch-ho" | "haproxy" => (Mode::Traditional, TransportKind::Base),
         "distrib-ho" => (Mode::DistribHandoff, TransportKind::Base),
@@ -304,6 +388,7 @@ fn run_one(config: &PressBenchConfig, trace: &str, system: &str, nodes: usize, r
             disk_seek_us: Some(config.disk.0),
             disk_mb_per_s: Some(config.disk.1),
             threads: 1,
+            threshold,
             handoff_dir: matches!(system, "distrib-ho" | "dispatch-ho").then(|| dir.path().to_path_buf()),
             ..PressNodeArgs::new(at, listen, spec.clone())
         };
@@ -346,9 +431,18 @@ fn run_one(config: &PressBenchConfig, trace: &str, system: &str, nodes: usize, r
         Ok(runtime.block_on(tierstack_loadgen::run(load))?)
     };
     load(config.warmup_s, 7)?;
+    let mut pids: Vec<u32> = running.iter().map(|n| n.child.pid()).collect();
+    pids.extend(dispatcher.as_ref().map(|(child, _)| child.pid()));
     let before: Vec<NodeStats> =
         running.iter().map(|n| tierstack_deploy::deployment::get_json(n.admin, "/stats")).collect::<Result<_>>()?;
-    let report = load(config.duration_s, 1)?;
+    let (cpu_before, started) = (cpu::cpu_seconds(&pids)?, tierstack_base::time::instant_now());
+    let (throughput_rps, latency_mean_ms, errors) = if config.clients > 1 {
+        cpu::load_processes(config, &targets, &spec, config.duration_s)?
+    } else {
+        let report = load(config.duration_s, 1)?;
+        (report.throughput_rps, report.latency.mean_ns / 1e6, report.errors.total())
+    };
+    let (cpu_after, window_s) = (cpu::cpu_seconds(&pids)?, started.elapsed().as_secs_f64());
     let after: Vec<NodeStats> =
         running.iter().map(|n| tierstack_deploy::deployment::get_json(n.admin, "/stats")).collect::<Result<_>>()?;
     let load_average = load_average();
@@ -382,10 +476,10 @@ fn run_one(config: &PressBenchConfig, trace: &str, system: &str, nodes: usize, r
         trace: trace.to_string(),
         system: system.to_string(),
         nodes,
-        throughput_rps: report.throughput_rps,
-        latency_mean_ms: report.latency.mean_ns / 1e6,
+        throughput_rps,
+        latency_mean_ms,
         requests,
-        errors: report.errors.total(),
+        errors,
         forwarded_pct: if requests == 0 { 0.0 } else { 100.0 * forwarded as f64 / requests as f64 },
         hit_rate_pct: if hits + misses == 0 { 0.0 } else { 100.0 * hits as f64 / (hits + misses) as f64 },
         local_hit_rate_pct,
@@ -394,7 +488,32 @@ fn run_one(config: &PressBenchConfig, trace: &str, system: &str, nodes: usize, r
         messages: counts.messages,
         bytes: counts.bytes,
         load_average,
+        threshold,
+        clients: config.clients,
+        cpu_s: cpu_after.iter().zip(&cpu_before).map(|(a, b)| a - b).sum(),
+        window_s,
+        node_cpu_pct: cpu_after
+            .iter()
+            .zip(&cpu_before)
+            .take(nodes)
+            .map(|(a, b)| if window_s > 0.0 { 100.0 * (a - b) / window_s } else { f64::NAN })
+            .collect(),
+        branches: std::array::from_fn(|i| d_link(&after, &before, |l| l.branches[i])),
+        files_from_slab: d_link(&after, &before, |l| l.files_from_slab),
+        zero_copy_fallbacks: d(|s| s.zero_copy_fallbacks),
+        idle_waits: d_link(&after, &before, |l| l.idle_waits),
+        wakeups: d_link(&after, &before, |l| l.woken),
+        doorbells: d_link(&after, &before, |l| l.doorbells),
     })
+}
+
+/// The sum over the nodes of a link counter's growth between two readings.
+fn d_link(
+    after: &[NodeStats],
+    before: &[NodeStats],
+    f: impl Fn(&tierstack_press_node::transport::LinkStats) -> u64,
+) -> u64 {
+    after.iter().zip(before).map(|(a, b)| f(&a.link).saturating_sub(f(&b.link))).sum()
 }
 
 /// One row per (trace, system, nodes): the mean over the rounds of

@@ -224,6 +224,9 @@ pub struct NodeStats {
     /// The peers' circuit breakers: opened, forwards skipped, probes, closed by a probe.
     #[serde(default)]
     pub breaker: [u64; 4],
+    /// The receiver's waits and wake-ups, doorbells, Zero's slab sends.
+    #[serde(default)]
+    pub link: transport::LinkStats,
 }
 
 impl NodeStats {

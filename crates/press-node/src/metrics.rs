@@ -66,6 +66,27 @@ impl Observed for NodeObserved {
             "Cached files the byte slab had no room for (read from disk on each hit).",
             stats.slab_full,
         );
+        let link = stats.link;
+        counter(
+            "zero_copy_sends",
+            "Zero: forwarded files written to the peer's ring straight from the registered cache.",
+            link.files_from_slab,
+        );
+        counter(
+            "receiver_idle_waits",
+            "Waits the receiver (TCP, Base: the receive thread; rings: the poll thread) began with nothing to take.",
+            link.idle_waits,
+        );
+        counter(
+            "receiver_wakeups",
+            "Receiver waits ended by an arriving message (TCP, Base) or doorbell (rings).",
+            link.woken,
+        );
+        counter(
+            "doorbells",
+            "Ring versions: doorbells rung at a peer that had published it was going to sleep.",
+            link.doorbells,
+        );
         let [opened, skipped, probes, closed] = stats.breaker;
         out.counters(
             "tierstack_press_breaker_total",
@@ -76,6 +97,13 @@ impl Observed for NodeObserved {
                 (&[("event", "probe")], probes),
                 (&[("event", "closed")], closed),
             ],
+        );
+        let branches: Vec<([(&str, &str); 1], u64)> =
+            crate::transport::BRANCHES.iter().zip(link.branches).map(|(name, n)| ([("branch", *name)], n)).collect();
+        out.counters(
+            "tierstack_press_fig1_branches_total",
+            "Client requests by the line of Fig. 1 that chose the service node (load balancing: initial-takes-over, idle-takes-over, all-overloaded).",
+            &samples(&branches),
         );
         out.counters(
             "tierstack_press_decisions_total",

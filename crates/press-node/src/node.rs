@@ -197,6 +197,7 @@ impl Shared {
             sent_messages: sent.messages,
             sent_bytes: sent.bytes,
             files_in_view: self.view().files() as u64,
+            link: self.link.link_stats(),
         }
     }
 
@@ -416,7 +417,9 @@ impl Shared {
             Mode::Press => {
                 let mut view = self.view();
                 view.set_load(self.me(), self.load_now());
-                Some(decide(&self.config.policy, &mut view, &asked.key, size).decision)
+                let outcome = decide(&self.config.policy, &mut view, &asked.key, size);
+                self.link.record_branch(outcome.branch);
+                Some(outcome.decision)
             }
         };
         let local = match decision {
@@ -583,7 +586,7 @@ impl Shared {
     pub(crate) fn receive_loop(self: Arc<Self>) {
         let inbox = self.link.fabric().inbox(Channel::PRESS);
         while !self.stop.load(Ordering::Relaxed) {
-            let message = match inbox.recv_timeout(RECV_SLICE) {
+            let message = match self.link.receive(inbox, RECV_SLICE) {
                 Ok(message) => message,
                 Err(FabricError::RecvTimeout { .. }) => continue,
                 Err(e) => {

@@ -10,7 +10,25 @@
 //!
 //! Receiving: a poll thread (the paper polls "at the end of the main server
 //! loop") reads, for every sender, the sequence word of the next slot; when
-//! it is `last + 1` the entry is complete. A file's data is copied out of
+//! it is `last + 1` the entry is complete.
+//!
+//! **Waking (the same for every version).** A receiver that finds nothing
+//! waits the way Base's receiver does, in the fabric's own inbox wait
+//! (`Inbox::recv_timeout`: on `shm` an adaptive spin of at most
+//! `receive_spin`, 50 µs by default, then a futex sleep), so no version
+//! gets a shorter or longer bound than another. Before it waits, the poll
+//! thread publishes a new **asleep generation** with one one-sided write
+//! into each sender's region (`RingLayout::asleep_offset`), then looks at
+//! its rings once more. A sender, after posting an entry, reads that word
+//! in its own region (after a SeqCst fence, as the receiver has one between
+//! its publication and its last look: one of the two sees the other) and,
+//! when it holds a generation it has not rung yet, rings the receiver's
+//! doorbell: an empty two-sided message on [`wake_channel`], which ends
+//! that wait exactly as a Base message ends Base's. So a busy receiver
+//! costs its senders a fence and a load per entry, an idle one a doorbell
+//! per sender per idle period (counted: `LinkStats::doorbells`), as a Base
+//! receiver asleep on its futex costs its senders a wake-up call. The
+//! one-sided writes themselves still need no thread of the receiver. A file's data is copied out of
 //! the ring at once (the one receiver copy of RDMA-1c), and the receiver
 //! overwrites its two credit words in the sender's region (entries consumed,
 //! data released) with one one-sided write: the flow-control and
@@ -39,14 +57,14 @@
 //! from the ring (RDMA) when the new one writes its first files may see its
 //! bytes overwritten (the sender died mid-stream either way).
 
-use crate::transport::{node_id, LinkError};
+use crate::transport::{node_id, LinkCounters, LinkError};
 use bytes::Bytes;
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 use tierstack_base::time::{instant_now, system_now};
-use tierstack_fabric::{Fabric, LocalRegion, LocalSlice, Op, RegionBytes, RemoteRegion};
+use tierstack_fabric::{Channel, Fabric, FabricError, LocalRegion, LocalSlice, Op, RegionBytes, RemoteRegion};
 use tierstack_press::proto::{decode, encode, Body, FileStatus, Message, MsgType};
 use tierstack_press::ring::{Full, ReceiverRing, RingLayout, SenderRing, ENTRY_HEADER_BYTES, ENTRY_PAYLOAD_MAX};
 use tierstack_press::{Counters, Member};
@@ -55,6 +73,19 @@ use tierstack_press::{Counters, Member};
 pub const REGION: &str = "press.rings";
 /// Data ring bytes per sender: four of the largest forwarded files.
 pub const DATA_BYTES: u64 = 1 << 20;
+
+/// The spare fabric channel id that carries the ring versions' doorbells
+/// (empty messages; `Channel::PRESS` is the two-sided versions').
+pub const WAKE_CHANNEL_ID: u8 = 6;
+
+/// How long the poll thread waits for a doorbell before it looks at its
+/// rings and the stop flag again (Base's receive loop waits as long).
+const WAIT_SLICE: Duration = Duration::from_millis(50);
+
+/// The channel of the ring versions' doorbells.
+pub fn wake_channel() -> Result<Channel, FabricError> {
+    Channel::new(WAKE_CHANNEL_ID)
+}
 
 /// A node's rings, both directions.
 pub struct Rings {
@@ -75,6 +106,12 @@ pub struct Rings {
     epoch: u32,
     /// Senders found restarted (new epoch), for the node's counters.
     restarts: std::sync::atomic::AtomicU64,
+    /// Per receiver: the last asleep generation this node rang.
+    rung: Vec<AtomicU64>,
+    /// This node's sleeps so far (the low half of its asleep generations).
+    sleeps: AtomicU64,
+    wake: Channel,
+    link: Arc<LinkCounters>,
 }
 
 /// A nonzero epoch that differs between incarnations of a node: the clock's
@@ -97,7 +134,9 @@ impl Rings {
         entries: u32,
         serve_from_ring: bool,
         timeout: Duration,
+        link: Arc<LinkCounters>,
     ) -> Result<Rings, LinkError> {
+        let wake = wake_channel()?;
         let layout = RingLayout { nodes: nodes as u64, entries: u64::from(entries.max(2)), data_bytes: DATA_BYTES };
         let local = fabric.register(
             REGION,
@@ -116,6 +155,10 @@ impl Rings {
             timeout,
             epoch: new_epoch(),
             restarts: std::sync::atomic::AtomicU64::new(0),
+            rung: (0..nodes).map(|_| AtomicU64::new(0)).collect(),
+            sleeps: AtomicU64::new(0),
+            wake,
+            link,
         })
     }
 
@@ -146,6 +189,7 @@ impl Rings {
         let memory = self.local.memory();
         let _ = memory.store_u64(off, 0);
         let _ = memory.store_u64(off + 8, 0);
+        let _ = memory.store_u64(self.layout.asleep_offset(u64::from(peer.0)), 0);
         self.restarts.fetch_add(1, Ordering::Relaxed);
         tracing::info!(%peer, "ring peer restarted: both directions start over");
     }
@@ -279,8 +323,62 @@ impl Rings {
             self.forget(to);
             return Err(e.into());
         }
+        drop(ring);
         counters.record(message.body.msg_type(), moved);
+        if source.is_some() {
+            self.link.files_from_slab.fetch_add(1, Ordering::Relaxed);
+        }
+        self.ring_doorbell(to);
         Ok(())
+    }
+
+    /// After an entry to `to` is posted: rings `to`'s doorbell if it
+    /// published an asleep generation this node has not rung yet.
+    fn ring_doorbell(&self, to: Member) {
+        // Pairs with the fence in `publish_asleep`: either `to` sees our
+        // entry on its last look, or we see its generation here.
+        fence(Ordering::SeqCst);
+        let word = self.local.memory().load_u64(self.layout.asleep_offset(u64::from(to.0))).unwrap_or(0);
+        let Some(rung) = self.rung.get(to.index()) else { return };
+        if word == 0 || rung.swap(word, Ordering::Relaxed) == word {
+            return;
+        }
+        match self.fabric.send(node_id(to), self.wake, &[]) {
+            Ok(()) => {
+                self.link.doorbells.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(e) => tracing::debug!(%to, error = %e, "press doorbell failed"),
+        }
+    }
+
+    /// Writes a new asleep generation into every peer's region; returns
+    /// whether every peer got it (one that is not up yet did not).
+    fn publish_asleep(&self) -> bool {
+        let sleeps = self.sleeps.fetch_add(1, Ordering::Relaxed) + 1;
+        // The epoch in the high half: a restarted node's generations are new.
+        let generation = (u64::from(self.epoch) << 32) | (sleeps & 0xffff_ffff);
+        let offset = self.layout.asleep_offset(u64::from(self.me.0));
+        let mut all = true;
+        for p in 0..self.layout.nodes as usize {
+            if p == self.me.index() {
+                continue;
+            }
+            let peer = Member(p as u16);
+            let written = self.handle(peer).ok().map(|remote| {
+                let op = Op::Write { offset, data: generation.to_ne_bytes().to_vec() };
+                remote.post(vec![op]).wait()
+            });
+            match written {
+                Some(Ok(_)) => {}
+                Some(Err(_)) => {
+                    self.forget(peer);
+                    all = false;
+                }
+                None => all = false,
+            }
+        }
+        fence(Ordering::SeqCst);
+        all
     }
 
     /// Overwrites this node's credit words in `sender`'s region. Called with
@@ -324,122 +422,145 @@ impl Rings {
         }
     }
 
-    /// The poll loop: delivers every complete entry to `deliver` until `stop`.
+    /// The poll loop: delivers every complete entry to `deliver` until
+    /// `stop`; between entries it waits as the module docs describe.
     pub fn poll_loop(
         self: &Arc<Self>,
         stop: &AtomicBool,
         counters: &Arc<Counters>,
         mut deliver: impl FnMut(Member, Arrival),
     ) {
-        let nodes = self.layout.nodes as usize;
-        let memory = self.local.memory();
-        let mut idle_passes = 0u32;
+        let inbox = self.fabric.inbox(self.wake);
+        // Whether every peer holds this node's current asleep generation.
+        let mut published = false;
         while !stop.load(Ordering::Relaxed) {
-            let mut found = false;
-            for s in 0..nodes {
-                if s == self.me.index() {
+            if self.poll_once(counters, &mut deliver) {
+                published = false;
+                continue;
+            }
+            if !published {
+                published = self.publish_asleep();
+                // One more look after publishing: an entry posted before a
+                // sender could see the generation is found now.
+                if self.poll_once(counters, &mut deliver) {
+                    published = false;
                     continue;
-                }
-                let sender = Member(s as u16);
-                let mut inbound = self.inbound();
-                let state = &mut inbound[s];
-                let mut seq = state.ring.last_seq + 1;
-                let seq_word = memory.load_u64(self.layout.seq_offset(s as u64, seq)).unwrap_or(0);
-                // A restarted sender writes from sequence 1 again, with a new
-                // epoch: seen at sequence 1 while we wait for a later one, or
-                // at the very number we wait for (it sent that many already;
-                // it cannot have sent more than a ring's entries unread, so
-                // its first entries are all still there).
-                // An entry of an earlier incarnation (a retired epoch) whose
-                // number happens to be the one we wait for is not new.
-                let check = if state.ring.is_next(seq_word) { seq } else { 1 };
-                let written = (check == seq || seq != 1)
-                    && memory.load_u64(self.layout.seq_offset(s as u64, check)).unwrap_or(0) == check;
-                let epoch_there = if written { self.entry_epoch(s as u64, check) } else { None };
-                let stale = epoch_there.is_some_and(|e| state.retired.contains(&e));
-                let restarted = !stale && state.epoch.is_some_and(|epoch| epoch_there.is_some_and(|e| e != epoch));
-                if restarted {
-                    self.restart_peer(sender, state);
-                    seq = 1;
-                } else if stale || !state.ring.is_next(seq_word) {
-                    continue;
-                }
-                found = true;
-                let entry_offset = self.layout.entry_offset(s as u64, seq);
-                let mut header = [0u8; 8];
-                let read = memory.read(entry_offset, &mut header);
-                state.epoch = Some(u32::from_le_bytes([header[4], header[5], header[6], header[7]]));
-                let len = u64::from(u32::from_le_bytes([header[0], header[1], header[2], header[3]]));
-                let mut payload = vec![0u8; len.min(ENTRY_PAYLOAD_MAX) as usize];
-                let read = read.and_then(|()| memory.read(entry_offset + ENTRY_HEADER_BYTES, &mut payload));
-                state.ring.consume();
-                state.unacknowledged += 1;
-                let mut credit_now = false;
-                let arrival = match read.ok().and_then(|()| decode(&payload).ok()) {
-                    Some(Message { load, body: Body::FileInfo { request, status, offset, len } })
-                        if u64::from(len) <= self.layout.data_bytes =>
-                    {
-                        let at = self.layout.data_offset(s as u64, offset);
-                        let data = if self.serve_from_ring {
-                            // RDMA: no receiver copy; the client's response
-                            // is sent from the ring, released when dropped.
-                            state.outstanding.push_back((offset, u64::from(len), false));
-                            // SAFETY: arrival: the sender wrote these bytes
-                            // before the entry's sequence word in one
-                            // in-order batch, and we read that word (an
-                            // acquire load) as `last + 1`. Release: the
-                            // sender reuses them only once `released` passes
-                            // their end, which happens in `free`, called when
-                            // this view's last owner is dropped.
-                            match unsafe { RegionBytes::new(LocalSlice::new(self.local.clone(), at, len)) } {
-                                Ok(view) => Some(Bytes::from_owner(RingView {
-                                    view,
-                                    rings: self.clone(),
-                                    counters: counters.clone(),
-                                    sender,
-                                    start: offset,
-                                    generation: state.generation,
-                                })),
-                                Err(_) => None,
-                            }
-                        } else {
-                            // RDMA-1c: the one receiver copy, out of the ring at once.
-                            let mut data = vec![0u8; len as usize];
-                            let copied = memory.read(at, &mut data);
-                            state.ring.release(offset, u64::from(len));
-                            credit_now = true;
-                            copied.ok().map(|()| Bytes::from(data))
-                        };
-                        data.map(|data| Arrival::File { load, request, status, data })
-                    }
-                    other => other.map(Arrival::Message),
-                };
-                // Credits go back with every file's release (buffer
-                // management) and after a quarter of the window otherwise.
-                if credit_now || state.unacknowledged >= (self.layout.entries / 4).max(1) {
-                    state.unacknowledged = 0;
-                    let ring = state.ring;
-                    self.write_credits(sender, &ring, counters);
-                }
-                drop(inbound);
-                match arrival {
-                    Some(arrival) => deliver(sender, arrival),
-                    None => tracing::warn!(%sender, seq, "malformed ring entry skipped"),
                 }
             }
-            if found {
-                idle_passes = 0;
-            } else {
-                idle_passes = idle_passes.saturating_add(1);
-                if idle_passes < 64 {
-                    std::thread::yield_now();
-                } else {
-                    // Nothing arrived for a while: poll less often, so an
-                    // idle node leaves the CPU to others.
-                    std::thread::sleep(Duration::from_micros(200));
+            self.link.idle_waits.fetch_add(1, Ordering::Relaxed);
+            match inbox.recv_timeout(WAIT_SLICE) {
+                Ok(_) => {
+                    self.link.woken.fetch_add(1, Ordering::Relaxed);
+                    // Several senders may have rung for one generation.
+                    while inbox.try_recv().is_some() {}
+                    published = false;
+                }
+                Err(FabricError::RecvTimeout { .. }) => {}
+                Err(e) => {
+                    tracing::warn!(error = %e, "press doorbell inbox closed");
+                    return;
                 }
             }
         }
+    }
+
+    /// One pass over every sender's ring; returns whether anything arrived.
+    fn poll_once(self: &Arc<Self>, counters: &Arc<Counters>, deliver: &mut impl FnMut(Member, Arrival)) -> bool {
+        let nodes = self.layout.nodes as usize;
+        let memory = self.local.memory();
+        let mut found = false;
+        for s in 0..nodes {
+            if s == self.me.index() {
+                continue;
+            }
+            let sender = Member(s as u16);
+            let mut inbound = self.inbound();
+            let state = &mut inbound[s];
+            let mut seq = state.ring.last_seq + 1;
+            let seq_word = memory.load_u64(self.layout.seq_offset(s as u64, seq)).unwrap_or(0);
+            // A restarted sender writes from sequence 1 again, with a new
+            // epoch: seen at sequence 1 while we wait for a later one, or
+            // at the very number we wait for (it sent that many already;
+            // it cannot have sent more than a ring's entries unread, so
+            // its first entries are all still there).
+            // An entry of an earlier incarnation (a retired epoch) whose
+            // number happens to be the one we wait for is not new.
+            let check = if state.ring.is_next(seq_word) { seq } else { 1 };
+            let written = (check == seq || seq != 1)
+                && memory.load_u64(self.layout.seq_offset(s as u64, check)).unwrap_or(0) == check;
+            let epoch_there = if written { self.entry_epoch(s as u64, check) } else { None };
+            let stale = epoch_there.is_some_and(|e| state.retired.contains(&e));
+            let restarted = !stale && state.epoch.is_some_and(|epoch| epoch_there.is_some_and(|e| e != epoch));
+            if restarted {
+                self.restart_peer(sender, state);
+                seq = 1;
+            } else if stale || !state.ring.is_next(seq_word) {
+                continue;
+            }
+            found = true;
+            let entry_offset = self.layout.entry_offset(s as u64, seq);
+            let mut header = [0u8; 8];
+            let read = memory.read(entry_offset, &mut header);
+            state.epoch = Some(u32::from_le_bytes([header[4], header[5], header[6], header[7]]));
+            let len = u64::from(u32::from_le_bytes([header[0], header[1], header[2], header[3]]));
+            let mut payload = vec![0u8; len.min(ENTRY_PAYLOAD_MAX) as usize];
+            let read = read.and_then(|()| memory.read(entry_offset + ENTRY_HEADER_BYTES, &mut payload));
+            state.ring.consume();
+            state.unacknowledged += 1;
+            let mut credit_now = false;
+            let arrival = match read.ok().and_then(|()| decode(&payload).ok()) {
+                Some(Message { load, body: Body::FileInfo { request, status, offset, len } })
+                    if u64::from(len) <= self.layout.data_bytes =>
+                {
+                    let at = self.layout.data_offset(s as u64, offset);
+                    let data = if self.serve_from_ring {
+                        // RDMA: no receiver copy; the client's response
+                        // is sent from the ring, released when dropped.
+                        state.outstanding.push_back((offset, u64::from(len), false));
+                        // SAFETY: arrival: the sender wrote these bytes
+                        // before the entry's sequence word in one
+                        // in-order batch, and we read that word (an
+                        // acquire load) as `last + 1`. Release: the
+                        // sender reuses them only once `released` passes
+                        // their end, which happens in `free`, called when
+                        // this view's last owner is dropped.
+                        match unsafe { RegionBytes::new(LocalSlice::new(self.local.clone(), at, len)) } {
+                            Ok(view) => Some(Bytes::from_owner(RingView {
+                                view,
+                                rings: self.clone(),
+                                counters: counters.clone(),
+                                sender,
+                                start: offset,
+                                generation: state.generation,
+                            })),
+                            Err(_) => None,
+                        }
+                    } else {
+                        // RDMA-1c: the one receiver copy, out of the ring at once.
+                        let mut data = vec![0u8; len as usize];
+                        let copied = memory.read(at, &mut data);
+                        state.ring.release(offset, u64::from(len));
+                        credit_now = true;
+                        copied.ok().map(|()| Bytes::from(data))
+                    };
+                    data.map(|data| Arrival::File { load, request, status, data })
+                }
+                other => other.map(Arrival::Message),
+            };
+            // Credits go back with every file's release (buffer
+            // management) and after a quarter of the window otherwise.
+            if credit_now || state.unacknowledged >= (self.layout.entries / 4).max(1) {
+                state.unacknowledged = 0;
+                let ring = state.ring;
+                self.write_credits(sender, &ring, counters);
+            }
+            drop(inbound);
+            match arrival {
+                Some(arrival) => deliver(sender, arrival),
+                None => tracing::warn!(%sender, seq, "malformed ring entry skipped"),
+            }
+        }
+        found
     }
 }
 

@@ -10,17 +10,36 @@
 //!   at the receiver, as VIA's send/receive. On top, PRESS's own window
 //!   flow control: a sender holds at most `window` unacknowledged messages
 //!   per receiver (every type but `Flow`), and a receiver returns credits in
-//!   a `Flow` message once it consumed half a window from that sender. A
+//!   a `Flow` message once it consumed half a window from that sender, sent
+//!   by a thread of its own (the paper's send thread) so that the receive
+//!   thread never blocks on a full peer. A
 //!   receiver that stops consuming therefore stops its senders after
 //!   `window` messages: they wait (bounded) instead of overrunning it.
+//!   Those `Flow` messages are all Base sends for flow control: the paper's
+//!   Base moves every file in one regular message copied out at once at
+//!   the receiver, so no buffer stays in use to be announced, and its
+//!   Table 2 shows it: Base's Flow messages average 4.0 bytes, a credit
+//!   count alone, where a buffer-management message carries an address and
+//!   a size. Buffer management is the remote-write versions' second message
+//!   per file (the `released` word in `rings`), as §4.2 explains.
+//!
+//! **Every receiver waits the same way** (issue 33): with nothing to take,
+//! it waits in the fabric's inbox wait (`Link::receive` here for TCP and
+//! Base; the ring versions' poll thread waits on its doorbell channel, see
+//! `rings`). On `shm` that wait spins adaptively for at most the fabric's
+//! `receive_spin` (50 µs by default), then sleeps on a futex that the
+//! sender wakes; on `tcp` the kernel wakes the reader thread and the inbox
+//! wakes the receiver. The waits and wake-ups are counted ([`LinkStats`]).
 
+use serde::{Deserialize, Serialize};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::Duration;
 use tierstack_base::time::instant_now;
 use tierstack_base::NodeId;
-use tierstack_fabric::{Channel, Fabric, FabricError};
+use tierstack_fabric::{Channel, Fabric, FabricError, Inbox};
 use tierstack_press::proto::{encode, Body, Message, MsgType, ProtoError};
-use tierstack_press::{Counters, Member};
+use tierstack_press::{Branch, Counters, Member};
 
 /// Default flow-control window (messages in flight per ordered pair).
 pub const WINDOW_DEFAULT: u32 = 32;
@@ -84,6 +103,76 @@ pub enum LinkError {
     NoCredit { to: Member, waited_ms: u64 },
     #[error("a message of {bytes} bytes does not fit the rings")]
     TooLarge { bytes: u64 },
+    #[error("starting the credit sender thread: {0}")]
+    Thread(std::io::Error),
+}
+
+/// How a node's receiver waited and woke, and how its Zero files went out
+/// (shared by the link's threads).
+#[derive(Debug, Default)]
+pub struct LinkCounters {
+    pub idle_waits: AtomicU64,
+    pub woken: AtomicU64,
+    pub doorbells: AtomicU64,
+    pub files_from_slab: AtomicU64,
+    /// Client requests by the line of Fig. 1 that decided them ([`BRANCHES`]).
+    pub branches: [AtomicU64; 7],
+}
+
+/// The names of Fig. 1's branches, in [`LinkStats::branches`]' order.
+pub const BRANCHES: [&str; 7] = [
+    "large",
+    "first-request",
+    "initial-caches",
+    "least-loaded-server",
+    "initial-takes-over",
+    "idle-takes-over",
+    "all-overloaded",
+];
+
+fn branch_index(branch: Branch) -> usize {
+    match branch {
+        Branch::Large => 0,
+        Branch::FirstRequest => 1,
+        Branch::InitialCaches => 2,
+        Branch::LeastLoadedServer => 3,
+        Branch::InitialTakesOver => 4,
+        Branch::IdleTakesOver => 5,
+        Branch::AllOverloaded => 6,
+    }
+}
+
+/// A snapshot of [`LinkCounters`] (`GET /stats`, `/metrics`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LinkStats {
+    /// Waits the receiver began with nothing to take (it went idle).
+    pub idle_waits: u64,
+    /// Waits that ended because a message (TCP, Base) or a doorbell (the
+    /// ring versions) arrived.
+    pub woken: u64,
+    /// Ring versions: doorbells this node rang (a receiver it wrote to
+    /// had published a new asleep generation).
+    pub doorbells: u64,
+    /// Zero: files written to a peer's ring straight from the registered
+    /// cache (the others, `zero_copy_fallbacks`, went by a copy).
+    pub files_from_slab: u64,
+    /// Client requests by the line of Fig. 1 that decided them ([`BRANCHES`];
+    /// lines 15-22, the load-balancing half, run only once a load passes T).
+    #[serde(default)]
+    pub branches: [u64; 7],
+}
+
+impl LinkCounters {
+    pub fn snapshot(&self) -> LinkStats {
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        LinkStats {
+            idle_waits: get(&self.idle_waits),
+            woken: get(&self.woken),
+            doorbells: get(&self.doorbells),
+            files_from_slab: get(&self.files_from_slab),
+            branches: std::array::from_fn(|i| get(&self.branches[i])),
+        }
+    }
 }
 
 /// Window flow control, both halves: the credits this node may spend per
@@ -189,6 +278,30 @@ pub struct Link {
     window: Option<Window>,
     rings: Option<Arc<crate::rings::Rings>>,
     credit_timeout: Duration,
+    link_counters: Arc<LinkCounters>,
+    /// Base: credits (`Flow`) go out from their own thread, so the receive
+    /// thread never blocks on a peer whose inbox is full — while it would,
+    /// it could not drain its own, and two such nodes wait on each other
+    /// until the send timeout (seen: Base stalled at 96 connections).
+    credits_out: Option<std::sync::mpsc::Sender<(Member, Vec<u8>)>>,
+}
+
+/// The credit sender thread: sends every queued `Flow` message, counted
+/// when sent; ends when the link (the queue's sender) is dropped.
+fn credit_sender(
+    fabric: Arc<dyn Fabric>,
+    counters: Arc<Counters>,
+) -> std::io::Result<std::sync::mpsc::Sender<(Member, Vec<u8>)>> {
+    let (tx, rx) = std::sync::mpsc::channel::<(Member, Vec<u8>)>();
+    std::thread::Builder::new().name("press-credits".into()).spawn(move || {
+        for (to, bytes) in rx {
+            match fabric.send(node_id(to), Channel::PRESS, &bytes) {
+                Ok(()) => counters.record(MsgType::Flow, bytes.len() as u64),
+                Err(e) => tracing::debug!(%to, error = %e, "press credit send failed"),
+            }
+        }
+    })?;
+    Ok(tx)
 }
 
 impl Link {
@@ -201,6 +314,7 @@ impl Link {
         window: u32,
         credit_timeout: Duration,
     ) -> Result<Link, LinkError> {
+        let link_counters = Arc::new(LinkCounters::default());
         let rings = match kind {
             TransportKind::Rdma1c | TransportKind::Rdma | TransportKind::Zero => {
                 Some(Arc::new(crate::rings::Rings::register(
@@ -210,12 +324,43 @@ impl Link {
                     window,
                     kind != TransportKind::Rdma1c,
                     credit_timeout,
+                    link_counters.clone(),
                 )?))
             }
             _ => None,
         };
         let window = (kind == TransportKind::Base).then(|| Window::new(nodes, window));
-        Ok(Link { fabric, kind, counters: Arc::default(), window, rings, credit_timeout })
+        let counters: Arc<Counters> = Arc::default();
+        let credits_out = match kind {
+            TransportKind::Base => Some(credit_sender(fabric.clone(), counters.clone()).map_err(LinkError::Thread)?),
+            _ => None,
+        };
+        Ok(Link { fabric, kind, counters, window, rings, credit_timeout, link_counters, credits_out })
+    }
+
+    /// Counts a client request decided by `branch` of Fig. 1 (kept with
+    /// the link's counters so one snapshot carries every counter of issue 33).
+    pub fn record_branch(&self, branch: Branch) {
+        self.link_counters.branches[branch_index(branch)].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The receiver's waits and wake-ups, doorbells rung, Zero's files sent
+    /// from the registered cache.
+    pub fn link_stats(&self) -> LinkStats {
+        self.link_counters.snapshot()
+    }
+
+    /// The next message of `inbox` (TCP, Base), waiting up to `timeout`:
+    /// taken at once if one is there, else through the fabric's wait
+    /// (counted as an idle wait, and as a wake-up if a message ends it).
+    pub fn receive(&self, inbox: &Inbox, timeout: Duration) -> Result<tierstack_fabric::Message, FabricError> {
+        if let Some(message) = inbox.try_recv() {
+            return Ok(message);
+        }
+        self.link_counters.idle_waits.fetch_add(1, Ordering::Relaxed);
+        let message = inbox.recv_timeout(timeout)?;
+        self.link_counters.woken.fetch_add(1, Ordering::Relaxed);
+        Ok(message)
     }
 
     pub fn rings(&self) -> Option<&Arc<crate::rings::Rings>> {
@@ -246,6 +391,10 @@ impl Link {
             return rings.send(to, message, &self.counters);
         }
         let bytes = encode(message)?;
+        if let (Some(out), Body::Flow { .. }) = (&self.credits_out, &message.body) {
+            // Queued: the credit thread sends it (and counts it).
+            return out.send((to, bytes)).map_err(|_| LinkError::Fabric(FabricError::Closed));
+        }
         if let Some(window) = &self.window {
             if needs_credit(&message.body) {
                 window.acquire(to, self.credit_timeout)?;
@@ -310,5 +459,137 @@ mod tests {
         assert!("udp".parse::<TransportKind>().is_err());
         assert!(needs_credit(&Body::Forward { request: 1, path: "/".into() }));
         assert!(!needs_credit(&Body::Flow { credits: 1 }));
+    }
+
+    /// Base's credits never block the caller (the receive thread) on a
+    /// peer whose inbox is full: queued, then sent once it drains.
+    #[test]
+    fn a_base_credit_is_sent_even_when_the_peers_inbox_is_full() {
+        let dir = tempfile::tempdir().unwrap();
+        let fabrics = tierstack_testkit::nodes::shm::nodes(dir.path(), 2, Duration::from_millis(200));
+        let (f0, f1): (Arc<dyn Fabric>, Arc<dyn Fabric>) = (fabrics[0].clone(), fabrics[1].clone());
+        let link1 = Link::new(f1.clone(), TransportKind::Base, Member(1), 2, 8, Duration::from_secs(1)).unwrap();
+        // Fill node 0's inbox from node 1 until a send times out, with large
+        // messages and then with the smallest, so not even a credit fits.
+        let mut filled = 0;
+        for size in [8192, 1] {
+            while f1.send(NodeId(0), Channel::PRESS, &vec![0u8; size]).is_ok() {
+                filled += 1;
+                assert!(filled < 100_000, "the inbox never filled");
+            }
+        }
+        // A blocking send would now time out; the credit is queued instead.
+        link1.send(Member(0), &Message { load: 0, body: Body::Flow { credits: 4 } }).unwrap();
+        let inbox = f0.inbox(Channel::PRESS);
+        let mut flow = None;
+        eventually("the credit arriving once node 0 drains its inbox", || {
+            while let Some(m) = inbox.try_recv() {
+                if let Ok(Message { body: Body::Flow { credits }, .. }) = tierstack_press::proto::decode(&m.payload) {
+                    flow = Some(credits);
+                }
+            }
+            flow.is_some()
+        });
+        assert_eq!(flow, Some(4));
+        eventually("the credit counted", || link1.counters().snapshot().messages(MsgType::Flow) == 1);
+    }
+
+    /// Polls `check` until it holds (a deadline, not a timing assertion).
+    fn eventually(what: &str, mut check: impl FnMut() -> bool) {
+        let start = instant_now();
+        while !check() {
+            assert!(start.elapsed() < Duration::from_secs(30), "timed out waiting for {what}");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    /// A receiver of `kind` that went idle is woken by the next message,
+    /// through its wait: the fabric's inbox wait for TCP and Base, the
+    /// doorbell for the ring versions (one per message here, as the
+    /// receiver published a new asleep generation before each).
+    fn check_wake(kind: TransportKind) {
+        use std::sync::atomic::AtomicBool;
+        let dir = tempfile::tempdir().unwrap();
+        let fabrics: Vec<Arc<dyn Fabric>> = match kind {
+            TransportKind::Tcp => tierstack_testkit::nodes::tcp::cluster(0, 2, Duration::from_secs(5))
+                .into_iter()
+                .map(|f| f as Arc<dyn Fabric>)
+                .collect(),
+            _ => tierstack_testkit::nodes::shm::nodes(dir.path(), 2, Duration::from_secs(5))
+                .into_iter()
+                .map(|f| f as Arc<dyn Fabric>)
+                .collect(),
+        };
+        let timeout = Duration::from_secs(5);
+        let sender = Link::new(fabrics[0].clone(), kind, Member(0), 2, 8, timeout).unwrap();
+        let receiver = Arc::new(Link::new(fabrics[1].clone(), kind, Member(1), 2, 8, timeout).unwrap());
+        let stop = Arc::new(AtomicBool::new(false));
+        let (tx, rx) = std::sync::mpsc::channel::<Message>();
+        let thread = {
+            let (receiver, stop) = (receiver.clone(), stop.clone());
+            std::thread::spawn(move || match receiver.rings() {
+                Some(rings) => rings.clone().poll_loop(&stop, receiver.counters(), |_, arrival| {
+                    if let crate::rings::Arrival::Message(m) = arrival {
+                        let _ = tx.send(m);
+                    }
+                }),
+                None => {
+                    let inbox = receiver.fabric().inbox(Channel::PRESS);
+                    while !stop.load(Ordering::Relaxed) {
+                        match receiver.receive(inbox, Duration::from_millis(50)) {
+                            Ok(m) => {
+                                let _ = tx.send(tierstack_press::proto::decode(&m.payload).unwrap());
+                            }
+                            Err(FabricError::RecvTimeout { .. }) => {}
+                            Err(e) => panic!("{e}"),
+                        }
+                    }
+                }
+            })
+        };
+        for round in 1..=3u32 {
+            let before = receiver.link_stats();
+            eventually("the receiver going idle", || receiver.link_stats().idle_waits > before.idle_waits);
+            let message = Message { load: round, body: Body::Forward { request: u64::from(round), path: "/f".into() } };
+            sender.send(Member(1), &message).unwrap();
+            assert_eq!(rx.recv_timeout(Duration::from_secs(30)).unwrap(), message, "{kind:?} round {round}");
+            let after = receiver.link_stats();
+            assert!(after.woken > before.woken, "{kind:?}: the message ended an idle wait: {before:?} {after:?}");
+            match kind {
+                TransportKind::Tcp | TransportKind::Base => assert_eq!(sender.link_stats().doorbells, 0),
+                _ => assert_eq!(
+                    sender.link_stats().doorbells,
+                    u64::from(round),
+                    "{kind:?}: one doorbell per idle period"
+                ),
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+        thread.join().unwrap();
+    }
+
+    #[test]
+    fn an_idle_tcp_receiver_is_woken_by_the_next_message() {
+        check_wake(TransportKind::Tcp);
+    }
+
+    #[test]
+    fn an_idle_base_receiver_is_woken_by_the_next_message() {
+        check_wake(TransportKind::Base);
+    }
+
+    #[test]
+    fn an_idle_rdma_1c_receiver_is_woken_by_its_doorbell() {
+        check_wake(TransportKind::Rdma1c);
+    }
+
+    #[test]
+    fn an_idle_rdma_receiver_is_woken_by_its_doorbell() {
+        check_wake(TransportKind::Rdma);
+    }
+
+    #[test]
+    fn an_idle_zero_receiver_is_woken_by_its_doorbell() {
+        check_wake(TransportKind::Zero);
     }
 }

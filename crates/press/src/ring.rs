@@ -8,7 +8,10 @@
 //! of this node's messages, two **credit words** that `r` overwrites
 //! one-sidedly: how many of this node's entries it consumed, and up to
 //! which byte of this node's data it released (flow control and buffer
-//! management: words that "can be overwritten", §3.2).
+//! management: words that "can be overwritten", §3.2); and a third word,
+//! `r`'s **asleep** generation: `r` writes a new nonzero value there before
+//! it sleeps, and a sender that sees a value it has not rung yet rings
+//! `r`'s doorbell after its write (`press-node`'s `rings` module).
 //!
 //! An entry is `len: u32`, the sender's **epoch** (`u32`, nonzero, new for
 //! each incarnation of the sender: a restarted peer is told apart by it),
@@ -31,6 +34,9 @@ pub const ENTRY_BYTES: u64 = 256;
 pub const ENTRY_HEADER_BYTES: u64 = 8;
 /// Largest encoded message an entry carries.
 pub const ENTRY_PAYLOAD_MAX: u64 = ENTRY_BYTES - ENTRY_HEADER_BYTES - 8;
+
+/// Bytes each receiver writes into a sender's region: consumed, released, asleep.
+const RECEIVER_WORDS_BYTES: u64 = 24;
 
 /// The shape of a node's ring region.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -69,12 +75,18 @@ impl RingLayout {
     /// Offset of the two credit words receiver `r` writes into this node's
     /// region: `[entries consumed, data released]`.
     pub fn credit_offset(&self, receiver: u64) -> u64 {
-        self.nodes * self.per_sender() + receiver * 16
+        self.nodes * self.per_sender() + receiver * RECEIVER_WORDS_BYTES
+    }
+
+    /// Offset of the word receiver `r` writes into this node's region
+    /// before it sleeps: its sleep generation (0: it never slept).
+    pub fn asleep_offset(&self, receiver: u64) -> u64 {
+        self.credit_offset(receiver) + 16
     }
 
     /// The region's size.
     pub fn region_bytes(&self) -> u64 {
-        self.nodes * self.per_sender() + self.nodes * 16
+        self.nodes * self.per_sender() + self.nodes * RECEIVER_WORDS_BYTES
     }
 }
 
@@ -184,7 +196,9 @@ mod tests {
         assert_eq!(L.data_offset(0, 1024), 4 * ENTRY_BYTES);
         assert_eq!(L.entry_offset(1, 1), 4 * ENTRY_BYTES + 1024);
         assert_eq!(L.credit_offset(0), 3 * (4 * ENTRY_BYTES + 1024));
-        assert_eq!(L.region_bytes(), L.credit_offset(2) + 16);
+        assert_eq!(L.region_bytes(), L.credit_offset(2) + 24);
+        assert_eq!(L.asleep_offset(1), L.credit_offset(1) + 16);
+        assert_eq!(L.asleep_offset(1) + 8, L.credit_offset(2));
         assert_eq!(L.region_bytes() % 8, 0);
     }
 

@@ -49,3 +49,48 @@ fn bench_press_prints_its_tables_and_draws_its_plots() {
         assert!(run["throughput_rps"].as_f64().unwrap() > 0.0, "{run}");
     }
 }
+
+/// `tierstack bench press --cpu` runs every version with two client
+/// processes, prints CPU per 1,000 requests with spreads, the order per
+/// round and Fig. 1's branches, and its runs account for every Zero file
+/// (sent from the slab or counted as a copy) and for T's branches.
+#[test]
+fn bench_press_cpu_prints_cpu_per_request_for_every_version() {
+    let out = tempfile::tempdir().unwrap();
+    let output = Command::new(exe())
+        .args(["bench", "press", "--cpu", "--quick", "--duration-s", "1", "--repeats", "2"])
+        .args(["--thresholds", "1", "--clients", "2", "--out"])
+        .arg(out.path())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&output.stderr));
+    for heading in ["CPU per 1,000 requests", "The CPU order per round", "Fig. 1's branches"] {
+        assert!(stdout.contains(heading), "missing {heading:?} in\n{stdout}");
+    }
+    let runs: serde_json::Value = serde_json::from_slice(&std::fs::read(out.path().join("cpu.json")).unwrap()).unwrap();
+    let runs = runs.as_array().unwrap();
+    assert_eq!(runs.len(), 5 * 2, "five versions, two rounds");
+    for version in ["press-tcp", "press-base", "press-rdma-1c", "press-rdma", "press-zero"] {
+        assert!(stdout.contains(version), "{version} printed");
+        assert_eq!(runs.iter().filter(|r| r["system"] == version).count(), 2, "{version} in both rounds");
+    }
+    let n = |run: &serde_json::Value, key: &str| run[key].as_u64().unwrap();
+    for run in runs {
+        assert_eq!(run["errors"], 0, "{run}");
+        assert_eq!(run["clients"], 2, "{run}");
+        assert!(n(run, "requests") > 0 && run["cpu_s"].as_f64().unwrap() > 0.0, "the nodes used CPU: {run}");
+        assert_eq!(run["node_cpu_pct"].as_array().unwrap().len(), 2, "{run}");
+        let branches: Vec<u64> = run["branches"].as_array().unwrap().iter().map(|b| b.as_u64().unwrap()).collect();
+        // T = 1 is passed by every busy node: lines 15-22 decide requests.
+        assert!(branches[4..].iter().sum::<u64>() > 0, "the load-balancing lines ran: {run}");
+        if run["system"] == "press-zero" {
+            // Every file Zero sent went from the slab or is counted as a copy.
+            let files = run["messages"][3].as_u64().unwrap();
+            assert!(files > 0, "{run}");
+            assert_eq!(n(run, "files_from_slab") + n(run, "zero_copy_fallbacks"), files, "{run}");
+        } else {
+            assert_eq!(n(run, "files_from_slab"), 0, "{run}");
+        }
+    }
+}
