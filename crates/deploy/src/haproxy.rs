@@ -9,14 +9,7 @@ use std::path::PathBuf;
 /// The `haproxy` executable: `$TIERSTACK_HAPROXY`, else the first on
 /// `PATH`, else `/usr/sbin/haproxy`; `None` when there is none.
 pub fn haproxy_path() -> Option<PathBuf> {
-    if let Some(path) = std::env::var_os("TIERSTACK_HAPROXY") {
-        return Some(PathBuf::from(path)).filter(|p| p.is_file());
-    }
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    std::env::split_paths(&path)
-        .chain([PathBuf::from("/usr/sbin")])
-        .map(|dir| dir.join("haproxy"))
-        .find(|candidate| candidate.is_file())
+    crate::process::find_program("TIERSTACK_HAPROXY", "haproxy")
 }
 
 /// A real HAProxy in front of `servers`: `balance uri`, `hash-type

@@ -12,14 +12,7 @@ use std::time::Duration;
 /// The `nginx` executable: `$TIERSTACK_NGINX`, else the first on `PATH`,
 /// else `/usr/sbin/nginx`; `None` when there is none.
 pub fn nginx_path() -> Option<PathBuf> {
-    if let Some(path) = std::env::var_os("TIERSTACK_NGINX") {
-        return Some(PathBuf::from(path)).filter(|p| p.is_file());
-    }
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    std::env::split_paths(&path)
-        .chain([PathBuf::from("/usr/sbin")])
-        .map(|dir| dir.join("nginx"))
-        .find(|candidate| candidate.is_file())
+    crate::process::find_program("TIERSTACK_NGINX", "nginx")
 }
 
 /// `nginx -v`'s version, e.g. `(1, 22, 1)`.

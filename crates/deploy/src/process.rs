@@ -138,6 +138,20 @@ fn ephemeral_port_start() -> u16 {
         .unwrap_or(32_768)
 }
 
+/// An external program: the path in environment variable `env` if it
+/// names a file, else the first `name` on `PATH`, else in `/usr/sbin`;
+/// `None` when there is none.
+pub fn find_program(env: &str, name: &str) -> Option<PathBuf> {
+    if let Some(path) = std::env::var_os(env) {
+        return Some(PathBuf::from(path)).filter(|p| p.is_file());
+    }
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain([PathBuf::from("/usr/sbin")])
+        .map(|dir| dir.join(name))
+        .find(|candidate| candidate.is_file())
+}
+
 /// A loopback address with a port that was free a moment ago, for a child
 /// process to listen on.
 ///

@@ -236,15 +236,19 @@ fn the_throughput_bench_runs_every_configuration() {
         let requests = point["requests"].as_u64().unwrap();
         let retries = point["retries"].as_u64().unwrap();
         assert!((requests..=requests + 4 + retries).contains(&routed), "every request forwarded once: {point}");
-        let shares = point["backend_cpu_share"].as_array().unwrap();
-        assert_eq!(shares.len(), 2, "{point}");
-        // A compute thread each: the back ends used CPU (how much depends on the machine).
-        assert!(shares.iter().all(|s| s.as_f64().unwrap() > 0.0), "{point}");
-        assert!(point["proxy_cpu_us_per_request"].as_f64().unwrap() > 0.0, "{point}");
+        assert_eq!(point["backend_cpu_share"].as_array().unwrap().len(), 2, "{point}");
         if point["balance"] == "hash" {
             assert_eq!(point["throughput_vs_hash"], 1.0, "{point}");
         }
     }
+    // A compute thread each: the back ends used CPU, and so did the proxy,
+    // as /proc tells (how much depends on the machine: on a crowded one a
+    // one-second point may see no clock tick of a process, so over the run).
+    for backend in 0..2 {
+        let used = points.iter().any(|p| p["backend_cpu_share"][backend].as_f64().unwrap() > 0.0);
+        assert!(used, "back end {backend} never used CPU: {points:?}");
+    }
+    assert!(points.iter().any(|p| p["proxy_cpu_us_per_request"].as_f64().unwrap() > 0.0), "{points:?}");
     let round_robin: Vec<u64> = points.iter().find(|p| p["balance"] == "round-robin").unwrap()["routed"]
         .as_array()
         .unwrap()

@@ -33,6 +33,13 @@ fn trace() -> Trace {
 
 /// Writes the topology and starts `nodes` processes; waits for each `ready`.
 fn start_cluster(dir: &Path, name: &str, transport: &str, nodes: usize, extra: &[&str]) -> Vec<NodeChild> {
+    let path = write_topology(dir, name, transport, nodes);
+    (0..nodes).map(|i| spawn_node(&path, i, transport, extra)).collect()
+}
+
+/// Writes the topology of a `nodes`-node cluster of communication version
+/// `transport` (the `tcp` fabric for `tcp`, else `shm`) into `dir`.
+pub(crate) fn write_topology(dir: &Path, name: &str, transport: &str, nodes: usize) -> std::path::PathBuf {
     let fabric = if transport == "tcp" { "tcp" } else { "shm" };
     let mut topology = format!(
         "[cluster]\nname = \"{name}-{}\"\nfabric = \"{fabric}\"\nshm_root = \"{}\"\nop_timeout_ms = 2000\n",
@@ -47,7 +54,7 @@ fn start_cluster(dir: &Path, name: &str, transport: &str, nodes: usize, extra: &
     }
     let path = dir.join("topology.toml");
     std::fs::write(&path, topology).unwrap();
-    (0..nodes).map(|i| spawn_node(&path, i, transport, extra)).collect()
+    path
 }
 
 /// Starts node `i` of the cluster whose topology is at `path`; waits for `ready`.

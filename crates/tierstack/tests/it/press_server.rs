@@ -31,20 +31,7 @@ fn start(dir: &Path, root: &Path, name: &str, nodes: usize, extra: &[&str]) -> V
 
 /// Starts `nodes` nodes of communication version `transport` serving `root`.
 fn start_on(dir: &Path, root: &Path, name: &str, transport: &str, nodes: usize, extra: &[&str]) -> Vec<Node> {
-    let fabric = if transport == "tcp" { "tcp" } else { "shm" };
-    let mut topology = format!(
-        "[cluster]\nname = \"{name}-{}\"\nfabric = \"{fabric}\"\nshm_root = \"{}\"\nop_timeout_ms = 2000\n",
-        std::process::id(),
-        dir.join("shm").display()
-    );
-    for i in 0..nodes {
-        topology.push_str(&format!("[[node]]\nid = {i}\nrole = \"proxy\"\n"));
-        if fabric == "tcp" {
-            topology.push_str(&format!("address = \"{}\"\n", free_loopback_port().unwrap()));
-        }
-    }
-    let path = dir.join("topology.toml");
-    std::fs::write(&path, topology).unwrap();
+    let path = crate::press_processes::write_topology(dir, name, transport, nodes);
     (0..nodes)
         .map(|i| {
             let (listen, admin) = (free_loopback_port().unwrap(), free_loopback_port().unwrap());
