@@ -649,13 +649,7 @@ pub(crate) fn validators(stored: &HeaderMap) -> Vec<(HeaderName, HeaderValue)> {
 mod tests {
     use super::*;
 
-    fn headers(fields: &[(&str, &str)]) -> HeaderMap {
-        let mut map = HeaderMap::new();
-        for (name, value) in fields {
-            map.append(HeaderName::from_bytes(name.as_bytes()).unwrap(), HeaderValue::from_str(value).unwrap());
-        }
-        map
-    }
+    use crate::testkit::headers;
 
     const T: u64 = 1_700_000_000;
 

@@ -273,3 +273,16 @@ impl Setup {
         serde_json::from_slice(&body).unwrap()
     }
 }
+
+/// A header map of `fields` in order (repeated names appended), for the
+/// pure modules' unit tests.
+pub(crate) fn headers(fields: &[(&str, &str)]) -> hyper::HeaderMap {
+    let mut map = hyper::HeaderMap::new();
+    for (name, value) in fields {
+        map.append(
+            hyper::header::HeaderName::from_bytes(name.as_bytes()).unwrap(),
+            hyper::header::HeaderValue::from_str(value).unwrap(),
+        );
+    }
+    map
+}

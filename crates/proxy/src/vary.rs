@@ -251,16 +251,9 @@ fn content_language(response: &HeaderMap) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use hyper::header::HeaderValue;
     use proptest::prelude::*;
 
-    fn headers(fields: &[(&str, &str)]) -> HeaderMap {
-        let mut map = HeaderMap::new();
-        for (name, value) in fields {
-            map.append(HeaderName::from_bytes(name.as_bytes()).unwrap(), HeaderValue::from_str(value).unwrap());
-        }
-        map
-    }
+    use crate::testkit::headers;
 
     fn languages(lines: &[&str]) -> HeaderMap {
         headers(&lines.iter().map(|l| ("accept-language", *l)).collect::<Vec<_>>())
