@@ -244,7 +244,7 @@ impl Shared {
 
     /// Checks a client request and looks its file up: the answer to send
     /// instead if it is refused (405, 400, 403 outside the root or not a
-    /// regular file, 404, 500).
+    /// regular file, 404, 500) or needs no bytes (HEAD, 304).
     async fn look_up<B>(&self, request: &Request<B>) -> Result<Asked, Response<NodeBody>> {
         if request.method() != Method::GET && request.method() != Method::HEAD {
             return Err(http::method_not_allowed());
@@ -258,7 +258,11 @@ impl Shared {
             return Err(http::text(StatusCode::NOT_FOUND, "not found\n"));
         };
         match self.config.root.resolve(decoded.clone()).await {
-            Ok(target) => Ok(Asked { decoded, key, target }),
+            // HEAD and a current client copy need no bytes: answered here.
+            Ok(target) => match http::without_body(request.method(), request.headers(), &target.meta, &decoded) {
+                Some(response) => Err(response),
+                None => Ok(Asked { decoded, key, target }),
+            },
             Err(Refusal::NotFound) => Err(http::text(StatusCode::NOT_FOUND, "not found\n")),
             Err(Refusal::Forbidden) => Err(http::text(StatusCode::FORBIDDEN, "not a file under the served root\n")),
             Err(Refusal::Io(e)) => {
@@ -404,12 +408,6 @@ impl Shared {
             Ok(asked) => asked,
             Err(response) => return response,
         };
-        // HEAD and a current client copy need no bytes: answered here.
-        if let Some(response) =
-            http::without_body(request.method(), request.headers(), &asked.target.meta, &asked.decoded)
-        {
-            return response;
-        }
         let size = asked.target.meta.size;
         let decision = match self.config.mode {
             // The hand-off server decided when it accepted the connection.
@@ -480,11 +478,6 @@ impl Shared {
             Ok(asked) => asked,
             Err(response) => return response,
         };
-        if let Some(response) =
-            http::without_body(request.method(), request.headers(), &asked.target.meta, &asked.decoded)
-        {
-            return response;
-        }
         // Fig. 1 lines 3-5: large files are served and not cached.
         let caching = if asked.target.meta.size >= self.config.policy.max_size_bytes {
             if counted {
