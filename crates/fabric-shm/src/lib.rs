@@ -103,7 +103,7 @@ use tierstack_base::limits::{NODES_MAX, REGIONS_PER_NODE_MAX};
 use tierstack_base::NodeId;
 use tierstack_fabric::{
     check_batch, execute_on_memory, validate_region_bytes, validate_region_name, Access, Channel, Completion, Fabric,
-    FabricError, Inbox, Inboxes, LocalRegion, LocalSlice, Op, PeerState, RegionMemory, RemoteRegion, Result, Rights,
+    FabricError, Inbox, Inboxes, LocalRegion, LocalSlice, Op, PeerState, RegionMemory, RemoteRegion, Result, Rights, TrySend,
 };
 
 /// How a node attaches to the `shm` fabric.
@@ -491,6 +491,15 @@ impl Fabric for ShmFabric {
             }
         }
         self.senders.send(to, &|| node_dir(&self.root, to), channel, payload)
+    }
+
+    fn try_send(&self, to: NodeId, channel: Channel, payload: &[u8]) -> Result<TrySend> {
+        if let Some(nodes) = &self.config.nodes {
+            if !nodes.contains(&to) {
+                return Err(FabricError::UnknownNode { node: to });
+            }
+        }
+        self.senders.try_send(to, &|| node_dir(&self.root, to), channel, payload)
     }
 
     fn inbox(&self, channel: Channel) -> &Inbox {

@@ -74,7 +74,7 @@ use std::time::{Duration, Instant};
 use tierstack_base::limits::{CHANNELS_MAX, TRANSFER_BYTES_MAX};
 use tierstack_base::time::{instant_now, system_now};
 use tierstack_base::NodeId;
-use tierstack_fabric::{Channel, FabricError, InboxSource, Message, Result};
+use tierstack_fabric::{Channel, FabricError, InboxSource, Message, Result, TrySend};
 
 /// The layout of the message files, for tools and tests that inspect them.
 pub mod layout {
@@ -714,16 +714,41 @@ impl RingSenders {
     /// Sends `payload` to `to` on `channel`; `dir` names `to`'s node
     /// directory (asked only to reach a receiver for the first time).
     pub(crate) fn send(&self, to: NodeId, dir: &dyn Fn() -> PathBuf, channel: Channel, payload: &[u8]) -> Result<()> {
-        if payload.len() > TRANSFER_BYTES_MAX {
-            return Err(FabricError::TransferTooLarge { len: payload.len() });
-        }
         // Set when the send first waits for room (the clock is not read on
         // the fast path); the bound covers all of the send's waits.
         let mut deadline = None;
+        self.send_or_try(to, dir, channel, payload, Some(&mut deadline)).map(|_| ())
+    }
+
+    /// Sends `payload` if the ring has room for all of it now and no other
+    /// thread is sending on it: [`TrySend::WouldBlock`] otherwise (a message
+    /// larger than the ring never fits at once: `send` streams it).
+    pub(crate) fn try_send(
+        &self,
+        to: NodeId,
+        dir: &dyn Fn() -> PathBuf,
+        channel: Channel,
+        payload: &[u8],
+    ) -> Result<TrySend> {
+        self.send_or_try(to, dir, channel, payload, None)
+    }
+
+    /// `deadline` is `None` for a send that must not wait.
+    fn send_or_try(
+        &self,
+        to: NodeId,
+        dir: &dyn Fn() -> PathBuf,
+        channel: Channel,
+        payload: &[u8],
+        mut deadline: Option<&mut Option<Instant>>,
+    ) -> Result<TrySend> {
+        if payload.len() > TRANSFER_BYTES_MAX {
+            return Err(FabricError::TransferTooLarge { len: payload.len() });
+        }
         for _ in 0..2 {
             let link = self.link(to, dir)?;
-            match link.send(self, channel, payload, &mut deadline) {
-                Ok(()) => return Ok(()),
+            match link.send(self, channel, payload, deadline.as_deref_mut()) {
+                Ok(outcome) => return Ok(outcome),
                 Err(LinkFailure::Revoked) => self.forget(&link),
                 Err(LinkFailure::Error(e)) => {
                     if matches!(e, FabricError::PeerDead { .. }) {
@@ -813,9 +838,18 @@ impl PeerLink {
         senders: &RingSenders,
         channel: Channel,
         payload: &[u8],
-        deadline: &mut Option<Instant>,
-    ) -> std::result::Result<(), LinkFailure> {
-        let mut slot = self.channels[channel.index()].lock().map_err(|_| FabricError::Closed)?;
+        mut deadline: Option<&mut Option<Instant>>,
+    ) -> std::result::Result<TrySend, LinkFailure> {
+        let lock = &self.channels[channel.index()];
+        let mut slot = match deadline {
+            Some(_) => lock.lock().map_err(|_| FabricError::Closed)?,
+            None => match lock.try_lock() {
+                Ok(slot) => slot,
+                // Another thread sends on this ring (it may be waiting for room).
+                Err(std::sync::TryLockError::WouldBlock) => return Ok(TrySend::WouldBlock),
+                Err(std::sync::TryLockError::Poisoned(_)) => return Err(FabricError::Closed.into()),
+            },
+        };
         if self.revoked() {
             return Err(LinkFailure::Revoked);
         }
@@ -839,11 +873,25 @@ impl PeerLink {
         let words = file.ring().map_err(|e| self.corrupt(e))?;
         // An empty message is one empty record; a large one, fragments.
         let fragments = payload.len().div_ceil(layout::FRAGMENT_BYTES_MAX).max(1);
-        for index in 0..fragments {
+        let fragment = |index: usize| {
             let start = index * layout::FRAGMENT_BYTES_MAX;
-            let fragment = &payload[start..payload.len().min(start + layout::FRAGMENT_BYTES_MAX)];
-            let header = RecordHeader { len: fragment.len() as u32, first: index == 0, last: index + 1 == fragments };
-            while !producer.push(&words, header, fragment).map_err(|e| self.corrupt(e))? {
+            let bytes = &payload[start..payload.len().min(start + layout::FRAGMENT_BYTES_MAX)];
+            (RecordHeader { len: bytes.len() as u32, first: index == 0, last: index + 1 == fragments }, bytes)
+        };
+        if deadline.is_none() {
+            // All or nothing: only this thread produces (it holds the
+            // ring's lock), so room seen now stays until it is used.
+            let need: u64 = (0..fragments).map(|index| fragment(index).0.record_words()).sum();
+            if producer.free_words(&words, need).map_err(|e| self.corrupt(e))? < need {
+                return Ok(TrySend::WouldBlock);
+            }
+        }
+        for index in 0..fragments {
+            let (header, bytes) = fragment(index);
+            while !producer.push(&words, header, bytes).map_err(|e| self.corrupt(e))? {
+                let Some(deadline) = deadline.as_deref_mut() else {
+                    return Err(FabricError::Protocol { node: self.to, reason: "room seen in a ring vanished".into() }.into());
+                };
                 self.wait_for_room(senders, producer, file, &words, header.record_words(), deadline)?;
             }
             let doorbell = channel_doorbell(&self.control, channel);
@@ -851,7 +899,7 @@ impl PeerLink {
                 wake_all(doorbell);
             }
         }
-        Ok(())
+        Ok(TrySend::Sent)
     }
 
     fn corrupt(&self, error: RingCorrupt) -> LinkFailure {

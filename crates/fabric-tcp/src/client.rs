@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use tierstack_base::limits::CHANNELS_MAX;
 use tierstack_base::NodeId;
-use tierstack_fabric::{Channel, CompletionSender, FabricError, LocalSlice, Op, OpResult, Result};
+use tierstack_fabric::{Channel, CompletionSender, FabricError, LocalSlice, Op, OpResult, Result, TrySend};
 use tierstack_fabric_wire::auth::Opener;
 use tierstack_fabric_wire::{decode_borrowed, encode, BorrowedFrame, Frame, ResultRef};
 
@@ -213,6 +213,32 @@ fn closed_by_peer(stream: &TcpStream) -> bool {
     true
 }
 
+/// True if the kernel takes `len` more bytes on `stream` without putting
+/// the writer to sleep: a TCP write sleeps once the memory queued for
+/// sending (`SK_MEMINFO_WMEM_QUEUED`, buffers with their overhead) reaches
+/// the send buffer (`SK_MEMINFO_SNDBUF`). The margin covers the overhead
+/// of the new segments and of a TLS record or seal around the frame.
+fn send_buffer_takes(stream: &TcpStream, len: usize) -> bool {
+    use std::os::fd::AsRawFd;
+    let mut info = [0u32; libc::SK_MEMINFO_DROPS as usize + 1];
+    let mut size = std::mem::size_of_val(&info) as libc::socklen_t;
+    // SAFETY: `info` is a writable buffer of `size` bytes; the kernel writes
+    // at most that many and says how many.
+    let rc = unsafe {
+        libc::getsockopt(stream.as_raw_fd(), libc::SOL_SOCKET, libc::SO_MEMINFO, info.as_mut_ptr().cast(), &mut size)
+    };
+    if rc != 0 || (size as usize) < (libc::SK_MEMINFO_WMEM_QUEUED as usize + 1) * 4 {
+        return false;
+    }
+    let queued = u64::from(info[libc::SK_MEMINFO_WMEM_QUEUED as usize]);
+    let buffer = u64::from(info[libc::SK_MEMINFO_SNDBUF as usize]);
+    let need = len as u64 + len as u64 / 4 + SEND_MARGIN_BYTES;
+    queued + need <= buffer
+}
+
+/// [`send_buffer_takes`]'s room beyond the frame itself.
+const SEND_MARGIN_BYTES: u64 = 4096;
+
 impl Link {
     /// A link to `peer` and the receiving end of its writer's queue.
     pub(crate) fn new(peer: NodeId) -> (Arc<Link>, flume::Receiver<Outgoing>) {
@@ -356,6 +382,41 @@ impl Link {
             }
         }
         Err(FabricError::PeerDead { node: self.peer, reason: "sending failed".to_string() })
+    }
+
+    /// Sends a message only if that needs no wait: the channel's connection
+    /// is up, no other thread writes on it, and the socket's send buffer
+    /// takes the whole frame now (so `write_all` returns without sleeping).
+    /// [`TrySend::WouldBlock`] otherwise, nothing written; `send_message`
+    /// then dials, waits for room or reports the peer.
+    pub(crate) fn try_send_message(&self, shared: &Shared, channel: Channel, payload: &[u8]) -> Result<TrySend> {
+        shared.check_open()?;
+        let mut slot = match self.messages[channel.index()].try_lock() {
+            Ok(slot) => slot,
+            Err(std::sync::TryLockError::WouldBlock) => return Ok(TrySend::WouldBlock),
+            Err(std::sync::TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
+        };
+        let Some(conn) = slot.as_mut() else { return Ok(TrySend::WouldBlock) };
+        if closed_by_peer(&conn.control) {
+            return Ok(TrySend::WouldBlock);
+        }
+        let frame = encode(&Frame::Message { channel, payload: payload.to_vec() });
+        if !send_buffer_takes(&conn.control, frame.len()) {
+            return Ok(TrySend::WouldBlock);
+        }
+        match secure::write_frame_bytes(&mut conn.writer, &mut conn.sealer, frame) {
+            Ok(()) => Ok(TrySend::Sent),
+            Err(e) => {
+                // The stream may be mid-frame: never write on it again.
+                if let Some(conn) = slot.take() {
+                    let _ = conn.control.shutdown(Shutdown::Both);
+                }
+                if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) {
+                    return Err(FabricError::Timeout { node: self.peer, timeout_ms: shared.timeout_ms });
+                }
+                Err(FabricError::PeerDead { node: self.peer, reason: format!("sending: {e}") })
+            }
+        }
     }
 
     /// Handles one frame from the owner. `Err` means the owner broke the

@@ -75,7 +75,7 @@ use tierstack_base::{Clock, NodeId, SystemClock};
 use tierstack_fabric::listen::{bind_node, Listening};
 use tierstack_fabric::{
     check_batch, validate_region_name, Access, Channel, Completion, Fabric, FabricError, Inbox, Inboxes, LocalRegion,
-    Op, PeerState, RegionMemory, RemoteRegion, Result,
+    Op, PeerState, RegionMemory, RemoteRegion, Result, TrySend,
 };
 use tierstack_fabric_wire::auth::FabricKey;
 use tierstack_fabric_wire::{encode, try_encode, Frame, WireError};
@@ -383,6 +383,15 @@ impl Fabric for TcpFabric {
         }
         let link = self.shared.link(to)?;
         link.send_message(&self.shared, channel, payload)
+    }
+
+    fn try_send(&self, to: NodeId, channel: Channel, payload: &[u8]) -> Result<TrySend> {
+        self.shared.check_open()?;
+        if payload.len() > TRANSFER_BYTES_MAX {
+            return Err(FabricError::TransferTooLarge { len: payload.len() });
+        }
+        let link = self.shared.link(to)?;
+        link.try_send_message(&self.shared, channel, payload)
     }
 
     fn inbox(&self, channel: Channel) -> &Inbox {

@@ -197,6 +197,14 @@ impl tierstack_fabric::Fabric for UcxFabric {
     fn send(&self, _: NodeId, _: tierstack_fabric::Channel, _: &[u8]) -> tierstack_fabric::Result<()> {
         match self.0 {}
     }
+    fn try_send(
+        &self,
+        _: NodeId,
+        _: tierstack_fabric::Channel,
+        _: &[u8],
+    ) -> tierstack_fabric::Result<tierstack_fabric::TrySend> {
+        match self.0 {}
+    }
     fn inbox(&self, _: tierstack_fabric::Channel) -> &tierstack_fabric::Inbox {
         match self.0 {}
     }

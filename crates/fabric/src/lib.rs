@@ -84,6 +84,13 @@ pub trait Fabric: Send + Sync {
     /// channels are not held back by it (see [`Inbox`]).
     fn send(&self, to: NodeId, channel: Channel, payload: &[u8]) -> Result<()>;
 
+    /// Sends as [`send`](Fabric::send) does, but only if that needs no wait:
+    /// [`TrySend::WouldBlock`] (nothing sent) where `send` would wait for
+    /// room at the receiver, for an answer, or for another sender of the
+    /// same channel. Lets an async task send inline and hand only the rare
+    /// send that would wait to a thread that may block. Errors are `send`'s.
+    fn try_send(&self, to: NodeId, channel: Channel, payload: &[u8]) -> Result<TrySend>;
+
     /// This node's receive queue of `channel`. Each service drains its own
     /// channel and never sees another's messages.
     fn inbox(&self, channel: Channel) -> &Inbox;
@@ -92,6 +99,17 @@ pub trait Fabric: Send + Sync {
     /// Only [`PeerState::Gone`] is definite; callers that would act on a
     /// peer's death (take over what it held) act on nothing else.
     fn peer_state(&self, node: NodeId) -> PeerState;
+}
+
+/// What [`Fabric::try_send`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[must_use]
+pub enum TrySend {
+    /// The message is on its way, as after a successful [`Fabric::send`].
+    Sent,
+    /// Sending it now would wait; nothing was sent (call `send` from a
+    /// thread that may block, or try again later).
+    WouldBlock,
 }
 
 /// What a fabric can tell about a peer's process ([`Fabric::peer_state`]).

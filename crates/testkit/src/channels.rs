@@ -20,7 +20,7 @@ use std::time::Duration;
 use tierstack_base::limits::{CHANNELS_MAX, INBOX_MESSAGES_MAX};
 use tierstack_base::time::instant_now;
 use tierstack_base::NodeId;
-use tierstack_fabric::{Channel, Fabric, FabricError, Message};
+use tierstack_fabric::{Channel, Fabric, FabricError, Message, TrySend};
 use tierstack_fabric_wire::{encode, Frame, LENGTH_PREFIX_BYTES};
 
 /// A bound on every wait, only so that a broken backend fails instead of
@@ -395,4 +395,119 @@ pub fn a_full_channel_holds_back_only_itself(sender: Arc<dyn Fabric>, receiver: 
         send_errors,
         received_in_order,
     }
+}
+
+/// What the try-send scenario observed; every backend must produce
+/// [`TrySendOutcome::EXPECTED`].
+#[derive(Debug, PartialEq, Eq)]
+pub struct TrySendOutcome {
+    /// `try_send` into a channel the receiver does not drain answered
+    /// `WouldBlock` (it returned: a send that waited would have stayed
+    /// until the 30 s send timeout, then failed with `Timeout`).
+    pub would_block_when_full: bool,
+    /// Some messages were sent before it did (the try path sends).
+    pub sent_before_full: bool,
+    /// Once the receiver drained, a `try_send` was `Sent` again.
+    pub sent_after_drain: bool,
+    /// Every message a try reported `Sent` arrived once, in order, and
+    /// none a try reported `WouldBlock`.
+    pub received_exactly_the_sent: bool,
+    pub errors: usize,
+}
+
+impl TrySendOutcome {
+    pub const EXPECTED: TrySendOutcome = TrySendOutcome {
+        would_block_when_full: true,
+        sent_before_full: true,
+        sent_after_drain: true,
+        received_exactly_the_sent: true,
+        errors: 0,
+    };
+}
+
+/// The try path: after one ordinary `send` (a backend may dial or wire up
+/// on the first), `sender` calls `try_send` on `Channel::TEST` until it
+/// answers `WouldBlock`, the receiver draining nothing (small messages to
+/// fill the inbox, then 8 KiB ones, smaller than any backend's ring, to
+/// fill the buffers between the nodes). Then the receiver drains, and a
+/// `try_send` retried until `Sent` (bounded) goes through. Both fabrics
+/// need a send timeout of at least [`SEND_TIMEOUT`].
+pub fn a_try_send_never_waits_on_a_full_channel(sender: Arc<dyn Fabric>, receiver: Arc<dyn Fabric>) -> TrySendOutcome {
+    const LARGE_BYTES: usize = 8 * 1024;
+    let try_payload = |seq: usize| {
+        let mut payload = (seq as u64).to_le_bytes().to_vec();
+        if seq > SMALL_MESSAGES {
+            payload.resize(LARGE_BYTES, seq as u8);
+        }
+        payload
+    };
+    let to = receiver.local_node();
+    let inbox = receiver.inbox(Channel::TEST);
+    let mut errors = 0;
+    let mut sent = 0usize;
+    if sender.send(to, Channel::TEST, &try_payload(0)).is_err() {
+        errors += 1;
+    }
+    sent += 1;
+    // Bounded only so that a backend that never blocks fails: far more
+    // than the inbox and the largest socket buffers hold.
+    let mut would_block_when_full = false;
+    while sent < SMALL_MESSAGES + 16 * 1024 {
+        match sender.try_send(to, Channel::TEST, &try_payload(sent)) {
+            Ok(TrySend::Sent) => sent += 1,
+            Ok(TrySend::WouldBlock) => {
+                // Room may still free up as the receiver's reader moves
+                // messages in; full means the inbox is at its bound.
+                if inbox.len() == INBOX_MESSAGES_MAX {
+                    would_block_when_full = true;
+                    break;
+                }
+                std::thread::yield_now();
+            }
+            Err(e) => {
+                eprintln!("try_send {sent} failed: {e}");
+                errors += 1;
+                break;
+            }
+        }
+    }
+    let sent_before_full = sent > 1;
+
+    let mut received = 0usize;
+    let mut in_order = true;
+    let drain = |upto: usize, received: &mut usize| {
+        while *received < upto {
+            let Ok(message) = inbox.recv_timeout(BOUND) else { return false };
+            if message.from != sender.local_node() || message.payload != try_payload(*received) {
+                return false;
+            }
+            *received += 1;
+        }
+        true
+    };
+    in_order &= drain(sent, &mut received);
+
+    let mut sent_after_drain = false;
+    let start = instant_now();
+    while start.elapsed() < BOUND {
+        match sender.try_send(to, Channel::TEST, &try_payload(sent)) {
+            Ok(TrySend::Sent) => {
+                sent += 1;
+                sent_after_drain = true;
+                break;
+            }
+            Ok(TrySend::WouldBlock) => std::thread::yield_now(),
+            Err(e) => {
+                eprintln!("try_send after draining failed: {e}");
+                errors += 1;
+                break;
+            }
+        }
+    }
+    in_order &= drain(sent, &mut received);
+    // Nothing beyond what was reported sent.
+    std::thread::yield_now();
+    let received_exactly_the_sent = in_order && received == sent && inbox.try_recv().is_none();
+    assert_all_empty(receiver.as_ref(), "receiver after draining");
+    TrySendOutcome { would_block_when_full, sent_before_full, sent_after_drain, received_exactly_the_sent, errors }
 }

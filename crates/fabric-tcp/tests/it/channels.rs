@@ -59,3 +59,10 @@ fn a_full_channel_holds_back_only_itself() {
     let outcome = channels::a_full_channel_holds_back_only_itself(nodes[0].clone(), nodes[1].clone());
     assert_eq!(outcome, channels::FullChannelOutcome::EXPECTED);
 }
+
+#[test]
+fn a_try_send_never_waits_on_a_full_channel() {
+    let nodes = nodes(0, 2);
+    let outcome = channels::a_try_send_never_waits_on_a_full_channel(nodes[0].clone(), nodes[1].clone());
+    assert_eq!(outcome, channels::TrySendOutcome::EXPECTED);
+}

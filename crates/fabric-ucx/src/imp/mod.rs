@@ -21,7 +21,7 @@ use tierstack_fabric::listen::{bind_node, Listening};
 use tierstack_fabric::Rights;
 use tierstack_fabric::{
     check_batch, validate_region_bytes, validate_region_name, Access, Channel, Completion, Fabric, FabricError, Inbox,
-    Inboxes, LocalRegion, Message, Op, PeerState, RegionMemory, RemoteRegion, Result,
+    Inboxes, LocalRegion, Message, Op, PeerState, RegionMemory, RemoteRegion, Result, TrySend,
 };
 use tierstack_fabric_wire::auth::{self, FabricKey};
 use ucx::Context;
@@ -41,6 +41,46 @@ struct PeerLink {
     node: NodeId,
     generation: u64,
     dead: Mutex<Option<String>>,
+    /// Messages `try_send` sent to this process without waiting.
+    detached: Arc<Detached>,
+}
+
+/// Messages [`Fabric::try_send`] sent to one peer process and nobody waits
+/// on: how many are not yet acknowledged (at most [`DETACHED_MAX`]: then a
+/// try would block, so a receiver that holds messages back holds back its
+/// senders as a blocking send's wait does), and the first failure among
+/// them, which the next `try_send` to that peer returns.
+#[derive(Default)]
+pub(crate) struct Detached {
+    in_flight: AtomicUsize,
+    failed: Mutex<Option<FabricError>>,
+}
+
+/// Unacknowledged `try_send` messages per peer before a try would block.
+const DETACHED_MAX: usize = 64;
+
+/// Who hears how a message send ended (its acknowledgement or failure).
+pub(crate) enum SendReply {
+    /// A blocking `send` waits on it.
+    Waiter(flume::Sender<Result<()>>),
+    /// A `try_send` that did not wait.
+    Detached(Arc<Detached>),
+}
+
+impl SendReply {
+    pub(crate) fn answer(self, result: Result<()>) {
+        match self {
+            SendReply::Waiter(tx) => {
+                let _ = tx.send(result);
+            }
+            SendReply::Detached(detached) => {
+                if let Err(e) = result {
+                    lock(&detached.failed).get_or_insert(e);
+                }
+                detached.in_flight.fetch_sub(1, Ordering::AcqRel);
+            }
+        }
+    }
 }
 
 impl PeerLink {
@@ -206,7 +246,7 @@ impl std::fmt::Debug for UcxFabric {
 
 impl Shared {
     fn new(config: &UcxConfig, local_addr: SocketAddr, self_addr: SocketAddr, context: Arc<Context>) -> Shared {
-        let self_link = Arc::new(PeerLink { node: config.node, generation: 0, dead: Mutex::new(None) });
+        let self_link = Arc::new(PeerLink { node: config.node, generation: 0, dead: Mutex::new(None), detached: Arc::default() });
         Shared {
             node: config.node,
             op_timeout: config.op_timeout,
@@ -297,7 +337,7 @@ impl Shared {
                 return Ok(Arc::clone(link));
             }
         }
-        let link = Arc::new(PeerLink { node, generation: self.next_id(), dead: Mutex::new(None) });
+        let link = Arc::new(PeerLink { node, generation: self.next_id(), dead: Mutex::new(None), detached: Arc::default() });
         let (tx, rx) = flume::bounded(1);
         self.submit(Command::Connect { node, generation: link.generation, address: address.clone(), reply: tx })?;
         self.await_reply(node, &rx)?;
@@ -714,9 +754,47 @@ impl Fabric for UcxFabric {
             generation: link.generation,
             channel,
             payload: payload.to_vec(),
-            reply: tx,
+            reply: SendReply::Waiter(tx),
         })?;
         shared.await_reply(to, &rx)
+    }
+
+    /// Hands the message to the progress thread without waiting for its
+    /// acknowledgement, unless the peer is not wired up yet (wiring up
+    /// waits) or [`DETACHED_MAX`] such messages to it are unacknowledged.
+    /// Order with `send`s holds: both go through the progress thread's one
+    /// queue and the peer's one endpoint, and its delivery keeps them in order.
+    fn try_send(&self, to: NodeId, channel: Channel, payload: &[u8]) -> Result<TrySend> {
+        let shared = &self.shared;
+        shared.check_open()?;
+        if payload.len() > TRANSFER_BYTES_MAX {
+            return Err(FabricError::TransferTooLarge { len: payload.len() });
+        }
+        if to.0 >= NODES_MAX {
+            return Err(FabricError::UnknownNode { node: to });
+        }
+        let Some(link) = lock(&shared.links).get(&to).cloned() else { return Ok(TrySend::WouldBlock) };
+        link.check()?;
+        if let Some(e) = lock(&link.detached.failed).take() {
+            return Err(e);
+        }
+        let in_flight = &link.detached.in_flight;
+        if in_flight.fetch_add(1, Ordering::AcqRel) >= DETACHED_MAX {
+            in_flight.fetch_sub(1, Ordering::AcqRel);
+            return Ok(TrySend::WouldBlock);
+        }
+        let command = Command::Send {
+            node: to,
+            generation: link.generation,
+            channel,
+            payload: payload.to_vec(),
+            reply: SendReply::Detached(Arc::clone(&link.detached)),
+        };
+        if let Err(e) = shared.submit(command) {
+            in_flight.fetch_sub(1, Ordering::AcqRel);
+            return Err(e);
+        }
+        Ok(TrySend::Sent)
     }
 
     fn inbox(&self, channel: Channel) -> &Inbox {

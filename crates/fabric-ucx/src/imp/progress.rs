@@ -18,7 +18,7 @@ mod callbacks;
 use callbacks::{callback_param, on_am, on_ep_error, Event, EVENTS, RNDV};
 
 use super::ucx::{status_error, status_text, Context};
-use crate::imp::Shared;
+use crate::imp::{SendReply, Shared};
 use std::collections::HashMap;
 use std::os::raw::c_int;
 use std::sync::atomic::{fence, AtomicBool, Ordering};
@@ -99,7 +99,7 @@ pub(crate) enum Command {
         generation: u64,
         channel: Channel,
         payload: Vec<u8>,
-        reply: flume::Sender<Result<()>>,
+        reply: SendReply,
     },
     /// Acknowledges message `msg_id` of `node` (it is in its inbox).
     Ack {
@@ -198,7 +198,7 @@ struct Sending {
 
 struct AwaitingAck {
     node: NodeId,
-    reply: flume::Sender<Result<()>>,
+    reply: SendReply,
     deadline: Instant,
 }
 
@@ -720,10 +720,10 @@ impl Progress {
         generation: u64,
         channel: Channel,
         payload: Vec<u8>,
-        reply: flume::Sender<Result<()>>,
+        reply: SendReply,
     ) {
         if let Err(e) = self.endpoint(node, generation) {
-            let _ = reply.send(Err(e));
+            reply.answer(Err(e));
             return;
         }
         let msg_id = self.fresh_id();
@@ -777,7 +777,7 @@ impl Progress {
                 || FabricError::PeerDead { node, reason: "its endpoint was closed".to_string() },
                 |s| status_error(node, s, "sending a message"),
             );
-            let _ = waiting.reply.send(Err(error));
+            waiting.reply.answer(Err(error));
         }
     }
 
@@ -834,7 +834,7 @@ impl Progress {
             AM_ACK => {
                 if let Some(waiting) = self.awaiting.remove(&msg_id) {
                     if waiting.node == from {
-                        let _ = waiting.reply.send(Ok(()));
+                        waiting.reply.answer(Ok(()));
                     } else {
                         self.awaiting.insert(msg_id, waiting);
                     }
@@ -869,7 +869,7 @@ impl Progress {
         let expired: Vec<u64> = self.awaiting.iter().filter(|(_, a)| a.deadline <= now).map(|(id, _)| *id).collect();
         for id in expired {
             if let Some(waiting) = self.awaiting.remove(&id) {
-                let _ = waiting.reply.send(Err(FabricError::Timeout { node: waiting.node, timeout_ms }));
+                waiting.reply.answer(Err(FabricError::Timeout { node: waiting.node, timeout_ms }));
             }
         }
     }
@@ -887,7 +887,7 @@ impl Progress {
         let waiting: Vec<u64> = self.awaiting.iter().filter(|(_, a)| a.node == node).map(|(id, _)| *id).collect();
         for id in waiting {
             if let Some(a) = self.awaiting.remove(&id) {
-                let _ = a.reply.send(Err(dead()));
+                a.reply.answer(Err(dead()));
             }
         }
         let keys: Vec<u64> = self.rkeys.iter().filter(|(_, (n, _, _))| *n == node).map(|(id, _)| *id).collect();
@@ -930,7 +930,7 @@ impl Progress {
             }
         }
         for (_, waiting) in self.awaiting.drain() {
-            let _ = waiting.reply.send(Err(FabricError::Closed));
+            waiting.reply.answer(Err(FabricError::Closed));
         }
         while let Ok(command) = self.queue.try_recv() {
             if let Command::Unmap { memh } = command {

@@ -54,3 +54,9 @@ both_transports!(a_full_channel_holds_back_only_itself, |tls| {
     let outcome = super::channels::a_full_channel_holds_back_only_itself(nodes[0].clone(), nodes[1].clone());
     assert_eq!(outcome, super::channels::FullChannelOutcome::EXPECTED);
 });
+
+both_transports!(a_try_send_never_waits_on_a_full_channel, |tls| {
+    let Some(nodes) = super::nodes(2, tls) else { return };
+    let outcome = super::channels::a_try_send_never_waits_on_a_full_channel(nodes[0].clone(), nodes[1].clone());
+    assert_eq!(outcome, super::channels::TrySendOutcome::EXPECTED);
+});
