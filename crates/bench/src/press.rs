@@ -18,7 +18,8 @@
 //!   processes per 1,000 requests per version, repeated, with spreads and
 //!   ratios to TCP measured in the same round; throughput with several
 //!   client processes (`--clients`) and each node's CPU utilisation; Fig. 1's
-//!   branches per threshold T (`--thresholds`).
+//!   branches per threshold T (`--thresholds`), or T found by bisection
+//!   per version (`--bisect-t`, module [`bisect`]).
 //!
 //! Every run: the nodes start, a closed-loop client (`tierstack_loadgen`,
 //! one new connection per request, targets chosen at random, as the paper's
@@ -41,7 +42,9 @@ use tierstack_press::{Counts, MsgType};
 use tierstack_press_node::{DispatcherArgs, Mode, NodeStats, PressNodeArgs, TransportKind};
 use tierstack_workload::{Trace, TraceSpec};
 
+mod bisect;
 mod cpu;
+pub use bisect::BisectGoal;
 
 /// The paper's Base-VIA gain over TCP on 8 nodes, Fig. 3 (§4.2): only the
 /// extremes are stated (6 % Rutgers, 28 % Nasa).
@@ -119,6 +122,11 @@ pub struct PressBenchConfig {
     /// Client processes (`tierstack load`) in the measured window; 1 runs
     /// the client in this process.
     pub clients: usize,
+    /// The nodes send inline when nothing has to wait (`false`: every send
+    /// through the blocking pool, the path before, to measure against).
+    pub send_inline: bool,
+    /// With `cpu`: T found by bisection per version instead of `thresholds`.
+    pub bisect_t: Option<BisectGoal>,
 }
 
 /// Every system `bench press` knows: the five PRESS versions, the
@@ -174,6 +182,8 @@ impl PressBenchConfig {
             cpu: false,
             thresholds: vec![tierstack_press::THRESHOLD_DEFAULT],
             clients: 1,
+            send_inline: true,
+            bisect_t: None,
         }
     }
 }
@@ -226,6 +236,15 @@ pub struct PressArgs {
     /// split among them; 1: the client runs inside the bench.
     #[arg(long, default_value_t = 1)]
     pub clients: usize,
+    /// The nodes send intra-cluster messages inline from the request's task when nothing has to wait;
+    /// false hands every send to the blocking pool (the path before, to measure against).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub send_inline: bool,
+    /// With --cpu: find Fig. 1's T by bisection per version, `balancing` (the largest T at which the
+    /// load-balancing branches decide ≥ 1 % of requests) or `fwd:PCT` (the largest T with Fwd ≤ PCT + 2);
+    /// prints every probe's branch shares.
+    #[arg(long)]
+    pub bisect_t: Option<BisectGoal>,
 }
 
 impl PressArgs {
@@ -261,13 +280,18 @@ impl PressArgs {
             config.thresholds = thresholds;
         }
         config.clients = self.clients.max(1);
+        config.send_inline = self.send_inline;
+        anyhow::ensure!(self.bisect_t.is_none() || self.cpu, "--bisect-t needs --cpu");
+        config.bisect_t = self.bisect_t;
         Ok(config)
     }
 
     /// Runs the experiment; `exe` is the `tierstack` executable the nodes are started from.
     pub fn run(self, exe: impl FnOnce() -> std::io::Result<PathBuf>) -> Result<()> {
         let config = self.config(exe()?)?;
-        if config.cpu {
+        if let (true, Some(goal)) = (config.cpu, config.bisect_t) {
+            bisect::run(&config, goal)?;
+        } else if config.cpu {
             cpu::run(&config)?;
         } else {
             run(&config)?;
@@ -317,6 +341,9 @@ pub struct PressRun {
     pub idle_waits: u64,
     pub wakeups: u64,
     pub doorbells: u64,
+    /// Intra-cluster sends made inline, and handed to the blocking pool.
+    pub sends_inline: u64,
+    pub sends_blocking: u64,
 }
 
 impl PressRun {
@@ -389,6 +416,7 @@ fn run_at(
             disk_mb_per_s: Some(config.disk.1),
             threads: 1,
             threshold,
+            send_inline: config.send_inline,
             handoff_dir: matches!(system, "distrib-ho" | "dispatch-ho").then(|| dir.path().to_path_buf()),
             ..PressNodeArgs::new(at, listen, spec.clone())
         };
@@ -504,6 +532,8 @@ fn run_at(
         idle_waits: d_link(&after, &before, |l| l.idle_waits),
         wakeups: d_link(&after, &before, |l| l.woken),
         doorbells: d_link(&after, &before, |l| l.doorbells),
+        sends_inline: d(|s| s.sends_inline),
+        sends_blocking: d(|s| s.sends_blocking),
     })
 }
 

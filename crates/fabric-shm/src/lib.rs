@@ -103,7 +103,8 @@ use tierstack_base::limits::{NODES_MAX, REGIONS_PER_NODE_MAX};
 use tierstack_base::NodeId;
 use tierstack_fabric::{
     check_batch, execute_on_memory, validate_region_bytes, validate_region_name, Access, Channel, Completion, Fabric,
-    FabricError, Inbox, Inboxes, LocalRegion, LocalSlice, Op, PeerState, RegionMemory, RemoteRegion, Result, Rights, TrySend,
+    FabricError, Inbox, Inboxes, LocalRegion, LocalSlice, Op, PeerState, RegionMemory, RemoteRegion, Result, Rights,
+    TrySend,
 };
 
 /// How a node attaches to the `shm` fabric.

@@ -890,7 +890,9 @@ impl PeerLink {
             let (header, bytes) = fragment(index);
             while !producer.push(&words, header, bytes).map_err(|e| self.corrupt(e))? {
                 let Some(deadline) = deadline.as_deref_mut() else {
-                    return Err(FabricError::Protocol { node: self.to, reason: "room seen in a ring vanished".into() }.into());
+                    return Err(
+                        FabricError::Protocol { node: self.to, reason: "room seen in a ring vanished".into() }.into()
+                    );
                 };
                 self.wait_for_room(senders, producer, file, &words, header.record_words(), deadline)?;
             }

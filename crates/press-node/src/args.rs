@@ -98,6 +98,11 @@ pub struct PressNodeArgs {
     /// Runtime worker threads.
     #[arg(long, default_value_t = NODE_THREADS_DEFAULT)]
     pub threads: usize,
+    /// Send intra-cluster messages inline from the request's task when
+    /// nothing has to wait; `false` hands every send to the blocking pool
+    /// (the path before issue 33's try_send, kept to measure against).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub send_inline: bool,
     /// Directory of the nodes' hand-off sockets: the node accepts client
     /// sockets handed to it (distrib-ho peers, or a press-dispatcher for a
     /// traditional node); distrib-ho needs it.
@@ -136,6 +141,7 @@ impl PressNodeArgs {
             breaker_cool_down_ms: BREAKER_COOL_DOWN_MS_DEFAULT,
             window: WINDOW_DEFAULT,
             threads: NODE_THREADS_DEFAULT,
+            send_inline: true,
             handoff_dir: None,
             limits: HttpLimitsArgs::default(),
             observe: ObserveArgs::default(),
@@ -199,6 +205,9 @@ impl PressNodeArgs {
         }
         if self.threads != default.threads {
             flag("--threads", self.threads.to_string());
+        }
+        if self.send_inline != default.send_inline {
+            flag("--send-inline", self.send_inline.to_string());
         }
         if let Some(dir) = &self.handoff_dir {
             flag("--handoff-dir", dir.display().to_string());
@@ -340,6 +349,7 @@ mod tests {
             breaker_cool_down_ms: 123,
             window: 5,
             threads: 3,
+            send_inline: false,
             handoff_dir: Some(PathBuf::from("/tmp/handoff")),
             limits: HttpLimitsArgs { header_read_timeout_ms: 5, max_connections: 64, ..HttpLimitsArgs::default() },
             observe: ObserveArgs { metrics_listen: Some("127.0.0.1:9464".parse().unwrap()) },

@@ -136,6 +136,9 @@ pub struct NodeConfig {
     pub breaker_cool_down: Duration,
     /// Base's flow-control window, in messages per ordered pair.
     pub window: u32,
+    /// Send inline from the async task when nothing has to wait (else every
+    /// send goes through the blocking pool: the old path, kept to measure).
+    pub send_inline: bool,
     /// Where the nodes' hand-off sockets live (`handoff::socket_path`):
     /// with it, the node accepts client sockets handed to it (by its
     /// distributed hand-off peers or a dispatcher); `Mode::DistribHandoff`
@@ -198,6 +201,12 @@ pub struct NodeStats {
     /// Zero: forwarded files sent by a copy because they were not in the
     /// registered cache.
     pub zero_copy_fallbacks: u64,
+    /// Intra-cluster sends made inline from the request's task.
+    #[serde(default)]
+    pub sends_inline: u64,
+    /// Sends handed to a blocking thread because they would have waited.
+    #[serde(default)]
+    pub sends_blocking: u64,
     /// Files whose bytes are in the memory cache's slab (registered for Zero).
     pub slab_files: u64,
     pub caching_broadcasts: u64,

@@ -59,6 +59,12 @@ impl Observed for NodeObserved {
             "Forwarded files copied because they were not in the registered cache.",
             stats.zero_copy_fallbacks,
         );
+        counter("sends_inline", "Intra-cluster sends made inline from the request's task.", stats.sends_inline);
+        counter(
+            "sends_blocking",
+            "Intra-cluster sends handed to a blocking thread because they would have waited.",
+            stats.sends_blocking,
+        );
         counter("revalidated", "Cached copies dropped because their file changed on disk.", stats.revalidated);
         counter("streamed", "Responses streamed from disk (large files the cache does not keep).", stats.streamed);
         counter(

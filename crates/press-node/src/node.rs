@@ -85,6 +85,11 @@ pub(crate) struct Stats {
     pub streamed: AtomicU64,
     /// Cached files the slab had no room for (read from disk on each hit).
     pub slab_full: AtomicU64,
+    /// Intra-cluster sends made inline from the async task (nothing to wait for).
+    pub sends_inline: AtomicU64,
+    /// Sends handed to the blocking pool because they would have waited
+    /// (for a credit, ring room, a connection) or `--send-inline false`.
+    pub sends_blocking: AtomicU64,
 }
 
 /// Open client connections plus forwarded requests in service: the load
@@ -179,6 +184,8 @@ impl Shared {
             bad_messages: get(&s.bad_messages),
             send_failures: get(&s.send_failures),
             zero_copy_fallbacks: get(&s.zero_copy_fallbacks),
+            sends_inline: get(&s.sends_inline),
+            sends_blocking: get(&s.sends_blocking),
             slab_files: self.slab.files() as u64,
             revalidated: get(&s.revalidated),
             streamed: get(&s.streamed),
@@ -201,17 +208,50 @@ impl Shared {
         }
     }
 
-    /// Sends from a blocking thread (a send may wait for credit or room).
+    /// Sends without waiting: inline if nothing has to wait, else from a
+    /// blocking thread (a send may wait for credit or room).
     fn send_detached(self: &Arc<Self>, to: Member, body: Body) {
+        let message = Message { load: self.load_now(), body };
+        let Some(message) = self.send_inline(to, message) else { return };
         let shared = self.clone();
         self.runtime.spawn_blocking(move || {
-            let message = Message { load: shared.load_now(), body };
             if let Err(e) = shared.link.send(to, &message) {
-                shared.stats.send_failures.fetch_add(1, Ordering::Relaxed);
-                tracing::debug!(%to, error = %e, "press send failed");
-                shared.check_peer(to);
+                shared.send_failed(to, &e);
             }
         });
+    }
+
+    /// The fast path of every send: `Link::try_send` from the calling task.
+    /// `None` if it was sent (or failed: counted, the peer checked off the
+    /// task); the message back if it would wait (counted), for the caller
+    /// to send from a blocking thread.
+    fn send_inline(self: &Arc<Self>, to: Member, message: Message) -> Option<Message> {
+        if !self.config.send_inline {
+            self.stats.sends_blocking.fetch_add(1, Ordering::Relaxed);
+            return Some(message);
+        }
+        match self.link.try_send(to, &message) {
+            Ok(tierstack_fabric::TrySend::Sent) => {
+                self.stats.sends_inline.fetch_add(1, Ordering::Relaxed);
+                None
+            }
+            Ok(tierstack_fabric::TrySend::WouldBlock) => {
+                self.stats.sends_blocking.fetch_add(1, Ordering::Relaxed);
+                Some(message)
+            }
+            Err(e) => {
+                // Asking the fabric about the peer may wait (a probe connection).
+                let shared = self.clone();
+                self.runtime.spawn_blocking(move || shared.send_failed(to, &e));
+                None
+            }
+        }
+    }
+
+    fn send_failed(&self, to: Member, error: &crate::transport::LinkError) {
+        self.stats.send_failures.fetch_add(1, Ordering::Relaxed);
+        tracing::debug!(%to, %error, "press send failed");
+        self.check_peer(to);
     }
 
     /// After a failed exchange: a peer whose process certainly ended leaves
@@ -372,15 +412,19 @@ impl Shared {
         let request = self.next_request.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
         self.pending.lock().unwrap_or_else(PoisonError::into_inner).insert(request, tx);
-        let shared = self.clone();
-        let body = Body::Forward { request, path: path.to_string() };
-        let sent = self
-            .runtime
-            .spawn_blocking(move || {
-                let message = Message { load: shared.load_now(), body };
-                shared.link.send(service, &message)
-            })
-            .await;
+        let message = Message { load: self.load_now(), body: Body::Forward { request, path: path.to_string() } };
+        let sent = match self.config.send_inline.then(|| self.link.try_send(service, &message)) {
+            Some(Ok(tierstack_fabric::TrySend::Sent)) => {
+                self.stats.sends_inline.fetch_add(1, Ordering::Relaxed);
+                Ok(Ok(()))
+            }
+            Some(Err(e)) => Ok(Err(e)),
+            Some(Ok(tierstack_fabric::TrySend::WouldBlock)) | None => {
+                self.stats.sends_blocking.fetch_add(1, Ordering::Relaxed);
+                let shared = self.clone();
+                self.runtime.spawn_blocking(move || shared.link.send(service, &message)).await
+            }
+        };
         let reply = match sent {
             Ok(Ok(())) => tokio::time::timeout(self.config.forward_timeout, rx).await.ok().and_then(Result::ok),
             Ok(Err(e)) => {
@@ -552,6 +596,27 @@ impl Shared {
     /// slab does not hold it (the caller sends a copy). A failed send
     /// counts as sent: the initial node times out and serves it itself.
     async fn send_from_slab(self: &Arc<Self>, to: Member, request: u64, path: &str, meta: FileMeta) -> bool {
+        if self.config.send_inline {
+            let Some(cached) = self.slab.get(path).filter(|hit| hit.meta == meta) else { return false };
+            let Some(rings) = self.link.rings() else { return false };
+            let message = Message {
+                load: self.load_now(),
+                body: Body::File { request, status: FileStatus::Ok, data: Vec::new() },
+            };
+            match rings.try_send(to, &message, Some(&cached.slice), self.link.counters()) {
+                Ok(tierstack_fabric::TrySend::Sent) => {
+                    self.stats.sends_inline.fetch_add(1, Ordering::Relaxed);
+                    return true;
+                }
+                Ok(tierstack_fabric::TrySend::WouldBlock) => {}
+                Err(e) => {
+                    let shared = self.clone();
+                    self.runtime.spawn_blocking(move || shared.send_failed(to, &e));
+                    return true;
+                }
+            }
+        }
+        self.stats.sends_blocking.fetch_add(1, Ordering::Relaxed);
         let shared = self.clone();
         let path = path.to_string();
         let sent = self
@@ -564,9 +629,7 @@ impl Shared {
                     body: Body::File { request, status: FileStatus::Ok, data: Vec::new() },
                 };
                 if let Err(e) = rings.send_from(to, &message, &cached.slice, shared.link.counters()) {
-                    shared.stats.send_failures.fetch_add(1, Ordering::Relaxed);
-                    tracing::debug!(%to, error = %e, "zero-copy send failed");
-                    shared.check_peer(to);
+                    shared.send_failed(to, &e);
                 }
                 Some(())
             })

@@ -64,7 +64,7 @@ use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 use tierstack_base::time::{instant_now, system_now};
-use tierstack_fabric::{Channel, Fabric, FabricError, LocalRegion, LocalSlice, Op, RegionBytes, RemoteRegion};
+use tierstack_fabric::{Channel, Fabric, FabricError, LocalRegion, LocalSlice, Op, RegionBytes, RemoteRegion, TrySend};
 use tierstack_press::proto::{decode, encode, Body, FileStatus, Message, MsgType};
 use tierstack_press::ring::{Full, ReceiverRing, RingLayout, SenderRing, ENTRY_HEADER_BYTES, ENTRY_PAYLOAD_MAX};
 use tierstack_press::{Counters, Member};
@@ -222,7 +222,25 @@ impl Rings {
 
     /// Writes `message` into `to`'s rings.
     pub fn send(&self, to: Member, message: &Message, counters: &Counters) -> Result<(), LinkError> {
-        self.send_inner(to, message, None, counters)
+        self.send_inner(to, message, None, counters, true).map(|_| ())
+    }
+
+    /// Writes `message` (with `source` as its data, Zero) into `to`'s rings
+    /// only if nothing has to wait: a free slot and data room now, no
+    /// other thread sending to `to`, and a fabric whose posts complete in
+    /// the caller (`shm`; elsewhere a post waits for the network, so the
+    /// answer there is always `WouldBlock`).
+    pub fn try_send(
+        &self,
+        to: Member,
+        message: &Message,
+        source: Option<&LocalSlice>,
+        counters: &Counters,
+    ) -> Result<TrySend, LinkError> {
+        if self.fabric.backend_name() != "shm" {
+            return Ok(TrySend::WouldBlock);
+        }
+        self.send_inner(to, message, source, counters, false)
     }
 
     /// Zero: writes a `File` message whose data is `source`, a slice of this
@@ -235,7 +253,7 @@ impl Rings {
         source: &LocalSlice,
         counters: &Counters,
     ) -> Result<(), LinkError> {
-        self.send_inner(to, message, Some(source), counters)
+        self.send_inner(to, message, Some(source), counters, true).map(|_| ())
     }
 
     fn send_inner(
@@ -244,13 +262,22 @@ impl Rings {
         message: &Message,
         source: Option<&LocalSlice>,
         counters: &Counters,
-    ) -> Result<(), LinkError> {
+        wait: bool,
+    ) -> Result<TrySend, LinkError> {
         let Some(out) = self.out.get(to.index()) else {
             return Err(LinkError::Fabric(tierstack_fabric::FabricError::UnknownNode { node: node_id(to) }));
         };
         let remote = self.handle(to)?;
         let me = u64::from(self.me.0);
-        let mut ring = out.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut ring = if wait {
+            out.lock().unwrap_or_else(PoisonError::into_inner)
+        } else {
+            match out.try_lock() {
+                Ok(ring) => ring,
+                Err(std::sync::TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
+                Err(std::sync::TryLockError::WouldBlock) => return Ok(TrySend::WouldBlock),
+            }
+        };
         let data = match &message.body {
             Body::File { data, .. } => Some(data.as_slice()),
             _ => None,
@@ -279,6 +306,9 @@ impl Rings {
                     Err(Full::TooLarge) => return Err(LinkError::TooLarge { bytes: data_len.unwrap_or(0) }),
                     Err(_) => {}
                 }
+            }
+            if !wait {
+                return Ok(TrySend::WouldBlock);
             }
             if start.elapsed() >= self.timeout {
                 return Err(no_credit(to, start));
@@ -329,7 +359,7 @@ impl Rings {
             self.link.files_from_slab.fetch_add(1, Ordering::Relaxed);
         }
         self.ring_doorbell(to);
-        Ok(())
+        Ok(TrySend::Sent)
     }
 
     /// After an entry to `to` is posted: rings `to`'s doorbell if it
@@ -343,7 +373,14 @@ impl Rings {
         if word == 0 || rung.swap(word, Ordering::Relaxed) == word {
             return;
         }
-        match self.fabric.send(node_id(to), self.wake, &[]) {
+        // A doorbell is one empty message per receiver's sleep, which the
+        // receiver drains whenever it wakes: its channel is full only
+        // transiently, so the rare try that would block sends it anyway.
+        let rung = match self.fabric.try_send(node_id(to), self.wake, &[]) {
+            Ok(TrySend::WouldBlock) => self.fabric.send(node_id(to), self.wake, &[]),
+            other => other.map(|_| ()),
+        };
+        match rung {
             Ok(()) => {
                 self.link.doorbells.fetch_add(1, Ordering::Relaxed);
             }

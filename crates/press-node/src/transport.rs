@@ -37,7 +37,7 @@ use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::Duration;
 use tierstack_base::time::instant_now;
 use tierstack_base::NodeId;
-use tierstack_fabric::{Channel, Fabric, FabricError, Inbox};
+use tierstack_fabric::{Channel, Fabric, FabricError, Inbox, TrySend};
 use tierstack_press::proto::{encode, Body, Message, MsgType, ProtoError};
 use tierstack_press::{Branch, Counters, Member};
 
@@ -215,6 +215,19 @@ impl Window {
                 return Err(LinkError::NoCredit { to, waited_ms: waited.as_millis() as u64 });
             }
             credits = self.changed.wait_timeout(credits, timeout - waited).unwrap_or_else(PoisonError::into_inner).0;
+        }
+    }
+
+    /// Takes one credit towards `to` if one is left, without waiting.
+    pub fn try_acquire(&self, to: Member) -> bool {
+        let mut credits = self.credits.lock().unwrap_or_else(PoisonError::into_inner);
+        match credits.get_mut(to.index()) {
+            None => true,
+            Some(c) if *c > 0 => {
+                *c -= 1;
+                true
+            }
+            Some(_) => false,
         }
     }
 
@@ -405,6 +418,43 @@ impl Link {
         Ok(())
     }
 
+    /// Sends `message` to `to` only if nothing has to wait (a Base credit,
+    /// room at the receiver, a post that completes elsewhere):
+    /// `WouldBlock` (nothing sent, no credit spent) otherwise, and the
+    /// caller hands the send to a thread that may block. For an async task.
+    pub fn try_send(&self, to: Member, message: &Message) -> Result<TrySend, LinkError> {
+        if let Some(rings) = &self.rings {
+            return rings.try_send(to, message, None, &self.counters);
+        }
+        let bytes = encode(message)?;
+        if let (Some(out), Body::Flow { .. }) = (&self.credits_out, &message.body) {
+            out.send((to, bytes)).map_err(|_| LinkError::Fabric(FabricError::Closed))?;
+            return Ok(TrySend::Sent);
+        }
+        let credited = match &self.window {
+            Some(window) if needs_credit(&message.body) => {
+                if !window.try_acquire(to) {
+                    return Ok(TrySend::WouldBlock);
+                }
+                Some(window)
+            }
+            _ => None,
+        };
+        let sent = self.fabric.try_send(node_id(to), Channel::PRESS, &bytes);
+        if !matches!(sent, Ok(TrySend::Sent)) {
+            // Not sent: the credit goes back (a failed send's is lost with
+            // the peer in `send` too, but `reset` restores it on restart).
+            if let Some(window) = credited {
+                window.grant(to, 1);
+            }
+        }
+        if sent? == TrySend::Sent {
+            self.counters.record(message.body.msg_type(), bytes.len() as u64);
+            return Ok(TrySend::Sent);
+        }
+        Ok(TrySend::WouldBlock)
+    }
+
     /// Counts a message type without sending (for tests of the counters).
     pub fn count(&self, kind: MsgType, bytes: u64) {
         self.counters.record(kind, bytes);
@@ -566,6 +616,68 @@ mod tests {
         }
         stop.store(true, Ordering::Relaxed);
         thread.join().unwrap();
+    }
+
+    /// A send that would wait (Base: no credit; the rings: no free entry)
+    /// answers `WouldBlock` at once, spends and counts nothing, and goes
+    /// through once the receiver returns room.
+    fn check_try_send(kind: TransportKind) {
+        use std::sync::atomic::AtomicBool;
+        const WINDOW: u32 = 4;
+        let dir = tempfile::tempdir().unwrap();
+        let fabrics: Vec<Arc<dyn Fabric>> = tierstack_testkit::nodes::shm::nodes(dir.path(), 2, Duration::from_secs(5))
+            .into_iter()
+            .map(|f| f as Arc<dyn Fabric>)
+            .collect();
+        let timeout = Duration::from_secs(5);
+        let sender = Link::new(fabrics[0].clone(), kind, Member(0), 2, WINDOW, timeout).unwrap();
+        let receiver = Arc::new(Link::new(fabrics[1].clone(), kind, Member(1), 2, WINDOW, timeout).unwrap());
+        let forward = |request: u64| Message { load: 0, body: Body::Forward { request, path: "/f".into() } };
+        let mut sent = 0u64;
+        let outcome = loop {
+            match sender.try_send(Member(1), &forward(sent)).unwrap() {
+                TrySend::Sent => sent += 1,
+                TrySend::WouldBlock => break TrySend::WouldBlock,
+            }
+            assert!(sent <= 2 * u64::from(WINDOW), "{kind:?}: sent past the window without a receiver");
+        };
+        assert_eq!((outcome, sent), (TrySend::WouldBlock, u64::from(WINDOW)), "{kind:?}");
+        assert_eq!(sender.counters().snapshot().messages(MsgType::Forward), sent, "{kind:?}: nothing counted unsent");
+        if let Some(window) = sender.window() {
+            assert_eq!(window.credits(Member(1)), 0, "no credit spent by the refused try");
+        }
+        // The receiver takes the messages (the rings return their credit
+        // words as they go; Base's node would send a Flow: granted here).
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread = {
+            let (receiver, stop) = (receiver.clone(), stop.clone());
+            std::thread::spawn(move || match receiver.rings() {
+                Some(rings) => rings.clone().poll_loop(&stop, receiver.counters(), |_, _| {}),
+                None => {
+                    while !stop.load(Ordering::Relaxed) {
+                        let _ = receiver.fabric().inbox(Channel::PRESS).recv_timeout(Duration::from_millis(10));
+                    }
+                }
+            })
+        };
+        if let Some(window) = sender.window() {
+            window.grant(Member(1), WINDOW);
+        }
+        eventually("a try going through once the receiver made room", || {
+            sender.try_send(Member(1), &forward(sent)).unwrap() == TrySend::Sent
+        });
+        stop.store(true, Ordering::Relaxed);
+        thread.join().unwrap();
+    }
+
+    #[test]
+    fn a_base_try_send_without_credit_would_block_and_spends_nothing() {
+        check_try_send(TransportKind::Base);
+    }
+
+    #[test]
+    fn a_ring_try_send_without_a_free_entry_would_block_and_spends_nothing() {
+        check_try_send(TransportKind::Rdma1c);
     }
 
     #[test]

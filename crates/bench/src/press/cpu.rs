@@ -134,13 +134,22 @@ fn per_k(n: u64, requests: u64) -> f64 {
     }
 }
 
+/// The PRESS versions among `config.systems` (all five if none is).
+pub(super) fn versions(config: &PressBenchConfig) -> Vec<&'static str> {
+    let versions: Vec<&str> = VERSIONS.iter().copied().filter(|v| config.systems.iter().any(|s| s == v)).collect();
+    if versions.is_empty() {
+        VERSIONS.to_vec()
+    } else {
+        versions
+    }
+}
+
 /// Runs every version at every T, `config.repeats` rounds, on the largest
 /// node count; prints the capacity tables and writes `cpu.json`.
 pub(super) fn run(config: &PressBenchConfig) -> Result<Vec<PressRun>> {
     std::fs::create_dir_all(&config.out).with_context(|| format!("creating {}", config.out.display()))?;
     let nodes = config.nodes.iter().copied().max().unwrap_or(2).max(2);
-    let versions: Vec<&str> = VERSIONS.iter().copied().filter(|v| config.systems.iter().any(|s| s == v)).collect();
-    let versions = if versions.is_empty() { VERSIONS.to_vec() } else { versions };
+    let versions = versions(config);
     let mut runs = Vec::new();
     for repeat in 0..config.repeats.max(1) {
         for trace in &config.traces {
@@ -164,13 +173,14 @@ pub(super) fn run(config: &PressBenchConfig) -> Result<Vec<PressRun>> {
         "{nodes} nodes, traces at scale {}, {} closed-loop connections over {} client process(es) (a new connection \
          per request, random targets), {} s measured after {} s of warm-up, {} round(s), versions alternated; CPU = \
          user + system CPU-seconds of the node processes (/proc/<pid>/stat) in the measured window; host load \
-         average beside each row.",
+         average beside each row; sends inline: {}.",
         config.scale,
         config.connections,
         config.clients,
         config.duration_s,
         config.warmup_s,
-        config.repeats.max(1)
+        config.repeats.max(1),
+        config.send_inline
     ));
     print_tables(&mut page, config, &runs, &versions, nodes);
     page.write(&config.out)?;
@@ -197,6 +207,7 @@ fn print_tables(page: &mut Page, config: &PressBenchConfig, runs: &[PressRun], v
             "Zero slab / copies",
             "doorbells / 1K",
             "wake-ups / 1K",
+            "sends inline / pool",
             "load avg",
         ],
     );
@@ -249,6 +260,11 @@ fn print_tables(page: &mut Page, config: &PressBenchConfig, runs: &[PressRun], v
                     if v == "press-zero" { format!("{slab} / {copies}") } else { "–".into() },
                     format!("{:.1}", per_k(rs.iter().map(|r| r.doorbells).sum(), requests)),
                     format!("{:.1}", per_k(rs.iter().map(|r| r.wakeups).sum(), requests)),
+                    format!(
+                        "{} / {}",
+                        rs.iter().map(|r| r.sends_inline).sum::<u64>(),
+                        rs.iter().map(|r| r.sends_blocking).sum::<u64>()
+                    ),
                     format!("{la:.2}"),
                 ]);
                 let decided: u64 = rs.iter().map(|r| r.branches.iter().sum::<u64>()).sum();

@@ -246,7 +246,8 @@ impl std::fmt::Debug for UcxFabric {
 
 impl Shared {
     fn new(config: &UcxConfig, local_addr: SocketAddr, self_addr: SocketAddr, context: Arc<Context>) -> Shared {
-        let self_link = Arc::new(PeerLink { node: config.node, generation: 0, dead: Mutex::new(None), detached: Arc::default() });
+        let self_link =
+            Arc::new(PeerLink { node: config.node, generation: 0, dead: Mutex::new(None), detached: Arc::default() });
         Shared {
             node: config.node,
             op_timeout: config.op_timeout,
@@ -337,7 +338,8 @@ impl Shared {
                 return Ok(Arc::clone(link));
             }
         }
-        let link = Arc::new(PeerLink { node, generation: self.next_id(), dead: Mutex::new(None), detached: Arc::default() });
+        let link =
+            Arc::new(PeerLink { node, generation: self.next_id(), dead: Mutex::new(None), detached: Arc::default() });
         let (tx, rx) = flume::bounded(1);
         self.submit(Command::Connect { node, generation: link.generation, address: address.clone(), reply: tx })?;
         self.await_reply(node, &rx)?;

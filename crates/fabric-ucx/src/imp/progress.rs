@@ -714,14 +714,7 @@ impl Progress {
         sender.complete(results);
     }
 
-    fn send(
-        &mut self,
-        node: NodeId,
-        generation: u64,
-        channel: Channel,
-        payload: Vec<u8>,
-        reply: SendReply,
-    ) {
+    fn send(&mut self, node: NodeId, generation: u64, channel: Channel, payload: Vec<u8>, reply: SendReply) {
         if let Err(e) = self.endpoint(node, generation) {
             reply.answer(Err(e));
             return;

@@ -146,6 +146,7 @@ pub(crate) fn run(args: PressNodeArgs) -> Result<()> {
         forward_timeout: Duration::from_millis(args.forward_timeout_ms),
         breaker_cool_down: Duration::from_millis(args.breaker_cool_down_ms),
         window: args.window,
+        send_inline: args.send_inline,
         handoff_dir: args.handoff_dir.clone(),
         limits: args.limits.serve_options(),
     };

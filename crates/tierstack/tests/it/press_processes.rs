@@ -144,6 +144,19 @@ fn check_cluster(transport: &str) {
         let fallbacks = sum(|s| s.zero_copy_fallbacks);
         assert!(sum(|s| s.slab_files) > 0 && fallbacks * 4 < forwarded, "{fallbacks} copies of {forwarded}: {all:?}");
     }
+    // Sends go inline from the request's task; the blocking pool takes
+    // only those that would wait (a first connection, a busy ring): every
+    // send is one or the other, and most are inline.
+    let mut sends = (0, 0, 0);
+    eventually("every send counted inline or blocking", || {
+        let all: Vec<NodeStats> = cluster.iter().map(stats).collect();
+        let messages = |t: MsgType| all.iter().map(|s| s.sent_messages[t as usize]).sum::<u64>();
+        let sum = |f: fn(&NodeStats) -> u64| all.iter().map(f).sum::<u64>();
+        let sent = messages(MsgType::Forward) + messages(MsgType::Caching) + messages(MsgType::File);
+        sends = (sent, sum(|s| s.sends_inline), sum(|s| s.sends_blocking));
+        sent == sends.1 + sends.2
+    });
+    assert!(sends.1 > sends.2, "most sends inline (sent, inline, blocking): {sends:?}");
     // Every version's memory cache holds the files' bytes.
     assert!(sum(|s| s.slab_files) > 0, "{all:?}");
     assert_eq!(sum(|s| s.slab_files), sum(|s| s.cache_objects), "every cached file's bytes are in a slab: {all:?}");
