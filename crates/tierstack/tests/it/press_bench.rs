@@ -81,6 +81,8 @@ fn bench_press_cpu_prints_cpu_per_request_for_every_version() {
         assert_eq!(run["clients"], 2, "{run}");
         assert!(n(run, "requests") > 0 && run["cpu_s"].as_f64().unwrap() > 0.0, "the nodes used CPU: {run}");
         assert_eq!(run["node_cpu_pct"].as_array().unwrap().len(), 2, "{run}");
+        // The nodes send inline from the request's task (issue 33's try path).
+        assert!(n(run, "sends_inline") > 0, "{run}");
         let branches: Vec<u64> = run["branches"].as_array().unwrap().iter().map(|b| b.as_u64().unwrap()).collect();
         // T = 1 is passed by every busy node: lines 15-22 decide requests.
         assert!(branches[4..].iter().sum::<u64>() > 0, "the load-balancing lines ran: {run}");
@@ -93,4 +95,35 @@ fn bench_press_cpu_prints_cpu_per_request_for_every_version() {
             assert_eq!(n(run, "files_from_slab"), 0, "{run}");
         }
     }
+}
+
+/// `--bisect-t balancing` probes T by bisection (the two ends of 1..=256,
+/// then halving) and prints the T found and every probe's branch shares;
+/// at T = 1 the load-balancing lines decide requests, at 256 they do not.
+#[test]
+fn bench_press_bisects_t_where_the_balancing_branches_start_to_matter() {
+    let out = tempfile::tempdir().unwrap();
+    let output = Command::new(exe())
+        .args(["bench", "press", "--cpu", "--quick", "--duration-s", "1", "--systems", "press-zero"])
+        .args(["--bisect-t", "balancing", "--out"])
+        .arg(out.path())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&output.stderr));
+    for heading in ["T found per version", "Fig. 1's branches per probed T"] {
+        assert!(stdout.contains(heading), "missing {heading:?} in\n{stdout}");
+    }
+    let runs: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.path().join("bisect.json")).unwrap()).unwrap();
+    let runs = runs.as_array().unwrap();
+    let balancing = |t: u64| -> Option<u64> {
+        let run = runs.iter().find(|r| r["threshold"] == t)?;
+        Some(run["branches"].as_array().unwrap()[4..].iter().map(|b| b.as_u64().unwrap()).sum())
+    };
+    assert_eq!(balancing(256), Some(0), "T = 256 probed, no balancing at 16 connections: {runs:?}");
+    assert!(balancing(1).unwrap() > 0, "T = 1 probed, the balancing lines ran: {runs:?}");
+    // Bisection, not a sweep: the ends and at most log2(255) + 1 more.
+    assert!((3..=10).contains(&runs.len()), "{} probes", runs.len());
+    assert!(runs.iter().all(|r| r["system"] == "press-zero" && r["errors"] == 0), "{runs:?}");
 }
