@@ -17,7 +17,9 @@
 //! a client got from one node is good at every other.
 
 use bytes::Bytes;
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// A file's validators as a stat gives them.
@@ -102,7 +104,23 @@ pub struct Target {
 pub struct Root {
     /// Canonical, so a resolved file can be checked to lie under it.
     dir: PathBuf,
+    /// Request paths resolved before (shared by the clones), so that a
+    /// request for one pays a stat on its task instead of a canonicalize
+    /// on the blocking pool (see [`Root::resolve`]).
+    resolved: Arc<Mutex<HashMap<Vec<u8>, Resolved>>>,
 }
+
+/// A resolved request path and the identity (device, inode) of the file it
+/// named then.
+#[derive(Clone, Debug)]
+struct Resolved {
+    file: PathBuf,
+    identity: (u64, u64),
+}
+
+/// Resolved paths kept; when full the map starts over (bounded memory
+/// against clients asking for ever new paths).
+const RESOLVED_MAX: usize = 16_384;
 
 impl Root {
     /// Opens `dir`: it must exist, be a directory and be readable.
@@ -112,7 +130,7 @@ impl Root {
             return Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, "not a directory"));
         }
         std::fs::read_dir(&dir)?;
-        Ok(Root { dir })
+        Ok(Root { dir, resolved: Arc::default() })
     }
 
     pub fn dir(&self) -> &Path {
@@ -122,13 +140,24 @@ impl Root {
     /// Resolves a decoded, checked request path (blocking: call it on the
     /// blocking pool).
     pub fn resolve_blocking(&self, decoded: &[u8]) -> Result<Target, Refusal> {
+        self.resolve_identified(decoded).map(|(target, _)| target)
+    }
+
+    /// The request path `decoded` under the root, as asked (not resolved).
+    fn joined(&self, decoded: &[u8]) -> PathBuf {
         use std::os::unix::ffi::OsStrExt;
         let relative: PathBuf = decoded
             .split(|b| *b == b'/')
             .filter(|segment| !segment.is_empty() && *segment != b".")
             .map(std::ffi::OsStr::from_bytes)
             .collect();
-        let file = match std::fs::canonicalize(self.dir.join(relative)) {
+        self.dir.join(relative)
+    }
+
+    /// [`Root::resolve_blocking`], with the file's identity.
+    fn resolve_identified(&self, decoded: &[u8]) -> Result<(Target, (u64, u64)), Refusal> {
+        use std::os::unix::fs::MetadataExt;
+        let file = match std::fs::canonicalize(self.joined(decoded)) {
             Ok(file) => file,
             // A name longer than the file system allows names no file.
             Err(e)
@@ -154,15 +183,49 @@ impl Root {
         if !metadata.is_file() {
             return Err(Refusal::Forbidden);
         }
-        Ok(Target { file, meta: FileMeta::of(&metadata) })
+        let identity = (metadata.dev(), metadata.ino());
+        Ok((Target { file, meta: FileMeta::of(&metadata) }, identity))
     }
 
-    /// [`Root::resolve_blocking`] on the blocking pool.
+    /// Resolves `decoded` as [`Root::resolve_blocking`] does. A path
+    /// resolved before costs one stat of the path as asked, on the calling
+    /// task (a stat of cached directory entries is cheaper than the hop to
+    /// the blocking pool that a canonicalize needs): if it still reaches
+    /// the same file (device and inode), that file is the one it resolved
+    /// to under the root, and the stat gives its current size and mtime
+    /// (so a changed file still gets a new ETag). Anything else (another
+    /// file, a link retargeted, gone, an error) resolves afresh on the
+    /// blocking pool.
     pub async fn resolve(&self, decoded: Vec<u8>) -> Result<Target, Refusal> {
+        if let Some(target) = self.resolved_again(&decoded) {
+            return Ok(target);
+        }
         let root = self.clone();
-        tokio::task::spawn_blocking(move || root.resolve_blocking(&decoded))
-            .await
-            .unwrap_or_else(|e| Err(Refusal::Io(e.to_string())))
+        tokio::task::spawn_blocking(move || {
+            let (target, identity) = root.resolve_identified(&decoded)?;
+            let mut resolved = root.resolved.lock().unwrap_or_else(PoisonError::into_inner);
+            if resolved.len() >= RESOLVED_MAX {
+                resolved.clear();
+            }
+            resolved.insert(decoded, Resolved { file: target.file.clone(), identity });
+            Ok(target)
+        })
+        .await
+        .unwrap_or_else(|e| Err(Refusal::Io(e.to_string())))
+    }
+
+    fn resolved_again(&self, decoded: &[u8]) -> Option<Target> {
+        use std::os::unix::fs::MetadataExt;
+        let known = self.resolved.lock().unwrap_or_else(PoisonError::into_inner).get(decoded).cloned()?;
+        match std::fs::metadata(self.joined(decoded)) {
+            Ok(metadata) if metadata.is_file() && (metadata.dev(), metadata.ino()) == known.identity => {
+                Some(Target { file: known.file, meta: FileMeta::of(&metadata) })
+            }
+            _ => {
+                self.resolved.lock().unwrap_or_else(PoisonError::into_inner).remove(decoded);
+                None
+            }
+        }
     }
 }
 
@@ -259,6 +322,40 @@ mod tests {
             Err(Refusal::NotFound),
             "a name too long for the file system"
         );
+    }
+
+    /// A path resolved before is answered from the map with its file's
+    /// current validators; a file replaced (another inode), a link
+    /// retargeted out of the root or a file removed resolves afresh.
+    #[tokio::test]
+    async fn a_resolved_path_is_reused_only_while_it_names_the_same_file() {
+        let outside = tempfile::tempdir().unwrap();
+        std::fs::write(outside.path().join("secret"), b"x").unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("v1")).unwrap();
+        std::fs::write(dir.path().join("v1/f"), b"hello").unwrap();
+        std::os::unix::fs::symlink("v1/f", dir.path().join("current")).unwrap();
+        let root = Root::open(dir.path()).unwrap();
+        let first = root.resolve(b"/current".to_vec()).await.unwrap();
+        assert!(first.file.ends_with("v1/f"));
+        assert!(root.resolved_again(b"/current").is_some(), "kept");
+        // Rewritten in place (same inode): reused, with the new validators.
+        std::fs::write(dir.path().join("v1/f"), b"hello, world").unwrap();
+        assert_eq!(root.resolved_again(b"/current").unwrap().meta.size, 12);
+        assert_eq!(root.resolve(b"/current".to_vec()).await.unwrap().meta.size, 12);
+        // The link retargeted out of the root: not reused, refused.
+        std::fs::remove_file(dir.path().join("current")).unwrap();
+        std::os::unix::fs::symlink(outside.path().join("secret"), dir.path().join("current")).unwrap();
+        assert!(root.resolved_again(b"/current").is_none());
+        assert_eq!(root.resolve(b"/current".to_vec()).await, Err(Refusal::Forbidden));
+        // Replaced by another file (rename: a new inode), then removed.
+        std::fs::write(dir.path().join("v1/g"), b"new").unwrap();
+        root.resolve(b"/v1/f".to_vec()).await.unwrap();
+        std::fs::rename(dir.path().join("v1/g"), dir.path().join("v1/f")).unwrap();
+        assert!(root.resolved_again(b"/v1/f").is_none(), "another inode");
+        assert_eq!(root.resolve(b"/v1/f".to_vec()).await.unwrap().meta.size, 3);
+        std::fs::remove_file(dir.path().join("v1/f")).unwrap();
+        assert_eq!(root.resolve(b"/v1/f".to_vec()).await, Err(Refusal::NotFound));
     }
 
     #[test]
