@@ -114,6 +114,13 @@ pub struct CoopArgs {
     /// --http: measured seconds per run (after a warm-up).
     #[arg(long, requires = "http")]
     pub duration_s: Option<f64>,
+    /// --http: runs of each configuration (spreads are over them).
+    #[arg(long, requires = "http")]
+    pub repeats: Option<usize>,
+    /// Only this figure, measured on real processes: 7 (lookup cost of each
+    /// kind: local hit, remote hit, home read; shm and tcp).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(7..=7), conflicts_with = "http")]
+    pub figure: Option<u32>,
 }
 
 impl CoopArgs {
@@ -145,7 +152,13 @@ impl CoopArgs {
     /// Runs the experiment `--http` chose; `exe` is the `tierstack`
     /// executable the real processes are started from.
     pub fn run(&self, exe: impl FnOnce() -> std::io::Result<PathBuf>) -> anyhow::Result<()> {
-        if self.http {
+        if self.figure == Some(7) {
+            let mut config = crate::coop_fig7::Fig7Config::new(exe()?, self.out.clone(), self.quick);
+            if let Some(proxies) = &self.proxies {
+                config.proxies = proxies.clone();
+            }
+            crate::coop_fig7::run_fig7(&config)?;
+        } else if self.http {
             crate::coop_http::run_http(&self.http_config(exe()?))?;
         } else {
             run_bench(&self.config())?;
