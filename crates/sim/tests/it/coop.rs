@@ -18,7 +18,16 @@ fn trace() -> tierstack_workload::Trace {
 }
 
 fn sim(scheme: Scheme, cache_bytes: u64) -> CoopSim {
-    CoopSim { scheme, proxies: PROXIES, backends: BACKENDS, cache_bytes, lookup_ns: 2_500, miss_cpu_ns: 10_000 }
+    CoopSim {
+        scheme,
+        proxies: PROXIES,
+        backends: BACKENDS,
+        cache_bytes,
+        lookup_ns: 2_500,
+        lookup_fixed_ns: 0,
+        announce_bytes: 0,
+        miss_cpu_ns: 10_000,
+    }
 }
 
 #[test]
