@@ -42,3 +42,34 @@ fn bench_coop_figure_7_measures_every_lookup_kind_on_shm_and_tcp() {
         }
     }
 }
+
+/// The quick real-process Fig. 5/6 run: every scheme on both quick traces,
+/// each row with its CPU per request measured from the server processes
+/// (positive, from a positive number of requests, no client error), the
+/// simulator's derived columns beside it, and the agreement line printed.
+#[test]
+fn bench_coop_http_quick_prints_every_scheme_with_its_cpu_per_request() {
+    let out = tempfile::tempdir().unwrap();
+    let stdout = run(&["--http", "--quick"], out.path());
+    for heading in ["CPU us/req", "sim CPU us/req", "derived simulator costs", "agreement of the derived simulator"] {
+        assert!(stdout.contains(heading), "missing {heading:?} in\n{stdout}");
+    }
+    let report: Value = serde_json::from_slice(&std::fs::read(out.path().join("coop-http.json")).unwrap()).unwrap();
+    let rows = report["rows"].as_array().unwrap();
+    for trace in ["8k", "32k"] {
+        for scheme in ["ac", "bcc", "ccwr", "mtacc", "hybcc", "groupcache"] {
+            let row = rows
+                .iter()
+                .find(|r| r["trace"] == trace && r["scheme"] == scheme)
+                .unwrap_or_else(|| panic!("no row {trace} {scheme}"));
+            assert_eq!(row["errors"], 0, "{row}");
+            assert!(row["cpu_us_per_request"].as_f64().unwrap() > 0.0, "{row}");
+            assert!(row["sim_cpu_us_per_request"].as_f64().unwrap() > 0.0, "{row}");
+            let split = ["local_hit_pct", "remote_hit_pct", "miss_pct"].map(|k| row[k].as_f64().unwrap());
+            assert!((split.iter().sum::<f64>() - 100.0).abs() < 0.01, "{row}");
+        }
+    }
+    for sample in report["samples"].as_array().unwrap() {
+        assert!(sample["requests"].as_u64().unwrap() > 0, "{sample}");
+    }
+}
