@@ -194,7 +194,7 @@ pub fn derive(config: &CoopHttpConfig, fig7: &[Fig7Row], samples: &[Sample]) -> 
         request_ns: costs.cpu.request_ns,
         fits: Vec::new(),
         fit_points: Vec::new(),
-        announce_bytes: if announces == 0 { 0 } else { announce_bytes / announces },
+        announce_bytes: announce_bytes.checked_div(announces).unwrap_or(0),
         costs,
     };
     for trace_name in &config.traces {
