@@ -128,9 +128,9 @@ pub struct HttpRow {
     pub sim_seeds_remote_hit_pct: f64,
     pub sim_seeds_miss_pct: f64,
     /// `tierstack sim` with the costs derived from this run: its throughput
-    /// (one core per node, as the engine models nodes) and, for this host
-    /// where every process shares 2 cores, its AC CPU per request over this
-    /// row's (a CPU-bound host's throughput ratio).
+    /// (one core per node, as the engine models nodes) and its AC CPU per
+    /// request over this row's (the ratio if CPU were the only limit; the
+    /// real AC is bound by the origins' disks).
     pub sim_throughput_per_s: f64,
     pub sim_vs_ac: f64,
     pub sim_cpu_vs_ac: f64,
@@ -292,9 +292,14 @@ fn run_once(
     })
 }
 
+/// The median (of an even count, the mean of the middle two).
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
-    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+    match v.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
 }
 
 fn spread(v: &[f64]) -> (f64, f64) {
@@ -424,7 +429,7 @@ fn print_http(config: &CoopHttpConfig, derived: &Derived, rows: &[HttpRow]) {
             config.connections_per_proxy,
             config.repeats,
         ),
-        &["proxies", "trace", "scheme", "req/s", "vs AC", "CPU us/req", "proxy CPU us/req", "local/remote/miss %", "announces/req", "errors", "sim vs AC (CPU-bound)", "sim vs AC (own cores)", "sim CPU us/req", "sim local/remote/miss %", "sim announces/req", "sim(seeds) vs AC", "paper"],
+        &["proxies", "trace", "scheme", "req/s", "vs AC", "CPU us/req", "proxy CPU us/req", "local/remote/miss %", "announces/req", "errors", "sim vs AC (CPU only)", "sim vs AC (own cores)", "sim CPU us/req", "sim local/remote/miss %", "sim announces/req", "sim(seeds) vs AC", "paper"],
     );
     for r in rows {
         table.row(vec![
