@@ -32,6 +32,7 @@
 
 use crate::coop::{costs, load_average, paper_note, simulate, CoopBenchConfig, WEB_SERVERS};
 use crate::coop_derive::{derive, simulate_derived, CoopCounts, Derived, Sample};
+use crate::http2::cpu_seconds;
 use crate::report::{write_json, Table};
 use anyhow::{Context, Result};
 use serde::Serialize;
@@ -165,16 +166,6 @@ fn coop_counts(admins: &[SocketAddr]) -> Result<[u64; 5]> {
         sum[4] += v["service"]["announce_bytes"].as_u64().unwrap_or(0);
     }
     Ok(sum)
-}
-
-/// CPU-seconds (user + system) of `pids` so far.
-fn cpu_seconds(pids: &[u32]) -> f64 {
-    // SAFETY: sysconf has no preconditions; it only reads a constant.
-    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
-    pids.iter()
-        .filter_map(|pid| tierstack_tier_http::observe::ProcStat::read(Some(*pid)))
-        .map(|stat| (stat.utime + stat.stime) as f64 / ticks)
-        .sum()
 }
 
 /// Pool bytes per node for `trace`: as many entities as the paper's cache holds files.
