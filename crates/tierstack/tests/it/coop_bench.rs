@@ -46,7 +46,8 @@ fn bench_coop_figure_7_measures_every_lookup_kind_on_shm_and_tcp() {
 /// The quick real-process Fig. 5/6 run: every scheme on both quick traces,
 /// each row with its CPU per request measured from the server processes
 /// (positive, from a positive number of requests, no client error), the
-/// simulator's derived columns beside it, and the agreement line printed.
+/// simulator's derived columns beside it with a hit split within 10 points
+/// of the real one, and the agreement line printed.
 #[test]
 fn bench_coop_http_quick_prints_every_scheme_with_its_cpu_per_request() {
     let out = tempfile::tempdir().unwrap();
@@ -67,6 +68,13 @@ fn bench_coop_http_quick_prints_every_scheme_with_its_cpu_per_request() {
             assert!(row["sim_cpu_us_per_request"].as_f64().unwrap() > 0.0, "{row}");
             let split = ["local_hit_pct", "remote_hit_pct", "miss_pct"].map(|k| row[k].as_f64().unwrap());
             assert!((split.iter().sum::<f64>() - 100.0).abs() < 0.01, "{row}");
+            // The simulator on the same configuration decides as the real
+            // proxies do: its split is theirs within the stated bound
+            // (docs/results.md: within 7 points over 96 rows; 10 here).
+            for k in ["local_hit_pct", "remote_hit_pct", "miss_pct"] {
+                let gap = (row[k].as_f64().unwrap() - row[format!("sim_{k}")].as_f64().unwrap()).abs();
+                assert!(gap <= 10.0, "{k}: {gap:.1} points apart: {row}");
+            }
         }
     }
     for sample in report["samples"].as_array().unwrap() {
