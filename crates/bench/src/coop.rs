@@ -45,6 +45,10 @@ pub struct CoopBenchConfig {
     pub disk_mb_per_s: f64,
     /// Replica search cost per page table searched.
     pub lookup_ns: u64,
+    /// Replica search cost per lookup (see `CoopSim::lookup_fixed_ns`).
+    pub lookup_fixed_ns: u64,
+    /// Announce size; 0: announces not charged (see `CoopSim::announce_bytes`).
+    pub announce_bytes: u64,
     /// Proxy CPU per miss (see `CoopSim::miss_cpu_ns`).
     pub miss_cpu_ns: u64,
     pub proxies: Vec<usize>,
@@ -64,6 +68,8 @@ impl CoopBenchConfig {
             disk_seek_us: DISK_SEEK_US,
             disk_mb_per_s: 40.0,
             lookup_ns: tierstack_sim::coop::LOOKUP_NS_DEFAULT,
+            lookup_fixed_ns: 0,
+            announce_bytes: 0,
             miss_cpu_ns: MISS_CPU_NS,
             proxies: vec![2, 8],
             hybcc_thresholds: vec![4 << 10, 8 << 10, 16 << 10, 32 << 10],
@@ -98,7 +104,7 @@ pub struct CoopArgs {
     /// Proxy CPU per miss, microseconds (the calibration knob).
     #[arg(long)]
     pub miss_cpu_us: Option<u64>,
-    /// Proxy counts to run (default 2,8; with --http: 2).
+    /// Proxy counts to run (default 2,8; with --http: 2,4, --quick 2; with --figure 7: 2,4,8, --quick 2).
     #[arg(long, value_delimiter = ',')]
     pub proxies: Option<Vec<usize>>,
     /// Real processes instead: `tierstack origin` web servers, `proxy --coop` proxies and
@@ -114,6 +120,13 @@ pub struct CoopArgs {
     /// --http: measured seconds per run (after a warm-up).
     #[arg(long, requires = "http")]
     pub duration_s: Option<f64>,
+    /// --http: runs of each configuration (spreads are over them).
+    #[arg(long, requires = "http")]
+    pub repeats: Option<usize>,
+    /// Only this figure, measured on real processes: 7 (lookup cost of each
+    /// kind: local hit, remote hit, home read; shm and tcp).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(7..=7), conflicts_with = "http")]
+    pub figure: Option<u32>,
 }
 
 impl CoopArgs {
@@ -129,14 +142,14 @@ impl CoopArgs {
         config
     }
 
-    /// The real processes' configuration (`--http`): one proxy count, the
-    /// first of `--proxies`.
+    /// The real processes' configuration (`--http`).
     pub fn http_config(&self, exe: PathBuf) -> crate::coop_http::CoopHttpConfig {
         let mut config = crate::coop_http::CoopHttpConfig::new(exe, self.out.clone(), self.quick);
         config.scale = self.scale.unwrap_or(config.scale);
         config.traces = self.traces.clone().unwrap_or(config.traces);
         config.backend = self.backend.unwrap_or(config.backend);
-        config.proxies = self.proxies.as_ref().and_then(|p| p.first().copied()).unwrap_or(config.proxies);
+        config.proxies = self.proxies.clone().unwrap_or(config.proxies);
+        config.repeats = self.repeats.unwrap_or(config.repeats).max(1);
         config.duration_ms = self.duration_s.map_or(config.duration_ms, |s| (s * 1000.0) as u64);
         config.disk_seek_us = self.disk_seek_us.map_or(config.disk_seek_us, |us| us as u64);
         config
@@ -145,7 +158,13 @@ impl CoopArgs {
     /// Runs the experiment `--http` chose; `exe` is the `tierstack`
     /// executable the real processes are started from.
     pub fn run(&self, exe: impl FnOnce() -> std::io::Result<PathBuf>) -> anyhow::Result<()> {
-        if self.http {
+        if self.figure == Some(7) {
+            let mut config = crate::coop_fig7::Fig7Config::new(exe()?, self.out.clone(), self.quick);
+            if let Some(proxies) = &self.proxies {
+                config.proxies = proxies.clone();
+            }
+            crate::coop_fig7::run_fig7(&config)?;
+        } else if self.http {
             crate::coop_http::run_http(&self.http_config(exe()?))?;
         } else {
             run_bench(&self.config())?;
@@ -380,6 +399,8 @@ pub(crate) fn simulate(
         backends: WEB_SERVERS,
         cache_bytes,
         lookup_ns: config.lookup_ns,
+        lookup_fixed_ns: config.lookup_fixed_ns,
+        announce_bytes: config.announce_bytes,
         miss_cpu_ns: config.miss_cpu_ns,
     };
     let engine = SimConfig {

@@ -191,7 +191,7 @@ fn load_average() -> String {
 }
 
 /// CPU seconds (user + system) of `pids` so far.
-fn cpu_seconds(pids: &[u32]) -> f64 {
+pub(crate) fn cpu_seconds(pids: &[u32]) -> f64 {
     // SAFETY: sysconf has no preconditions; it only reads a constant.
     let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
     pids.iter()

@@ -18,7 +18,10 @@
 pub mod coherence;
 pub mod coherence_hot;
 pub mod coop;
+pub mod coop_derive;
+pub mod coop_fig7;
 pub mod coop_http;
+pub mod coop_nodes;
 pub mod ddss;
 pub mod demo;
 pub mod demo_run;

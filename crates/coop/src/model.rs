@@ -120,6 +120,9 @@ pub struct Model {
     stats: ModelStats,
     /// Redundant copies' evictions ask the home first (seed-notes a.7 #7).
     last_copy_guard: bool,
+    /// Per node, how many times its contents changed (a copy added or
+    /// dropped): the service announces each change to every member.
+    changes: Vec<u64>,
 }
 
 /// A message log under construction, for one call.
@@ -167,6 +170,7 @@ impl Model {
             tally: Tally::default(),
             stats: ModelStats::default(),
             last_copy_guard: false,
+            changes: vec![0; config.active + config.passive],
         })
     }
 
@@ -188,6 +192,14 @@ impl Model {
 
     pub fn node(&self, node: usize) -> Option<&NodeCache> {
         self.nodes.get(node)
+    }
+
+    /// How many times `node`'s contents have changed so far (a copy added
+    /// or dropped). The service announces its contents to every other
+    /// member after each primitive that changed them: a simulator charges
+    /// that traffic from these counts.
+    pub fn changes(&self, node: usize) -> u64 {
+        self.changes.get(node).copied().unwrap_or(0)
     }
 
     pub fn node_count(&self) -> usize {
@@ -314,6 +326,7 @@ impl Model {
         log.push(node, home, MsgKind::Invalidate, CONTROL_BYTES, Primitive::Invalidate, true);
         for holder in self.holders.remove(&key).unwrap_or_default() {
             self.nodes[holder].remove(key);
+            self.changes[holder] += 1;
             log.push(home, holder, MsgKind::DropCopy, CONTROL_BYTES, Primitive::Invalidate, false);
         }
         *self.versions.entry(key).or_default() += 1;
@@ -351,6 +364,7 @@ impl Model {
 
     fn add_copy(&mut self, node: usize, key: Key, bytes: u64, version: u64) -> bool {
         if self.nodes[node].insert(key, bytes, version).is_ok() {
+            self.changes[node] += 1;
             self.holders.entry(key).or_default().insert(node);
             true
         } else {
@@ -360,7 +374,9 @@ impl Model {
 
     /// Drops `key` at `node`; returns whether it was the last copy.
     fn drop_copy(&mut self, node: usize, key: Key) -> bool {
-        self.nodes[node].remove(key);
+        if self.nodes[node].remove(key).is_some() {
+            self.changes[node] += 1;
+        }
         let Some(set) = self.holders.get_mut(&key) else { return false };
         set.remove(&node);
         if set.is_empty() {
@@ -516,7 +532,9 @@ impl Model {
         // The initiator frees the victims' pages and installs the entity;
         // from now on it holds `key`, so the holder's copy is redundant.
         for &(v, _, _) in &moving {
-            self.nodes[node].remove(v);
+            if self.nodes[node].remove(v).is_some() {
+                self.changes[node] += 1;
+            }
             if let Some(set) = self.holders.get_mut(&v) {
                 set.remove(&node);
             }

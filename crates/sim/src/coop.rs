@@ -30,6 +30,14 @@
 //! "about 5-10% of the total request processing time for a file of 8
 //! Kbytes" for CCWR.
 //!
+//! Announces (issue 34): the fabric service sends each change of a node's
+//! contents (a copy added or dropped by a primitive) to every other member,
+//! the soft state's broadcast. With `announce_bytes` set, every decision
+//! that changed a node's contents (`Model::changes`) sends one announce of
+//! that size from it to each other member (the proxies, and the passive
+//! nodes where the scheme uses them): off the reply's path, but charged at
+//! both ends like any message. AC and groupcache announce nothing.
+//!
 //! Simplification: decisions take effect at the request's arrival (the
 //! model is one consistent state), so a remote hit never finds its copy
 //! gone during the read, and two requests never race for one entity.
@@ -57,8 +65,15 @@ pub struct CoopSim {
     pub backends: usize,
     /// Cache bytes per node (proxies, and passive back ends where used).
     pub cache_bytes: u64,
-    /// Replica search cost per page table searched.
+    /// Replica search cost per page table searched (the seed's design:
+    /// the search grows with the node count).
     pub lookup_ns: u64,
+    /// Replica search cost per lookup, whatever the node count (tierstack's
+    /// replica is one hash map: `bench coop --figure 7`'s local hit).
+    pub lookup_fixed_ns: u64,
+    /// Bytes of one announce (the service's soft-state broadcast); 0: not
+    /// charged (the seed's accounting, seed-notes a.3 rule 3).
+    pub announce_bytes: u64,
     /// Proxy CPU per miss beyond its messages: the proxy's own cost of
     /// fetching from another tier (a new HTTP request and its response, as
     /// Apache's proxy module pays it). 0: the messages' costs only.
@@ -147,14 +162,46 @@ impl Coop {
     fn lookup_cost(&self, bytes: u64) -> u64 {
         let (mode, passive) = self.config.scheme.mode_for(bytes);
         let tables = if passive { self.config.proxies + self.config.backends } else { self.config.proxies } as u64;
+        let fixed = self.config.lookup_fixed_ns;
         match mode {
             tierstack_coop::Mode::Local => 0,
-            tierstack_coop::Mode::Redundant => self.config.lookup_ns * tables,
-            tierstack_coop::Mode::NoRedundancy => 2 * self.config.lookup_ns * tables,
+            tierstack_coop::Mode::Redundant => fixed + self.config.lookup_ns * tables,
+            tierstack_coop::Mode::NoRedundancy => fixed + 2 * self.config.lookup_ns * tables,
+        }
+    }
+
+    /// The nodes announces go to: the service's members.
+    fn members(&self) -> usize {
+        self.config.proxies + if self.config.scheme.uses_passive() { self.config.backends } else { 0 }
+    }
+
+    /// One announce from every node whose contents `decide` changed to
+    /// every other member (see the module docs).
+    fn announce(&self, before: &[u64], out: &mut Actions<Self>) {
+        if self.config.announce_bytes == 0 || matches!(self.config.scheme, Scheme::Ac | Scheme::Groupcache) {
+            return;
+        }
+        let members = self.members();
+        for (from, &was) in before.iter().enumerate().take(members) {
+            if self.model.changes(from) == was {
+                continue;
+            }
+            for to in (0..members).filter(|&to| to != from) {
+                out.push(Action::Send {
+                    from,
+                    to,
+                    kind: "announce",
+                    bytes: self.config.announce_bytes,
+                    via: Via::Message,
+                    copies: Copies::default(),
+                    payload: CoopMessage::Background,
+                });
+            }
         }
     }
 
     fn decide(&mut self, node: usize, request: Request, out: &mut Actions<Self>) {
+        let before: Vec<u64> = (0..self.model.node_count()).map(|n| self.model.changes(n)).collect();
         let Ok(outcome) = self.model.request(node, request.doc as u64, request.bytes) else {
             // The model refuses only a request at a non-proxy, which the
             // engine never sends here (client_nodes); answer it from disk.
@@ -166,6 +213,7 @@ impl Coop {
             });
             return;
         };
+        self.announce(&before, out);
         let mut main_read = None;
         if let Decided::RemoteHit { holder } = outcome.served {
             if self.config.scheme != Scheme::Groupcache {

@@ -114,6 +114,8 @@ pub fn run_named(
                 backends: config.nodes - proxies,
                 cache_bytes: config.cache_bytes,
                 lookup_ns: coop::LOOKUP_NS_DEFAULT,
+                lookup_fixed_ns: 0,
+                announce_bytes: 0,
                 miss_cpu_ns: 0,
             };
             let policy = coop::Coop::new(sim).map_err(|e| what(e.to_string()))?;

@@ -88,6 +88,9 @@ enum Command {
     MonitorNode(cmd::monitor::MonitorNodeArgs),
     /// Cooperative-cache node without HTTP: the passive back-end memory of MTACC/HYBCC beside `proxy --coop`.
     CoopNode(cmd::coop::CoopNodeArgs),
+    /// Cooperative-cache node driven by `bench coop --figure 7` over its standard input (see tierstack_bench::coop_nodes).
+    #[command(hide = true)]
+    CoopBenchNode(cmd::coop::BenchNodeArgs),
     /// Workload traces: the seeds' numbers beside the synthesized ones (show), Common Log Format export (export).
     #[command(subcommand)]
     Trace(cmd::trace::TraceCommand),
@@ -126,6 +129,7 @@ fn main() -> std::process::ExitCode {
         Command::Sim(args) => cmd::sim::run(args),
         Command::Cluster(command) => cmd::cluster::run(command),
         Command::CoopNode(args) => cmd::coop::run(args),
+        Command::CoopBenchNode(args) => cmd::coop::run_bench_node(args),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

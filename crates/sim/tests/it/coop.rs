@@ -18,7 +18,16 @@ fn trace() -> tierstack_workload::Trace {
 }
 
 fn sim(scheme: Scheme, cache_bytes: u64) -> CoopSim {
-    CoopSim { scheme, proxies: PROXIES, backends: BACKENDS, cache_bytes, lookup_ns: 2_500, miss_cpu_ns: 10_000 }
+    CoopSim {
+        scheme,
+        proxies: PROXIES,
+        backends: BACKENDS,
+        cache_bytes,
+        lookup_ns: 2_500,
+        lookup_fixed_ns: 0,
+        announce_bytes: 0,
+        miss_cpu_ns: 10_000,
+    }
 }
 
 #[test]
@@ -88,4 +97,49 @@ fn coop_policies_need_web_servers_and_parse_by_name() {
     assert!("coop:lru".parse::<PolicyName>().is_err());
     config.client_nodes = Some(4);
     assert!(run_named(policy, &config, &trace).is_err(), "client nodes beyond the cluster");
+}
+
+/// The service announces every change of a node's contents to every other
+/// member (issue 34): with `announce_bytes` set, the simulator sends exactly
+/// one announce per changed node per decision to each other member (counted
+/// by replaying the model), so more members mean more announces; with 0,
+/// and for AC and groupcache, none.
+#[test]
+fn announces_are_charged_per_change_to_every_other_member() {
+    let trace = trace();
+    let cache = trace.cache_bytes_per_node().unwrap();
+    let requests = 2_000;
+    let announces = |scheme: Scheme, proxies: usize, bytes: u64| -> (u64, u64) {
+        let mut config = closed(proxies + BACKENDS, 1, requests, 0);
+        config.client_nodes = Some(proxies);
+        config.target_choice = TargetChoice::RoundRobin;
+        let sim = CoopSim { proxies, announce_bytes: bytes, ..sim(scheme, cache) };
+        let report = run(&config, &trace, Coop::new(sim).unwrap()).unwrap();
+        let counted = report.messages.get("announce").map_or(0, |m| m.messages);
+        // The model's replay: every node whose contents changed tells every other member.
+        let pages = (cache / tierstack_coop::PAGE_BYTES) as u32;
+        let mut model =
+            Model::new(ModelConfig { scheme, active: proxies, passive: BACKENDS, pages_per_node: pages }).unwrap();
+        let members = proxies + if scheme.uses_passive() { BACKENDS } else { 0 };
+        let mut expected = 0;
+        for (i, doc) in trace.stream(config.seed, 0, 1).take(requests as usize).enumerate() {
+            let before: Vec<u64> = (0..members).map(|n| model.changes(n)).collect();
+            model.request(i % proxies, doc as u64, trace.documents()[doc].size_bytes).unwrap();
+            let changed = (0..members).filter(|&n| model.changes(n) != before[n]).count() as u64;
+            expected += changed * (members as u64 - 1);
+        }
+        (counted, expected)
+    };
+    for scheme in ["bcc", "ccwr", "mtacc"] {
+        let scheme: Scheme = scheme.parse().unwrap();
+        let (two, two_expected) = announces(scheme, 2, 100);
+        let (four, four_expected) = announces(scheme, 4, 100);
+        assert_eq!(two, two_expected, "{scheme:?} on 2 proxies");
+        assert_eq!(four, four_expected, "{scheme:?} on 4 proxies");
+        assert!(two > 0 && four > two, "{scheme:?}: {two} announces on 2 proxies, {four} on 4");
+        assert_eq!(announces(scheme, 2, 0).0, 0, "{scheme:?}: not charged when off");
+    }
+    for scheme in [Scheme::Ac, Scheme::Groupcache] {
+        assert_eq!(announces(scheme, 2, 100).0, 0, "{scheme:?} announces nothing");
+    }
 }

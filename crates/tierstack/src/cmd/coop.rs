@@ -166,3 +166,17 @@ impl Observed for CoopObserved {
 fn labelled<'a>(rows: &'a [([(&'a str, &'a str); 1], u64)]) -> Vec<(Labels<'a>, u64)> {
     rows.iter().map(|(labels, n)| (&labels[..], *n)).collect()
 }
+
+#[derive(Args)]
+pub(crate) struct BenchNodeArgs {
+    #[command(flatten)]
+    at: super::NodeArgs,
+}
+
+/// Attaches to the fabric, prints `ready`, and runs `bench coop --figure
+/// 7`'s commands from standard input until it closes.
+pub(crate) fn run_bench_node(args: BenchNodeArgs) -> Result<()> {
+    let (_topology, fabric) = args.at.open()?;
+    crate::service::announce_ready()?;
+    tierstack_bench::coop_nodes::serve_node(fabric, std::io::stdin().lock(), std::io::stdout())
+}

@@ -14,6 +14,7 @@ use tierstack_deploy::deployment::{Deployment, DeploymentConfig, DeploymentOptio
 
 mod cluster_e2e;
 mod coherence_e2e;
+mod coop_bench;
 mod coop_http;
 mod ddss_processes;
 mod demo;
