@@ -61,6 +61,26 @@ impl Shared {
                 let mut state = lock(&self.state);
                 self.home_invalidate(&mut state, key);
             }
+            Msg::Purge { id, key } => {
+                {
+                    let mut state = lock(&self.state);
+                    self.home_invalidate(&mut state, key);
+                }
+                // Acknowledged after every DropCopy went out.
+                if !self.send(from, &Msg::PurgeAck { id }) {
+                    lock(&self.state).stats.peer_failures += 1;
+                }
+            }
+            Msg::PurgeAck { id } => {
+                if let Some(tx) = lock(&self.acks).remove(&id) {
+                    let _ = tx.try_send((1, 0));
+                }
+            }
+            Msg::Refused { key } => {
+                let mut state = lock(&self.state);
+                self.refused_copy(&mut state, key);
+            }
+            Msg::Joined { incarnation } => self.joined(from, incarnation),
             Msg::DropCopy { key } => {
                 let mut state = lock(&self.state);
                 if self.drop_local(&mut state, key) {
