@@ -36,7 +36,7 @@ pub const RECORD_BYTES: u64 = 8 + RECORD_PAYLOAD_BYTES as u64;
 pub const STAGING_PAGES: u32 = ENTITY_PAGES_MAX;
 /// Staging areas of each kind: swaps (or remote STOREs) a node runs at once;
 /// one more waits for none, it does without (`node/locks.rs`).
-pub const STAGING_SLOTS: u32 = 4;
+pub const STAGING_SLOTS: u32 = 8;
 
 pub const KEY_ENTRY_BYTES: u64 = 32;
 /// Entries a key may probe (and a validate reads at once).

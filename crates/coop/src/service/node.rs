@@ -709,8 +709,12 @@ impl Shared {
         }
     }
 
-    /// Cache Fetch. Runs under the state lock except while waiting for a
-    /// swap's acknowledgment.
+    /// Cache Fetch. The entity is read one-sidedly into a staging area of
+    /// this fetch's own with the state lock released (on tcp a read is a
+    /// round trip, and a stopped holder must not stall the node), then
+    /// placed under the lock: copied into pool pages made free by the
+    /// scheme's plan, or swapped (the lock released again while the holder
+    /// acknowledges). No staging area free: a miss.
     fn fetch<'s>(
         &'s self,
         mut state: MutexGuard<'s, State>,
@@ -721,8 +725,19 @@ impl Shared {
         let (mode, _) = self.config.scheme.mode_for(loc.bytes);
         let need = pages_for(loc.bytes);
         let Some(&slot) = loc.pages.first() else { return (state, None) };
-        let holder_passive = holder >= self.config.active.len();
+        let Some(area) = self.staging.take(Staging::Fetch) else { return (state, None) };
+        let first = self.layout.fetch_staging(area.slot);
+        let staging: Vec<u32> = (0..need).map(|i| first + i).collect();
         let mut sent: Sent = vec![(MsgKind::DataRead, loc.bytes, true)];
+        drop(state);
+        let outcome = self.read_remote(holder, &loc.pages, &staging, loc.bytes, Some((slot, loc.seq)));
+        state = lock(&self.state);
+        if !matches!(outcome, Ok(true)) {
+            self.read_failed(&mut state, key, holder, outcome);
+            state.stats.tally.record(Primitive::Fetch, &sent);
+            return (state, None);
+        }
+        let holder_passive = holder >= self.config.active.len();
         let mut dropped = Vec::new();
         let mut held = Vec::new();
         let mut result = None;
@@ -746,30 +761,28 @@ impl Shared {
                     if !cleared {
                         continue;
                     }
+                    let body = self.read_body(&staging, loc.bytes);
                     let pages = state.cache.insert(key, loc.bytes, loc.version).ok().map(|e| e.pages.clone());
                     if let Some(pages) = pages {
-                        match self.read_remote(holder, &loc.pages, &pages, loc.bytes, Some((slot, loc.seq))) {
-                            Ok(true) => {
-                                held.extend(self.publish(&mut state, key));
-                                self.tell_home(&mut state, key, Msg::AddHolder { key }, &mut sent, true);
-                                result = Some((self.read_body(&pages, loc.bytes), loc.version));
-                            }
-                            outcome => {
-                                state.cache.remove(key);
-                                self.read_failed(&mut state, key, holder, outcome);
-                            }
-                        }
+                        self.write_body(&pages, &body);
+                        held.extend(self.publish(&mut state, key));
+                        self.tell_home(&mut state, key, Msg::AddHolder { key }, &mut sent, true);
                     }
+                    // Not placed (a concurrent primitive placed it first):
+                    // served all the same, the bytes are right.
+                    result = Some((body, loc.version));
                     break;
                 }
                 Some(FetchPlan::Swap(victims)) => {
-                    let (s, r) = self.swap(state, key, holder, loc, &victims, &mut sent, &mut dropped, &mut held);
+                    let (s, r) =
+                        self.swap(state, key, holder, loc, &staging, &victims, &mut sent, &mut dropped, &mut held);
                     state = s;
                     result = r;
                     break;
                 }
             }
         }
+        drop(area);
         state.stats.tally.record(Primitive::Fetch, &sent);
         self.announce(&mut state, held, dropped);
         (state, result)
@@ -795,23 +808,13 @@ impl Shared {
         key: Key,
         holder: usize,
         loc: &Loc,
+        staging: &[u32],
         victims: &[Key],
         sent: &mut Sent,
         dropped: &mut Vec<Key>,
         held: &mut Vec<Held>,
     ) -> (MutexGuard<'s, State>, Option<(Vec<u8>, u64)>) {
-        // A staging area of our own (none free: this fetch misses).
-        let Some(area) = self.staging.take(Staging::Fetch) else { return (state, None) };
-        let first = self.layout.fetch_staging(area.slot);
-        let staging: Vec<u32> = (0..pages_for(loc.bytes)).map(|i| first + i).collect();
-        let Some(&slot) = loc.pages.first() else { return (state, None) };
-        match self.read_remote(holder, &loc.pages, &staging, loc.bytes, Some((slot, loc.seq))) {
-            Ok(true) => {}
-            outcome => {
-                self.read_failed(&mut state, key, holder, outcome);
-                return (state, None);
-            }
-        }
+        // The entity is in `staging` already (read by `fetch`).
         let redundant: Vec<Key> = victims.iter().copied().filter(|&v| Self::is_redundant(&state, v)).collect();
         // Redundant copies are dropped (asked at their homes first); one a
         // home refused is a sole copy after all and moves with the others.
@@ -852,7 +855,7 @@ impl Shared {
                 }
             }
         }
-        let body = self.read_body(&staging, loc.bytes);
+        let body = self.read_body(staging, loc.bytes);
         let Some(pages) = state.cache.insert(key, loc.bytes, loc.version).ok().map(|e| e.pages.clone()) else {
             // Room was taken meanwhile (a peer's STORE): serve, do not cache.
             return (state, Some((body, loc.version)));
