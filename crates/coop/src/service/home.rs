@@ -268,20 +268,21 @@ mod tests {
         // Who really holds a copy.
         let mut copies: HashMap<Key, HashSet<u32>> = HashMap::new();
         let mut seen_version: HashMap<Key, u64> = HashMap::new();
-        let (mut refused, mut purges) = (0u64, 0u64);
+        let (mut refused, mut purges, mut fresh) = (0u64, 0u64, 0u64);
         let mut rng = 0x1234_5678_9abc_def0u64;
         let mut next = || {
             rng = crate::key::mix(rng.wrapping_add(0x9e37_79b9_7f4a_7c15));
             rng
         };
         let mut live: Vec<Key> = Vec::new();
-        for step in 0..2_000_000u64 {
+        for step in 0..3_000_000u64 {
             let r = next();
             let node = (r % u64::from(NODES)) as u32;
             match (r >> 8) % 10 {
                 // A copy of a fresh key (most steps: millions of keys).
                 0..=4 => {
                     let key = next() | 1;
+                    fresh += 1;
                     if t.update(key, None, Some(node)) == Add::Listed {
                         copies.entry(key).or_default().insert(node);
                         live.push(key);
@@ -350,8 +351,9 @@ mod tests {
         let (entries, _) = t.occupancy();
         assert_eq!(entries as usize, copies.len(), "every entry has a holder");
         assert!(purges > 100_000, "{purges}");
+        assert!(fresh > 1_400_000, "{fresh} distinct keys");
         assert_eq!(t.refused, refused);
-        println!("purges {purges}, refused adds {refused}, entries left {entries}");
+        println!("{fresh} distinct keys, {purges} purges, {refused} refused adds, {entries} entries left");
     }
 
     /// A full window refuses the add and says so.

@@ -25,6 +25,9 @@ use tierstack_fabric_shm::{ShmConfig, ShmFabric};
 const LOAD_ENTRY: &str = "failures::load_entry";
 const ROOT: &str = "TIERSTACK_COOP_FAIL_ROOT";
 const NODE: &str = "TIERSTACK_COOP_FAIL_NODE";
+/// The children's document count and key-table size (the churn test's).
+const DOCS_ENV: &str = "TIERSTACK_COOP_FAIL_DOCS";
+const TABLE_ENV: &str = "TIERSTACK_COOP_FAIL_TABLE";
 const NODES: u32 = 3;
 const DOCS: u64 = 60;
 const BYTES: usize = 4096;
@@ -47,11 +50,22 @@ impl Drop for TempDir {
 }
 
 fn node(root: &Path, id: u32, scheme: Scheme, ack_timeout: Duration) -> (Arc<ShmFabric>, CoopNode) {
+    node_with_table(root, id, scheme, ack_timeout, 1 << 16)
+}
+
+fn node_with_table(
+    root: &Path,
+    id: u32,
+    scheme: Scheme,
+    ack_timeout: Duration,
+    table: u64,
+) -> (Arc<ShmFabric>, CoopNode) {
     let ids: Vec<NodeId> = (0..NODES).map(NodeId).collect();
     let fabric = ShmFabric::open(ShmConfig::new(root, NodeId(id)).with_nodes(ids.clone())).unwrap();
     let mut config = CoopConfig::new(scheme, ids, Vec::new(), 24 * PAGE_BYTES);
     config.ack_timeout = ack_timeout;
     config.liveness_interval = Duration::from_millis(20);
+    config.key_table_entries = table;
     let coop = CoopNode::start(fabric.clone() as Arc<dyn Fabric>, config).unwrap();
     (fabric, coop)
 }
@@ -76,10 +90,16 @@ fn parse(b: &[u8]) -> Option<(Key, u64)> {
 }
 
 /// The shared origin: one version word per document.
-struct Origin(std::fs::File);
+struct Origin {
+    file: std::fs::File,
+    docs: u64,
+}
 
 impl Origin {
     fn open(root: &Path) -> Origin {
+        Origin::with_docs(root, DOCS)
+    }
+    fn with_docs(root: &Path, docs: u64) -> Origin {
         let file = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
@@ -87,17 +107,17 @@ impl Origin {
             .truncate(false)
             .open(root.join("origin"))
             .unwrap();
-        file.set_len(DOCS * 8 + 8).unwrap();
-        Origin(file)
+        file.set_len(docs * 8 + 8).unwrap();
+        Origin { file, docs }
     }
     fn version(&self, key: Key) -> u64 {
         let mut w = [0u8; 8];
-        self.0.read_exact_at(&mut w, key % DOCS * 8).unwrap();
+        self.file.read_exact_at(&mut w, key % self.docs * 8).unwrap();
         u64::from_le_bytes(w)
     }
     fn bump(&self, key: Key) -> u64 {
         let v = self.version(key) + 1;
-        self.0.write_all_at(&v.to_le_bytes(), key % DOCS * 8).unwrap();
+        self.file.write_all_at(&v.to_le_bytes(), key % self.docs * 8).unwrap();
         v
     }
 }
@@ -141,15 +161,21 @@ fn request(coop: &CoopNode, origin: &Origin, key: Key, t: &mut Tally) {
 }
 
 fn doc(seed: u64, i: u64) -> Key {
-    tierstack_coop::key::mix(seed.wrapping_mul(7919) ^ i) % DOCS + 1
+    doc_of(seed, i, DOCS)
+}
+
+fn doc_of(seed: u64, i: u64, docs: u64) -> Key {
+    tierstack_coop::key::mix(seed.wrapping_mul(7919) ^ i) % docs + 1
 }
 
 #[test]
 fn load_entry() {
     let Ok(root) = std::env::var(ROOT) else { return };
     let id: u32 = std::env::var(NODE).unwrap().parse().unwrap();
-    let (_fabric, coop) = node(Path::new(&root), id, Scheme::Bcc, Duration::from_millis(500));
-    let origin = Origin::open(Path::new(&root));
+    let docs = std::env::var(DOCS_ENV).map_or(DOCS, |d| d.parse().unwrap());
+    let table = std::env::var(TABLE_ENV).map_or(1 << 16, |t| t.parse().unwrap());
+    let (_fabric, coop) = node_with_table(Path::new(&root), id, Scheme::Bcc, Duration::from_millis(500), table);
+    let origin = Origin::with_docs(Path::new(&root), docs);
     println!("ready");
     for line in std::io::stdin().lock().lines() {
         let Ok(line) = line else { break };
@@ -157,7 +183,7 @@ fn load_entry() {
         if line.starts_with("run ") {
             let mut t = Tally::default();
             for i in 0..words[1] {
-                request(&coop, &origin, doc(words[0], i), &mut t);
+                request(&coop, &origin, doc_of(words[0], i, docs), &mut t);
             }
             println!("done {} {} {}", t.served, t.wrong, t.errors);
         }
@@ -246,6 +272,58 @@ fn a_killed_home_is_taken_over_with_no_stale_copy_and_no_error() {
     assert!(t.served > 0, "{t:?}");
     // Its keys are no longer listed here.
     assert!(taken.iter().all(|&k| coop.holders_at_home(k).is_none()));
+}
+
+/// Item 1 across processes: three BCC nodes whose key tables hold 16
+/// entries each (capacity 1, one probe window) stream thousands of mostly
+/// distinct keys, far more than the tables hold, while the parent purges
+/// every third key it stored and requests it again. Homes refuse to list
+/// what they cannot hold (the copies are dropped), and the parent never
+/// serves a copy older than a purge it finished.
+#[test]
+fn churning_distinct_keys_through_full_key_tables_leaves_no_stale_copy() {
+    const CHURN_DOCS: u64 = 20_000;
+    const TABLE: u64 = 1;
+    let root = temp_root("churn");
+    let origin = Origin::with_docs(&root.0, CHURN_DOCS);
+    let (_fabric, coop) = node_with_table(&root.0, 0, Scheme::Bcc, Duration::from_millis(500), TABLE);
+    let mut kids: Vec<Kid> = (1..NODES)
+        .map(|id| {
+            Kid::spawn(
+                LOAD_ENTRY,
+                &[
+                    (ROOT, root.0.display().to_string()),
+                    (NODE, id.to_string()),
+                    (DOCS_ENV, CHURN_DOCS.to_string()),
+                    (TABLE_ENV, TABLE.to_string()),
+                ],
+            )
+        })
+        .collect();
+    for (n, kid) in kids.iter_mut().enumerate() {
+        kid.start_run(n as u64 + 1, 3000);
+    }
+    let mut t = Tally::default();
+    for i in 0..2000 {
+        let key = doc_of(99, i, CHURN_DOCS);
+        request(&coop, &origin, key, &mut t);
+        request(&coop, &origin, key, &mut t);
+        if i % 3 == 0 {
+            origin.bump(key);
+            coop.invalidate(key);
+            request(&coop, &origin, key, &mut t);
+        }
+    }
+    for kid in &mut kids {
+        let (_, wrong, errors) = kid.finish_run();
+        assert_eq!((wrong, errors), (0, 0));
+    }
+    assert_eq!((t.wrong, t.stale, t.errors), (0, 0, 0), "{t:?}");
+    assert!(t.served > 0, "{t:?}");
+    let stats = coop.stats();
+    assert!(stats.key_table_full > 0, "the parent's table never filled: {stats:?}");
+    let occupancy = coop.occupancy();
+    assert!(occupancy.home_keys <= 16, "{occupancy:?}");
 }
 
 /// Item 2: with peer 2 SIGSTOPped, one request that needs it waits (its
