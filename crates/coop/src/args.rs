@@ -18,8 +18,9 @@ pub const ACK_TIMEOUT_MS_DEFAULT: u64 = 500;
 /// of four 64 MB pools of 4 KiB entities homed at one node.
 pub const KEY_TABLE_ENTRIES_DEFAULT: u64 = 1 << 16;
 
-/// `--coop-liveness-ms` unless told otherwise.
-pub const LIVENESS_MS_DEFAULT: u64 = 100;
+/// `--coop-liveness-ms` unless told otherwise: on tcp each poll of a peer
+/// is a connection (a responder thread at the peer), so not much more often.
+pub const LIVENESS_MS_DEFAULT: u64 = 500;
 
 /// A scheme's name on the command line (the word [`Scheme::name`] writes;
 /// HYBCC's threshold is a flag of its own, `--coop-hybcc-small-max`).

@@ -74,7 +74,7 @@ impl CoopConfig {
             key_table_entries: 1 << 16,
             ack_timeout: Duration::from_secs(2),
             last_copy_guard: true,
-            liveness_interval: Duration::from_millis(100),
+            liveness_interval: Duration::from_millis(500),
         }
     }
 }
