@@ -54,6 +54,11 @@ pub fn write_metrics(node: &CoopNode, out: &mut Exposition) {
     counter("announces", "Announcements of this node's pool contents (one per member sent to).", stats.announces);
     counter("announce_bytes", "Bytes of those announcements.", stats.announce_bytes);
     counter(
+        "announces_skipped",
+        "Announcements not sent to a peer whose inbox stayed full (skipped for a back-off).",
+        stats.announces_skipped,
+    );
+    counter(
         "key_table_full",
         "Add-holders this node's key table refused, as a home (the key's probe window was full).",
         stats.key_table_full,

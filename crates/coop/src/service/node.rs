@@ -113,6 +113,9 @@ pub struct ServiceStats {
     pub peer_failures: u64,
     pub announces: u64,
     pub announce_bytes: u64,
+    /// Announces not sent to a peer whose inbox stayed full (skipped for a
+    /// back-off after a failed send).
+    pub announces_skipped: u64,
     /// Add-holders this node's key table refused, as a home (the key's
     /// probe window was full; the holder was told to drop its copy).
     pub key_table_full: u64,
@@ -185,6 +188,9 @@ struct Shared {
     /// each peer (`Msg::Joined`).
     incarnation: u64,
     incarnations: Mutex<HashMap<usize, u64>>,
+    /// Peers whose announces are skipped until a moment, and the current
+    /// back-off (a send to them failed).
+    paused: Mutex<HashMap<usize, (std::time::Instant, Duration)>>,
     state: Mutex<State>,
     acks: Mutex<HashMap<u64, SyncSender<(u32, u32)>>>,
     /// Groupcache GETs waiting for the owner's reply.
@@ -284,6 +290,7 @@ impl CoopNode {
             seen_alive: AtomicU64::new(0),
             incarnation,
             incarnations: Mutex::new(HashMap::new()),
+            paused: Mutex::new(HashMap::new()),
             state: Mutex::new(state),
             acks: Mutex::new(HashMap::new()),
             replies: Mutex::new(HashMap::new()),
@@ -477,15 +484,39 @@ impl Shared {
         }
         let msg = Msg::Announce { free_pages: state.cache.free_pages(), held, dropped }.encode();
         for (i, &node) in self.members.iter().enumerate() {
-            if i != self.me {
-                state.stats.announces += 1;
-                state.stats.announce_bytes += msg.len() as u64;
-                self.sent.fetch_add(1, Ordering::SeqCst);
-                if self.fabric.send(node, Channel::COOP_CACHE, &msg).is_err() {
-                    self.sent.fetch_sub(1, Ordering::SeqCst);
-                }
+            if i == self.me {
+                continue;
+            }
+            // Soft state: a peer whose inbox stayed full (stopped, or far
+            // behind) is skipped for a while rather than waited for under
+            // the state lock; what it misses costs it remote hits, never
+            // wrong bytes (reads are checked against the record's sequence).
+            if self.announces_paused(i) {
+                state.stats.announces_skipped += 1;
+                continue;
+            }
+            state.stats.announces += 1;
+            state.stats.announce_bytes += msg.len() as u64;
+            self.sent.fetch_add(1, Ordering::SeqCst);
+            if self.fabric.send(node, Channel::COOP_CACHE, &msg).is_err() {
+                self.sent.fetch_sub(1, Ordering::SeqCst);
+                self.pause_announces(i);
+            } else {
+                lock(&self.paused).remove(&i);
             }
         }
+    }
+
+    fn announces_paused(&self, node: usize) -> bool {
+        lock(&self.paused).get(&node).is_some_and(|&(until, _)| instant_now() < until)
+    }
+
+    /// Skips `node`'s announces for a while: 1 s after the first failed
+    /// send, doubling while they keep failing, at most 30 s.
+    fn pause_announces(&self, node: usize) {
+        let mut paused = lock(&self.paused);
+        let backoff = paused.get(&node).map_or(Duration::from_secs(1), |&(_, b)| (b * 2).min(Duration::from_secs(30)));
+        paused.insert(node, (instant_now() + backoff, backoff));
     }
 
     fn is_redundant(state: &State, key: Key) -> bool {
