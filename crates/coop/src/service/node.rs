@@ -966,6 +966,11 @@ impl Shared {
                     }
                     None => {
                         state.stats.peer_failures += 1;
+                        // A silent peer is no STORE target until it
+                        // announces its free space again.
+                        if let Some(f) = state.free.get_mut(peer) {
+                            *f = 0;
+                        }
                         let st: &State = &state;
                         plan_receive(mode, &st.cache, need, key, &|k| Self::is_redundant(st, k))
                     }
