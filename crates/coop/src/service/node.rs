@@ -507,18 +507,6 @@ impl Shared {
         }
     }
 
-    fn announces_paused(&self, node: usize) -> bool {
-        lock(&self.paused).get(&node).is_some_and(|&(until, _)| instant_now() < until)
-    }
-
-    /// Skips `node`'s announces for a while: 1 s after the first failed
-    /// send, doubling while they keep failing, at most 30 s.
-    fn pause_announces(&self, node: usize) {
-        let mut paused = lock(&self.paused);
-        let backoff = paused.get(&node).map_or(Duration::from_secs(1), |&(_, b)| (b * 2).min(Duration::from_secs(30)));
-        paused.insert(node, (instant_now() + backoff, backoff));
-    }
-
     fn is_redundant(state: &State, key: Key) -> bool {
         state.replica.get(&key).is_some_and(|h| h.len() >= 2)
     }

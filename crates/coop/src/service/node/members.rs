@@ -18,11 +18,16 @@
 //! entries of keys that are no longer its own (their holders drop them).
 //! While nodes learn of a change at different moments, a request is a miss
 //! or a copy its (old or new) home validates, never an error.
+//!
+//! A peer whose inbox stayed full is also tracked here: announces to it
+//! are paused for a back-off after a failed send (`pause_announces`).
 
 use super::{lock, Shared};
 use crate::service::wire::Msg;
 use crate::Key;
 use std::sync::atomic::Ordering;
+use std::time::Duration;
+use tierstack_base::time::instant_now;
 use tierstack_fabric::PeerState;
 
 impl Shared {
@@ -141,5 +146,17 @@ impl Shared {
             }
         }
         self.announce(state, Vec::new(), dropped);
+    }
+
+    pub(super) fn announces_paused(&self, node: usize) -> bool {
+        lock(&self.paused).get(&node).is_some_and(|&(until, _)| instant_now() < until)
+    }
+
+    /// Skips `node`'s announces for a while: 1 s after the first failed
+    /// send, doubling while they keep failing, at most 30 s.
+    pub(super) fn pause_announces(&self, node: usize) {
+        let mut paused = lock(&self.paused);
+        let backoff = paused.get(&node).map_or(Duration::from_secs(1), |&(_, b)| (b * 2).min(Duration::from_secs(30)));
+        paused.insert(node, (instant_now() + backoff, backoff));
     }
 }
