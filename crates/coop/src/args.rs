@@ -14,6 +14,14 @@ pub const POOL_BYTES_DEFAULT: u64 = 64 << 20;
 /// `--coop-ack-timeout-ms` unless told otherwise.
 pub const ACK_TIMEOUT_MS_DEFAULT: u64 = 500;
 
+/// `--coop-key-table-entries` unless told otherwise: room for every entity
+/// of four 64 MB pools of 4 KiB entities homed at one node.
+pub const KEY_TABLE_ENTRIES_DEFAULT: u64 = 1 << 16;
+
+/// `--coop-liveness-ms` unless told otherwise: on tcp each poll of a peer
+/// is a connection (a responder thread at the peer), so not much more often.
+pub const LIVENESS_MS_DEFAULT: u64 = 500;
+
 /// A scheme's name on the command line (the word [`Scheme::name`] writes;
 /// HYBCC's threshold is a flag of its own, `--coop-hybcc-small-max`).
 pub fn parse_scheme(s: &str) -> Result<Scheme, String> {
@@ -44,6 +52,16 @@ pub struct CoopArgs {
     /// file is small.
     #[arg(long = "coop-hybcc-small-max", default_value_t = HYBCC_SMALL_MAX_BYTES + HEAD_ALLOWANCE_BYTES)]
     pub hybcc_small_max: u64,
+    /// Entries of each home's key table (a power of two, at most 2^24). An
+    /// entry lives while some node holds a copy of its key; a key whose
+    /// probe window is full is not pooled (its copy is dropped at once,
+    /// counted as `pool_refusals`), so a purge never misses a copy.
+    #[arg(long = "coop-key-table-entries", default_value_t = KEY_TABLE_ENTRIES_DEFAULT)]
+    pub key_table_entries: u64,
+    /// How often a node asks the fabric whether its peers live; a home found
+    /// gone is taken over by its ring successor.
+    #[arg(long = "coop-liveness-ms", default_value_t = LIVENESS_MS_DEFAULT)]
+    pub liveness_ms: u64,
 }
 
 impl Default for CoopArgs {
@@ -55,6 +73,8 @@ impl Default for CoopArgs {
             pool_bytes: POOL_BYTES_DEFAULT,
             ack_timeout_ms: ACK_TIMEOUT_MS_DEFAULT,
             hybcc_small_max: HYBCC_SMALL_MAX_BYTES + HEAD_ALLOWANCE_BYTES,
+            key_table_entries: KEY_TABLE_ENTRIES_DEFAULT,
+            liveness_ms: LIVENESS_MS_DEFAULT,
         }
     }
 }
@@ -82,6 +102,12 @@ impl CoopArgs {
         if self.hybcc_small_max != default.hybcc_small_max {
             flag("--coop-hybcc-small-max", self.hybcc_small_max.to_string());
         }
+        if self.key_table_entries != default.key_table_entries {
+            flag("--coop-key-table-entries", self.key_table_entries.to_string());
+        }
+        if self.liveness_ms != default.liveness_ms {
+            flag("--coop-liveness-ms", self.liveness_ms.to_string());
+        }
         args
     }
 }
@@ -105,6 +131,8 @@ mod tests {
             pool_bytes: 4096,
             ack_timeout_ms: 9,
             hybcc_small_max: 100,
+            key_table_entries: 1 << 10,
+            liveness_ms: 7,
         };
         assert_eq!(parse(&args), args);
     }

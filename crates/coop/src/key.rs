@@ -2,8 +2,10 @@
 //!
 //! A cached entity is named by a 64-bit [`Key`], the FNV-1a fingerprint of
 //! its cache key (the request target, for the proxy). Metadata lives at the
-//! entity's **home**: one of the *active* nodes (the proxies), chosen by a
-//! fixed hash that never changes during a run ([`Homes`], seed-notes a.7 #5).
+//! entity's **home**: one of the *active* nodes (the proxies), its point on a
+//! consistent-hashing ring ([`Homes`]; seed-notes a.7 #5 asked for a fixed
+//! hash, the ring keeps it fixed while every home lives and moves only a
+//! dead home's keys, to their successors).
 //! Passive back-end nodes (MTACC, HYBCC) are never homes (coop §3.3).
 
 use std::collections::BTreeMap;
@@ -26,23 +28,35 @@ pub fn mix(mut x: u64) -> u64 {
     x ^ (x >> 31)
 }
 
-/// The fixed partition of the key space over the active nodes: `home(k) =
-/// mix(k) mod active`. Node indices `0..active` are the active nodes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// The partition of the key space over the active nodes: a
+/// consistent-hashing ring with [`RING_POINTS_PER_NODE`] virtual points per
+/// node (the same ring as groupcache's owners). Node indices `0..active` are
+/// the active nodes. With every node alive a key's home is fixed
+/// ([`Homes::home`]); when homes are declared dead, a key of a dead home
+/// moves to the next live node on the ring and no other key moves
+/// ([`Homes::home_among`]).
+#[derive(Clone, Debug)]
 pub struct Homes {
     active: usize,
+    ring: HashRing,
 }
 
 impl Homes {
     /// A partition over `active` nodes; `None` if there are none.
     pub fn new(active: usize) -> Option<Self> {
-        (active > 0).then_some(Self { active })
+        Some(Self { active, ring: HashRing::new(active)? })
     }
 
-    /// The home node (an index below `active`) of `key`.
+    /// The home node (an index below `active`) of `key`, every node alive.
     pub fn home(&self, key: Key) -> usize {
-        // `active` > 0 (checked in `new`) and fits u64; the result is below it.
-        (mix(key) % self.active as u64) as usize
+        self.ring.owner(key)
+    }
+
+    /// The home of `key` among the nodes whose bit is set in `live` (bit i:
+    /// node i): its first live successor on the ring. With no live active
+    /// node, [`Homes::home`].
+    pub fn home_among(&self, key: Key, live: u64) -> usize {
+        self.ring.owner_among(key, live)
     }
 
     pub fn active(&self) -> usize {
@@ -89,6 +103,19 @@ impl HashRing {
             // The ring has at least one point (`new` refuses zero nodes).
             .unwrap_or(0)
     }
+
+    /// The first node at or after `key`'s point whose bit is set in `live`
+    /// (nodes beyond bit 63 count as live); [`HashRing::owner`] if none is.
+    pub fn owner_among(&self, key: Key, live: u64) -> usize {
+        let is_live = |n: usize| n >= 64 || live & (1u64 << n) != 0;
+        let h = mix(key);
+        self.points
+            .range(h..)
+            .chain(self.points.range(..h))
+            .map(|(_, &node)| node)
+            .find(|&n| is_live(n))
+            .unwrap_or_else(|| self.owner(key))
+    }
 }
 
 #[cfg(test)]
@@ -106,6 +133,28 @@ mod tests {
         }
         assert!(per.iter().all(|&n| n > 800), "{per:?}");
         assert!(Homes::new(0).is_none());
+    }
+
+    /// A dead home's keys go to live successors; no other key moves.
+    #[test]
+    fn a_dead_homes_keys_move_and_no_others() {
+        let homes = Homes::new(4).unwrap();
+        let all = 0b1111;
+        let without_2 = 0b1011;
+        let mut moved = [0u32; 4];
+        for k in 0..20_000u64 {
+            let (before, after) = (homes.home_among(k, all), homes.home_among(k, without_2));
+            assert_eq!(before, homes.home(k));
+            if before == 2 {
+                assert_ne!(after, 2);
+                moved[after] += 1;
+            } else {
+                assert_eq!(before, after, "key {k} moved though its home lives");
+            }
+        }
+        // Virtual nodes spread the dead home's keys over every survivor.
+        assert!(moved.iter().enumerate().all(|(n, &c)| n == 2 || c > 500), "{moved:?}");
+        assert_eq!(homes.home_among(5, 0), homes.home(5));
     }
 
     #[test]

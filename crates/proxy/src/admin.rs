@@ -50,7 +50,10 @@ pub(crate) async fn handle_admin(state: Arc<State>, request: Request<RequestBody
         return response;
     }
     if path == "/metrics" {
-        let mut response = text(StatusCode::OK, metrics::render(&state.stats(), &state.counters.check_latency));
+        let mut response = text(
+            StatusCode::OK,
+            metrics::render(&state.stats(), &state.counters.check_latency, state.coop.get().map(|c| c.node())),
+        );
         response
             .headers_mut()
             .insert(CONTENT_TYPE, HeaderValue::from_static(tierstack_stats::exposition::CONTENT_TYPE));

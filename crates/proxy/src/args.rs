@@ -399,6 +399,8 @@ mod tests {
                 pool_bytes: 1 << 20,
                 ack_timeout_ms: 9,
                 hybcc_small_max: 77,
+                key_table_entries: 1 << 12,
+                liveness_ms: 33,
             },
             limits: HttpLimitsArgs {
                 header_read_timeout_ms: 0,

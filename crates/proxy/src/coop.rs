@@ -98,6 +98,11 @@ impl CoopLayer {
         }
     }
 
+    /// The service node under the pool (its `/metrics` families).
+    pub(crate) fn node(&self) -> &tierstack_coop::service::CoopNode {
+        self.handle.node()
+    }
+
     /// The pool's name for the cache key `key` (see the module docs).
     pub(crate) fn pool_key(&self, key: &str) -> String {
         match key.strip_prefix(self.own_authority.as_str()) {

@@ -19,7 +19,12 @@ impl Default for CheckLatency {
 }
 
 /// The exposition text.
-pub(crate) fn render(stats: &ProxyStats, checks: &CheckLatency) -> String {
+/// With `--coop`, the cooperative cache node's `tierstack_coop_*` families follow.
+pub(crate) fn render(
+    stats: &ProxyStats,
+    checks: &CheckLatency,
+    coop: Option<&tierstack_coop::service::CoopNode>,
+) -> String {
     let mut out = Exposition::new();
     let mut counter = |name: &str, help: &str, value: u64| out.counter(&format!("tierstack_proxy_{name}"), help, value);
     counter("requests_total", "Requests on the client listener.", stats.requests);
@@ -96,6 +101,9 @@ pub(crate) fn render(stats: &ProxyStats, checks: &CheckLatency) -> String {
         "Latency of the version checks on the request path.",
         &checks.0,
     );
+    if let Some(node) = coop {
+        tierstack_coop::service::write_metrics(node, &mut out);
+    }
     tierstack_tier_http::observe::process_metrics(&mut out);
     out.finish()
 }
@@ -111,7 +119,7 @@ mod tests {
             h.0.record_ns(ns);
         }
         let stats = ProxyStats { checks: 5, hits: 3, served_on_error: 2, ranges_served: 1, ..ProxyStats::default() };
-        let text = render(&stats, &h);
+        let text = render(&stats, &h, None);
         assert!(text.contains("tierstack_proxy_version_check_seconds_bucket{le=\"0.000005\"} 1\n"), "{text}");
         assert!(text.contains("tierstack_proxy_version_check_seconds_bucket{le=\"0.00001\"} 3\n"), "{text}");
         assert!(text.contains("tierstack_proxy_version_check_seconds_bucket{le=\"0.0025\"} 4\n"), "{text}");

@@ -7,14 +7,18 @@
 //!                   RECORD_PAYLOAD_BYTES: [key, bytes, version, pages,
 //!                   page numbers packed two per word (ENTITY_PAGES_MAX)]
 //! pages_at          pool pages, PAGE_BYTES each (4096-aligned)
-//! after the pool    two staging areas of ENTITY_PAGES_MAX pages: a fetched
-//!                   entity waiting for a swap to finish, a body offered by a
-//!                   STORE until its acknowledgment
+//! after the pool    2 x STAGING_SLOTS staging areas of ENTITY_PAGES_MAX
+//!                   pages: fetched entities waiting for a swap to finish,
+//!                   then bodies offered by a STORE until their
+//!                   acknowledgment (one area per primitive in flight, so
+//!                   primitives need no node-wide lock)
 //! ```
 //! `coop.keys` (homes only): the key table, [`KEY_ENTRY_BYTES`] per entry:
 //! `[key, version, holder bitmap, used flag]`, open addressing with linear
 //! probing inside a window of [`PROBE_MAX`] entries from `mix(key) mod
-//! capacity`; a validate reads the window in one one-sided read.
+//! capacity`; then one *floor* word per probe start (the version of a key
+//! without an entry, `home.rs`). A validate reads the window and the floor
+//! in one posted batch.
 
 use crate::key::mix;
 use crate::pool::{ENTITY_PAGES_MAX, PAGE_BYTES};
@@ -30,6 +34,9 @@ pub const RECORD_PAYLOAD_BYTES: u32 = 8 * (4 + ENTITY_PAGES_MAX / 2);
 pub const RECORD_BYTES: u64 = 8 + RECORD_PAYLOAD_BYTES as u64;
 /// Pages per staging area.
 pub const STAGING_PAGES: u32 = ENTITY_PAGES_MAX;
+/// Staging areas of each kind: swaps (or remote STOREs) a node runs at once;
+/// one more waits for none, it does without (`node/locks.rs`).
+pub const STAGING_SLOTS: u32 = 8;
 
 pub const KEY_ENTRY_BYTES: u64 = 32;
 /// Entries a key may probe (and a validate reads at once).
@@ -50,7 +57,7 @@ impl PoolLayout {
 
     /// The region's size.
     pub fn region_bytes(&self) -> u64 {
-        self.pages_at + u64::from(self.pool_pages + 2 * STAGING_PAGES) * PAGE_BYTES
+        self.pages_at + u64::from(self.pool_pages + 2 * STAGING_SLOTS * STAGING_PAGES) * PAGE_BYTES
     }
 
     pub fn record(&self, slot: u32) -> SeqRecord {
@@ -69,14 +76,14 @@ impl PoolLayout {
         self.pages_at + u64::from(page) * PAGE_BYTES
     }
 
-    /// First page of the staging area for fetches awaiting a swap.
-    pub fn fetch_staging(&self) -> u32 {
-        self.pool_pages
+    /// First page of staging area `slot` for fetches awaiting a swap.
+    pub fn fetch_staging(&self, slot: u32) -> u32 {
+        self.pool_pages + slot * STAGING_PAGES
     }
 
-    /// First page of the staging area for bodies offered by STORE.
-    pub fn store_staging(&self) -> u32 {
-        self.pool_pages + STAGING_PAGES
+    /// First page of staging area `slot` for bodies offered by STORE.
+    pub fn store_staging(&self, slot: u32) -> u32 {
+        self.pool_pages + (STAGING_SLOTS + slot) * STAGING_PAGES
     }
 }
 

@@ -49,6 +49,8 @@ pub mod layout;
 pub mod wire;
 
 mod home;
+mod metrics;
 mod node;
 
+pub use metrics::write_metrics;
 pub use node::{CoopConfig, CoopNode, Lookup, Occupancy, ServiceError, ServiceStats};

@@ -5,14 +5,17 @@
 //! read one-sided from a peer) in `pages`.
 
 mod group;
+mod homeward;
+mod locks;
+mod members;
 mod occupancy;
 mod pages;
 mod receive;
 
 pub use occupancy::Occupancy;
 
-use super::home::{version_in_window, KeyTable};
-use super::layout::{key_probe_start, PoolLayout, Record, KEYS_REGION, KEY_ENTRY_BYTES, POOL_REGION, PROBE_MAX};
+use super::home::{keys_region_bytes, KeyTable};
+use super::layout::{PoolLayout, Record, KEYS_REGION, POOL_REGION};
 use super::wire::{Held, Item, Msg, UNCHECKED};
 use crate::counts::{MsgKind, Primitive, Tally};
 use crate::key::{mix, HashRing, Homes};
@@ -23,17 +26,19 @@ use crate::placement::{
 };
 use crate::pool::{cacheable, pages_for, PAGE_BYTES};
 use crate::{Key, Scheme};
+use locks::{KeyLocks, Staging, StagingSlots};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{sync_channel, SyncSender};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::Duration;
+use tierstack_base::host_monotonic_ns;
 use tierstack_base::time::instant_now;
 // A panic while holding a lock is a bug elsewhere; the state is still the
 // best there is, so keep serving with it.
 use tierstack_base::sync::lock;
-use tierstack_fabric::{Channel, Fabric, FabricError, LocalRegion, NodeId, Op, PeerState, RemoteRegion};
+use tierstack_fabric::{Channel, Fabric, FabricError, LocalRegion, NodeId, PeerState, RemoteRegion};
 
 /// A service's configuration; every node of a cluster gets the same.
 #[derive(Clone, Debug)]
@@ -53,6 +58,10 @@ pub struct CoopConfig {
     /// A redundant copy's eviction asks its home first and is refused if it
     /// would drop the last copy (seed-notes a.7 #7). On by default.
     pub last_copy_guard: bool,
+    /// How often each node asks the fabric whether its peers live (a home
+    /// found `Gone` is taken over by its ring successor; one seen running
+    /// again takes its keys back).
+    pub liveness_interval: Duration,
 }
 
 impl CoopConfig {
@@ -65,6 +74,7 @@ impl CoopConfig {
             key_table_entries: 1 << 16,
             ack_timeout: Duration::from_secs(2),
             last_copy_guard: true,
+            liveness_interval: Duration::from_millis(500),
         }
     }
 }
@@ -103,7 +113,32 @@ pub struct ServiceStats {
     pub peer_failures: u64,
     pub announces: u64,
     pub announce_bytes: u64,
+    /// Announces not sent to a peer whose inbox stayed full (skipped for a
+    /// back-off after a failed send).
+    pub announces_skipped: u64,
+    /// Add-holders this node's key table refused, as a home (the key's
+    /// probe window was full; the holder was told to drop its copy).
     pub key_table_full: u64,
+    /// Copies this node dropped because their home refused to list them
+    /// (the entity stays unpooled rather than unreachable by a purge).
+    pub pool_refusals: u64,
+    /// Primitives that waited on a peer's answer (STORE or swap
+    /// acknowledgment, a home's grant or purge acknowledgment, a
+    /// groupcache reply), and those whose wait ran out.
+    pub stalls: u64,
+    pub stall_timeouts: u64,
+    /// Validates answered by this node's own key table, and by a one-sided
+    /// read of another home's.
+    pub validates_home_local: u64,
+    pub validates_home_remote: u64,
+    /// Membership changes this node applied (a home declared dead and taken
+    /// over by its successor, or back), and the copies it dropped because
+    /// their home changed.
+    pub takeovers: u64,
+    pub takeover_drops: u64,
+    /// Purges whose home did not acknowledge: their copies were dropped by
+    /// a broadcast `DropCopy` instead.
+    pub purges_unconfirmed: u64,
     /// Malformed messages dropped.
     pub malformed: u64,
     /// Redundant copies' evictions asked at their homes (a.7 #7), and how
@@ -141,7 +176,21 @@ struct Shared {
     ring: HashRing,
     layout: PoolLayout,
     pool: Arc<LocalRegion>,
-    op: Mutex<()>,
+    /// Keys with a primitive in progress (per-key ordering; no node-wide
+    /// lock is held across a round trip).
+    key_locks: KeyLocks,
+    staging: StagingSlots,
+    /// Members declared dead (bit i: member i), from the fabric's peer state.
+    dead: AtomicU64,
+    /// Members seen running at least once (only those can be declared dead).
+    seen_alive: AtomicU64,
+    /// A number new at each start of this node, and the latest known of
+    /// each peer (`Msg::Joined`).
+    incarnation: u64,
+    incarnations: Mutex<HashMap<usize, u64>>,
+    /// Peers whose announces are skipped until a moment, and the current
+    /// back-off (a send to them failed).
+    paused: Mutex<HashMap<usize, (std::time::Instant, Duration)>>,
     state: Mutex<State>,
     acks: Mutex<HashMap<u64, SyncSender<(u32, u32)>>>,
     /// Groupcache GETs waiting for the owner's reply.
@@ -159,6 +208,7 @@ pub struct CoopNode {
     shared: Arc<Shared>,
     receiver: Option<JoinHandle<()>>,
     store_worker: Option<JoinHandle<()>>,
+    membership: Option<JoinHandle<()>>,
 }
 
 /// Handles to peers' regions, by (node index, region name).
@@ -188,10 +238,16 @@ impl CoopNode {
         let ring = HashRing::new(config.active.len()).ok_or_else(|| ServiceError::Config("no active node".into()))?;
         let pool_pages =
             u32::try_from(config.pool_bytes / PAGE_BYTES).map_err(|_| ServiceError::Config("pool too large".into()))?;
-        if pool_pages == 0 || !config.key_table_entries.is_power_of_two() {
-            return Err(ServiceError::Config("the pool needs a page; key-table entries a power of two".into()));
+        if pool_pages == 0 || !config.key_table_entries.is_power_of_two() || config.key_table_entries > 1 << 24 {
+            return Err(ServiceError::Config(
+                "the pool needs a page; key-table entries a power of two, at most 2^24".into(),
+            ));
         }
         let passive_here = me >= config.active.len();
+        // This start's number; the key table's versions start from it, so a
+        // version another home (or this node before a restart) handed out
+        // never matches one of ours.
+        let incarnation = mix(host_monotonic_ns() ^ (me as u64) << 48 ^ u64::from(std::process::id()));
         let pages = if passive_here && !config.scheme.uses_passive() { 0 } else { pool_pages };
         let layout = PoolLayout::new(pool_pages);
         let pool = fabric.register(POOL_REGION, layout.region_bytes(), tierstack_fabric::Access::read_only())?;
@@ -200,10 +256,12 @@ impl CoopNode {
         } else {
             let region = fabric.register(
                 KEYS_REGION,
-                (config.key_table_entries + PROBE_MAX) * KEY_ENTRY_BYTES,
+                keys_region_bytes(config.key_table_entries),
                 tierstack_fabric::Access::read_only(),
             )?;
-            Some(KeyTable::new(region, config.key_table_entries))
+            // This incarnation's versions: a version another home (or this
+            // node before a restart) handed out never matches one of ours.
+            Some(KeyTable::new(region, config.key_table_entries, incarnation & !0xffff_ffff))
         };
         let state = State {
             cache: NodeCache::new(pages),
@@ -226,7 +284,13 @@ impl CoopNode {
             ring,
             layout,
             pool,
-            op: Mutex::new(()),
+            key_locks: KeyLocks::default(),
+            staging: StagingSlots::default(),
+            dead: AtomicU64::new(0),
+            seen_alive: AtomicU64::new(0),
+            incarnation,
+            incarnations: Mutex::new(HashMap::new()),
+            paused: Mutex::new(HashMap::new()),
             state: Mutex::new(state),
             acks: Mutex::new(HashMap::new()),
             replies: Mutex::new(HashMap::new()),
@@ -247,13 +311,20 @@ impl CoopNode {
             .name("coop-receiver".into())
             .spawn(move || s.receive_loop(stores_tx))
             .map_err(|e| ServiceError::Fabric(e.into()))?;
-        Ok(Self { shared, receiver: Some(receiver), store_worker: Some(store_worker) })
+        let s = shared.clone();
+        let membership = std::thread::Builder::new()
+            .name("coop-members".into())
+            .spawn(move || s.membership_loop())
+            .map_err(|e| ServiceError::Fabric(e.into()))?;
+        // Whatever a previous incarnation of this node held or homed is gone.
+        shared.announce_joined();
+        Ok(Self { shared, receiver: Some(receiver), store_worker: Some(store_worker), membership: Some(membership) })
     }
 
     /// Looks `key` up: a local hit, a remote hit (Cache Fetch), or a miss.
     pub fn get(&self, key: Key) -> Result<Lookup, ServiceError> {
         self.shared.check_active()?;
-        let _op = lock(&self.shared.op);
+        let _key = self.shared.key_locks.hold(key);
         Ok(self.shared.get(key))
     }
 
@@ -274,7 +345,7 @@ impl CoopNode {
 
     /// Drops this node's copy of `key` if it has one (its home is told).
     pub fn drop_local(&self, key: Key) {
-        let _op = lock(&self.shared.op);
+        let _key = self.shared.key_locks.hold(key);
         let mut state = lock(&self.shared.state);
         let mut dropped = Vec::new();
         self.shared.evict(&mut state, &[key], &mut Vec::new(), false, &mut dropped);
@@ -284,7 +355,7 @@ impl CoopNode {
     /// Cache Store of `body` (version `version`) after a miss.
     pub fn put(&self, key: Key, version: u64, body: &[u8]) -> Result<(), ServiceError> {
         self.shared.check_active()?;
-        let _op = lock(&self.shared.op);
+        let _key = self.shared.key_locks.hold(key);
         self.shared.put(key, version, body);
         Ok(())
     }
@@ -295,8 +366,11 @@ impl CoopNode {
         self.shared.validate(key)
     }
 
-    /// Cache Invalidate: one message to the home, which drops every copy.
+    /// Cache Invalidate: one message to the home, which drops every copy
+    /// and acknowledges (bounded by `ack_timeout`; unacknowledged, every
+    /// member is told to drop its copy).
     pub fn invalidate(&self, key: Key) {
+        let _key = self.shared.key_locks.hold(key);
         self.shared.invalidate(key)
     }
 
@@ -320,6 +394,12 @@ impl CoopNode {
         lock(&self.shared.state).keys.as_ref().and_then(|k| k.holders(key))
     }
 
+    /// The first version of this node's key table (its versions count up
+    /// from it; `None` on a node that is no home).
+    pub fn version_base(&self) -> Option<u64> {
+        lock(&self.shared.state).keys.as_ref().map(|k| k.base())
+    }
+
     /// Keys this node holds now.
     pub fn held(&self) -> Vec<Key> {
         lock(&self.shared.state).cache.keys().collect()
@@ -337,6 +417,9 @@ impl Drop for CoopNode {
         if let Some(handle) = self.store_worker.take() {
             let _ = handle.join();
         }
+        if let Some(handle) = self.membership.take() {
+            let _ = handle.join();
+        }
     }
 }
 
@@ -348,8 +431,9 @@ impl Shared {
         Ok(())
     }
 
+    /// `key`'s home now: its ring successor among the members not declared dead.
     fn home(&self, key: Key) -> usize {
-        self.homes.home(key)
+        self.homes.home_among(key, !self.dead.load(Ordering::SeqCst))
     }
 
     fn cooperative(&self) -> bool {
@@ -394,54 +478,31 @@ impl Shared {
         ok
     }
 
-    /// Sends a metadata update to `key`'s home, or applies it locally.
-    fn tell_home(&self, state: &mut State, key: Key, msg: Msg, sent: &mut Sent, charged: bool) {
-        let home = self.home(key);
-        let kind = match msg {
-            Msg::AddHolder { .. } => MsgKind::AddHolder,
-            Msg::RemoveHolder { .. } => MsgKind::RemoveHolder,
-            Msg::Invalidate { .. } => MsgKind::Invalidate,
-            _ => MsgKind::Transfer,
-        };
-        if home == self.me {
-            self.apply_home(state, self.me, &msg);
-            return;
-        }
-        if charged {
-            sent.push((kind, CONTROL_BYTES, true));
-        } else {
-            state.stats.tally.record_consequential(kind, CONTROL_BYTES);
-        }
-        if !self.send(home, &msg) {
-            state.stats.peer_failures += 1;
-        }
-    }
-
-    fn apply_home(&self, state: &mut State, from: usize, msg: &Msg) {
-        let node = |n: usize| u32::try_from(n).ok();
-        let Some(keys) = state.keys.as_mut() else { return };
-        match *msg {
-            Msg::AddHolder { key } => keys.update(key, None, node(from)),
-            Msg::RemoveHolder { key } => keys.update(key, node(from), None),
-            Msg::Transfer { key, remove, add } => keys.update(key, remove, add),
-            _ => {}
-        }
-        state.stats.key_table_full = keys.full;
-    }
-
     fn announce(&self, state: &mut State, held: Vec<Held>, dropped: Vec<Key>) {
         if !self.cooperative() || (held.is_empty() && dropped.is_empty()) {
             return;
         }
         let msg = Msg::Announce { free_pages: state.cache.free_pages(), held, dropped }.encode();
         for (i, &node) in self.members.iter().enumerate() {
-            if i != self.me {
-                state.stats.announces += 1;
-                state.stats.announce_bytes += msg.len() as u64;
-                self.sent.fetch_add(1, Ordering::SeqCst);
-                if self.fabric.send(node, Channel::COOP_CACHE, &msg).is_err() {
-                    self.sent.fetch_sub(1, Ordering::SeqCst);
-                }
+            if i == self.me {
+                continue;
+            }
+            // Soft state: a peer whose inbox stayed full (stopped, or far
+            // behind) is skipped for a while rather than waited for under
+            // the state lock; what it misses costs it remote hits, never
+            // wrong bytes (reads are checked against the record's sequence).
+            if self.announces_paused(i) {
+                state.stats.announces_skipped += 1;
+                continue;
+            }
+            state.stats.announces += 1;
+            state.stats.announce_bytes += msg.len() as u64;
+            self.sent.fetch_add(1, Ordering::SeqCst);
+            if self.fabric.send(node, Channel::COOP_CACHE, &msg).is_err() {
+                self.sent.fetch_sub(1, Ordering::SeqCst);
+                self.pause_announces(i);
+            } else {
+                lock(&self.paused).remove(&i);
             }
         }
     }
@@ -571,6 +632,8 @@ impl Shared {
                 })
                 .collect();
             state = lock(&self.state);
+            state.stats.stalls += 1;
+            state.stats.stall_timeouts += u64::from(got.iter().any(|(_, reply)| reply.is_none()));
             for (v, reply) in got {
                 match reply {
                     Some((granted, _)) => {
@@ -665,8 +728,12 @@ impl Shared {
         }
     }
 
-    /// Cache Fetch. Runs under the state lock except while waiting for a
-    /// swap's acknowledgment.
+    /// Cache Fetch. The entity is read one-sidedly into a staging area of
+    /// this fetch's own with the state lock released (on tcp a read is a
+    /// round trip, and a stopped holder must not stall the node), then
+    /// placed under the lock: copied into pool pages made free by the
+    /// scheme's plan, or swapped (the lock released again while the holder
+    /// acknowledges). No staging area free: a miss.
     fn fetch<'s>(
         &'s self,
         mut state: MutexGuard<'s, State>,
@@ -677,8 +744,19 @@ impl Shared {
         let (mode, _) = self.config.scheme.mode_for(loc.bytes);
         let need = pages_for(loc.bytes);
         let Some(&slot) = loc.pages.first() else { return (state, None) };
-        let holder_passive = holder >= self.config.active.len();
+        let Some(area) = self.staging.take(Staging::Fetch) else { return (state, None) };
+        let first = self.layout.fetch_staging(area.slot);
+        let staging: Vec<u32> = (0..need).map(|i| first + i).collect();
         let mut sent: Sent = vec![(MsgKind::DataRead, loc.bytes, true)];
+        drop(state);
+        let outcome = self.read_remote(holder, &loc.pages, &staging, loc.bytes, Some((slot, loc.seq)));
+        state = lock(&self.state);
+        if !matches!(outcome, Ok(true)) {
+            self.read_failed(&mut state, key, holder, outcome);
+            state.stats.tally.record(Primitive::Fetch, &sent);
+            return (state, None);
+        }
+        let holder_passive = holder >= self.config.active.len();
         let mut dropped = Vec::new();
         let mut held = Vec::new();
         let mut result = None;
@@ -702,30 +780,28 @@ impl Shared {
                     if !cleared {
                         continue;
                     }
+                    let body = self.read_body(&staging, loc.bytes);
                     let pages = state.cache.insert(key, loc.bytes, loc.version).ok().map(|e| e.pages.clone());
                     if let Some(pages) = pages {
-                        match self.read_remote(holder, &loc.pages, &pages, loc.bytes, Some((slot, loc.seq))) {
-                            Ok(true) => {
-                                held.extend(self.publish(&mut state, key));
-                                self.tell_home(&mut state, key, Msg::AddHolder { key }, &mut sent, true);
-                                result = Some((self.read_body(&pages, loc.bytes), loc.version));
-                            }
-                            outcome => {
-                                state.cache.remove(key);
-                                self.read_failed(&mut state, key, holder, outcome);
-                            }
-                        }
+                        self.write_body(&pages, &body);
+                        held.extend(self.publish(&mut state, key));
+                        self.tell_home(&mut state, key, Msg::AddHolder { key }, &mut sent, true);
                     }
+                    // Not placed (a concurrent primitive placed it first):
+                    // served all the same, the bytes are right.
+                    result = Some((body, loc.version));
                     break;
                 }
                 Some(FetchPlan::Swap(victims)) => {
-                    let (s, r) = self.swap(state, key, holder, loc, &victims, &mut sent, &mut dropped, &mut held);
+                    let (s, r) =
+                        self.swap(state, key, holder, loc, &staging, &victims, &mut sent, &mut dropped, &mut held);
                     state = s;
                     result = r;
                     break;
                 }
             }
         }
+        drop(area);
         state.stats.tally.record(Primitive::Fetch, &sent);
         self.announce(&mut state, held, dropped);
         (state, result)
@@ -751,20 +827,13 @@ impl Shared {
         key: Key,
         holder: usize,
         loc: &Loc,
+        staging: &[u32],
         victims: &[Key],
         sent: &mut Sent,
         dropped: &mut Vec<Key>,
         held: &mut Vec<Held>,
     ) -> (MutexGuard<'s, State>, Option<(Vec<u8>, u64)>) {
-        let staging: Vec<u32> = (0..pages_for(loc.bytes)).map(|i| self.layout.fetch_staging() + i).collect();
-        let Some(&slot) = loc.pages.first() else { return (state, None) };
-        match self.read_remote(holder, &loc.pages, &staging, loc.bytes, Some((slot, loc.seq))) {
-            Ok(true) => {}
-            outcome => {
-                self.read_failed(&mut state, key, holder, outcome);
-                return (state, None);
-            }
-        }
+        // The entity is in `staging` already (read by `fetch`).
         let redundant: Vec<Key> = victims.iter().copied().filter(|&v| Self::is_redundant(&state, v)).collect();
         // Redundant copies are dropped (asked at their homes first); one a
         // home refused is a sole copy after all and moves with the others.
@@ -786,7 +855,7 @@ impl Shared {
         let ok = self.send(holder, &Msg::Store { id, swap_for: Some(key), items: items.clone() });
         // Wait without the state lock: the receiver thread needs it.
         drop(state);
-        let ack = if ok { rx.recv_timeout(self.config.ack_timeout).ok() } else { None };
+        let ack = self.wait_answer(ok, &rx);
         let mut state = lock(&self.state);
         lock(&self.acks).remove(&id);
         for it in &items {
@@ -805,7 +874,7 @@ impl Shared {
                 }
             }
         }
-        let body = self.read_body(&staging, loc.bytes);
+        let body = self.read_body(staging, loc.bytes);
         let Some(pages) = state.cache.insert(key, loc.bytes, loc.version).ok().map(|e| e.pages.clone()) else {
             // Room was taken meanwhile (a peer's STORE): serve, do not cache.
             return (state, Some((body, loc.version)));
@@ -851,8 +920,14 @@ impl Shared {
         let mut room = match plan {
             None => None,
             Some(StorePlan::Local(room)) => Some(room),
-            Some(StorePlan::Remote(peer)) => {
-                let staging: Vec<u32> = (0..need).map(|i| self.layout.store_staging() + i).collect();
+            Some(StorePlan::Remote(peer)) => 'remote: {
+                // A staging area of our own; none free: place it here.
+                let Some(area) = self.staging.take(Staging::Store) else {
+                    let st: &State = &state;
+                    break 'remote plan_receive(mode, &st.cache, need, key, &|k| Self::is_redundant(st, k));
+                };
+                let first = self.layout.store_staging(area.slot);
+                let staging: Vec<u32> = (0..need).map(|i| first + i).collect();
                 self.write_body(&staging, body);
                 let id = self.next_id.fetch_add(1, Ordering::Relaxed);
                 let (tx, rx) = sync_channel(1);
@@ -861,7 +936,8 @@ impl Shared {
                 let item = Item { key, version, bytes, seq: UNCHECKED, pages: staging };
                 let ok = self.send(peer, &Msg::Store { id, swap_for: None, items: vec![item] });
                 drop(state);
-                let ack = if ok { rx.recv_timeout(self.config.ack_timeout).ok() } else { None };
+                let ack = self.wait_answer(ok, &rx);
+                drop(area);
                 state = lock(&self.state);
                 lock(&self.acks).remove(&id);
                 match ack {
@@ -878,6 +954,11 @@ impl Shared {
                     }
                     None => {
                         state.stats.peer_failures += 1;
+                        // A silent peer is no STORE target until it
+                        // announces its free space again.
+                        if let Some(f) = state.free.get_mut(peer) {
+                            *f = 0;
+                        }
                         let st: &State = &state;
                         plan_receive(mode, &st.cache, need, key, &|k| Self::is_redundant(st, k))
                     }
@@ -914,77 +995,5 @@ impl Shared {
             state.stats.tally.record(Primitive::Store, &sent);
         }
         self.announce(&mut state, held, dropped);
-    }
-
-    fn validate(&self, key: Key) -> Option<u64> {
-        let home = self.home(key);
-        if home == self.me {
-            // Our own table: no message.
-            let mut state = lock(&self.state);
-            state.stats.tally.record(Primitive::Validate, &[]);
-            return state.keys.as_ref().map(|k| k.version(key));
-        }
-        let start = key_probe_start(key, self.config.key_table_entries);
-        let len = PROBE_MAX * KEY_ENTRY_BYTES;
-        lock(&self.state).stats.tally.record(Primitive::Validate, &[(MsgKind::HomeRead, len, true)]);
-        let window = self.region(home, KEYS_REGION).and_then(|r| {
-            // `len` is 512 bytes: it fits a u32.
-            r.post(vec![Op::Read { offset: start * KEY_ENTRY_BYTES, len: len as u32 }]).wait()
-        });
-        match window.and_then(|mut r| r.pop().ok_or(FabricError::Closed)?.into_bytes()) {
-            Ok(bytes) => Some(version_in_window(&bytes, key).unwrap_or(0)),
-            Err(_) => {
-                let mut state = lock(&self.state);
-                self.forget(home, &mut state);
-                None
-            }
-        }
-    }
-
-    fn invalidate(&self, key: Key) {
-        if self.config.scheme == Scheme::Groupcache {
-            // No cluster invalidation: the owner drops its copy (the only one).
-            let owner = self.ring.owner(key);
-            let mut state = lock(&self.state);
-            if owner == self.me {
-                self.drop_local(&mut state, key);
-                state.stats.tally.record(Primitive::Invalidate, &[]);
-            } else {
-                if !self.send(owner, &Msg::DropCopy { key }) {
-                    state.stats.peer_failures += 1;
-                }
-                state.stats.tally.record(Primitive::Invalidate, &[(MsgKind::DropCopy, CONTROL_BYTES, true)]);
-            }
-            return;
-        }
-        let home = self.home(key);
-        let mut state = lock(&self.state);
-        let mut sent: Sent = Vec::new();
-        if home == self.me {
-            self.home_invalidate(&mut state, key);
-        } else {
-            sent.push((MsgKind::Invalidate, CONTROL_BYTES, true));
-            if !self.send(home, &Msg::Invalidate { key }) {
-                state.stats.peer_failures += 1;
-            }
-        }
-        state.stats.tally.record(Primitive::Invalidate, &sent);
-    }
-
-    fn home_invalidate(&self, state: &mut State, key: Key) {
-        let Some(keys) = state.keys.as_mut() else { return };
-        let holders = keys.invalidate(key);
-        for n in (0..64usize).filter(|n| holders & (1u64 << n) != 0) {
-            if n == self.me {
-                if self.drop_local(state, key) {
-                    self.announce(state, Vec::new(), vec![key]);
-                }
-            } else if n < self.members.len() {
-                state.stats.tally.record_consequential(MsgKind::DropCopy, CONTROL_BYTES);
-                if !self.send(n, &Msg::DropCopy { key }) {
-                    state.stats.peer_failures += 1;
-                }
-            }
-        }
     }
 }

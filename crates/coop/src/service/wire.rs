@@ -39,6 +39,20 @@ pub enum Msg {
     RemoveIfShared { id: u64, key: Key },
     /// The home's answer: removed (`granted`) or refused (I hold the last copy).
     RemoveReply { id: u64, granted: bool },
+    /// From a home: your add-holder for `key` was refused (its key-table
+    /// window is full); drop your copy, so no copy exists that an
+    /// invalidate could miss.
+    Refused { key: Key },
+    /// To a home: an invalidate that wants its acknowledgment (the sender
+    /// learns whether the home applied it, or must fall back).
+    Purge { id: u64, key: Key },
+    /// The home's acknowledgment of a `Purge`: the version moved and every
+    /// listed holder was sent its `DropCopy`.
+    PurgeAck { id: u64 },
+    /// Broadcast by a node at start, with a number new at each start: a
+    /// node that knew another incarnation of the sender drops its copies of
+    /// the keys the sender homes (a restarted home starts empty).
+    Joined { incarnation: u64 },
 }
 
 /// An entity offered by a STORE.
@@ -245,6 +259,23 @@ impl Msg {
                 w.u64(*id);
                 w.u8(u8::from(*granted));
             }
+            Msg::Refused { key } => {
+                w.u8(14);
+                w.u64(*key);
+            }
+            Msg::Purge { id, key } => {
+                w.u8(15);
+                w.u64(*id);
+                w.u64(*key);
+            }
+            Msg::PurgeAck { id } => {
+                w.u8(16);
+                w.u64(*id);
+            }
+            Msg::Joined { incarnation } => {
+                w.u8(17);
+                w.u64(*incarnation);
+            }
         }
         w.0
     }
@@ -303,6 +334,10 @@ impl Msg {
                 };
                 Msg::RemoveReply { id, granted }
             }
+            14 => Msg::Refused { key: r.u64()? },
+            15 => Msg::Purge { id: r.u64()?, key: r.u64()? },
+            16 => Msg::PurgeAck { id: r.u64()? },
+            17 => Msg::Joined { incarnation: r.u64()? },
             _ => return Err(WireError("unknown tag")),
         };
         if !r.0.is_empty() {
@@ -342,6 +377,10 @@ mod tests {
             Msg::RemoveIfShared { id: 5, key: 6 },
             Msg::RemoveReply { id: 5, granted: true },
             Msg::RemoveReply { id: 5, granted: false },
+            Msg::Refused { key: 3 },
+            Msg::Purge { id: 4, key: 5 },
+            Msg::PurgeAck { id: 4 },
+            Msg::Joined { incarnation: 7 },
         ];
         for m in msgs {
             let bytes = m.encode();

@@ -3,6 +3,7 @@
 #![allow(clippy::unwrap_used)] // Test code: a failed unwrap is the failure report.
 
 mod common;
+mod failures;
 mod handle_processes;
 mod processes;
 mod props;

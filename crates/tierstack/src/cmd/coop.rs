@@ -9,9 +9,9 @@ use std::sync::Arc;
 use std::time::Duration;
 use tierstack_cluster::{Role, Topology};
 use tierstack_coop::service::{CoopConfig, CoopNode};
-use tierstack_coop::{MsgKind, Primitive, Scheme};
+use tierstack_coop::Scheme;
 use tierstack_fabric::NodeId;
-use tierstack_stats::exposition::{Exposition, Labels};
+use tierstack_stats::exposition::Exposition;
 use tierstack_tier_http::observe::{ObserveArgs, Observed, ServingFlag};
 
 pub(crate) use tierstack_coop::args::{parse_scheme, CoopArgs};
@@ -37,6 +37,13 @@ pub(crate) fn config(args: &CoopArgs, topology: &Topology, scheme: Scheme) -> Re
     };
     let mut config = CoopConfig::new(scheme, active, passive, args.pool_bytes);
     config.ack_timeout = Duration::from_millis(args.ack_timeout_ms);
+    anyhow::ensure!(
+        args.key_table_entries.is_power_of_two() && args.key_table_entries <= 1 << 24,
+        "--coop-key-table-entries must be a power of two, at most 16777216 (got {})",
+        args.key_table_entries
+    );
+    config.key_table_entries = args.key_table_entries;
+    config.liveness_interval = Duration::from_millis(args.liveness_ms.max(1));
     Ok(config)
 }
 
@@ -83,10 +90,8 @@ pub(crate) fn run(args: CoopNodeArgs) -> Result<()> {
     Ok(())
 }
 
-/// `coop-node --metrics-listen`: its `stats()` and occupancy, as
-/// `tierstack_coop_*` families (one per counter, labelled by small fixed
-/// sets: where a lookup was served, the primitive, the message kind), so a
-/// counter added to `ServiceStats` becomes one more family.
+/// `coop-node --metrics-listen`: its `tierstack_coop_*` families
+/// (`tierstack_coop::service::write_metrics`, shared with the proxies).
 struct CoopObserved {
     node: Arc<CoopNode>,
     serving: ServingFlag,
@@ -94,77 +99,12 @@ struct CoopObserved {
 
 impl Observed for CoopObserved {
     fn metrics(&self, out: &mut Exposition) {
-        let stats = self.node.stats();
-        out.counters(
-            "tierstack_coop_lookups_total",
-            "Lookups by where they were served: this node's pool, a peer's, or nowhere (miss).",
-            &[
-                (&[("result", "local_hit")], stats.local_hits),
-                (&[("result", "remote_hit")], stats.remote_hits),
-                (&[("result", "miss")], stats.misses),
-            ],
-        );
-        let calls: Vec<([(&str, &str); 1], u64)> = Primitive::ALL
-            .iter()
-            .map(|p| ([("primitive", p.name())], stats.tally.primitives.get(p).map_or(0, |t| t.calls)))
-            .collect();
-        out.counters(
-            "tierstack_coop_primitive_calls_total",
-            "Primitive calls made by this node (fetch, store, validate, invalidate).",
-            &labelled(&calls),
-        );
-        let by_kind = |map: &std::collections::BTreeMap<MsgKind, u64>| -> Vec<([(&str, &str); 1], u64)> {
-            MsgKind::ALL.iter().map(|k| ([("kind", k.name())], map.get(k).copied().unwrap_or(0))).collect()
-        };
-        let (messages, bytes) = (by_kind(&stats.tally.messages), by_kind(&stats.tally.bytes));
-        out.counters("tierstack_coop_messages_total", "Messages this node sent, by kind.", &labelled(&messages));
-        out.counters(
-            "tierstack_coop_message_bytes_total",
-            "Bytes of the messages this node sent, by kind.",
-            &labelled(&bytes),
-        );
-        let (_, handled) = self.node.message_counts();
-        let mut counter =
-            |name: &str, help: &str, value: u64| out.counter(&format!("tierstack_coop_{name}_total"), help, value);
-        counter("messages_handled", "Messages this node received and handled.", handled);
-        counter(
-            "stale_reads",
-            "Remote reads refused because the slot changed since it was announced.",
-            stats.stale_reads,
-        );
-        counter(
-            "peer_failures",
-            "Reads, messages or stores that failed on a dead or silent peer.",
-            stats.peer_failures,
-        );
-        counter("announces", "Announcements of this node's pool contents.", stats.announces);
-        counter("announce_bytes", "Bytes of those announcements.", stats.announce_bytes);
-        counter("key_table_full", "Keys the home's key table had no room for.", stats.key_table_full);
-        counter("malformed", "Malformed messages dropped.", stats.malformed);
-        counter("guarded_evictions", "Redundant copies' evictions asked at their homes.", stats.guarded_evictions);
-        counter("last_copy_refusals", "Guarded evictions the home refused (the last copy).", stats.last_copy_refusals);
-        let occupancy = self.node.occupancy();
-        let mut gauge =
-            |name: &str, help: &str, value: u64| out.gauge(&format!("tierstack_coop_{name}"), help, value as f64);
-        gauge("pool_entries", "Entries in this node's pool now.", occupancy.entries);
-        gauge("pool_used_pages", "Pool pages in use now.", occupancy.used_pages);
-        gauge("pool_capacity_pages", "Pool pages in all.", occupancy.capacity_pages);
-        gauge("home_keys", "Keys in this node's key table (as their home) now.", occupancy.home_keys);
-        gauge(
-            "home_key_capacity",
-            "Entries the key table holds at most (0: no home here).",
-            occupancy.home_key_capacity,
-        );
+        tierstack_coop::service::write_metrics(&self.node, out);
     }
 
     fn readiness(&self) -> Vec<(&'static str, Result<(), String>)> {
         vec![("serving", self.serving.check())]
     }
-}
-
-/// Rows of one-label samples as the exposition takes them.
-fn labelled<'a>(rows: &'a [([(&'a str, &'a str); 1], u64)]) -> Vec<(Labels<'a>, u64)> {
-    rows.iter().map(|(labels, n)| (&labels[..], *n)).collect()
 }
 
 #[derive(Args)]

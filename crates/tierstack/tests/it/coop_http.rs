@@ -131,6 +131,29 @@ fn static_responses(backend: Backend, scheme: &str) {
     assert_eq!(requests(&survivors, &trace, 2, 400), 0, "{name}: wrong answers after a kill");
     let after: Vec<Value> = survivors.iter().map(|p| coop_stats(p.admin)).collect();
     assert!(field(&after, "local_hits") + field(&after, "remote_hits") > field(&stats[..2], "local_hits"));
+    // The proxies' /metrics carry the pool's families (issue 34 item 6),
+    // and a cooperative scheme's survivors report the takeover of the
+    // dead home's keys.
+    let metrics = |admin: SocketAddr| {
+        let (status, body) = get(admin, "/metrics").unwrap();
+        assert_eq!(status, 200);
+        tierstack_testkit::metrics::check(&String::from_utf8(body).unwrap()).unwrap()
+    };
+    let m = metrics(proxies[0].admin);
+    let lookups = |m: &tierstack_testkit::metrics::Metrics, result: &str| {
+        m.value("tierstack_coop_lookups_total", &[("result", result)]).unwrap()
+    };
+    assert!(lookups(&m, "local_hit") + lookups(&m, "remote_hit") > 0.0, "{name}");
+    for family in ["tierstack_coop_stalls_total", "tierstack_coop_pool_refusals_total", "tierstack_coop_home_keys"] {
+        assert!(m.families().contains(family), "{name}: {family}");
+    }
+    if !matches!(scheme, "ac" | "groupcache") {
+        let deadline = tierstack_base::time::instant_now() + std::time::Duration::from_secs(30);
+        while metrics(proxies[0].admin).get("tierstack_coop_takeovers_total") < 1.0 {
+            assert!(tierstack_base::time::instant_now() < deadline, "{name}: no takeover reported");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
     // The passive nodes took entities (each reports its arrivals to their
     // homes) and print their counters when stopped.
     drop(proxies);

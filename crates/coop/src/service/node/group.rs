@@ -22,6 +22,10 @@ impl Shared {
         let reply = if ok { rx.recv_timeout(self.config.ack_timeout).ok() } else { None };
         lock(&self.replies).remove(&id);
         let mut state = lock(&self.state);
+        if ok {
+            state.stats.stalls += 1;
+            state.stats.stall_timeouts += u64::from(reply.is_none());
+        }
         let mut sent: Sent = vec![(MsgKind::GroupGet, CONTROL_BYTES, true)];
         let lookup = match reply {
             None => {

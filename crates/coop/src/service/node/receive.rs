@@ -1,6 +1,7 @@
 //! The receiver thread: every message a node handles (home updates,
 //! invalidations, announces, STOREs and their acknowledgments).
 
+use super::locks::Staging;
 use super::{lock, Loc, Sent, Shared, State};
 use crate::placement::{plan_receive, Room};
 use crate::pool::pages_for;
@@ -61,6 +62,26 @@ impl Shared {
                 let mut state = lock(&self.state);
                 self.home_invalidate(&mut state, key);
             }
+            Msg::Purge { id, key } => {
+                {
+                    let mut state = lock(&self.state);
+                    self.home_invalidate(&mut state, key);
+                }
+                // Acknowledged after every DropCopy went out.
+                if !self.send(from, &Msg::PurgeAck { id }) {
+                    lock(&self.state).stats.peer_failures += 1;
+                }
+            }
+            Msg::PurgeAck { id } => {
+                if let Some(tx) = lock(&self.acks).remove(&id) {
+                    let _ = tx.try_send((1, 0));
+                }
+            }
+            Msg::Refused { key } => {
+                let mut state = lock(&self.state);
+                self.refused_copy(&mut state, key);
+            }
+            Msg::Joined { incarnation } => self.joined(from, incarnation),
             Msg::DropCopy { key } => {
                 let mut state = lock(&self.state);
                 if self.drop_local(&mut state, key) {
@@ -154,6 +175,37 @@ impl Shared {
             if state.cache.contains(it.key) || it.pages.len() as u32 != need {
                 continue;
             }
+            // Read only what there is room for (as planned now)...
+            let room = {
+                let st: &State = &state;
+                plan_receive(mode, &st.cache, need, it.key, &|k| Self::is_redundant(st, k))
+            };
+            if room.is_none() {
+                continue;
+            }
+            // ...into a staging area, with the state lock released (a
+            // sender stopped mid-read stalls this STORE only).
+            let Some(area) = self.staging.take(Staging::Fetch) else { continue };
+            let first = self.layout.fetch_staging(area.slot);
+            let staging: Vec<u32> = (0..need).map(|i| first + i).collect();
+            reads += 1;
+            let check = it.pages.first().filter(|_| it.seq != UNCHECKED).map(|&slot| (slot, it.seq));
+            drop(state);
+            let outcome = self.read_remote(from, &it.pages, &staging, it.bytes, check);
+            state = lock(&self.state);
+            match outcome {
+                Ok(true) => {}
+                Ok(false) => {
+                    // Evicted at the sender while we read: refuse the bytes.
+                    state.stats.stale_reads += 1;
+                    continue;
+                }
+                Err(_) => {
+                    self.forget(from, &mut state);
+                    continue;
+                }
+            }
+            // Then placed by this node's own priority, planned again.
             let mut placed_here = None;
             for _round in 0..super::PLAN_ROUNDS_MAX {
                 let room = {
@@ -175,31 +227,12 @@ impl Shared {
                 }
             }
             let Some(pages) = placed_here else { continue };
-            reads += 1;
-            let check = it.pages.first().filter(|_| it.seq != UNCHECKED).map(|&slot| (slot, it.seq));
-            match self.read_remote(from, &it.pages, &pages, it.bytes, check) {
-                Ok(true) => {
-                    placed += 1;
-                    held.extend(self.publish(&mut state, it.key));
-                    let remove = if swap_for.is_some() { from_u32 } else { None };
-                    self.tell_home(
-                        &mut state,
-                        it.key,
-                        Msg::Transfer { key: it.key, remove, add: me_u32 },
-                        &mut sent,
-                        false,
-                    );
-                }
-                Ok(false) => {
-                    // Evicted at the sender while we read: refuse the bytes.
-                    state.cache.remove(it.key);
-                    state.stats.stale_reads += 1;
-                }
-                Err(_) => {
-                    state.cache.remove(it.key);
-                    self.forget(from, &mut state);
-                }
-            }
+            self.write_body(&pages, &self.read_body(&staging, it.bytes));
+            drop(area);
+            placed += 1;
+            held.extend(self.publish(&mut state, it.key));
+            let remove = if swap_for.is_some() { from_u32 } else { None };
+            self.tell_home(&mut state, it.key, Msg::Transfer { key: it.key, remove, add: me_u32 }, &mut sent, false);
         }
         self.announce(&mut state, held, dropped);
         drop(state);
