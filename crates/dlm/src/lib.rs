@@ -281,7 +281,7 @@ pub use error::LockError;
 pub use proto::{LockMode, QueueKind};
 pub use runtime::{
     DlmConfig, DlmMetrics, DlmStats, ExclusiveGuard, Grant, LockManager, LockScheme, Scheme, SharedGuard, Wait,
-    LEASE_MS_DEFAULT, PROBE_INTERVAL_MS_DEFAULT, RECEIVE_POLL_MS, SUSPECT_AFTER_MS_DEFAULT,
+    LEASE_MS_DEFAULT, PROBE_INTERVAL_MS_DEFAULT, RECEIVE_POLL_MS, REHOMING_SERVERS_MIN, SUSPECT_AFTER_MS_DEFAULT,
     TRY_REPLY_TIMEOUT_MS_DEFAULT,
 };
 

@@ -335,6 +335,7 @@ mod tests {
             word: LockWord { generation: 2, tail: Some(NodeId(3)), shared: 1 },
             drain: DrainWord { generation: 2, waiter: None, balance: 0 },
             fence: FenceWord { count: 7, generation: 2 },
+            home: crate::word::HomeWord::default(),
         };
         let entry = StatusEntry {
             lock: LockId(5),

@@ -37,10 +37,12 @@ mod manager;
 mod metered;
 mod node;
 mod queue_scheme;
+mod rehome;
 mod srsl_scheme;
 
 pub use manager::{ExclusiveGuard, LockManager, SharedGuard};
 pub use metered::DlmMetrics;
+pub use rehome::REHOMING_SERVERS_MIN;
 
 use crate::error::LockError;
 use crate::proto::LockMode;

@@ -298,7 +298,7 @@ impl LockScheme for SrslScheme {
     }
 
     fn break_lock(&self, lock_id: LockId) -> Result<u64, LockError> {
-        let slot = self.core.locate(lock_id, false)?;
+        let (slot, _) = self.core.locate(lock_id, false)?;
         let floor = crate::word::fencing_token(
             slot.home
                 .fetch_add(slot.base + FENCE_OFFSET, FENCE_UNIT)
