@@ -110,6 +110,11 @@ impl DlmMetrics {
             stats.recoveries,
         );
         out.counter(
+            "tierstack_dlm_rehomes_total",
+            "Locks this node made usable at a new home after their home was lost.",
+            stats.rehomes,
+        );
+        out.counter(
             "tierstack_dlm_fenced_total",
             "Acquires and releases refused because a break or recovery revoked them (Broken).",
             self.fenced.load(Ordering::Relaxed),

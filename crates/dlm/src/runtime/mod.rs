@@ -286,6 +286,9 @@ pub struct DlmStats {
     /// led for a recovery (not a break), and SRSL holds its server
     /// took back from a lost or restarted holder.
     pub recoveries: u64,
+    /// Locks this node made usable at a new home after their home was lost
+    /// (re-homing moves it led; see `docs/internals/dlm-rehoming.md`).
+    pub rehomes: u64,
     /// Times the monitor reported a lost node to a waiting request.
     pub peers_lost: u64,
 }

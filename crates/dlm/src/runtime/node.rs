@@ -80,6 +80,7 @@ pub(super) struct Core {
     pub(super) messages_sent: AtomicU64,
     pub(super) moves: AtomicU64,
     pub(super) recoveries: AtomicU64,
+    pub(super) rehomes: AtomicU64,
     pub(super) peers_lost: AtomicU64,
 }
 
@@ -130,6 +131,7 @@ impl Core {
             messages_sent: AtomicU64::new(0),
             moves: AtomicU64::new(0),
             recoveries: AtomicU64::new(0),
+            rehomes: AtomicU64::new(0),
             peers_lost: AtomicU64::new(0),
         })
     }
@@ -246,6 +248,7 @@ impl Core {
             messages_sent: self.messages_sent.load(Ordering::Acquire),
             moves: self.moves.load(Ordering::Relaxed),
             recoveries: self.recoveries.load(Ordering::Relaxed),
+            rehomes: self.rehomes.load(Ordering::Relaxed),
             peers_lost: self.peers_lost.load(Ordering::Relaxed),
         }
     }

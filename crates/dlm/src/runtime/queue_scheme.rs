@@ -395,7 +395,13 @@ impl Engine for QueueScheme {
             // The first use of a fenced new home: move it (the barrier),
             // then the caller's request queues behind the move.
             match self.core.prepare_move(cell.id, &cell.slot)? {
-                Some(word) => self.drive(cell, st, Input::Rehome { word })?,
+                Some(word) => {
+                    st.moved = None;
+                    self.drive(cell, st, Input::Rehome { word })?;
+                    if st.moved.is_some() {
+                        self.core.rehomes.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
                 None => retire(self, cell),
             }
             st.outcome = Some(Outcome::Requeue);
@@ -466,6 +472,9 @@ impl LockScheme for QueueScheme {
     }
 
     fn create_lock(&self, lock_id: LockId) -> Result<(), LockError> {
+        if self.core.rehoming() {
+            return self.core.create_everywhere(lock_id);
+        }
         self.core.locate(lock_id, true).map(|_| ())
     }
 

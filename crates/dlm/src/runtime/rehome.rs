@@ -81,6 +81,33 @@ impl Core {
         members
     }
 
+    /// `create_lock` with re-homing: the lock's slot at every server that
+    /// answers (its membership word there starts at zero: epoch 0, the first
+    /// candidate). No majority is needed (servers start one by one); a
+    /// server that was down creates its slot when it comes up or when a
+    /// claim needs it.
+    pub(super) fn create_everywhere(&self, id: LockId) -> Result<(), LockError> {
+        let mut last = None;
+        let mut created = 0;
+        for &server in &self.config.lock_servers {
+            let result = self.home(id, server).and_then(|(memory, _)| {
+                memory
+                    .claim(id, fence_seed(unix_ms()))
+                    .map_err(|e| LockError::from_fabric(id, server, e))?
+                    .ok_or(LockError::TableFull { home: server, slots: memory.slots() })
+            });
+            match result {
+                Ok(_) => created += 1,
+                Err(e @ LockError::TableFull { .. }) => return Err(e),
+                Err(e) => last = Some(e),
+            }
+        }
+        match (created, last) {
+            (0, Some(e)) => Err(e),
+            _ => Ok(()),
+        }
+    }
+
     /// The view from `members`: the highest epoch, its home (the first
     /// candidate for epoch 0), and whether a majority of all servers name it.
     fn view_of(&self, id: LockId, members: &[Member]) -> Option<View> {
