@@ -247,6 +247,8 @@ pub struct SlotView {
     pub fence: FenceWord,
     /// The lock's membership word at this server (re-homing).
     pub home: HomeWord,
+    /// The lock word is fenced: this slot is not (or no longer) the lock's home.
+    pub fenced: bool,
 }
 
 /// Reads every claimed slot of a home's lock table, one-sidedly (one read of
@@ -274,6 +276,7 @@ pub fn read_table(region: &dyn RemoteRegion) -> Result<Vec<SlotView>, FabricErro
             drain: DrainWord::decode(word(base + DRAIN_OFFSET as usize)),
             fence: FenceWord::decode(word(base + FENCE_OFFSET as usize)),
             home: HomeWord::decode(word(base + HOME_OFFSET as usize)),
+            fenced: LockWord::is_fenced(word(base + LOCK_OFFSET as usize)),
         })
         .collect())
 }

@@ -233,4 +233,8 @@ impl LockScheme for Metered {
     fn debug_state(&self, lock: LockId) -> String {
         self.inner.debug_state(lock)
     }
+
+    fn placement(&self, lock: LockId) -> Result<super::Placement, LockError> {
+        self.inner.placement(lock)
+    }
 }

@@ -293,6 +293,19 @@ pub struct DlmStats {
     pub peers_lost: u64,
 }
 
+/// Where a lock lives: its home, the home epoch and its candidates in
+/// order (see `docs/internals/dlm-rehoming.md`). Without re-homing the
+/// epoch is 0 and the home the first candidate.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Placement {
+    pub home: NodeId,
+    pub epoch: u32,
+    pub candidates: Vec<NodeId>,
+    /// A majority of lock servers name this home for this epoch (always,
+    /// without re-homing); otherwise a claim is under way.
+    pub settled: bool,
+}
+
 /// What every lock scheme offers; [`LockManager`] wraps one.
 pub trait LockScheme: Send + Sync {
     fn scheme(&self) -> Scheme;
@@ -318,6 +331,9 @@ pub trait LockScheme: Send + Sync {
     fn waits(&self, _lock: LockId) -> Option<crate::proto::Waits> {
         None
     }
+    /// Where `lock` lives now, as this node reads it (the lock servers'
+    /// membership words with re-homing; one read each).
+    fn placement(&self, lock: LockId) -> Result<Placement, LockError>;
     /// A one-line description of this node's protocol state for `lock`
     /// (and, where readable, the lock's home words), for diagnosing a stuck
     /// lock. The format is not stable.

@@ -517,6 +517,10 @@ impl LockScheme for QueueScheme {
         self.core.counted(result)
     }
 
+    fn placement(&self, lock_id: LockId) -> Result<super::Placement, LockError> {
+        self.core.placement(lock_id)
+    }
+
     fn stats(&self) -> DlmStats {
         self.core.stats()
     }

@@ -130,6 +130,17 @@ impl Core {
         })
     }
 
+    /// Where `id` lives now (see [`super::Placement`]).
+    pub(super) fn placement(&self, id: LockId) -> Result<super::Placement, LockError> {
+        let candidates = candidates(id, &self.config.lock_servers);
+        if !self.rehoming() {
+            let home = *candidates.first().ok_or_else(|| LockError::Config("no lock servers".into()))?;
+            return Ok(super::Placement { home, epoch: 0, candidates, settled: true });
+        }
+        let view = self.view(id)?;
+        Ok(super::Placement { home: view.home, epoch: view.epoch, candidates, settled: view.settled })
+    }
+
     /// `locate` with re-homing: the slot at the home of the lock's settled
     /// view, claiming the home role for the next live candidate when that
     /// home is lost (or for the view's own home when no home is settled).

@@ -770,6 +770,7 @@ fn check_chaos(holds: &[ChaosHold], events: &[Event], end_ns: u64, servers: u32)
             }
         }
     }
+    let locks: std::collections::BTreeSet<u64> = holds.iter().map(|h| h.hold.lock).collect();
     for event in events {
         // After a kill, and after a lock server's stop (its locks' home may
         // have to move), every untouched node makes progress.
@@ -794,12 +795,17 @@ fn check_chaos(holds: &[ChaosHold], events: &[Event], end_ns: u64, servers: u32)
             if disturbed {
                 continue;
             }
-            let progressed =
-                holds.iter().any(|h| h.valid && h.hold.node == u64::from(n) && window.contains(&h.hold.granted_ns));
-            if !progressed {
-                return Err(format!(
-                    "node {n} made no progress within {RECOVERY_BOUND:?} after node {killed} was killed or stopped at {at_ns}"
-                ));
+            // Per lock: a lock whose home died must come back too.
+            for &lock in &locks {
+                let progressed = holds.iter().any(|h| {
+                    h.valid && h.hold.node == u64::from(n) && h.hold.lock == lock && window.contains(&h.hold.granted_ns)
+                });
+                if !progressed {
+                    return Err(format!(
+                        "node {n} was not granted lock {lock} within {RECOVERY_BOUND:?} after node {killed} was \
+                         killed or stopped at {at_ns}"
+                    ));
+                }
             }
         }
     }
@@ -986,6 +992,12 @@ fn the_chaos_checker_rejects_what_it_must() {
     // A kill after which an untouched node is never granted again.
     let kill = Event::Kill { node: 4, at_ns: 1_000, restarted_ns: 2_000 };
     let mut quiet: Vec<ChaosHold> = (0..CHAOS_NODES as u64).map(|n| hold(n, true, None, 5_000, 6_000, true)).collect();
+    // Two locks: node 2 granted only lock 0 after the kill (lock 1's home died, say).
+    let mut two_locks = quiet.clone();
+    two_locks.extend(quiet.iter().map(|h| ChaosHold { hold: Hold { lock: 1, ..h.hold.clone() }, valid: true }));
+    assert!(check_chaos(&two_locks, &[kill], end, CHAOS_SERVERS).is_ok());
+    two_locks.retain(|h| !(h.hold.node == 2 && h.hold.lock == 1));
+    assert!(check_chaos(&two_locks, &[kill], end, CHAOS_SERVERS).is_err(), "node 2 never granted lock 1 again");
     assert!(check_chaos(&quiet, &[kill], end, CHAOS_SERVERS).is_ok());
     quiet.retain(|h| h.hold.node != 2);
     assert!(check_chaos(&quiet, &[kill], end, CHAOS_SERVERS).is_err(), "node 2 made no progress");

@@ -3,15 +3,15 @@
 //! the passive holders and waiters. Every lock-manager node is a
 //! `tierstack dlm-node` process running random 2 ms holds on two locks.
 //!
-//! The schedule (nodes from the seed): SIGKILL a lock server, restarted
+//! The schedule (see `rehome_plan`): SIGKILL lock 0's home, restarted
 //! 300 ms later (it rejoins as a candidate and must not take its locks
-//! back); SIGSTOP a passive node past its lease; SIGSTOP a lock server past
-//! its lease (on tcp its table serves nothing meanwhile, on shm it still
-//! would: both must re-home by the lease); SIGKILL a passive node
-//! (restarted); SIGKILL another lock server for good. The checker of
+//! back); SIGKILL another lock server for good; SIGSTOP a passive node
+//! past its lease; SIGSTOP a live lock server past its lease (on tcp its
+//! table serves nothing meanwhile, on shm it still would: both re-home by
+//! the lease); SIGKILL a passive node (restarted). The checker of
 //! `dlm_processes` demands: valid holds never overlap conflictingly (an
 //! exclusive with anything), fencing tokens increase with time across
-//! homes, every untouched node is granted again within
+//! homes, every untouched node is granted **every lock** again within
 //! [`RECOVERY_BOUND`] of every kill and of every lock server's stop (lease
 //! 600 ms), and no protocol violation. Each run prints the slowest
 //! recovery it saw.
@@ -32,22 +32,25 @@ use tierstack_dlm::{LockId, Scheme};
 
 const SERVERS: u32 = 3;
 
-/// The lock servers are chosen so that each event hits a lock's home:
-/// the first kill hits lock 0's first home, the stop its second candidate
-/// (where the first kill moved it), the last kill lock 1's home.
+/// The lock servers are chosen so that the events hit locks' homes: the
+/// first kill hits lock 0's home (restarted: it rejoins), the second kills
+/// another server for good, lock 1's home where it can; the stop hits a
+/// live server, lock 0's second candidate (where the first kill moved it)
+/// where it can. The kill for good comes second, so the checker's window
+/// after it ends inside the run.
 fn rehome_plan(rng: &mut tierstack_base::SeededRng) -> Vec<Step> {
     let passive = |rng: &mut tierstack_base::SeededRng| rng.gen_range(SERVERS..CHAOS_NODES);
     let servers: Vec<NodeId> = (0..SERVERS).map(NodeId).collect();
     let (lock0, lock1) = (candidates(LockId(0), &servers), candidates(LockId(1), &servers));
     let first = lock0[0].0;
-    let stopped = lock0[1].0;
-    let last = if lock1[0].0 != stopped { lock1[0].0 } else { lock1[1].0 };
+    let gone = if lock1[0].0 != first { lock1[0].0 } else { lock1[1].0 };
+    let stopped = if lock0[1].0 != gone { lock0[1].0 } else { lock0[2].0 };
     vec![
         Step::Kill { node: first, down: Some(RESTART_AFTER) },
+        Step::Kill { node: gone, down: None },
         Step::Stop { node: passive(rng) },
         Step::Stop { node: stopped },
         Step::Kill { node: passive(rng), down: Some(RESTART_AFTER) },
-        Step::Kill { node: last, down: None },
     ]
 }
 
