@@ -5,10 +5,10 @@
 //!
 //! The schedule (see `rehome_plan`): SIGKILL lock 0's home, restarted
 //! 300 ms later (it rejoins as a candidate and must not take its locks
-//! back); SIGKILL another lock server for good; SIGSTOP a passive node
-//! past its lease; SIGSTOP a live lock server past its lease (on tcp its
-//! table serves nothing meanwhile, on shm it still would: both re-home by
-//! the lease); SIGKILL a passive node (restarted). The checker of
+//! back); SIGSTOP lock 0's next home past its lease (on tcp its table
+//! serves nothing meanwhile, on shm it still would: both re-home by the
+//! lease); SIGSTOP a passive node past its lease; SIGKILL another lock
+//! server for good; SIGKILL a passive node (restarted). The checker of
 //! `dlm_processes` demands: valid holds never overlap conflictingly (an
 //! exclusive with anything), fencing tokens increase with time across
 //! homes, every untouched node is granted **every lock** again within
@@ -33,23 +33,24 @@ use tierstack_dlm::{LockId, Scheme};
 const SERVERS: u32 = 3;
 
 /// The lock servers are chosen so that the events hit locks' homes: the
-/// first kill hits lock 0's home (restarted: it rejoins), the second kills
-/// another server for good, lock 1's home where it can; the stop hits a
-/// live server, lock 0's second candidate (where the first kill moved it)
-/// where it can. The kill for good comes second, so the checker's window
-/// after it ends inside the run.
+/// first kill hits lock 0's home (restarted: it rejoins); the stop hits
+/// lock 0's second candidate (where that kill moved it), the others alive;
+/// the kill for good hits lock 1's home where it can. Never are two
+/// servers down at once (a majority must stay up; see the design note).
+/// The kill for good comes fourth, so the checker's window after it ends
+/// inside the run.
 fn rehome_plan(rng: &mut tierstack_base::SeededRng) -> Vec<Step> {
     let passive = |rng: &mut tierstack_base::SeededRng| rng.gen_range(SERVERS..CHAOS_NODES);
     let servers: Vec<NodeId> = (0..SERVERS).map(NodeId).collect();
     let (lock0, lock1) = (candidates(LockId(0), &servers), candidates(LockId(1), &servers));
     let first = lock0[0].0;
+    let stopped = lock0[1].0;
     let gone = if lock1[0].0 != first { lock1[0].0 } else { lock1[1].0 };
-    let stopped = if lock0[1].0 != gone { lock0[1].0 } else { lock0[2].0 };
     vec![
         Step::Kill { node: first, down: Some(RESTART_AFTER) },
-        Step::Kill { node: gone, down: None },
-        Step::Stop { node: passive(rng) },
         Step::Stop { node: stopped },
+        Step::Stop { node: passive(rng) },
+        Step::Kill { node: gone, down: None },
         Step::Kill { node: passive(rng), down: Some(RESTART_AFTER) },
     ]
 }
