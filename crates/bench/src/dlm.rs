@@ -31,6 +31,13 @@
 //! hand-over from a release to the waiter's grant. Every manager runs the
 //! default recovery settings (probe every 50 ms, a 10 s lease that a kill
 //! does not wait for). The killed node is started again after each round.
+//! **Dead home** (N-CoShED and DQNL, at least five nodes): the managers
+//! start again with three lock servers (re-homing on); node 3 holds, node 4
+//! waits, the lock's current home is SIGKILLed and node 3 releases at once;
+//! the time from the kill to node 4's grant at the new home, beside etcd's
+//! documented election timeout. The killed server is started again (it
+//! rejoins as a candidate), so each round kills the previous round's new
+//! home.
 //!
 //! N-CoShED and DQNL run the same code for exclusive requests, so their
 //! exclusive columns show the run's noise floor. Contender threads may also

@@ -155,7 +155,7 @@ impl Core {
             let Some(view) = self.view_of(id, &members).filter(|_| members.len() >= self.majority()) else {
                 return Err(LockError::NoQuorum { lock: id, reached: members.len(), needed: self.majority() });
             };
-            if let Some(reason) = self.lost(view.home) {
+            if let Some(reason) = self.server_lost(view.home) {
                 tracing::warn!(node = %self.me, lock = %id, home = %view.home, epoch = view.epoch, %reason, "the lock's home is lost: claiming the next candidate");
                 last = Some(LockError::PeerDead { lock: id, node: view.home, reason });
                 let next = self.next_live_candidate(id, view.home);
@@ -181,7 +181,19 @@ impl Core {
     fn next_live_candidate(&self, id: LockId, home: NodeId) -> Option<NodeId> {
         let ring = candidates(id, &self.config.lock_servers);
         let at = ring.iter().position(|n| *n == home).unwrap_or(0);
-        (1..ring.len()).map(|k| ring[(at + k) % ring.len()]).find(|&n| self.lost(n).is_none())
+        (1..ring.len()).map(|k| ring[(at + k) % ring.len()]).find(|&n| self.server_lost(n).is_none())
+    }
+
+    /// Whether lock server `node` is lost *now*: [`Core::lost`], except that
+    /// a report of an ended incarnation (through a handle of one this node
+    /// talked to) is looked at again through a fresh handle, since a server
+    /// that restarted is a live candidate again.
+    fn server_lost(&self, node: NodeId) -> Option<String> {
+        let reason = self.lost(node)?;
+        if self.running_incarnation(node).is_some() && self.lost(node).is_none() {
+            return None;
+        }
+        Some(reason)
     }
 
     /// Claims epoch `seen + 1` for `candidate`: fences the candidate's slot
