@@ -31,6 +31,13 @@
 //! hand-over from a release to the waiter's grant. Every manager runs the
 //! default recovery settings (probe every 50 ms, a 10 s lease that a kill
 //! does not wait for). The killed node is started again after each round.
+//! **Dead home** (N-CoShED and DQNL, at least five nodes): the managers
+//! start again with three lock servers (re-homing on); node 3 holds, node 4
+//! waits, the lock's current home is SIGKILLed and node 3 releases at once;
+//! the time from the kill to node 4's grant at the new home, beside etcd's
+//! documented election timeout. The killed server is started again (it
+//! rejoins as a candidate), so each round kills the previous round's new
+//! home.
 //!
 //! N-CoShED and DQNL run the same code for exclusive requests, so their
 //! exclusive columns show the run's noise floor. Contender threads may also
@@ -53,6 +60,7 @@ use std::time::Duration;
 use tierstack_cluster::{local_cluster, Backend};
 use tierstack_dlm::harness::{LockNodes, BENCH_WAIT};
 use tierstack_dlm::LockMode;
+use tierstack_dlm::REHOMING_SERVERS_MIN;
 
 pub use tierstack_dlm::Scheme;
 
@@ -303,6 +311,10 @@ pub struct RecoveryResult {
     /// A queued waiter's kill (the holder releasing at once) to the grant
     /// of the live waiter behind it.
     pub dead_waiter: Summary,
+    /// With three lock servers (re-homing, N-CoShED and DQNL, at least five
+    /// nodes): the kill of the lock's home to a waiter's grant at its new
+    /// home, the holder releasing at once.
+    pub dead_home: Option<Summary>,
 }
 
 impl DlmReport {
@@ -382,12 +394,21 @@ pub fn run(config: &DlmBenchConfig) -> Result<DlmReport> {
                 eprintln!("bench dlm: {} {} recovery after kills", backend.name(), scheme.name());
                 nodes.start(scheme, &format!("{RECOVERY_PREFIX}-{}", scheme.name()))?;
                 let (handoff, dead_holder, dead_waiter) = measure_recovery(nodes, config.recovery_rounds)?;
+                let dead_home = if scheme != Scheme::Srsl && nodes.count() >= DEAD_HOME_NODES {
+                    eprintln!("bench dlm: {} {} dead homes", backend.name(), scheme.name());
+                    let prefix = format!("{RECOVERY_PREFIX}-home-{}", scheme.name());
+                    nodes.start_with_servers(scheme, &prefix, REHOMING_SERVERS_MIN)?;
+                    Some(summarize_serial(measure_dead_home(nodes, config.recovery_rounds)?))
+                } else {
+                    None
+                };
                 report.recovery.push(RecoveryResult {
                     backend: backend.name().to_string(),
                     scheme: scheme.name().to_string(),
                     handoff: summarize_serial(handoff),
                     dead_holder: summarize_serial(dead_holder),
                     dead_waiter: summarize_serial(dead_waiter),
+                    dead_home,
                 });
             }
         }
@@ -519,6 +540,33 @@ fn measure_recovery(nodes: &mut dyn LockNodes, rounds: usize) -> Result<(Vec<u64
     }
     settle(nodes)?;
     Ok((handoff, dead_holder, dead_waiter))
+}
+
+/// Nodes the dead-home measurement needs: three lock servers (indexes 0–2)
+/// and two clients (3 holds, 4 waits).
+const DEAD_HOME_NODES: usize = REHOMING_SERVERS_MIN + 2;
+
+/// `rounds` of the dead-home measurement (three lock servers): node 3
+/// holds, node 4 waits; SIGKILL the lock's current home (as node 4 sees
+/// it), node 3 releases at once (at the dead home: it ends locally); the
+/// time from the kill to node 4's grant at the new home. The killed server
+/// is started again (it rejoins as a candidate), so each round kills the
+/// home the previous round moved the lock to.
+fn measure_dead_home(nodes: &mut dyn LockNodes, rounds: usize) -> Result<Vec<u64>> {
+    let (holder, waiter) = (REHOMING_SERVERS_MIN, REHOMING_SERVERS_MIN + 1);
+    let mut dead_home = Vec::new();
+    for _ in 0..rounds {
+        settle(nodes)?;
+        nodes.hold(holder)?;
+        queue_waiter(nodes, waiter)?;
+        let home = nodes.home(waiter)?;
+        let killed = nodes.kill(home)?;
+        nodes.release_hold(holder)?;
+        dead_home.push(nodes.finish_waiter(waiter)?.saturating_sub(killed));
+        nodes.restart(home)?;
+    }
+    settle(nodes)?;
+    Ok(dead_home)
 }
 
 /// Waits until no lock message has been handled for [`SETTLE_QUIET`]
@@ -767,21 +815,30 @@ fn print_recovery(report: &DlmReport) {
         let ms = |ns: u64| format!("{:.1}", ns as f64 / 1e6);
         let mut recovery = Table::new(
             "Recovery after a kill (ms, p50; no operator): dead holder = kill to the waiter's grant; dead waiter = \
-             kill of the middle waiter (the holder releasing at once) to the grant of the waiter behind it",
-            &["backend", "scheme", "hand-over", "dead holder", "dead waiter", "dead holder / hand-over"],
+             kill of the middle waiter (the holder releasing at once) to the grant of the waiter behind it; dead \
+             home (p50 / p99, three lock servers) = kill of the lock's home to the waiter's grant at the new home",
+            &["backend", "scheme", "hand-over", "dead holder", "dead waiter", "dead home", "dead holder / hand-over"],
         );
         for r in &report.recovery {
             let ratio = r.dead_holder.p50_ns as f64 / r.handoff.p50_ns.max(1) as f64;
+            let dead_home =
+                r.dead_home.as_ref().map_or("-".to_string(), |d| format!("{} / {}", ms(d.p50_ns), ms(d.p99_ns)));
             recovery.row(vec![
                 r.backend.clone(),
                 r.scheme.clone(),
                 ms(r.handoff.p50_ns),
                 ms(r.dead_holder.p50_ns),
                 ms(r.dead_waiter.p50_ns),
+                dead_home,
                 format!("{ratio:.0}"),
             ]);
         }
         println!("{}", recovery.render());
+        println!(
+            "For comparison with the dead home (documented, not run here): etcd's defaults are a 100 ms heartbeat \
+             interval and a 1000 ms election timeout, so a dead leader is replaced after at least the election \
+             timeout (etcd docs, \"Tuning\")."
+        );
         println!(
             "For comparison (documented, not run here): an etcd lock (clientv3 concurrency.Mutex) is a key \
              attached to its session's lease (concurrency.NewSession: TTL 60 s unless set); a killed client's \

@@ -152,7 +152,7 @@ fn done_line(workload: &HoldWorkload, scheme: &str, tally: HoldTally, stats: &Dl
     json!({
     "done": workload.node.0, "scheme": scheme, "ops": workload.ops, "holds": tally.holds, "errors": tally.errors,
     "messages_handled": stats.messages_handled, "message_errors": stats.message_errors,
-    "moves": stats.moves, "peers_lost": stats.peers_lost, "violations": stats.violations,
+    "moves": stats.moves, "rehomes": stats.rehomes, "peers_lost": stats.peers_lost, "violations": stats.violations,
     })
 }
 

@@ -13,7 +13,9 @@
 //! nanoseconds, comparable across the host's processes:
 //!
 //! ```text
-//! start SCHEME PREFIX            ok                 fresh manager (node 0 also creates the lock)
+//! start SCHEME PREFIX [SERVERS]  ok                 fresh manager; the first SERVERS (default 1) serve
+//!                                                   locks and create the lock
+//! home                           ok INDEX           the index of the lock's current home, as this node sees it
 //! totals                         ok SENT HANDLED ERRORS
 //! hold                           ok                 exclusive, kept until release
 //! release                        ok RELEASED_NS     clock read just before the release
@@ -39,8 +41,8 @@ use tierstack_base::{host_monotonic_ns, NodeId};
 use tierstack_cluster::Backend;
 use tierstack_deploy::process::{write_topology, ChildNode, NodeLine};
 use tierstack_dlm::harness::{
-    contend_pairs, hold_exclusive, overall_span, release_timed, start_manager, uncontended_pairs_ns, wait_and_release,
-    LockNodes, MessageTotals, BENCH_WAIT,
+    contend_pairs, hold_exclusive, overall_span, release_timed, start_manager_with_servers, uncontended_pairs_ns,
+    wait_and_release, LockNodes, MessageTotals, BENCH_LOCK, BENCH_WAIT,
 };
 use tierstack_dlm::{Grant, LockError, LockManager, LockMode, Scheme};
 use tierstack_fabric::Fabric;
@@ -116,13 +118,20 @@ impl NodeState {
             Some("start") => {
                 let scheme: Scheme = words.get(1).ok_or("start needs a scheme")?.parse()?;
                 let prefix = words.get(2).ok_or("start needs a region prefix")?;
+                let servers = if words.len() > 3 { number(3)? as usize } else { 1 };
                 self.hold = None;
                 self.join_waiter();
                 // The old manager must give up the fabric's lock channel first.
                 self.manager = None;
-                let manager = start_manager(&self.fabric, &self.nodes, scheme, prefix).map_err(fail)?;
+                let manager =
+                    start_manager_with_servers(&self.fabric, &self.nodes, scheme, prefix, servers).map_err(fail)?;
                 self.manager = Some(Arc::new(manager));
                 Ok(String::new())
+            }
+            Some("home") => {
+                let placement = self.manager()?.placement(BENCH_LOCK).map_err(fail)?;
+                let index = self.nodes.iter().position(|n| *n == placement.home).ok_or("the home is not a node")?;
+                Ok(index.to_string())
             }
             Some("totals") => {
                 let stats = self.manager()?.stats();
@@ -250,6 +259,8 @@ pub struct ProcessNodes {
     scheme: Option<Scheme>,
     /// The running managers' region prefix.
     prefix: Option<String>,
+    /// How many of the first nodes serve locks.
+    servers: usize,
     exe: std::path::PathBuf,
     topology: std::path::PathBuf,
 }
@@ -265,7 +276,7 @@ impl ProcessNodes {
         for id in 0..count {
             processes.push(spawn_process(exe, &topology, id)?);
         }
-        Ok(Self { processes, scheme: None, prefix: None, exe: exe.to_path_buf(), topology })
+        Ok(Self { processes, scheme: None, prefix: None, servers: 1, exe: exe.to_path_buf(), topology })
     }
 
     /// The node processes' ids, by node index.
@@ -299,7 +310,29 @@ impl LockNodes for ProcessNodes {
         }
         self.scheme = Some(scheme);
         self.prefix = Some(region_prefix.to_string());
+        self.servers = 1;
         Ok(())
+    }
+
+    fn start_with_servers(&mut self, scheme: Scheme, region_prefix: &str, servers: usize) -> Result<(), LockError> {
+        if region_prefix.is_empty() || region_prefix.contains(char::is_whitespace) {
+            return Err(LockError::Config(format!("region prefix {region_prefix:?} must be one word")));
+        }
+        self.scheme = None;
+        for index in 0..self.processes.len() {
+            self.call(index, &format!("start {} {region_prefix} {servers}", scheme.name()))?;
+            self.processes[index].waiter_outcomes.clear();
+        }
+        self.scheme = Some(scheme);
+        self.prefix = Some(region_prefix.to_string());
+        self.servers = servers;
+        Ok(())
+    }
+
+    fn home(&mut self, node: usize) -> Result<usize, LockError> {
+        let fields = numbers(node, &self.call(node, "home")?)?;
+        let index = fields.first().copied().ok_or_else(|| LockError::Protocol(format!("node index {node}: home")))?;
+        usize::try_from(index).map_err(|_| LockError::Protocol(format!("node index {node}: home {index}")))
     }
 
     fn kill(&mut self, node: usize) -> Result<u64, LockError> {
@@ -317,7 +350,7 @@ impl LockNodes for ProcessNodes {
         let fresh = spawn_process(&self.exe, &self.topology, id)
             .map_err(|e| LockError::Protocol(format!("restarting node index {node}: {e:#}")))?;
         *self.process(node)? = fresh;
-        self.call(node, &format!("start {} {prefix}", scheme.name())).map(|_| ())
+        self.call(node, &format!("start {} {prefix} {}", scheme.name(), self.servers)).map(|_| ())
     }
 
     fn scheme(&self) -> Result<Scheme, LockError> {

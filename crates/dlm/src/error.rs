@@ -29,6 +29,11 @@ pub enum LockError {
     /// successor) is dead or unreachable.
     #[error("{lock}: {node} is dead or unreachable: {reason}")]
     PeerDead { lock: LockId, node: NodeId, reason: String },
+    /// Fewer lock servers than a majority could be read or written, so the
+    /// lock's home cannot be known or claimed (re-homing; see
+    /// `docs/internals/dlm-rehoming.md`).
+    #[error("{lock}: only {reached} of the {needed} lock servers a majority needs answered")]
+    NoQuorum { lock: LockId, reached: usize, needed: usize },
     /// `break_lock` revoked this request or hold.
     #[error("{lock} was broken by break_lock; the request or hold was revoked")]
     Broken { lock: LockId },

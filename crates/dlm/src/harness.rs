@@ -84,6 +84,15 @@ pub trait LockNodes {
     fn restart(&mut self, node: usize) -> Result<(), LockError> {
         Err(LockError::Config(format!("node index {node} cannot be restarted: its node is not a process")))
     }
+    /// [`LockNodes::start`] with the first `servers` nodes serving locks
+    /// (three or more: re-homing; see `docs/internals/dlm-rehoming.md`).
+    fn start_with_servers(&mut self, _scheme: Scheme, _region_prefix: &str, servers: usize) -> Result<(), LockError> {
+        Err(LockError::Config(format!("these nodes cannot start with {servers} lock servers")))
+    }
+    /// The index of [`BENCH_LOCK`]'s current home, as `node` reads it.
+    fn home(&mut self, node: usize) -> Result<usize, LockError> {
+        Err(LockError::Config(format!("node index {node} cannot tell the lock's home")))
+    }
 }
 
 /// Starts a `scheme` lock manager on every fabric (node 0 serves locks) and
@@ -107,10 +116,26 @@ pub fn start_manager(
     scheme: Scheme,
     region_prefix: &str,
 ) -> Result<LockManager, LockError> {
-    let server = *nodes.first().ok_or_else(|| LockError::Config("no nodes".into()))?;
-    let config = DlmConfig::new(scheme, vec![server], nodes.to_vec()).with_region_prefix(region_prefix);
+    start_manager_with_servers(fabric, nodes, scheme, region_prefix, 1)
+}
+
+/// [`start_manager`] with the first `servers` of `nodes` serving locks;
+/// each creates [`BENCH_LOCK`] (at every server it reaches, with
+/// re-homing, so the last to start leaves a slot at each).
+pub fn start_manager_with_servers(
+    fabric: &Arc<dyn Fabric>,
+    nodes: &[NodeId],
+    scheme: Scheme,
+    region_prefix: &str,
+    servers: usize,
+) -> Result<LockManager, LockError> {
+    if servers == 0 || servers > nodes.len() {
+        return Err(LockError::Config(format!("{servers} lock servers among {} nodes", nodes.len())));
+    }
+    let lock_servers = nodes[..servers].to_vec();
+    let config = DlmConfig::new(scheme, lock_servers.clone(), nodes.to_vec()).with_region_prefix(region_prefix);
     let manager = LockManager::start(fabric.clone(), config)?;
-    if fabric.local_node() == server {
+    if lock_servers.contains(&fabric.local_node()) {
         manager.create_lock(BENCH_LOCK)?;
     }
     Ok(manager)

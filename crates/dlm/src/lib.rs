@@ -114,7 +114,10 @@
 //! holder's next request (leaving the server with a grant nobody held).
 //!
 //! **Not explored**: more than one break or death per run; the death of a
-//! home (the model home never dies; see below); leases (a lost report is
+//! home and the re-homing (the model home never dies; the re-homing's
+//! safety rests on the existing move and barrier, which are explored, plus
+//! the fence and the membership majority, which the runtime tests and the
+//! three-server chaos tests cover); leases (a lost report is
 //! the same input whatever its cause); more than 4 nodes or
 //! three requests per node; DQNL with a break beyond 2 nodes; the
 //! runtime's own code around the machines (timeouts, the cell's queue of
@@ -231,26 +234,47 @@
 //! returns the new generation, so it is not a hold, and no token handed to
 //! a user was fetched after the move.
 //!
-//! **A dead home is not re-homed.** A home that dies takes its lock table
-//! with it: waiting and new requests for its locks fail at once with
-//! `PeerDead` naming the home, on every backend (on `shm` the fabric
-//! revokes a closed or reclaimed owner's regions, as RDMA invalidates a
-//! dead owner's keys, so peers cannot go on using orphaned memory). The
-//! locks are not moved to the surviving servers because nothing could
-//! move them safely: the lock and fence words lived only in the dead
-//! home's memory, so a new home could not know the queue, the live holds
-//! (which a recovery must keep) or the highest token handed out; granting
-//! from a fresh table could overlap a live hold of the old one, and the
-//! clients cannot tell which home a peer used without a membership
-//! agreement this crate does not have. Instead a lock server is a process
-//! to keep running or restart: **the operator (or a supervisor) restarts
-//! the home under the same id**, which creates its locks again; every
-//! message carries the home's incarnation, so nothing of the old one is
-//! taken for the new, and the new fence word is seeded with the creation
-//! time ([`word::fence_seed`]), so its tokens are above the old
-//! incarnation's. Holders of the old incarnation see their release fail
-//! (`PeerDead`), and a fenced resource rejects their tokens once a new
-//! holder has written. The chaos test kills and restarts homes.
+//! **A dead home, with three lock servers or more, is re-homed**
+//! (issue 37; the design and what it does not guarantee:
+//! `docs/internals/dlm-rehoming.md`; the code: `runtime/rehome.rs` and
+//! [`proto::Input::Rehome`]). A lock has one slot at every lock server and
+//! an ordered list of candidate homes ([`table::candidates`]: a ring from
+//! its hash position). Each slot's fifth word is the lock's membership word
+//! at that server ([`word::HomeWord`]: home epoch and home). A node that
+//! finds the home of its view lost (process gone, or heartbeat still for a
+//! lease) fences the next live candidate's slot and claims the home role
+//! for epoch `e + 1` by compare-and-swap of the membership words, winning
+//! with a majority (at most one home per epoch). Whoever then finds the
+//! view's home alive and its slot fenced moves it like a recovery: it
+//! fences the lock's slot at every other server (a **fenced** lock word
+//! has tail field `0xFFFF`; every atomic returns the previous word, so a
+//! request that meets a fence, on a stale mapping of a dead home say,
+//! locates the lock again: the epoch check costs nothing on the fast
+//! path), raises the new fence word above every old one, and holds the new
+//! home as a **barrier** whose notices carry the new home epoch. A node
+//! with a cell of an older home forgets an idle or waiting request at once
+//! (a waiter requests again at the new home) and acknowledges; **a holder
+//! keeps its hold and acknowledges only when it releases** (at the old
+//! home the release meets a dead peer or a fence and ends locally). An
+//! unreported holder (stopped) is waited for until it is lost, one lease:
+//! its later release says `Broken`, and a node that lapsed locates every
+//! lock again. A restarted old home rejoins as a candidate: views name the
+//! epoch a majority holds, so it does not take its locks back.
+//!
+//! **With one or two lock servers** (no majority survives a loss), or for
+//! SRSL (its server is its home), a dead home is not re-homed: waiting and
+//! new requests for its locks fail at once with `PeerDead` naming the
+//! home, on every backend (on `shm` the fabric revokes a closed or
+//! reclaimed owner's regions, as RDMA invalidates a dead owner's keys).
+//! **The operator (or a supervisor) restarts the home under the same id**,
+//! which creates its locks again; every message carries the home's
+//! incarnation, so nothing of the old one is taken for the new, and the
+//! new fence word is seeded with the creation time ([`word::fence_seed`]),
+//! so its tokens are above the old incarnation's. Holders of the old
+//! incarnation see their release fail (`PeerDead`), and a fenced resource
+//! rejects their tokens once a new holder has written. The chaos tests
+//! kill, stop and restart homes with two servers (restart) and three
+//! (re-homing).
 //!
 //! # Limits and the runtime
 //!
@@ -280,8 +304,8 @@ pub mod word;
 pub use error::LockError;
 pub use proto::{LockMode, QueueKind};
 pub use runtime::{
-    DlmConfig, DlmMetrics, DlmStats, ExclusiveGuard, Grant, LockManager, LockScheme, Scheme, SharedGuard, Wait,
-    LEASE_MS_DEFAULT, PROBE_INTERVAL_MS_DEFAULT, RECEIVE_POLL_MS, SUSPECT_AFTER_MS_DEFAULT,
+    DlmConfig, DlmMetrics, DlmStats, ExclusiveGuard, Grant, LockManager, LockScheme, Placement, Scheme, SharedGuard,
+    Wait, LEASE_MS_DEFAULT, PROBE_INTERVAL_MS_DEFAULT, RECEIVE_POLL_MS, REHOMING_SERVERS_MIN, SUSPECT_AFTER_MS_DEFAULT,
     TRY_REPLY_TIMEOUT_MS_DEFAULT,
 };
 

@@ -28,7 +28,7 @@
 //! JSON), so that the binary only parses its flags.
 
 use crate::proto::{ClientState, LockMode};
-use crate::table::{alive_region, read_table, table_region, SlotView};
+use crate::table::{alive_region, candidates, read_table, table_region, SlotView};
 use crate::LockId;
 use serde_json::{json, Value};
 use std::fmt::Write as _;
@@ -202,7 +202,38 @@ impl StatusReport {
         Self { homes, nodes }
     }
 
-    /// The report as one JSON object `{homes, nodes}`.
+    /// Where each lock lives, from the membership words of every table read
+    /// (see `docs/internals/dlm-rehoming.md`): the highest home epoch, the
+    /// home it names (the first candidate for epoch 0), whether a majority
+    /// of the servers name it, and the candidates in order. The servers are
+    /// the homes this report read, in its order.
+    pub fn placements(&self) -> Vec<(LockId, crate::runtime::Placement)> {
+        let servers: Vec<NodeId> = self.homes.iter().map(|(n, _)| *n).collect();
+        let mut words: std::collections::BTreeMap<LockId, Vec<crate::word::HomeWord>> = Default::default();
+        for (_, table) in &self.homes {
+            for slot in table.iter().flatten() {
+                words.entry(slot.lock).or_default().push(slot.home);
+            }
+        }
+        let majority = servers.len() / 2 + 1;
+        words
+            .into_iter()
+            .filter_map(|(lock, words)| {
+                let candidates = candidates(lock, &servers);
+                let first = *candidates.first()?;
+                let epoch = words.iter().map(|w| w.epoch).max()?;
+                let named: Vec<NodeId> =
+                    words.iter().filter(|w| w.epoch == epoch).map(|w| w.home.unwrap_or(first)).collect();
+                let home = named.first().copied().unwrap_or(first);
+                // Without re-homing only the first candidate has a slot: settled.
+                let settled = servers.len() < crate::REHOMING_SERVERS_MIN
+                    || named.iter().filter(|h| **h == home).count() >= majority;
+                Some((lock, crate::runtime::Placement { home, epoch, candidates, settled }))
+            })
+            .collect()
+    }
+
+    /// The report as one JSON object `{homes, nodes, placements}`.
     pub fn to_json(&self) -> Value {
         let homes: Vec<Value> = self
             .homes
@@ -227,7 +258,17 @@ impl StatusReport {
                 Err(e) => json!({ "node": n.0, "process": format!("{state:?}"), "error": e }),
             })
             .collect();
-        json!({ "homes": homes, "nodes": nodes })
+        let placements: Vec<Value> = self
+            .placements()
+            .into_iter()
+            .map(|(lock, p)| {
+                json!({
+                    "lock": lock.0, "home": p.home.0, "epoch": p.epoch, "settled": p.settled,
+                    "candidates": p.candidates.iter().map(|c| c.0).collect::<Vec<_>>(),
+                })
+            })
+            .collect();
+        json!({ "homes": homes, "nodes": nodes, "placements": placements })
     }
 
     /// The report as tables; `now_ns` (`CLOCK_MONOTONIC`) dates the states' ages.
@@ -244,7 +285,11 @@ impl StatusReport {
             match table {
                 Ok(slots) => {
                     for slot in slots {
-                        let tail = slot.word.tail.map_or("-".to_string(), |t| t.to_string());
+                        let tail = if slot.fenced {
+                            "fenced".to_string()
+                        } else {
+                            slot.word.tail.map_or("-".to_string(), |t| t.to_string())
+                        };
                         let drain = slot.drain.waiter.map_or("-".to_string(), |w| w.to_string());
                         let _ = writeln!(
                             out,
@@ -263,6 +308,20 @@ impl StatusReport {
                     let _ = writeln!(out, "  {home}: table unreadable: {e}");
                 }
             }
+        }
+        let _ = writeln!(out, "placement (membership words; the home serves, the others are fenced or unused):");
+        let _ = writeln!(out, "  {:>8} {:>6} {:>6} {:>8}  candidates", "lock", "home", "epoch", "settled");
+        for (lock, p) in self.placements() {
+            let candidates: Vec<String> = p.candidates.iter().map(|c| c.to_string()).collect();
+            let _ = writeln!(
+                out,
+                "  {:>8} {:>6} {:>6} {:>8}  {}",
+                lock.0,
+                p.home.to_string(),
+                p.epoch,
+                if p.settled { "yes" } else { "claiming" },
+                candidates.join(" ")
+            );
         }
         let _ = writeln!(out, "nodes (each node's own view, read one-sidedly):");
         for (n, state, view) in &self.nodes {
@@ -299,7 +358,8 @@ fn slot_json(slot: &SlotView) -> Value {
         "lock": slot.lock.0, "generation": slot.word.generation, "tail": slot.word.tail.map(|t| t.0),
         "shared": slot.word.shared, "drain_waiter": slot.drain.waiter.map(|w| w.0),
         "drain_balance": slot.drain.balance, "fence_count": slot.fence.count,
-        "fence_generation": slot.fence.generation,
+        "fence_generation": slot.fence.generation, "fenced": slot.fenced,
+        "home_epoch": slot.home.epoch, "home_named": slot.home.home.map(|h| h.0),
     })
 }
 
@@ -335,6 +395,8 @@ mod tests {
             word: LockWord { generation: 2, tail: Some(NodeId(3)), shared: 1 },
             drain: DrainWord { generation: 2, waiter: None, balance: 0 },
             fence: FenceWord { count: 7, generation: 2 },
+            home: crate::word::HomeWord::default(),
+            fenced: false,
         };
         let entry = StatusEntry {
             lock: LockId(5),
@@ -362,11 +424,45 @@ mod tests {
         let slot: Vec<&str> = lines[2].split_whitespace().collect();
         assert_eq!(slot, ["5", "node0", "2", "node3", "1", "-", "7/2"]);
         assert_eq!(lines[3], "  node2: table unreadable: gone");
-        assert_eq!(lines[4], "nodes (each node's own view, read one-sidedly):");
-        assert_eq!(lines[5], "  node1: process Running, incarnation 0xab, heartbeat 9, no lease");
-        assert!(lines[6].ends_with(": Waiting { mode: Exclusive } for node3 in generation 2 for 5 ms (4 requests)"));
-        assert_eq!(lines[7], "  node3: process Gone, no lock manager readable: no region");
-        assert_eq!(lines.len(), 8);
+        assert!(lines[4].starts_with("placement"), "{text}");
+        let placement: Vec<&str> = lines[6].split_whitespace().collect();
+        let candidates = candidates(LockId(5), &[NodeId(0), NodeId(2)]);
+        let first = candidates[0].to_string();
+        let second = candidates[1].to_string();
+        assert_eq!(placement, ["5", first.as_str(), "0", "yes", first.as_str(), second.as_str()]);
+        assert_eq!(lines[7], "nodes (each node's own view, read one-sidedly):");
+        assert_eq!(lines[8], "  node1: process Running, incarnation 0xab, heartbeat 9, no lease");
+        assert!(lines[9].ends_with(": Waiting { mode: Exclusive } for node3 in generation 2 for 5 ms (4 requests)"));
+        assert_eq!(lines[10], "  node3: process Gone, no lock manager readable: no region");
+        assert_eq!(lines.len(), 11);
+    }
+
+    /// Three servers whose membership words moved lock 5 to node 1 at epoch
+    /// 2 (a majority: nodes 1 and 2; node 0 restarted and forgot): the
+    /// placement names node 1, settled; with only node 1's word at epoch 2
+    /// it is a claim under way.
+    #[test]
+    fn the_placement_is_the_highest_epoch_a_majority_names() {
+        use crate::word::HomeWord;
+        let mut report = sample_report();
+        let Ok(slots) = &report.homes[0].1 else { panic!("sample home 0 has a table") };
+        let slot = slots[0];
+        let moved = HomeWord { epoch: 2, home: Some(NodeId(1)) };
+        report.homes = vec![
+            (NodeId(0), Ok(vec![slot])),
+            (NodeId(1), Ok(vec![SlotView { home: moved, ..slot }])),
+            (NodeId(2), Ok(vec![SlotView { home: moved, fenced: true, ..slot }])),
+        ];
+        let placements = report.placements();
+        assert_eq!(placements.len(), 1);
+        let (lock, p) = &placements[0];
+        assert_eq!((*lock, p.home, p.epoch, p.settled), (LockId(5), NodeId(1), 2, true));
+        assert_eq!(p.candidates, candidates(LockId(5), &[NodeId(0), NodeId(1), NodeId(2)]));
+        let text = report.render(0);
+        assert!(text.contains("fenced"), "{text}");
+        assert_eq!(report.to_json()["placements"][0]["epoch"], 2);
+        report.homes[2] = (NodeId(2), Ok(vec![slot]));
+        assert!(!report.placements()[0].1.settled, "one word of three at epoch 2: a claim under way");
     }
 
     #[test]

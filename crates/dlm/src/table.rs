@@ -13,7 +13,10 @@
 //! the tag, so nobody fetches a token from an unseeded fence.
 
 use crate::proto::{AtomicOp, WordKind};
-use crate::word::{DrainWord, FenceWord, LockWord, DRAIN_OFFSET, FENCE_OFFSET, LOCK_OFFSET, SLOT_BYTES, TAG_OFFSET};
+use crate::word::{
+    DrainWord, FenceWord, HomeWord, LockWord, DRAIN_OFFSET, FENCE_OFFSET, HOME_OFFSET, LOCK_OFFSET, SLOT_BYTES,
+    TAG_OFFSET,
+};
 use crate::LockId;
 use std::sync::Arc;
 use tierstack_base::NodeId;
@@ -51,6 +54,25 @@ pub fn home_of(id: LockId, servers: &[NodeId]) -> Option<NodeId> {
     let n = servers.len() as u64;
     (n > 0).then(|| servers[((mix(id.0) >> 32) % n) as usize])
 }
+
+/// The candidate homes of `id`, in order: the servers on a ring, starting
+/// at `id`'s hash position ([`home_of`], the home of epoch 0) and going
+/// round. A re-homing claims the home role for the next live candidate
+/// after the current home (see `docs/internals/dlm-rehoming.md`).
+pub fn candidates(id: LockId, servers: &[NodeId]) -> Vec<NodeId> {
+    let n = servers.len() as u64;
+    if n == 0 {
+        return Vec::new();
+    }
+    let first = ((mix(id.0) >> 32) % n) as usize;
+    servers[first..].iter().chain(&servers[..first]).copied().collect()
+}
+
+/// How many compare-and-swap attempts [`HomeMemory::fence_lock`] and
+/// [`HomeMemory::raise_fence`] make against concurrent changes before
+/// giving up (each failure means another atomic got in: bounded by the
+/// nodes, so this is never reached in a sound cluster).
+const CAS_ATTEMPTS_MAX: usize = 10_000;
 
 /// Where `id`'s probe sequence starts in a table of `slots` slots.
 pub fn first_slot(id: LockId, slots: u64) -> u64 {
@@ -138,6 +160,44 @@ impl HomeMemory {
         Ok(results)
     }
 
+    /// Fences the lock word of the slot at `base` ([`LockWord::fenced`]),
+    /// whatever it holds; returns the fenced word.
+    pub(crate) fn fence_lock(&self, node: NodeId, base: u64) -> Result<u64, FabricError> {
+        let offset = base + LOCK_OFFSET;
+        let mut seen = self.read_u64(offset)?;
+        for _ in 0..CAS_ATTEMPTS_MAX {
+            if LockWord::is_fenced(seen) {
+                return Ok(seen);
+            }
+            let previous = self.compare_swap(offset, seen, LockWord::fenced(seen))?;
+            if previous == seen {
+                return Ok(LockWord::fenced(seen));
+            }
+            seen = previous;
+        }
+        Err(FabricError::Protocol { node, reason: "a lock word changed under every attempt to fence it".into() })
+    }
+
+    /// Raises the fence word's count at `base` to at least `count` (its
+    /// generation kept); returns the word it leaves.
+    pub(crate) fn raise_fence(&self, node: NodeId, base: u64, count: u64) -> Result<u64, FabricError> {
+        let offset = base + FENCE_OFFSET;
+        let mut seen = self.read_u64(offset)?;
+        for _ in 0..CAS_ATTEMPTS_MAX {
+            let word = FenceWord::decode(seen);
+            if word.count >= count {
+                return Ok(seen);
+            }
+            let new = FenceWord { count, generation: word.generation }.encode();
+            let previous = self.compare_swap(offset, seen, new)?;
+            if previous == seen {
+                return Ok(new);
+            }
+            seen = previous;
+        }
+        Err(FabricError::Protocol { node, reason: "a fence word changed under every attempt to raise it".into() })
+    }
+
     /// The slot offset of `id`, if the lock exists.
     pub(crate) fn lookup(&self, id: LockId) -> Result<Option<u64>, FabricError> {
         let tag = id.0.wrapping_add(1);
@@ -185,6 +245,10 @@ pub struct SlotView {
     pub word: LockWord,
     pub drain: DrainWord,
     pub fence: FenceWord,
+    /// The lock's membership word at this server (re-homing).
+    pub home: HomeWord,
+    /// The lock word is fenced: this slot is not (or no longer) the lock's home.
+    pub fenced: bool,
 }
 
 /// Reads every claimed slot of a home's lock table, one-sidedly (one read of
@@ -211,6 +275,8 @@ pub fn read_table(region: &dyn RemoteRegion) -> Result<Vec<SlotView>, FabricErro
             word: LockWord::decode(word(base + LOCK_OFFSET as usize)),
             drain: DrainWord::decode(word(base + DRAIN_OFFSET as usize)),
             fence: FenceWord::decode(word(base + FENCE_OFFSET as usize)),
+            home: HomeWord::decode(word(base + HOME_OFFSET as usize)),
+            fenced: LockWord::is_fenced(word(base + LOCK_OFFSET as usize)),
         })
         .collect())
 }
@@ -254,5 +320,31 @@ mod tests {
         }
         assert!(counts.iter().all(|&c| c > 800), "{counts:?}");
         assert_eq!(home_of(LockId(1), &[]), None);
+    }
+
+    #[test]
+    fn candidates_start_at_the_home_and_go_round_the_ring() {
+        let servers = [NodeId(0), NodeId(1), NodeId(2)];
+        for id in 0..50 {
+            let c = candidates(LockId(id), &servers);
+            assert_eq!(c[0], home_of(LockId(id), &servers).unwrap());
+            assert_eq!(c[1].0, (c[0].0 + 1) % 3);
+            assert_eq!(c[2].0, (c[0].0 + 2) % 3);
+        }
+        assert!(candidates(LockId(1), &[]).is_empty());
+    }
+
+    #[test]
+    fn a_fence_and_a_raised_fence_word_hold() {
+        let t = table(4);
+        let a = t.claim(LockId(3), 77).unwrap().unwrap();
+        t.compare_swap(a + LOCK_OFFSET, 0, LockWord { generation: 2, tail: Some(NodeId(1)), shared: 0 }.encode())
+            .unwrap();
+        let fenced = t.fence_lock(NodeId(0), a).unwrap();
+        assert!(LockWord::is_fenced(fenced));
+        assert_eq!(t.read_u64(a + LOCK_OFFSET).unwrap(), fenced);
+        assert_eq!(t.fence_lock(NodeId(0), a).unwrap(), fenced, "fencing twice changes nothing");
+        assert_eq!(FenceWord::decode(t.raise_fence(NodeId(0), a, 500).unwrap()).count, 500);
+        assert_eq!(FenceWord::decode(t.raise_fence(NodeId(0), a, 10).unwrap()).count, 500, "never lowered");
     }
 }

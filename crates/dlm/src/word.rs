@@ -10,11 +10,13 @@
 //! | 8  | [`LockWord`] | every request and release |
 //! | 16 | [`DrainWord`] | only while an exclusive waits for group-0 shared holders |
 //! | 24 | [`FenceWord`]: token counter and its generation | each exclusive grantee; a recovery or break |
+//! | 32 | [`HomeWord`]: the lock's membership word at this server | a claim of the home role (re-homing) |
+//! | 40..64 | reserved (zero) | |
 
 use tierstack_base::NodeId;
 
-/// Bytes of one lock's slot in a home's table.
-pub const SLOT_BYTES: u64 = 32;
+/// Bytes of one lock's slot in a home's table (five words used, a power of two).
+pub const SLOT_BYTES: u64 = 64;
 /// Offset of the tag word inside a slot.
 pub const TAG_OFFSET: u64 = 0;
 /// Offset of the [`LockWord`] inside a slot.
@@ -23,9 +25,15 @@ pub const LOCK_OFFSET: u64 = 8;
 pub const DRAIN_OFFSET: u64 = 16;
 /// Offset of the fence word (the fencing-token counter) inside a slot.
 pub const FENCE_OFFSET: u64 = 24;
+/// Offset of the [`HomeWord`] (the lock's membership word at this server) inside a slot.
+pub const HOME_OFFSET: u64 = 32;
 
-/// Largest node id that fits the 16-bit `node + 1` fields of the words.
-pub const WORD_NODE_MAX: u32 = u16::MAX as u32 - 1;
+/// Largest node id that fits the 16-bit `node + 1` fields of the words;
+/// the field value `0xFFFF` is kept for [`LockWord::fenced`].
+pub const WORD_NODE_MAX: u32 = u16::MAX as u32 - 2;
+
+/// The tail field of a fenced lock word (see [`LockWord::fenced`]).
+const FENCED_TAIL: u64 = 0xFFFF;
 
 /// The balance a [`DrainWord`] reaches when its waiter's group has drained.
 pub const DRAIN_BIAS: u32 = 1 << 31;
@@ -103,6 +111,54 @@ impl LockWord {
 
     pub fn is_free(self) -> bool {
         self.tail.is_none() && self.shared == 0
+    }
+
+    /// `bits` with its tail field set to `0xFFFF`, which no node id has: the
+    /// word of a slot that is not (or no longer) its lock's home. Every
+    /// atomic on a lock word returns the previous word, and the runtime
+    /// refuses to go on with a request that met a fence (it locates the
+    /// lock again), so a stale mapping of a dead home cannot grant.
+    /// Generation and count are kept (a fetch-and-add on a fenced word only
+    /// raises its count).
+    pub fn fenced(bits: u64) -> u64 {
+        bits | (FENCED_TAIL << NODE_SHIFT)
+    }
+
+    /// Whether `bits` is a fenced word.
+    pub fn is_fenced(bits: u64) -> bool {
+        (bits >> NODE_SHIFT) & 0xFFFF == FENCED_TAIL
+    }
+}
+
+/// A lock's membership word at one lock server (re-homing; see
+/// `docs/internals/dlm-rehoming.md`).
+///
+/// ```text
+///  63                             32 31            16 15             0
+/// +---------------------------------+----------------+----------------+
+/// |              epoch              |   home + 1     |       0        |
+/// +---------------------------------+----------------+----------------+
+/// ```
+///
+/// Zero is epoch 0 with no home named: the lock's first candidate. A claim
+/// of epoch `e + 1` for candidate `C` compare-and-swaps this word at every
+/// reachable server from what it read (epoch ≤ `e`) to `(e + 1, C)` and wins
+/// with a majority; a node's view of the lock is the highest epoch among a
+/// majority of words it could read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct HomeWord {
+    pub epoch: u32,
+    pub home: Option<NodeId>,
+}
+
+impl HomeWord {
+    pub fn decode(bits: u64) -> Self {
+        let field = (bits >> 16) & 0xFFFF;
+        Self { epoch: (bits >> 32) as u32, home: (field != 0).then(|| NodeId(field as u32 - 1)) }
+    }
+
+    pub fn encode(self) -> u64 {
+        (u64::from(self.epoch) << 32) | (encode_node(self.home) << 16)
     }
 }
 
@@ -341,6 +397,22 @@ mod tests {
         assert!(fence_seed(created + 1) > old, "a millisecond later is enough for a quiet lock");
         assert_eq!(fence_seed(0), 0, "before the epoch: zero, not a wrap");
         assert!(FenceWord::decode(fence_seed(u64::MAX)).count <= FENCE_COUNT_MASK);
+    }
+
+    #[test]
+    fn a_fence_survives_every_atomic_the_protocol_makes_and_no_node_id_looks_like_one() {
+        let w = LockWord { generation: 9, tail: None, shared: 3 }.encode();
+        let f = LockWord::fenced(w);
+        assert!(LockWord::is_fenced(f));
+        assert!(!LockWord::is_fenced(w));
+        assert!(LockWord::is_fenced(f + 1), "a shared fetch-and-add keeps the fence");
+        assert_eq!(LockWord::decode(f).generation, 9);
+        let last = LockWord { generation: u16::MAX, tail: Some(NodeId(WORD_NODE_MAX)), shared: u32::MAX };
+        assert!(!LockWord::is_fenced(last.encode()), "the largest node id is not a fence");
+        let home = HomeWord { epoch: 0xDEAD_BEEF, home: Some(NodeId(7)) };
+        assert_eq!(home.encode(), 0xDEAD_BEEF_0008_0000);
+        assert_eq!(HomeWord::decode(home.encode()), home);
+        assert_eq!(HomeWord::decode(0), HomeWord::default());
     }
 
     #[test]

@@ -206,6 +206,12 @@ pub enum Input {
     /// node's request was is revoked, and the lock moves to a new
     /// generation with every older hold revoked.
     Break,
+    /// Re-homing: this node makes the lock's slot at its new home usable.
+    /// The slot's lock word is the fenced `word`; the machine moves
+    /// it to the next generation like a recovery (barrier, notices, a
+    /// fencing floor) and releases it once every other node has
+    /// acknowledged or is lost. Only fed to an idle client of a fresh cell.
+    Rehome { word: u64 },
 }
 
 /// The client was driven outside the protocol: a bug or a peer speaking
@@ -561,6 +567,15 @@ impl LockClient {
         self.owed.clear();
     }
 
+    /// [`LockClient::reset`], returning the acknowledgements the forgotten
+    /// request still owed (per mover and generation): the runtime sends
+    /// them, so a barrier waiting for this node does not wait forever.
+    pub fn reset_owing(&mut self) -> Vec<(NodeId, u16)> {
+        let owed = std::mem::take(&mut self.owed);
+        self.reset();
+        owed
+    }
+
     /// Feeds one input; appends the resulting actions to `out`.
     pub fn handle(&mut self, input: Input, out: &mut Out) -> Step {
         match input {
@@ -575,7 +590,18 @@ impl LockClient {
                 Ok(())
             }
             Input::PeerLost { node } => self.peer_lost(node, out),
-            Input::Break => self.start_move(true, out),
+            Input::Break => self.start_move(true, None, out),
+            Input::Rehome { word } => {
+                if self.request.is_some() {
+                    return Err(self.violation("a re-homing move while a request is in progress"));
+                }
+                // The move starts from the fenced word (its first
+                // compare-and-swap expects it); a move that finds another
+                // generation there stands down (another node moved the slot
+                // first).
+                self.generation = LockWord::decode(word).generation;
+                self.start_move(false, Some(word), out)
+            }
         }
     }
 

@@ -20,7 +20,7 @@ impl LockClient {
                 // request is made again after the move.
                 out.push(Action::Aborted(AbortReason::Recovered { generation: tainted.wrapping_add(1) }));
                 self.tainted = None;
-                return self.start_move(false, out);
+                return self.start_move(false, None, out);
             }
         }
         let generation = self.generation;

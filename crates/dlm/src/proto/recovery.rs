@@ -24,14 +24,15 @@ impl LockClient {
         }
         let waits = self.waits();
         if waits.nodes.contains(&node) || waits.unknown {
-            return self.start_move(false, out);
+            return self.start_move(false, None, out);
         }
         Ok(())
     }
 
     /// Moves the lock to the next generation (see the module docs): a
-    /// recovery, or with `revoke` an administrator's break.
-    pub(super) fn start_move(&mut self, revoke: bool, out: &mut Out) -> Step {
+    /// recovery, or with `revoke` an administrator's break; `guess` is the
+    /// lock word the first compare-and-swap expects (else the free word).
+    pub(super) fn start_move(&mut self, revoke: bool, guess: Option<u64>, out: &mut Out) -> Step {
         let from = self.request.as_ref().map_or(self.generation, |r| r.generation);
         if let Some(previous) = self.request.as_ref() {
             if revoke || !matches!(previous.role, Role::Mover { .. }) {
@@ -48,7 +49,7 @@ impl LockClient {
             }
         }
         // Guess the free word; a failed guess returns the real one.
-        let expected = LockWord::free(from).encode();
+        let expected = guess.unwrap_or(LockWord::free(from).encode());
         self.request = Some(Request {
             mode: LockMode::Exclusive,
             try_only: false,

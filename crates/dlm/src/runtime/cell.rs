@@ -47,6 +47,9 @@ pub(super) struct CellState<M> {
     pub(super) shown: u64,
     /// An atomic reached the home since this was last cleared.
     pub(super) touched: bool,
+    /// Acknowledgements owed to re-homing movers (mover, generation, wire
+    /// epoch), sent when the hold of the old home ends.
+    pub(super) owed_rehome: Vec<(NodeId, u16, u64)>,
 }
 
 /// The monitor's bookkeeping for one cell.
@@ -69,6 +72,12 @@ pub(super) struct Cell<M> {
     pub(super) retired: AtomicBool,
     /// This cell's entry in the node region, if it got one.
     pub(super) entry: Option<u64>,
+    /// The slot is fenced: the first request moves it (re-homing).
+    pub(super) needs_move: AtomicBool,
+    /// This node's lease lapses when the cell was made: with re-homing, a
+    /// node that lapsed locates every lock again (its homes may have moved
+    /// while it was stopped).
+    pub(super) lapses: u64,
     pub(super) watching: Mutex<Watching>,
 }
 
@@ -96,11 +105,16 @@ pub(super) trait Engine: Send + Sync {
 }
 
 pub(super) fn cell_of<E: Engine>(engine: &E, id: LockId) -> Result<Arc<Cell<E::Machine>>, LockError> {
+    let core = engine.core();
     let cached = lock(engine.cells()).get(&id).cloned();
     if let Some(cell) = cached.as_ref().filter(|c| !c.retired.load(Ordering::Acquire)) {
-        return Ok(cell.clone());
+        if !core.rehoming() || cell.lapses == core.lease_mark() || !E::idle(&lock(&cell.state).machine) {
+            return Ok(cell.clone());
+        }
+        cell.retired.store(true, Ordering::Release);
     }
-    let slot = engine.core().locate(id, false)?;
+    let lapses = core.lease_mark();
+    let (slot, needs_move) = core.locate(id, false)?;
     let mut cells = lock(engine.cells());
     if cells.get(&id).is_some_and(|c| c.retired.load(Ordering::Acquire)) {
         cells.remove(&id);
@@ -119,10 +133,13 @@ pub(super) fn cell_of<E: Engine>(engine: &E, id: LockId) -> Result<Arc<Cell<E::M
                 moved: None,
                 shown: u64::MAX,
                 touched: false,
+                owed_rehome: Vec::new(),
             }),
             changed: Condvar::new(),
             retired: AtomicBool::new(false),
             entry: engine.core().claim_entry(),
+            needs_move: AtomicBool::new(needs_move),
+            lapses,
             watching: Mutex::new(Watching::default()),
         })
     });

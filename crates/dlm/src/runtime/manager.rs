@@ -141,6 +141,11 @@ impl LockManager {
         self.scheme.debug_state(lock)
     }
 
+    /// See [`LockScheme::placement`].
+    pub fn placement(&self, lock: LockId) -> Result<super::Placement, LockError> {
+        self.scheme.placement(lock)
+    }
+
     /// See [`LockScheme::waits`].
     pub fn waits(&self, lock: LockId) -> Option<crate::proto::Waits> {
         self.scheme.waits(lock)

@@ -110,6 +110,11 @@ impl DlmMetrics {
             stats.recoveries,
         );
         out.counter(
+            "tierstack_dlm_rehomes_total",
+            "Locks this node made usable at a new home after their home was lost.",
+            stats.rehomes,
+        );
+        out.counter(
             "tierstack_dlm_fenced_total",
             "Acquires and releases refused because a break or recovery revoked them (Broken).",
             self.fenced.load(Ordering::Relaxed),
@@ -227,5 +232,9 @@ impl LockScheme for Metered {
 
     fn debug_state(&self, lock: LockId) -> String {
         self.inner.debug_state(lock)
+    }
+
+    fn placement(&self, lock: LockId) -> Result<super::Placement, LockError> {
+        self.inner.placement(lock)
     }
 }

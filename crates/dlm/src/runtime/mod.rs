@@ -37,10 +37,12 @@ mod manager;
 mod metered;
 mod node;
 mod queue_scheme;
+mod rehome;
 mod srsl_scheme;
 
 pub use manager::{ExclusiveGuard, LockManager, SharedGuard};
 pub use metered::DlmMetrics;
+pub use rehome::REHOMING_SERVERS_MIN;
 
 use crate::error::LockError;
 use crate::proto::LockMode;
@@ -284,8 +286,24 @@ pub struct DlmStats {
     /// led for a recovery (not a break), and SRSL holds its server
     /// took back from a lost or restarted holder.
     pub recoveries: u64,
+    /// Locks this node made usable at a new home after their home was lost
+    /// (re-homing moves it led; see `docs/internals/dlm-rehoming.md`).
+    pub rehomes: u64,
     /// Times the monitor reported a lost node to a waiting request.
     pub peers_lost: u64,
+}
+
+/// Where a lock lives: its home, the home epoch and its candidates in
+/// order (see `docs/internals/dlm-rehoming.md`). Without re-homing the
+/// epoch is 0 and the home the first candidate.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Placement {
+    pub home: NodeId,
+    pub epoch: u32,
+    pub candidates: Vec<NodeId>,
+    /// A majority of lock servers name this home for this epoch (always,
+    /// without re-homing); otherwise a claim is under way.
+    pub settled: bool,
 }
 
 /// What every lock scheme offers; [`LockManager`] wraps one.
@@ -313,6 +331,9 @@ pub trait LockScheme: Send + Sync {
     fn waits(&self, _lock: LockId) -> Option<crate::proto::Waits> {
         None
     }
+    /// Where `lock` lives now, as this node reads it (the lock servers'
+    /// membership words with re-homing; one read each).
+    fn placement(&self, lock: LockId) -> Result<Placement, LockError>;
     /// A one-line description of this node's protocol state for `lock`
     /// (and, where readable, the lock's home words), for diagnosing a stuck
     /// lock. The format is not stable.

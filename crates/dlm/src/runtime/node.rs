@@ -8,6 +8,7 @@ use crate::error::LockError;
 use crate::msg::DlmMessage;
 use crate::status::{node_region_bytes, INCARNATION_OFFSET, LEASE_OFFSET, STATUS_ENTRIES};
 use crate::table::{alive_region, home_of, table_region, HomeMemory};
+
 use crate::word::{fence_seed, SLOT_BYTES};
 use crate::LockId;
 use std::collections::HashMap;
@@ -36,8 +37,24 @@ pub(super) struct Slot {
     pub(super) home: Arc<HomeMemory>,
     /// Byte offset of the lock's slot in the home table.
     pub(super) base: u64,
-    /// The home's incarnation: every message about the lock carries it (see [`crate::msg`]).
+    /// The home's incarnation.
     pub(super) epoch: u64,
+    /// The lock's home epoch (re-homing; 0 without it).
+    pub(super) home_epoch: u32,
+    /// What every N-CoShED/DQNL message about the lock carries (see
+    /// [`crate::msg`]): the home epoch's low 16 bits above the incarnation's
+    /// low 48, so a notice of a newer home tells itself apart.
+    pub(super) wire_epoch: u64,
+}
+
+/// The message epoch of a lock at home epoch `home_epoch` of a home of `incarnation`.
+pub(super) fn wire_epoch(incarnation: u64, home_epoch: u32) -> u64 {
+    (u64::from(home_epoch & 0xFFFF) << 48) | (incarnation & ((1 << 48) - 1))
+}
+
+/// The home epoch's low 16 bits a wire epoch carries.
+pub(super) fn wire_home_epoch(wire: u64) -> u16 {
+    (wire >> 48) as u16
 }
 
 /// What the fabric-facing half of every scheme shares.
@@ -63,6 +80,7 @@ pub(super) struct Core {
     pub(super) messages_sent: AtomicU64,
     pub(super) moves: AtomicU64,
     pub(super) recoveries: AtomicU64,
+    pub(super) rehomes: AtomicU64,
     pub(super) peers_lost: AtomicU64,
 }
 
@@ -113,6 +131,7 @@ impl Core {
             messages_sent: AtomicU64::new(0),
             moves: AtomicU64::new(0),
             recoveries: AtomicU64::new(0),
+            rehomes: AtomicU64::new(0),
             peers_lost: AtomicU64::new(0),
         })
     }
@@ -150,13 +169,31 @@ impl Core {
         }
     }
 
-    /// Finds (or, with `create`, claims) the slot of `id` at its home.
-    pub(super) fn locate(&self, id: LockId, create: bool) -> Result<Slot, LockError> {
+    /// Finds (or, with `create`, claims) the slot of `id` at its home: the
+    /// first candidate, or with re-homing the home of the lock's current
+    /// epoch (see [`Core::rehoming`]).
+    /// The flag says the slot is fenced and must be moved before use (see
+    /// [`Core::prepare_move`]).
+    pub(super) fn locate(&self, id: LockId, create: bool) -> Result<(Slot, bool), LockError> {
         if id.0 == u64::MAX {
             return Err(LockError::InvalidLockId { lock: id });
         }
+        if self.rehoming() {
+            return self.locate_rehoming(id, create);
+        }
         let home_node =
             home_of(id, &self.config.lock_servers).ok_or_else(|| LockError::Config("no lock servers".into()))?;
+        Ok((self.slot_at(id, home_node, 0, create)?, false))
+    }
+
+    /// The slot of `id` at `home_node` (claimed with `create`), as the home of `home_epoch`.
+    pub(super) fn slot_at(
+        &self,
+        id: LockId,
+        home_node: NodeId,
+        home_epoch: u32,
+        create: bool,
+    ) -> Result<Slot, LockError> {
         let (home, epoch) = self.home(id, home_node)?;
         let fabric_err = |e: FabricError| {
             if matches!(e, FabricError::PeerDead { .. }) {
@@ -171,7 +208,7 @@ impl Core {
         } else {
             home.lookup(id).map_err(fabric_err)?.ok_or(LockError::UnknownLock { lock: id, home: home_node })?
         };
-        Ok(Slot { home_node, home, base, epoch })
+        Ok(Slot { home_node, home, base, epoch, home_epoch, wire_epoch: wire_epoch(epoch, home_epoch) })
     }
 
     /// Sends a message on [`Channel::LOCKS`]; to ourselves it goes through our
@@ -211,6 +248,7 @@ impl Core {
             messages_sent: self.messages_sent.load(Ordering::Acquire),
             moves: self.moves.load(Ordering::Relaxed),
             recoveries: self.recoveries.load(Ordering::Relaxed),
+            rehomes: self.rehomes.load(Ordering::Relaxed),
             peers_lost: self.peers_lost.load(Ordering::Relaxed),
         }
     }

@@ -5,12 +5,15 @@
 use super::cell::{
     acquire_in, cell_of, home_stands, release_in, retire, show, wait_until, Cell, CellState, Engine, Outcome, Watching,
 };
+use super::node::wire_home_epoch;
 use super::node::Core;
 use super::{DlmStats, Grant, LockScheme, Scheme, Wait};
 use crate::error::LockError;
 use crate::msg::DlmMessage;
-use crate::proto::{AbortReason, Action, BlockedOn, ClientState, Input, LockClient, LockMode, ProtoMsg, QueueKind};
-use crate::word::FENCE_OFFSET;
+use crate::proto::{
+    AbortReason, Action, AtomicOp, BlockedOn, ClientState, Input, LockClient, LockMode, ProtoMsg, QueueKind, WordKind,
+};
+use crate::word::{generation_newer, LockWord, FENCE_OFFSET};
 use crate::LockId;
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -51,6 +54,7 @@ impl QueueScheme {
         st: &mut CellState<LockClient>,
         input: Input,
     ) -> Result<(), LockError> {
+        let releasing = matches!(input, Input::Release);
         let mut next = Some(input);
         while let Some(input) = next.take() {
             let mut actions = Vec::new();
@@ -60,9 +64,17 @@ impl QueueScheme {
             for action in actions {
                 match action {
                     Action::Atomic(ops) => match cell.slot.home.execute(cell.slot.base, &ops) {
+                        Ok(results) if self.core.rehoming() && met_fence(&ops, &results) => {
+                            self.home_gone(cell, st, releasing, "its slot there is fenced (the lock moved)");
+                            return Ok(());
+                        }
                         Ok(results) => {
                             st.touched = true;
                             next = Some(Input::AtomicDone { results, len: ops.len() });
+                        }
+                        Err(e) if self.core.rehoming() && self.home_is_lost(cell, &e) => {
+                            self.home_gone(cell, st, releasing, &e.to_string());
+                            return Ok(());
                         }
                         Err(e) => {
                             // We cannot know whether the atomic applied: forget
@@ -79,7 +91,7 @@ impl QueueScheme {
                         }
                     },
                     Action::Send { to, generation, msg } => {
-                        self.send_proto(cell.id, cell.slot.epoch, to, generation, msg)
+                        self.send_proto(cell.id, cell.slot.wire_epoch, to, generation, msg)
                     }
                     Action::Granted { token, abandoned, .. } => {
                         if !abandoned {
@@ -110,6 +122,81 @@ impl QueueScheme {
         Ok(())
     }
 
+    /// With re-homing: whether an atomic's failure means the lock's home is
+    /// gone (dead, or lost by its lease), rather than slow.
+    fn home_is_lost(&self, cell: &Cell<LockClient>, error: &FabricError) -> bool {
+        matches!(error, FabricError::PeerDead { .. })
+            || self.core.home_lost(cell.slot.home_node, cell.slot.epoch).is_some()
+            || self.core.lost(cell.slot.home_node).is_some()
+    }
+
+    /// With re-homing: the cell's home is dead or fenced. The request is
+    /// forgotten: a waiting user requests again (at the new home, once the
+    /// lock has one), a releasing one is done (the new home's barrier waits
+    /// for this node's acknowledgement, so nothing there overlapped the
+    /// hold), and acknowledgements owed go out. The cell is retired.
+    fn home_gone(&self, cell: &Cell<LockClient>, st: &mut CellState<LockClient>, releasing: bool, why: &str) {
+        tracing::info!(node = %self.core.me, lock = %cell.id, home = %cell.slot.home_node, why, "the lock's home is gone: locating it again");
+        let waiting = st.machine.is_waiting() || (!releasing && !st.machine.is_holding());
+        for (to, generation) in st.machine.reset_owing() {
+            self.send_proto(cell.id, cell.slot.wire_epoch, to, generation, ProtoMsg::Ack);
+        }
+        if waiting && st.outcome.is_none() {
+            st.outcome = Some(Outcome::Requeue);
+        }
+        self.flush_rehome_acks(cell.id, st);
+        retire(self, cell);
+    }
+
+    /// With re-homing: an idle cell whose home is lost is retired, so the
+    /// next request locates the lock again rather than acquiring from a
+    /// dead home's table (on shm it stays mapped). One look per home.
+    fn retire_idle_cells_of_lost_homes(&self, cells: &[Arc<Cell<LockClient>>]) {
+        let mut verdicts: HashMap<(NodeId, u64), bool> = HashMap::new();
+        for cell in cells.iter().filter(|c| !c.retired.load(Ordering::Acquire)) {
+            let home = (cell.slot.home_node, cell.slot.epoch);
+            let lost = *verdicts
+                .entry(home)
+                .or_insert_with(|| self.core.home_lost(home.0, home.1).is_some() || self.core.lost(home.0).is_some());
+            if lost && lock(&cell.state).machine.is_idle() {
+                retire(self, cell);
+            }
+        }
+    }
+
+    /// Sends the acknowledgements owed to re-homing movers.
+    fn flush_rehome_acks(&self, lock_id: LockId, st: &mut CellState<LockClient>) {
+        for (to, generation, epoch) in std::mem::take(&mut st.owed_rehome) {
+            self.send_proto(lock_id, epoch, to, generation, ProtoMsg::Ack);
+        }
+    }
+
+    /// A notice that `lock_id` moved to a newer home (epoch `epoch`) than
+    /// this node's cell's: the rebuild. A hold is kept and acknowledged
+    /// when it ends; anything else is forgotten (a waiting user requests
+    /// again at the new home) and acknowledged now.
+    fn rehome_notice(&self, cell: &Cell<LockClient>, from: NodeId, generation: u16, epoch: u64) {
+        let mut st = lock(&cell.state);
+        if st.machine.is_holding() {
+            st.owed_rehome.push((from, generation, epoch));
+            return;
+        }
+        let waiting = st.machine.is_waiting();
+        for (to, owed_generation) in st.machine.reset_owing() {
+            self.send_proto(cell.id, cell.slot.wire_epoch, to, owed_generation, ProtoMsg::Ack);
+        }
+        if waiting && st.outcome.is_none() {
+            st.outcome = Some(Outcome::Requeue);
+        }
+        self.flush_rehome_acks(cell.id, &mut st);
+        retire(self, cell);
+        st.progress = st.progress.wrapping_add(1);
+        show(self, cell, &mut st);
+        cell.changed.notify_all();
+        drop(st);
+        self.send_proto(cell.id, epoch, from, generation, ProtoMsg::Ack);
+    }
+
     fn send_proto(&self, lock_id: LockId, epoch: u64, to: NodeId, generation: u16, msg: ProtoMsg) {
         self.core.watch(to);
         let message = DlmMessage::Proto { lock: lock_id, epoch, generation, msg };
@@ -119,7 +206,16 @@ impl QueueScheme {
     }
 
     fn on_input(&self, lock_id: LockId, from: NodeId, epoch: u64, input: Input) -> Result<(), LockError> {
-        let cell = lock(&self.cells).get(&lock_id).cloned().filter(|cell| cell.slot.epoch == epoch);
+        let any = lock(&self.cells).get(&lock_id).cloned();
+        let cell = any.clone().filter(|cell| cell.slot.wire_epoch == epoch);
+        if let (None, Some(old), Input::Message { generation, msg: ProtoMsg::Notice { revoke: false }, .. }) =
+            (&cell, &any, &input)
+        {
+            if self.core.rehoming() && generation_newer(wire_home_epoch(epoch), wire_home_epoch(old.slot.wire_epoch)) {
+                self.rehome_notice(old, from, *generation, epoch);
+                return Ok(());
+            }
+        }
         let Some(cell) = cell else {
             // A lock this node never used (or not in this incarnation of its
             // home): it holds nothing of it, so it acknowledges a recovery,
@@ -162,9 +258,23 @@ impl QueueScheme {
         let mut lost = Vec::new();
         // The home's process, not its lease: one-sided operations need no
         // thread of the home's, so a stopped home still serves N-CoShED.
-        if let Some(reason) = self.core.home_lost(cell.slot.home_node, cell.slot.epoch) {
+        let home_lost = self.core.home_lost(cell.slot.home_node, cell.slot.epoch).or_else(|| {
+            // With re-homing a home is also lost by its lease (on tcp a
+            // stopped home serves nothing; on shm its role ends all the same).
+            self.core.rehoming().then(|| self.core.lost(cell.slot.home_node)).flatten()
+        });
+        if let Some(reason) = home_lost {
             drop(watching);
             let mut st = lock(&cell.state);
+            if self.core.rehoming() {
+                if st.progress == progress && !st.machine.is_idle() && !st.machine.is_holding() {
+                    self.home_gone(cell, &mut st, false, &reason);
+                    st.progress = st.progress.wrapping_add(1);
+                    show(self, cell, &mut st);
+                    cell.changed.notify_all();
+                }
+                return;
+            }
             if st.progress == progress && !st.machine.is_idle() {
                 tracing::warn!(node = %self.core.me, lock = %cell.id, home = %cell.slot.home_node, %reason, "the lock's home is lost");
                 st.machine.reset();
@@ -205,7 +315,7 @@ impl QueueScheme {
         drop(watching);
         if let Some((generation, pending)) = resend {
             for to in pending.into_iter().filter(|n| !lost.contains(n)) {
-                self.send_proto(cell.id, cell.slot.epoch, to, generation, ProtoMsg::Notice { revoke: false });
+                self.send_proto(cell.id, cell.slot.wire_epoch, to, generation, ProtoMsg::Notice { revoke: false });
             }
         }
         if lost.is_empty() {
@@ -281,6 +391,22 @@ impl Engine for QueueScheme {
         mode: LockMode,
         try_only: bool,
     ) -> Result<(), LockError> {
+        if cell.needs_move.swap(false, Ordering::AcqRel) {
+            // The first use of a fenced new home: move it (the barrier),
+            // then the caller's request queues behind the move.
+            match self.core.prepare_move(cell.id, &cell.slot)? {
+                Some(word) => {
+                    st.moved = None;
+                    self.drive(cell, st, Input::Rehome { word })?;
+                    if st.moved.is_some() {
+                        self.core.rehomes.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                None => retire(self, cell),
+            }
+            st.outcome = Some(Outcome::Requeue);
+            return Ok(());
+        }
         self.drive(cell, st, Input::Acquire { mode, try_only, fencing: true })
     }
 
@@ -290,6 +416,18 @@ impl Engine for QueueScheme {
     }
 
     fn release(&self, cell: &Cell<LockClient>, st: &mut CellState<LockClient>) -> Result<(), LockError> {
+        let result = self.release_at_home(cell, st);
+        if !st.owed_rehome.is_empty() {
+            // The hold of the old home is over: the lock's new home may go on.
+            self.flush_rehome_acks(cell.id, st);
+            retire(self, cell);
+        }
+        result
+    }
+}
+
+impl QueueScheme {
+    fn release_at_home(&self, cell: &Cell<LockClient>, st: &mut CellState<LockClient>) -> Result<(), LockError> {
         st.touched = false;
         self.drive(cell, st, Input::Release)?;
         // The release itself may be what discovers a revoking break (its
@@ -297,13 +435,28 @@ impl Engine for QueueScheme {
         if st.broken == st.serial {
             return Err(LockError::Broken { lock: cell.id });
         }
-        if !st.touched {
+        if !st.touched && !self.core.rehoming() {
             // Passed on by messages alone: make sure the home the hold was
-            // granted at still stands (see `home_stands`).
+            // granted at still stands (see `home_stands`). With re-homing a
+            // restarted home never takes a lock back while another holds
+            // its home role, so there is nothing to check.
             home_stands(self, cell)?;
         }
         Ok(())
     }
+}
+
+/// Whether a batch met a fenced lock word (see [`LockWord::fenced`]) it did
+/// not expect: only a re-homing move expects one (its compare-and-swap
+/// lifts the fence).
+fn met_fence(ops: &[AtomicOp], results: &[u64; 2]) -> bool {
+    ops.iter().zip(results).any(|(op, previous)| match *op {
+        AtomicOp::CompareSwap { word: WordKind::Lock, expected, .. } => {
+            LockWord::is_fenced(*previous) && !LockWord::is_fenced(expected)
+        }
+        AtomicOp::FetchAdd { word: WordKind::Lock, .. } => LockWord::is_fenced(*previous),
+        _ => false,
+    })
 }
 
 impl LockScheme for QueueScheme {
@@ -319,6 +472,9 @@ impl LockScheme for QueueScheme {
     }
 
     fn create_lock(&self, lock_id: LockId) -> Result<(), LockError> {
+        if self.core.rehoming() {
+            return self.core.create_everywhere(lock_id);
+        }
         self.core.locate(lock_id, true).map(|_| ())
     }
 
@@ -361,12 +517,19 @@ impl LockScheme for QueueScheme {
         self.core.counted(result)
     }
 
+    fn placement(&self, lock_id: LockId) -> Result<super::Placement, LockError> {
+        self.core.placement(lock_id)
+    }
+
     fn stats(&self) -> DlmStats {
         self.core.stats()
     }
 
     fn tick(&self) {
         let cells: Vec<_> = lock(&self.cells).values().cloned().collect();
+        if self.core.rehoming() {
+            self.retire_idle_cells_of_lost_homes(&cells);
+        }
         for cell in cells {
             self.watch_cell(&cell);
         }

@@ -298,7 +298,7 @@ impl LockScheme for SrslScheme {
     }
 
     fn break_lock(&self, lock_id: LockId) -> Result<u64, LockError> {
-        let slot = self.core.locate(lock_id, false)?;
+        let (slot, _) = self.core.locate(lock_id, false)?;
         let floor = crate::word::fencing_token(
             slot.home
                 .fetch_add(slot.base + FENCE_OFFSET, FENCE_UNIT)
@@ -314,6 +314,10 @@ impl LockScheme for SrslScheme {
     fn handle_message(&self, from: NodeId, payload: &[u8]) -> Result<(), LockError> {
         let result = self.handle_srsl(from, payload);
         self.core.counted(result)
+    }
+
+    fn placement(&self, lock_id: LockId) -> Result<super::Placement, LockError> {
+        self.core.placement(lock_id)
     }
 
     fn stats(&self) -> DlmStats {

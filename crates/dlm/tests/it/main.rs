@@ -11,4 +11,5 @@ mod explorer;
 mod model_check;
 mod model_check_srsl;
 mod recovery;
+mod rehome;
 mod runtime;

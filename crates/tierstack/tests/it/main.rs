@@ -21,6 +21,7 @@ mod demo;
 mod deploy_files;
 mod dlm_bench_processes;
 mod dlm_processes;
+mod dlm_rehome_processes;
 mod edge_tls;
 mod fabric_processes;
 mod http2_bench;
