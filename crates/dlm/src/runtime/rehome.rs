@@ -247,7 +247,8 @@ impl Core {
         let mut helped = 0;
         for member in members.iter().filter(|m| m.word.epoch < epoch) {
             let Some(at) = member.base else { continue };
-            if member.memory.compare_swap(at + HOME_OFFSET, member.word.encode(), new).is_ok() {
+            let expected = member.word.encode();
+            if member.memory.compare_swap(at + HOME_OFFSET, expected, new).is_ok_and(|p| p == expected) {
                 helped += 1;
             }
         }
