@@ -121,8 +121,8 @@
 //! preparation and [`proto::Input::Rehome`], notices carrying the home
 //! epoch and the rebuild: holds kept and acknowledged at release, waiters
 //! requesting again, the monitor retiring cells of a dead home), with 3
-//! servers of which one dies at any point (5 servers and two deaths, and 3
-//! nodes, behind `TIERSTACK_MODEL_LARGE=1`), on tcp (a dead server's memory
+//! servers of which one dies at any point (5 servers and two deaths behind
+//! `TIERSTACK_MODEL_LARGE=1`), on tcp (a dead server's memory
 //! is gone) and shm (its table stays mapped and serves atomics). It checks
 //! mutual exclusion among holds of every home and epoch, tokens strictly
 //! increasing over every grant with each move's floor above the earlier
@@ -139,7 +139,8 @@
 //! the back-off between locate rounds breaks, not a safety question.
 //!
 //! **Not explored**: more than one break or death per run in
-//! `model_check.rs`; in the re-homing model, a client's death, a server's
+//! `model_check.rs`; in the re-homing model, three nodes (over a million
+//! states), a client's death, a server's
 //! restart or stop past its lease (the lease is not modelled: a dead server
 //! is judged lost at once), breaks, abandons, split batches (a drive's
 //! batches run as one step), views read server by server (read at once),

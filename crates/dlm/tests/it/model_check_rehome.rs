@@ -7,7 +7,7 @@
 //!
 //! The model: `servers` lock servers (candidates in ring order 0, 1, …;
 //! epoch 0's home is server 0), each with the lock's slot (lock, drain and
-//! fence words) and its **membership word** ([`HomeWord`]); 2–3 client
+//! fence words) and its **membership word** ([`HomeWord`]); 2 client
 //! nodes, each with at most one cell (its view of the lock at one home and
 //! home epoch, as the runtime's cell map) and a script of requests. One
 //! step is one of:
@@ -780,9 +780,9 @@ fn rehome_a_home_is_not_claimed_again() {
 }
 
 /// Larger: two deaths among five servers (the second may hit the new home:
-/// the lock moves twice), three nodes. Behind `TIERSTACK_MODEL_LARGE=1`
-/// (about a minute each for the five-server ones on this machine; the
-/// three-node ones run longer).
+/// the lock moves twice). Behind `TIERSTACK_MODEL_LARGE=1` (about a minute
+/// in all, debug build, on this machine). Three nodes (`E/E/S`) pass a
+/// million states and more than nextest's three minutes: not explored.
 #[test]
 fn rehome_larger_configurations() {
     if std::env::var_os("TIERSTACK_MODEL_LARGE").is_none() {
@@ -792,6 +792,4 @@ fn rehome_larger_configurations() {
     let two_deaths = |name, scripts| Config { servers: 5, deaths: 2, max_epoch: 3, ..config(name, scripts) };
     explore(&two_deaths("rehome 5s 2 deaths 2n E/E tcp", vec![vec![E], vec![E]]));
     explore(&Config { shm: true, ..two_deaths("rehome 5s 2 deaths 2n E/S shm", vec![vec![E], vec![S]]) });
-    explore(&config("rehome 3n E/E/S tcp", vec![vec![E], vec![E], vec![S]]));
-    explore(&Config { shm: true, ..config("rehome 3n E/E/S shm", vec![vec![E], vec![E], vec![S]]) });
 }
