@@ -40,6 +40,8 @@ pub(super) struct View {
     pub(super) epoch: u32,
     pub(super) home: NodeId,
     pub(super) settled: bool,
+    /// Every word read at `epoch` names `home` (settled or not).
+    pub(super) one_home: bool,
 }
 
 impl Core {
@@ -117,7 +119,8 @@ impl Core {
         let at_top: Vec<NodeId> = members.iter().filter(|m| m.word.epoch == top).map(|m| home_of(&m.word)).collect();
         let home = at_top.first().copied().unwrap_or(first);
         let settled = at_top.iter().filter(|h| **h == home).count() >= self.majority();
-        Some(View { epoch: top, home, settled })
+        let one_home = at_top.iter().all(|h| *h == home);
+        Some(View { epoch: top, home, settled, one_home })
     }
 
     /// `id`'s current view, from a majority of servers.
@@ -163,6 +166,15 @@ impl Core {
                     Some(next) => self.claim(id, view.epoch, next, &members)?,
                     None => return Err(last.unwrap_or(LockError::NoQuorum { lock: id, reached: 0, needed: 1 })),
                 }
+                continue;
+            }
+            if !view.settled && view.epoch > 0 && view.one_home {
+                // A claim that has not reached its majority (yet, or it
+                // raced a claim read before it): help it there. Claiming the
+                // next epoch for the same home instead moves the home's slot
+                // again under cells of the epoch it already serves, which do
+                // not know (model_check_rehome found a node enqueued twice).
+                self.help_claim(id, view.epoch, view.home, &members);
                 continue;
             }
             if !view.settled {
@@ -222,6 +234,25 @@ impl Core {
         }
         tracing::warn!(node = %self.me, lock = %id, %candidate, epoch = seen.wrapping_add(1), agreed, "claimed a lock's home role");
         Ok(())
+    }
+
+    /// Helps the claim of `epoch` for `home`, the only home named at that
+    /// epoch, to its majority: every word read below `epoch` is swapped to
+    /// it. Nothing is fenced: that claim's claimer fenced `home`'s slot
+    /// before it swapped a word. Still one home per epoch: a word passes
+    /// through `epoch` once, and only the claim itself and its helpers
+    /// write it.
+    fn help_claim(&self, id: LockId, epoch: u32, home: NodeId, members: &[Member]) {
+        let new = HomeWord { epoch, home: Some(home) }.encode();
+        let mut helped = 0;
+        for member in members.iter().filter(|m| m.word.epoch < epoch) {
+            let Some(at) = member.base else { continue };
+            let expected = member.word.encode();
+            if member.memory.compare_swap(at + HOME_OFFSET, expected, new).is_ok_and(|p| p == expected) {
+                helped += 1;
+            }
+        }
+        tracing::info!(node = %self.me, lock = %id, %home, epoch, helped, "helped a lock's home claim to its majority");
     }
 
     /// Before the move that makes `slot` the lock's home: checks the view

@@ -9,6 +9,7 @@
 mod common;
 mod explorer;
 mod model_check;
+mod model_check_rehome;
 mod model_check_srsl;
 mod recovery;
 mod rehome;
