@@ -278,7 +278,7 @@ pub struct DlmStats {
     /// included). Counted before the send, so across a cluster the sum of
     /// `messages_sent` is never below the sum of `messages_handled`, and the
     /// two are equal exactly when no message is in flight (see
-    /// [`crate::bench`], which waits for that between measurements).
+    /// `bench dlm`, which waits for that between measurements).
     pub messages_sent: u64,
     /// Locks this node moved to a new generation (recoveries it led, and breaks).
     pub moves: u64,
