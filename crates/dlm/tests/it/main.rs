@@ -12,4 +12,5 @@ mod model_check;
 mod model_check_srsl;
 mod recovery;
 mod rehome;
+mod rehome_srsl;
 mod runtime;
