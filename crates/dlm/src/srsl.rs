@@ -578,6 +578,36 @@ mod tests {
         assert!(q.release(NodeId(3), &mut out).is_err(), "no hold of node 3 is left");
     }
 
+    /// A new server's rebuild: nothing is granted (not even a try) until
+    /// every node reported or was lost; reported holds are kept and the
+    /// waiters queue behind them; a hold reported after the rebuild (its
+    /// node was judged lost) is refused as broken.
+    #[test]
+    fn a_rebuild_grants_nothing_until_every_node_reported_or_was_lost() {
+        let (a, b, c, d) = (NodeId(1), NodeId(2), NodeId(3), NodeId(4));
+        let mut q = SrslQueue::default();
+        let mut out = Vec::new();
+        q.start_rebuild([a, b, c, d]);
+        q.acquire(b, LockMode::Exclusive, false, &mut out).unwrap();
+        q.acquire(d, LockMode::Shared, true, &mut out).unwrap();
+        q.report(b, None, &mut out);
+        q.report(a, Some(LockMode::Exclusive), &mut out);
+        assert!(out.is_empty(), "granted during the rebuild: {out:?}");
+        assert_eq!((q.holders(), q.waiters(), q.pending()), (vec![a], vec![b], vec![c, d]));
+        q.report(d, None, &mut out);
+        // Node 3 (unreported: stopped) is judged lost: the rebuild ends.
+        q.peer_lost(c, &mut out);
+        assert_eq!(out, vec![ServerAction::Refuse { to: d }], "the try is answered, the waiter waits for node 1");
+        out.clear();
+        q.report(c, Some(LockMode::Exclusive), &mut out);
+        assert_eq!(out, vec![ServerAction::Broken { to: c, held: true }], "a late report's hold is not honoured");
+        out.clear();
+        q.release(c, &mut out).unwrap();
+        assert!(out.is_empty(), "its release is consumed");
+        q.release(a, &mut out).unwrap();
+        assert_eq!(out, vec![ServerAction::Grant { to: b, mode: LockMode::Exclusive }]);
+    }
+
     #[test]
     fn an_abandoned_client_releases_its_late_grant() {
         let mut c = SrslClient::new(NodeId(1), 7);
