@@ -50,6 +50,10 @@ pub(super) struct Served {
     home_epoch: u32,
     /// When `Rehomed` last went out (while rebuilding).
     noticed: Option<Instant>,
+    /// This node's lease lapses when it adopted the lock: a server that was
+    /// stopped past its lease may have been superseded where it could not
+    /// be fenced (tcp), so it adopts the lock again (a view, a rebuild).
+    lapses: u64,
 }
 
 /// SRSL: the home's receive thread serves every request.
@@ -119,13 +123,14 @@ impl SrslScheme {
         let mut served = lock(&self.served);
         let mut actions = Vec::new();
         if self.core.rehoming() {
-            let superseded = served
-                .get(&lock_id)
-                .is_some_and(|s| memory.read_u64(s.base + LOCK_OFFSET).is_ok_and(LockWord::is_fenced));
+            let superseded = served.get(&lock_id).is_some_and(|s| {
+                self.core.lapsed_since(s.lapses) || memory.read_u64(s.base + LOCK_OFFSET).is_ok_and(LockWord::is_fenced)
+            });
             if superseded {
-                // Another server serves the lock now: nothing here may grant.
+                // Another server serves the lock now (or may: this one was
+                // stopped past its lease): nothing here may grant.
                 if let Some(old) = served.remove(&lock_id) {
-                    tracing::warn!(node = %self.core.me, lock = %lock_id, "SRSL: superseded as the lock's server");
+                    tracing::warn!(node = %self.core.me, lock = %lock_id, "SRSL: superseded (or stopped past the lease) as the lock's server");
                     self.tell_moved(lock_id, &old, old.queue.participants());
                 }
             }
@@ -150,7 +155,7 @@ impl SrslScheme {
                     .lookup(lock_id)
                     .map_err(|e| LockError::Fabric { lock: lock_id, source: e })?
                     .ok_or(LockError::UnknownLock { lock: lock_id, home: self.core.me })?;
-                entry.insert(Served { queue: SrslQueue::default(), base, home_epoch: 0, noticed: None })
+                entry.insert(Served { queue: SrslQueue::default(), base, home_epoch: 0, noticed: None, lapses: 0 })
             }
         };
         let epoch = wire_epoch(self.core.incarnation, entry.home_epoch);
@@ -231,6 +236,7 @@ impl SrslScheme {
             self.core.moves.fetch_add(1, Ordering::Relaxed);
             tracing::warn!(node = %self.core.me, lock = %lock_id, epoch = view.epoch, "SRSL: serving a re-homed lock");
         }
+        let lapses = self.core.lease_mark();
         let mut queue = SrslQueue::default();
         queue.start_rebuild(self.core.nodes.iter().copied());
         let served = Served {
@@ -238,6 +244,7 @@ impl SrslScheme {
             base: slot.base,
             home_epoch: view.epoch,
             noticed: Some(tierstack_base::time::instant_now()),
+            lapses,
         };
         let epoch = wire_epoch(self.core.incarnation, view.epoch);
         for &node in self.core.nodes.iter() {
