@@ -135,16 +135,16 @@ impl SrslScheme {
                 }
             }
             if let std::collections::hash_map::Entry::Vacant(vacant) = served.entry(lock_id) {
-                match self.adopt(lock_id, &memory)? {
-                    Some(adopted) => {
-                        vacant.insert(adopted);
+                // Not ours, or no view now (a server unreachable for the
+                // moment): the requester locates the lock again.
+                let adopted = self.adopt(lock_id, &memory);
+                if let Ok(Some(adopted)) = adopted {
+                    vacant.insert(adopted);
+                } else {
+                    if let Some((to, epoch)) = from {
+                        self.send_to(lock_id, to, epoch, SrslMsg::Moved);
                     }
-                    None => {
-                        if let Some((to, epoch)) = from {
-                            self.send_to(lock_id, to, epoch, SrslMsg::Moved);
-                        }
-                        return Ok(());
-                    }
+                    return adopted.map(|_| ());
                 }
             }
         }
