@@ -394,7 +394,7 @@ pub fn run(config: &DlmBenchConfig) -> Result<DlmReport> {
                 eprintln!("bench dlm: {} {} recovery after kills", backend.name(), scheme.name());
                 nodes.start(scheme, &format!("{RECOVERY_PREFIX}-{}", scheme.name()))?;
                 let (handoff, dead_holder, dead_waiter) = measure_recovery(nodes, config.recovery_rounds)?;
-                let dead_home = if scheme != Scheme::Srsl && nodes.count() >= DEAD_HOME_NODES {
+                let dead_home = if nodes.count() >= DEAD_HOME_NODES {
                     eprintln!("bench dlm: {} {} dead homes", backend.name(), scheme.name());
                     let prefix = format!("{RECOVERY_PREFIX}-home-{}", scheme.name());
                     nodes.start_with_servers(scheme, &prefix, REHOMING_SERVERS_MIN)?;

@@ -289,8 +289,18 @@
 //! lock again. A restarted old home rejoins as a candidate: views name the
 //! epoch a majority holds, so it does not take its locks back.
 //!
-//! **With one or two lock servers** (no majority survives a loss), or for
-//! SRSL (its server is its home), a dead home is not re-homed: waiting and
+//! **SRSL's server is its home** and is re-homed the same way (the same
+//! claim and membership words); only its state lives in the server's
+//! process, so the new server rebuilds it from the clients: a server that
+//! starts serving a lock it has no queue for moves the fenced slot (if a
+//! claim made it the home), sends every node `Rehomed`, and grants nothing
+//! until each has answered `Report` (a hold with its mode and token: kept,
+//! the fence word raised above the token; a waiter asks again) or is lost
+//! (its lease). A server whose slot is fenced, or that was stopped past its
+//! lease, adopts its locks again (requesters are told `Moved`).
+//!
+//! **With one or two lock servers** (no majority survives a loss), a dead
+//! home is not re-homed: waiting and
 //! new requests for its locks fail at once with `PeerDead` naming the
 //! home, on every backend (on `shm` the fabric revokes a closed or
 //! reclaimed owner's regions, as RDMA invalidates a dead owner's keys).

@@ -60,6 +60,11 @@ const K_SRSL_WOULD_BLOCK: u8 = 18;
 const K_SRSL_RELEASE: u8 = 19;
 const K_SRSL_BREAK: u8 = 20;
 const K_SRSL_BROKEN: u8 = 21;
+const K_SRSL_REHOMED: u8 = 22;
+const K_SRSL_REPORT: u8 = 23;
+const K_SRSL_MOVED: u8 = 24;
+/// `Report`'s argument bit: a hold is reported (its mode in `ARG_EXCLUSIVE`).
+const ARG_HELD: u32 = 4;
 
 const ARG_EXCLUSIVE: u32 = 1;
 const ARG_TRY: u32 = 2;
@@ -108,6 +113,10 @@ impl DlmMessage {
                     SrslMsg::Release => (K_SRSL_RELEASE, 0, 0),
                     SrslMsg::Break => (K_SRSL_BREAK, 0, 0),
                     SrslMsg::Broken { held } => (K_SRSL_BROKEN, u32::from(held), 0),
+                    SrslMsg::Rehomed => (K_SRSL_REHOMED, 0, 0),
+                    SrslMsg::Report { held: None } => (K_SRSL_REPORT, 0, 0),
+                    SrslMsg::Report { held: Some((mode, token)) } => (K_SRSL_REPORT, mode_bits(mode) | ARG_HELD, token),
+                    SrslMsg::Moved => (K_SRSL_MOVED, 0, 0),
                 };
                 (kind, lock, 0, arg, token, epoch)
             }
@@ -167,6 +176,9 @@ impl DlmMessage {
             K_SRSL_RELEASE => srsl(SrslMsg::Release),
             K_SRSL_BREAK => srsl(SrslMsg::Break),
             K_SRSL_BROKEN => srsl(SrslMsg::Broken { held: arg & 1 != 0 }),
+            K_SRSL_REHOMED => srsl(SrslMsg::Rehomed),
+            K_SRSL_REPORT => srsl(SrslMsg::Report { held: (arg & ARG_HELD != 0).then(|| (bits_mode(arg), token)) }),
+            K_SRSL_MOVED => srsl(SrslMsg::Moved),
             other => Err(DecodeError(format!("unknown kind {other}"))),
         }
     }
@@ -221,6 +233,11 @@ mod tests {
             DlmMessage::Srsl { lock, epoch: u64::MAX, msg: SrslMsg::Break },
             DlmMessage::Srsl { lock, epoch: u64::MAX, msg: SrslMsg::Broken { held: true } },
             DlmMessage::Srsl { lock, epoch: u64::MAX, msg: SrslMsg::Broken { held: false } },
+            DlmMessage::Srsl { lock, epoch: 3, msg: SrslMsg::Rehomed },
+            DlmMessage::Srsl { lock, epoch: 3, msg: SrslMsg::Moved },
+            DlmMessage::Srsl { lock, epoch: 3, msg: SrslMsg::Report { held: None } },
+            DlmMessage::Srsl { lock, epoch: 3, msg: SrslMsg::Report { held: Some((LockMode::Shared, 0)) } },
+            DlmMessage::Srsl { lock, epoch: 3, msg: SrslMsg::Report { held: Some((LockMode::Exclusive, u64::MAX)) } },
         ];
         for m in all {
             let bytes = m.encode();

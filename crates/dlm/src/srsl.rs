@@ -31,7 +31,7 @@
 //! never asked for it).
 
 use crate::proto::{LockMode, ProtocolViolation};
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use tierstack_base::NodeId;
 
 /// SRSL messages (carried with the lock id by [`crate::msg`]).
@@ -51,6 +51,16 @@ pub enum SrslMsg {
     /// Home → every holder and waiter when the lock is broken; `held`: the
     /// node was a holder (else a waiter).
     Broken { held: bool },
+    /// New server → every node (re-homing): the lock is served here now;
+    /// say what you hold of it ([`SrslMsg::Report`]).
+    Rehomed,
+    /// Client → new server: what this node holds of the lock (`None`:
+    /// nothing; a waiter asks again with `Acquire`). `token` is the
+    /// exclusive hold's fencing token (0 for shared).
+    Report { held: Option<(LockMode, u64)> },
+    /// Server → client: this server does not serve the lock (any more);
+    /// locate it again.
+    Moved,
 }
 
 /// What the home's server does for one lock.
@@ -81,6 +91,12 @@ pub struct SrslQueue {
     revoked: Vec<NodeId>,
     /// The incarnation of each node's last request here.
     incarnations: BTreeMap<NodeId, u64>,
+    /// Re-homing: the nodes whose report this new server still waits for
+    /// before it grants anything (the rebuild's barrier); `None` when
+    /// not rebuilding.
+    rebuilding: Option<BTreeSet<NodeId>>,
+    /// Try-acquires that came during the rebuild, answered when it ends.
+    tries: Vec<(NodeId, LockMode)>,
 }
 
 impl SrslQueue {
@@ -105,7 +121,8 @@ impl SrslQueue {
 
     /// Nodes with a request here (holders and waiters): `break_lock` tells them.
     pub fn participants(&self) -> Vec<NodeId> {
-        self.exclusive.iter().chain(&self.shared).copied().chain(self.waiting.iter().map(|(n, _)| *n)).collect()
+        let queued = self.waiting.iter().chain(&self.tries).map(|(n, _)| *n);
+        self.exclusive.iter().chain(&self.shared).copied().chain(queued).collect()
     }
 
     pub fn is_idle(&self) -> bool {
@@ -121,15 +138,18 @@ impl SrslQueue {
     ) -> Result<(), ProtocolViolation> {
         // Its next message after the break: no release of the old hold follows.
         self.revoked.retain(|n| *n != from);
-        if self.holds(from) || self.waiting.iter().any(|(n, _)| *n == from) {
+        if self.holds(from) || self.waiting.iter().chain(&self.tries).any(|(n, _)| *n == from) {
             return Err(ProtocolViolation {
                 node: from,
                 phase: "SrslServer",
                 what: "second request from one node".into(),
             });
         }
-        if self.waiting.is_empty() && self.compatible(mode) {
+        if self.waiting.is_empty() && self.rebuilding.is_none() && self.compatible(mode) {
             self.take(from, mode, out);
+        } else if try_only && self.rebuilding.is_some() {
+            // Busy or not is unknown until the holders have reported.
+            self.tries.push((from, mode));
         } else if try_only {
             out.push(ServerAction::Refuse { to: from });
         } else {
@@ -158,6 +178,11 @@ impl SrslQueue {
         self.exclusive.iter().chain(&self.shared).copied().collect()
     }
 
+    /// The nodes queued behind the holders, in order.
+    pub fn waiters(&self) -> Vec<NodeId> {
+        self.waiting.iter().map(|(n, _)| *n).collect()
+    }
+
     /// Some request waits behind the holders.
     pub fn has_waiters(&self) -> bool {
         !self.waiting.is_empty()
@@ -178,10 +203,12 @@ impl SrslQueue {
             }
             out.push(ServerAction::Broken { to: node, held: true });
         }
+        self.tries.retain(|(n, _)| *n != node);
         if self.waiting.iter().any(|(n, _)| *n == node) {
             self.waiting.retain(|(n, _)| *n != node);
             out.push(ServerAction::Broken { to: node, held: false });
         }
+        self.settle(node, out);
         self.grant_waiting(out);
     }
 
@@ -209,8 +236,67 @@ impl SrslQueue {
         self.grant_waiting(out);
     }
 
+    /// Re-homing: this server starts serving the lock knowing nothing of
+    /// its holders. It grants nothing until every node of `nodes` has
+    /// reported ([`SrslQueue::report`]) or is lost ([`SrslQueue::peer_lost`]).
+    pub fn start_rebuild(&mut self, nodes: impl IntoIterator<Item = NodeId>) {
+        let pending: BTreeSet<NodeId> = nodes.into_iter().collect();
+        self.rebuilding = (!pending.is_empty()).then_some(pending);
+    }
+
+    /// The nodes the rebuild still waits for (empty when not rebuilding).
+    pub fn pending(&self) -> Vec<NodeId> {
+        self.rebuilding.iter().flatten().copied().collect()
+    }
+
+    /// `from` reports what it holds. During the rebuild a hold is taken in
+    /// as it was granted by the old server; after it (the node was judged
+    /// lost, or never waited for) a hold could overlap grants made since,
+    /// so it is refused: the holder is told its hold is broken.
+    pub fn report(&mut self, from: NodeId, held: Option<LockMode>, out: &mut Vec<ServerAction>) {
+        let rebuilding = self.rebuilding.as_ref().is_some_and(|p| p.contains(&from));
+        if let Some(mode) = held.filter(|_| !self.holds(from)) {
+            if rebuilding {
+                match mode {
+                    LockMode::Exclusive if self.exclusive.is_none() => self.exclusive = Some(from),
+                    LockMode::Shared => self.shared.push(from),
+                    // Two exclusive holders of the old server: it broke
+                    // its own rule; the later report loses its hold.
+                    LockMode::Exclusive => out.push(ServerAction::Broken { to: from, held: true }),
+                }
+            } else {
+                self.revoked.retain(|n| *n != from);
+                self.revoked.push(from);
+                out.push(ServerAction::Broken { to: from, held: true });
+            }
+        }
+        self.settle(from, out);
+    }
+
+    /// Takes `node` out of the rebuild's wait; the last one out lets the
+    /// queue go on.
+    fn settle(&mut self, node: NodeId, out: &mut Vec<ServerAction>) {
+        if let Some(pending) = self.rebuilding.as_mut() {
+            pending.remove(&node);
+            if pending.is_empty() {
+                self.rebuilding = None;
+                self.grant_waiting(out);
+                for (to, mode) in std::mem::take(&mut self.tries) {
+                    if self.waiting.is_empty() && self.compatible(mode) {
+                        self.take(to, mode, out);
+                    } else {
+                        out.push(ServerAction::Refuse { to });
+                    }
+                }
+            }
+        }
+    }
+
     /// Grants the waiters at the head of the queue while they are compatible.
     fn grant_waiting(&mut self, out: &mut Vec<ServerAction>) {
+        if self.rebuilding.is_some() {
+            return;
+        }
         while let Some(&(to, mode)) = self.waiting.front() {
             if !self.compatible(mode) {
                 break;
@@ -261,11 +347,18 @@ pub struct SrslClient {
     /// This process's incarnation, named in every `Acquire`.
     incarnation: u64,
     state: ClientState,
+    /// The current hold's mode and fencing token (re-homing reports them).
+    held: Option<(LockMode, Option<u64>)>,
 }
 
 impl SrslClient {
     pub fn new(node: NodeId, incarnation: u64) -> Self {
-        Self { node, incarnation, state: ClientState::Idle }
+        Self { node, incarnation, state: ClientState::Idle, held: None }
+    }
+
+    /// The current hold's mode and fencing token, if holding.
+    pub fn held(&self) -> Option<(LockMode, Option<u64>)> {
+        self.held.filter(|_| self.is_holding())
     }
 
     pub fn is_idle(&self) -> bool {
@@ -317,6 +410,7 @@ impl SrslClient {
                 let token = (mode == LockMode::Exclusive).then_some(token);
                 out.push(ClientAction::Granted { mode, token, abandoned });
                 self.state = ClientState::Holding;
+                self.held = Some((mode, token));
                 if abandoned {
                     self.release(out)?;
                 }
@@ -482,6 +576,36 @@ mod tests {
         q.release(NodeId(1), &mut out).unwrap();
         assert!(q.is_idle());
         assert!(q.release(NodeId(3), &mut out).is_err(), "no hold of node 3 is left");
+    }
+
+    /// A new server's rebuild: nothing is granted (not even a try) until
+    /// every node reported or was lost; reported holds are kept and the
+    /// waiters queue behind them; a hold reported after the rebuild (its
+    /// node was judged lost) is refused as broken.
+    #[test]
+    fn a_rebuild_grants_nothing_until_every_node_reported_or_was_lost() {
+        let (a, b, c, d) = (NodeId(1), NodeId(2), NodeId(3), NodeId(4));
+        let mut q = SrslQueue::default();
+        let mut out = Vec::new();
+        q.start_rebuild([a, b, c, d]);
+        q.acquire(b, LockMode::Exclusive, false, &mut out).unwrap();
+        q.acquire(d, LockMode::Shared, true, &mut out).unwrap();
+        q.report(b, None, &mut out);
+        q.report(a, Some(LockMode::Exclusive), &mut out);
+        assert!(out.is_empty(), "granted during the rebuild: {out:?}");
+        assert_eq!((q.holders(), q.waiters(), q.pending()), (vec![a], vec![b], vec![c, d]));
+        q.report(d, None, &mut out);
+        // Node 3 (unreported: stopped) is judged lost: the rebuild ends.
+        q.peer_lost(c, &mut out);
+        assert_eq!(out, vec![ServerAction::Refuse { to: d }], "the try is answered, the waiter waits for node 1");
+        out.clear();
+        q.report(c, Some(LockMode::Exclusive), &mut out);
+        assert_eq!(out, vec![ServerAction::Broken { to: c, held: true }], "a late report's hold is not honoured");
+        out.clear();
+        q.release(c, &mut out).unwrap();
+        assert!(out.is_empty(), "its release is consumed");
+        q.release(a, &mut out).unwrap();
+        assert_eq!(out, vec![ServerAction::Grant { to: b, mode: LockMode::Exclusive }]);
     }
 
     #[test]

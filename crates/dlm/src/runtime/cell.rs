@@ -50,6 +50,9 @@ pub(super) struct CellState<M> {
     /// Acknowledgements owed to re-homing movers (mover, generation, wire
     /// epoch), sent when the hold of the old home ends.
     pub(super) owed_rehome: Vec<(NodeId, u16, u64)>,
+    /// SRSL with re-homing: the new server (and its wire epoch) this hold
+    /// was reported to; its release goes there.
+    pub(super) reported_to: Option<(NodeId, u64)>,
 }
 
 /// The monitor's bookkeeping for one cell.
@@ -134,6 +137,7 @@ pub(super) fn cell_of<E: Engine>(engine: &E, id: LockId) -> Result<Arc<Cell<E::M
                 shown: u64::MAX,
                 touched: false,
                 owed_rehome: Vec::new(),
+                reported_to: None,
             }),
             changed: Condvar::new(),
             retired: AtomicBool::new(false),

@@ -45,14 +45,12 @@ pub(super) struct View {
 }
 
 impl Core {
-    /// Re-homing is on: a queue scheme (SRSL's server is its home and is
-    /// not re-homed), with recovery, and at least three lock servers (a
+    /// Re-homing is on: with recovery, and at least three lock servers (a
     /// claim needs a majority, so with fewer the loss of one would leave
-    /// none).
+    /// none). Every scheme: SRSL's server is its home (its queue is
+    /// rebuilt from the clients' reports, `srsl_scheme.rs`).
     pub(super) fn rehoming(&self) -> bool {
-        self.config.recovery
-            && self.config.scheme != super::Scheme::Srsl
-            && self.config.lock_servers.len() >= REHOMING_SERVERS_MIN
+        self.config.recovery && self.config.lock_servers.len() >= REHOMING_SERVERS_MIN
     }
 
     fn majority(&self) -> usize {

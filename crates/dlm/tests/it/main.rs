@@ -13,4 +13,5 @@ mod model_check_rehome;
 mod model_check_srsl;
 mod recovery;
 mod rehome;
+mod rehome_srsl;
 mod runtime;

@@ -1,6 +1,7 @@
 //! Re-homing under chaos (issue 37): the chaos run of `dlm_processes` with
 //! **three lock servers**, whose homes are killed and stopped as well as
-//! the passive holders and waiters. Every lock-manager node is a
+//! the passive holders and waiters; N-CoShED, DQNL and SRSL (whose server
+//! is its home). Every lock-manager node is a
 //! `tierstack dlm-node` process running random 2 ms holds on two locks.
 //!
 //! The schedule (see `rehome_plan`): SIGKILL lock 0's home, restarted
@@ -85,6 +86,17 @@ fn rehome_chaos_dqnl_shm() {
 #[test]
 fn rehome_chaos_dqnl_tcp() {
     rehome_chaos(Backend::Tcp, Scheme::Dqnl);
+}
+
+/// SRSL: its server is its home, its queue rebuilt from the clients.
+#[test]
+fn rehome_chaos_srsl_shm() {
+    rehome_chaos(Backend::Shm, Scheme::Srsl);
+}
+
+#[test]
+fn rehome_chaos_srsl_tcp() {
+    rehome_chaos(Backend::Tcp, Scheme::Srsl);
 }
 
 /// The largest time, over the events the checker bounds, from the event to
