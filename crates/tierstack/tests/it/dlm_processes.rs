@@ -605,6 +605,9 @@ pub(crate) struct ChaosSetup {
     pub(crate) servers: u32,
     /// The schedule, from the run's seed.
     pub(crate) plan: fn(&mut tierstack_base::SeededRng) -> Vec<Step>,
+    /// How long after a kill (or a lock server's stop) every untouched node
+    /// must have been granted every lock again.
+    pub(crate) recovery_bound: Duration,
 }
 
 /// The schedule of the chaos runs with two lock servers (no re-homing):
@@ -750,7 +753,8 @@ fn chaos_holds(lines: &[(u32, String)], servers: u32) -> (Vec<ChaosHold>, Vec<Va
 }
 
 /// The chaos run's properties; see the module documentation.
-fn check_chaos(holds: &[ChaosHold], events: &[Event], end_ns: u64, servers: u32) -> Result<(), String> {
+fn check_chaos(holds: &[ChaosHold], events: &[Event], end_ns: u64, setup: &ChaosSetup) -> Result<(), String> {
+    let (servers, bound) = (setup.servers, setup.recovery_bound);
     let valid: Vec<Hold> = holds.iter().filter(|h| h.valid).map(|h| h.hold.clone()).collect();
     check(&valid, true)?;
     let mut by_lock: BTreeMap<u64, Vec<&ChaosHold>> = BTreeMap::new();
@@ -779,7 +783,7 @@ fn check_chaos(holds: &[ChaosHold], events: &[Event], end_ns: u64, servers: u32)
             Event::Stop { node, at_ns, .. } if node < servers => (node, at_ns),
             Event::Stop { .. } => continue,
         };
-        let window = at_ns..at_ns + RECOVERY_BOUND.as_nanos() as u64;
+        let window = at_ns..at_ns + bound.as_nanos() as u64;
         if window.end > end_ns {
             continue;
         }
@@ -802,7 +806,7 @@ fn check_chaos(holds: &[ChaosHold], events: &[Event], end_ns: u64, servers: u32)
                 });
                 if !progressed {
                     return Err(format!(
-                        "node {n} was not granted lock {lock} within {RECOVERY_BOUND:?} after node {killed} was \
+                        "node {n} was not granted lock {lock} within {bound:?} after node {killed} was \
                          killed or stopped at {at_ns}"
                     ));
                 }
@@ -813,7 +817,12 @@ fn check_chaos(holds: &[ChaosHold], events: &[Event], end_ns: u64, servers: u32)
 }
 
 fn chaos(backend: Backend, scheme: Scheme, run: Duration) {
-    chaos_with(backend, scheme, run, &ChaosSetup { servers: CHAOS_SERVERS, plan: restarts_plan });
+    chaos_with(
+        backend,
+        scheme,
+        run,
+        &ChaosSetup { servers: CHAOS_SERVERS, plan: restarts_plan, recovery_bound: RECOVERY_BOUND },
+    );
 }
 
 /// What a chaos run recorded (after its checks passed).
@@ -917,7 +926,7 @@ pub(crate) fn chaos_with(backend: Backend, scheme: Scheme, run: Duration, setup:
         "{label}: {} holds ({revoked} revoked), events {events:?}, moves at surviving nodes {moves}",
         holds.len()
     );
-    if let Err(violation) = check_chaos(&holds, &events, end_ns, setup.servers) {
+    if let Err(violation) = check_chaos(&holds, &events, end_ns, setup) {
         // What each node reported after the last event before the failure, for diagnosis.
         for (n, line) in lines.iter().filter(|(_, l)| !l.contains("\"released_ns\"") || l.contains("error")) {
             eprintln!("node {n}: {line}");
@@ -977,33 +986,34 @@ fn the_chaos_checker_rejects_what_it_must() {
         valid,
     };
     let end = 100_000_000_000;
+    let setup = ChaosSetup { servers: CHAOS_SERVERS, plan: restarts_plan, recovery_bound: RECOVERY_BOUND };
     // A stopped holder's hold, revoked, overlaps a later-token one: fine.
     let revoked = [hold(1, false, Some(5), 10, 50, false), hold(2, false, Some(6), 30, 40, true)];
-    assert!(check_chaos(&revoked, &[], end, CHAOS_SERVERS).is_ok());
+    assert!(check_chaos(&revoked, &[], end, &setup).is_ok());
     // The same overlap with both valid: mutual exclusion is broken.
     let both = [hold(1, false, Some(5), 10, 50, true), hold(2, false, Some(6), 30, 40, true)];
-    assert!(check_chaos(&both, &[], end, CHAOS_SERVERS).is_err());
+    assert!(check_chaos(&both, &[], end, &setup).is_err());
     // A revoked hold whose token is the later one: fencing would not reject it.
     let backwards = [hold(1, false, Some(7), 10, 50, false), hold(2, false, Some(6), 30, 40, true)];
-    assert!(check_chaos(&backwards, &[], end, CHAOS_SERVERS).is_err());
+    assert!(check_chaos(&backwards, &[], end, &setup).is_err());
     // Tokens that go down in time (a home restarted with a lower fence).
     let down = [hold(1, false, Some(7), 10, 20, true), hold(2, false, Some(6), 30, 40, true)];
-    assert!(check_chaos(&down, &[], end, CHAOS_SERVERS).is_err());
+    assert!(check_chaos(&down, &[], end, &setup).is_err());
     // A kill after which an untouched node is never granted again.
     let kill = Event::Kill { node: 4, at_ns: 1_000, restarted_ns: 2_000 };
     let mut quiet: Vec<ChaosHold> = (0..CHAOS_NODES as u64).map(|n| hold(n, true, None, 5_000, 6_000, true)).collect();
     // Two locks: node 2 granted only lock 0 after the kill (lock 1's home died, say).
     let mut two_locks = quiet.clone();
     two_locks.extend(quiet.iter().map(|h| ChaosHold { hold: Hold { lock: 1, ..h.hold.clone() }, valid: true }));
-    assert!(check_chaos(&two_locks, &[kill], end, CHAOS_SERVERS).is_ok());
+    assert!(check_chaos(&two_locks, &[kill], end, &setup).is_ok());
     two_locks.retain(|h| !(h.hold.node == 2 && h.hold.lock == 1));
-    assert!(check_chaos(&two_locks, &[kill], end, CHAOS_SERVERS).is_err(), "node 2 never granted lock 1 again");
-    assert!(check_chaos(&quiet, &[kill], end, CHAOS_SERVERS).is_ok());
+    assert!(check_chaos(&two_locks, &[kill], end, &setup).is_err(), "node 2 never granted lock 1 again");
+    assert!(check_chaos(&quiet, &[kill], end, &setup).is_ok());
     quiet.retain(|h| h.hold.node != 2);
-    assert!(check_chaos(&quiet, &[kill], end, CHAOS_SERVERS).is_err(), "node 2 made no progress");
+    assert!(check_chaos(&quiet, &[kill], end, &setup).is_err(), "node 2 made no progress");
     let stopped = Event::Stop { node: 2, at_ns: 1_500, continued_ns: 1_800 };
-    assert!(check_chaos(&quiet, &[kill, stopped], end, CHAOS_SERVERS).is_ok(), "a stopped node is excused");
+    assert!(check_chaos(&quiet, &[kill, stopped], end, &setup).is_ok(), "a stopped node is excused");
     // A lock server's stop (its locks' home may move): every other node must progress.
     let server_stop = Event::Stop { node: 0, at_ns: 1_000, continued_ns: 2_000 };
-    assert!(check_chaos(&quiet, &[server_stop], end, CHAOS_SERVERS).is_err(), "node 2 made no progress");
+    assert!(check_chaos(&quiet, &[server_stop], end, &setup).is_err(), "node 2 made no progress");
 }

@@ -13,7 +13,7 @@
 //! `dlm_processes` demands: valid holds never overlap conflictingly (an
 //! exclusive with anything), fencing tokens increase with time across
 //! homes, every untouched node is granted **every lock** again within
-//! [`RECOVERY_BOUND`] of every kill and of every lock server's stop (lease
+//! [`REHOME_RECOVERY_BOUND`] of every kill and of every lock server's stop (lease
 //! 600 ms), and no protocol violation. Each run prints the slowest
 //! recovery it saw.
 //!
@@ -32,6 +32,16 @@ use tierstack_dlm::table::candidates;
 use tierstack_dlm::{LockId, Scheme};
 
 const SERVERS: u32 = 3;
+
+/// The recovery bound of these runs: `dlm_processes`' bound plus 2 s. A
+/// server stopped past its 600 ms lease is re-homed only after the lease,
+/// and on tcp every look at it meanwhile waits for the 300 ms operation
+/// timeout; runs on a quiet host recovered within 0.05–3.1 s (docs/results.md),
+/// so the extra 2 s is the margin for a loaded CI host, not for the protocol.
+const REHOME_RECOVERY_BOUND: Duration = Duration::from_secs(RECOVERY_BOUND.as_secs() + 2);
+/// `CHAOS_RUN` plus the same 2 s, so the window after the last event still
+/// ends inside the run and is checked.
+const REHOME_RUN: Duration = Duration::from_secs(CHAOS_RUN.as_secs() + 2);
 
 /// The lock servers are chosen so that the events hit locks' homes: the
 /// first kill hits lock 0's home (restarted: it rejoins); the stop hits
@@ -57,12 +67,13 @@ fn rehome_plan(rng: &mut tierstack_base::SeededRng) -> Vec<Step> {
 }
 
 fn rehome_chaos(backend: Backend, scheme: Scheme) {
-    let run = chaos_with(backend, scheme, CHAOS_RUN, &ChaosSetup { servers: SERVERS, plan: rehome_plan });
+    let setup = ChaosSetup { servers: SERVERS, plan: rehome_plan, recovery_bound: REHOME_RECOVERY_BOUND };
+    let run = chaos_with(backend, scheme, REHOME_RUN, &setup);
     let slowest = slowest_recovery(&run.holds, &run.events, run.end_ns, SERVERS);
     let rehomes: u64 = run.summaries.iter().map(|s| s["rehomes"].as_u64().unwrap_or(0)).sum();
     assert!(rehomes > 0, "no lock was re-homed: the schedule did not test what it should");
     eprintln!(
-        "rehome chaos {} {}: {rehomes} re-homings at surviving nodes; slowest recovery after a kill or a server's stop {slowest:?} (bound {RECOVERY_BOUND:?})",
+        "rehome chaos {} {}: {rehomes} re-homings at surviving nodes; slowest recovery after a kill or a server's stop {slowest:?} (bound {REHOME_RECOVERY_BOUND:?})",
         scheme.name(),
         backend.name()
     );
@@ -109,7 +120,7 @@ fn slowest_recovery(holds: &[ChaosHold], events: &[Event], end_ns: u64, servers:
             Event::Stop { node, at_ns, .. } if node < servers => (node, at_ns),
             Event::Stop { .. } => continue,
         };
-        let window_end = at_ns + RECOVERY_BOUND.as_nanos() as u64;
+        let window_end = at_ns + REHOME_RECOVERY_BOUND.as_nanos() as u64;
         if window_end > end_ns {
             continue;
         }
