@@ -24,7 +24,7 @@ async fn after_a_cut(rig: &Rig, fields: &'static [(&'static str, &'static str)],
     let first = rig.get("/r", &[]).await;
     assert_eq!((first.status, first.x_cache()), (StatusCode::OK, "MISS"));
     assert_eq!(rig.stats().await.cached_entries, 1, "stored: {fields:?}");
-    rig.relay.as_ref().unwrap().cut(true);
+    rig.relay.as_ref().unwrap().cut(true).await;
     rig.get("/r", request).await
 }
 
@@ -51,7 +51,7 @@ async fn the_grace_serves_a_stale_response_when_the_origin_closes_the_connection
     assert_eq!((stats.served_on_error, stats.stale_served, stats.misses), (1, 1, 2));
     assert_eq!(stats.accounting_error(), None, "{stats:?}");
     // Once the origin is back, the revalidation answers again.
-    rig.relay.as_ref().unwrap().cut(false);
+    rig.relay.as_ref().unwrap().cut(false).await;
     rig.origin.always(Reply::ok(&[("cache-control", "max-age=300")], "new"));
     assert_eq!(rig.get("/r", &[]).await.body, "new");
 }
@@ -124,7 +124,7 @@ async fn a_response_with_dependencies_is_never_served_stale_on_error() {
     let first = rig.get("/doc/a", &[]).await;
     assert_eq!(rig.get("/doc/a", &[]).await.x_cache(), "HIT", "stored, current");
     rig.bump("doc/a");
-    rig.relay.as_ref().unwrap().cut(true);
+    rig.relay.as_ref().unwrap().cut(true).await;
     let got = rig.get("/doc/a", &[]).await;
     assert_eq!(got.status, StatusCode::BAD_GATEWAY, "not the out-of-date copy: {got:?}");
     assert_ne!(got.body, first.body);

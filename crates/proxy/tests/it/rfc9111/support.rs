@@ -135,6 +135,9 @@ impl Origin {
 pub(crate) struct Relay {
     pub(crate) addr: SocketAddr,
     cut: tokio::sync::watch::Sender<bool>,
+    /// Connections being relayed now; a cut waits until it is 0, so no
+    /// request sent after the cut can still slip through an open one.
+    open: tokio::sync::watch::Sender<usize>,
 }
 
 impl Relay {
@@ -142,27 +145,42 @@ impl Relay {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (cut, watch) = tokio::sync::watch::channel(false);
+        let (open, _) = tokio::sync::watch::channel(0usize);
+        let counter = open.clone();
         tokio::spawn(async move {
             while let Ok((mut inbound, _)) = listener.accept().await {
                 let mut watch = watch.clone();
                 if *watch.borrow() {
                     continue;
                 }
+                counter.send_modify(|n| *n += 1);
+                let counter = counter.clone();
                 tokio::spawn(async move {
-                    let Ok(mut outbound) = tokio::net::TcpStream::connect(to).await else { return };
-                    tokio::select! {
-                        _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
-                        _ = watch.wait_for(|cut| *cut) => {}
+                    if let Ok(mut outbound) = tokio::net::TcpStream::connect(to).await {
+                        // The cut first: a connection accepted just as the cut came
+                        // relays nothing.
+                        tokio::select! {
+                            biased;
+                            _ = watch.wait_for(|cut| *cut) => {}
+                            _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
+                        }
                     }
+                    // Both streams are closed before the count drops.
+                    drop(inbound);
+                    counter.send_modify(|n| *n -= 1);
                 });
             }
         });
-        Relay { addr, cut }
+        Relay { addr, cut, open }
     }
 
-    /// Cuts (or restores) the way to the origin.
-    pub(crate) fn cut(&self, cut: bool) {
+    /// Cuts (or restores) the way to the origin; a cut returns once every
+    /// connection open through the relay is closed.
+    pub(crate) async fn cut(&self, cut: bool) {
         self.cut.send_replace(cut);
+        if cut {
+            self.open.subscribe().wait_for(|n| *n == 0).await.unwrap();
+        }
     }
 }
 
