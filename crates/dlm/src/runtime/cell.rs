@@ -158,6 +158,24 @@ pub(super) fn retire<E: Engine>(engine: &E, cell: &Cell<E::Machine>) {
     engine.core().forget_home(cell.slot.home_node, &cell.slot.home);
 }
 
+/// With re-homing: an idle cell whose home (an SRSL lock's server) is lost
+/// is retired, so the next request locates the lock again rather than
+/// acquiring from a dead home's table (on shm it stays mapped). One look
+/// per home.
+pub(super) fn retire_idle_cells_of_lost_homes<E: Engine>(engine: &E, cells: &[Arc<Cell<E::Machine>>]) {
+    let core = engine.core();
+    let mut verdicts: HashMap<(NodeId, u64), bool> = HashMap::new();
+    for cell in cells.iter().filter(|c| !c.retired.load(Ordering::Acquire)) {
+        let home = (cell.slot.home_node, cell.slot.epoch);
+        let lost = *verdicts
+            .entry(home)
+            .or_insert_with(|| core.home_lost(home.0, home.1).is_some() || core.lost(home.0).is_some());
+        if lost && E::idle(&lock(&cell.state).machine) {
+            retire(engine, cell);
+        }
+    }
+}
+
 /// Whether the home incarnation a hold was granted at still stands, asked
 /// at the release of a hold that did not touch the home (a hand-over by
 /// message, an SRSL release): one read of the lock's slot. A home that

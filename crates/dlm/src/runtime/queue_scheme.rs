@@ -3,7 +3,8 @@
 //! messages, and runs the monitor's look at each waiting cell.
 
 use super::cell::{
-    acquire_in, cell_of, home_stands, release_in, retire, show, wait_until, Cell, CellState, Engine, Outcome, Watching,
+    acquire_in, cell_of, home_stands, release_in, retire, retire_idle_cells_of_lost_homes, show, wait_until, Cell,
+    CellState, Engine, Outcome, Watching,
 };
 use super::node::wire_home_epoch;
 use super::node::Core;
@@ -146,22 +147,6 @@ impl QueueScheme {
         }
         self.flush_rehome_acks(cell.id, st);
         retire(self, cell);
-    }
-
-    /// With re-homing: an idle cell whose home is lost is retired, so the
-    /// next request locates the lock again rather than acquiring from a
-    /// dead home's table (on shm it stays mapped). One look per home.
-    fn retire_idle_cells_of_lost_homes(&self, cells: &[Arc<Cell<LockClient>>]) {
-        let mut verdicts: HashMap<(NodeId, u64), bool> = HashMap::new();
-        for cell in cells.iter().filter(|c| !c.retired.load(Ordering::Acquire)) {
-            let home = (cell.slot.home_node, cell.slot.epoch);
-            let lost = *verdicts
-                .entry(home)
-                .or_insert_with(|| self.core.home_lost(home.0, home.1).is_some() || self.core.lost(home.0).is_some());
-            if lost && lock(&cell.state).machine.is_idle() {
-                retire(self, cell);
-            }
-        }
     }
 
     /// Sends the acknowledgements owed to re-homing movers.
@@ -528,7 +513,7 @@ impl LockScheme for QueueScheme {
     fn tick(&self) {
         let cells: Vec<_> = lock(&self.cells).values().cloned().collect();
         if self.core.rehoming() {
-            self.retire_idle_cells_of_lost_homes(&cells);
+            retire_idle_cells_of_lost_homes(self, &cells);
         }
         for cell in cells {
             self.watch_cell(&cell);

@@ -14,7 +14,10 @@
 //! liveness judges it lost (its lease). A server whose own slot is fenced
 //! has been superseded: it drops its queue and tells its requesters `Moved`.
 
-use super::cell::{acquire_in, home_stands, release_in, retire, show, Cell, CellState, Engine, Outcome, Watching};
+use super::cell::{
+    acquire_in, home_stands, release_in, retire, retire_idle_cells_of_lost_homes, show, Cell, CellState, Engine,
+    Outcome, Watching,
+};
 use super::node::Core;
 use super::{DlmStats, Grant, LockScheme, Scheme, Wait};
 use crate::error::LockError;
@@ -337,21 +340,6 @@ impl SrslScheme {
         }
     }
 
-    /// With re-homing: an idle cell whose server is lost is retired, so the
-    /// next request locates the lock again. One look per server.
-    fn retire_idle_cells_of_lost_servers(&self, cells: &[Arc<Cell<SrslClient>>]) {
-        let mut verdicts: HashMap<(NodeId, u64), bool> = HashMap::new();
-        for cell in cells.iter().filter(|c| !c.retired.load(Ordering::Acquire)) {
-            let home = (cell.slot.home_node, cell.slot.epoch);
-            let lost = *verdicts
-                .entry(home)
-                .or_insert_with(|| self.core.home_lost(home.0, home.1).is_some() || self.core.lost(home.0).is_some());
-            if lost && lock(&cell.state).machine.is_idle() {
-                retire(self, cell);
-            }
-        }
-    }
-
     /// Client side of re-homing: `server` serves the lock now (wire epoch
     /// `epoch`) and asks what this node holds. A hold of an older server is
     /// reported (its release goes to the new one); a request waiting at an
@@ -640,7 +628,7 @@ impl LockScheme for SrslScheme {
         }
         let cells: Vec<_> = lock(&self.cells).values().cloned().collect();
         if self.core.rehoming() {
-            self.retire_idle_cells_of_lost_servers(&cells);
+            retire_idle_cells_of_lost_homes(self, &cells);
         }
         for cell in cells {
             self.watch_cell(&cell);

@@ -18,21 +18,21 @@ use tierstack_dlm::proto::Waits;
 use tierstack_dlm::table::candidates;
 use tierstack_dlm::{DlmConfig, LockError, LockId, LockManager, Scheme};
 
-const PATIENT: Duration = Duration::from_secs(30);
-const SERVERS: [u32; 3] = [0, 1, 2];
-const NODES: u32 = 5;
+pub(crate) const PATIENT: Duration = Duration::from_secs(30);
+pub(crate) const SERVERS: [u32; 3] = [0, 1, 2];
+pub(crate) const NODES: u32 = 5;
 
-type Managers = Vec<Option<Arc<LockManager>>>;
+pub(crate) type Managers = Vec<Option<Arc<LockManager>>>;
 
-fn fast(config: DlmConfig) -> DlmConfig {
+pub(crate) fn fast(config: DlmConfig) -> DlmConfig {
     config.with_probe_interval(Duration::from_millis(5))
 }
 
-fn node(m: &Managers, i: usize) -> &LockManager {
+pub(crate) fn node(m: &Managers, i: usize) -> &LockManager {
     m[i].as_ref().expect("node is alive")
 }
 
-fn until(what: &str, mut condition: impl FnMut() -> bool) {
+pub(crate) fn until(what: &str, mut condition: impl FnMut() -> bool) {
     let deadline = tierstack_base::time::instant_now() + PATIENT;
     while !condition() {
         assert!(tierstack_base::time::instant_now() < deadline, "timed out waiting for {what}");

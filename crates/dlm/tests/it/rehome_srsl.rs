@@ -12,29 +12,9 @@ use std::sync::Arc;
 use std::time::Duration;
 use tierstack_base::NodeId;
 use tierstack_dlm::table::candidates;
-use tierstack_dlm::{DlmConfig, LockError, LockId, LockManager, Scheme};
+use tierstack_dlm::{DlmConfig, LockError, LockId, Scheme};
 
-const PATIENT: Duration = Duration::from_secs(30);
-const SERVERS: [u32; 3] = [0, 1, 2];
-const NODES: u32 = 5;
-
-type Managers = Vec<Option<Arc<LockManager>>>;
-
-fn fast(config: DlmConfig) -> DlmConfig {
-    config.with_probe_interval(Duration::from_millis(5))
-}
-
-fn node(m: &Managers, i: usize) -> &LockManager {
-    m[i].as_ref().expect("node is alive")
-}
-
-fn until(what: &str, mut condition: impl FnMut() -> bool) {
-    let deadline = tierstack_base::time::instant_now() + PATIENT;
-    while !condition() {
-        assert!(tierstack_base::time::instant_now() < deadline, "timed out waiting for {what}");
-        std::thread::yield_now();
-    }
-}
+use crate::rehome::{fast, node, until, Managers, NODES, PATIENT, SERVERS};
 
 /// A lock whose first candidate (its server at epoch 0) is node 0, and its next candidate.
 fn lock_served_at_0() -> (LockId, usize) {
