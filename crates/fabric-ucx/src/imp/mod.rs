@@ -741,13 +741,7 @@ impl Fabric for UcxFabric {
 
     fn send(&self, to: NodeId, channel: Channel, payload: &[u8]) -> Result<()> {
         let shared = &self.shared;
-        shared.check_open()?;
-        if payload.len() > TRANSFER_BYTES_MAX {
-            return Err(FabricError::TransferTooLarge { len: payload.len() });
-        }
-        if to.0 >= NODES_MAX {
-            return Err(FabricError::UnknownNode { node: to });
-        }
+        check_message(shared, to, payload)?;
         let link = shared.link(to)?;
         link.check()?;
         let (tx, rx) = flume::bounded(1);
@@ -768,13 +762,7 @@ impl Fabric for UcxFabric {
     /// queue and the peer's one endpoint, and its delivery keeps them in order.
     fn try_send(&self, to: NodeId, channel: Channel, payload: &[u8]) -> Result<TrySend> {
         let shared = &self.shared;
-        shared.check_open()?;
-        if payload.len() > TRANSFER_BYTES_MAX {
-            return Err(FabricError::TransferTooLarge { len: payload.len() });
-        }
-        if to.0 >= NODES_MAX {
-            return Err(FabricError::UnknownNode { node: to });
-        }
+        check_message(shared, to, payload)?;
         let Some(link) = lock(&shared.links).get(&to).cloned() else { return Ok(TrySend::WouldBlock) };
         link.check()?;
         if let Some(e) = lock(&link.detached.failed).take() {
@@ -912,4 +900,17 @@ impl Drop for UcxRegion {
     fn drop(&mut self) {
         let _ = self.shared.submit(Command::DestroyRkey { id: self.rkey });
     }
+}
+
+/// What every send checks first: the fabric is open, the message fits a
+/// transfer, and the node id is one a topology can name.
+fn check_message(shared: &Shared, to: NodeId, payload: &[u8]) -> Result<()> {
+    shared.check_open()?;
+    if payload.len() > TRANSFER_BYTES_MAX {
+        return Err(FabricError::TransferTooLarge { len: payload.len() });
+    }
+    if to.0 >= NODES_MAX {
+        return Err(FabricError::UnknownNode { node: to });
+    }
+    Ok(())
 }
