@@ -1,4 +1,4 @@
-//! Re-homing under chaos (issue 37): the chaos run of `dlm_processes` with
+//! Re-homing under chaos (issue 37): the chaos run of `dlm_chaos` with
 //! **three lock servers**, whose homes are killed and stopped as well as
 //! the passive holders and waiters; N-CoShED, DQNL and SRSL (whose server
 //! is its home). Every lock-manager node is a
@@ -10,7 +10,7 @@
 //! serves nothing meanwhile, on shm it still would: both re-home by the
 //! lease); SIGSTOP a passive node past its lease; SIGKILL another lock
 //! server for good; SIGKILL a passive node (restarted). The checker of
-//! `dlm_processes` demands: valid holds never overlap conflictingly (an
+//! `dlm_chaos` demands: valid holds never overlap conflictingly (an
 //! exclusive with anything), fencing tokens increase with time across
 //! homes, every untouched node is granted **every lock** again within
 //! [`REHOME_RECOVERY_BOUND`] of every kill and of every lock server's stop (lease
@@ -21,7 +21,7 @@
 //! survivors' requests for a killed home's locks fail with `PeerDead`
 //! until its restart, and after the permanent kill for good.
 
-use super::dlm_processes::{
+use super::dlm_chaos::{
     chaos_with, ChaosHold, ChaosSetup, Event, Step, CHAOS_NODES, CHAOS_RUN, RECOVERY_BOUND, RESTART_AFTER,
 };
 use rand::Rng;
@@ -33,7 +33,7 @@ use tierstack_dlm::{LockId, Scheme};
 
 const SERVERS: u32 = 3;
 
-/// The recovery bound of these runs: `dlm_processes`' bound plus 2 s. A
+/// The recovery bound of these runs: `dlm_chaos`' bound plus 2 s. A
 /// server stopped past its 600 ms lease is re-homed only after the lease,
 /// and on tcp every look at it meanwhile waits for the 300 ms operation
 /// timeout; runs on a quiet host recovered within 0.05–3.1 s (docs/results.md),

@@ -20,6 +20,7 @@ mod ddss_processes;
 mod demo;
 mod deploy_files;
 mod dlm_bench_processes;
+mod dlm_chaos;
 mod dlm_processes;
 mod dlm_rehome_processes;
 mod edge_tls;
